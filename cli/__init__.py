@@ -1,0 +1,1 @@
+"""The ``onnx-lrp`` command line (installed as ``onnx_lrp.cli``)."""

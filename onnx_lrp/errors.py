@@ -1,0 +1,28 @@
+"""Errors with one-line messages that name the file, node or op and say what to do."""
+from __future__ import annotations
+
+
+class LrpError(ValueError):
+    """Base class: the message is one line, fit for a command line without a traceback."""
+
+
+class ModelError(LrpError):
+    """The model file is missing, unreadable or not a valid ONNX model."""
+
+
+class InputError(LrpError):
+    """An input array or argument does not fit the model."""
+
+
+class UnsupportedError(LrpError):
+    """Nodes the rewriter cannot handle; ``nodes`` lists every one, not only the first."""
+
+    def __init__(self, nodes: list[dict], hint: str):
+        self.nodes = nodes
+        listed = "; ".join(f"{n['name']} ({n['domain'] or 'ai.onnx'}::{n['op_type']}, opset {n['opset']}: "
+                           f"{n['reason']})" for n in nodes)
+        super().__init__(f"{len(nodes)} unsupported node(s): {listed}. {hint}")
+
+
+class DeviceError(LrpError):
+    """The requested execution device is not available."""

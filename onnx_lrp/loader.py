@@ -1,0 +1,216 @@
+"""Read, validate and prepare an ONNX model; the only module that imports ``onnx``.
+
+``load(source)`` returns an ``onnx_ir.Model`` that is checked, at opset >= MIN_OPSET, shape-inferred, with every
+node named, every constant-foldable subgraph folded into initializers (so a value either has ``const_value``,
+a *parameter*, or carries an activation), and canonized (``onnx_lrp.canonize``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.reference
+import onnx_ir as ir
+from onnx import shape_inference, version_converter
+
+from . import canonize
+from .errors import ModelError
+
+MIN_OPSET = 17
+MAX_OPSET = 23
+# ops never folded: random or stateful, or whose value must stay an activation
+_NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+_FOLD_LIMIT = 1 << 26  # elements; larger constant results stay in the graph
+
+
+def read_proto(source) -> onnx.ModelProto:
+    """A ModelProto from a path, bytes or a ModelProto, with external data; one-line errors."""
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, ir.Model):
+        return ir.serde.serialize_model(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if len(source) == 0:
+            raise ModelError("model bytes are empty; pass the content of an .onnx file")
+        try:
+            return onnx.load_model_from_string(bytes(source))
+        except Exception as exc:  # protobuf DecodeError and friends
+            raise ModelError(f"model bytes are not a valid ONNX model ({type(exc).__name__}); "
+                             "check that the file is complete") from None
+    path = Path(os.fspath(source))
+    if not path.exists():
+        raise ModelError(f"model file {path} not found; check the path")
+    if path.is_dir():
+        raise ModelError(f"model path {path} is a directory; give the .onnx file")
+    if path.stat().st_size == 0:
+        raise ModelError(f"model file {path} is empty; re-export the model")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelError(f"model file {path} is not a valid ONNX model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else 'cannot parse'}); it may be truncated or "
+                         "not an ONNX file") from None
+    try:
+        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model file {path}: its external data cannot be read ({exc}); keep the data files "
+                         "beside the model") from None
+    return proto
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProto:
+    """Check the model, lift it to MIN_OPSET, infer shapes."""
+    if len(proto.graph.node) == 0:
+        raise ModelError(f"{name}: the graph has no nodes; is this the right file?")
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise ModelError(f"{name} fails the ONNX checker: {str(exc).splitlines()[0]}") from None
+    opset = _opset(proto)
+    if opset == 0:
+        raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
+    if opset > MAX_OPSET:
+        raise ModelError(f"{name} uses opset {opset}; onnx-lrp supports opsets up to {MAX_OPSET}; re-export "
+                         f"with opset {MAX_OPSET} or lower")
+    if opset < MIN_OPSET:
+        try:
+            proto = version_converter.convert_version(proto, MIN_OPSET)
+        except Exception as exc:
+            raise ModelError(f"{name}: cannot convert opset {opset} to {MIN_OPSET} ({str(exc).splitlines()[0]}); "
+                             f"re-export the model with opset >= {MIN_OPSET}") from None
+    try:
+        proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
+    return proto
+
+
+def _eval_node(node: ir.Node, opset: int) -> list[np.ndarray] | None:
+    """Evaluate one node whose inputs are all constant with onnx's reference evaluator."""
+    proto = ir.serde.serialize_node(node)
+    feeds, inputs = {}, []
+    for i, v in enumerate(node.inputs):
+        if v is None:
+            continue
+        arr = v.const_value.numpy()
+        feeds[v.name] = arr
+        inputs.append(onnx.helper.make_tensor_value_info(v.name, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                                         arr.shape))
+    outputs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in node.outputs]
+    graph = onnx.helper.make_graph([proto], "fold", inputs, outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    try:
+        results = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
+    except Exception:
+        return None
+    return [np.asarray(r) for r in results]
+
+
+def fold_constants(model: ir.Model) -> int:
+    """Replace every node whose inputs are all parameters (and Shape/Size of static shapes) by initializers."""
+    graph = model.graph
+    opset = model.opset_imports.get("", MIN_OPSET)
+    outputs = {id(v) for v in graph.outputs}
+    folded = 0
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD:
+            continue
+        if any(id(o) in outputs for o in node.outputs) or any(
+                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            continue
+        results = None
+        if node.op_type in ("Shape", "Size") and node.inputs[0] is not None:
+            shape = node.inputs[0].shape
+            if shape is not None and shape.is_static():
+                dims = np.array([int(d) for d in shape], dtype=np.int64)
+                if node.op_type == "Size":
+                    results = [np.array(int(np.prod(dims)), dtype=np.int64)]
+                else:
+                    start = node.attributes.get_int("start", 0)
+                    end = node.attributes.get_int("end", len(dims))
+                    results = [dims[start:end]]
+        elif all(v is None or v.const_value is not None for v in node.inputs):
+            results = _eval_node(node, opset)
+        if results is None or any(r.size > _FOLD_LIMIT or r.dtype == object for r in results):
+            continue
+        for out, arr in zip(node.outputs, results):
+            const = ir.Value(name=out.name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(
+                arr.dtype)), const_value=ir.tensor(arr, name=out.name))
+            out.replace_all_uses_with(const)
+            out.name = None
+            graph.register_initializer(const)
+        graph.remove(node)
+        folded += 1
+    return folded
+
+
+def _name_everything(graph: ir.Graph) -> None:
+    seen: set[str] = set()
+    for i, node in enumerate(graph):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+    taken = {v.name for v in graph.inputs} | {v.name for v in graph.initializers.values()}
+    for node in graph:
+        for j, out in enumerate(node.outputs):
+            if not out.name or out.name in taken:
+                out.name = f"{node.name}/out{j}" if not out.name else f"{out.name}__{node.name}"
+            taken.add(out.name)
+
+
+def to_ir(proto: onnx.ModelProto) -> ir.Model:
+    return ir.serde.deserialize_model(proto)
+
+
+def load(source, name: str | None = None) -> ir.Model:
+    """Read, check, upgrade, shape-infer, fold constants and canonize a model."""
+    if name is None:
+        name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
+    proto = prepare_proto(read_proto(source), name)
+    model = to_ir(proto)
+    graph = model.graph
+    _name_everything(graph)
+    fold_constants(model)
+    canonize.canonize(model)
+    fold_constants(model)  # canonization can expose new constant chains
+    graph.sort()
+    return model
+
+
+def min_ir_version(model_proto: onnx.ModelProto) -> int:
+    return max(8, onnx.helper.find_min_ir_version_for(list(model_proto.opset_import), ignore_unknown=True))
+
+
+def serialize(model: ir.Model) -> bytes:
+    """The model as bytes, IR version set explicitly (onnxruntime 1.31 reads IR <= 13)."""
+    proto = ir.serde.serialize_model(model)
+    proto.ir_version = min(min_ir_version(proto), 13)
+    return proto.SerializeToString()
+
+
+def check(model_bytes: bytes) -> None:
+    """Run onnx.checker on serialized bytes (used by tests and ``rewrite``)."""
+    onnx.checker.check_model(onnx.load_model_from_string(model_bytes), full_check=True)
+
+
+def save_bytes(model_bytes: bytes, path) -> None:
+    """Write atomically: a temporary file beside the target, then rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(model_bytes)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -1,0 +1,120 @@
+"""Op kinds and the registry: each ONNX op type registers once, beside its kind's helpers.
+
+- ``LinearOp``: linear in its activation input(s) given parameters (Conv, Gemm, MatMul with a constant,
+  element-wise affine ops, sums, average pools; MaxPool as a piecewise-linear op). It knows its parameters, how
+  to run itself with modified inputs/parameters (``forward``) and its transpose ``J^T s`` (``transpose``). The
+  LRP rules (``onnx_lrp.propagate``) are written once on top of these two.
+- ``ShapeOp``: moves or copies elements (Reshape, Concat, Slice, ...); relevance follows its transpose.
+- ``ActivationOp``: element-wise non-linearity of one tensor; the rules Pass (and, where given, Gradient).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from ..graph import Emitter, static_dims
+
+FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
+
+
+def is_param(v: ir.Value | None) -> bool:
+    return v is not None and v.const_value is not None
+
+
+def is_float(v: ir.Value | None) -> bool:
+    return v is not None and v.dtype in FLOAT_TYPES
+
+
+def carries(v: ir.Value | None) -> bool:
+    """A value carries relevance when it is a float activation (not a parameter)."""
+    return v is not None and not is_param(v) and is_float(v)
+
+
+def const(v: ir.Value | None) -> np.ndarray | None:
+    return None if v is None or v.const_value is None else v.const_value.numpy()
+
+
+@dataclass(frozen=True)
+class Params:
+    """(Possibly modified) weight and bias of a layer; ``key`` names the modification for deduplication."""
+
+    w: np.ndarray | None
+    b: np.ndarray | None
+    key: object = "orig"
+
+
+class Op:
+    kind: str = ""
+    op_types: tuple[str, ...] = ()
+
+    def relevance_inputs(self, node: ir.Node) -> list[int]:
+        """Indices of the inputs relevance flows into (float activations)."""
+        return [i for i, v in enumerate(node.inputs) if carries(v)]
+
+    def check(self, node: ir.Node) -> str | None:
+        """Why this node cannot be handled, or None."""
+        return None
+
+    def resolve(self, node: ir.Node) -> "Op":
+        """The op that handles this node (an op type can hold several kinds, e.g. Add of a constant or of two
+        activations)."""
+        return self
+
+
+class LinearOp(Op):
+    """z = f(x; w, b), linear in x (one or more activation inputs) for fixed parameters."""
+
+    has_params: bool = True
+
+    def params(self, node: ir.Node) -> Params:
+        raise NotImplementedError
+
+    def forward(self, em: Emitter, node: ir.Node, xs: list, p: Params) -> ir.Value:
+        """Emit f(xs; p) — the op run on modified inputs and parameters."""
+        raise NotImplementedError
+
+    def transpose(self, em: Emitter, node: ir.Node, s: ir.Value, p: Params) -> list:
+        """Emit J^T s for each relevance input (the adjoint of ``forward`` in x)."""
+        raise NotImplementedError
+
+
+class ShapeOp(Op):
+    kind = "shape"
+
+    def transpose(self, em: Emitter, node: ir.Node, r_outs: list) -> list:
+        raise NotImplementedError
+
+
+class ActivationOp(Op):
+    kind = "activation"
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def derivative(self, em: Emitter, node: ir.Node) -> ir.Value | None:
+        """f'(x) for the Gradient rule, or None when not provided."""
+        return None
+
+
+REGISTRY: dict[str, Op] = {}
+
+
+def register(op):
+    """Register an op (a class, instantiated here, or an instance) under each of its op types."""
+    inst = op() if isinstance(op, type) else op
+    for t in inst.op_types:
+        REGISTRY[t] = inst
+    return op
+
+
+def out_dims(node: ir.Node, i: int = 0):
+    return static_dims(node.outputs[i])
+
+
+def spatial_static(v: ir.Value) -> list[int] | None:
+    dims = static_dims(v)
+    if dims is None or any(d is None for d in dims[2:]):
+        return None
+    return [int(d) for d in dims[2:]]

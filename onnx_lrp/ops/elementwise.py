@@ -1,0 +1,98 @@
+"""Element-wise non-linearities of one tensor: relevance passes (zennit Pass, LXT identity rule).
+
+The Gradient rule multiplies by f'(x) where it is given here (piecewise-linear and smooth ops).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import ActivationOp, const, register
+
+
+@register
+class Relu(ActivationOp):
+    op_types = ("Relu",)
+
+    def derivative(self, em, node):
+        return em.op("Cast", em.op("Greater", node.inputs[0], em.scalar(0.0), tag="x_pos"), to=em.dtype.value,
+                     tag="dfdx")
+
+
+@register
+class LeakyRelu(ActivationOp):
+    op_types = ("LeakyRelu",)
+
+    def derivative(self, em, node):
+        alpha = node.attributes.get_float("alpha", 0.01)
+        pos = em.op("Greater", node.inputs[0], em.scalar(0.0), tag="x_pos")
+        return em.op("Where", pos, em.scalar(1.0), em.scalar(alpha), tag="dfdx")
+
+
+@register
+class Sigmoid(ActivationOp):
+    op_types = ("Sigmoid",)
+
+    def derivative(self, em, node):
+        y = node.outputs[0]
+        return em.mul(y, em.sub(em.scalar(1.0), y, tag="one_minus_y"), tag="dfdx")
+
+
+@register
+class Tanh(ActivationOp):
+    op_types = ("Tanh",)
+
+    def derivative(self, em, node):
+        y = node.outputs[0]
+        return em.sub(em.scalar(1.0), em.mul(y, y, tag="y2"), tag="dfdx")
+
+
+@register
+class Clip(ActivationOp):
+    op_types = ("Clip",)
+
+    def check(self, node):
+        for v in node.inputs[1:3]:
+            if v is not None and const(v) is None:
+                return "min/max are not constants"
+        return None
+
+    def derivative(self, em, node):
+        x = node.inputs[0]
+        inside = em.op("Equal", x, node.outputs[0], tag="inside")
+        return em.op("Cast", inside, to=em.dtype.value, tag="dfdx")
+
+
+@register
+class PRelu(ActivationOp):
+    op_types = ("PRelu",)
+
+    def check(self, node):
+        return None if const(node.inputs[1]) is not None else "slope is not a constant"
+
+
+register(type("OtherActivation", (ActivationOp,), {
+    "op_types": ("Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Gelu", "Mish",
+                 "ThresholdedRelu", "Shrink", "Erf", "Abs", "Neg", "Exp", "Sin", "Cos"),
+    "__doc__": "Smooth or piecewise element-wise non-linearities: Pass only."}))
+
+
+@register
+class LRN(ActivationOp):
+    """Local response normalisation: treated as an element-wise op (Pass), as in zennit's AlexNet use."""
+
+    kind = "lrn"
+    op_types = ("LRN",)
+
+
+def nonneg_output(node, inputs_nonneg: list[bool]) -> bool:
+    """Whether an element-wise op's output is known to be >= 0."""
+    t = node.op_type
+    if t in ("Relu", "Sigmoid", "Softplus", "HardSigmoid", "Abs", "Exp", "Softmax"):
+        return True
+    if t == "Clip":
+        lo = const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if lo is None:
+            lo_attr = node.attributes.get_float("min", -np.inf) if "min" in node.attributes else -np.inf
+            return lo_attr >= 0 or (inputs_nonneg and inputs_nonneg[0])
+        return float(np.min(lo)) >= 0 or (inputs_nonneg and inputs_nonneg[0])
+    return False

@@ -1,0 +1,345 @@
+"""Linear layers with parameters (Conv, ConvTranspose, Gemm, MatMul, element-wise affine) and sums.
+
+Each op's transpose is written right beside its forward: Conv -> ConvTranspose (or, at stride 1, a Conv with the
+flipped, transposed kernel, which onnxruntime runs at Conv speed), Gemm/MatMul -> MatMul with the transposed
+weight, broadcasting -> ReduceSum over the broadcast axes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ..graph import Emitter, static_dims
+from .base import LinearOp, Op, Params, carries, const, is_param, out_dims, register, spatial_static
+
+
+def _attr_ints(node, name, default):
+    return list(node.attributes.get_ints(name, default))
+
+
+def _bias_of(node: ir.Node, idx: int) -> np.ndarray | None:
+    """The layer's bias: its own input ``idx`` or the Add folded onto it by the canonizer."""
+    b = const(node.inputs[idx]) if len(node.inputs) > idx else None
+    if "lrp_bias" in node.meta:
+        extra = node.meta["lrp_bias"]
+        b = extra if b is None else b + extra
+    return b
+
+
+def _wconst(em: Emitter, node: ir.Node, p: Params, arr: np.ndarray, tag: str) -> ir.Value:
+    return em.const(arr, tag=tag, key=(node.name, tag, p.key))
+
+
+class _Conv(LinearOp):
+    kind = "convolution"
+
+    def geometry(self, node):
+        x, z = node.inputs[0], node.outputs[0]
+        w = const(node.inputs[1])
+        nd = w.ndim - 2
+        return dict(
+            x_sp=spatial_static(x), z_sp=spatial_static(z), k=list(w.shape[2:]),
+            strides=_attr_ints(node, "strides", [1] * nd), dil=_attr_ints(node, "dilations", [1] * nd),
+            pads=_attr_ints(node, "pads", [0] * (2 * nd)), group=node.attributes.get_int("group", 1), nd=nd)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if not is_param(node.inputs[1]):
+            return "weight is not a constant"
+        if len(node.inputs) > 2 and node.inputs[2] is not None and not is_param(node.inputs[2]):
+            return "bias is not a constant"
+        if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
+            return "auto_pad with unknown spatial input shape"
+        g = self.geometry(node)
+        if g["x_sp"] is None or g["z_sp"] is None:
+            return "spatial dimensions must be static (run shape inference or export with a fixed image size)"
+        return None
+
+    def params(self, node):
+        return Params(const(node.inputs[1]), _bias_of(node, 2))
+
+
+@register
+class Conv(_Conv):
+    """z = conv(x, W) + b; J^T s = conv_transpose(s, W)."""
+
+    op_types = ("Conv",)
+
+    def forward(self, em, node, xs, p):
+        attrs = {k: node.attributes[k].value for k in ("strides", "pads", "dilations", "group")
+                 if k in node.attributes}
+        inputs = [xs[0], _wconst(em, node, p, p.w, "w")]
+        if p.b is not None and np.any(p.b):
+            inputs.append(_wconst(em, node, p, p.b, "b"))
+        return em.op("Conv", *inputs, tag="z", **attrs)
+
+    def transpose(self, em, node, s, p):
+        g = self.geometry(node)
+        w, nd, group = p.w, g["nd"], g["group"]
+        pads_b, pads_e = g["pads"][:nd], g["pads"][nd:]
+        reach = [d * (k - 1) for d, k in zip(g["dil"], g["k"])]
+        if all(st == 1 for st in g["strides"]) and all(r - pb >= 0 and r - pe >= 0
+                                                        for r, pb, pe in zip(reach, pads_b, pads_e)):
+            # stride 1: the transpose is a Conv with the kernel flipped and in/out channels swapped per group
+            cout, cin_g = w.shape[:2]
+            wt = w.reshape((group, cout // group, cin_g) + w.shape[2:]).swapaxes(1, 2)
+            wt = wt.reshape((group * cin_g, cout // group) + w.shape[2:])
+            wt = np.ascontiguousarray(np.flip(wt, axis=tuple(range(2, 2 + nd))))
+            pads = [r - pb for r, pb in zip(reach, pads_b)] + [r - pe for r, pe in zip(reach, pads_e)]
+            return [em.op("Conv", s, _wconst(em, node, p, wt, "wT"), tag="JTs", pads=pads, dilations=g["dil"],
+                          group=group)]
+        out_pad = [xs - ((zs - 1) * st + d * (k - 1) + 1 - pb - pe) for xs, zs, st, d, k, pb, pe in
+                   zip(g["x_sp"], g["z_sp"], g["strides"], g["dil"], g["k"], pads_b, pads_e)]
+        return [em.op("ConvTranspose", s, _wconst(em, node, p, w, "w"), tag="JTs", strides=g["strides"],
+                      pads=g["pads"], dilations=g["dil"], group=group, output_padding=out_pad)]
+
+
+@register
+class ConvTranspose(_Conv):
+    """z = conv_transpose(x, W) + b; J^T s = conv(s, W)."""
+
+    op_types = ("ConvTranspose",)
+
+    def check(self, node):
+        if "output_shape" in node.attributes:
+            return "output_shape attribute (give explicit pads instead)"
+        return super().check(node)
+
+    def params(self, node):
+        # weight layout (Cin, Cout/g, k...): bias is per output channel
+        return Params(const(node.inputs[1]), _bias_of(node, 2))
+
+    def forward(self, em, node, xs, p):
+        attrs = {k: node.attributes[k].value for k in ("strides", "pads", "dilations", "group", "output_padding")
+                 if k in node.attributes}
+        inputs = [xs[0], _wconst(em, node, p, p.w, "w")]
+        if p.b is not None and np.any(p.b):
+            inputs.append(_wconst(em, node, p, p.b, "b"))
+        return em.op("ConvTranspose", *inputs, tag="z", **attrs)
+
+    def transpose(self, em, node, s, p):
+        g = self.geometry(node)
+        return [em.op("Conv", s, _wconst(em, node, p, p.w, "w"), tag="JTs", strides=g["strides"], pads=g["pads"],
+                      dilations=g["dil"], group=g["group"])]
+
+
+@register
+class Gemm(LinearOp):
+    """z = alpha x W(^T) + beta c; J^T s = s W (a MatMul with the weight as stored, or Gemm with transB)."""
+
+    kind = "dense"
+    op_types = ("Gemm",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if not is_param(node.inputs[1]):
+            return "B is not a constant (a product of two activations)"
+        if node.attributes.get_int("transA", 0):
+            return "transA=1 on an activation"
+        c = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if len(node.inputs) > 2 and node.inputs[2] is not None and c is None:
+            return "C is not a constant"
+        if c is not None and c.ndim == 2 and c.shape[0] != 1:
+            return "C varies along the batch"
+        return None
+
+    def params(self, node):
+        alpha = node.attributes.get_float("alpha", 1.0)
+        beta = node.attributes.get_float("beta", 1.0)
+        w = const(node.inputs[1])
+        trans_b = node.attributes.get_int("transB", 0)
+        n_out = w.shape[0] if trans_b else w.shape[1]
+        c = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        b = None if c is None else np.broadcast_to(beta * c.reshape(-1), (n_out,)).astype(w.dtype)
+        if "lrp_bias" in node.meta:
+            b = node.meta["lrp_bias"] if b is None else b + node.meta["lrp_bias"]
+        return Params(w if alpha == 1.0 else (alpha * w).astype(w.dtype), b)
+
+    def forward(self, em, node, xs, p):
+        inputs = [xs[0], _wconst(em, node, p, p.w, "w")]
+        if p.b is not None and np.any(p.b):
+            inputs.append(_wconst(em, node, p, p.b, "b"))
+        return em.op("Gemm", *inputs, tag="z", transB=node.attributes.get_int("transB", 0))
+
+    def transpose(self, em, node, s, p):
+        wc = _wconst(em, node, p, p.w, "w")
+        if node.attributes.get_int("transB", 0):
+            return [em.op("MatMul", s, wc, tag="JTs")]
+        return [em.op("Gemm", s, wc, tag="JTs", transB=1)]
+
+
+@register
+class MatMul(LinearOp):
+    """z = x W (or W x) with a constant W; J^T s = s W^T (or W^T s), summed over broadcast batch axes."""
+
+    kind = "dense"
+    op_types = ("MatMul",)
+
+    def _side(self, node):
+        return 1 if is_param(node.inputs[1]) else 0  # which input is the weight
+
+    def relevance_inputs(self, node):
+        return [i for i in (0, 1) if carries(node.inputs[i])]
+
+    def check(self, node):
+        if not (is_param(node.inputs[0]) or is_param(node.inputs[1])):
+            return "a product of two activations (bilinear; use the attnlrp composite)"
+        w = const(node.inputs[self._side(node)])
+        if w.ndim < 2:
+            return "1-D weight"
+        return None
+
+    def params(self, node):
+        return Params(const(node.inputs[self._side(node)]), node.meta.get("lrp_bias"))
+
+    def forward(self, em, node, xs, p):
+        wc = _wconst(em, node, p, p.w, "w")
+        z = em.op("MatMul", xs[0], wc, tag="xw") if self._side(node) == 1 else em.op("MatMul", wc, xs[0], tag="wx")
+        if p.b is not None and np.any(p.b):
+            z = em.add(z, _wconst(em, node, p, p.b, "b"), tag="z")
+        return z
+
+    def transpose(self, em, node, s, p):
+        wt = np.ascontiguousarray(np.swapaxes(p.w, -1, -2))
+        wtc = _wconst(em, node, p, wt, "wT")
+        side = self._side(node)
+        g = em.op("MatMul", s, wtc, tag="JTs") if side == 1 else em.op("MatMul", wtc, s, tag="JTs")
+        x = node.inputs[1 - side]
+        xd, zd = static_dims(x), out_dims(node)
+        if xd is not None and zd is not None and len(xd) < len(zd):
+            g = em.unbroadcast(g, zd, x, tag="JTs_sum")
+        return [g]
+
+
+class Affine(LinearOp):
+    """z = x * w + b with constants w, b broadcast element-wise; J^T s = unbroadcast(s * w)."""
+
+    kind = "affine"
+
+    def __init__(self, op_type):
+        self.op_types = (op_type,)
+
+    def relevance_inputs(self, node):
+        return [next(i for i, v in enumerate(node.inputs[:2]) if carries(v))]
+
+    def check(self, node):
+        if node.op_type == "Div" and is_param(node.inputs[0]):
+            return "division of a constant by an activation (not linear)"
+        return None
+
+    def params(self, node):
+        t = node.op_type
+        i = self.relevance_inputs(node)[0]
+        c = const(node.inputs[1 - i])
+        if t == "Mul":
+            return Params(c, None)
+        if t == "Div":
+            return Params((1.0 / c).astype(c.dtype), None)
+        if t == "Add":
+            return Params(None, c)
+        # Sub: x - c, or c - x
+        return Params(None, -c) if i == 0 else Params(-np.ones_like(c), c)
+
+    def forward(self, em, node, xs, p):
+        z = xs[0]
+        if p.w is not None and not np.all(p.w == 1):
+            z = em.mul(z, _wconst(em, node, p, p.w, "w"), tag="xw")
+        if p.b is not None and np.any(p.b):
+            z = em.add(z, _wconst(em, node, p, p.b, "b"), tag="z")
+        return z
+
+    def transpose(self, em, node, s, p):
+        x = node.inputs[self.relevance_inputs(node)[0]]
+        if p.w is not None and not np.all(p.w == 1):
+            s = em.mul(s, _wconst(em, node, p, p.w, "w"), tag="sw")
+        return [em.unbroadcast(s, out_dims(node), x, tag="JTs")]
+
+
+@register
+class BatchNormalization(Affine):
+    """Inference-mode BatchNormalization not folded into a layer: z = x * a + c, per channel."""
+
+    kind = "batchnorm"
+
+    def __init__(self):
+        super().__init__("BatchNormalization")
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if node.attributes.get_int("training_mode", 0):
+            return "training_mode=1"
+        if not all(is_param(v) for v in node.inputs[1:5]):
+            return "statistics are not constants"
+        return None
+
+    def params(self, node):
+        scale, shift, mean, var = (const(v).astype(np.float64) for v in node.inputs[1:5])
+        a = scale / np.sqrt(var + node.attributes.get_float("epsilon", 1e-5))
+        rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else 4
+        shape = (-1,) + (1,) * (rank - 2)
+        dtype = const(node.inputs[1]).dtype
+        return Params(a.reshape(shape).astype(dtype), (shift - mean * a).reshape(shape).astype(dtype))
+
+
+class Sum(LinearOp):
+    """z = x1 + x2 + ... (Sub: x1 - x2) of activations; J^T s = +-s, summed over broadcast axes."""
+
+    kind = "sum"
+    has_params = False
+
+    def __init__(self, op_type):
+        self.op_types = (op_type,)
+
+    def params(self, node):
+        return Params(None, None)
+
+    def _signs(self, node):
+        return [1.0, -1.0] if node.op_type == "Sub" else [1.0] * len(node.inputs)
+
+    def forward(self, em, node, xs, p):
+        signs = self._signs(node)
+        idx = self.relevance_inputs(node)
+        terms = [em.scale(x, signs[i], tag="signed") for x, i in zip(xs, idx)]
+        consts = [v for j, v in enumerate(node.inputs) if j not in idx and v is not None]
+        return em.sum(terms + [em.scale(c, signs[j]) for j, c in enumerate(node.inputs) if c in consts],
+                      tag="z")
+
+    def transpose(self, em, node, s, p):
+        signs = self._signs(node)
+        out = []
+        for i in self.relevance_inputs(node):
+            g = em.unbroadcast(s, out_dims(node), node.inputs[i], tag=f"JTs{i}")
+            out.append(em.scale(g, signs[i], tag=f"JTs{i}_signed"))
+        return out
+
+
+class ElementwiseBinary(Op):
+    """Add/Sub/Mul/Div: affine when one side is a constant, a sum when both are activations."""
+
+    def __init__(self, op_type):
+        self.op_types = (op_type,)
+        self.affine = Affine(op_type)
+        self.sum = Sum(op_type) if op_type in ("Add", "Sub", "Sum") else None
+
+    def resolve(self, node):
+        acts = [v for v in node.inputs if carries(v)]
+        if self.sum is not None and (len(acts) > 1 or node.op_type == "Sum"):
+            return self.sum
+        return self.affine
+
+    def check(self, node):
+        acts = [v for v in node.inputs if carries(v)]
+        if node.op_type in ("Mul", "Div") and len(acts) > 1:
+            return "product of two activations (bilinear; use the attnlrp composite)"
+        return None
+
+
+for _t in ("Add", "Sub", "Mul", "Div"):
+    register(ElementwiseBinary(_t))
+register(Sum("Sum"))

@@ -1,0 +1,197 @@
+"""Pooling and reductions: average pools and sums (linear), max pools (piecewise linear: winner takes all)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ..graph import static_dims
+from .base import LinearOp, Params, carries, const, out_dims, register, spatial_static
+
+
+class _Pool(LinearOp):
+    has_params = False
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def params(self, node):
+        return Params(None, None)
+
+    def forward(self, em, node, xs, p):
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        inputs = [xs[0]] + list(node.inputs[1:])
+        return em.op(node.op_type, *inputs, tag="z", **attrs)
+
+
+def _window_counts(size, k, st, pb, pe, out, include_pad):
+    """Per output position along one axis: (divisor, number of valid inputs), onnxruntime/torch semantics."""
+    div = np.empty(out)
+    for o in range(out):
+        start = o * st - pb
+        end = min(start + k, size + pe)
+        pool = end - start
+        valid = min(end, size) - max(start, 0)
+        div[o] = pool if include_pad else valid
+    return div
+
+
+@register
+class AveragePool(_Pool):
+    """z = mean over windows; J^T s = conv_transpose(s / divisor, ones) per channel."""
+
+    kind = "avgpool"
+    op_types = ("AveragePool",)
+
+    def check(self, node):
+        if any(d != 1 for d in node.attributes.get_ints("dilations", [])):
+            return "dilations"
+        if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
+            return "auto_pad with unknown spatial input shape"
+        dims = static_dims(node.inputs[0])
+        if dims is None or dims[1] is None or spatial_static(node.inputs[0]) is None or spatial_static(
+                node.outputs[0]) is None:
+            return "channels and spatial dimensions must be static"
+        return None
+
+    def transpose(self, em, node, s, p):
+        x_sp, z_sp = spatial_static(node.inputs[0]), spatial_static(node.outputs[0])
+        channels = static_dims(node.inputs[0])[1]
+        k = list(node.attributes.get_ints("kernel_shape"))
+        nd = len(k)
+        st = list(node.attributes.get_ints("strides", [1] * nd))
+        pads = list(node.attributes.get_ints("pads", [0] * (2 * nd)))
+        include = node.attributes.get_int("count_include_pad", 0)
+        inv = np.ones(z_sp)
+        for ax in range(nd):
+            div = _window_counts(x_sp[ax], k[ax], st[ax], pads[ax], pads[nd + ax], z_sp[ax], include)
+            shape = [1] * nd
+            shape[ax] = -1
+            inv = inv / div.reshape(shape)
+        if not np.allclose(inv, inv.flat[0]):
+            s = em.mul(s, em.const(inv[None, None], tag="inv_count"), tag="s_scaled")
+            kernel = np.ones((channels, 1) + tuple(k))
+        else:
+            kernel = np.full((channels, 1) + tuple(k), inv.flat[0])
+        # the transposed window sum; ceil_mode windows may reach past the padded input: crop via pads
+        pads_b = pads[:nd]
+        pads_e, out_pad = [], []
+        for ax in range(nd):
+            natural = (z_sp[ax] - 1) * st[ax] + k[ax] - pads_b[ax]
+            extra = natural - x_sp[ax]
+            pads_e.append(max(extra, 0))
+            out_pad.append(max(-extra, 0))
+        wc = em.const(kernel, tag="ones_kernel", key=(node.name, "pool_kernel"))
+        return [em.op("ConvTranspose", s, wc, tag="JTs", strides=st, pads=pads_b + pads_e, group=channels,
+                      output_padding=out_pad)]
+
+
+class _Reduce(_Pool):
+    """Global average pool / ReduceMean / ReduceSum: J^T s = expand(s) (divided by the count for means)."""
+
+    def axes(self, node):
+        rank = len(node.inputs[0].shape)
+        if node.op_type.startswith("Global"):
+            return list(range(2, rank)), True
+        axes = None
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            axes = const(node.inputs[1])
+            axes = None if axes is None else [int(a) for a in axes.reshape(-1)]
+        elif "axes" in node.attributes:
+            axes = list(node.attributes.get_ints("axes"))
+        if not axes:
+            if node.attributes.get_int("noop_with_empty_axes", 0):
+                return [], True
+            axes = list(range(rank))
+        return sorted(a % rank for a in axes), bool(node.attributes.get_int("keepdims", 1))
+
+    def check(self, node):
+        x = node.inputs[0]
+        if x.shape is None:
+            return "input rank unknown"
+        if len(node.inputs) > 1 and node.inputs[1] is not None and const(node.inputs[1]) is None:
+            return "axes are not constant"
+        if self.mean(node):
+            axes, _ = self.axes(node)
+            dims = static_dims(x)
+            if any(dims[a] is None for a in axes):
+                return "reduced dimensions must be static"
+        return None
+
+    def mean(self, node):
+        return node.op_type in ("GlobalAveragePool", "ReduceMean")
+
+    def transpose(self, em, node, s, p):
+        x = node.inputs[0]
+        axes, keep = self.axes(node)
+        if not keep and axes:
+            s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
+        if self.mean(node):
+            dims = static_dims(x)
+            count = int(np.prod([dims[a] for a in axes])) if axes else 1
+            s = em.scale(s, 1.0 / count, tag="s_mean")
+        return [em.op("Expand", s, em.shape_of(x, tag="x_shape"), tag="JTs")]
+
+
+@register
+class GlobalAveragePool(_Reduce):
+    kind = "avgpool"
+    op_types = ("GlobalAveragePool", "ReduceMean")
+
+
+@register
+class ReduceSum(_Reduce):
+    kind = "sum"
+    op_types = ("ReduceSum",)
+
+
+@register
+class MaxPool(_Pool):
+    """z = max over windows; J^T s scatters s to each window's arg-max (summed where windows overlap)."""
+
+    kind = "maxpool"
+    op_types = ("MaxPool",)
+
+    def check(self, node):
+        if node.attributes.get_int("storage_order", 0):
+            return "storage_order=1"
+        if not node.inputs[0].dtype == ir.DataType.FLOAT and not node.inputs[0].dtype == ir.DataType.DOUBLE:
+            return "indices need float32/float64 input"
+        return None
+
+    def indices(self, em, node):
+        if len(node.outputs) < 2:
+            node.resize_outputs(2)
+            node.outputs[1].name = em.name("argmax")
+            node.outputs[1].type = ir.TensorType(ir.DataType.INT64)
+        return node.outputs[1]
+
+    def transpose(self, em, node, s, p):
+        x = node.inputs[0]
+        idx = em.op("Reshape", self.indices(em, node), em.ints([-1]), tag="argmax_flat")
+        s_flat = em.op("Reshape", s, em.ints([-1]), tag="s_flat")
+        size = em.op("Reshape", em.op("Size", x, tag="x_size"), em.ints([1]), tag="x_size1")
+        zeros = em.op("ConstantOfShape", size, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros")
+        g = em.op("ScatterElements", zeros, idx, s_flat, axis=0, reduction="add", tag="scatter")
+        return [em.reshape_like(g, x, tag="JTs")]
+
+
+@register
+class GlobalMaxPool(_Reduce):
+    """z = max over axes; J^T s = s spread evenly over the positions that attain the max (as torch.amax)."""
+
+    kind = "maxpool"
+    op_types = ("GlobalMaxPool", "ReduceMax")
+
+    def mean(self, node):
+        return False
+
+    def transpose(self, em, node, s, p):
+        x = node.inputs[0]
+        axes, keep = self.axes(node)
+        z = node.outputs[0]
+        if not keep and axes:
+            s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
+            z = em.op("Unsqueeze", z, em.ints(axes), tag="z_kept")
+        hit = em.op("Cast", em.op("Equal", x, z, tag="is_max"), to=em.dtype.value, tag="hit")
+        ties = em.reduce_sum(hit, axes, keepdims=True, tag="ties")
+        return [em.mul(hit, em.div(s, ties, tag="s_per_tie"), tag="JTs")]

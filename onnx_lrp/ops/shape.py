@@ -1,0 +1,261 @@
+"""Ops that move, select or copy elements; relevance follows their transpose (always conservative for moves).
+
+Reshape-like -> Reshape back; Transpose -> inverse permutation; Concat <-> Split; Slice/Gather -> scatter-add
+into zeros; Pad -> Slice; Expand -> sum over the broadcast axes; Cast -> Cast back.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ..graph import static_dims
+from .base import ShapeOp, carries, const, register
+
+
+@register
+class ReshapeLike(ShapeOp):
+    """Reshape, Flatten, Squeeze, Unsqueeze: J^T r = reshape(r, shape(x))."""
+
+    op_types = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def transpose(self, em, node, r_outs):
+        return [em.reshape_like(r_outs[0], node.inputs[0], tag="r_in")]
+
+
+@register
+class Transpose(ShapeOp):
+    op_types = ("Transpose",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def transpose(self, em, node, r_outs):
+        rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+        perm = list(node.attributes.get_ints("perm", list(reversed(range(rank or 0)))))
+        inv = list(np.argsort(perm))
+        return [em.op("Transpose", r_outs[0], perm=inv, tag="r_in")]
+
+    def check(self, node):
+        if "perm" not in node.attributes and node.inputs[0].shape is None:
+            return "default perm with unknown rank"
+        return None
+
+
+@register
+class Identity(ShapeOp):
+    """Cast between float types (and Identity/Dropout left in place): relevance passes, cast back."""
+
+    op_types = ("Cast", "Identity", "Dropout", "CastLike")
+
+    def relevance_inputs(self, node):
+        if not carries(node.inputs[0]) or not carries(node.outputs[0]):
+            return []  # a cast to an integer type ends the relevance path
+        return [0]
+
+    def transpose(self, em, node, r_outs):
+        r = r_outs[0]
+        if node.inputs[0].dtype != node.outputs[0].dtype:
+            r = em.op("Cast", r, to=node.inputs[0].dtype.value, tag="r_in")
+        return [r]
+
+
+def _axis(node, rank):
+    return node.attributes.get_int("axis", 0) % rank
+
+
+@register
+class Concat(ShapeOp):
+    """J^T r = split r along the axis into the inputs' sizes (static)."""
+
+    op_types = ("Concat",)
+
+    def check(self, node):
+        x = node.inputs[0]
+        if x.shape is None:
+            return "rank unknown"
+        ax = _axis(node, len(x.shape))
+        if any(static_dims(v) is None or static_dims(v)[ax] is None for v in node.inputs):
+            return "sizes along the concat axis must be static"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        rank = len(node.inputs[0].shape)
+        ax = _axis(node, rank)
+        sizes = [static_dims(v)[ax] for v in node.inputs]
+        parts = em.op_multi("Split", [r_outs[0], em.ints(sizes)], len(sizes), axis=ax, tag="r_part")
+        return [p for p, v in zip(parts, node.inputs) if carries(v)]
+
+
+@register
+class Split(ShapeOp):
+    """J^T (r_1, ..., r_k) = concat(r_i, zeros where an output got no relevance)."""
+
+    op_types = ("Split",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if node.inputs[0].shape is None:
+            return "rank unknown"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        ax = _axis(node, len(node.inputs[0].shape))
+        parts = [r if r is not None else em.zeros_like(out, tag="r_zero") for r, out in zip(r_outs, node.outputs)]
+        return [em.op("Concat", *parts, axis=ax, tag="r_in")]
+
+
+def _scatter_axis(em, r, x_like_shape, axis, idx, tag):
+    """Scatter-add r's slices along ``axis`` into zeros of shape ``x_like_shape`` at positions ``idx``."""
+    shape = [1] * x_like_shape["rank"]
+    shape[axis] = len(idx)
+    ind = em.const(np.asarray(idx, dtype=np.int64).reshape(shape), tag=f"{tag}_idx", dtype=np.int64)
+    ind = em.op("Expand", ind, em.shape_of(r, tag=f"{tag}_rshape"), tag=f"{tag}_idx_full")
+    zeros = em.op("ConstantOfShape", x_like_shape["value"], value=ir.tensor(np.zeros(1, dtype=em.np_dtype)),
+                  tag=f"{tag}_zeros")
+    return em.op("ScatterElements", zeros, ind, r, axis=axis, reduction="add", tag=tag)
+
+
+@register
+class Slice(ShapeOp):
+    """J^T r = r scattered back to the sliced positions, zeros elsewhere (any steps, constant bounds)."""
+
+    op_types = ("Slice",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def _plan(self, node):
+        dims = static_dims(node.inputs[0])
+        starts, ends = const(node.inputs[1]), const(node.inputs[2])
+        rank = len(dims)
+        axes = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.arange(
+            len(starts))
+        steps = const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(
+            len(starts), dtype=np.int64)
+        plan = []
+        for st, en, ax, sp in zip(starts, ends, axes, steps):
+            ax = int(ax) % rank
+            n = dims[ax]
+            idx = list(range(n))[slice(*slice(int(st), int(en), int(sp)).indices(n))]
+            if idx != list(range(n)):
+                plan.append((ax, idx, n))
+        return plan
+
+    def check(self, node):
+        if any(len(node.inputs) > i and node.inputs[i] is not None and const(node.inputs[i]) is None
+               for i in (1, 2, 3, 4)):
+            return "starts/ends/axes/steps are not constants"
+        dims = static_dims(node.inputs[0])
+        if dims is None:
+            return "rank unknown"
+        starts = const(node.inputs[1])
+        axes = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.arange(
+            len(starts))
+        if any(dims[int(a) % len(dims)] is None for a in axes):
+            return "sliced dimensions must be static"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        r = r_outs[0]
+        x = node.inputs[0]
+        dims = static_dims(x)
+        for ax, idx, n in reversed(self._plan(node)):
+            # the target shape: r's shape with this axis restored to n
+            shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
+                          tag="full_shape")
+            r = _scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, idx, tag="r_unslice")
+        return [r]
+
+
+@register
+class Gather(ShapeOp):
+    """Gather with constant indices from an activation: J^T r = scatter-add r into zeros at the indices."""
+
+    op_types = ("Gather",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if const(node.inputs[1]) is None:
+            return "indices are not constant (an embedding lookup needs the integer-input handling)"
+        dims = static_dims(node.inputs[0])
+        if dims is None or dims[_axis(node, len(dims))] is None:
+            return "the gathered dimension must be static"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        x = node.inputs[0]
+        dims = static_dims(x)
+        ax = _axis(node, len(dims))
+        n = dims[ax]
+        idx = const(node.inputs[1]).astype(np.int64)
+        flat = np.where(idx < 0, idx + n, idx).reshape(-1)
+        r = r_outs[0]
+        # bring r to x's rank: the index dimensions become one axis of length len(flat)
+        x_shape = em.shape_of(x, tag="x_shape")
+        if idx.ndim != 1:
+            head = em.op("Slice", x_shape, em.ints([0]), em.ints([ax]), tag="head")
+            tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([len(dims)]), tag="tail")
+            shape = em.op("Concat", head, em.ints([len(flat)]), tail, axis=0, tag="r_shape3")
+            r = em.op("Reshape", r, shape, tag="r_flat_idx")
+        return [_scatter_axis(em, r, {"rank": len(dims), "value": x_shape}, ax, list(flat), tag="r_in")]
+
+
+@register
+class Pad(ShapeOp):
+    """Constant-mode Pad: J^T r = r with the padding sliced off."""
+
+    op_types = ("Pad",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if node.attributes.get_string("mode", "constant") != "constant":
+            return f"mode={node.attributes.get_string('mode')} (only constant padding)"
+        if const(node.inputs[1]) is None:
+            return "pads are not constant"
+        if len(node.inputs) > 3 and node.inputs[3] is not None and const(node.inputs[3]) is None:
+            return "axes are not constant"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        rank = len(node.inputs[0].shape)
+        pads = const(node.inputs[1]).astype(np.int64)
+        axes = list(range(rank))
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            axes = [int(a) % rank for a in const(node.inputs[3])]
+        k = len(axes)
+        begin, end = pads[:k], pads[k:]
+        r = r_outs[0]
+        if np.any(begin < 0) or np.any(end < 0):  # negative pads crop: their transpose pads with zeros
+            neg = np.concatenate([np.maximum(-begin, 0), np.maximum(-end, 0)])
+            r = em.op("Pad", r, em.ints(neg), None, em.ints(axes), tag="r_uncrop")
+            begin, end = np.maximum(begin, 0), np.maximum(end, 0)
+        starts = [int(b) for b in begin]
+        ends = [-int(e) if e > 0 else np.iinfo(np.int64).max for e in end]
+        return [em.op("Slice", r, em.ints(starts), em.ints(ends), em.ints(axes), tag="r_in")]
+
+
+@register
+class Expand(ShapeOp):
+    """J^T r = r summed over the broadcast axes (Expand, Tile-free broadcasting)."""
+
+    op_types = ("Expand",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if static_dims(node.inputs[0]) is None or static_dims(node.outputs[0]) is None:
+            return "ranks unknown"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        return [em.unbroadcast(r_outs[0], static_dims(node.outputs[0]), node.inputs[0], tag="r_in")]

@@ -1,0 +1,276 @@
+"""The rewriter: one reverse topological walk that appends relevance propagation to the forward graph.
+
+The result is ONE model: its outputs are the original outputs, then ``lrp/relevance/<input>`` for every float
+graph input (and for the tensors asked for with ``relevance_at``), then ``lrp/target`` (the explained index per
+batch item). Two optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 = arg-max, the default) and
+``lrp/one_hot`` (bool scalar; start from 1 at the target instead of the target's output value, the default).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from .errors import InputError, UnsupportedError
+from .graph import Emitter, static_dims
+from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
+from .ops.elementwise import nonneg_output
+from .propagate import Layer, apply_rule, rule_fits
+from .rules.composite import Composite, NodeInfo
+from .rules.rules import Pass, Rule
+
+TARGET_INPUT = "lrp/target"
+ONE_HOT_INPUT = "lrp/one_hot"
+TARGET_OUTPUT = "lrp/target_used"
+RELEVANCE_PREFIX = "lrp/relevance/"
+_SOFTMAX = ("Softmax", "LogSoftmax")
+
+
+@dataclass
+class Assignment:
+    node: ir.Node
+    op: object
+    rule: Rule | None
+    kind: str
+    supported: bool
+    reason: str = ""
+    on_path: bool = True
+    first_linear: bool = False
+
+
+@dataclass
+class Plan:
+    explained: ir.Value
+    output: ir.Value
+    assignments: list[Assignment] = field(default_factory=list)
+
+    @property
+    def unsupported(self) -> list[Assignment]:
+        return [a for a in self.assignments if a.on_path and not a.supported]
+
+
+def explained_value(graph: ir.Graph, output: str | None, explain_logits: bool = True) -> tuple[ir.Value, ir.Value]:
+    outs = list(graph.outputs)
+    if output is None:
+        out = outs[0]
+    else:
+        match = [o for o in outs if o.name == output]
+        if not match:
+            raise InputError(f"model has no output {output!r}; its outputs are: {', '.join(o.name for o in outs)}")
+        out = match[0]
+    y = out
+    producer = y.producer()
+    if explain_logits and producer is not None and producer.op_type in _SOFTMAX and carries(producer.inputs[0]):
+        y = producer.inputs[0]
+    if not carries(y):
+        raise InputError(f"output {out.name!r} is not a float tensor computed from the inputs; nothing to explain")
+    return y, out
+
+
+def _ancestors(y: ir.Value) -> set[int]:
+    """ids of nodes whose outputs flow into y."""
+    seen: set[int] = set()
+    stack = [y.producer()] if y.producer() is not None else []
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        for v in n.inputs:
+            if v is not None and v.producer() is not None and carries(v):
+                stack.append(v.producer())
+    return seen
+
+
+def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
+    """Assign an op handler and a rule to every node; nothing is emitted."""
+    graph = model.graph
+    y, out = explained_value(graph, output, explain_logits)
+    on_path = _ancestors(y)
+    result = Plan(explained=y, output=out)
+    # linear layers reached from an input without crossing another linear layer are "first"
+    reached = {id(v) for v in graph.inputs}
+    for node in graph:
+        dispatcher = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        op = dispatcher.resolve(node) if dispatcher is not None else None
+        kind = op.kind if op is not None else "unknown"
+        feeds = any(id(v) in reached for v in node.inputs if v is not None)
+        first = feeds and kind in ("convolution", "dense")
+        if feeds and not first:
+            reached.update(id(o) for o in node.outputs)
+        a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
+        if "lrp_absorbed_by" in node.meta:
+            a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
+        elif dispatcher is None:
+            a.supported, a.reason = False, "no handler for this op"
+        else:
+            reason = dispatcher.check(node) or (op.check(node) if op is not dispatcher else None)
+            if reason:
+                a.supported, a.reason = False, reason
+            else:
+                rule = composite.rule_for(NodeInfo(node.name, node.op_type, kind, first))
+                if rule is None:
+                    a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {kind!r}"
+                else:
+                    a.rule = rule
+                    misfit = rule_fits(op, rule)
+                    if misfit:
+                        a.supported, a.reason = False, misfit
+        result.assignments.append(a)
+    return result
+
+
+def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
+    known: dict[int, bool] = {}
+
+    def nonneg(v):
+        if v is None:
+            return True
+        if is_param(v):
+            arr = v.const_value.numpy()
+            return arr.dtype.kind in "biu" or bool(np.all(arr >= 0))
+        return known.get(id(v), False)
+
+    for node in graph:
+        ins = [nonneg(v) for v in node.inputs]
+        if node.op_type in PRESERVES_NONNEG:
+            flag = all(ins[:1]) if node.op_type in ("Reshape", "Gather", "Slice", "Expand", "Squeeze",
+                                                    "Unsqueeze", "Pad") else all(ins)
+        else:
+            flag = nonneg_output(node, ins)
+        for o in node.outputs:
+            known[id(o)] = bool(flag)
+    return known
+
+
+def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """r0 = onehot(target) * y (or onehot alone), target = argmax where lrp/target < 0."""
+    target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64),
+                      const_value=ir.tensor(np.array([-1], dtype=np.int64), name=TARGET_INPUT))
+    one_hot = ir.Value(name=ONE_HOT_INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL),
+                       const_value=ir.tensor(np.array(False), name=ONE_HOT_INPUT))
+    graph.inputs.extend([target, one_hot])
+    graph.register_initializer(target)
+    graph.register_initializer(one_hot)
+    with em.scope("start"):
+        flat = em.op("Flatten", y, axis=1, tag="y_flat")
+        dims = static_dims(y)
+        width = int(np.prod(dims[1:])) if dims is not None and all(d is not None for d in dims[1:]) else None
+        if width is None:
+            raise InputError(f"explained tensor {y.name!r} needs static non-batch dimensions")
+        argmax = em.op("ArgMax", flat, axis=1, keepdims=0, tag="argmax")
+        use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
+        chosen = em.op("Where", use_argmax, argmax, target, tag="target")
+        hot = em.op("OneHot", chosen, em.ints([width]), em.const(np.array([0.0, 1.0]), tag="onehot_values"),
+                    axis=1, tag="onehot")
+        scale = em.op("Where", one_hot, em.scalar(1.0), flat, tag="start_scale")
+        r0 = em.mul(hot, scale, tag="r0_flat")
+        r0 = em.reshape_like(r0, y, tag="r0")
+    chosen.name = TARGET_OUTPUT
+    chosen.type = ir.TensorType(ir.DataType.INT64)
+    chosen.shape = ir.Shape(["lrp_batch"])
+    return r0, chosen
+
+
+def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
+            explain_logits: bool = True) -> ir.Model:
+    """Append the relevance graph to ``model`` (in place) and return it."""
+    graph = model.graph
+    p = plan(model, composite, output, explain_logits)
+    if p.unsupported:
+        nodes = [dict(name=a.node.name, op_type=a.node.op_type, domain=a.node.domain,
+                      opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
+        raise UnsupportedError(nodes, "Map them to a supported rule in a composite file (e.g. rule = \"pass\" for an "
+                                      "element-wise op), or add a handler in onnx_lrp/ops.")
+    values = {v.name: v for v in graph.inputs}
+    for node in graph:
+        for o in node.outputs:
+            values[o.name] = o
+    missing = [n for n in relevance_at if n not in values]
+    if missing:
+        raise InputError(f"no tensor named {', '.join(missing)} in the model; `onnx-lrp inspect` lists the tensors")
+    watch = {id(values[n]): n for n in relevance_at}
+    nonneg = _nonneg_analysis(graph)
+    em = Emitter(graph, model.opset_imports.get("", 17))
+    forward_nodes = list(graph)
+    r0, target_used = _start_relevance(em, graph, p.explained)
+    rel: dict[int, list] = {id(p.explained): [r0]}
+    summed: dict[int, ir.Value] = {}
+    by_node = {id(a.node): a for a in p.assignments}
+
+    def total(v: ir.Value, scope_name: str) -> ir.Value | None:
+        parts = rel.get(id(v))
+        if not parts:
+            return None
+        if id(v) not in summed:
+            with em.scope(scope_name):
+                summed[id(v)] = em.sum(parts, tag="r_out")
+        return summed[id(v)]
+
+    for node in reversed(forward_nodes):
+        a = by_node[id(node)]
+        if not a.on_path:
+            continue
+        r_outs = [total(o, node.name) for o in node.outputs]
+        if all(r is None for r in r_outs):
+            continue
+        if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
+            src = next(v for v in node.inputs if carries(v))
+            rel.setdefault(id(src), []).append(r_outs[0])
+            continue
+        idx = a.op.relevance_inputs(node)
+        xs = [node.inputs[i] for i in idx]
+        z = node.outputs[0]
+        if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
+            z = node.meta["lrp_bias_add"].outputs[0]
+        layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
+        if not isinstance(a.op, ShapeOp) and r_outs[0] is None:
+            continue
+        with em.scope(node.name):
+            r_ins = apply_rule(em, layer, a.rule, r_outs)
+        for x, r in zip(xs, r_ins):
+            if r is not None:
+                rel.setdefault(id(x), []).append(r)
+
+    outputs = list(graph.outputs)
+    for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT)]:
+        if not carries(x):
+            continue
+        r = total(x, f"input/{x.name}")
+        with em.scope(f"input/{x.name}"):
+            r = em.op("Identity", r if r is not None else em.zeros_like(x), tag="relevance")
+        _name_output(r, RELEVANCE_PREFIX + x.name, x)
+        outputs.append(r)
+    for vid, name in watch.items():
+        v = values[name]
+        r = summed.get(vid) or total(v, f"at/{name}")
+        with em.scope(f"at/{name}"):
+            r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
+        _name_output(r, RELEVANCE_PREFIX + name, v)
+        outputs.append(r)
+    outputs.append(target_used)
+    graph.outputs.clear()
+    graph.outputs.extend(outputs)
+    return model
+
+
+def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:
+    r.name = name
+    r.type = ir.TensorType(like.dtype)
+    r.shape = like.shape
+
+
+def describe(p: Plan) -> list[dict]:
+    """One row per node for ``onnx-lrp inspect``."""
+    rows = []
+    for a in p.assignments:
+        role = "activation" if any(carries(o) for o in a.node.outputs) else "parameter"
+        rows.append(dict(name=a.node.name, op_type=a.node.op_type, kind=a.kind, role=role,
+                         rule=(a.rule.name if a.rule is not None else "-"), supported=a.supported,
+                         on_path=a.on_path, first_linear=a.first_linear, reason=a.reason))
+    return rows
+
+
+__all__ = ["rewrite", "plan", "describe", "Plan", "TARGET_INPUT", "ONE_HOT_INPUT", "TARGET_OUTPUT",
+           "RELEVANCE_PREFIX", "ActivationOp"]

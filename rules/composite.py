@@ -1,0 +1,158 @@
+"""Composites: first-match-wins maps from nodes to rules, kept as TOML data files.
+
+A composite file::
+
+    name = "epsilon-plus-flat"
+    description = "..."
+
+    [[rules]]
+    match = { first_linear = true }        # the linear layers nearest the input
+    rule = "flat"
+
+    [[rules]]
+    match = { kind = "convolution" }       # or op_type = [...], name = "features.1*" (glob)
+    rule = "zplus"
+
+Every key of ``match`` must hold for a node (op types and kinds given as lists match any of them). Entries
+without ``match`` match everything. Extra keys of an entry are the rule's parameters.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .rules import RULE_ALIASES, RULES, Rule, make_rule
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
+MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a composite may match on."""
+
+    name: str
+    op_type: str
+    kind: str
+    first_linear: bool = False
+
+
+@dataclass(frozen=True)
+class Entry:
+    match: dict
+    rule: Rule
+
+    def matches(self, info: NodeInfo) -> bool:
+        for key, want in self.match.items():
+            if key == "first_linear":
+                if bool(want) != info.first_linear:
+                    return False
+                continue
+            have = {"op_type": info.op_type, "kind": info.kind, "name": info.name}[key]
+            options = want if isinstance(want, list) else [want]
+            if key == "name":
+                if not any(fnmatch.fnmatchcase(have, str(o)) for o in options):
+                    return False
+            elif have not in options:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Composite:
+    """A named, ordered list of (match, rule) entries; the first entry that matches a node wins."""
+
+    name: str
+    entries: tuple[Entry, ...]
+    description: str = ""
+    source: str = ""
+
+    def rule_for(self, info: NodeInfo) -> Rule | None:
+        for entry in self.entries:
+            if entry.matches(info):
+                return entry.rule
+        return None
+
+    def with_params(self, **params) -> "Composite":
+        """Override rule parameters (``epsilon``, ``gamma``, ``low``, ...) in every rule that has them."""
+        params = {k: v for k, v in params.items() if v is not None}
+        if not params:
+            return self
+        used: set[str] = set()
+        entries = []
+        for entry in self.entries:
+            fields = {f.name for f in dataclasses.fields(entry.rule)}  # type: ignore[arg-type]
+            mine = {k: v for k, v in params.items() if k in fields}
+            used |= set(mine)
+            entries.append(Entry(entry.match, dataclasses.replace(entry.rule, **mine)) if mine else entry)
+        unused = set(params) - used
+        if unused:
+            known = sorted({f.name for e in self.entries for f in dataclasses.fields(e.rule)})  # type: ignore
+            raise ValueError(f"composite {self.name!r} has no rule with parameter {', '.join(sorted(unused))}"
+                             f" (its rules take: {', '.join(known) or 'no parameters'})")
+        return dataclasses.replace(self, entries=tuple(entries))
+
+    def describe(self) -> list[str]:
+        lines = []
+        for e in self.entries:
+            what = ", ".join(f"{k}={v}" for k, v in e.match.items()) or "everything else"
+            params = ", ".join(f"{k}={v}" for k, v in e.rule.params().items())
+            lines.append(f"{what} -> {e.rule.name}" + (f"({params})" if params else ""))
+        return lines
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+
+
+def parse_composite(text: str, source: str = "<string>") -> Composite:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"composite {source}: not valid TOML ({exc})") from None
+    entries = []
+    for i, raw in enumerate(data.get("rules", [])):
+        raw = dict(raw)
+        match = raw.pop("match", {}) or {}
+        bad = set(match) - MATCH_KEYS
+        if bad:
+            raise ValueError(f"composite {source}: entry {i + 1} matches on unknown key(s) {', '.join(sorted(bad))}"
+                             f" (use {', '.join(sorted(MATCH_KEYS))})")
+        if "rule" not in raw:
+            raise ValueError(f"composite {source}: entry {i + 1} names no rule")
+        rule_name = raw.pop("rule")
+        try:
+            rule = make_rule(rule_name, **raw)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"composite {source}: entry {i + 1}: {exc}") from None
+        entries.append(Entry(match, rule))
+    if not entries:
+        raise ValueError(f"composite {source}: it has no [[rules]] entries")
+    return Composite(name=str(data.get("name", Path(source).stem)), entries=tuple(entries),
+                     description=str(data.get("description", "")), source=source)
+
+
+def load_composite(spec: "str | Path | Composite") -> Composite:
+    """A built-in composite by name (``epsilon-plus-flat``), or a TOML file by path."""
+    if isinstance(spec, Composite):
+        return spec
+    text = str(spec)
+    path = Path(text)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"composite file {text} not found; give a built-in name ({', '.join(builtin_names())})"
+                             " or the path of a TOML file")
+        return parse_composite(path.read_text(encoding="utf-8"), source=str(path))
+    key = text.replace("_", "-").lower()
+    builtin = BUILTIN_DIR / f"{key}.toml"
+    if not builtin.is_file():
+        raise ValueError(f"unknown composite {text!r}; built-in composites: {', '.join(builtin_names())}"
+                         " (or give the path of a TOML file)")
+    return parse_composite(builtin.read_text(encoding="utf-8"), source=key)
+
+
+__all__ = ["Composite", "Entry", "NodeInfo", "load_composite", "parse_composite", "builtin_names", "RULES",
+           "RULE_ALIASES"]
