@@ -35,7 +35,7 @@ class Emitter:
     @contextlib.contextmanager
     def scope(self, name: str):
         old = self._prefix
-        self._prefix = f"lrp/{name}"
+        self._prefix = f"lrp/{name.lstrip('/')}"
         try:
             yield
         finally:

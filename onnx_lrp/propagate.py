@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .graph import Emitter, static_dims
-from .ops import ActivationOp, LinearOp, Params, ShapeOp
+from .ops import ActivationOp, LinearOp, Params, RuleOp, ShapeOp
 from .rules.rules import Gradient, LinearRule, Pass, Rule, _identity
 
 
@@ -66,52 +66,169 @@ def _is_identity_term(term) -> bool:
     return term.x == "identity" and term.w is _identity and (term.b is _identity)
 
 
+def _definite_sign(arr) -> int:
+    """+1 if every entry is >= 0 (or there is nothing), -1 if every entry is <= 0, 0 if mixed."""
+    if arr is None:
+        return 1
+    a = np.asarray(arr)
+    if a.size == 0 or not np.any(a < 0):
+        return 1
+    return -1 if not np.any(a > 0) else 0
+
+
+class _Basis:
+    """Weights of one layer as combinations ``a W + c W+``: terms that share an input then share their convolutions
+    (``f(x; W + g W+) = f(x; W) + g f(x; W+)``, and ``f(x; W)`` is the forward output minus its bias)."""
+
+    _KNOWN = {id(_identity): (1.0, 0.0)}
+
+    def __init__(self, w: np.ndarray | None):
+        self.w = w
+        self.w_pos = None if w is None else np.clip(w, 0, None)
+        self.mixed = w is not None and bool(np.any(w < 0))
+
+    def decompose(self, fn, wm) -> dict | None:
+        """{basis name: coefficient} with ``wm = sum coef * basis``, or None if wm is no such combination."""
+        if self.w is None:
+            return {"W": 1.0}
+        if fn is _identity:
+            return {"W": 1.0}
+        if not self.mixed:
+            ratio = _ratio(wm, self.w)
+            return None if ratio is None else {"W": ratio}
+        if fn.__name__ == "_pos":
+            return {"W+": 1.0}
+        if fn.__name__ == "_neg":
+            return {"W": 1.0, "W+": -1.0}
+        a, b = self.w.ravel().astype(np.float64), self.w_pos.ravel().astype(np.float64)
+        m = wm.ravel().astype(np.float64)
+        gram = np.array([[a @ a, a @ b], [a @ b, b @ b]])
+        try:
+            ca, cb = np.linalg.solve(gram, np.array([m @ a, m @ b]))
+        except np.linalg.LinAlgError:
+            return None
+        if not np.allclose(m, ca * a + cb * b, rtol=1e-6, atol=1e-7 * float(np.abs(a).max())):
+            return None
+        # least squares leaves ~1e-15 noise: snap to 10 significant digits so that 1.0 stays a free multiply
+        return {k: float(f"{v:.10g}") for k, v in (("W", ca), ("W+", cb)) if abs(v) > 1e-12}
+
+    def params(self, name) -> Params:
+        return Params(self.w if name == "W" else self.w_pos, None, key=name)
+
+
+def _ratio(wm, w):
+    scale = float(np.abs(w).max()) if w.size else 0.0
+    if scale == 0:
+        return None
+    idx = int(np.argmax(np.abs(w)))
+    r = float(wm.ravel()[idx] / w.ravel()[idx])
+    return r if np.allclose(wm, r * w, rtol=1e-6, atol=1e-7 * scale) else None
+
+
+def _weighted_sum(em: Emitter, items: dict, tag: str) -> ir.Value:
+    """sum coef * value over {key: (coef, value)} with scalar multiplies only where needed."""
+    parts = [em.scale(v, c, tag=f"{tag}_part") for c, v in items.values() if c != 0]
+    return em.sum(parts, tag=tag)
+
+
 def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) -> list[ir.Value]:
+    """The generic step; terms are grouped by (input modifier, weight basis) so that convolutions are shared."""
     op: LinearOp = layer.op
     node = layer.node
     p0 = op.params(node)
     eps = rule.eps()
-    contributions: list[list[ir.Value]] = [[] for _ in layer.xs]
+    basis = _Basis(p0.w)
+    b_orig = p0.b if p0.b is not None and np.any(p0.b) else None
+    forwards: dict = {}       # (x key, basis key) -> f(x_mod; basis), without bias
+    x_of: dict = {}           # x key -> (how, value)
+    weights: dict = {}        # basis key -> Params
+    groups_s = []             # per group: (s_g, [(x key, basis key, coef)])
+
+    def forward(xkey, bkey):
+        if (xkey, bkey) not in forwards:
+            how, value = x_of[xkey]
+            xs = [layer.x_mod(em, i, how, value) for i in range(len(layer.xs))]
+            forwards[(xkey, bkey)] = op.forward(em, node, xs, weights[bkey])
+        return forwards[(xkey, bkey)]
+
     for gi, group in enumerate(rule.groups()):
         gtag = group.tag or f"g{gi}"
-        terms = []
-        for term in group.terms:
+        combo: dict = {}      # (x key, basis key) -> coefficient in z_g
+        bias = None
+        sign = 1
+        for k, term in enumerate(group.terms):
             if term.x == "negative" and all(layer.nonneg):
                 continue  # x- = 0 after a Relu: the term vanishes
-            w = term.w(p0.w) if p0.w is not None else None
-            b = term.b(p0.b) if (term.b is not None and p0.b is not None) else None
-            if p0.w is not None and not np.any(w) and (b is None or not np.any(b)):
+            wm = term.w(p0.w) if p0.w is not None else None
+            bm = term.b(p0.b) if (term.b is not None and p0.b is not None) else None
+            if wm is not None and not np.any(wm) and (bm is None or not np.any(bm)):
                 continue
-            if w is not None and w.dtype != p0.w.dtype:
-                w = w.astype(p0.w.dtype)
-            key = "orig" if (term.w is _identity and term.b in (_identity,)) else (term.w, term.b, term.tag)
-            terms.append((term, Params(w, b, key)))
-        if not terms:
-            continue
-        # denominator
-        zs = []
-        for term, p in terms:
-            if _is_identity_term(term):
-                zk = layer.z
+            how = "identity" if term.x == "positive" and all(layer.nonneg) else term.x
+            xkey = (how, id(term.x_value))
+            x_of[xkey] = (how, term.x_value)
+            parts = basis.decompose(term.w, wm) if wm is not None or p0.w is None else None
+            if parts is None:  # not a combination of W and W+: its own weights
+                bkey = ("own", gi, k)
+                weights[bkey] = Params(wm.astype(p0.w.dtype), None, key=(term.w, term.tag))
+                parts = {bkey: 1.0}
             else:
-                xs = [layer.x_mod(em, i, term.x, term.x_value) for i in range(len(layer.xs))]
-                zk = op.forward(em, node, xs, p)
-            zs.append(em.scale(zk, term.sign, tag=f"{gtag}_z_signed"))
-        z = em.sum(zs, tag=f"{gtag}_z")
-        s = em.div(r_out, em.stabilize(z, eps, tag=f"{gtag}_stab"), tag=f"{gtag}_s")
+                for name in parts:
+                    weights.setdefault(name, basis.params(name))
+            for bkey, c in parts.items():
+                combo[(xkey, bkey)] = combo.get((xkey, bkey), 0.0) + term.sign * c
+            if bm is not None and np.any(bm):
+                bias = term.sign * bm if bias is None else bias + term.sign * bm
+            x_sign = {"identity": 1 if all(layer.nonneg) else 0, "positive": 1, "negative": -1, "ones": 1,
+                      "constant": _definite_sign(term.x_value)}[how]
+            t_sign = term.sign * x_sign * _definite_sign(wm) if wm is not None else term.sign * x_sign
+            b_sign = term.sign * _definite_sign(bm)
+            if t_sign <= 0 or b_sign <= 0:
+                sign = 0
+        combo = {k: c for k, c in combo.items() if c != 0}
+        if not combo and bias is None:
+            continue
+        # z_g: f(x; W) for the unmodified input is the forward output minus its bias
+        ident = (("identity", id(None)), "W")
+        items = {}
+        for key, c in combo.items():
+            if key == ident:
+                items[key] = (c, layer.z)
+                shift = -c * b_orig if b_orig is not None else None
+                if shift is not None:
+                    bias = shift if bias is None else bias + shift
+            else:
+                items[key] = (c, forward(*key))
+        z = _weighted_sum(em, items, tag=f"{gtag}_z") if items else None
+        if bias is not None and np.any(bias):
+            bconst = op.bias_const(em, node, bias, tag=f"{gtag}_b")
+            z = em.add(z, bconst, tag=f"{gtag}_zb") if z is not None else bconst
+        if sign > 0:
+            stab = em.add(z, em.scalar(eps), tag=f"{gtag}_stab") if eps else z
+        else:
+            stab = em.stabilize(z, eps, tag=f"{gtag}_stab")
+        s = em.div(r_out, stab, tag=f"{gtag}_s")
         if group.mask is not None:
             cmp = "Greater" if group.mask == "positive" else "Less"
             keep = em.op(cmp, layer.z, em.scalar(0.0), tag=f"{gtag}_mask")
             s = em.op("Where", keep, s, em.scalar(0.0), tag=f"{gtag}_s_masked")
-        s = em.scale(s, group.coef, tag=f"{gtag}_s_coef")
-        for term, p in terms:
-            grads = op.transpose(em, node, s, p)
-            for i, g in enumerate(grads):
-                if term.x == "ones":
-                    r = g
-                else:
-                    r = em.mul(layer.x_mod(em, i, term.x, term.x_value), g, tag=f"{gtag}_r{i}")
-                contributions[i].append(em.scale(r, term.sign, tag=f"{gtag}_r{i}_signed"))
+        groups_s.append((s, group.coef, combo))
+
+    # transposes: per (input modifier, basis) one J^T applied to the combined normalised relevance
+    per_x: dict = {}
+    for s, coef, combo in groups_s:
+        for (xkey, bkey), c in combo.items():
+            per_x.setdefault(xkey, {}).setdefault(bkey, []).append((coef * c, s))
+    contributions: list[list[ir.Value]] = [[] for _ in layer.xs]
+    for xkey, by_basis in per_x.items():
+        how, value = x_of[xkey]
+        grads_sum: list[list[ir.Value]] = [[] for _ in layer.xs]
+        for bkey, uses in by_basis.items():
+            t = em.sum([em.scale(s, c, tag="t_part") for c, s in uses], tag="t")
+            for i, g in enumerate(op.transpose(em, node, t, weights[bkey])):
+                grads_sum[i].append(g)
+        for i, gs in enumerate(grads_sum):
+            g = em.sum(gs, tag=f"JTt{i}")
+            contributions[i].append(g if how == "ones" else em.mul(layer.x_mod(em, i, how, value), g, tag=f"r{i}"))
     out = []
     for i, parts in enumerate(contributions):
         out.append(em.sum(parts, tag=f"r_in{i}") if parts else em.zeros_like(layer.xs[i], tag=f"r_in{i}_zero"))
@@ -123,6 +240,8 @@ def apply_rule(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list[ir.V
     op = layer.op
     if isinstance(op, ShapeOp):
         return op.transpose(em, layer.node, r_outs)
+    if isinstance(op, RuleOp):
+        return op.propagate(em, layer, rule, r_outs)
     r_out = r_outs[0]
     if isinstance(rule, Pass):
         return [r_out]
@@ -139,6 +258,8 @@ def apply_rule(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list[ir.V
 
 def rule_fits(op, rule: Rule) -> str | None:
     """Why a rule cannot apply to an op (checked for every node before anything is emitted)."""
+    if isinstance(op, RuleOp):
+        return op.fits(rule)
     if isinstance(op, ShapeOp):
         return None if isinstance(rule, (Gradient, Pass)) else f"rule {rule.name} on a shape op (use gradient)"
     if isinstance(rule, Pass):

@@ -57,6 +57,10 @@ class Op:
         """Why this node cannot be handled, or None."""
         return None
 
+    def relevance_values(self, node: ir.Node) -> list:
+        """The values relevance flows into (by default the inputs named by ``relevance_inputs``)."""
+        return [node.inputs[i] for i in self.relevance_inputs(node)]
+
     def resolve(self, node: ir.Node) -> "Op":
         """The op that handles this node (an op type can hold several kinds, e.g. Add of a constant or of two
         activations)."""
@@ -79,6 +83,10 @@ class LinearOp(Op):
         """Emit J^T s for each relevance input (the adjoint of ``forward`` in x)."""
         raise NotImplementedError
 
+    def bias_const(self, em: Emitter, node: ir.Node, b: np.ndarray, tag: str) -> ir.Value:
+        """A bias as a constant that broadcasts against the output (per output feature for dense layers)."""
+        return em.const(b, tag=tag)
+
 
 class ShapeOp(Op):
     kind = "shape"
@@ -96,6 +104,17 @@ class ActivationOp(Op):
     def derivative(self, em: Emitter, node: ir.Node) -> ir.Value | None:
         """f'(x) for the Gradient rule, or None when not provided."""
         return None
+
+
+class RuleOp(Op):
+    """An op that applies its rules itself (products of activations, softmax, ...): ``fits`` says why a rule
+    cannot apply, ``propagate`` emits the relevance of ``layer.xs`` (None where an input gets none)."""
+
+    def fits(self, rule) -> str | None:
+        raise NotImplementedError
+
+    def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
+        raise NotImplementedError
 
 
 REGISTRY: dict[str, Op] = {}

@@ -60,6 +60,10 @@ class _Conv(LinearOp):
     def params(self, node):
         return Params(const(node.inputs[1]), _bias_of(node, 2))
 
+    def bias_const(self, em, node, b, tag):
+        nd = const(node.inputs[1]).ndim - 2
+        return em.const(np.asarray(b).reshape((-1,) + (1,) * nd), tag=tag)
+
 
 @register
 class Conv(_Conv):
@@ -210,8 +214,9 @@ class MatMul(LinearOp):
         g = em.op("MatMul", s, wtc, tag="JTs") if side == 1 else em.op("MatMul", wtc, s, tag="JTs")
         x = node.inputs[1 - side]
         xd, zd = static_dims(x), out_dims(node)
-        if xd is not None and zd is not None and len(xd) < len(zd):
-            g = em.unbroadcast(g, zd, x, tag="JTs_sum")
+        if xd is not None and zd is not None and (len(xd) < len(zd) or any(
+                a == 1 and b != 1 for a, b in zip(xd[:-2], zd[len(zd) - len(xd):-2]))):
+            g = em.unbroadcast(g, zd, x, tag="JTs_sum")  # batch axes x was broadcast along
         return [g]
 
 

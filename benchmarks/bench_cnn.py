@@ -1,0 +1,138 @@
+"""Speed of ``Explainer.explain`` on torchvision CNNs, as ratios measured in one run on this machine.
+
+For each model, batch size and composite it prints:
+  forward   plain onnxruntime run of the original model (same threads, same session options)
+  explain   Explainer.explain (forward + relevance in one onnxruntime run)
+  zennit    zennit on the PyTorch model with the same composite (when torch/zennit import)
+and the ratios explain/forward (targets: <= 2.5 for epsilon, <= 3.5 for epsilon-plus-flat and epsilon-gamma-box)
+and zennit/explain (target: >= 3).
+
+    python benchmarks/bench_cnn.py [--models vgg16,resnet50,mobilenet_v2] [--batches 1,8] [--threads 2]
+
+torch, torchvision and zennit are needed to build the models (random weights) and for the zennit column.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+COMPOSITES = ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box")
+TARGETS = {"epsilon": 2.5, "epsilon-plus-flat": 3.5, "epsilon-gamma-box": 3.5}
+
+
+def timed(fn, repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def build(name: str, path: str, size: int):
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(1, 3, size, size)
+    torch.onnx.export(model, x, path, input_names=["x"], output_names=["logits"],
+                      dynamic_axes={"x": {0: "N"}, "logits": {0: "N"}}, dynamo=False, opset_version=17)
+    return model
+
+
+def zennit_composite(name: str, arch: str):
+    from zennit.canonizers import SequentialMergeBatchNorm
+    from zennit.composites import EpsilonGammaBox, EpsilonPlusFlat, LayerMapComposite, layer_map_base
+    from zennit.rules import Epsilon
+    from zennit.torchvision import ResNetCanonizer, VGGCanonizer
+    from zennit.types import Linear
+
+    canon = [ResNetCanonizer()] if arch.startswith("resnet") else [VGGCanonizer()] if arch.startswith("vgg") \
+        else [SequentialMergeBatchNorm()]
+    if name == "epsilon":
+        return LayerMapComposite(layer_map_base() + [(Linear, Epsilon())], canonizers=canon)
+    if name == "epsilon-plus-flat":
+        return EpsilonPlusFlat(canonizers=canon)
+    return EpsilonGammaBox(low=-3.0, high=3.0, canonizers=canon)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="vgg16,resnet50,mobilenet_v2")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--composites", default=",".join(COMPOSITES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-zennit", action="store_true")
+    args = ap.parse_args(argv)
+
+    import onnxruntime as ort
+
+    import onnx_lrp
+
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+        have_zennit = not args.no_zennit
+        import zennit  # noqa: F401
+    except ImportError:
+        have_zennit = False
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="onnx-lrp-bench-")
+    print(f"threads={args.threads} size={args.size} onnxruntime={ort.__version__} machine={os.cpu_count()} cpus",
+          flush=True)
+    header = f"{'model':14s} {'batch':>5s} {'composite':20s} {'forward s':>10s} {'explain s':>10s} {'ratio':>6s} " \
+             f"{'target':>6s} {'zennit s':>9s} {'zennit/ours':>11s}"
+    print(header)
+    for arch in args.models.split(","):
+        path = os.path.join(tmp, f"{arch}.onnx")
+        torch_model = build(arch, path, args.size)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        opts.inter_op_num_threads = 1
+        plain = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+        for comp in args.composites.split(","):
+            ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads)
+            for batch in (int(b) for b in args.batches.split(",")):
+                x = np.random.default_rng(0).standard_normal((batch, 3, args.size, args.size)).astype(np.float32)
+                t_fwd = timed(lambda: plain.run(None, {"x": x}), args.repeat)
+                t_exp = timed(lambda: ex.explain(x), args.repeat)
+                t_zen = float("nan")
+                if have_zennit:
+                    from zennit.attribution import Gradient
+
+                    xt = torch.from_numpy(x).requires_grad_(True)
+                    with Gradient(torch_model, zennit_composite(comp, arch)) as attr:
+                        def run_zennit():
+                            out = torch_model(xt)
+                            attr(xt, torch.eye(out.shape[1])[out.argmax(1)])
+                        t_zen = timed(run_zennit, max(1, args.repeat - 1))
+                ratio = t_exp / t_fwd
+                row = (arch, batch, comp, t_fwd, t_exp, ratio, TARGETS[comp], t_zen, t_zen / t_exp)
+                rows.append(row)
+                print(f"{arch:14s} {batch:5d} {comp:20s} {t_fwd:10.3f} {t_exp:10.3f} {ratio:6.2f} {TARGETS[comp]:6.1f} "
+                      f"{t_zen:9.3f} {t_zen / t_exp:11.1f}", flush=True)
+            del ex
+    worst = max(rows, key=lambda r: r[5] / r[6])
+    print(f"\nworst explain/forward relative to its target: {worst[0]} b{worst[1]} {worst[2]}: "
+          f"{worst[5]:.2f} (target {worst[6]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
