@@ -143,9 +143,18 @@ class Emitter:
         return self.op("Min", x, self.scalar(0.0), tag=tag)
 
     def stabilize(self, z, eps: float, tag="stab"):
-        """zennit: z + eps * (sign(z) + (z == 0)), i.e. z + (eps if z >= 0 else -eps)."""
+        """zennit: z + eps * (sign(z) + (z == 0)), i.e. z + (eps if z >= 0 else -eps).
+
+        Written as z + clip(z * 2eps/FLT_MIN + eps, -eps, eps), which onnxruntime runs faster than a Where; it is
+        the same for every normal float and for 0 (only negative denormals, |z| < 1.2e-38, would get +eps)."""
         if eps == 0:
             return z
+        gain = 2.0 * eps / float(np.finfo(np.float32).tiny)
+        if self.np_dtype == np.float32 and gain < 1e38:
+            scaled = self.op("Mul", z, self.scalar(gain), tag=f"{tag}_gain")
+            shifted = self.op("Add", scaled, self.scalar(eps), tag=f"{tag}_shift")
+            shift = self.op("Clip", shifted, self.scalar(-eps), self.scalar(eps), tag=f"{tag}_eps")
+            return self.add(z, shift, tag=tag)
         ge = self.op("GreaterOrEqual", z, self.scalar(0.0), tag=f"{tag}_sign")
         shift = self.op("Where", ge, self.scalar(eps), self.scalar(-eps), tag=f"{tag}_eps")
         return self.add(z, shift, tag=tag)

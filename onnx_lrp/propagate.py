@@ -20,6 +20,7 @@ class Layer:
 
     def __init__(self, node: ir.Node, op, xs: list[ir.Value], z: ir.Value, nonneg: list[bool]):
         self.node, self.op, self.xs, self.z, self.nonneg = node, op, xs, z, nonneg
+        self.relu_out: ir.Value | None = None  # set when z feeds only a Relu whose relevance vanishes at zeros
         self._mods: dict = {}
 
     def x_mod(self, em: Emitter, i: int, how: str, value=None) -> ir.Value | None:
@@ -99,7 +100,9 @@ class _Basis:
         if fn.__name__ == "_pos":
             return {"W+": 1.0}
         if fn.__name__ == "_neg":
-            return {"W": 1.0, "W+": -1.0}
+            # its own basis, not W - W+: transposing W and W+ apart and subtracting cancels catastrophically
+            # when a denominator is ~eps (s ~ R / eps); its forward is still shared (see linear_rule)
+            return {"W-": 1.0}
         a, b = self.w.ravel().astype(np.float64), self.w_pos.ravel().astype(np.float64)
         m = wm.ravel().astype(np.float64)
         gram = np.array([[a @ a, a @ b], [a @ b, b @ b]])
@@ -113,6 +116,8 @@ class _Basis:
         return {k: float(f"{v:.10g}") for k, v in (("W", ca), ("W+", cb)) if abs(v) > 1e-12}
 
     def params(self, name) -> Params:
+        if name == "W-":
+            return Params(np.clip(self.w, None, 0), None, key=name)
         return Params(self.w if name == "W" else self.w_pos, None, key=name)
 
 
@@ -145,6 +150,12 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
     groups_s = []             # per group: (s_g, [(x key, basis key, coef)])
 
     def forward(xkey, bkey):
+        if (xkey, bkey) not in forwards and bkey == "W-" and xkey == ("identity", id(None)):
+            # f(x; W-) = f(x; W) - f(x; W+), f(x; W) = z - b: one convolution fewer (benign in the forward)
+            zf = layer.z if b_orig is None else em.sub(layer.z, op.bias_const(em, node, b_orig, tag="b_orig"),
+                                                       tag="z_nobias")
+            weights.setdefault("W+", basis.params("W+"))
+            forwards[(xkey, bkey)] = em.sub(zf, forward(xkey, "W+"), tag="z_neg")
         if (xkey, bkey) not in forwards:
             how, value = x_of[xkey]
             xs = [layer.x_mod(em, i, how, value) for i in range(len(layer.xs))]
@@ -202,7 +213,11 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
         if bias is not None and np.any(bias):
             bconst = op.bias_const(em, node, bias, tag=f"{gtag}_b")
             z = em.add(z, bconst, tag=f"{gtag}_zb") if z is not None else bconst
-        if sign > 0:
+        if len(items) == 1 and ident in items and items[ident][0] == 1.0 and bias is None \
+                and layer.relu_out is not None and eps:
+            # z feeds only a Relu and the relevance is zero where relu(z) is: stab(z) = relu(z) + eps there
+            stab = em.add(layer.relu_out, em.scalar(eps), tag=f"{gtag}_stab")
+        elif sign > 0:
             stab = em.add(z, em.scalar(eps), tag=f"{gtag}_stab") if eps else z
         else:
             stab = em.stabilize(z, eps, tag=f"{gtag}_stab")
@@ -254,6 +269,18 @@ def apply_rule(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list[ir.V
     if isinstance(rule, LinearRule) and isinstance(op, LinearOp):
         return linear_rule(em, layer, rule, r_out)
     raise AssertionError(f"rule {rule.name} on {layer.node.op_type} was not rejected when planning")
+
+
+def zero_preserving(op, rule: Rule, node: ir.Node):
+    """Whether the relevance a rule gives its inputs is zero wherever the input value is zero: True, False, or
+    "inherit" (as the relevance of the outputs: moves, max pools and Pass through a Relu)."""
+    if isinstance(rule, LinearRule):
+        return all(t.x in ("identity", "positive", "negative") for g in rule.groups() for t in g.terms)
+    if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
+        return "inherit"
+    if isinstance(rule, Pass) and node.op_type == "Relu":
+        return "inherit"
+    return False
 
 
 def rule_fits(op, rule: Rule) -> str | None:

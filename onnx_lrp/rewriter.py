@@ -12,15 +12,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from . import patterns
+from .deployed import relay_sources
 from .errors import InputError, UnsupportedError
 from .graph import Emitter, static_dims
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
-from .propagate import Layer, apply_rule, rule_fits
+from .ops.transformer import token_relevance
+from .propagate import Layer, apply_rule, rule_fits, zero_preserving
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule
 
 TARGET_INPUT = "lrp/target"
+POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: restricts the arg-max to one index of axis 1
 ONE_HOT_INPUT = "lrp/one_hot"
 TARGET_OUTPUT = "lrp/target_used"
 RELEVANCE_PREFIX = "lrp/relevance/"
@@ -77,7 +81,7 @@ def _ancestors(y: ir.Value) -> set[int]:
         if id(n) in seen:
             continue
         seen.add(id(n))
-        for v in n.inputs:
+        for v in list(n.inputs) + relay_sources(n):  # relay: DequantizeLinear -> its QuantizeLinear's input
             if v is not None and v.producer() is not None and carries(v):
                 stack.append(v.producer())
     return seen
@@ -86,6 +90,7 @@ def _ancestors(y: ir.Value) -> set[int]:
 def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
     """Assign an op handler and a rule to every node; nothing is emitted."""
     graph = model.graph
+    patterns.annotate(graph)
     y, out = explained_value(graph, output, explain_logits)
     on_path = _ancestors(y)
     result = Plan(explained=y, output=out)
@@ -102,6 +107,8 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
         a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
         if "lrp_absorbed_by" in node.meta:
             a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
+        elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
+            a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
         elif dispatcher is None:
             a.supported, a.reason = False, "no handler for this op"
         else:
@@ -159,7 +166,20 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         width = int(np.prod(dims[1:])) if dims is not None and all(d is not None for d in dims[1:]) else None
         if width is None:
             raise InputError(f"explained tensor {y.name!r} needs static non-batch dimensions")
-        argmax = em.op("ArgMax", flat, axis=1, keepdims=0, tag="argmax")
+        scored = flat
+        if len(dims) >= 3:  # sequence outputs (N, T, C...): lrp/position >= 0 restricts the arg-max to y[:, position]
+            position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]),
+                                type=ir.TensorType(ir.DataType.INT64),
+                                const_value=ir.tensor(np.array([-1], dtype=np.int64), name=POSITION_INPUT))
+            graph.inputs.append(position)
+            graph.register_initializer(position)
+            chunk = width // dims[1]
+            col = em.const(np.arange(width, dtype=np.int64)[None] // chunk, tag="row_of", dtype=np.int64)
+            pos = em.op("Unsqueeze", position, em.ints([1]), tag="position")
+            keep = em.op("Or", em.op("Less", pos, em.scalar(0, np.int64), tag="no_position"),
+                         em.op("Equal", col, pos, tag="in_row"), tag="keep")
+            scored = em.op("Where", keep, flat, em.scalar(-np.inf), tag="y_row")
+        argmax = em.op("ArgMax", scored, axis=1, keepdims=0, tag="argmax")
         use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
         chosen = em.op("Where", use_argmax, argmax, target, tag="target")
         hot = em.op("OneHot", chosen, em.ints([width]), em.const(np.array([0.0, 1.0]), tag="onehot_values"),
@@ -197,6 +217,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     r0, target_used = _start_relevance(em, graph, p.explained)
     rel: dict[int, list] = {id(p.explained): [r0]}
     summed: dict[int, ir.Value] = {}
+    zero_where_zero: dict[int, bool] = {id(p.explained): False}  # relevance known to vanish where the value does
     by_node = {id(a.node): a for a in p.assignments}
 
     def total(v: ir.Value, scope_name: str) -> ir.Value | None:
@@ -215,27 +236,46 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         r_outs = [total(o, node.name) for o in node.outputs]
         if all(r is None for r in r_outs):
             continue
+        if a.kind == "held":
+            continue
         if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
             src = next(v for v in node.inputs if carries(v))
             rel.setdefault(id(src), []).append(r_outs[0])
+            zero_where_zero[id(src)] = False
             continue
-        idx = a.op.relevance_inputs(node)
-        xs = [node.inputs[i] for i in idx]
+        xs = a.op.relevance_values(node)
         z = node.outputs[0]
         if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
             z = node.meta["lrp_bias_add"].outputs[0]
         layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
         if not isinstance(a.op, ShapeOp) and r_outs[0] is None:
             continue
+        layer.relu_out = _relu_after(z, by_node, zero_where_zero)
         with em.scope(node.name):
             r_ins = apply_rule(em, layer, a.rule, r_outs)
+        keeps = zero_preserving(a.op, a.rule, node)
+        if keeps == "inherit":
+            keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
         for x, r in zip(xs, r_ins):
             if r is not None:
                 rel.setdefault(id(x), []).append(r)
+                zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps)
 
     outputs = list(graph.outputs)
-    for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT)]:
+    for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT, POSITION_INPUT)]:
         if not carries(x):
+            if x.dtype is None or not x.dtype.is_integer():
+                continue
+            with em.scope(f"input/{x.name}"):  # token ids: relevance at their embedding lookups, per token
+                r = token_relevance(em, graph, x, lambda v: total(v, f"input/{x.name}"))
+            if r is None:
+                continue
+            with em.scope(f"input/{x.name}"):
+                r = em.op("Identity", r, tag="relevance")
+            r.name = RELEVANCE_PREFIX + x.name
+            r.type = ir.TensorType(em.dtype)
+            r.shape = x.shape
+            outputs.append(r)
             continue
         r = total(x, f"input/{x.name}")
         with em.scope(f"input/{x.name}"):
@@ -253,6 +293,20 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     graph.outputs.clear()
     graph.outputs.extend(outputs)
     return model
+
+
+def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value | None:
+    """The output of a Relu that is z's only consumer, given Pass, when its relevance vanishes where it is zero:
+    then stab(z) may be read as relu(z) + eps (exact: where z <= 0 the relevance is zero anyway)."""
+    uses = list(z.uses())
+    if len(uses) != 1 or z.is_graph_output():
+        return None
+    relu = uses[0].node
+    a = by_node.get(id(relu))
+    if relu.op_type != "Relu" or a is None or not isinstance(a.rule, Pass):
+        return None
+    out = relu.outputs[0]
+    return out if zero_where_zero.get(id(out), False) else None
 
 
 def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:

@@ -94,10 +94,53 @@ class Conv(_Conv):
             pads = [r - pb for r, pb in zip(reach, pads_b)] + [r - pe for r, pe in zip(reach, pads_e)]
             return [em.op("Conv", s, _wconst(em, node, p, wt, "wT"), tag="JTs", pads=pads, dilations=g["dil"],
                           group=group)]
+        st = g["strides"][0]
+        if nd == 2 and all(x == st for x in g["strides"]) and all(d == 1 for d in g["dil"]):
+            if max(g["k"]) == 1:
+                return [self._pointwise_upsample(em, node, s, p, g)]
+            return [self._polyphase(em, node, s, p, g)]
         out_pad = [xs - ((zs - 1) * st + d * (k - 1) + 1 - pb - pe) for xs, zs, st, d, k, pb, pe in
                    zip(g["x_sp"], g["z_sp"], g["strides"], g["dil"], g["k"], pads_b, pads_e)]
         return [em.op("ConvTranspose", s, _wconst(em, node, p, w, "w"), tag="JTs", strides=g["strides"],
                       pads=g["pads"], dilations=g["dil"], group=group, output_padding=out_pad)]
+
+
+    def _pointwise_upsample(self, em, node, s, p, g):
+        """Strided 1x1 transpose: the channel mix at low resolution, then zeros interleaved and a crop."""
+        w, group, st = p.w, g["group"], g["strides"][0]
+        cout, cin_g = w.shape[:2]
+        wt = w.reshape(group, cout // group, cin_g, 1, 1).swapaxes(1, 2).reshape(group * cin_g, cout // group, 1, 1)
+        mixed = em.op("Conv", s, _wconst(em, node, p, np.ascontiguousarray(wt), "wT"), tag="JTs_mixed", group=group)
+        cin = group * cin_g
+        # phase-major channels (DCR): the mixed values are phase (0, 0), zeros fill the other st*st - 1 phases
+        padded = em.op("Pad", mixed, em.ints([0, 0, 0, 0, 0, cin * (st * st - 1), 0, 0]), tag="JTs_phases")
+        up = em.op("DepthToSpace", padded, blocksize=st, mode="DCR", tag="JTs_up")
+        pads_b = g["pads"][:2]
+        ends = [pb + x for pb, x in zip(pads_b, g["x_sp"])]
+        return em.op("Slice", up, em.ints(pads_b), em.ints(ends), em.ints([2, 3]), tag="JTs")
+
+    def _polyphase(self, em, node, s, p, g):
+        """Strided 2-D transpose as ONE stride-1 Conv producing every output phase, then DepthToSpace and a crop
+        (sub-pixel convolution): same MACs as the forward, where onnxruntime's ConvTranspose is slower.
+
+        Per axis, output i with i + pad = q*stride + ph receives sum_m s[q - m] W[ph + m*stride]."""
+        w, group, st = p.w, g["group"], g["strides"][0]
+        cout, cin_g = w.shape[:2]
+        m = [-(-k // st) for k in g["k"]]  # taps per phase
+        wp = np.zeros((cout, cin_g, m[0] * st, m[1] * st), dtype=w.dtype)
+        wp[:, :, :g["k"][0], :g["k"][1]] = w
+        wr = wp.reshape(cout, cin_g, m[0], st, m[1], st)[:, :, ::-1, :, ::-1, :]  # flip the taps
+        wr = wr.reshape(group, cout // group, cin_g, m[0], st, m[1], st).transpose(0, 2, 4, 6, 1, 3, 5)
+        wt = np.ascontiguousarray(wr.reshape(group * cin_g * st * st, cout // group, m[0], m[1]))
+        pads_b = g["pads"][:2]
+        q = [-(-(x + pb) // st) for x, pb in zip(g["x_sp"], pads_b)]
+        conv_pads = [mm - 1 for mm in m] + [max(0, qq - zz) for qq, zz in zip(q, g["z_sp"])]
+        phases = em.op("Conv", s, _wconst(em, node, p, wt, "wT_phases"), tag="JTs_phases", pads=conv_pads,
+                       group=group)
+        full = em.op("DepthToSpace", phases, blocksize=st, mode="CRD", tag="JTs_interleaved")
+        starts = list(pads_b)
+        ends = [pb + x for pb, x in zip(pads_b, g["x_sp"])]
+        return em.op("Slice", full, em.ints(starts), em.ints(ends), em.ints([2, 3]), tag="JTs")
 
 
 @register
