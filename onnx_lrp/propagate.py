@@ -216,7 +216,8 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
         if len(items) == 1 and ident in items and items[ident][0] == 1.0 and bias is None \
                 and layer.relu_out is not None and eps:
             # z feeds only a Relu and the relevance is zero where relu(z) is: stab(z) = relu(z) + eps there
-            stab = em.add(layer.relu_out, em.scalar(eps), tag=f"{gtag}_stab")
+            rect = layer.relu_out if layer.relu_out is not layer.z else em.positive(layer.z, tag=f"{gtag}_z+")
+            stab = em.add(rect, em.scalar(eps), tag=f"{gtag}_stab")
         elif sign > 0:
             stab = em.add(z, em.scalar(eps), tag=f"{gtag}_stab") if eps else z
         else:
@@ -278,8 +279,11 @@ def zero_preserving(op, rule: Rule, node: ir.Node):
         return all(t.x in ("identity", "positive", "negative") for g in rule.groups() for t in g.terms)
     if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
         return "inherit"
-    if isinstance(rule, Pass) and node.op_type == "Relu":
-        return "inherit"
+    if isinstance(rule, Pass) and (node.op_type == "Relu" or (node.op_type == "Clip" and len(node.inputs) > 1 and
+                                                                node.inputs[1] is not None and
+                                                                node.inputs[1].const_value is not None and
+                                                                float(node.inputs[1].const_value.numpy()) == 0.0)):
+        return "inherit"  # zero exactly where the input is <= 0
     return False
 
 

@@ -303,10 +303,22 @@ def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value |
         return None
     relu = uses[0].node
     a = by_node.get(id(relu))
-    if relu.op_type != "Relu" or a is None or not isinstance(a.rule, Pass):
+    if not _is_rectifier(relu) or a is None or not isinstance(a.rule, Pass):
         return None
     out = relu.outputs[0]
-    return out if zero_where_zero.get(id(out), False) else None
+    if not zero_where_zero.get(id(out), False):
+        return None
+    return out if relu.op_type == "Relu" else z  # a Clip(0, max): the caller takes relu(z) itself
+
+
+def _is_rectifier(node: ir.Node) -> bool:
+    """Relu, or Clip with min exactly 0 (ReLU6): zero exactly where its input is <= 0."""
+    if node.op_type == "Relu":
+        return True
+    if node.op_type != "Clip" or len(node.inputs) < 2 or node.inputs[1] is None:
+        return False
+    lo = node.inputs[1].const_value
+    return lo is not None and float(lo.numpy()) == 0.0
 
 
 def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:
