@@ -182,8 +182,10 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         argmax = em.op("ArgMax", scored, axis=1, keepdims=0, tag="argmax")
         use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
         chosen = em.op("Where", use_argmax, argmax, target, tag="target")
-        hot = em.op("OneHot", chosen, em.ints([width]), em.const(np.array([0.0, 1.0]), tag="onehot_values"),
-                    axis=1, tag="onehot")
+        hot = em.op("OneHot", chosen, em.ints([width]), em.const(np.array([0, 1], dtype=np.int64),
+                                                                 tag="onehot_values", dtype=np.int64),
+                    axis=1, tag="onehot_int")  # int64 values: onnxruntime has no double OneHot
+        hot = em.op("Cast", hot, to=em.dtype.value, tag="onehot")
         scale = em.op("Where", one_hot, em.scalar(1.0), flat, tag="start_scale")
         r0 = em.mul(hot, scale, tag="r0_flat")
         r0 = em.reshape_like(r0, y, tag="r0")
@@ -212,7 +214,8 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         raise InputError(f"no tensor named {', '.join(missing)} in the model; `onnx-lrp inspect` lists the tensors")
     watch = {id(values[n]): n for n in relevance_at}
     nonneg = _nonneg_analysis(graph)
-    em = Emitter(graph, model.opset_imports.get("", 17))
+    dtype = p.explained.dtype if p.explained.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else ir.DataType.FLOAT
+    em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
     forward_nodes = list(graph)
     r0, target_used = _start_relevance(em, graph, p.explained)
     rel: dict[int, list] = {id(p.explained): [r0]}

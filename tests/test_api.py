@@ -186,3 +186,17 @@ def test_serialize_sets_an_ir_version_onnxruntime_reads():
     ex = onnx_lrp.Explainer(mlp(), composite="epsilon")
     assert onnx.load_model_from_string(ex.model_bytes).ir_version <= 13
     assert onnx.load_model_from_string(serialize(onnx_lrp.loader.load(mlp()))).ir_version <= 13
+
+
+def test_float64_model_is_explained_in_float64():
+    nodes = [node("Gemm", ["x", "w1", "b1"], "h", transB=1), node("Relu", ["h"], "a"),
+             node("Gemm", ["a", "w2", "b2"], "y", transB=1)]
+    model = make_model(nodes, {"x": ["N", 5]}, ["y"], {"w1": W1.astype(np.float64), "b1": B1.astype(np.float64),
+                                                       "w2": W2.astype(np.float64), "b2": B2.astype(np.float64)},
+                       dtype=np.float64)
+    ex = onnx_lrp.Explainer(model.SerializeToString(), composite="epsilon")
+    x = RNG.standard_normal((3, 5))
+    res = ex.explain(x)
+    ref, _ = lrp_eps(x, lambda y: np.eye(4)[y.argmax(1)] * y)
+    assert res.relevance.dtype == np.float64
+    np.testing.assert_allclose(res.relevance, ref, rtol=1e-10, atol=1e-12)

@@ -1,0 +1,456 @@
+"""Adjoint tests of every op's transpose: <J t, c> = <t, J^T c>.
+
+For each case a one-node (or tiny) model f is built with onnx.helper, a probe ``<reshape(f(x), [1, -1]), c>`` is
+appended and the model is rewritten with the gradient rule everywhere; with start="one-hot" the relevance of the
+input is then J^T c. J t is computed independently from onnxruntime forwards of the ORIGINAL model:
+
+- linear/affine ops: J t = f(x + t) - f(x) (exact in float32 with dyadic inputs and weights);
+- piecewise-linear ops (Relu, MaxPool, ...): J t = (f(x + h t) - f(x)) / h at a fixed activation pattern
+  (inputs far from kinks and ties, h = 2^-6, exact in float32);
+- smooth ops (Sigmoid, Tanh, Softmax): central differences of the float64 model;
+- normalisations whose scale is held constant by design (LayerNormalization, RMSNormalization,
+  SimplifiedLayerNormalization, as LXT detaches it): J t = gamma * center(t) / std(x) from numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import pytest
+from util import add_probe, dyadic, make_model, node, run, to_bytes
+
+import onnx_lrp
+import onnx_lrp.ops
+from onnx_lrp.rules import parse_composite
+
+GRADIENT = parse_composite('[[rules]]\nrule = "gradient"\n', source="gradient-everywhere")
+PASS_ACTS = parse_composite('[[rules]]\nmatch = { kind = ["activation", "lrn"] }\nrule = "pass"\n'
+                            '[[rules]]\nrule = "gradient"\n', source="pass-activations")
+
+_W = np.random.default_rng(1234)
+
+
+def W(*shape):
+    """Dyadic constant weights."""
+    return dyadic(_W, shape)
+
+
+def NZ(*shape):
+    """Dyadic constants without zeros (divisors)."""
+    return (_W.choice([-4.0, -2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 4.0], size=shape)).astype(np.float32)
+
+
+def I(*vals):
+    return np.array(vals, dtype=np.int64)
+
+
+@dataclass
+class Case:
+    id: str
+    nodes: list
+    inputs: dict
+    outs: list
+    inits: dict = field(default_factory=dict)
+    mode: str = "linear"  # linear | pwl | smooth
+    opset: int = 17
+    distinct: bool = False  # inputs with well separated values (no ties in max pools)
+    keep_outputs: bool = False
+    jvp: object = None  # mode "detached": numpy J t from (feeds, input name, t)
+
+    @property
+    def op_types(self):
+        return {n.op_type for n in self.nodes}
+
+
+def one(id, op, x_shape, *const_inputs, mode="linear", opset=17, distinct=False, keep_outputs=False, inits=None,
+        jvp=None, **attrs):
+    """A one-node case: input x, then named constants (name, array) or None for an empty input."""
+    inits = dict(inits or {})
+    names = ["x"]
+    for c in const_inputs:
+        if c is None:
+            names.append("")
+        else:
+            names.append(c[0])
+            inits[c[0]] = c[1]
+    return Case(id, [node(op, names, ["y"], **attrs)], {"x": x_shape}, ["y"], inits, mode, opset, distinct,
+                keep_outputs, jvp)
+
+
+def _norm_jvp(centered, gamma, axis=-1, eps=1e-5):
+    """J t of y = gamma * center(x) / std(x) with std(x) held constant (no centering for the RMS forms)."""
+    def jvp(feeds, name, t):
+        x = feeds["x"].astype(np.float64)
+        axes = tuple(range(axis % x.ndim, x.ndim))
+        d = x - x.mean(axes, keepdims=True) if centered else x
+        inv = 1.0 / np.sqrt((d * d).mean(axes, keepdims=True) + eps)
+        tc = t - t.mean(axes, keepdims=True) if centered else t
+        return [gamma.astype(np.float64) * tc * inv]
+    return jvp
+
+
+_G4, _G34 = W(4), W(3, 4)
+LEAF_NODES = [node("Shape", ["x"], ["shp"]), node("ConstantOfShape", ["shp"], ["z"],
+                                                  value=onnx.numpy_helper.from_array(np.array([0.25], np.float32))),
+              # seeded: every fresh session draws the same values, so they cancel in f(x + t) - f(x)
+              node("EyeLike", ["x"], ["e"]), node("RandomUniformLike", ["x"], ["u"], seed=1.0),
+              node("RandomNormalLike", ["x"], ["v"], seed=2.0), node("Size", ["x"], ["sz"]),
+              node("Cast", ["sz"], ["szf"], to=1), node("Gather", ["shp", "one_i"], ["n4"], axis=0),
+              node("Range", ["zero_i", "n4", "one_i"], ["rg"]), node("Cast", ["rg"], ["rgf"], to=1),
+              node("Sum", ["x", "z", "e", "u", "v", "szf", "rgf"], ["y"])]
+
+
+CASES = [
+    # ------------------------------------------------------------------ Conv
+    one("conv2d_pads_bias", "Conv", [2, 3, 6, 6], ("w", W(4, 3, 3, 3)), ("b", W(4)), pads=[1, 1, 1, 1]),
+    one("conv1d_stride_dil_asym", "Conv", [2, 2, 11], ("w", W(3, 2, 3)), ("b", W(3)), strides=[2], dilations=[2],
+        pads=[1, 2]),
+    one("conv3d_asym_stride", "Conv", [2, 2, 4, 5, 4], ("w", W(3, 2, 2, 3, 2)), pads=[1, 0, 1, 0, 1, 1],
+        strides=[1, 2, 1]),
+    one("conv2d_groups", "Conv", [2, 4, 7, 7], ("w", W(6, 2, 3, 3)), ("b", W(6)), group=2, strides=[2, 2],
+        pads=[0, 1, 1, 0]),
+    one("conv2d_depthwise", "Conv", [2, 3, 6, 6], ("w", W(6, 1, 3, 3)), group=3, pads=[1, 1, 1, 1]),
+    one("conv2d_depthwise_stride", "Conv", [2, 3, 7, 6], ("w", W(3, 1, 3, 2)), group=3, strides=[2, 2],
+        pads=[1, 0, 0, 1]),
+    one("conv2d_dil_asym_stride1", "Conv", [2, 2, 8, 8], ("w", W(3, 2, 3, 3)), dilations=[2, 1],
+        pads=[0, 1, 2, 0]),
+    one("conv2d_pad_beyond_kernel", "Conv", [2, 2, 5, 5], ("w", W(3, 2, 1, 2)), pads=[1, 2, 2, 1]),
+    one("conv2d_stride_leftover", "Conv", [2, 2, 7, 8], ("w", W(2, 2, 2, 3)), strides=[2, 3]),
+    one("conv2d_stride_dil_pads", "Conv", [2, 2, 9, 9], ("w", W(2, 2, 3, 3)), strides=[2, 2], dilations=[2, 2],
+        pads=[1, 1, 1, 1]),
+    one("conv1d_stride_gt_kernel", "Conv", [2, 1, 8], ("w", W(2, 1, 1)), strides=[3]),
+    one("conv2d_same_upper", "Conv", [2, 2, 7, 7], ("w", W(3, 2, 3, 3)), ("b", W(3)), auto_pad="SAME_UPPER",
+        strides=[2, 2]),
+    one("conv2d_same_lower", "Conv", [2, 2, 6, 7], ("w", W(3, 2, 4, 3)), auto_pad="SAME_LOWER", strides=[2, 1]),
+    one("conv2d_same_upper_even_kernel", "Conv", [2, 2, 6, 6], ("w", W(2, 2, 2, 2)), auto_pad="SAME_UPPER"),
+    one("conv2d_same_lower_stride", "Conv", [2, 2, 7, 8], ("w", W(2, 2, 3, 2)), auto_pad="SAME_LOWER",
+        strides=[3, 2]),
+    one("conv1d_same_upper_depthwise", "Conv", [2, 3, 9], ("w", W(3, 1, 4)), auto_pad="SAME_UPPER", group=3,
+        strides=[2]),
+    one("conv2d_valid", "Conv", [2, 2, 8, 8], ("w", W(3, 2, 3, 3)), auto_pad="VALID", strides=[3, 3]),
+    # ------------------------------------------------------------ ConvTranspose
+    one("convT2d_stride_outpad", "ConvTranspose", [2, 3, 4, 4], ("w", W(3, 2, 3, 3)), ("b", W(2)), strides=[2, 2],
+        pads=[1, 1, 1, 1], output_padding=[1, 1]),
+    one("convT1d_group_dil", "ConvTranspose", [2, 4, 5], ("w", W(4, 1, 3)), group=2, dilations=[2], strides=[3],
+        pads=[0, 1]),
+    one("convT2d_asym", "ConvTranspose", [2, 2, 3, 4], ("w", W(2, 3, 2, 3)), strides=[2, 1], pads=[0, 1, 1, 0],
+        output_padding=[1, 0]),
+    one("convT3d", "ConvTranspose", [2, 2, 2, 3, 2], ("w", W(2, 2, 2, 2, 2)), strides=[2, 2, 1]),
+    # ------------------------------------------------------------------ Gemm
+    one("gemm_bias", "Gemm", [3, 5], ("B", W(5, 4)), ("C", W(4))),
+    one("gemm_alpha_beta_transB", "Gemm", [3, 5], ("B", W(4, 5)), ("C", W(1, 4)), alpha=0.5, beta=2.0, transB=1),
+    one("gemm_nobias_transB", "Gemm", [3, 5], ("B", W(4, 5)), transB=1, alpha=1.5),
+    one("gemm_scalar_c", "Gemm", [3, 5], ("B", W(5, 4)), ("C", np.array(0.75, dtype=np.float32)), beta=0.5),
+    # ---------------------------------------------------------------- MatMul
+    one("matmul_2d", "MatMul", [3, 5], ("w", W(5, 4))),
+    one("matmul_nd", "MatMul", [2, 3, 5], ("w", W(5, 4))),
+    one("matmul_broadcast_weight", "MatMul", [2, 5], ("w", W(3, 5, 4))),
+    one("matmul_broadcast_both", "MatMul", [2, 1, 3, 5], ("w", W(4, 5, 2))),
+    Case("matmul_const_left", [node("MatMul", ["w", "x"], ["y"])], {"x": [2, 5, 3]}, ["y"], {"w": W(4, 5)}),
+    Case("matmul_const_left_broadcast", [node("MatMul", ["w", "x"], ["y"])], {"x": [5, 2]}, ["y"],
+         {"w": W(3, 4, 5)}),
+    Case("matmul_bias_add", [node("MatMul", ["x", "w"], ["h"]), node("Add", ["h", "b"], ["y"])], {"x": [3, 5]},
+         ["y"], {"w": W(5, 4), "b": W(4)}),
+    # ------------------------------------------------- element-wise with a constant
+    one("add_const_bcast", "Add", [2, 3, 4], ("c", W(3, 1))),
+    one("add_scalar", "Add", [2, 3, 4], ("c", np.array(0.5, dtype=np.float32))),
+    one("sub_x_minus_c", "Sub", [2, 3, 4], ("c", W(4))),
+    Case("sub_c_minus_x", [node("Sub", ["c", "x"], ["y"])], {"x": [2, 3, 4]}, ["y"], {"c": W(3, 4)}),
+    one("mul_const_bcast", "Mul", [2, 3, 4], ("c", W(1, 3, 1))),
+    Case("mul_const_first", [node("Mul", ["c", "x"], ["y"])], {"x": [2, 3, 4]}, ["y"], {"c": W(4)}),
+    one("mul_const_higher_rank", "Mul", [3, 4], ("c", W(2, 3, 4))),
+    one("div_const", "Div", [2, 3, 4], ("c", NZ(3, 4))),
+    # ------------------------------------------------ sums of activations
+    Case("add_acts_bcast", [node("Add", ["x", "u"], ["y"])], {"x": [2, 3, 4], "u": [2, 1, 4]}, ["y"]),
+    Case("add_acts_rank", [node("Add", ["u", "x"], ["y"])], {"x": [2, 3, 4], "u": [4]}, ["y"]),
+    Case("add_same_input", [node("Add", ["x", "x"], ["y"])], {"x": [2, 3]}, ["y"]),
+    Case("sub_acts_bcast", [node("Sub", ["x", "u"], ["y"])], {"x": [2, 3, 4], "u": [3, 1]}, ["y"]),
+    Case("sub_acts_bcast_first", [node("Sub", ["u", "x"], ["y"])], {"x": [2, 3, 4], "u": [3, 1]}, ["y"]),
+    Case("sum3_bcast", [node("Sum", ["x", "u", "v"], ["y"])], {"x": [2, 3, 4], "u": [2, 1, 4], "v": [1, 3, 1]},
+         ["y"]),
+    Case("sum_with_const", [node("Sum", ["x", "c", "u"], ["y"])], {"x": [2, 3, 4], "u": [2, 3, 4]}, ["y"],
+         {"c": W(4)}),
+    # ----------------------------------------------------- BatchNormalization
+    one("bn_input", "BatchNormalization", [2, 3, 4, 4], ("s", W(3)), ("bb", W(3)), ("m", W(3)),
+        ("v", NZ(3) ** 2), epsilon=1e-3),
+    one("bn_1d", "BatchNormalization", [2, 3, 5], ("s", W(3)), ("bb", W(3)), ("m", W(3)), ("v", NZ(3) ** 2)),
+    Case("bn_after_relu", [node("Relu", ["x"], ["r"]), node("BatchNormalization", ["r", "s", "bb", "m", "v"], ["y"])],
+         {"x": [2, 3, 4, 4]}, ["y"], {"s": W(3), "bb": W(3), "m": W(3), "v": NZ(3) ** 2}, mode="pwl"),
+    # ---------------------------------------------------------------- MaxPool
+    one("maxpool_3x3_s2", "MaxPool", [2, 2, 9, 9], mode="pwl", distinct=True, kernel_shape=[3, 3], strides=[2, 2]),
+    one("maxpool_ceil", "MaxPool", [2, 2, 8, 8], mode="pwl", distinct=True, kernel_shape=[3, 3], strides=[2, 2],
+        ceil_mode=1),
+    one("maxpool_dil_pads", "MaxPool", [2, 2, 9, 9], mode="pwl", distinct=True, kernel_shape=[2, 2],
+        dilations=[2, 2], pads=[1, 1, 1, 1]),
+    one("maxpool_asym_pads_ceil", "MaxPool", [2, 2, 7, 7], mode="pwl", distinct=True, kernel_shape=[3, 3],
+        strides=[2, 2], pads=[1, 0, 0, 1], ceil_mode=1),
+    one("maxpool_1d", "MaxPool", [2, 3, 10], mode="pwl", distinct=True, kernel_shape=[3], strides=[2], pads=[1, 1]),
+    one("maxpool_3d", "MaxPool", [2, 1, 4, 4, 4], mode="pwl", distinct=True, kernel_shape=[2, 2, 2],
+        strides=[2, 2, 2]),
+    one("maxpool_same_lower", "MaxPool", [2, 2, 8, 7], mode="pwl", distinct=True, kernel_shape=[2, 3],
+        strides=[2, 1], auto_pad="SAME_LOWER"),
+    one("maxpool_same_upper", "MaxPool", [2, 2, 7, 7], mode="pwl", distinct=True, kernel_shape=[3, 3],
+        strides=[2, 2], auto_pad="SAME_UPPER"),
+    # ------------------------------------------------------------ AveragePool
+    one("avgpool_pads_include", "AveragePool", [2, 2, 6, 6], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+        count_include_pad=1),
+    one("avgpool_pads_exclude", "AveragePool", [2, 2, 6, 6], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+        count_include_pad=0),
+    one("avgpool_ceil", "AveragePool", [2, 2, 8, 8], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    one("avgpool_ceil_pads_exclude", "AveragePool", [2, 2, 7, 7], kernel_shape=[3, 3], strides=[2, 2],
+        pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=0),
+    one("avgpool_ceil_pads_include", "AveragePool", [2, 2, 6, 6], kernel_shape=[3, 3], strides=[2, 2],
+        pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
+    one("avgpool_1d_asym", "AveragePool", [2, 3, 9], kernel_shape=[3], strides=[3], pads=[0, 2]),
+    one("avgpool_same_upper", "AveragePool", [2, 2, 7, 7], kernel_shape=[3, 3], strides=[2, 2],
+        auto_pad="SAME_UPPER"),
+    one("avgpool_3d", "AveragePool", [2, 1, 4, 4, 4], kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+    # --------------------------------------------------- global pools, reductions
+    one("global_avgpool", "GlobalAveragePool", [2, 3, 4, 5]),
+    one("global_maxpool", "GlobalMaxPool", [2, 3, 4, 5], mode="pwl", distinct=True),
+    one("reducemean_axes_input_keep", "ReduceMean", [2, 3, 4, 5], ("axes", I(1, 3)), opset=18, keepdims=1),
+    one("reducemean_axes_input_nokeep", "ReduceMean", [2, 3, 4, 5], ("axes", I(-1)), opset=18, keepdims=0),
+    one("reducemean_attr", "ReduceMean", [2, 3, 4], axes=[2], keepdims=0),
+    one("reducemean_all", "ReduceMean", [2, 3, 4], keepdims=1),
+    one("reducesum_keep", "ReduceSum", [2, 3, 4, 5], ("axes", I(0, 2)), keepdims=1),
+    one("reducesum_nokeep", "ReduceSum", [2, 3, 4, 5], ("axes", I(1, -2)), keepdims=0),
+    one("reducesum_all_scalar", "ReduceSum", [2, 3, 4], keepdims=0),
+    one("reducesum_noop_empty_axes", "ReduceSum", [2, 3, 4], noop_with_empty_axes=1),
+    one("reducemax_axes_nokeep", "ReduceMax", [2, 3, 4], ("axes", I(1)), opset=18, mode="pwl", distinct=True,
+        keepdims=0),
+    # ------------------------------------------------------------ shape ops
+    one("flatten_axis2", "Flatten", [2, 3, 4, 5], axis=2),
+    one("flatten_axis0", "Flatten", [2, 3, 4], axis=0),
+    one("reshape_zero_minus1", "Reshape", [2, 3, 4], ("shape", I(0, -1, 2))),
+    one("transpose_perm", "Transpose", [2, 3, 4], perm=[2, 0, 1]),
+    one("transpose_default", "Transpose", [2, 3, 4]),
+    one("squeeze_axes", "Squeeze", [2, 1, 3, 1], ("axes", I(1, -1))),
+    one("squeeze_all", "Squeeze", [2, 1, 3, 1]),
+    one("unsqueeze", "Unsqueeze", [2, 3], ("axes", I(0, -1))),
+    Case("concat_with_const", [node("Concat", ["x", "c", "u"], ["y"], axis=1)], {"x": [2, 3, 4], "u": [2, 1, 4]},
+         ["y"], {"c": W(2, 2, 4)}),
+    Case("concat_same_input_neg_axis", [node("Concat", ["x", "x"], ["y"], axis=-1)], {"x": [2, 3]}, ["y"]),
+    Case("split_sizes_one_unused", [node("Split", ["x", "split"], ["a", "b", "c"], axis=1)], {"x": [2, 7, 3]},
+         ["a", "c"], {"split": I(2, 4, 1)}),
+    Case("split_equal", [node("Split", ["x"], ["a", "b"], axis=-1)], {"x": [2, 3, 4]}, ["a", "b"]),
+    Case("split_num_outputs", [node("Split", ["x"], ["a", "b", "c"], axis=1, num_outputs=3)], {"x": [2, 7, 2]},
+         ["a", "b", "c"], opset=18),
+    one("slice_negative_step", "Slice", [2, 5, 6], ("st", I(-1)), ("en", I(-100)), ("ax", I(2)), ("sp", I(-2))),
+    one("slice_steps_several_axes", "Slice", [2, 5, 7], ("st", I(1, 0)), ("en", I(4, 7)), ("ax", I(1, 2)),
+        ("sp", I(2, 3))),
+    one("slice_default_axes_clamped", "Slice", [2, 5, 4], ("st", I(0, 1)), ("en", I(1, 1000))),
+    one("slice_neg_axis_neg_start", "Slice", [2, 5, 6], ("st", I(-3)), ("en", I(-1)), ("ax", I(-1))),
+    one("slice_mixed_steps", "Slice", [2, 6, 7], ("st", I(5, 0)), ("en", I(0, 7)), ("ax", I(1, 2)), ("sp", I(-3, 2))),
+    one("gather_scalar", "Gather", [2, 5, 3], ("i", np.array(3, dtype=np.int64)), axis=1),
+    one("gather_1d_neg_repeated", "Gather", [2, 5, 3], ("i", I(4, -1, 0, 0)), axis=1),
+    one("gather_2d_last_axis", "Gather", [2, 3, 4], ("i", np.array([[0, 2], [2, -3]], dtype=np.int64)), axis=-1),
+    one("gather_axis0_repeated", "Gather", [3, 4], ("i", I(1, 1, 0))),
+    one("pad_constant_value", "Pad", [2, 3, 4], ("p", I(0, 1, 2, 0, 2, 1)), ("v", np.array(0.5, dtype=np.float32))),
+    one("pad_negative", "Pad", [2, 3, 5], ("p", I(0, -1, 1, 0, 1, -2))),
+    one("pad_axes_input", "Pad", [2, 3, 5], ("p", I(2, -1, 1, 0)), None, ("ax", I(1, -1)), opset=18),
+    one("expand", "Expand", [3, 1], ("shape", I(2, 3, 4))),
+    one("expand_same_rank", "Expand", [2, 1, 4], ("shape", I(2, 3, 1))),
+    Case("cast_float64_roundtrip", [node("Cast", ["x"], ["d"], to=11), node("Cast", ["d"], ["y"], to=1)],
+         {"x": [2, 3]}, ["y"]),
+    Case("cast_float16_roundtrip", [node("Cast", ["x"], ["d"], to=10), node("Cast", ["d"], ["y"], to=1)],
+         {"x": [2, 3]}, ["y"]),
+    Case("castlike_roundtrip", [node("CastLike", ["x", "like"], ["d"]), node("Cast", ["d"], ["y"], to=1)],
+         {"x": [2, 3]}, ["y"], {"like": np.zeros(1, dtype=np.float64)}),
+    one("identity_kept", "Identity", [2, 3], keep_outputs=True),
+    one("dropout_kept", "Dropout", [2, 3], keep_outputs=True),
+    # ------------------------------------------------- activations with a derivative
+    one("relu", "Relu", [2, 3, 4], mode="pwl"),
+    one("leakyrelu", "LeakyRelu", [2, 3, 4], mode="pwl", alpha=0.2),
+    one("clip_min_max", "Clip", [2, 3, 4], ("lo", np.array(-1.0, dtype=np.float32)),
+        ("hi", np.array(1.0, dtype=np.float32)), mode="pwl"),
+    one("clip_min_only", "Clip", [2, 3, 4], ("lo", np.array(-0.5, dtype=np.float32)), mode="pwl"),
+    one("sigmoid", "Sigmoid", [2, 3, 4], mode="smooth"),
+    one("tanh", "Tanh", [2, 3, 4], mode="smooth"),
+    # --------------------------------------------- transformer ops (onnx_lrp/ops/transformer.py)
+    one("softmax_last", "Softmax", [2, 3, 5], mode="smooth"),
+    one("softmax_axis1", "Softmax", [2, 4, 3], mode="smooth", axis=1),
+    one("layernorm_detached", "LayerNormalization", [2, 3, 4], ("g", _G4), ("bb", W(4)), mode="detached",
+        jvp=_norm_jvp(True, _G4)),
+    one("layernorm_axis1_detached", "LayerNormalization", [2, 3, 4], ("g", _G34), mode="detached", axis=1,
+        jvp=_norm_jvp(True, _G34, axis=1)),
+    one("rmsnorm_detached", "RMSNormalization", [2, 3, 4], ("g", _G4), mode="detached", opset=23,
+        jvp=_norm_jvp(False, _G4)),
+    Case("where_const_cond", [node("Where", ["cond", "x", "u"], ["y"])], {"x": [2, 3, 4], "u": [2, 1, 4]}, ["y"],
+         {"cond": _W.random((3, 4)) > 0.5}),
+    Case("where_computed_cond", [node("Greater", ["x", "zero"], ["cond"]), node("Where", ["cond", "u", "x"], ["y"])],
+         {"x": [2, 3, 4], "u": [4]}, ["y"], {"zero": np.array(0.0, np.float32)}, mode="pwl"),
+    one("tile", "Tile", [2, 3], ("reps", I(2, 3))),
+    one("tile_batch1", "Tile", [2, 3, 2], ("reps", I(1, 2, 3))),
+    one("trilu_upper_k1", "Trilu", [2, 4, 5], ("k", np.array(1, np.int64)), upper=1),
+    one("trilu_lower", "Trilu", [2, 4, 4], upper=0),
+    # fake quantization: relevance passes straight through (the straight-through estimator's J = identity)
+    Case("quantize_dequantize", [node("QuantizeLinear", ["x", "qs", "qz"], ["q"]),
+                                 node("DequantizeLinear", ["q", "qs", "qz"], ["y"])], {"x": [2, 3, 4]}, ["y"],
+         {"qs": np.array(0.125, np.float32), "qz": np.array(0, np.int8)}, mode="detached",
+         jvp=lambda feeds, name, t: [t]),
+    Case("dynamic_quantize_dequantize", [node("DynamicQuantizeLinear", ["x"], ["q", "qs", "qz"]),
+                                         node("DequantizeLinear", ["q", "qs", "qz"], ["y"])], {"x": [2, 3, 4]}, ["y"],
+         mode="detached", jvp=lambda feeds, name, t: [t]),
+    # ------------------------------------------- a symbolic batch dimension (as torch.onnx dynamic_axes)
+    one("dyn_conv2d_stride", "Conv", ["N", 2, 7, 7], ("w", W(3, 2, 3, 3)), ("b", W(3)), strides=[2, 2],
+        pads=[1, 1, 1, 1]),
+    one("dyn_conv2d_same_upper", "Conv", ["N", 2, 6, 6], ("w", W(2, 2, 3, 3)), auto_pad="SAME_UPPER", strides=[2, 2]),
+    one("dyn_convT", "ConvTranspose", ["N", 2, 3, 3], ("w", W(2, 2, 3, 3)), strides=[2, 2], output_padding=[1, 1]),
+    one("dyn_gemm", "Gemm", ["N", 5], ("B", W(4, 5)), ("C", W(4)), transB=1),
+    one("dyn_matmul_nd", "MatMul", ["N", 3, 5], ("w", W(5, 4))),
+    one("dyn_maxpool", "MaxPool", ["N", 2, 7, 7], mode="pwl", distinct=True, kernel_shape=[3, 3], strides=[2, 2],
+        pads=[1, 1, 1, 1]),
+    one("dyn_avgpool_ceil", "AveragePool", ["N", 2, 7, 7], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    one("dyn_global_avgpool", "GlobalAveragePool", ["N", 3, 4, 5]),
+    one("dyn_global_maxpool", "GlobalMaxPool", ["N", 3, 4, 5], mode="pwl", distinct=True),
+    one("dyn_reducemean", "ReduceMean", ["N", 3, 4], ("axes", I(-1)), opset=18, keepdims=0),
+    one("dyn_reducesum_batch_axis", "ReduceSum", ["N", 3, 4], ("axes", I(0)), keepdims=1),
+    one("dyn_flatten", "Flatten", ["N", 3, 4]),
+    one("dyn_reshape", "Reshape", ["N", 3, 4], ("shape", I(-1, 2, 6))),
+    one("dyn_transpose", "Transpose", ["N", 3, 4], perm=[0, 2, 1]),
+    one("dyn_unsqueeze", "Unsqueeze", ["N", 3], ("axes", I(1))),
+    Case("dyn_concat", [node("Concat", ["x", "u"], ["y"], axis=1)], {"x": ["N", 3, 4], "u": ["N", 2, 4]}, ["y"]),
+    Case("dyn_split", [node("Split", ["x", "split"], ["a", "b"], axis=2)], {"x": ["N", 3, 5]}, ["a", "b"],
+         {"split": I(2, 3)}),
+    one("dyn_slice", "Slice", ["N", 5, 6], ("st", I(4, 1)), ("en", I(0, 6)), ("ax", I(1, 2)), ("sp", I(-2, 2))),
+    one("dyn_gather_2d", "Gather", ["N", 5, 3], ("i", np.array([[4, 0], [-1, 0]], dtype=np.int64)), axis=1),
+    one("dyn_pad_negative", "Pad", ["N", 3, 5], ("p", I(0, 1, -1, 0, -1, 2))),
+    one("dyn_expand", "Expand", ["N", 1, 4], ("shape", I(1, 3, 4))),
+    one("dyn_tile", "Tile", ["N", 3], ("reps", I(1, 2))),
+    Case("dyn_add_acts_bcast", [node("Add", ["x", "u"], ["y"])], {"x": ["N", 3, 4], "u": ["N", 1, 4]}, ["y"]),
+    one("dyn_mul_const", "Mul", ["N", 3, 4], ("c", W(3, 1))),
+    one("dyn_bn", "BatchNormalization", ["N", 3, 4, 4], ("s", W(3)), ("bb", W(3)), ("m", W(3)), ("v", NZ(3) ** 2)),
+    one("dyn_softmax", "Softmax", ["N", 3, 5], mode="smooth"),
+    one("dyn_layernorm", "LayerNormalization", ["N", 3, 4], ("g", _G4), mode="detached", jvp=_norm_jvp(True, _G4)),
+    Case("leaf_ops_dynamic_batch", LEAF_NODES, {"x": ["N", 4]}, ["y"],
+         {"one_i": np.array(1, np.int64), "zero_i": np.array(0, np.int64)}),
+]
+
+# element-wise ops that have no derivative in the engine: the gradient rule is refused, pass moves R unchanged
+PASS_ONLY = [
+    ("Abs", {}, 17), ("Celu", {}, 17), ("Cos", {}, 17), ("Elu", {}, 17), ("Erf", {}, 17), ("Exp", {}, 17),
+    ("Gelu", {}, 20), ("HardSigmoid", {}, 17), ("HardSwish", {}, 17), ("LRN", {"size": 3}, 17), ("Mish", {}, 18),
+    ("Neg", {}, 17), ("PRelu", {"slope": np.full((3, 1, 1), 0.25, np.float32)}, 17), ("Selu", {}, 17),
+    ("Shrink", {}, 17), ("Sin", {}, 17), ("Softplus", {}, 17), ("Softsign", {}, 17), ("ThresholdedRelu", {}, 17),
+    ("Pow", {"e": np.array(2.0, np.float32)}, 17), ("Sqrt", {}, 17), ("Reciprocal", {}, 17), ("Log", {}, 17),
+    ("Sign", {}, 17), ("Floor", {}, 17), ("Ceil", {}, 17), ("Round", {}, 17),
+]
+
+
+def _distinct(rng, shape):
+    n = int(np.prod(shape))
+    return ((rng.permutation(n) - n // 2) / 4.0).reshape(shape).astype(np.float32)
+
+
+def _feeds(case: Case, rng):
+    feeds = {}
+    for name, shape in case.inputs.items():
+        shape = [2 if isinstance(d, str) else d for d in shape]
+        if case.distinct:
+            feeds[name] = _distinct(rng, shape)
+        else:
+            feeds[name] = dyadic(rng, shape, odd=case.mode == "pwl")
+    return feeds
+
+
+def _outputs(model, feeds, case):
+    return run(model, feeds)[:len(case.outs)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_adjoint(case: Case):
+    rng = np.random.default_rng(abs(hash(case.id)) % 2**32)
+    model = make_model(case.nodes, case.inputs, case.outs, case.inits, opset=case.opset)
+    feeds = _feeds(case, rng)
+    ys = _outputs(model, feeds, case)
+    cs = [dyadic(rng, y.shape) for y in ys]
+    batch = feeds["x"].shape[0]
+    probe = add_probe(model, case.outs, cs, keep_outputs=case.keep_outputs, batch=batch)
+    ex = onnx_lrp.Explainer(to_bytes(probe), composite=GRADIENT, start="one-hot")
+    res = ex.explain(feeds if len(feeds) > 1 else feeds["x"])
+    rel = res.relevance if isinstance(res.relevance, dict) else {"x": res.relevance}
+    rel = {k: v / batch for k, v in rel.items()}  # one unit of relevance per batch row of the probe
+    # the explained scalar is <f(x), c>: the relevance model ran the original forward
+    want = sum(float(np.sum(y.astype(np.float64) * c)) for y, c in zip(ys, cs))
+    assert res.outputs["probe"].shape == (batch, 1)
+    np.testing.assert_allclose(res.outputs["probe"][:, 0], want, rtol=1e-5, atol=1e-5)
+    assert set(rel) == set(case.inputs)
+    if case.mode == "smooth":
+        model64 = make_model(case.nodes, case.inputs, case.outs, case.inits, opset=case.opset, dtype=np.float64)
+    for name in case.inputs:
+        jtc = rel[name].astype(np.float64)
+        assert jtc.shape == feeds[name].shape, (jtc.shape, feeds[name].shape)
+        for _ in range(2):
+            t = dyadic(rng, feeds[name].shape)
+            if case.mode == "linear":
+                moved = dict(feeds, **{name: feeds[name] + t})
+                jt = [a.astype(np.float64) - b for a, b in zip(_outputs(model, moved, case), ys)]
+            elif case.mode == "detached":
+                jt = case.jvp(feeds, name, t.astype(np.float64))
+            elif case.mode == "pwl":
+                h = 2.0 ** -6
+                moved = dict(feeds, **{name: (feeds[name] + h * t).astype(np.float32)})
+                jt = [(a.astype(np.float64) - b) / h for a, b in zip(_outputs(model, moved, case), ys)]
+            else:
+                h = 1e-4
+                f64 = {k: v.astype(np.float64) for k, v in feeds.items()}
+                up = _outputs(model64, dict(f64, **{name: f64[name] + h * t}), case)
+                down = _outputs(model64, dict(f64, **{name: f64[name] - h * t}), case)
+                jt = [(a - b) / (2 * h) for a, b in zip(up, down)]
+            lhs = sum(float(np.sum(j * c)) for j, c in zip(jt, cs))
+            rhs = float(np.sum(t * jtc))
+            scale = sum(float(np.sum(np.abs(j * c))) for j, c in zip(jt, cs)) + float(np.sum(np.abs(t * jtc)))
+            tol = (1e-6 if case.mode == "smooth" else 1e-5) * scale + 1e-6
+            assert abs(lhs - rhs) <= tol, f"{case.id} input {name}: <J t, c> = {lhs} but <t, J^T c> = {rhs}"
+
+
+def _pass_only_model(op, params, opset):
+    inits = {k: v for k, v in params.items() if isinstance(v, np.ndarray)}
+    attrs = {k: v for k, v in params.items() if not isinstance(v, np.ndarray)}
+    return make_model([node(op, ["x"] + list(inits), ["y"], **attrs)], {"x": [2, 3, 4, 4]}, ["y"], inits, opset=opset)
+
+
+@pytest.mark.parametrize("op,params,opset", PASS_ONLY, ids=[p[0] for p in PASS_ONLY])
+def test_activation_without_derivative(op, params, opset):
+    """Pass moves R_out to the input unchanged; the gradient rule is refused with an error naming the node."""
+    rng = np.random.default_rng(7)
+    model = _pass_only_model(op, params, opset)
+    x = np.abs(dyadic(rng, [2, 3, 4, 4])) + 0.125  # in every op's domain (Log, Sqrt)
+    c = dyadic(rng, [2, 3, 4, 4])
+    probe = to_bytes(add_probe(model, "y", c, batch=2))
+    res = onnx_lrp.Explainer(probe, composite=PASS_ACTS, start="one-hot").explain(x)
+    np.testing.assert_array_equal(res.relevance, 2 * c)
+    with pytest.raises(onnx_lrp.UnsupportedError) as info:
+        onnx_lrp.Explainer(probe, composite=GRADIENT)
+    msg = str(info.value)
+    assert f"{op}_y" in msg and op in msg and "\n" not in msg
+
+
+# registered op types the loader cannot hand to the rewriter
+NOT_LOADABLE = {"SimplifiedLayerNormalization": "an onnxruntime contrib op in the default domain; the ONNX checker "
+                                                "rejects it"}
+# handlers that refuse the gradient rule (their own rules are tested elsewhere)
+NO_GRADIENT = {"Einsum": [node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")]}
+
+
+@pytest.mark.parametrize("op", sorted(NOT_LOADABLE))
+def test_not_loadable(op):
+    model = make_model([node(op, ["x", "g"], ["y"])], {"x": [2, 3, 4]}, [("y", np.float32)], {"g": W(4)})
+    with pytest.raises(onnx_lrp.ModelError):
+        onnx_lrp.Explainer(to_bytes(model), composite=GRADIENT)
+
+
+@pytest.mark.parametrize("op", sorted(NO_GRADIENT))
+def test_gradient_refused(op):
+    model = make_model(NO_GRADIENT[op], {"x": [2, 3, 4]}, ["y"], {"w": W(4, 5)})
+    with pytest.raises(onnx_lrp.UnsupportedError) as info:
+        onnx_lrp.Explainer(to_bytes(model), composite=GRADIENT)
+    assert f"{op}_y" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_registered_op_is_covered():
+    covered = set().union(*(c.op_types for c in CASES)) | {p[0] for p in PASS_ONLY} | set(NOT_LOADABLE) | set(
+        NO_GRADIENT)
+    missing = sorted(set(onnx_lrp.ops.REGISTRY) - covered)
+    assert not missing, f"ops without an adjoint / pass test: {missing}"

@@ -1,0 +1,329 @@
+"""Every LRP rule against a numpy oracle written from the rule's formula, on single-layer models.
+
+A probe ``<reshape(layer(x), [1, -1]), c>`` is appended to the layer and gets the gradient rule, so the relevance
+entering the layer's output is exactly R = batch * c (both signs); the layer gets the rule under test.
+
+The formulas (zennit 0.5.1 semantics; layer z = x @ W.T + b, W: (out, in); for a convolution W is the dense
+matrix of the convolution built from the (modified) kernel, and @ W its transpose; stab is zennit's stabilizer
+stab(z) = z + eps * (sign(z) + (z == 0)), eps = 1e-6 unless given):
+
+- epsilon:     R_in = x * ((R / stab(x W^T + b, eps)) W)
+- zplus:       z = x+ W+^T + x- W-^T + b+,  s = R / stab(z),  R_in = x+ (s W+) + x- (s W-)
+- alpha-beta:  z_a = x+ W+^T + x- W-^T + b+,  z_b = x+ W-^T + x- W+^T + b-,
+               R_in = alpha (x+ (s_a W+) + x- (s_a W-)) - beta (x+ (s_b W-) + x- (s_b W+)),  s_. = R / stab(z_.)
+- gamma:       W^u = W + g W+, W^d = W + g W-, same for b; out = x W^T + b (the ORIGINAL output);
+               s_p = R / stab(x+ W^u^T + x- W^d^T + b^u) [out > 0], s_n = R / stab(x+ W^d^T + x- W^u^T + b^d) [out < 0],
+               R_in = x+ (s_p W^u) + x- (s_p W^d) + x+ (s_n W^d) + x- (s_n W^u)
+- zbox:        z = x W^T - l W+^T - h W-^T (the bias cancels), s = R / stab(z),  R_in = x (s W) - l (s W+) - h (s W-)
+- wsquare:     s = R / stab(1 (W^2)^T + b^2),  R_in = s W^2  (zennit squares the bias too)
+- flat:        W -> 1 (kernel of ones), bias -> 0:  s = R / stab(1 W_1^T),  R_in = s W_1
+- norm (sums and average pools, no parameters):  R_in_k = x_k * (R / stab(sum_k x_k)) (transposed through the op)
+- pass:        R_in = R_out
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from util import add_probe, conv_matrix, dyadic, make_model, node, run, stab, to_bytes
+
+import onnx_lrp
+from onnx_lrp.rules import parse_composite
+
+BATCH = 2
+_P = np.random.default_rng(4321)
+
+
+def W(*shape):
+    return dyadic(_P, shape)
+
+
+def pos(a):
+    return np.clip(a, 0, None)
+
+
+def neg(a):
+    return np.clip(a, None, 0)
+
+
+# ------------------------------------------------------------------------------------------------ the oracle
+def o_epsilon(M, K, b, x, R, eps=1e-6):
+    A = M(K)
+    return x * ((R / stab(x @ A.T + b, eps)) @ A)
+
+
+def o_zplus(M, K, b, x, R, eps=1e-6):
+    P, N = M(pos(K)), M(neg(K))
+    s = R / stab(pos(x) @ P.T + neg(x) @ N.T + pos(b), eps)
+    return pos(x) * (s @ P) + neg(x) * (s @ N)
+
+
+def o_alpha_beta(M, K, b, x, R, alpha, beta, eps=1e-6):
+    P, N = M(pos(K)), M(neg(K))
+    sa = R / stab(pos(x) @ P.T + neg(x) @ N.T + pos(b), eps)
+    sb = R / stab(pos(x) @ N.T + neg(x) @ P.T + neg(b), eps)
+    ra = pos(x) * (sa @ P) + neg(x) * (sa @ N)
+    rb = pos(x) * (sb @ N) + neg(x) * (sb @ P)
+    return alpha * ra - beta * rb
+
+
+def o_gamma(M, K, b, x, R, g, eps=1e-6):
+    out = x @ M(K).T + b
+    U, D = M(K + g * pos(K)), M(K + g * neg(K))
+    bu, bd = b + g * pos(b), b + g * neg(b)
+    sp = R / stab(pos(x) @ U.T + neg(x) @ D.T + bu, eps) * (out > 0)
+    sn = R / stab(pos(x) @ D.T + neg(x) @ U.T + bd, eps) * (out < 0)
+    return pos(x) * (sp @ U) + neg(x) * (sp @ D) + pos(x) * (sn @ D) + neg(x) * (sn @ U)
+
+
+def o_zbox(M, K, b, x, R, low, high, eps=1e-6):
+    A, P, N = M(K), M(pos(K)), M(neg(K))
+    lo, hi = np.broadcast_to(low, x.shape), np.broadcast_to(high, x.shape)
+    s = R / stab(x @ A.T - lo @ P.T - hi @ N.T, eps)
+    return x * (s @ A) - lo * (s @ P) - hi * (s @ N)
+
+
+def o_wsquare(M, K, b, x, R, eps=1e-6):
+    A2 = M(K ** 2)
+    s = R / stab(np.ones_like(x) @ A2.T + b ** 2, eps)
+    return s @ A2
+
+
+def o_flat(M, K, b, x, R, eps=1e-6):
+    A1 = M(np.ones_like(K))
+    s = R / stab(np.ones_like(x) @ A1.T, eps)
+    return s @ A1
+
+
+# ------------------------------------------------------------------------------------------------ the layers
+@dataclass
+class Layer:
+    id: str
+    nodes: list
+    x_shape: list
+    inits: dict
+    kernel: np.ndarray  # the parameter the rules modify, float64
+    bias: np.ndarray  # per output unit of the dense form (zeros when none)
+    mat: object  # kernel -> dense matrix (out, in) for one sample
+    relu_first: bool = False  # the layer's input is relu(x) (a Relu with the pass rule in front)
+
+
+def dense_layer(id, x_shape, B, C=None, alpha=1.0, beta=1.0, trans_b=0, relu_first=False):
+    inits = {"B": B} if C is None else {"B": B, "C": C}
+    attrs = dict(alpha=alpha, beta=beta, transB=trans_b)
+    xin = "r" if relu_first else "x"
+    nodes = ([node("Relu", ["x"], ["r"])] if relu_first else []) + [node("Gemm", [xin] + list(inits), ["y"],
+                                                                         name="layer", **attrs)]
+    K = alpha * (B.astype(np.float64) if trans_b else B.astype(np.float64).T)
+    n_out = K.shape[0]
+    b = np.zeros(n_out) if C is None else np.broadcast_to(beta * C.astype(np.float64).reshape(-1), (n_out,))
+    return Layer(id, nodes, x_shape, inits, K, b, lambda k: k, relu_first)
+
+
+def matmul_bias_layer(id, x_shape, w, b=None):
+    nodes = [node("MatMul", ["x", "w"], ["h" if b is not None else "y"], name="layer")]
+    inits = {"w": w}
+    if b is not None:
+        nodes.append(node("Add", ["h", "b"], ["y"], name="bias_add"))
+        inits["b"] = b
+    bias = np.zeros(w.shape[1]) if b is None else b.astype(np.float64)
+    return Layer(id, nodes, x_shape, inits, w.astype(np.float64).T, bias, lambda k: k)
+
+
+def conv_layer(id, x_shape, w, b=None, relu_first=False, **attrs):
+    inits = {"w": w} if b is None else {"w": w, "b": b}
+    xin = "r" if relu_first else "x"
+    nodes = ([node("Relu", ["x"], ["r"])] if relu_first else []) + [node("Conv", [xin] + list(inits), ["y"],
+                                                                         name="layer", **attrs)]
+    geo = dict(strides=attrs.get("strides"), pads=attrs.get("pads"), dilations=attrs.get("dilations"),
+               group=attrs.get("group", 1))
+    _, out_sp = conv_matrix(w, x_shape[2:], **geo)
+    n_sp = int(np.prod(out_sp))
+    bias = np.zeros(w.shape[0] * n_sp) if b is None else np.repeat(b.astype(np.float64), n_sp)
+    cache = {}
+
+    def mat(k):
+        key = k.tobytes()
+        if key not in cache:
+            cache[key] = conv_matrix(k, x_shape[2:], **geo)[0]
+        return cache[key]
+
+    return Layer(id, nodes, x_shape, inits, w.astype(np.float64), bias, mat, relu_first)
+
+
+def _one_signed_output(w):
+    """Weights whose first output unit has no negative weight: after a Relu its beta-group (x+ W-) denominator is
+    exactly 0, the case where subtracting separately transposed W and W+ cancels catastrophically."""
+    w = w.copy()
+    w[..., 0] = np.abs(w[..., 0]) if w.ndim == 2 else w[..., 0]
+    return w
+
+
+LAYERS = [
+    dense_layer("gemm_bias", [BATCH, 6], W(6, 5), W(5)),
+    dense_layer("gemm_alpha_beta_transB", [BATCH, 6], W(5, 6), W(1, 5), alpha=0.5, beta=2.0, trans_b=1),
+    dense_layer("gemm_nobias", [BATCH, 6], W(6, 5)),
+    dense_layer("relu_gemm_bias", [BATCH, 6], W(6, 5), W(5), relu_first=True),
+    matmul_bias_layer("matmul_add_bias", [BATCH, 6], W(6, 4), W(4)),
+    matmul_bias_layer("matmul_nobias", [BATCH, 6], W(6, 4)),
+    conv_layer("conv2d_bias_pads", [BATCH, 3, 5, 5], W(4, 3, 3, 3), W(4), pads=[1, 1, 1, 1]),
+    conv_layer("conv2d_stride_asym", [BATCH, 3, 6, 5], W(2, 3, 2, 3), W(2), strides=[2, 2], pads=[0, 1, 1, 0]),
+    conv_layer("conv2d_groups_nobias", [BATCH, 4, 5, 5], W(4, 2, 3, 3), group=2, dilations=[1, 2],
+               pads=[1, 2, 1, 2]),
+    conv_layer("conv1d_bias", [BATCH, 3, 9], W(2, 3, 3), W(2), strides=[2]),
+    conv_layer("relu_conv2d_bias", [BATCH, 3, 5, 5], W(4, 3, 3, 3), W(4), relu_first=True, pads=[1, 0, 1, 2]),
+    dense_layer("relu_gemm_zero_denominator", [BATCH, 6], _one_signed_output(W(6, 5)), relu_first=True),
+    conv_layer("relu_conv_zero_denominator", [BATCH, 2, 4, 4], np.concatenate([np.abs(W(1, 2, 2, 2)), W(2, 2, 2, 2)]),
+               relu_first=True),
+]
+
+# zbox bounds: scalar, and per input channel / feature (x lies in [-2, 2])
+ZBOX_SCALAR = (-2.5, 2.5)
+
+
+def per_channel_bounds(layer):
+    c = layer.x_shape[1]
+    lo = -2.0 - 0.25 * np.arange(c)
+    hi = 2.0 + 0.5 * np.arange(c)
+    shape = (c,) + (1,) * (len(layer.x_shape) - 2)
+    return lo.reshape(shape), hi.reshape(shape)
+
+
+def _toml_array(a):
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return repr(float(a))
+    return "[" + ", ".join(_toml_array(v) for v in a) + "]"
+
+
+RULES = [
+    ("epsilon", {}, lambda M, K, b, x, R, L: o_epsilon(M, K, b, x, R)),
+    ("epsilon", {"epsilon": 0.25}, lambda M, K, b, x, R, L: o_epsilon(M, K, b, x, R, 0.25)),
+    ("zplus", {}, lambda M, K, b, x, R, L: o_zplus(M, K, b, x, R)),
+    ("alpha-beta", {"alpha": 2.0, "beta": 1.0}, lambda M, K, b, x, R, L: o_alpha_beta(M, K, b, x, R, 2.0, 1.0)),
+    ("alpha-beta", {"alpha": 1.0, "beta": 0.0}, lambda M, K, b, x, R, L: o_alpha_beta(M, K, b, x, R, 1.0, 0.0)),
+    ("gamma", {"gamma": 0.25}, lambda M, K, b, x, R, L: o_gamma(M, K, b, x, R, 0.25)),
+    ("gamma", {"gamma": 1.5, "stabilizer": 0.1}, lambda M, K, b, x, R, L: o_gamma(M, K, b, x, R, 1.5, 0.1)),
+    ("zbox", {"low": ZBOX_SCALAR[0], "high": ZBOX_SCALAR[1]},
+     lambda M, K, b, x, R, L: o_zbox(M, K, b, x, R, *ZBOX_SCALAR)),
+    ("zbox", "per-channel", None),
+    ("flat", {}, lambda M, K, b, x, R, L: o_flat(M, K, b, x, R)),
+    ("wsquare", {}, lambda M, K, b, x, R, L: o_wsquare(M, K, b, x, R)),
+    ("wsquare", {"stabilizer": 0.5}, lambda M, K, b, x, R, L: o_wsquare(M, K, b, x, R, 0.5)),
+]
+
+
+def _composite(rule, params, match_kind=None):
+    lines = ['[[rules]]', 'match = { name = "probe*" }', 'rule = "gradient"', '']
+    if match_kind:
+        lines += ['[[rules]]', f'match = {{ kind = {match_kind!r} }}'.replace("'", '"'), 'rule = "pass"', '']
+    lines += ['[[rules]]', f'rule = "{rule}"'] + [f"{k} = {_toml_array(v)}" for k, v in params.items()]
+    return parse_composite("\n".join(lines) + "\n", source=f"oracle-{rule}")
+
+
+def _explain(nodes, inputs, inits, out, composite, feeds, rng):
+    model = make_model(nodes, inputs, [out], inits)
+    y = run(model, feeds)[0]
+    c = dyadic(rng, y.shape)
+    probe = add_probe(model, out, c, batch=BATCH)
+    ex = onnx_lrp.Explainer(to_bytes(probe), composite=composite, start="one-hot")
+    res = ex.explain(feeds if len(feeds) > 1 else next(iter(feeds.values())))
+    return res, BATCH * c.astype(np.float64), y
+
+
+def _close(got, want, what):
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == want.shape, what
+    err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+    assert err < 2e-5, f"{what}: relative L2 error {err:.2e}"
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=what)
+
+
+@pytest.mark.parametrize("rule,params,oracle", RULES,
+                         ids=[f"{r}-{'-'.join(f'{k}{v}' for k, v in p.items()) if isinstance(p, dict) else p}"
+                              for r, p, _ in RULES])
+@pytest.mark.parametrize("layer", LAYERS, ids=[lay.id for lay in LAYERS])
+def test_linear_rule_oracle(layer: Layer, rule, params, oracle):
+    rng = np.random.default_rng(11)
+    if params == "per-channel":
+        lo, hi = per_channel_bounds(layer)
+        params = {"low": lo, "high": hi}
+
+        def oracle(M, K, b, x, R, L):
+            shape = L.x_shape[1:]
+            return o_zbox(M, K, b, x, R, np.broadcast_to(lo, shape).reshape(-1), np.broadcast_to(hi, shape).reshape(-1))
+    composite = _composite(rule, params, match_kind="activation" if layer.relu_first else None)
+    x = dyadic(rng, layer.x_shape)
+    res, R, y = _explain(layer.nodes, {"x": layer.x_shape}, layer.inits, "y", composite, {"x": x}, rng)
+    xin = pos(x) if layer.relu_first else x
+    x2 = xin.reshape(BATCH, -1).astype(np.float64)
+    R2 = R.reshape(BATCH, -1)
+    # the oracle's dense layer reproduces onnxruntime's forward (checks the oracle itself)
+    np.testing.assert_allclose(x2 @ layer.mat(layer.kernel).T + layer.bias, y.reshape(BATCH, -1), rtol=1e-5,
+                               atol=1e-5)
+    want = oracle(layer.mat, layer.kernel, layer.bias, x2, R2, layer).reshape(layer.x_shape)
+    _close(res.relevance, want, f"{rule} {params} on {layer.id}")
+
+
+# ------------------------------------------------------------------------------ parameter-free ops: norm
+def avgpool_matrix(channels, in_sp, k, strides, pads, include_pad):
+    """Average pool as a dense matrix: window sums (a depthwise conv with a kernel of ones) over the count."""
+    ones = np.ones((channels, 1) + tuple(k))
+    A, out_sp = conv_matrix(ones, in_sp, strides=strides, pads=pads, group=channels)
+    counts = np.full(A.shape[0], float(np.prod(k))) if include_pad else A.sum(axis=1)
+    return A / counts[:, None], out_sp
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("stabilizer", [1e-6, 0.25])
+def test_norm_on_average_pool(include_pad, stabilizer):
+    rng = np.random.default_rng(3)
+    shape, k, st, pads = [BATCH, 2, 6, 7], [3, 3], [2, 2], [1, 0, 1, 1]
+    nodes = [node("AveragePool", ["x"], ["y"], kernel_shape=k, strides=st, pads=pads, count_include_pad=include_pad)]
+    x = dyadic(rng, shape)
+    composite = _composite("norm", {"stabilizer": stabilizer})
+    res, R, y = _explain(nodes, {"x": shape}, {}, "y", composite, {"x": x}, rng)
+    A, _ = avgpool_matrix(2, shape[2:], k, st, pads, include_pad)
+    x2, R2 = x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1)
+    np.testing.assert_allclose(x2 @ A.T, y.reshape(BATCH, -1), rtol=1e-5, atol=1e-6)
+    want = x2 * ((R2 / stab(x2 @ A.T, stabilizer)) @ A)
+    _close(res.relevance, want.reshape(shape), f"norm on AveragePool(count_include_pad={include_pad})")
+
+
+@pytest.mark.parametrize("shapes", [([BATCH, 3, 4], [BATCH, 3, 4]), ([BATCH, 3, 4], [BATCH, 1, 4]),
+                                    ([BATCH, 3, 4], [4])], ids=["same", "bcast", "rank"])
+@pytest.mark.parametrize("stabilizer", [1e-6, 0.25])
+def test_norm_on_add_of_activations(shapes, stabilizer):
+    rng = np.random.default_rng(5)
+    nodes = [node("Add", ["x", "u"], ["y"])]
+    feeds = {"x": dyadic(rng, shapes[0]), "u": dyadic(rng, shapes[1])}
+    composite = _composite("norm", {"stabilizer": stabilizer})
+    res, R, y = _explain(nodes, {"x": shapes[0], "u": shapes[1]}, {}, "y", composite, feeds, rng)
+    x, u = feeds["x"].astype(np.float64), feeds["u"].astype(np.float64)
+    s = R / stab(x + u, stabilizer)
+    r_u = u * s
+    r_u = r_u.sum(axis=tuple(range(r_u.ndim - u.ndim))).sum(
+        axis=tuple(i for i, d in enumerate(u.shape) if d == 1), keepdims=True).reshape(u.shape)
+    _close(res.relevance["x"], x * s, "norm on Add, first input")
+    _close(res.relevance["u"], r_u, "norm on Add, broadcast input")
+
+
+def test_norm_on_sum_of_three():
+    rng = np.random.default_rng(6)
+    shape = [BATCH, 5]
+    nodes = [node("Sum", ["x", "u", "v"], ["y"])]
+    feeds = {k: dyadic(rng, shape) for k in ("x", "u", "v")}
+    res, R, y = _explain(nodes, {k: shape for k in feeds}, {}, "y", _composite("norm", {}), feeds, rng)
+    z = sum(v.astype(np.float64) for v in feeds.values())
+    for k, v in feeds.items():
+        _close(res.relevance[k], v * R / stab(z), f"norm on Sum, input {k}")
+
+
+@pytest.mark.parametrize("op", ["Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu"])
+def test_pass_on_activations(op):
+    rng = np.random.default_rng(8)
+    shape = [BATCH, 3, 4]
+    x = dyadic(rng, shape)
+    res, R, y = _explain([node(op, ["x"], ["y"])], {"x": shape}, {}, "y", _composite("pass", {}), {"x": x}, rng)
+    np.testing.assert_array_equal(res.relevance, R.astype(np.float32))

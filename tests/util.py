@@ -1,0 +1,140 @@
+"""Helpers for op-level tests: build tiny ONNX models with onnx.helper and run them with onnxruntime.
+
+Models are written with IR version 10 (onnx.helper writes a newer one than onnxruntime 1.31 reads).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+IR_VERSION = 10
+NP2ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+           np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int64): TensorProto.INT64,
+           np.dtype(np.int32): TensorProto.INT32, np.dtype(bool): TensorProto.BOOL}
+
+
+def node(op_type, inputs, outputs, name=None, domain=None, **attrs):
+    """``helper.make_node`` with a default name (the op type and first output)."""
+    outputs = [outputs] if isinstance(outputs, str) else list(outputs)
+    return helper.make_node(op_type, list(inputs), outputs, name=name or f"{op_type}_{outputs[0]}", domain=domain,
+                            **attrs)
+
+
+def make_model(nodes, inputs: dict, outputs, inits: dict | None = None, opset: int = 17, dtype=np.float32,
+               extra_opsets=()) -> onnx.ModelProto:
+    """A model from nodes; ``inputs`` maps names to shapes (or (shape, dtype)); ``outputs`` lists names (their
+    types are left to shape inference: float of ``dtype`` unless given as (name, dtype))."""
+    ins = []
+    for name, spec in inputs.items():
+        shape, dt = spec if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], type) else (spec, dtype)
+        ins.append(helper.make_tensor_value_info(name, NP2ONNX[np.dtype(dt)], list(shape)))
+    outs = []
+    for o in ([outputs] if isinstance(outputs, str) else outputs):
+        name, dt = o if isinstance(o, tuple) else (o, dtype)
+        outs.append(helper.make_tensor_value_info(name, NP2ONNX[np.dtype(dt)], None))
+    initializers = [numpy_helper.from_array(np.asarray(v), name=k) for k, v in (inits or {}).items()]
+    graph = helper.make_graph(list(nodes), "test", ins, outs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)] + [
+        helper.make_opsetid(d, v) for d, v in extra_opsets])
+    model.ir_version = IR_VERSION
+    try:  # give the outputs their inferred shapes (the ONNX checker wants a shape on graph outputs)
+        inferred = onnx.shape_inference.infer_shapes(model)
+        model.graph.ClearField("output")
+        model.graph.output.extend(inferred.graph.output)
+    except Exception:
+        pass
+    return model
+
+
+def to_bytes(model: onnx.ModelProto) -> bytes:
+    return model.SerializeToString()
+
+
+def run(model, feeds: dict) -> list[np.ndarray]:
+    """Run a model (proto or bytes) with onnxruntime on CPU."""
+    data = model if isinstance(model, (bytes, bytearray)) else model.SerializeToString()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(bytes(data), sess_options=opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def add_probe(model: onnx.ModelProto, outs, cs, keep_outputs: bool = False, batch: int = 1) -> onnx.ModelProto:
+    """Append ``probe = expand(sum_k <reshape(outs[k], [1, -1]), cs[k]>, [batch, 1])`` as the model's first output.
+
+    The explainer starts one relevance per batch item of the input (``batch`` of them); with start="one-hot" the
+    relevance entering ``outs[k]`` is then exactly ``batch * cs[k]`` (reshaped to its shape) when the probe nodes
+    (named ``probe_*``) get the gradient rule.
+    """
+    outs = [outs] if isinstance(outs, str) else list(outs)
+    cs = [cs] if isinstance(cs, np.ndarray) else list(cs)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    g.initializer.extend([numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "probe_shape")])
+    parts = []
+    for k, (out, c) in enumerate(zip(outs, cs)):
+        g.initializer.extend([numpy_helper.from_array(np.asarray(c, dtype=np.float32).reshape(-1, 1), f"probe_c{k}")])
+        g.node.extend([helper.make_node("Reshape", [out, "probe_shape"], [f"probe_flat{k}"], name=f"probe_reshape{k}"),
+                       helper.make_node("MatMul", [f"probe_flat{k}", f"probe_c{k}"], [f"probe{k}"],
+                                        name=f"probe_matmul{k}")])
+        parts.append(f"probe{k}")
+    g.node.extend([helper.make_node("Sum", parts, ["probe_total"], name="probe_sum"),
+                   helper.make_node("Expand", ["probe_total", "probe_batch"], ["probe"], name="probe_expand")])
+    g.initializer.extend([numpy_helper.from_array(np.array([batch, 1], dtype=np.int64), "probe_batch")])
+    old = list(g.output)
+    del g.output[:]
+    g.output.extend([helper.make_tensor_value_info("probe", TensorProto.FLOAT, [batch, 1])])
+    if keep_outputs:
+        g.output.extend(old)
+    return m
+
+
+def dyadic(rng, shape, scale=8, low=-16, high=16, odd=False):
+    """Random numbers k / scale (exact in float32, sums of products stay exact)."""
+    k = rng.integers(low, high + 1, size=shape)
+    if odd:
+        k = 2 * (k // 2) + 1
+    return (k / scale).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------ numpy references
+def conv_matrix(w, in_sp, strides=None, pads=None, dilations=None, group=1):
+    """The dense matrix A of an N-D convolution with kernel ``w`` (Cout, Cin/g, k...) on one sample of spatial
+    size ``in_sp``: conv(x)[flat] = A @ x[flat] (bias excluded). Written with explicit loops from the definition
+    out[o, p] = sum_{i, k} w[o, i, k] x[g(o) * Cin/g + i, p * s + k * d - pad_begin].
+    ConvTranspose with weight w (Cin, Cout/g, k...) is, by definition, the transpose of the Conv with the same
+    weight acting on the ConvTranspose's output space.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    nd = w.ndim - 2
+    strides = list(strides or [1] * nd)
+    dil = list(dilations or [1] * nd)
+    pads = list(pads or [0] * (2 * nd))
+    k = w.shape[2:]
+    cout, cin_g = w.shape[:2]
+    cin = cin_g * group
+    out_sp = [(n + pads[a] + pads[nd + a] - dil[a] * (k[a] - 1) - 1) // strides[a] + 1 for a, n in enumerate(in_sp)]
+    n_in, n_out = int(np.prod(in_sp)), int(np.prod(out_sp))
+    A = np.zeros((cout * n_out, cin * n_in))
+    cout_g = cout // group
+    for o in range(cout):
+        gi = o // cout_g
+        for p_idx, p in enumerate(itertools.product(*[range(n) for n in out_sp])):
+            for i in range(cin_g):
+                ci = gi * cin_g + i
+                for kk in itertools.product(*[range(n) for n in k]):
+                    pos = [p[a] * strides[a] + kk[a] * dil[a] - pads[a] for a in range(nd)]
+                    if all(0 <= pos[a] < in_sp[a] for a in range(nd)):
+                        q = int(np.ravel_multi_index(pos, in_sp))
+                        A[o * n_out + p_idx, ci * n_in + q] += w[(o, i) + kk]
+    return A, out_sp
+
+
+def stab(z, eps=1e-6):
+    """zennit's stabilizer: z + eps * (sign(z) + (z == 0))."""
+    return z + eps * (np.sign(z) + (z == 0))
