@@ -1,0 +1,172 @@
+"""Heatmaps of relevance with numpy + pillow (no matplotlib).
+
+Relevance is mapped symmetrically around zero: each item is divided by its own largest absolute relevance, so
+-max sits at the colour map's left end, 0 in its middle and +max at its right end. The colour maps follow
+zennit's (``zennit.image.CMAPS``): piecewise-linear between colour nodes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_lrp.errors import InputError
+
+
+def _hex(code: str) -> tuple[int, int, int]:
+    if len(code) == 3:
+        return tuple(int(c * 2, 16) for c in code)  # type: ignore[return-value]
+    return tuple(int(code[i:i + 2], 16) for i in (0, 2, 4))  # type: ignore[return-value]
+
+
+def _nodes(*spec) -> tuple[tuple[float, tuple[int, int, int]], ...]:
+    """Nodes from (position, colour) pairs; a position of None is spaced evenly between its neighbours."""
+    pos = [p for p, _ in spec]
+    known = [i for i, p in enumerate(pos) if p is not None]
+    for a, b in zip(known, known[1:]):
+        for k in range(a + 1, b):
+            pos[k] = pos[a] + (pos[b] - pos[a]) * (k - a) / (b - a)
+    return tuple((float(p), _hex(c)) for p, (_, c) in zip(pos, spec))
+
+
+# name -> nodes (position in [0, 1], RGB); diverging maps have their neutral colour at 0.5 (= zero relevance)
+CMAPS = {
+    "bwr": _nodes((0, "00f"), (0.5, "fff"), (1, "f00")),
+    "coldnhot": _nodes((0, "0ff"), (0.25, "00f"), (0.5, "000"), (None, "f00"), (None, "ff0"), (1, "fff")),
+    "seismic": _nodes((0, "0000d0"), (0.5, "d0d0d0"), (1, "d00000")),
+    "france": _nodes((0, "0055a4"), (0.5, "fff"), (1, "ef4135")),
+    "coolio": _nodes((0, "00d0d0"), (0.5, "d0d0d0"), (1, "d000d0")),
+    "coleus": _nodes((0, "00d000"), (0.5, "d0d0d0"), (1, "d000d0")),
+    "gray": _nodes((0, "000"), (1, "fff")),
+    "wred": _nodes((0, "fff"), (1, "f00")),
+    "wblue": _nodes((0, "fff"), (1, "00f")),
+    "hot": _nodes((0, "000"), (None, "f00"), (None, "ff0"), (1, "fff")),
+    "cold": _nodes((0, "000"), (None, "00f"), (1, "0ff")),
+}
+DIVERGING = ("bwr", "coldnhot", "seismic", "france", "coolio", "coleus")
+STYLES = ("beside", "overlay", "heatmap")
+
+
+def colormap(name: str):
+    if name not in CMAPS:
+        raise InputError(f"unknown colour map {name!r}; choose one of {', '.join(CMAPS)}")
+    return CMAPS[name]
+
+
+def apply_cmap(values: np.ndarray, name: str = "bwr") -> np.ndarray:
+    """RGB uint8 [..., 3] for values in [0, 1] (clipped), interpolating linearly between the map's nodes."""
+    nodes = colormap(name)
+    pos = np.array([p for p, _ in nodes])
+    rgb = np.array([c for _, c in nodes], dtype=np.float64)
+    v = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0)
+    out = np.stack([np.interp(v, pos, rgb[:, k]) for k in range(3)], axis=-1)
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def symmetric(rel: np.ndarray) -> np.ndarray:
+    """Relevance scaled to [0, 1] with 0 -> 0.5 and +-max|rel| -> 1 / 0 (an all-zero map stays at 0.5)."""
+    rel = np.asarray(rel, dtype=np.float64)
+    vmax = float(np.max(np.abs(rel))) if rel.size else 0.0
+    if not np.isfinite(vmax) or vmax == 0.0:
+        return np.full(rel.shape, 0.5)
+    return 0.5 + 0.5 * rel / vmax
+
+
+def colorize(rel: np.ndarray, cmap: str = "bwr") -> np.ndarray:
+    """RGB uint8 [H, W, 3] heatmap of one 2-D relevance map, symmetric around zero."""
+    return apply_cmap(symmetric(rel), cmap)
+
+
+def relevance_maps(relevance: np.ndarray, channel_axis: int | None = 1) -> np.ndarray:
+    """[N, H, W] maps: 4-D relevance is summed over its channel axis; [N, H, W] stays; [N, F] becomes [N, 1, F]."""
+    r = np.asarray(relevance, dtype=np.float64)
+    if r.ndim == 4:
+        return r.sum(axis=channel_axis if channel_axis is not None else 1)
+    if r.ndim == 3:
+        return r
+    if r.ndim == 2:
+        return r[:, None, :]
+    raise InputError(f"cannot draw a heatmap of relevance with shape {'x'.join(map(str, r.shape))}; heatmaps need "
+                     "[N,F], [N,H,W] or [N,C,H,W]")
+
+
+def display_images(x: np.ndarray, channel_axis: int = 1) -> list[np.ndarray] | None:
+    """Grey or RGB uint8 pictures of 4-D array inputs with 1 or 3 channels (each scaled by its own range)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 4 or x.shape[channel_axis] not in (1, 3):
+        return None
+    hwc = np.moveaxis(x, channel_axis, -1)
+    out = []
+    for item in hwc:
+        lo, hi = float(item.min()), float(item.max())
+        scaled = (item - lo) / (hi - lo) if hi > lo else np.zeros_like(item)
+        scaled = np.repeat(scaled, 3, axis=-1) if scaled.shape[-1] == 1 else scaled
+        out.append((scaled * 255 + 0.5).astype(np.uint8))
+    return out
+
+
+def tile_scale(height: int, width: int, min_side: int = 128) -> int:
+    """The integer factor that makes a tile's longer side at least ``min_side`` pixels (1 for large inputs)."""
+    return max(1, -(-min_side // max(height, width, 1)))
+
+
+def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "beside", cols: int | None = None,
+           scale: int | None = None, gap: int = 4, background=(200, 200, 200)):
+    """One PIL image: a grid with one cell per batch item.
+
+    ``style``: ``heatmap`` (the heatmap alone), ``beside`` (the input, then the heatmap) or ``overlay`` (the
+    heatmap over a grey copy of the input, opaque where |relevance| is largest). Without ``images`` every style
+    draws the heatmap alone. Tiles are enlarged by an integer factor (nearest neighbour), so every relevance value
+    is a block of ``scale x scale`` pixels.
+    """
+    from PIL import Image
+
+    if style not in STYLES:
+        raise InputError(f"unknown heatmap style {style!r}; choose one of {', '.join(STYLES)}")
+    colormap(cmap)
+    maps = np.asarray(maps, dtype=np.float64)
+    n, h, w = maps.shape
+    if images is not None and (len(images) != n or any(im.shape[:2] != (h, w) for im in images)):
+        images = None  # the inputs do not line up with the relevance map: draw the heatmap alone
+    if images is None:
+        style = "heatmap"
+    s = scale or tile_scale(h, w)
+    per_cell = 2 if style == "beside" else 1
+    cols = cols or min(n, 5 if per_cell == 2 else 10)
+    rows = -(-n // cols)
+    th, tw = h * s, w * s
+    cell_w = per_cell * tw + (per_cell - 1) * gap
+    canvas = np.empty((gap + rows * (th + gap), gap + cols * (cell_w + gap), 3), dtype=np.uint8)
+    canvas[...] = background
+    for i in range(n):
+        heat = colorize(maps[i], cmap)
+        tiles = [heat]
+        if style == "beside":
+            tiles = [np.asarray(images[i], dtype=np.uint8), heat]
+        elif style == "overlay":
+            grey = np.asarray(images[i], dtype=np.float64).mean(axis=-1, keepdims=True)
+            vmax = np.max(np.abs(maps[i])) or 1.0
+            alpha = np.clip(np.abs(maps[i]) / vmax, 0, 1)[..., None] ** 0.5
+            tiles = [np.round((1 - alpha) * grey + alpha * heat).astype(np.uint8)]
+        r, c = divmod(i, cols)
+        y0, x0 = gap + r * (th + gap), gap + c * (cell_w + gap)
+        for k, tile in enumerate(tiles):
+            big = np.repeat(np.repeat(tile, s, axis=0), s, axis=1)
+            xk = x0 + k * (tw + gap)
+            canvas[y0:y0 + th, xk:xk + tw] = big
+    return Image.fromarray(canvas, mode="RGB")
+
+
+def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: int | None = None,
+             scale: int | None = None, gap: int = 4) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of item ``index``'s heatmap tile in :func:`render`'s layout."""
+    s = scale or tile_scale(h, w)
+    per_cell = 2 if style == "beside" else 1
+    cols = cols or min(n, 5 if per_cell == 2 else 10)
+    th, tw = h * s, w * s
+    cell_w = per_cell * tw + (per_cell - 1) * gap
+    r, c = divmod(index, cols)
+    y0, x0 = gap + r * (th + gap), gap + c * (cell_w + gap) + (per_cell - 1) * (tw + gap)
+    return x0, y0, x0 + tw, y0 + th
+
+
+__all__ = ["CMAPS", "DIVERGING", "STYLES", "apply_cmap", "cell_box", "colorize", "colormap", "display_images",
+           "relevance_maps", "render", "symmetric", "tile_scale"]

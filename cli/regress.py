@@ -1,0 +1,295 @@
+"""``onnx-lrp snapshot / check / diff``: regression checks of explanations for CI (see docs/ci-regression.md).
+
+* ``snapshot MODEL INPUTS -o baseline.npz`` stores inputs, targets, outputs, relevance, the composite (TOML text and
+  parameter overrides), the onnx-lrp version and the model's SHA-256 (format: :mod:`onnx_lrp.regression`).
+* ``check MODEL baseline.npz`` recomputes with the stored settings and compares per sample; exit 0 when every
+  sample passes, 1 when any drifted, 2 on bad input.
+* ``diff MODEL_A MODEL_B INPUTS`` compares two model versions directly (B explained at A's targets); same exit codes.
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from onnx_lrp import regression as rg
+from onnx_lrp.errors import InputError
+
+from . import heatmap as hm
+from .explain import parse_target
+from .io import AtomicOutputs, InputInfo, OutputError, check_writable, image_layout, load_inputs
+from .options import common, composite_with, rule_params
+
+EXIT_DRIFT = 1
+
+
+def _say(msg: str) -> None:
+    click.echo(f"onnx-lrp: {msg}", err=True)
+
+
+# ---------------------------------------------------------------------------------------------- options
+def threshold_options(f):
+    """Per-metric thresholds (a number, or off), --config, and the report files."""
+    d = rg.DEFAULT_THRESHOLDS
+    opts = [
+        click.option("--max-output-diff", default=None, metavar="FLOAT|off",
+                     help=f"Most allowed max|y - y0| / max|y0| of the explained output (default {d.max_output_diff})."),
+        click.option("--min-cosine", default=None, metavar="FLOAT|off",
+                     help=f"Least allowed cosine similarity of the relevance (default {d.min_cosine})."),
+        click.option("--max-rel-l2", default=None, metavar="FLOAT|off",
+                     help=f"Most allowed ||r - r0|| / ||r0|| (default {d.max_rel_l2})."),
+        click.option("--min-spearman", default=None, metavar="FLOAT|off",
+                     help=f"Least allowed Spearman rank correlation of the relevance (default {d.min_spearman})."),
+        click.option("--min-topk-iou", default=None, metavar="FLOAT|off",
+                     help=f"Least allowed IoU of the top-k % most relevant features (default {d.min_topk_iou})."),
+        click.option("--topk-percent", default=None, metavar="FLOAT",
+                     help=f"k of the top-k IoU, in percent of the features (default {d.topk_percent:g})."),
+        click.option("--config", "config", default=None, metavar="FILE.toml",
+                     help=f"Thresholds from the [check] table of this TOML file (default: ./{rg.CONFIG_NAME} when it "
+                          "exists). Command-line values win."),
+        click.option("--report-json", "report_json", default=None, metavar="FILE.json",
+                     help="Also write every figure as JSON."),
+        click.option("--junit-xml", "junit_xml", default=None, metavar="FILE.xml",
+                     help="Also write a JUnit XML report (one test case per sample) for CI systems."),
+        click.option("--heatmap-dir", "heatmap_dir", default=None, metavar="DIR",
+                     help="Write baseline | current | difference heatmaps of every drifted sample here (created if "
+                          "missing)."),
+        click.option("--max-rows", type=click.IntRange(min=1), default=50, show_default=True,
+                     help="Rows of the table on stdout (the reports list every sample)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _pop_thresholds(kw: dict) -> tuple[rg.Thresholds, str | None]:
+    overrides = {k: kw.pop(k, None) for k in ("max_output_diff", "min_cosine", "max_rel_l2", "min_spearman",
+                                              "min_topk_iou", "topk_percent")}
+    return rg.load_thresholds(kw.pop("config", None), overrides)
+
+
+def _check_outputs(report_json, junit_xml, heatmap_dir):
+    paths = {}
+    for opt, p, suffix in (("--report-json", report_json, ".json"), ("--junit-xml", junit_xml, ".xml")):
+        if p is not None:
+            p = Path(p)
+            check_writable(p)
+            paths[opt] = p
+    if len({p.resolve() for p in paths.values()}) < len(paths):
+        raise OutputError("--report-json and --junit-xml name the same file; give two different files")
+    hdir = Path(heatmap_dir) if heatmap_dir else None
+    if hdir is not None and hdir.exists() and not hdir.is_dir():
+        raise OutputError(f"--heatmap-dir {hdir} is a file; give a directory")
+    if hdir is not None and not hdir.exists():
+        check_writable(hdir)  # created later: its parent must exist and be writable
+    return paths.get("--report-json"), paths.get("--junit-xml"), hdir
+
+
+def _channel_axis(ex) -> int:
+    first = ex.relevance_inputs[0]
+    spec = next(s for s in ex.inputs if s.name == first)
+    try:
+        return image_layout(InputInfo(spec.name, tuple(spec.dims))).channel_axis
+    except InputError:
+        return 1
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "item"
+
+
+def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite):
+    written = []
+    with AtomicOutputs() as w:
+        if report_json is not None:
+            written.append(w.write_bytes(report_json, rg.report_json(comp, context).encode()))
+        if junit_xml is not None:
+            written.append(w.write_bytes(junit_xml, rg.junit_xml(comp, context, suite=suite).encode()))
+        if heatmap_dir is not None and comp.drifted:
+            heatmap_dir.mkdir(parents=True, exist_ok=True)
+            first = ex.relevance_inputs[0]
+            axis = _channel_axis(ex)
+            rb = hm.relevance_maps(base.relevance[first], axis)
+            rc = hm.relevance_maps(cur.relevance[first], axis)
+            for s in comp.drifted:
+                i = s.index
+                maps = np.stack([rb[i], rc[i], rc[i] - rb[i]])
+                image = hm.render(maps, None, style="heatmap", cols=3)
+                written.append(w.save_png(heatmap_dir / f"{i:04d}_{_safe(s.item)}.png", image))
+    return written
+
+
+def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, max_rows, suite, seconds):
+    context = dict(context, seconds=round(seconds, 3))
+    click.echo(rg.format_table(comp, max_rows))
+    written = _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite)
+    n, d = len(comp.samples), len(comp.drifted)
+    if d:
+        names = ", ".join(s.item for s in comp.drifted[:10]) + (f" and {d - 10} more" if d > 10 else "")
+        click.echo(f"DRIFT: {d} of {n} sample(s) beyond the thresholds: {names}")
+    else:
+        click.echo(f"OK: all {n} sample(s) within the thresholds")
+    for p in written:
+        click.echo(f"wrote {p}")
+    return EXIT_DRIFT if d else 0
+
+
+def _explainer(model, comp, output_name, start):
+    import onnx_lrp
+
+    return onnx_lrp.Explainer(model, composite=comp, output=output_name, start=start)
+
+
+def _inputs_for(ex, arrays: dict, where: str) -> dict:
+    want = {s.name for s in ex.inputs}
+    if set(arrays) != want:
+        raise InputError(f"{where} holds inputs {', '.join(sorted(arrays))} but the model's inputs are "
+                         f"{', '.join(sorted(want))}; the model's interface changed: take a new snapshot")
+    return arrays
+
+
+def _targets(targets, n):
+    if isinstance(targets, list) and len(targets) != n:
+        raise InputError(f"--target gives {len(targets)} classes for {n} item(s); give one, or one per item")
+    return targets
+
+
+# ---------------------------------------------------------------------------------------------- snapshot
+@click.command("snapshot")
+@click.argument("model", metavar="MODEL")
+@click.argument("inputs_path", metavar="INPUTS")
+@click.option("-o", "--out", "out", required=True, metavar="BASELINE.npz", help="Where to write the snapshot.")
+@common
+@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
+              help="Class to explain: one for all items, one per item, or argmax (resolved now and stored).")
+@click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to explain.")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
+              help="Initial relevance at the target.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+def snapshot(model, inputs_path, out, target, output_name, start, batch_size, composite, **rule_kw):
+    """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
+
+    INPUTS is a .npy, a .npz (one array per model input), an image or a directory of these. The snapshot keeps the
+    inputs, the explained targets (arg-max resolved now), the outputs, the relevance, the composite (TOML text and
+    parameter overrides), the start, the onnx-lrp version and the model's SHA-256: a later check needs nothing else.
+    """
+    out_path = Path(out)
+    if out_path.suffix.lower() != ".npz":
+        raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
+    check_writable(out_path)
+    targets = parse_target(target)
+    params = rule_params(rule_kw)
+    comp = composite_with(composite, params)
+    comp_name, comp_toml = rg.composite_source(composite)
+    t0 = time.perf_counter()
+    ex = _explainer(model, comp, output_name, start)
+    batch = load_inputs(inputs_path, ex.inputs)
+    _targets(targets, len(batch))
+    rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size)
+    arrays = rg.snapshot_arrays(
+        inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
+        composite_toml=comp_toml, params=params, start=start, output=output_name,
+        explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size)
+    with AtomicOutputs() as w:
+        w.save_npz(out_path, arrays)
+    click.echo(f"snapshot of {len(batch)} item(s) -> {out_path} (composite {comp_name}, start {start}, explained "
+               f"output {ex.explained_output}, {time.perf_counter() - t0:.2f} s)")
+
+
+# ---------------------------------------------------------------------------------------------- check
+@click.command("check")
+@click.argument("model", metavar="MODEL")
+@click.argument("baseline", metavar="BASELINE.npz")
+@threshold_options
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Items per model run (default: the snapshot's; dynamically quantized models depend on it).")
+def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_size, **kw):
+    """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
+
+    Metrics per sample: relative output difference, cosine similarity and relative L2 error of the relevance,
+    Spearman rank correlation, and IoU of the top-k % most relevant features. Exit 0 when every sample is within
+    the thresholds, 1 when any drifted (named on stdout and in the reports), 2 on bad input.
+    """
+    th, config_used = _pop_thresholds(kw)
+    report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
+    snap = rg.read_snapshot(baseline)
+    meta = snap.meta
+    t0 = time.perf_counter()
+    ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
+    arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
+    batch_size = batch_size or int(meta.get("batch_size") or 32)
+    rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size)
+    base = snap.result()
+    if ex.explained_output not in outs:
+        raise InputError(f"the model has no output {meta['explained_output']!r}")
+    cur = rg.Result(rel, outs[ex.explained_output], snap.targets, base.items, outs)
+    comp = rg.compare(base, cur, th)
+    sha = rg.sha256_file(model)
+    from onnx_lrp import __version__
+
+    context = dict(command="check", model=str(model), baseline=str(baseline),
+                   composite=meta["composite"]["name"], start=meta["start"],
+                   explained_output=ex.explained_output, config=config_used,
+                   model_sha256=dict(baseline=meta.get("model", {}).get("sha256"), current=sha),
+                   model_changed=sha != meta.get("model", {}).get("sha256"),
+                   onnx_lrp_version=dict(baseline=meta.get("onnx_lrp_version"), current=__version__))
+    if context["onnx_lrp_version"]["baseline"] != __version__:
+        _say(f"the baseline was made with onnx-lrp {meta.get('onnx_lrp_version')}, this is {__version__}: "
+             "differences can come from onnx-lrp itself")
+    click.echo(f"check {model} against {baseline}: {len(comp.samples)} sample(s), composite "
+               f"{meta['composite']['name']}, model {'changed' if context['model_changed'] else 'unchanged'} "
+               f"(sha256 {sha[:12]})" + (f", thresholds from {config_used}" if config_used else ""))
+    code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, arrays, ex, max_rows,
+                   "onnx-lrp check", time.perf_counter() - t0)
+    raise SystemExit(code)
+
+
+# ---------------------------------------------------------------------------------------------- diff
+@click.command("diff")
+@click.argument("model_a", metavar="MODEL_A")
+@click.argument("model_b", metavar="MODEL_B")
+@click.argument("inputs_path", metavar="INPUTS")
+@common
+@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
+              help="Class to explain (argmax: MODEL_A's prediction; MODEL_B is explained at the same targets).")
+@click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to explain.")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
+              help="Initial relevance at the target.")
+@threshold_options
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, heatmap_dir, max_rows,
+         batch_size, composite, **kw):
+    """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
+
+    The same metrics and thresholds as `check`; exit 0 when every sample is within them, 1 when any drifted.
+    """
+    th, config_used = _pop_thresholds(kw)
+    report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
+    targets = parse_target(target)
+    comp_rules = composite_with(composite, rule_params(kw))
+    t0 = time.perf_counter()
+    ex_a = _explainer(model_a, comp_rules, output_name, start)
+    ex_b = _explainer(model_b, comp_rules, output_name, start)
+    batch = load_inputs(inputs_path, ex_a.inputs)
+    _targets(targets, len(batch))
+    arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
+    rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size)
+    rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size)
+    base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a)
+    cur = rg.Result(rel_b, outs_b[ex_b.explained_output], used, batch.names, outs_b)
+    comp = rg.compare(base, cur, th)
+    context = dict(command="diff", model=str(model_b), model_a=str(model_a), model_b=str(model_b),
+                   inputs=str(inputs_path), composite=comp_rules.name, start=start,
+                   explained_output=ex_a.explained_output, config=config_used,
+                   model_sha256=dict(a=rg.sha256_file(model_a), b=rg.sha256_file(model_b)))
+    click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
+               + (f", thresholds from {config_used}" if config_used else ""))
+    code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, batch.arrays, ex_b, max_rows,
+                   "onnx-lrp diff", time.perf_counter() - t0)
+    raise SystemExit(code)
+
+
+__all__ = ["snapshot", "check", "diff", "threshold_options"]

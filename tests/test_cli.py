@@ -1,0 +1,547 @@
+"""The installed ``onnx-lrp`` command, run as a subprocess, checked against the Python API.
+
+Bad inputs run in-process through click's CliRunner (the same ``main`` as the entry point; a few also run as
+a subprocess to show the installed command behaves the same): each exits 2 with one line on stderr and leaves
+no file behind.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+
+import onnx_lrp
+from onnx_lrp.cli import heatmap as hm
+from onnx_lrp.cli.io import AtomicOutputs, OutputError
+from onnx_lrp.cli.main import main
+from onnx_lrp.rules.composite import builtin_names, load_composite
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+DIGITS = MODELS / "digits_cnn.onnx"
+SAMPLES = MODELS / "samples"
+CLI = Path(sys.executable).parent / ("onnx-lrp.exe" if os.name == "nt" else "onnx-lrp")
+RELU_TENSOR = "/classifier/classifier.2/Relu_output_0"
+
+
+def run(*args, cwd=None, expect=0):
+    """Run the installed entry point; check its exit code."""
+    assert CLI.exists(), f"{CLI} missing: install the project (pip install -e .) into this interpreter's venv"
+    proc = subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert proc.returncode == expect, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def api(composite="epsilon-plus-flat", **kw):
+    return onnx_lrp.Explainer(str(DIGITS), composite=composite, **kw)
+
+
+def close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- explain
+def test_explain_npy_batch_npz_and_heatmap(tmp_path):
+    x = np.load(SAMPLES / "batch.npy")
+    out, heat = tmp_path / "rel.npz", tmp_path / "heat.png"
+    p = run("explain", DIGITS, SAMPLES / "batch.npy", "-o", out, "--heatmap", heat, "--heatmap-style", "heatmap",
+            "--device", "auto")
+    assert "--device auto: using cpu" in p.stderr or "--device auto: using cuda" in p.stderr
+    res = api().explain(x)
+    with np.load(out, allow_pickle=False) as z:
+        assert sorted(z.files) == ["items", "outputs", "outputs/logits", "outputs/probabilities", "relevance",
+                                   "targets"]
+        close(z["relevance"], res.relevance)
+        close(z["outputs"], res.outputs["logits"])
+        close(z["outputs/probabilities"], res.outputs["probabilities"])
+        assert z["targets"].tolist() == res.target.tolist() == res.outputs["logits"].argmax(1).tolist()
+        assert z["items"].tolist() == [f"batch.npy[{i}]" for i in range(10)]
+    # the summary: one row per item with predicted class, target, output value and relevance sum
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("batch.npy[")]
+    assert len(rows) == 10
+    for i, row in enumerate(rows):
+        logits = res.outputs["logits"][i]
+        assert int(row[1]) == logits.argmax() and int(row[2]) == res.target[i]
+        assert float(row[3]) == pytest.approx(logits[res.target[i]], rel=1e-5)
+        assert float(row[4]) == pytest.approx(res.relevance[i].sum(), rel=1e-4, abs=1e-5)
+    assert "explained in" in p.stdout
+    # the heatmap: 10 tiles of 16x16 enlarged 8x, in one row; the most relevant pixel is the reddest one
+    im = np.asarray(Image.open(heat).convert("RGB"))
+    s = hm.tile_scale(16, 16)
+    assert s == 8 and im.shape == (4 + 128 + 4, 4 + 10 * (128 + 4), 3)
+    maps = res.relevance.sum(axis=1)
+    for i in range(10):
+        x0, y0, x1, y1 = hm.cell_box(i, 10, 16, 16, style="heatmap")
+        block = im[y0:y1:s, x0:x1:s].astype(int)
+        hot = np.unravel_index(np.argmax(maps[i]), (16, 16))
+        assert block[hot].tolist() == [255, 0, 0]  # colour map end point: +max is pure red
+        redness = block[..., 0] - (block[..., 1] + block[..., 2]) / 2
+        assert np.unravel_index(np.argmax(redness), (16, 16)) == hot
+        cold = np.unravel_index(np.argmin(maps[i]), (16, 16))
+        expect = hm.apply_cmap(np.array([0.5 + 0.5 * maps[i][cold] / np.abs(maps[i]).max()]), "bwr")[0]
+        assert np.abs(block[cold] - expect).max() <= 1
+
+
+def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
+    png = SAMPLES / "png" / "digit_3.png"
+    heat = tmp_path / "h.png"
+    p = run("explain", DIGITS, png, "-o", tmp_path / "r.npy", "--heatmap", heat, "--composite",
+            "epsilon-gamma-box", "--json", "--target", "5")
+    summary = json.loads(p.stdout)
+    # the PNG holds exactly the .npy sample * 255; --mean 0 --std 1 (defaults) -> ZBox low 0, high 1
+    assert "ZBox bounds from --mean/--std: low [0.0], high [1.0]" in p.stderr
+    x = np.load(SAMPLES / "npy" / "digit_3.npy")
+    np.testing.assert_array_equal(np.asarray(Image.open(png), np.float32)[None] / 255, x)
+    res = api("epsilon-gamma-box", low=0.0, high=1.0).explain(x, target=5)
+    rel = np.load(tmp_path / "r.npy", allow_pickle=False)
+    assert rel.shape == (1, 1, 16, 16)
+    close(rel, res.relevance)
+    default_box = api("epsilon-gamma-box").explain(x, target=5).relevance  # low -3, high 3: not what ran
+    assert np.abs(default_box - rel).max() > 1e-3
+    (item,) = summary["items"]
+    assert item == dict(item="digit_3.png", predicted=int(res.outputs["logits"][0].argmax()), target=5,
+                        output=pytest.approx(float(res.outputs["logits"][0, 5]), rel=1e-5),
+                        relevance_sum=pytest.approx(float(res.relevance.sum()), rel=1e-4, abs=1e-5))
+    assert summary["composite"] == "epsilon-gamma-box" and summary["device"] == "cpu"
+    assert summary["heatmap_file"] == str(heat) and summary["explain_s"] >= 0
+    # beside: the grey input (enlarged 8x) left of its heatmap
+    im = np.asarray(Image.open(heat).convert("RGB"))
+    assert im.shape == (4 + 128 + 4, 4 + 2 * 128 + 4 + 4, 3)
+    left = im[4:132:8, 4:132:8]
+    np.testing.assert_array_equal(left, np.repeat(np.asarray(Image.open(png))[..., None], 3, axis=2))
+    x0, y0, x1, y1 = hm.cell_box(0, 1, 16, 16, style="beside")
+    np.testing.assert_array_equal(im[y0:y1:8, x0:x1:8], hm.colorize(res.relevance[0].sum(0), "bwr"))
+
+
+def test_explain_directories_default_output_and_batches(tmp_path):
+    # a directory of .npy files, in sorted order, 3 per run; the output lands next to the directory by default
+    d = tmp_path / "digits"
+    d.mkdir()
+    for k in (7, 2, 9, 0):
+        (d / f"d{k}.npy").write_bytes((SAMPLES / "npy" / f"digit_{k}.npy").read_bytes())
+    (d / "notes.txt").write_text("ignored")
+    run("explain", DIGITS, d, "--batch-size", "3", "--target", "7,2,9,0", "--start", "one-hot", cwd=tmp_path)
+    out = tmp_path / "digits.relevance.npz"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits", "digits.relevance.npz"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not the temporary file's 0600
+    x = np.concatenate([np.load(SAMPLES / "npy" / f"digit_{k}.npy")[None] for k in (0, 2, 7, 9)])
+    res = api(start="one-hot").explain(x, target=[7, 2, 9, 0])
+    with np.load(out) as z:
+        assert z["items"].tolist() == ["d0.npy", "d2.npy", "d7.npy", "d9.npy"]
+        assert z["targets"].tolist() == [7, 2, 9, 0]
+        close(z["relevance"], res.relevance)
+    # a directory of PNGs gives the relevance of the same pixels as arrays
+    p = run("explain", DIGITS, SAMPLES / "png", "-o", tmp_path / "png.npz", "--json")
+    res = api().explain(np.load(SAMPLES / "batch.npy"))
+    with np.load(tmp_path / "png.npz") as z:
+        assert z["items"].tolist() == [f"digit_{k}.png" for k in range(10)]
+        close(z["relevance"], res.relevance)
+    assert [it["predicted"] for it in json.loads(p.stdout)["items"]] == list(range(10))
+
+
+def test_explain_output_relevance_at_and_rule_parameters(tmp_path):
+    out = tmp_path / "e.npz"
+    run("explain", DIGITS, SAMPLES / "batch.npy", "-o", out, "--output", "probabilities", "--relevance-at",
+        RELU_TENSOR, "--composite", "epsilon-alpha2-beta1", "--alpha", "3", "--epsilon", "0.01", "--target", "4")
+    x = np.load(SAMPLES / "batch.npy")
+    res = api("epsilon-alpha2-beta1", alpha=3.0, beta=2.0, epsilon=0.01, output="probabilities",
+              relevance_at=(RELU_TENSOR,)).explain(x, target=4)
+    other = api("epsilon-alpha2-beta1").explain(x, target=4)
+    with np.load(out) as z:
+        close(z["relevance"], res.relevance)
+        close(z[f"relevance_at/{RELU_TENSOR}"], res.relevance_at[RELU_TENSOR])
+        close(z["outputs"], res.outputs["probabilities"])  # the explained output: probabilities
+        assert z["targets"].tolist() == [4] * 10
+        assert np.abs(z["relevance"] - other.relevance).max() > 1e-3  # the parameters changed the result
+
+
+def _two_input_model(path):
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=(7, 5)).astype(np.float32), rng.normal(size=(5, 3)).astype(np.float32)
+    nodes = [helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+             helper.make_node("Gemm", ["ab", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hr"]),
+             helper.make_node("Gemm", ["hr", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 4]),
+                                             helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, path)
+
+
+def test_explain_npz_one_array_per_input(tmp_path):
+    _two_input_model(tmp_path / "two.onnx")
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 3)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", b=b, a=a)
+    run("explain", tmp_path / "two.onnx", tmp_path / "in.npz", "--composite", "epsilon", cwd=tmp_path)
+    res = onnx_lrp.Explainer(str(tmp_path / "two.onnx"), composite="epsilon").explain({"a": a, "b": b})
+    with np.load(tmp_path / "in.relevance.npz") as z:  # default output: next to the input
+        close(z["relevance/a"], res.relevance["a"])
+        close(z["relevance/b"], res.relevance["b"])
+        # LRP-epsilon without biases conserves the explained logit
+        total = z["relevance/a"].sum(1) + z["relevance/b"].sum(1)
+        np.testing.assert_allclose(total, res.outputs["y"].max(1), rtol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------- rewrite
+def test_rewrite_runs_in_plain_onnxruntime_without_onnx_lrp(tmp_path):
+    out = tmp_path / "digits.lrp.onnx"
+    p = run("rewrite", DIGITS, "-o", out, "--composite", "epsilon-gamma-box", "--low", "0", "--high", "1")
+    assert "lrp/relevance/image" in p.stdout
+    x = np.load(SAMPLES / "batch.npy")
+    np.save(tmp_path / "x.npy", x)
+    code = textwrap.dedent("""
+        import sys, importlib.abc
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "onnx_lrp":
+                    raise ImportError("onnx_lrp is blocked in this test")
+        sys.meta_path.insert(0, Block())
+        import numpy as np, onnxruntime as ort
+        sess = ort.InferenceSession("digits.lrp.onnx", providers=["CPUExecutionProvider"])
+        x = np.load("x.npy")
+        rel, used = sess.run(["lrp/relevance/image", "lrp/target_used"],
+                             {"image": x, "lrp/target": np.full(len(x), 3, np.int64), "lrp/one_hot": np.array(True)})
+        rel0, used0 = sess.run(["lrp/relevance/image", "lrp/target_used"], {"image": x})
+        np.savez("ort.npz", rel=rel, used=used, rel0=rel0, used0=used0)
+        try:
+            import onnx_lrp
+        except ImportError:
+            print("onnx_lrp not importable", sorted(m for m in sys.modules if m.startswith("onnx_lrp")))
+    """)
+    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "onnx_lrp not importable []"
+    ex = api("epsilon-gamma-box", low=0.0, high=1.0)
+    with np.load(tmp_path / "ort.npz") as z:
+        assert z["used"].tolist() == [3] * 10
+        close(z["rel"], ex.explain(x, target=3, start="one-hot").relevance)
+        assert z["used0"].tolist() == list(range(10))  # defaults: arg-max target, start at the logit
+        close(z["rel0"], ex.explain(x).relevance)
+    # only standard ONNX domains: nothing of onnx-lrp is needed to run it
+    assert {o.domain for o in onnx.load(out).opset_import} <= {"", "ai.onnx"}
+
+
+# ------------------------------------------------------------------------------------------- inspect
+def _unsupported_model(path):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["h"]), helper.make_node("LpNormalization", ["h"], ["hn"]),
+             helper.make_node("Gemm", ["hn", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "unsup", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                              [numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w1"),
+                               numpy_helper.from_array(rng.normal(size=(3, 2)).astype(np.float32), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, path)
+
+
+def test_inspect_lists_every_node_with_its_rule(tmp_path):
+    from onnx_lrp import loader, rewriter
+
+    p = run("inspect", DIGITS, "--composite", "epsilon-gamma-box")
+    plan = rewriter.plan(loader.load(str(DIGITS)), load_composite("epsilon-gamma-box"))
+    rows = rewriter.describe(plan)
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:6] == ["node", "op", "role", "kind", "rule", "status"]
+    body = [line.split() for line in lines[1:-1]]
+    assert [(r[0], r[1], r[2], r[4]) for r in body] == [(r["name"], r["op_type"], r["role"], r["rule"])
+                                                       for r in rows]
+    assert [r[4] for r in body if r[1] == "Conv"] == ["zbox", "gamma", "gamma"]
+    assert lines[-1] == f"coverage: {len(rows) - 1}/{len(rows) - 1} nodes on the path to 'logits' supported " \
+                        "with composite epsilon-gamma-box"  # the Softmax is off the path to the logits
+    # the tensors listed are the names --relevance-at takes
+    assert RELU_TENSOR in p.stdout
+    j = json.loads(run("inspect", DIGITS, "--json").stdout)
+    assert j["coverage"] == dict(supported=12, on_path=12, nodes=13, unsupported=[])
+
+    _unsupported_model(tmp_path / "bad.onnx")
+    p = run("inspect", tmp_path / "bad.onnx", expect=1)
+    bad = [line for line in p.stdout.splitlines() if "UNSUPPORTED" in line]
+    assert len(bad) == 1 and "LpNormalization" in bad[0]
+    assert p.stdout.splitlines()[-1].startswith("coverage: 2/3 nodes")
+    assert p.stderr.count("\n") == 1 and "1 unsupported node(s)" in p.stderr
+    # explaining it is bad input (exit 2), not a failed check
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    p = run("explain", tmp_path / "bad.onnx", tmp_path / "x.npy", expect=2)
+    assert "LpNormalization" in p.stderr and p.stderr.count("\n") == 1
+    assert not (tmp_path / "x.relevance.npy").exists()
+
+
+def test_composites_lists_every_builtin():
+    p = run("composites")
+    for name in builtin_names():
+        comp = load_composite(name)
+        header = f"{comp.name}: {comp.description}" if comp.description else comp.name
+        assert header in p.stdout.splitlines()
+        for line in comp.describe():
+            assert f"  {line}" in p.stdout.splitlines()
+    assert "first_linear=True, kind=convolution -> zbox(low=-3.0, high=3.0, stabilizer=1e-06)" in p.stdout
+
+
+def test_help_and_version():
+    text = " ".join(run("explain", "--help").stdout.split())
+    for opt in ("--composite", "--target", "--output", "--epsilon", "--gamma", "--low", "--high", "--alpha",
+                "--beta", "--start", "--device", "--batch-size", "--relevance-at", "--heatmap", "--cmap", "--size",
+                "--mean", "--std", "--json", "[default: 0]", "[default: 1]", "low = (0 - mean) / std"):
+        assert opt in text, opt
+    assert onnx_lrp.__version__ in run("--version").stdout
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def _pickled(path):
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _files(d: Path):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+BAD = {
+    # name: (setup(tmp) -> args, part of the message)
+    "missing model": (lambda t: ["explain", t / "nope.onnx", SAMPLES / "batch.npy", "-o", t / "o.npy"],
+                      "nope.onnx not found"),
+    "empty model": (lambda t: [_write(t / "m.onnx", b""), "explain", t / "m.onnx", SAMPLES / "batch.npy", "-o",
+                               t / "o.npy"][1:], "is empty"),
+    "truncated model": (lambda t: [_write(t / "m.onnx", DIGITS.read_bytes()[:5000]), "explain", t / "m.onnx",
+                                   SAMPLES / "batch.npy", "-o", t / "o.npy"][1:], "not a valid ONNX model"),
+    "garbage model": (lambda t: [_write(t / "m.onnx", os.urandom(3000)), "inspect", t / "m.onnx"][1:],
+                      "not a valid ONNX model"),
+    "missing input": (lambda t: ["explain", DIGITS, t / "nope.npy", "-o", t / "o.npy"], "nope.npy not found"),
+    "empty npy": (lambda t: [_write(t / "x.npy", b""), "explain", DIGITS, t / "x.npy", "-o", t / "o.npy"][1:],
+                  "is empty"),
+    "truncated npy": (lambda t: [_write(t / "x.npy", (SAMPLES / "batch.npy").read_bytes()[:300]), "explain",
+                                 DIGITS, t / "x.npy", "-o", t / "o.npy"][1:], "not a valid .npy"),
+    "pickled npy": (lambda t: [_pickled(t / "x.npy"), "explain", DIGITS, t / "x.npy", "-o", t / "o.npy"][1:],
+                    "pickled Python objects, which are never loaded"),
+    "garbage image": (lambda t: [_write(t / "x.png", b"not a png"), "explain", DIGITS, t / "x.png", "-o",
+                                 t / "o.npy"][1:], "not a readable image"),
+    "unknown input type": (lambda t: [_write(t / "x.csv", b"1,2"), "explain", DIGITS, t / "x.csv"][1:],
+                           "unknown type .csv"),
+    "empty directory": (lambda t: [(t / "d").mkdir(), "explain", DIGITS, t / "d", "-o", t / "o.npz"][1:],
+                        "holds no .npy"),
+    "wrong rank": (lambda t: [np.save(t / "x.npy", np.zeros((2, 1, 1, 16, 16), np.float32)), "explain", DIGITS,
+                              t / "x.npy", "-o", t / "o.npy"][1:], "wants rank 4"),
+    "wrong shape": (lambda t: [np.save(t / "x.npy", np.zeros((2, 1, 8, 8), np.float32)), "explain", DIGITS,
+                               t / "x.npy", "-o", t / "o.npy"][1:], "the model wants Nx1x16x16"),
+    "wrong dtype": (lambda t: [np.save(t / "x.npy", np.zeros((2, 1, 16, 16), np.int64)), "explain", DIGITS,
+                               t / "x.npy", "-o", t / "o.npy"][1:], "dtype int64"),
+    "string dtype": (lambda t: [np.save(t / "x.npy", np.array(["a", "b"])), "explain", DIGITS, t / "x.npy", "-o",
+                                t / "o.npy"][1:], "give a numeric array"),
+    "nan input": (lambda t: [np.save(t / "x.npy", np.full((1, 1, 16, 16), np.nan, np.float32)), "explain",
+                             DIGITS, t / "x.npy", "-o", t / "o.npy"][1:], "NaN or Inf"),
+    "npz wrong names": (lambda t: [np.savez(t / "x.npz", a=np.zeros(3), b=np.zeros(3)), "explain", DIGITS,
+                                   t / "x.npz", "-o", t / "o.npz"][1:], "the model's inputs are image"),
+    "unknown composite": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--composite", "magic", "-o",
+                                     t / "o.npy"], "unknown composite 'magic'"),
+    "bad composite file": (lambda t: [_write(t / "c.toml", b"rules = [[["), "explain", DIGITS, SAMPLES / "batch.npy",
+                                      "--composite", t / "c.toml", "-o", t / "o.npy"][1:], "not valid TOML"),
+    "negative gamma": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--composite", "epsilon-gamma-box",
+                                  "--gamma", "-1", "-o", t / "o.npy"], "gamma >= 0"),
+    "alpha minus beta": (lambda t: ["rewrite", DIGITS, "--composite", "epsilon-alpha2-beta1", "--alpha", "2",
+                                    "--beta", "2", "-o", t / "o.onnx"], "alpha - beta = 1"),
+    "low above high": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--composite", "epsilon-gamma-box",
+                                  "--low", "2", "--high", "1", "-o", t / "o.npy"], "low <= high"),
+    "parameter no rule takes": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--gamma", "0.5", "-o",
+                                           t / "o.npy"], "no rule with parameter gamma"),
+    "non-numeric epsilon": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--epsilon", "tiny", "-o",
+                                       t / "o.npy"], "'tiny' is not a valid float"),
+    "target out of range": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--target", "10", "-o",
+                                       t / "o.npy"], "out of range"),
+    "target count": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--target", "1,2", "-o", t / "o.npy"],
+                     "2 classes for 10 item(s)"),
+    "target text": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--target", "cat", "-o", t / "o.npy"],
+                    "--target 'cat'"),
+    "unknown output": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--output", "scores", "-o",
+                                  t / "o.npy"], "no output 'scores'"),
+    "unknown tensor": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--relevance-at", "nothing", "-o",
+                                  t / "o.npz"], "no tensor named nothing"),
+    "bad size": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--size", "big", "-o",
+                            t / "o.npy"], "--size 'big'"),
+    "mean per channel": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--mean", "0.5,0.5", "-o",
+                                    t / "o.npy"], "--mean has 2 values"),
+    "output directory missing": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "no" / "o.npy"],
+                                 "does not exist"),
+    "output parent is a file": (lambda t: [_write(t / "f", b"x"), "explain", DIGITS, SAMPLES / "batch.npy", "-o",
+                                           t / "f" / "o.npy"][1:], "is a file, not a directory"),
+    "output is a directory": (lambda t: [(t / "o.npy").mkdir(), "explain", DIGITS, SAMPLES / "batch.npy", "-o",
+                                         t / "o.npy"][1:], "it is a directory"),
+    "heatmap directory missing": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.npy",
+                                             "--heatmap", t / "no" / "h.png"], "does not exist"),
+    "heatmap not png": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.npy", "--heatmap",
+                                   t / "h.jpg"], "give a .png"),
+    "output suffix": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.txt"], ".npy or .npz"),
+    "output is the input": (lambda t: [_write(t / "x.npy", (SAMPLES / "batch.npy").read_bytes()), "explain",
+                                       DIGITS, t / "x.npy", "-o", t / "x.npy"][1:], "is the input"),
+    "rewrite into missing directory": (lambda t: ["rewrite", DIGITS, "-o", t / "no" / "m.onnx"], "does not exist"),
+    "unknown option": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--frobnicate"],
+                       "No such option '--frobnicate'"),
+    "unknown device": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--device", "tpu"], "'tpu' is not one"),
+}
+
+
+def _write(path, data):
+    Path(path).write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_exits_2_with_one_line_and_no_file(case, tmp_path):
+    setup, message = BAD[case]
+    args = [str(a) for a in setup(tmp_path)]
+    before = _files(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, (result.exit_code, result.output, result.stderr)
+    assert result.stdout == ""
+    err = result.stderr
+    assert err.count("\n") == 1 and err.startswith("onnx-lrp: error: "), err
+    assert "Traceback" not in err and message in err, err
+    assert _files(tmp_path) == before  # nothing written, not even a temporary file
+
+
+def test_bad_input_through_the_installed_command(tmp_path):
+    _pickled(tmp_path / "x.npy")
+    (tmp_path / "old.npy").write_bytes(b"precious")
+    for args, message in [(["explain", DIGITS, tmp_path / "x.npy", "-o", tmp_path / "old.npy"], "pickled"),
+                          (["explain", DIGITS, SAMPLES / "batch.npy", "-o", tmp_path / "old.npy", "--target", "12"],
+                           "out of range"),
+                          (["explain", DIGITS, SAMPLES / "batch.npy", "-o", tmp_path / "x.npy" / "o.npy"],
+                           "is a file")]:
+        p = run(*args, expect=2)
+        assert p.stdout == "" and p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
+    # a failed run never clobbers an existing output and leaves no temporary file
+    assert (tmp_path / "old.npy").read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.npy", "x.npy"]
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        result = CliRunner().invoke(main, ["explain", str(DIGITS), str(SAMPLES / "batch.npy"), "-o",
+                                           str(ro / "o.npy")])
+        assert result.exit_code == 2 and "not writable" in result.stderr
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_device_cuda_without_cuda_is_a_clear_error(tmp_path):
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA is available here")
+    p = run("explain", DIGITS, SAMPLES / "batch.npy", "--device", "cuda", "-o", tmp_path / "o.npy", expect=2)
+    assert "CUDA was asked for" in p.stderr and "--device cpu" in p.stderr and p.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_outputs_commit_all_or_nothing(tmp_path):
+    a, b = tmp_path / "a.npy", tmp_path / "b.png"
+    a.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with AtomicOutputs() as w:
+            w.save_npy(a, np.arange(3))
+            w.write(b, lambda f: (f.write(b"half"), (_ for _ in ()).throw(RuntimeError("disk full"))))
+    assert a.read_bytes() == b"old" and not b.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]  # no temporary files left
+    with pytest.raises(OutputError, match="does not exist"):
+        with AtomicOutputs() as w:
+            w.save_npy(a, np.arange(3))
+            w.save_npy(tmp_path / "missing" / "c.npy", np.arange(3))
+    assert a.read_bytes() == b"old"
+    with AtomicOutputs() as w:
+        w.save_npy(a, np.arange(3))
+        w.write_bytes(b, b"png")
+    assert np.load(a).tolist() == [0, 1, 2] and b.read_bytes() == b"png"
+
+
+def _nhwc_model(path):
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["xt", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "nhwc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 8, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b"),
+                               numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, path)
+
+
+def test_rgb_image_for_an_nhwc_model_with_per_channel_normalisation(tmp_path):
+    _nhwc_model(tmp_path / "m.onnx")
+    pixels = np.random.default_rng(3).integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    Image.fromarray(pixels, mode="RGB").save(tmp_path / "img.png")
+    mean, std = np.array([0.5, 0.4, 0.3], np.float32), np.array([0.2, 0.25, 0.3], np.float32)
+    result = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "img.png"), "--mean",
+                                       "0.5,0.4,0.3", "--std", "0.2,0.25,0.3", "--composite", "epsilon-gamma-box",
+                                       "-o", str(tmp_path / "r.npy"), "--heatmap", str(tmp_path / "h.png")])
+    assert result.exit_code == 0, result.stderr
+    x = ((pixels.astype(np.float32) / 255 - mean) / std)[None]  # NHWC, as the model declares
+    ex = onnx_lrp.Explainer(str(tmp_path / "m.onnx"), composite="epsilon-gamma-box",
+                            low=((0 - mean) / std).reshape(3, 1, 1), high=((1 - mean) / std).reshape(3, 1, 1))
+    res = ex.explain(x)
+    rel = np.load(tmp_path / "r.npy")
+    assert rel.shape == (1, 8, 8, 3)
+    close(rel, res.relevance)
+    # the heatmap sums the channels-last axis and shows the RGB input beside it
+    im = np.asarray(Image.open(tmp_path / "h.png").convert("RGB"))
+    s = hm.tile_scale(8, 8)
+    np.testing.assert_array_equal(im[4:4 + 8 * s:s, 4:4 + 8 * s:s], pixels)
+    x0, y0, x1, y1 = hm.cell_box(0, 1, 8, 8, style="beside")
+    np.testing.assert_array_equal(im[y0:y1:s, x0:x1:s], hm.colorize(res.relevance[0].sum(-1), "bwr"))
+
+
+def test_progress_bar_only_when_it_takes_long(tmp_path, monkeypatch):
+    from onnx_lrp.cli import explain as explain_module
+
+    args = ["explain", str(DIGITS), str(SAMPLES / "png"), "--batch-size", "4", "-o", str(tmp_path / "r.npz")]
+    quick = CliRunner().invoke(main, args)
+    assert quick.exit_code == 0 and "explaining" not in quick.stderr
+    monkeypatch.setattr(explain_module, "PROGRESS_AFTER_S", -1.0)  # as if every batch took long
+    slow = CliRunner().invoke(main, args)
+    assert slow.exit_code == 0 and "explaining" in slow.stderr and "explaining" not in slow.stdout
+    with np.load(tmp_path / "r.npz") as z:  # 3 runs of 4, 4 and 2 items give the same as one run
+        close(z["relevance"], api().explain(np.load(SAMPLES / "batch.npy")).relevance)
+
+
+# ------------------------------------------------------------------------------------------- demo model
+def test_shipped_model_accuracy_matches_the_readmes():
+    meta = json.loads((MODELS / "digits_cnn.json").read_text())
+    with np.load(MODELS / "digits_heldout.npz") as z:
+        x, y = z["images"].astype(np.float32) / 255, z["labels"]
+    sess = ort.InferenceSession(str(DIGITS), providers=["CPUExecutionProvider"])
+    logits, probs = sess.run(["logits", "probabilities"], {"image": x})
+    correct = int((logits.argmax(1) == y).sum())
+    assert (correct, len(y)) == (meta["heldout_correct"], meta["heldout_total"]) and correct / len(y) > 0.95
+    np.testing.assert_allclose(probs.sum(1), 1, rtol=1e-5)
+    stated = f"{correct}/{len(y)}"
+    assert stated in (MODELS / "README.md").read_text() and stated in (ROOT / "README.md").read_text()
+    assert DIGITS.stat().st_size < 500_000
+    assert {o.domain for o in onnx.load(DIGITS).opset_import} <= {"", "ai.onnx"}
+    assert onnx.load(DIGITS).opset_import[0].version == 17
+    # the shipped samples are held-out images the model classifies correctly, PNG and .npy alike
+    batch = np.load(SAMPLES / "batch.npy")
+    assert sess.run(["logits"], {"image": batch})[0].argmax(1).tolist() == list(range(10))
+    for k in range(10):
+        png = np.asarray(Image.open(SAMPLES / "png" / f"digit_{k}.png"), np.float32) / 255
+        np.testing.assert_array_equal(png[None], np.load(SAMPLES / "npy" / f"digit_{k}.npy"))
+        np.testing.assert_array_equal(batch[k], png[None])
