@@ -15,7 +15,7 @@ import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
-from . import canonize
+from . import canonize, deployed
 from .errors import ModelError
 
 MIN_OPSET = 17
@@ -54,8 +54,9 @@ def read_proto(source) -> onnx.ModelProto:
                          "not an ONNX file") from None
     try:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"model file {path}: its external data cannot be read ({exc}); keep the data files "
+    except Exception as exc:  # OSError, ValueError, onnx.checker.ValidationError (a missing data file)
+        raise ModelError(f"model file {path}: its external data cannot be read "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); keep the data files "
                          "beside the model") from None
     return proto
 
@@ -182,10 +183,51 @@ def load(source, name: str | None = None) -> ir.Model:
     graph = model.graph
     _name_everything(graph)
     fold_constants(model)
+    deployed.canonize(model)  # deployed forms: Q/DQ, dynamic quant, float16, ORT fused ops
     canonize.canonize(model)
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
+    refresh_shapes(model)
     return model
+
+
+def _incomplete(v: ir.Value) -> bool:
+    return v.shape is None or any(not isinstance(d, int) for d in v.shape)
+
+
+def refresh_shapes(model: ir.Model) -> int:
+    """Re-run shape inference after folding: shapes computed by folded subgraphs (e.g. a Reshape whose target
+    shape came from Shape/Gather/Concat) are static now. Only values whose shape was unknown or symbolic change."""
+    todo = {o.name: o for n in model.graph for o in n.outputs if o.name and _incomplete(o)}
+    if not todo:
+        return 0
+    proto = ir.serde.serialize_model(model)
+    # large parameters only matter by their type and shape: pass them as typed inputs, not as data
+    keep = []
+    for init in proto.graph.initializer:
+        if int(np.prod(init.dims)) > 4096:
+            proto.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            keep.append(init)
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(keep)
+    try:
+        proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        return 0
+    changed = 0
+    for vi in list(proto.graph.value_info) + list(proto.graph.output):
+        v = todo.get(vi.name)
+        if v is None or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in
+                vi.type.tensor_type.shape.dim]
+        if v.shape is not None and len(v.shape) == len(dims) and sum(isinstance(d, int) for d in dims) <= sum(
+                isinstance(d, int) for d in v.shape):
+            continue
+        v.shape = ir.Shape(dims)
+        changed += 1
+    return changed
 
 
 def min_ir_version(model_proto: onnx.ModelProto) -> int:

@@ -1,0 +1,276 @@
+"""Regression checks: metrics against independent formulas, the snapshot format, and the `snapshot` / `check` /
+`diff` commands run as subprocesses of the installed entry point (exit codes 0 / 1 / 2, JSON and JUnit reports)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import onnx_lrp
+from onnx_lrp import regression as rg
+from onnx_lrp.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "models" / "digits_cnn.onnx"
+SAMPLES = ROOT / "models" / "samples" / "batch.npy"
+CLI = Path(sys.executable).with_name("onnx-lrp")
+logging.getLogger().setLevel(logging.ERROR)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def test_rankdata_average_ties_brute_force():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 5, 40).astype(float)  # many ties
+    # brute force: rank = 1 + #smaller + (#equal - 1) / 2
+    want = np.array([1 + np.sum(a < v) + (np.sum(a == v) - 1) / 2 for v in a])
+    np.testing.assert_array_equal(rg.rankdata(a), want)
+
+
+def test_spearman_matches_textbook_formula_without_ties():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal(50), rng.standard_normal(50)
+    d = np.argsort(np.argsort(a)) - np.argsort(np.argsort(b))
+    n = a.size
+    assert rg.spearman(a, b) == pytest.approx(1 - 6 * np.sum(d ** 2) / (n * (n * n - 1)), abs=1e-12)
+    assert rg.spearman(a, np.exp(a)) == pytest.approx(1.0)  # monotone transform
+    assert rg.spearman(a, -a) == pytest.approx(-1.0)
+
+
+def test_cosine_rel_l2_topk_iou_output_diff():
+    a = np.array([3.0, 1.0, 0.0, -2.0, 5.0, 4.0, 0.5, 0.2, 0.1, 0.0])
+    b = a.copy()
+    b[4], b[1] = b[1], b[4]  # swap the largest with a small one
+    assert rg.cosine(a, 2 * a) == pytest.approx(1.0) and rg.cosine(a, -a) == pytest.approx(-1.0)
+    assert rg.cosine(a, b) == pytest.approx(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    assert rg.rel_l2(a, 1.1 * a) == pytest.approx(0.1)
+    # top 20 % = 2 features: {4, 5} vs {1, 5}: IoU 1/3
+    assert rg.topk_iou(a, b, 20) == pytest.approx(1 / 3)
+    assert rg.topk_iou(a, a, 20) == 1.0
+    assert rg.output_diff(np.array([10.0, -2.0]), np.array([10.5, -2.0])) == pytest.approx(0.05)
+    m = rg.sample_metrics(a, np.full_like(a, np.nan), a, a, 10)
+    assert np.isnan(m["cosine"]) and "cosine is not finite" in rg.failures(m, rg.DEFAULT_THRESHOLDS)
+    # degenerate vectors
+    z = np.zeros(4)
+    assert rg.cosine(z, z) == 1.0 and rg.spearman(z, z) == 1.0 and rg.rel_l2(z, z) == 0.0
+    assert rg.cosine(z, np.ones(4)) == 0.0 and rg.rel_l2(z, np.ones(4)) == np.inf
+
+
+def test_failures_respect_directions_and_off():
+    m = dict(output_diff=0.05, cosine=0.9, rel_l2=0.2, spearman=0.99, topk_iou=0.9)
+    th = rg.Thresholds(max_output_diff=0.01, min_cosine=0.95, max_rel_l2=0.1, min_spearman=0.9, min_topk_iou=0.8)
+    got = rg.failures(m, th)
+    assert [f.split()[0] for f in got] == ["output_diff", "cosine", "rel_l2"]
+    assert rg.failures(m, th.replace(max_output_diff=None, min_cosine=None, max_rel_l2=None)) == []
+
+
+def test_thresholds_defaults_config_and_overrides(tmp_path):
+    th, used = rg.load_thresholds(cwd=tmp_path)
+    assert th == rg.DEFAULT_THRESHOLDS and used is None
+    (tmp_path / ".onnx-lrp.toml").write_text("[check]\nmin_cosine = 0.9\nmax_rel_l2 = false\ntopk_percent = 5\n")
+    th, used = rg.load_thresholds(cwd=tmp_path)
+    assert (th.min_cosine, th.max_rel_l2, th.topk_percent, used) == (0.9, None, 5.0, str(tmp_path / ".onnx-lrp.toml"))
+    th, _ = rg.load_thresholds(cwd=tmp_path, overrides=dict(min_cosine="0.8", max_rel_l2="0.3", min_spearman="off"))
+    assert (th.min_cosine, th.max_rel_l2, th.min_spearman) == (0.8, 0.3, None)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[check]\nmin_cosin = 0.9\n")
+    with pytest.raises(InputError, match="unknown key.*min_cosin"):
+        rg.load_thresholds(bad)
+    with pytest.raises(InputError, match="not a number"):
+        rg.load_thresholds(cwd=tmp_path, overrides=dict(min_cosine="high"))
+
+
+# ---------------------------------------------------------------------------------------------- snapshot
+def test_snapshot_roundtrip_plain_arrays(tmp_path):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    name, toml = rg.composite_source("epsilon-gamma-box")
+    low = np.array([0.0, -1.0, 0.5], np.float32).reshape(3, 1, 1)
+    arrays = rg.snapshot_arrays(inputs={"x": x}, targets=[1, 0, 2], outputs={"y": x[:, :3]},
+                                relevance={"x": x * 2}, model_path=SAMPLES, composite_name=name,
+                                composite_toml=toml, params={"gamma": 0.5, "low": low}, start="one-hot",
+                                output=None, explained_output="y", target_request="argmax", items=["a", "b", "c"])
+    path = tmp_path / "s.npz"
+    np.savez(path, **arrays)
+    with np.load(path, allow_pickle=False) as z:  # plain arrays only: no pickle needed
+        assert all(z[k].dtype != object for k in z.files)
+    snap = rg.read_snapshot(path)
+    assert snap.items == ["a", "b", "c"] and snap.meta["start"] == "one-hot"
+    assert snap.meta["model"]["sha256"] == rg.sha256_file(SAMPLES)
+    comp = snap.composite()
+    ref = onnx_lrp.rules.composite.load_composite("epsilon-gamma-box").with_params(gamma=0.5, low=low)
+    assert [e.match for e in comp.entries] == [e.match for e in ref.entries]
+    for e, r in zip(comp.entries, ref.entries):
+        assert type(e.rule) is type(r.rule)
+        for k, v in r.rule.params().items():
+            np.testing.assert_array_equal(np.asarray(e.rule.params()[k]), np.asarray(v))
+    np.testing.assert_array_equal(snap.relevance["x"], x * 2)
+    np.testing.assert_array_equal(snap.targets, [1, 0, 2])
+
+
+def test_read_snapshot_rejects_bad_files(tmp_path):
+    p = tmp_path / "plain.npz"
+    np.savez(p, a=np.zeros(3))
+    with pytest.raises(InputError, match="not an onnx-lrp snapshot"):
+        rg.read_snapshot(p)
+    p2 = tmp_path / "pickled.npz"
+    np.savez(p2, meta=np.array([{"format": rg.FORMAT}], dtype=object))
+    with pytest.raises(InputError, match="pickled"):
+        rg.read_snapshot(p2)
+    p3 = tmp_path / "trunc.npz"
+    p3.write_bytes(b"PK\x03\x04garbage")
+    with pytest.raises(InputError, match="not a valid .npz"):
+        rg.read_snapshot(p3)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    if not DEMO.exists():
+        pytest.skip("models/digits_cnn.onnx is missing (python models/build_digits.py)")
+    if not CLI.exists():
+        pytest.skip(f"the onnx-lrp entry point is not installed next to {sys.executable}")
+    spec = importlib.util.spec_from_file_location("bdv", ROOT / "models" / "build_deployed_variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path_factory.mktemp("variants")
+    return dict(reexport=mod.build_reexport(DEMO, out / "reexport.onnx"),
+                perturbed=mod.build_perturbed(DEMO, out / "perturbed.onnx"),
+                qdq=mod.build_qdq(DEMO, out / "qdq.onnx"))
+
+
+def run_cli(*args, cwd):
+    """The installed entry point as a subprocess (exit codes as CI sees them; ~4 s each, mostly imports)."""
+    p = subprocess.run([str(CLI), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture
+def run_here(capsys, monkeypatch):
+    """The same command group in-process (same exit-code handling, no interpreter start-up)."""
+    from onnx_lrp.cli.main import main
+
+    def run(*args, cwd):
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            main.main([str(a) for a in args], prog_name="onnx-lrp")
+        got = capsys.readouterr()
+        return exc.value.code, got.out, got.err
+    return run
+
+
+@pytest.fixture(scope="module")
+def baseline(variants, tmp_path_factory):
+    d = tmp_path_factory.mktemp("baseline")
+    code, out, err = run_cli("snapshot", DEMO, SAMPLES, "-o", d / "baseline.npz", cwd=d)
+    assert code == 0, err
+    return d / "baseline.npz"
+
+
+def _independent_metrics(model, snap):
+    """Recompute the current relevance in-process and the metrics with inline numpy (not onnx_lrp.regression)."""
+    ex = onnx_lrp.Explainer(model, composite=snap.composite(), start=snap.meta["start"])
+    res = ex.explain(snap.inputs["image"], target=snap.targets)
+    out = []
+    for i in range(len(snap.targets)):
+        a = snap.relevance["image"][i].ravel().astype(np.float64)
+        b = res.relevance[i].ravel().astype(np.float64)
+        out.append(dict(cosine=a @ b / np.linalg.norm(a) / np.linalg.norm(b),
+                        rel_l2=np.linalg.norm(b - a) / np.linalg.norm(a)))
+    return out
+
+
+def test_check_passes_for_reexported_model(variants, baseline, tmp_path):
+    code, out, err = run_cli("check", variants["reexport"], baseline, "--report-json", tmp_path / "r.json",
+                             "--junit-xml", tmp_path / "j.xml", cwd=tmp_path)
+    assert code == 0, out + err
+    assert "OK: all 10 sample(s)" in out
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["passed"] and rep["n_samples"] == 10 and rep["drifted"] == [] and rep["model_changed"]
+    assert all(s["metrics"]["cosine"] > 0.99999 for s in rep["samples"])
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "10" and suite.get("failures") == "0"
+    assert not suite.findall("testcase/failure")
+
+
+def test_check_fails_for_perturbed_layer(variants, baseline, tmp_path):
+    code, out, err = run_cli("check", variants["perturbed"], baseline, "--report-json", tmp_path / "r.json",
+                             "--junit-xml", tmp_path / "j.xml", "--heatmap-dir", tmp_path / "heat", cwd=tmp_path)
+    assert code == 1, out + err
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert not rep["passed"] and rep["drifted"]
+    for name in rep["drifted"]:
+        assert name in out.split("DRIFT:")[-1]  # the drifted samples are named on stdout
+    # the figures are the metrics of an independent in-process recomputation
+    snap = rg.read_snapshot(baseline)
+    ref = _independent_metrics(variants["perturbed"], snap)
+    for s, r in zip(rep["samples"], ref):
+        assert s["metrics"]["cosine"] == pytest.approx(r["cosine"], abs=1e-6)
+        assert s["metrics"]["rel_l2"] == pytest.approx(r["rel_l2"], rel=1e-4, abs=1e-6)
+    th = rep["thresholds"]
+    for s in rep["samples"]:
+        beyond = s["metrics"]["cosine"] < th["min_cosine"] or s["metrics"]["rel_l2"] > th["max_rel_l2"] or \
+            s["metrics"]["output_diff"] > th["max_output_diff"] or s["metrics"]["spearman"] < th["min_spearman"] \
+            or s["metrics"]["topk_iou"] < th["min_topk_iou"]
+        assert beyond == (not s["passed"])
+    # JUnit: one failure per drifted sample, carrying the figures
+    cases = ET.parse(tmp_path / "j.xml").getroot().findall("testsuite/testcase")
+    failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
+    assert sorted(failed) == sorted(rep["drifted"])
+    for name, f in failed.items():
+        s = next(x for x in rep["samples"] if x["item"] == name)
+        assert f"cosine={s['metrics']['cosine']:.4f}" in f.text
+    # heatmaps for the drifted samples only: baseline | current | difference
+    from PIL import Image
+
+    pngs = sorted((tmp_path / "heat").glob("*.png"))
+    assert len(pngs) == len(rep["drifted"])
+    with Image.open(pngs[0]) as im:
+        assert im.size[0] > 2.5 * im.size[1]
+
+
+def test_check_fails_for_quantized_model_beyond_config_thresholds(variants, baseline, tmp_path, run_here):
+    """Thresholds from .onnx-lrp.toml in the working directory: the int8 QDQ model drifts beyond them, the
+    re-exported float model does not."""
+    (tmp_path / ".onnx-lrp.toml").write_text("[check]\nmin_cosine = 0.9999\nmax_rel_l2 = 0.01\n"
+                                             "max_output_diff = 0.002\n")
+    code, out, err = run_cli("check", variants["qdq"], baseline, "--report-json", tmp_path / "q.json", cwd=tmp_path)
+    assert code == 1, out + err
+    rep = json.loads((tmp_path / "q.json").read_text())
+    assert rep["config"].endswith(".onnx-lrp.toml") and rep["thresholds"]["min_cosine"] == 0.9999
+    assert len(rep["drifted"]) >= 5
+    code, out, err = run_here("check", variants["reexport"], baseline, cwd=tmp_path)
+    assert code == 0, out + err
+    # a command-line value wins over the file: with the checks loosened, the quantized model passes
+    code, out, err = run_here("check", variants["qdq"], baseline, "--min-cosine", "0.9", "--max-rel-l2", "off",
+                             "--max-output-diff", "0.2", "--min-spearman", "0.5", "--min-topk-iou", "0.3",
+                             cwd=tmp_path)
+    assert code == 0, out + err
+
+
+def test_diff_between_model_versions(variants, tmp_path, run_here):
+    code, out, err = run_here("diff", DEMO, variants["reexport"], SAMPLES, cwd=tmp_path)
+    assert code == 0, out + err
+    code, out, err = run_cli("diff", DEMO, variants["perturbed"], SAMPLES, "--junit-xml", tmp_path / "d.xml",
+                             cwd=tmp_path)
+    assert code == 1, out + err
+    suite = ET.parse(tmp_path / "d.xml").getroot().find("testsuite")
+    assert suite.get("name") == "onnx-lrp diff" and int(suite.get("failures")) >= 1
+
+
+def test_bad_input_exits_2_with_one_line(variants, baseline, tmp_path, run_here):
+    np.savez(tmp_path / "plain.npz", a=np.zeros(2))
+    for args in (("check", DEMO, tmp_path / "plain.npz"),
+                 ("check", tmp_path / "missing.onnx", baseline),
+                 ("check", DEMO, baseline, "--min-cosine", "high"),
+                 ("snapshot", DEMO, SAMPLES, "-o", tmp_path / "x.npy")):
+        code, out, err = (run_cli if args[0] == "snapshot" else run_here)(*args, cwd=tmp_path)
+        assert code == 2, (args, out, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
