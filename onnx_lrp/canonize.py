@@ -40,6 +40,17 @@ def _new_param(graph: ir.Graph, base: str, arr: np.ndarray) -> ir.Value:
     return v
 
 
+def bypass(out: ir.Value, src: ir.Value) -> None:
+    """Let the consumers of ``out`` read ``src``; a graph output keeps its name (``src`` takes it over)."""
+    if out.is_graph_output():
+        name = out.name
+        out.name = None
+        src.name = name
+        out.replace_all_uses_with(src, replace_graph_outputs=True)
+    else:
+        out.replace_all_uses_with(src)
+
+
 def drop_identities(graph: ir.Graph) -> None:
     for node in list(graph):
         if node.op_type not in ("Identity", "Dropout") or node.domain not in ("", "ai.onnx"):
@@ -50,13 +61,7 @@ def drop_identities(graph: ir.Graph) -> None:
         if out.is_graph_output():
             if src.is_graph_input() or src.is_graph_output() or src.const_value is not None:
                 continue  # the Identity keeps two graph names apart
-            # keep the graph output's name: rename the producer's value
-            name = out.name
-            out.name = None
-            src.name = name
-            out.replace_all_uses_with(src, replace_graph_outputs=True)
-        else:
-            out.replace_all_uses_with(src)
+        bypass(out, src)
         graph.remove(node)
 
 
@@ -145,14 +150,7 @@ def fold_batchnorm(graph: ir.Graph) -> int:
         else:
             layer.resize_inputs(3)
             layer.replace_input_with(2, b_val)
-        out = bn.outputs[0]
-        if out.is_graph_output():
-            name = out.name
-            out.name = None
-            x.name = name
-            out.replace_all_uses_with(x, replace_graph_outputs=True)
-        else:
-            out.replace_all_uses_with(x)
+        bypass(bn.outputs[0], x)
         graph.remove(bn)
         folded += 1
     return folded

@@ -60,6 +60,15 @@ class _Conv(LinearOp):
     def params(self, node):
         return Params(const(node.inputs[1]), _bias_of(node, 2))
 
+    def forward(self, em, node, xs, p):
+        """The same convolution (its own attributes) on modified inputs and parameters."""
+        attrs = {k: a.value for k, a in node.attributes.items()
+                 if k in ("strides", "pads", "dilations", "group", "output_padding")}
+        inputs = [xs[0], _wconst(em, node, p, p.w, "w")]
+        if p.b is not None and np.any(p.b):
+            inputs.append(_wconst(em, node, p, p.b, "b"))
+        return em.op(node.op_type, *inputs, tag="z", **attrs)
+
     def bias_const(self, em, node, b, tag):
         nd = const(node.inputs[1]).ndim - 2
         return em.const(np.asarray(b).reshape((-1,) + (1,) * nd), tag=tag)
@@ -71,13 +80,6 @@ class Conv(_Conv):
 
     op_types = ("Conv",)
 
-    def forward(self, em, node, xs, p):
-        attrs = {k: node.attributes[k].value for k in ("strides", "pads", "dilations", "group")
-                 if k in node.attributes}
-        inputs = [xs[0], _wconst(em, node, p, p.w, "w")]
-        if p.b is not None and np.any(p.b):
-            inputs.append(_wconst(em, node, p, p.b, "b"))
-        return em.op("Conv", *inputs, tag="z", **attrs)
 
     def transpose(self, em, node, s, p):
         g = self.geometry(node)
@@ -158,13 +160,6 @@ class ConvTranspose(_Conv):
         # weight layout (Cin, Cout/g, k...): bias is per output channel
         return Params(const(node.inputs[1]), _bias_of(node, 2))
 
-    def forward(self, em, node, xs, p):
-        attrs = {k: node.attributes[k].value for k in ("strides", "pads", "dilations", "group", "output_padding")
-                 if k in node.attributes}
-        inputs = [xs[0], _wconst(em, node, p, p.w, "w")]
-        if p.b is not None and np.any(p.b):
-            inputs.append(_wconst(em, node, p, p.b, "b"))
-        return em.op("ConvTranspose", *inputs, tag="z", **attrs)
 
     def transpose(self, em, node, s, p):
         g = self.geometry(node)
