@@ -20,6 +20,9 @@ class Explanation:
     ``relevance`` has the shape of ``x`` (a dict by input name when the model has several float inputs);
     ``outputs`` holds the model's outputs by name; ``target`` the explained index per batch item (into the
     explained output flattened per item); ``relevance_at`` the relevance of tensors asked for by name.
+    For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the explained
+    position per item and ``target`` the class at that position. For integer inputs (token ids), ``relevance`` is
+    per token: the relevance at the output of their embedding lookups, summed over the embedding dimension.
     """
 
     relevance: object
@@ -27,6 +30,7 @@ class Explanation:
     target: np.ndarray
     relevance_at: dict = field(default_factory=dict)
     explained_output: str = ""
+    position: object = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Explainer:
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
         self.relevance_at = list(relevance_at)
+        y_dims = static_dims(rewriter.explained_value(graph, output, explain_logits)[0])
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
                          explain_logits=explain_logits)
         self.output_names = [o.name for o in graph.outputs
@@ -63,6 +68,11 @@ class Explainer:
         explained = [o for o in graph.outputs if o.name == rewriter.TARGET_OUTPUT]
         del explained
         self.explained_output = output or self.output_names[0]
+        produced = {o.name for o in graph.outputs}
+        self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
+        self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3
+        if rewriter.POSITION_INPUT in {v.name for v in graph.inputs} and y_dims is not None:
+            self.sequence_rows = (int(y_dims[1]), int(np.prod(y_dims[2:])))
         self.model_bytes = loader.serialize(ir_model)
         self.session = runtime.Session(self.model_bytes, self.device, threads)
         self._width = None
@@ -134,31 +144,76 @@ class Explainer:
         return self._width
 
     # ---------------------------------------------------------------------- explain
-    def explain(self, x, target=None, start: str | None = None) -> Explanation:
-        """Relevance of the inputs for ``target`` (None: arg-max per item; an int; one int per item)."""
+    def _positions(self, target, position, batch: int):
+        """For sequence outputs: (flat targets, positions) from a class target and a position (default: last)."""
+        rows, per_row = self.sequence_rows
+        if isinstance(target, tuple):
+            if position is not None or len(target) != 2:
+                raise InputError("give the target as (position, class), or as a class with position=...")
+            position, target = target
+        pos = np.asarray(rows - 1 if position is None else position)
+        if pos.dtype.kind not in "iu":
+            raise InputError(f"position must be an int or one int per batch item, not {position!r}")
+        pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
+        if pos.shape != (batch,) or np.any(pos < -rows) or np.any(pos >= rows):
+            raise InputError(f"position {pos.tolist()} does not fit: the explained output has {rows} positions "
+                             f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
+        pos = np.where(pos < 0, pos + rows, pos)
+        if target is None or (isinstance(target, str) and target == "argmax"):
+            return np.full(batch, -1, dtype=np.int64), np.ascontiguousarray(pos)
+        t = np.asarray(target)
+        if t.dtype.kind not in "iu":
+            raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
+        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        if t.shape != (batch,) or np.any(t < 0) or np.any(t >= per_row):
+            raise InputError(f"target {t.tolist()} out of range: each position of the explained output has "
+                             f"{per_row} entries")
+        return np.ascontiguousarray(pos * per_row + t), np.ascontiguousarray(pos)
+
+    def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
+        """Relevance of the inputs for ``target`` (None: arg-max per item; an int; one int per item).
+
+        Sequence outputs (rank >= 3, N x T x C...): ``target`` is a class at ``position`` (an index along axis 1;
+        default: the last position, as for a causal LM's next-token logits), or a ``(position, class)`` tuple;
+        None takes the arg-max class at that position.
+        """
         start = start or self.start
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
         batch = next(iter(feeds.values())).shape[0]
-        targets = self._targets(target, batch)
+        positions = None
+        if self.sequence_rows is not None:
+            targets, positions = self._positions(target, position, batch)
+        elif position is not None or isinstance(target, tuple):
+            raise InputError(f"position is only for sequence outputs (rank >= 3); {self.explained_output!r} has "
+                             "one entry set per item: give the target as a flat index")
+        else:
+            targets = self._targets(target, batch)
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
         if static_one and batch > 1:  # exported with a fixed batch of 1: run item by item
-            parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start)
+            parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
+                               None if positions is None else positions[i:i + 1])
                      for i in range(batch)]
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
-            merged = self._run(feeds, targets, start)
+            merged = self._run(feeds, targets, start, positions)
         rel = {n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
+        used = merged[rewriter.TARGET_OUTPUT]
+        pos_used = None
+        if self.sequence_rows is not None:
+            pos_used, used = used // self.sequence_rows[1], used % self.sequence_rows[1]
         return Explanation(relevance=relevance,
                            outputs={n: merged[n] for n in self.output_names},
-                           target=merged[rewriter.TARGET_OUTPUT],
+                           target=used,
                            relevance_at={n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_at},
-                           explained_output=self.explained_output)
+                           explained_output=self.explained_output, position=pos_used)
 
-    def _run(self, feeds, targets, start):
+    def _run(self, feeds, targets, start, positions=None):
         feeds = dict(feeds)
+        if positions is not None:
+            feeds[rewriter.POSITION_INPUT] = positions
         feeds[rewriter.TARGET_INPUT] = targets
         feeds[rewriter.ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)

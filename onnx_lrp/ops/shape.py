@@ -35,7 +35,7 @@ class Transpose(ShapeOp):
     def transpose(self, em, node, r_outs):
         rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
         perm = list(node.attributes.get_ints("perm", list(reversed(range(rank or 0)))))
-        inv = list(np.argsort(perm))
+        inv = [int(i) for i in np.argsort(perm)]
         return [em.op("Transpose", r_outs[0], perm=inv, tag="r_in")]
 
     def check(self, node):
@@ -141,7 +141,7 @@ class Slice(ShapeOp):
         for st, en, ax, sp in zip(starts, ends, axes, steps):
             ax = int(ax) % rank
             n = dims[ax]
-            idx = list(range(n))[slice(*slice(int(st), int(en), int(sp)).indices(n))]
+            idx = list(range(n)[int(st):int(en):int(sp)])  # Python's clamping is ONNX's
             if idx != list(range(n)):
                 plan.append((ax, idx, n))
         return plan
@@ -235,8 +235,10 @@ class Pad(ShapeOp):
         begin, end = pads[:k], pads[k:]
         r = r_outs[0]
         if np.any(begin < 0) or np.any(end < 0):  # negative pads crop: their transpose pads with zeros
-            neg = np.concatenate([np.maximum(-begin, 0), np.maximum(-end, 0)])
-            r = em.op("Pad", r, em.ints(neg), None, em.ints(axes), tag="r_uncrop")
+            neg = np.zeros(2 * rank, dtype=np.int64)  # full-rank pads: the axes input needs opset 18
+            for a, b, e in zip(axes, begin, end):
+                neg[a], neg[rank + a] = max(-b, 0), max(-e, 0)
+            r = em.op("Pad", r, em.ints(neg), tag="r_uncrop")
             begin, end = np.maximum(begin, 0), np.maximum(end, 0)
         starts = [int(b) for b in begin]
         ends = [-int(e) if e > 0 else np.iinfo(np.int64).max for e in end]

@@ -1,0 +1,531 @@
+"""Ops of exported transformers: products of two activations, softmax, normalisations, masks and lookups.
+
+- ``Product`` (kind ``bilinear``): MatMul / Mul / Einsum of activations (attention scores, attention x values, gated
+  MLPs). Rules: ``uniform`` (AttnLRP: each of the k activation factors gets ``x ⊙ J_x^T(R / (k·stab(z)))``),
+  ``cp`` (CP-LRP: gates — softmax and non-linearity outputs — held constant), ``zero``.
+- ``ElementwiseOfOne`` (kind ``activation``): a Mul recognised by ``onnx_lrp.patterns`` as a non-linearity of one
+  tensor (SiLU, GELU, ...): relevance passes to that tensor (identity rule).
+- ``NormScale`` (kind ``normalization``): ``n / s`` with ``s`` the detached std / rms of ``n`` (decomposed
+  LayerNorm / RMSNorm): linear in ``n``; ``epsilon`` gives ``R_n = z R / stab(z)``.
+- ``LayerNorm`` (kind ``layernorm``): LayerNormalization, RMSNormalization, SimplifiedLayerNormalization with the
+  normalising scale held constant (LXT detaches it): a linear map of ``x`` whose transpose is
+  ``J^T s = center(s ⊙ gamma) / std`` (no centering for the RMS forms).
+- ``Softmax`` (kind ``softmax``): AttnLRP's rule ``R_in = x ⊙ (R_out − softmax(x) ΣR_out)``.
+- Masks and tables: ``Where`` (selection), ``Tile``, ``Trilu`` (masking), ``Gather`` with computed indices (an
+  embedding lookup when the table is a constant: the relevance path ends there and is reported per token),
+  ``ConstantOfShape`` / ``Range`` / ``EyeLike`` (no relevance inputs).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import patterns
+from ..graph import Emitter, static_dims
+from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, const, is_param,
+                   out_dims, register)
+
+
+def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
+    """ReduceMean keeping dims (axes as an input from opset 18, as an attribute before)."""
+    if em.opset >= 18:
+        return em.op("ReduceMean", v, em.ints(axes), keepdims=1, tag=tag)
+    return em.op("ReduceMean", v, axes=list(axes), keepdims=1, tag=tag)
+
+
+def _rule_name(rule) -> str:
+    return getattr(rule, "name", type(rule).__name__)
+
+
+def _eps(rule) -> float:
+    return float(getattr(rule, "epsilon", getattr(rule, "stabilizer", 1e-6)))
+
+
+# ------------------------------------------------------------------------------------------ products
+def _swap_last(em: Emitter, v: ir.Value, rank: int, tag: str) -> ir.Value:
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return em.op("Transpose", v, perm=perm, tag=tag)
+
+
+def _einsum_terms(eq: str):
+    lhs, out = eq.replace(" ", "").split("->")
+    return lhs.split(","), out
+
+
+class Product(RuleOp):
+    """z = a @ b, a ⊙ b or einsum(a, b) with two activation operands (or one activation and a constant)."""
+
+    kind = "bilinear"
+
+    def __init__(self, op_type):
+        self.op_types = (op_type,)
+
+    def relevance_inputs(self, node):
+        return [i for i, v in enumerate(node.inputs[:2]) if carries(v)]
+
+    def check(self, node):
+        if len(node.inputs) != 2:
+            return f"{len(node.inputs)} operands (two are supported)"
+        for v in node.inputs:
+            if static_dims(v) is None:
+                return "operand rank unknown"
+        if node.op_type == "MatMul" and any(len(v.shape) < 2 for v in node.inputs):
+            return "1-D operand of a MatMul of activations"
+        if node.op_type == "Einsum":
+            eq = node.attributes.get_string("equation", "")
+            if "->" not in eq or "..." in eq:
+                return "einsum equation without an explicit output or with an ellipsis"
+            ins, out = _einsum_terms(eq)
+            for i, term in enumerate(ins):
+                other = ins[1 - i]
+                if any(c not in out and c not in other for c in term):
+                    return f"index summed inside operand {i} alone ({eq})"
+        return None
+
+    def fits(self, rule):
+        if _rule_name(rule) in ("uniform", "cp", "zero"):
+            return None
+        return f"rule {_rule_name(rule)} on a product of activations (use uniform, cp or zero)"
+
+    # J^T of the product with respect to operand i, the others fixed
+    def vjp(self, em: Emitter, node: ir.Node, s: ir.Value, i: int) -> ir.Value:
+        a, b = node.inputs[0], node.inputs[1]
+        zd = out_dims(node)
+        x = node.inputs[i]
+        if node.op_type == "Mul":
+            g = em.mul(s, node.inputs[1 - i], tag=f"JTs{i}")
+        elif node.op_type == "MatMul":
+            if i == 0:
+                g = em.op("MatMul", s, _swap_last(em, b, len(b.shape), "bT"), tag="JTs0")
+            else:
+                g = em.op("MatMul", _swap_last(em, a, len(a.shape), "aT"), s, tag="JTs1")
+        else:  # Einsum
+            ins, out = _einsum_terms(node.attributes.get_string("equation"))
+            g = em.op("Einsum", s, node.inputs[1 - i], equation=f"{out},{ins[1 - i]}->{ins[i]}", tag=f"JTs{i}")
+            return g
+        xd = static_dims(x)
+        if xd is not None and zd is not None and (len(xd) < len(zd) or any(
+                d == 1 and e != 1 for d, e in zip(xd[::-1], zd[::-1]))):
+            if node.op_type == "MatMul":
+                g_dims = zd[:-2] + xd[-2:]
+                g = em.unbroadcast(g, g_dims, x, tag=f"JTs{i}_sum")
+            else:
+                g = em.unbroadcast(g, zd, x, tag=f"JTs{i}_sum")
+        return g
+
+    def _share(self, em, layer, r_out, among: list[int], tag: str) -> dict:
+        """R_i = x_i ⊙ J_i^T(R / (k stab(z))) for the k operands ``among``."""
+        node = layer.node
+        z = node.outputs[0]
+        k = len(among)
+        s = em.div(r_out, em.stabilize(z, self._eps, tag=f"{tag}_stab"), tag=f"{tag}_s")
+        s = em.scale(s, 1.0 / k, tag=f"{tag}_s_k")
+        return {i: em.mul(node.inputs[i], self.vjp(em, node, s, i), tag=f"{tag}_r{i}") for i in among}
+
+    def propagate(self, em, layer, rule, r_outs):
+        node = layer.node
+        idx = self.relevance_inputs(node)
+        r_out = r_outs[0]
+        name = _rule_name(rule)
+        self._eps = _eps(rule)
+        if name == "zero" or r_out is None:
+            return [None] * len(idx)
+        if name == "uniform":
+            got = self._share(em, layer, r_out, idx, "u")
+        else:  # cp: gates held constant
+            free = [i for i in idx if patterns.gate_source(node.inputs[i]) is None]
+            got = self._share(em, layer, r_out, free, "cp") if free else {}
+        return [got.get(i) for i in idx]
+
+
+class ElementwiseOfOne(ActivationOp):
+    """A Mul that computes a non-linearity of one tensor (x * Sigmoid(x), GELU subgraphs): relevance goes to x."""
+
+    op_types = ()
+
+    def relevance_inputs(self, node):
+        return []
+
+    def relevance_values(self, node):
+        return [node.meta["lrp_pattern"].source]
+
+
+class NormScale(RuleOp):
+    """n / s (or n * (1/s)) with s the detached std or rms of n: linear in n."""
+
+    kind = "normalization"
+    op_types = ()
+
+    def relevance_inputs(self, node):
+        return []
+
+    def relevance_values(self, node):
+        return [node.meta["lrp_pattern"].source]
+
+    def fits(self, rule):
+        if _rule_name(rule) in ("epsilon", "norm", "pass", "gradient"):
+            return None
+        return f"rule {_rule_name(rule)} on a normalisation with a detached scale (use epsilon or pass)"
+
+    def propagate(self, em, layer, rule, r_outs):
+        r = r_outs[0]
+        name = _rule_name(rule)
+        if name == "pass" or r is None:
+            return [r]
+        z = layer.node.outputs[0]
+        if name == "gradient":  # J^T r = r / s: the numerator's gradient with the scale held
+            return [em.div(em.mul(r, z, tag="rz"), layer.xs[0], tag="r_in")]
+        s = em.div(r, em.stabilize(z, _eps(rule), tag="stab"), tag="s")
+        return [em.mul(z, s, tag="r_in")]
+
+
+# ------------------------------------------------------------------------------------------ dispatchers
+class _Dispatch(Op):
+    """Chooses between the handler already registered for an op type and the transformer handlers."""
+
+    def __init__(self, base: Op, product: Product | None, op_type: str):
+        self.base = base
+        self.product = product
+        self.op_types = (op_type,)
+        self.kind = getattr(base, "kind", "")
+
+    def resolve(self, node):
+        m = node.meta.get("lrp_pattern")
+        if m is not None:
+            return NORM_SCALE if m.name.endswith("-scale") else ELEMENTWISE_OF_ONE
+        acts = [v for v in node.inputs[:2] if carries(v)]
+        if self.product is not None and len(acts) == 2:
+            return self.product
+        return self.base.resolve(node)
+
+    def check(self, node):
+        acts = [v for v in node.inputs[:2] if carries(v)]
+        if node.meta.get("lrp_pattern") is not None:
+            return None
+        if len(acts) == 2:
+            if self.product is None:  # Div of two activations that is no normalisation
+                return (f"quotient of two activations that is not a normalisation ({patterns.why(node)}); "
+                        "LRP has no rule for it")
+            return None
+        return self.base.check(node)
+
+
+ELEMENTWISE_OF_ONE = ElementwiseOfOne()
+NORM_SCALE = NormScale()
+REGISTRY["MatMul"] = _Dispatch(REGISTRY["MatMul"], Product("MatMul"), "MatMul")
+REGISTRY["Mul"] = _Dispatch(REGISTRY["Mul"], Product("Mul"), "Mul")
+REGISTRY["Div"] = _Dispatch(REGISTRY["Div"], None, "Div")
+
+
+@register
+class Einsum(Product):
+    """Einsum of two operands: a product (of activations, or of an activation and a constant)."""
+
+    def __init__(self):
+        super().__init__("Einsum")
+
+
+# ------------------------------------------------------------------------------------------ normalisations
+class LayerNorm(LinearOp):
+    """LayerNormalization / RMSNormalization / SimplifiedLayerNormalization, normalising scale held constant."""
+
+    kind = "layernorm"
+    op_types = ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization")
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def centered(self, node):
+        return node.op_type == "LayerNormalization"
+
+    def axes(self, node):
+        rank = len(node.inputs[0].shape)
+        axis = node.attributes.get_int("axis", -1) % rank
+        return list(range(axis, rank))
+
+    def check(self, node):
+        if node.inputs[0].shape is None:
+            return "input rank unknown"
+        for v in node.inputs[1:3]:
+            if v is not None and not is_param(v):
+                return "scale or bias is not a constant"
+        dims = static_dims(node.inputs[0])
+        if any(dims[a] is None for a in self.axes(node)):
+            return "normalised dimensions must be static"
+        return None
+
+    def params(self, node):
+        w = const(node.inputs[1])
+        b = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        return Params(w, b)
+
+    def _center(self, em, node, v, tag):
+        if not self.centered(node):
+            return v
+        mean = _reduce_mean(em, v, self.axes(node), f"{tag}_mean")
+        return em.sub(v, mean, tag=tag)
+
+    def inv_scale(self, em: Emitter, node: ir.Node) -> ir.Value:
+        """1 / std (or 1 / rms) of the forward input, computed once per node."""
+        cached = node.meta.get("lrp_inv_scale")
+        if cached is not None and cached[0] is em:
+            return cached[1]
+        x = node.inputs[0]
+        d = self._center(em, node, x, "xc")
+        var = _reduce_mean(em, em.mul(d, d, tag="sq"), self.axes(node), "var")
+        eps = node.attributes.get_float("epsilon", 1e-5)
+        inv = em.op("Reciprocal", em.op("Sqrt", em.add(var, em.scalar(eps), tag="var_eps"), tag="std"),
+                    tag="inv_std")
+        node.meta["lrp_inv_scale"] = (em, inv)
+        return inv
+
+    def forward(self, em, node, xs, p):
+        y = em.mul(self._center(em, node, xs[0], "c"), self.inv_scale(em, node), tag="xhat")
+        if p.w is not None:
+            y = em.mul(y, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="xw")
+        if p.b is not None and np.any(p.b):
+            y = em.add(y, em.const(p.b, tag="b", key=(node.name, "b", p.key)), tag="z")
+        return y
+
+    def transpose(self, em, node, s, p):
+        if p.w is not None:
+            s = em.mul(s, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="sw")
+        s = self._center(em, node, s, "sc")
+        return [em.mul(s, self.inv_scale(em, node), tag="JTs")]
+
+
+register(LayerNorm)
+
+
+# ------------------------------------------------------------------------------------------ softmax
+@register
+class Softmax(RuleOp):
+    """R_in = x ⊙ (R_out − softmax(x) ΣR_out) along the softmax axis (AttnLRP)."""
+
+    kind = "softmax"
+    op_types = ("Softmax",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if node.inputs[0].shape is None:
+            return "input rank unknown"
+        return None
+
+    def fits(self, rule):
+        if _rule_name(rule) in ("softmax", "zero", "gradient"):
+            return None
+        return f"rule {_rule_name(rule)} on a softmax (use softmax, gradient or zero)"
+
+    def propagate(self, em, layer, rule, r_outs):
+        node = layer.node
+        r = r_outs[0]
+        name = _rule_name(rule)
+        if name == "zero" or r is None:
+            return [None]
+        rank = len(node.inputs[0].shape)
+        axis = node.attributes.get_int("axis", -1) % rank
+        x, y = node.inputs[0], node.outputs[0]
+        if name == "gradient":  # J^T r = y ⊙ (r − Σ y r)
+            tot = em.reduce_sum(em.mul(y, r, tag="yr"), [axis], tag="sum_yr")
+            return [em.mul(y, em.sub(r, tot, tag="centred"), tag="r_in")]
+        tot = em.reduce_sum(r, [axis], tag="sum_r")
+        rin = em.mul(x, em.sub(r, em.mul(y, tot, tag="y_sum"), tag="centred"), tag="r_raw")
+        low = float(np.finfo(em.np_dtype).min) * 0.5
+        masked = em.op("Less", x, em.scalar(low), tag="masked")  # -inf and the dtype's most negative values
+        return [em.op("Where", masked, em.scalar(0.0), rin, tag="r_in")]
+
+
+# ------------------------------------------------------------------------------------------ masks, tables, moves
+@register
+class Where(ShapeOp):
+    """Where(c, x, y): relevance follows the selection (R_x = R where c, R_y = R elsewhere), summed over broadcast."""
+
+    op_types = ("Where",)
+
+    def relevance_inputs(self, node):
+        return [i for i in (1, 2) if carries(node.inputs[i])]
+
+    def check(self, node):
+        if static_dims(node.outputs[0]) is None or any(static_dims(node.inputs[i]) is None
+                                                      for i in self.relevance_inputs(node)):
+            return "ranks unknown"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        r = r_outs[0]
+        out = []
+        zero = em.scalar(0.0)
+        for i in self.relevance_inputs(node):
+            sel = em.op("Where", node.inputs[0], r, zero, tag=f"r{i}_sel") if i == 1 else em.op(
+                "Where", node.inputs[0], zero, r, tag=f"r{i}_sel")
+            out.append(em.unbroadcast(sel, static_dims(node.outputs[0]), node.inputs[i], tag=f"r{i}"))
+        return out
+
+
+@register
+class Tile(ShapeOp):
+    """J^T r = r summed over the tiles (static shapes, constant repeats)."""
+
+    op_types = ("Tile",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if const(node.inputs[1]) is None:
+            return "repeats are not constant"
+        dims = static_dims(node.inputs[0])
+        if dims is None or any(d is None for d in dims[1:]):
+            return "non-batch dimensions must be static"
+        if dims[0] is None and int(const(node.inputs[1])[0]) != 1:
+            return "the batch dimension is tiled but unknown"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        reps = [int(v) for v in const(node.inputs[1])]
+        dims = static_dims(node.inputs[0])
+        split = []  # output axis i is (repeat, size) in that order: tiles repeat whole blocks
+        for rp, d in zip(reps, dims):
+            split += [rp, d if d is not None else -1]  # only the batch may be unknown (checked)
+        r = em.op("Reshape", r_outs[0], em.ints(split), tag="r_tiles")
+        r = em.op("ReduceSum", r, em.ints(list(range(0, 2 * len(dims), 2))), keepdims=0, tag="r_in")
+        return [r]
+
+
+@register
+class Trilu(ShapeOp):
+    """Trilu masks a matrix: its transpose applies the same mask to the relevance."""
+
+    op_types = ("Trilu",)
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def transpose(self, em, node, r_outs):
+        k = node.inputs[1] if len(node.inputs) > 1 else None
+        return [em.op("Trilu", r_outs[0], k, upper=node.attributes.get_int("upper", 1), tag="r_in")]
+
+
+@register
+class Leaf(ShapeOp):
+    """Ops that make tensors from shapes or scalars (no activation input): the relevance path ends."""
+
+    op_types = ("ConstantOfShape", "Range", "EyeLike", "RandomNormalLike", "RandomUniformLike", "Shape", "Size")
+
+    def relevance_inputs(self, node):
+        return []
+
+    def transpose(self, em, node, r_outs):
+        return []
+
+
+class Lookup(ShapeOp):
+    """Gather with computed indices: from a constant table (embedding lookup: the path ends, relevance is
+    reported per token) or from an activation (J^T r = scatter-add r at the indices)."""
+
+    def __init__(self, base):
+        self.base = base
+        self.op_types = ("Gather",)
+
+    def resolve(self, node):
+        if const(node.inputs[1]) is None:
+            return self
+        dims = static_dims(node.inputs[0])
+        if dims is not None and dims[node.attributes.get_int("axis", 0) % len(dims)] is None:
+            return self  # constant indices into a dimension of unknown size (dynamic-axes exports)
+        return self.base
+
+    def relevance_inputs(self, node):
+        return [0] if carries(node.inputs[0]) else []
+
+    def check(self, node):
+        if self.resolve(node) is self.base:
+            return self.base.check(node)
+        if is_param(node.inputs[0]):
+            return None
+        if static_dims(node.inputs[0]) is None:
+            return "rank of the gathered tensor unknown"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        x, idx = node.inputs[0], node.inputs[1]
+        if not carries(x):
+            return []
+        dims = static_dims(x)
+        rank = len(dims)
+        ax = node.attributes.get_int("axis", 0) % rank
+        x_shape = em.shape_of(x, tag="x_shape")
+        n = em.scalar(dims[ax], np.int64) if dims[ax] is not None else em.op(
+            "Gather", x_shape, em.scalar(ax, np.int64), axis=0, tag="n")
+        idx = em.op("Cast", idx, to=ir.DataType.INT64.value, tag="idx64")
+        flat = em.op("Reshape", idx, em.ints([-1]), tag="idx_flat")
+        neg = em.op("Less", flat, em.scalar(0, np.int64), tag="idx_neg")
+        flat = em.op("Where", neg, em.add(flat, n, tag="idx_wrap"), flat, tag="idx_pos")
+        head = em.op("Slice", x_shape, em.ints([0]), em.ints([ax]), tag="head")
+        tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([rank]), tag="tail")
+        r = em.op("Reshape", r_outs[0], em.op("Concat", head, em.ints([-1]), tail, axis=0, tag="r_shape"), tag="r3")
+        ind = em.op("Reshape", flat, em.ints([1] * ax + [-1] + [1] * (rank - ax - 1)), tag="idx_r")
+        ind = em.op("Expand", ind, em.shape_of(r, tag="r3_shape"), tag="idx_full")
+        zeros = em.op("ConstantOfShape", x_shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros")
+        return [em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag="r_in")]
+
+
+REGISTRY["Gather"] = Lookup(REGISTRY["Gather"])
+
+
+# ------------------------------------------------------------------------------------------ element-wise
+register(type("PowerLike", (ActivationOp,), {
+    "op_types": ("Pow", "Sqrt", "Reciprocal", "Log", "Sign", "Floor", "Ceil", "Round"),
+    "__doc__": "Element-wise functions met in normalisation and GELU chains: identity rule (Pass) when they carry "
+               "relevance at all.",
+    "check": lambda self, node: None if node.op_type != "Pow" or const(node.inputs[1]) is not None
+    else "exponent is not a constant"}))
+
+
+# ------------------------------------------------------------------------------------------ token relevance
+_ID_MOVES = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
+
+
+def embedding_lookups(graph: ir.Graph, ids: ir.Value) -> list[ir.Node]:
+    """Gather nodes that look ``ids`` (an integer graph input, possibly cast or reshaped) up in a constant table
+    (axis 0)."""
+    found, stack, seen = [], [ids], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        for use in v.uses():
+            n = use.node
+            if n.op_type == "Gather" and use.idx == 1 and is_param(n.inputs[0]) and \
+                    n.attributes.get_int("axis", 0) == 0 and carries(n.outputs[0]):
+                found.append(n)
+            elif n.op_type in _ID_MOVES and use.idx == 0:
+                stack.append(n.outputs[0])
+    return found
+
+
+def token_relevance(em: Emitter, graph: ir.Graph, ids: ir.Value, relevance_of) -> ir.Value | None:
+    """Relevance per token id: the relevance at every embedding lookup of ``ids``, summed over the embedding
+    dimensions (None when ``ids`` feeds no lookup that received relevance)."""
+    parts = []
+    for n in embedding_lookups(graph, ids):
+        r = relevance_of(n.outputs[0])
+        if r is None:
+            continue
+        out_rank = len(n.outputs[0].shape)
+        idx_rank = len(n.inputs[1].shape)
+        r = em.op("ReduceSum", r, em.ints(list(range(idx_rank, out_rank))), keepdims=0, tag="per_token")
+        if n.inputs[1] is not ids:  # looked up through reshapes: same elements, same order
+            r = em.reshape_like(r, ids, tag="per_token_r")
+        parts.append(r)
+    if not parts:
+        return None
+    r = em.sum(parts, tag="tokens")
+    return em.op("Cast", r, to=em.dtype.value, tag="tokens_f")
+
+
+__all__ = ["Product", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile", "Trilu", "Leaf",
+           "Lookup", "embedding_lookups", "token_relevance"]

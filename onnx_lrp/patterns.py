@@ -1,0 +1,300 @@
+"""Graph pattern recognisers for exported transformers; they match on graph structure, never on node names.
+
+Exporters write the same function in many ways: SiLU as ``x * Sigmoid(x)``, GELU as
+``x * 0.5 * (1 + Erf(x / sqrt 2))`` or ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, LayerNorm and RMSNorm as
+``ReduceMean/Sub/Pow/Sqrt/Div/Reciprocal`` chains. Two structural facts cover all of them:
+
+- **element-wise function of one tensor** (``elementwise_root``): a value computed from a single activation ``x``
+  through element-wise ops only (unary ops, and binary ops whose other operand is a constant or another element-wise
+  function of the same ``x``). A ``Mul`` whose two factors are both element-wise functions of the same ``x`` is a
+  non-linearity of ``x`` (SiLU, GELU, x^2, ...), not a bilinear product: it gets the identity rule, relevance goes
+  straight to ``x``.
+- **normalising scale** (``match_norm_scale``): ``Div(n, s)`` or ``Mul(n, r)`` where ``s`` (``1/r``) is computed by
+  element-wise ops with constants from a reduction (``ReduceMean``, ``ReduceSum``, ``ReduceSumSquare``,
+  ``ReduceL2``) of an element-wise function of ``n`` itself: the std of LayerNorm (``n = x - mean(x)``) or the root
+  mean square of RMSNorm (``n = x``). LXT detaches the scale; so do we: the scale chain gets no relevance and the
+  division is linear in ``n``.
+
+``annotate(graph)`` records matches in ``node.meta``: ``lrp_pattern`` (a ``Match``) on the node that carries the
+pattern, ``lrp_inside`` (the pattern's name) on the nodes inside it that get no relevance (only those whose outputs
+are used nowhere else). Every matcher returns ``(match, reason)``: a failed match says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from .ops.base import carries, const
+
+# element-wise ops of one tensor (every other input, if any, must be a constant)
+UNARY = {"Sigmoid", "Tanh", "Erf", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Gelu", "Softplus", "Softsign",
+         "HardSigmoid", "HardSwish", "Mish", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Sin", "Cos",
+         "Cast", "CastLike", "Identity", "Clip", "Sign", "Floor", "Ceil", "Round"}
+BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+REDUCE = {"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}
+# ops between a reduction and the scale that only rescale, shift or invert it (other operands constant)
+SCALE_OPS = {"Sqrt", "Reciprocal", "Add", "Mul", "Div", "Pow", "Cast", "CastLike", "Identity", "Max", "Clip"}
+# ops that move values without changing what they are (followed when looking for a gate's source)
+MOVES = {"Reshape", "Transpose", "Cast", "Identity", "Dropout", "Squeeze", "Unsqueeze", "Expand", "Slice", "Gather",
+         "Concat", "Flatten", "Tile", "Split", "Where"}
+_MAX_DEPTH = 16
+
+
+@dataclass
+class Match:
+    """A recognised pattern: its ``name``, the tensor relevance goes to (``source``) and the nodes inside it."""
+
+    name: str
+    source: ir.Value
+    inside: list = field(default_factory=list)
+
+
+def _shape(v):
+    if v is None or v.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else str(d) for d in v.shape)
+
+
+def _acts(node: ir.Node) -> list:
+    return [v for v in node.inputs if carries(v)]
+
+
+def elementwise_root(v: ir.Value, _depth: int = 0, _memo: dict | None = None) -> ir.Value:
+    """The single activation ``v`` is an element-wise function of (``v`` itself when it is not one)."""
+    memo = {} if _memo is None else _memo
+    if id(v) in memo:
+        return memo[id(v)]
+    root = v
+    p = v.producer()
+    if p is not None and _depth < _MAX_DEPTH and p.domain in ("", "ai.onnx"):
+        acts = _acts(p)
+        others_const = all(carries(x) or x is None or x.const_value is not None for x in p.inputs)
+        if p.op_type in UNARY and len(acts) == 1 and p.inputs[0] is acts[0] and others_const:
+            root = elementwise_root(acts[0], _depth + 1, memo)
+        elif p.op_type in BINARY and acts and others_const and (p.op_type != "Pow" or len(acts) == 1 and
+                                                                  p.inputs[0] is acts[0]):
+            roots = {id(r): r for r in (elementwise_root(a, _depth + 1, memo) for a in acts)}
+            if len(roots) == 1:
+                r = next(iter(roots.values()))
+                # broadcasting against a constant may not change the root's shape
+                if _shape(r) is not None and _shape(r) == _shape(v):
+                    root = r
+    memo[id(v)] = root
+    return root
+
+
+def _chain_nodes(v: ir.Value, *stops: ir.Value) -> list:
+    """The nodes between ``stops`` (excluded) and ``v`` (its producer included), walking activation inputs."""
+    seen, out, stack = set(), [], [v]
+    stop_ids = {id(s) for s in stops}
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in stop_ids:
+            continue
+        p = x.producer()
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        out.append(p)
+        stack.extend(a for a in _acts(p))
+    return out
+
+
+def match_self_product(node: ir.Node) -> tuple[Match | None, str]:
+    """``Mul(f(x), g(x))``: a product of a tensor with a function of itself (SiLU, GELU, x^2, ...)."""
+    if node.op_type != "Mul":
+        return None, f"{node.op_type} is not a Mul"
+    acts = _acts(node)
+    if len(acts) != 2:
+        return None, "not a product of two activations"
+    ra, rb = (elementwise_root(a) for a in acts)
+    if ra is not rb:
+        pa, pb = (r.producer() for r in (ra, rb))
+        return None, (f"the factors are functions of different tensors ({ra.name} from "
+                      f"{pa.op_type if pa else 'an input'}, {rb.name} from {pb.op_type if pb else 'an input'})")
+    if _shape(ra) is None or _shape(ra) != _shape(node.outputs[0]):
+        return None, "the product broadcasts the tensor to another shape (not element-wise)"
+    name = _name_nonlinearity(node, ra)
+    return Match(name, ra, _chain_nodes(node.outputs[0], ra)[1:]), ""
+
+
+def _name_nonlinearity(node: ir.Node, root: ir.Value) -> str:
+    ops = {n.op_type for n in _chain_nodes(node.outputs[0], root)}
+    if "Sigmoid" in ops and ops <= {"Sigmoid", "Mul", "Cast"}:
+        return "silu"
+    if "Erf" in ops:
+        return "gelu-erf"
+    if "Tanh" in ops:
+        return "gelu-tanh"
+    return "elementwise"
+
+
+def _scale_source(s: ir.Value) -> tuple[ir.Node | None, str, bool]:
+    """Walk from a scale through SCALE_OPS to a reduction; returns (reduce node, reason, inverted)."""
+    inverted = False
+    v = s
+    for _ in range(_MAX_DEPTH):
+        p = v.producer()
+        if p is None:
+            return None, f"{v.name} is a graph input, not computed by a reduction", inverted
+        if p.op_type in REDUCE:
+            return p, "", inverted
+        if p.op_type not in SCALE_OPS:
+            return None, f"{p.name} ({p.op_type}) between the reduction and the scale is not a rescaling", inverted
+        acts = _acts(p)
+        if len(acts) != 1:
+            return None, f"{p.name} ({p.op_type}) combines two activations", inverted
+        if p.op_type == "Reciprocal":
+            inverted = not inverted
+        elif p.op_type == "Div" and p.inputs[1] is acts[0]:
+            inverted = not inverted  # c / v
+        elif p.op_type == "Pow":
+            e = const(p.inputs[1])
+            if e is None or p.inputs[0] is not acts[0]:
+                return None, f"{p.name} (Pow) has a non-constant exponent", inverted
+            if float(np.asarray(e).reshape(-1)[0]) < 0:
+                inverted = not inverted
+        v = acts[0]
+    return None, "the chain from the scale to a reduction is too long", inverted
+
+
+def _same(a: ir.Value, b: ir.Value, depth: int = 0) -> bool:
+    """Whether two values compute the same thing (the same value, or the same ops on the same inputs)."""
+    if a is b:
+        return True
+    if depth > 4 or a is None or b is None:
+        return False
+    ca, cb = const(a), const(b)
+    if ca is not None or cb is not None:
+        return ca is not None and cb is not None and ca.shape == cb.shape and bool(np.all(ca == cb))
+    pa, pb = a.producer(), b.producer()
+    if pa is None or pb is None or pa.op_type != pb.op_type or len(pa.inputs) != len(pb.inputs):
+        return False
+    if {k: v.value if not hasattr(v.value, "numpy") else None for k, v in pa.attributes.items()} != {
+            k: v.value if not hasattr(v.value, "numpy") else None for k, v in pb.attributes.items()}:
+        return False
+    return all(_same(x, y, depth + 1) for x, y in zip(pa.inputs, pb.inputs))
+
+
+def match_norm_scale(node: ir.Node) -> tuple[Match | None, str]:
+    """``Div(n, s)`` / ``Mul(n, 1/s)`` with ``s`` a reduction of ``n`` (LayerNorm's std, RMSNorm's rms)."""
+    if node.op_type not in ("Div", "Mul"):
+        return None, f"{node.op_type} is neither Div nor Mul"
+    acts = _acts(node)
+    if len(acts) != 2 or any(v is None for v in node.inputs[:2]):
+        return None, "not a product or quotient of two activations"
+    candidates = [(node.inputs[0], node.inputs[1])] if node.op_type == "Div" else [
+        (node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])]
+    reasons = []
+    for num, scale in candidates:
+        red, why, inverted = _scale_source(scale)
+        if red is None:
+            reasons.append(f"scale {scale.name}: {why}")
+            continue
+        if inverted != (node.op_type == "Mul"):
+            reasons.append(f"scale {scale.name} is {'inverted' if inverted else 'not inverted'} for a "
+                           f"{node.op_type}")
+            continue
+        stat_in = red.inputs[0]
+        base = elementwise_root(stat_in)
+        n_root = elementwise_root(num)
+        if not (base is n_root or _same(base, n_root) or base is num or _same(base, num)):
+            reasons.append(f"the reduction {red.name} does not reduce the numerator {num.name}")
+            continue
+        kind = "rmsnorm-scale"
+        p = n_root.producer()
+        if p is not None and p.op_type == "Sub":
+            sub_acts = _acts(p)
+            if len(sub_acts) == 2 and sub_acts[1].producer() is not None and \
+                    sub_acts[1].producer().op_type == "ReduceMean":
+                kind = "layernorm-scale"
+        inside = _chain_nodes(scale, n_root, base, num)
+        # the numerator's own element-wise chain (e.g. a Cast) stays outside; only the scale's chain is held
+        inside = [n for n in inside if not any(o is num for o in n.outputs)]
+        return Match(kind, num, inside), ""
+    return None, "; ".join(reasons)
+
+
+def _uses_within(node: ir.Node, allowed: set) -> bool:
+    for o in node.outputs:
+        if o.is_graph_output():
+            return False
+        for use in o.uses():
+            if id(use.node) not in allowed:
+                return False
+    return True
+
+
+def annotate(graph: ir.Graph) -> list[Match]:
+    """Record every match in ``node.meta`` (idempotent); returns the matches."""
+    matches = []
+    for node in graph:
+        node.meta.pop("lrp_pattern", None)
+        node.meta.pop("lrp_inside", None)
+    for node in graph:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Mul", "Div"):
+            continue
+        if len(_acts(node)) != 2:
+            continue
+        m, _ = match_norm_scale(node)
+        if m is None and node.op_type == "Mul":
+            m, _ = match_self_product(node)
+        if m is None:
+            continue
+        node.meta["lrp_pattern"] = m
+        matches.append(m)
+    # inner nodes get no relevance when all their uses are inside their pattern (fixed point: inner-most first)
+    for m in matches:
+        owner = next(n for n in graph if n.meta.get("lrp_pattern") is m)
+        held = {id(owner)}
+        changed = True
+        while changed:
+            changed = False
+            for n in m.inside:
+                if id(n) not in held and _uses_within(n, held):
+                    held.add(id(n))
+                    changed = True
+        for n in m.inside:
+            if id(n) in held and "lrp_pattern" not in n.meta:
+                n.meta["lrp_inside"] = m.name
+    return matches
+
+
+def gate_source(v: ir.Value) -> str | None:
+    """What makes ``v`` a gate (an operand CP-LRP holds constant): 'softmax' or the non-linearity's name."""
+    for _ in range(_MAX_DEPTH):
+        p = v.producer()
+        if p is None:
+            return None
+        if p.op_type in ("Softmax", "LogSoftmax"):
+            return "softmax"
+        m = p.meta.get("lrp_pattern")
+        if isinstance(m, Match) and m.name in ("silu", "gelu-erf", "gelu-tanh", "elementwise"):
+            return m.name
+        if p.op_type in ("Sigmoid", "Tanh", "Relu", "Gelu", "Softplus", "HardSigmoid", "HardSwish", "Mish", "Elu"):
+            return p.op_type.lower()
+        if p.op_type not in MOVES:
+            return None
+        acts = _acts(p)
+        if len(acts) != 1:
+            return None
+        v = acts[0]
+    return None
+
+
+def why(node: ir.Node) -> str:
+    """Why a Mul/Div of two activations matched no pattern (for error messages and tests)."""
+    m, r1 = match_norm_scale(node)
+    if m is not None:
+        return f"matches {m.name}"
+    if node.op_type == "Mul":
+        m, r2 = match_self_product(node)
+        if m is not None:
+            return f"matches {m.name}"
+        return f"no normalising scale ({r1}); not a self-product ({r2})"
+    return f"no normalising scale ({r1})"
+
+
+__all__ = ["Match", "annotate", "elementwise_root", "match_self_product", "match_norm_scale", "gate_source", "why"]

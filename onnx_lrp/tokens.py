@@ -1,0 +1,94 @@
+"""Token heatmaps: tokens coloured by their relevance, as an HTML page or in the terminal.
+
+``relevance`` is one number per token (for token-id inputs ``Explanation.relevance`` already is; for an embeddings
+input sum it over the embedding dimension). Colours are scaled by the largest absolute relevance: red for
+positive, blue for negative, white for zero (the LXT / zennit ``bwr`` convention).
+"""
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+
+def read_tokens(path) -> list[str]:
+    """Tokens from a text file, one per line, in input order (a trailing newline is not a token)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"token file {p} not found; give a text file with one token per line")
+    text = p.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines = lines[:-1]
+    return [line.rstrip("\r") for line in lines]
+
+
+def per_token(relevance, n_tokens: int | None = None) -> np.ndarray:
+    """One relevance per token from (T,), (1, T), (T, H) or (1, T, H) arrays (summed over H)."""
+    r = np.asarray(relevance, dtype=np.float64)
+    while r.ndim > 1 and r.shape[0] == 1:
+        r = r[0]
+    if r.ndim == 2:
+        r = r.sum(-1)
+    if r.ndim != 1:
+        raise InputError(f"relevance of shape {np.shape(relevance)} is not one value per token; give (T,), (1, T) "
+                         "or (T, H)")
+    if n_tokens is not None and r.shape[0] != n_tokens:
+        raise InputError(f"{n_tokens} tokens but {r.shape[0]} relevance values; the token file needs one line per "
+                         "input position")
+    return r
+
+
+def _scaled(r: np.ndarray) -> np.ndarray:
+    m = float(np.max(np.abs(r))) if r.size else 0.0
+    return r / m if m > 0 else np.zeros_like(r)
+
+
+def _rgb(v: float) -> tuple[int, int, int]:
+    """bwr: -1 blue, 0 white, +1 red."""
+    v = max(-1.0, min(1.0, float(v)))
+    fade = int(round(255 * (1 - abs(v))))
+    return (255, fade, fade) if v >= 0 else (fade, fade, 255)
+
+
+def html_page(tokens: list[str], relevance, title: str = "onnx-lrp token relevance") -> str:
+    """An HTML page with each token on a background coloured by its relevance (hover shows the value)."""
+    r = per_token(relevance, len(tokens))
+    spans = []
+    for tok, v, s in zip(tokens, r, _scaled(r)):
+        red, green, blue = _rgb(s)
+        shown = html.escape(tok).replace(" ", "&nbsp;") or "&#8203;"
+        spans.append(f'<span class="t" style="background:rgb({red},{green},{blue})" '
+                     f'title="{v:.6g}">{shown}</span>')
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(title) + "</title>\n"
+            "<style>body{font-family:monospace;line-height:2}.t{padding:2px 3px;margin:1px;border-radius:3px}"
+            "</style></head>\n<body><h3>" + html.escape(title) + "</h3>\n<p>" + " ".join(spans) + "</p>\n"
+            f"<p>max |relevance| = {float(np.max(np.abs(r))) if r.size else 0.0:.6g}; red positive, blue negative"
+            "</p>\n</body></html>\n")
+
+
+def write_html(path, tokens: list[str], relevance, title: str = "onnx-lrp token relevance") -> None:
+    page = html_page(tokens, relevance, title)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def terminal(tokens: list[str], relevance, color: bool = True) -> str:
+    """The tokens with 24-bit ANSI background colours (or ``token[relevance]`` without colour)."""
+    r = per_token(relevance, len(tokens))
+    if not color:
+        return " ".join(f"{t}[{v:+.3g}]" for t, v in zip(tokens, r))
+    out = []
+    for tok, s in zip(tokens, _scaled(r)):
+        red, green, blue = _rgb(s)
+        out.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{tok}\x1b[0m")
+    return " ".join(out)
+
+
+__all__ = ["read_tokens", "per_token", "html_page", "write_html", "terminal"]
