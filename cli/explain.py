@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,9 +92,16 @@ def _say(msg: str) -> None:
 @click.option("--std", default="1", show_default=True, metavar="FLOAT[,FLOAT...]",
               help="Images: see --mean. For image inputs without --low/--high, the ZBox bounds are the pixel range "
                    "after this normalisation: low = (0 - mean) / std, high = (1 - mean) / std per channel.")
+@click.option("--tokens", "tokens_path", default=None, metavar="FILE.txt",
+              help="Token text, one token per line in input order: colour the tokens by relevance in the terminal "
+                   "(summed over the embedding dimension for embedding inputs).")
+@click.option("--html", "html_path", default=None, metavar="FILE.html",
+              help="With --tokens: write an HTML page with the tokens coloured by relevance (one paragraph per "
+                   "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
-            heatmap_path, cmap, heatmap_style, size, mean, std, as_json, composite, **rule_kw):
+            heatmap_path, cmap, heatmap_style, size, mean, std, tokens_path, html_path, as_json, composite,
+            **rule_kw):
     """Explain MODEL's prediction for INPUT with LRP.
 
     INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
@@ -128,6 +136,17 @@ def explain(model, input_path, target, output_name, position, start, device, bat
             raise OutputError(f"--heatmap and -o both name {out_path}; give two different files")
     targets = parse_target(target)
     positions = parse_target(position, "--position") if position is not None else None
+    tokens = None
+    if html_path and not tokens_path:
+        raise OutputError("--html needs --tokens FILE (the token text, one token per line)")
+    if tokens_path:
+        from onnx_lrp.tokens import read_tokens
+        tokens = read_tokens(tokens_path)
+    html_out = Path(html_path) if html_path else None
+    if html_out is not None:
+        if html_out.suffix.lower() not in (".html", ".htm"):
+            raise OutputError(f"--html {html_out}: give an .html file name")
+        check_writable(html_out)
 
     # ---- preprocessing, composite and rule parameters
     pre = Preprocess(parse_size(size), parse_floats(mean, "--mean"), parse_floats(std, "--std"))
@@ -221,6 +240,11 @@ def explain(model, input_path, target, output_name, position, start, device, bat
             w.save_npz(out_path, arrays)
         if heat_path is not None:
             w.save_png(heat_path, _heatmap(ex, batch, relevance, cmap, heatmap_style))
+        token_rows = _token_rows(tokens, relevance, n) if tokens is not None else None
+        if html_out is not None:
+            from onnx_lrp.tokens import html_items
+            w.write_bytes(html_out, html_items(tokens, token_rows, [f"item {name}: target {int(t)}" for name, t in
+                                                                  zip(batch.names, target_used)]).encode())
 
     # ---- summary
     if pos_used is not None:  # the explained row of each item
@@ -250,7 +274,20 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         click.echo(f"... {n - SUMMARY_ROWS} more item(s) (--json lists all)")
     click.echo(f"{n} item(s), composite {comp.name}, start {start}, device {ex.device}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s)")
-    click.echo(f"relevance -> {out_path}" + (f"; heatmap -> {heat_path}" if heat_path else ""))
+    if token_rows is not None:
+        from onnx_lrp.tokens import terminal
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        for name, row in zip(batch.names, token_rows):
+            click.echo(f"{name}: {terminal(tokens, row, color=color)}")
+    click.echo(f"relevance -> {out_path}" + (f"; heatmap -> {heat_path}" if heat_path else "")
+               + (f"; tokens -> {html_out}" if html_out else ""))
+
+
+def _token_rows(tokens, relevance, n):
+    """One relevance value per token and item (the first input's relevance, summed over embedding dims)."""
+    from onnx_lrp.tokens import per_token
+    rel = next(iter(relevance.values())) if isinstance(relevance, dict) else relevance
+    return [per_token(np.asarray(rel[i]), len(tokens)) for i in range(n)]
 
 
 def _merge(parts):

@@ -71,8 +71,17 @@ def html_page(tokens: list[str], relevance, title: str = "onnx-lrp token relevan
             "</p>\n</body></html>\n")
 
 
-def write_html(path, tokens: list[str], relevance, title: str = "onnx-lrp token relevance") -> None:
-    page = html_page(tokens, relevance, title)
+def html_items(tokens: list[str], rows, labels, title: str = "onnx-lrp token relevance") -> str:
+    """One page, one paragraph per batch item (each row: that item's relevance, see ``per_token``)."""
+    pages = [html_page(tokens, row, f"{label}") for row, label in zip(rows, labels)]
+    bodies = [pg[pg.index("<body>") + len("<body>"):pg.index("</body>")] for pg in pages]
+    head = pages[0][:pages[0].index("<body>")].replace(
+        "<title>" + html.escape(str(labels[0])) + "</title>", "<title>" + html.escape(title) + "</title>")
+    return head + "<body>\n" + "<hr>\n".join(bodies) + "</body></html>\n"
+
+
+def write_html(path, tokens: list[str], relevance, title: str = "onnx-lrp token relevance", page=None) -> None:
+    page = page if page is not None else html_page(tokens, relevance, title)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(page, encoding="utf-8")
@@ -91,4 +100,4 @@ def terminal(tokens: list[str], relevance, color: bool = True) -> str:
     return " ".join(out)
 
 
-__all__ = ["read_tokens", "per_token", "html_page", "write_html", "terminal"]
+__all__ = ["read_tokens", "per_token", "html_page", "html_items", "write_html", "terminal"]

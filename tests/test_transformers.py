@@ -130,3 +130,32 @@ def test_dynamic_axes_export_explains_a_batch():
     assert res.relevance.shape == ids.shape
     for row in res.relevance:
         assert _rel_l2(row, g["relevance_tokens"][0]) <= TOL
+
+
+def test_cli_colours_tokens_and_writes_the_html_page(tmp_path):
+    """`onnx-lrp explain --tokens --html` on token ids: the page colours each token by the API's relevance."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    g = np.load(GOLDENS / "llama.npz")
+    ids = g["input_ids"]
+    np.save(tmp_path / "ids.npy", ids)
+    tokens = [f"tok{i}" for i in range(ids.shape[1])]
+    (tmp_path / "tokens.txt").write_text("\n".join(tokens) + "\n")
+    exe = Path(sys.executable).with_name("onnx-lrp")
+    model = GOLDENS / "llama_ids_torchscript.onnx"
+    proc = subprocess.run([str(exe), "explain", str(model), str(tmp_path / "ids.npy"), "--composite", "attnlrp",
+                           "--tokens", str(tmp_path / "tokens.txt"), "--html", str(tmp_path / "t.html"),
+                           "-o", str(tmp_path / "r.npy")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rel = onnx_lrp.Explainer(model, composite="attnlrp").explain(ids).relevance[0]
+    np.testing.assert_allclose(np.load(tmp_path / "r.npy")[0], rel, rtol=1e-5, atol=1e-7)
+    page = (tmp_path / "t.html").read_text()
+    assert all(t in page for t in tokens)
+    top = tokens[int(np.argmax(rel))]
+    assert f'rgb(255,0,0)" title="{rel.max():.6g}">{top}<' in page  # the most relevant token is pure red
+    assert "tok0[" in proc.stdout  # terminal line without colour (stdout is not a tty)
+    bad = subprocess.run([str(exe), "explain", str(model), str(tmp_path / "ids.npy"), "--composite", "attnlrp",
+                          "--html", str(tmp_path / "u.html")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--tokens" in bad.stderr and not (tmp_path / "u.html").exists()
