@@ -65,8 +65,6 @@ class Explainer:
                          explain_logits=explain_logits)
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
-        explained = [o for o in graph.outputs if o.name == rewriter.TARGET_OUTPUT]
-        del explained
         self.explained_output = output or self.output_names[0]
         produced = {o.name for o in graph.outputs}
         self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
