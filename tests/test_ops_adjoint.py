@@ -129,6 +129,11 @@ CASES = [
     one("conv1d_same_upper_depthwise", "Conv", [2, 3, 9], ("w", W(3, 1, 4)), auto_pad="SAME_UPPER", group=3,
         strides=[2]),
     one("conv2d_valid", "Conv", [2, 2, 8, 8], ("w", W(3, 2, 3, 3)), auto_pad="VALID", strides=[3, 3]),
+    # strided 2-D transposes written as phases + DepthToSpace, and strided 1x1 as channel mix + zero interleave
+    one("conv2d_phases_k5_s2_pads", "Conv", [2, 3, 11, 12], ("w", W(4, 3, 5, 5)), strides=[2, 2], pads=[2, 1, 0, 2]),
+    one("conv2d_phases_k4_s3", "Conv", [2, 2, 13, 13], ("w", W(3, 2, 4, 4)), strides=[3, 3], pads=[1, 2, 0, 1]),
+    one("conv2d_1x1_s2_odd", "Conv", [2, 4, 9, 7], ("w", W(3, 4, 1, 1)), ("b", W(3)), strides=[2, 2]),
+    one("conv2d_1x1_s2_groups", "Conv", [2, 4, 8, 8], ("w", W(6, 2, 1, 1)), group=2, strides=[2, 2]),
     # ------------------------------------------------------------ ConvTranspose
     one("convT2d_stride_outpad", "ConvTranspose", [2, 3, 4, 4], ("w", W(3, 2, 3, 3)), ("b", W(2)), strides=[2, 2],
         pads=[1, 1, 1, 1], output_padding=[1, 1]),

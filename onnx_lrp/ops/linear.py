@@ -97,7 +97,8 @@ class Conv(_Conv):
             return [em.op("Conv", s, _wconst(em, node, p, wt, "wT"), tag="JTs", pads=pads, dilations=g["dil"],
                           group=group)]
         st = g["strides"][0]
-        if nd == 2 and all(x == st for x in g["strides"]) and all(d == 1 for d in g["dil"]):
+        if nd == 2 and all(x == st for x in g["strides"]) and all(d == 1 for d in g["dil"]) \
+                and w.shape[1] > 1:  # depthwise: onnxruntime's grouped ConvTranspose is faster than the phases
             if max(g["k"]) == 1:
                 return [self._pointwise_upsample(em, node, s, p, g)]
             return [self._polyphase(em, node, s, p, g)]
