@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ TARGETS = {"epsilon": 2.5, "epsilon-plus-flat": 3.5, "epsilon-gamma-box": 3.5}
 
 
 def timed(fn, repeat: int, warmup: int = 1) -> float:
+    """Best of ``repeat`` runs after ``warmup`` (the least disturbed run on a shared machine)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -35,7 +35,21 @@ def timed(fn, repeat: int, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
+
+
+def timed_pair(fa, fb, repeat: int) -> tuple[float, float]:
+    """Best-of times of two functions run alternately, so that both see the same machine state."""
+    fa(), fb()
+    ta, tb = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fa()
+        t1 = time.perf_counter()
+        fb()
+        ta.append(t1 - t0)
+        tb.append(time.perf_counter() - t1)
+    return min(ta), min(tb)
 
 
 def build(name: str, path: str, size: int):
@@ -77,7 +91,7 @@ def main(argv=None):
     ap.add_argument("--composites", default=",".join(COMPOSITES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-zennit", action="store_true")
     args = ap.parse_args(argv)
 
@@ -110,8 +124,7 @@ def main(argv=None):
             ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads)
             for batch in (int(b) for b in args.batches.split(",")):
                 x = np.random.default_rng(0).standard_normal((batch, 3, args.size, args.size)).astype(np.float32)
-                t_fwd = timed(lambda: plain.run(None, {"x": x}), args.repeat)
-                t_exp = timed(lambda: ex.explain(x), args.repeat)
+                t_fwd, t_exp = timed_pair(lambda: plain.run(None, {"x": x}), lambda: ex.explain(x), args.repeat)
                 t_zen = float("nan")
                 if have_zennit:
                     from zennit.attribution import Gradient
