@@ -40,6 +40,17 @@ def _new_param(graph: ir.Graph, base: str, arr: np.ndarray) -> ir.Value:
     return v
 
 
+def to_initializer(graph: ir.Graph, out: ir.Value, arr: np.ndarray) -> ir.Value:
+    """Replace a computed value by an initializer holding ``arr`` under the same name (its producer is left to
+    the caller to remove)."""
+    v = ir.Value(name=out.name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
+                 const_value=ir.tensor(arr, name=out.name))
+    out.name = None
+    out.replace_all_uses_with(v)
+    graph.register_initializer(v)
+    return v
+
+
 def bypass(out: ir.Value, src: ir.Value) -> None:
     """Let the consumers of ``out`` read ``src``; a graph output keeps its name (``src`` takes it over)."""
     if out.is_graph_output():

@@ -39,6 +39,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from .canonize import to_initializer
 from .errors import UnsupportedError
 from .ops.base import FLOAT_TYPES, ShapeOp, carries, const, register
 
@@ -222,11 +223,7 @@ def _fold_constant_quantize(graph: ir.Graph) -> int:
         z = np.zeros((), np.float32) if zp is None else np.asarray(zp, np.float32).reshape(
             shape if np.asarray(zp).size > 1 else ())
         q = np.clip(np.rint(x.astype(np.float32) / s) + z, lo, hi).astype(qtype)
-        v = ir.Value(name=out.name, shape=ir.Shape(q.shape), type=ir.TensorType(ir.DataType.from_numpy(q.dtype)),
-                     const_value=ir.tensor(q, name=out.name))
-        out.name = None
-        out.replace_all_uses_with(v)
-        graph.register_initializer(v)
+        to_initializer(graph, out, q)
         graph.remove(node)
         done += 1
     return done
@@ -250,12 +247,7 @@ def fold_weight_dequantize(graph: ir.Graph) -> int:
         arr = _dequantize(x, scale, zp, int(_attr(node, "axis", 1)), int(_attr(node, "block_size", 0) or 0))
         target = out.dtype.numpy() if out.dtype is not None else scale.dtype
         arr = arr.astype(target)
-        name = out.name
-        v = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
-                     const_value=ir.tensor(arr, name=name))
-        out.name = None
-        out.replace_all_uses_with(v)
-        graph.register_initializer(v)
+        to_initializer(graph, out, arr)
         graph.remove(node)
         done += 1
     return done

@@ -144,11 +144,7 @@ def fold_constants(model: ir.Model) -> int:
         if results is None or any(r.size > _FOLD_LIMIT or r.dtype == object for r in results):
             continue
         for out, arr in zip(node.outputs, results):
-            const = ir.Value(name=out.name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(
-                arr.dtype)), const_value=ir.tensor(arr, name=out.name))
-            out.replace_all_uses_with(const)
-            out.name = None
-            graph.register_initializer(const)
+            canonize.to_initializer(graph, out, arr)
         graph.remove(node)
         folded += 1
     return folded
