@@ -49,9 +49,12 @@ class Op:
     kind: str = ""
     op_types: tuple[str, ...] = ()
 
+    data_inputs: tuple[int, ...] | None = None  # the inputs that can carry relevance (None: every input)
+
     def relevance_inputs(self, node: ir.Node) -> list[int]:
-        """Indices of the inputs relevance flows into (float activations)."""
-        return [i for i, v in enumerate(node.inputs) if carries(v)]
+        """Indices of the inputs relevance flows into (float activations among ``data_inputs``)."""
+        idx = range(len(node.inputs)) if self.data_inputs is None else self.data_inputs
+        return [i for i in idx if i < len(node.inputs) and carries(node.inputs[i])]
 
     def check(self, node: ir.Node) -> str | None:
         """Why this node cannot be handled, or None."""
@@ -98,8 +101,7 @@ class ShapeOp(Op):
 class ActivationOp(Op):
     kind = "activation"
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def derivative(self, em: Emitter, node: ir.Node) -> ir.Value | None:
         """f'(x) for the Gradient rule, or None when not provided."""

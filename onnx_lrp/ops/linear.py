@@ -42,8 +42,7 @@ class _Conv(LinearOp):
             strides=_attr_ints(node, "strides", [1] * nd), dil=_attr_ints(node, "dilations", [1] * nd),
             pads=_attr_ints(node, "pads", [0] * (2 * nd)), group=node.attributes.get_int("group", 1), nd=nd)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if not is_param(node.inputs[1]):
@@ -175,8 +174,7 @@ class Gemm(LinearOp):
     kind = "dense"
     op_types = ("Gemm",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if not is_param(node.inputs[1]):
@@ -312,8 +310,7 @@ class BatchNormalization(Affine):
     def __init__(self):
         super().__init__("BatchNormalization")
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if node.attributes.get_int("training_mode", 0):

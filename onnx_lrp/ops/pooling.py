@@ -5,14 +5,13 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import static_dims
-from .base import LinearOp, Params, carries, const, out_dims, register, spatial_static
+from .base import LinearOp, Params, const, register, spatial_static
 
 
 class _Pool(LinearOp):
     has_params = False
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def params(self, node):
         return Params(None, None)

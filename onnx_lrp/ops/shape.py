@@ -18,8 +18,7 @@ class ReshapeLike(ShapeOp):
 
     op_types = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def transpose(self, em, node, r_outs):
         return [em.reshape_like(r_outs[0], node.inputs[0], tag="r_in")]
@@ -29,8 +28,7 @@ class ReshapeLike(ShapeOp):
 class Transpose(ShapeOp):
     op_types = ("Transpose",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def transpose(self, em, node, r_outs):
         rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
@@ -95,8 +93,7 @@ class Split(ShapeOp):
 
     op_types = ("Split",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if node.inputs[0].shape is None:
@@ -126,8 +123,7 @@ class Slice(ShapeOp):
 
     op_types = ("Slice",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def _plan(self, node):
         dims = static_dims(node.inputs[0])
@@ -178,8 +174,7 @@ class Gather(ShapeOp):
 
     op_types = ("Gather",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if const(node.inputs[1]) is None:
@@ -213,8 +208,7 @@ class Pad(ShapeOp):
 
     op_types = ("Pad",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if node.attributes.get_string("mode", "constant") != "constant":
@@ -251,8 +245,7 @@ class Expand(ShapeOp):
 
     op_types = ("Expand",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if static_dims(node.inputs[0]) is None or static_dims(node.outputs[0]) is None:

@@ -232,8 +232,7 @@ class LayerNorm(LinearOp):
     kind = "layernorm"
     op_types = ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization")
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def centered(self, node):
         return node.op_type == "LayerNormalization"
@@ -305,8 +304,7 @@ class Softmax(RuleOp):
     kind = "softmax"
     op_types = ("Softmax",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if node.inputs[0].shape is None:
@@ -370,8 +368,7 @@ class Tile(ShapeOp):
 
     op_types = ("Tile",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if const(node.inputs[1]) is None:
@@ -400,8 +397,7 @@ class Trilu(ShapeOp):
 
     op_types = ("Trilu",)
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def transpose(self, em, node, r_outs):
         k = node.inputs[1] if len(node.inputs) > 1 else None
@@ -437,8 +433,7 @@ class Lookup(ShapeOp):
             return self  # constant indices into a dimension of unknown size (dynamic-axes exports)
         return self.base
 
-    def relevance_inputs(self, node):
-        return [0] if carries(node.inputs[0]) else []
+    data_inputs = (0,)
 
     def check(self, node):
         if self.resolve(node) is self.base:
