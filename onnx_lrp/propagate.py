@@ -4,15 +4,40 @@
         z_g  = sum_k sign_k * f(xmod_k(x); wmod_k(w), bmod_k(b))        # op.forward
         s_g  = coef_g * mask_g * r_out / stab(z_g)
         r_in += sum_k sign_k * xmod_k(x) * J^T(s_g; wmod_k(w))           # op.transpose
+
+Relevance travels in one of two forms (``Rel``): as itself, or in *gradient form* ``R = ref ⊙ g`` (LXT's
+efficient mode). Rules that are exact in gradient form (LRP-0 on linear ops, moves, AttnLRP's uniform and softmax
+rules) take and give ``g``: ``g_in = J^T g_out`` needs no division and no multiplication by the input, so chains
+of them cost one transpose per layer. Any other rule reads ``R`` (one multiply converts).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from .graph import Emitter, static_dims
 from .ops import ActivationOp, LinearOp, Params, RuleOp, ShapeOp
-from .rules.rules import Gradient, LinearRule, Pass, Rule, _identity
+from .ops.base import stabilized
+from .rules.rules import Epsilon, Gradient, LinearRule, Norm, Pass, Rule, _identity
+
+
+@dataclass(frozen=True)
+class Rel:
+    """The relevance of a tensor: ``value`` itself (``ref`` None), or in gradient form ``R = ref ⊙ value``."""
+
+    value: ir.Value
+    ref: ir.Value | None = None
+
+    def as_relevance(self, em: Emitter, tag: str = "r") -> ir.Value:
+        return self.value if self.ref is None else em.mul(self.ref, self.value, tag=tag)
+
+    def normalised(self, em: Emitter, z: ir.Value, tag: str = "s") -> ir.Value:
+        """s = R / z (zeros of z guarded): ``value`` itself when it is already the gradient form relative to z."""
+        if self.ref is z:
+            return self.value
+        return em.div(self.as_relevance(em, tag=f"{tag}_r"), stabilized(em, z, 0.0, tag=f"{tag}_guard"), tag=tag)
 
 
 class Layer:
@@ -216,12 +241,14 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
         if len(items) == 1 and ident in items and items[ident][0] == 1.0 and bias is None \
                 and layer.relu_out is not None and eps:
             # z feeds only a Relu and the relevance is zero where relu(z) is: stab(z) = relu(z) + eps there
-            rect = layer.relu_out if layer.relu_out is not layer.z else em.positive(layer.z, tag=f"{gtag}_z+")
-            stab = em.add(rect, em.scalar(eps), tag=f"{gtag}_stab")
-        elif sign > 0:
-            stab = em.add(z, em.scalar(eps), tag=f"{gtag}_stab") if eps else z
+            if layer.relu_out is not layer.z:
+                stab = em.add(layer.relu_out, em.scalar(eps), tag=f"{gtag}_stab")
+            else:  # a Clip(0, max) follows: relu(z) + eps from z itself
+                stab = em.relu_plus(layer.z, eps, tag=f"{gtag}_stab")
+        elif sign > 0 and eps:
+            stab = em.add(z, em.scalar(eps), tag=f"{gtag}_stab")
         else:
-            stab = em.stabilize(z, eps, tag=f"{gtag}_stab")
+            stab = stabilized(em, z, eps, tag=f"{gtag}_stab")
         s = em.div(r_out, stab, tag=f"{gtag}_s")
         if group.mask is not None:
             cmp = "Greater" if group.mask == "positive" else "Less"
@@ -270,6 +297,38 @@ def apply_rule(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list[ir.V
     if isinstance(rule, LinearRule) and isinstance(op, LinearOp):
         return linear_rule(em, layer, rule, r_out)
     raise AssertionError(f"rule {rule.name} on {layer.node.op_type} was not rejected when planning")
+
+
+def gradient_form(op, rule: Rule) -> bool:
+    """Whether the rule on this op is exact in gradient form, ``g_in = J^T g_out`` (see ``Rel``)."""
+    if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
+        return True  # moves: the same transpose in both forms
+    if isinstance(op, LinearOp) and type(rule) in (Epsilon, Norm):
+        return rule.eps() == 0  # LRP-0 = gradient x input
+    if isinstance(op, RuleOp):
+        return op.gradient_form(rule)
+    if isinstance(op, ActivationOp) and isinstance(rule, Pass):
+        return type(op).pass_grad is not ActivationOp.pass_grad
+    return False
+
+
+def apply_rule_grad(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list:
+    """``apply_rule`` for rules with ``gradient_form``: takes and gives ``Rel`` (gradient form where it can)."""
+    op, node = layer.op, layer.node
+    if isinstance(op, ShapeOp) or isinstance(rule, Gradient):
+        grad = all(r is None or r.ref is o for r, o in zip(r_outs, node.outputs))
+        vals = [None if r is None else (r.value if grad else r.as_relevance(em, tag="r_out")) for r in r_outs]
+        ins = op.transpose(em, node, vals) if isinstance(op, ShapeOp) else \
+            op.transpose(em, node, vals[0], op.params(node))
+        return [None if v is None else Rel(v, x if grad else None) for v, x in zip(ins, layer.xs)]
+    if isinstance(op, RuleOp):
+        return op.propagate_grad(em, layer, rule, r_outs)
+    if isinstance(op, ActivationOp):  # Pass: R_x = R_y
+        r = r_outs[0]
+        got = op.pass_grad(em, node, r.value) if r.ref is node.outputs[0] else None
+        return [Rel(*got) if got is not None else Rel(r.as_relevance(em, tag="r_in"))]
+    s = r_outs[0].normalised(em, layer.z)
+    return [Rel(g, x) for g, x in zip(op.transpose(em, node, s, op.params(node)), layer.xs)]
 
 
 def zero_preserving(op, rule: Rule, node: ir.Node):

@@ -19,7 +19,7 @@ from .graph import Emitter, static_dims
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
-from .propagate import Layer, apply_rule, rule_fits, zero_preserving
+from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule
 
@@ -218,25 +218,48 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
     forward_nodes = list(graph)
     r0, target_used = _start_relevance(em, graph, p.explained)
-    rel: dict[int, list] = {id(p.explained): [r0]}
-    summed: dict[int, ir.Value] = {}
+    rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
+    summed: dict[int, Rel] = {}
+    as_r: dict[int, ir.Value] = {}
     zero_where_zero: dict[int, bool] = {id(p.explained): False}  # relevance known to vanish where the value does
     by_node = {id(a.node): a for a in p.assignments}
 
-    def total(v: ir.Value, scope_name: str) -> ir.Value | None:
+    def total_rel(v: ir.Value, scope_name: str) -> Rel | None:
+        """The relevance of v summed over its consumers: in gradient form when every part is, relative to one
+        tensor; else as relevance (gradient-form parts converted, one multiply per reference tensor)."""
         parts = rel.get(id(v))
         if not parts:
             return None
         if id(v) not in summed:
+            by_ref: dict[int, list[Rel]] = {}
+            for part in parts:
+                by_ref.setdefault(id(part.ref) if part.ref is not None else 0, []).append(part)
             with em.scope(scope_name):
-                summed[id(v)] = em.sum(parts, tag="r_out")
+                if len(by_ref) == 1 and 0 not in by_ref:
+                    summed[id(v)] = Rel(em.sum([q.value for q in parts], tag="g_out"), parts[0].ref)
+                else:
+                    terms = []
+                    for key, group in by_ref.items():
+                        g = em.sum([q.value for q in group], tag="g_out" if key else "r_parts")
+                        terms.append(Rel(g, group[0].ref).as_relevance(em, tag="r_part"))
+                    summed[id(v)] = Rel(em.sum(terms, tag="r_out"))
         return summed[id(v)]
+
+    def total(v: ir.Value, scope_name: str) -> ir.Value | None:
+        r = total_rel(v, scope_name)
+        if r is None:
+            return None
+        if id(v) not in as_r:
+            with em.scope(scope_name):
+                as_r[id(v)] = r.as_relevance(em, tag="r_out")
+        return as_r[id(v)]
 
     for node in reversed(forward_nodes):
         a = by_node[id(node)]
         if not a.on_path:
             continue
-        r_outs = [total(o, node.name) for o in node.outputs]
+        grad = a.kind == "bias" or gradient_form(a.op, a.rule)
+        r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
         if all(r is None for r in r_outs):
             continue
         if a.kind == "held":
@@ -255,14 +278,17 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
             continue
         layer.relu_out = _relu_after(z, by_node, zero_where_zero)
         with em.scope(node.name):
-            r_ins = apply_rule(em, layer, a.rule, r_outs)
+            if grad:
+                r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
+            else:
+                r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
         keeps = zero_preserving(a.op, a.rule, node)
         if keeps == "inherit":
             keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
         for x, r in zip(xs, r_ins):
             if r is not None:
                 rel.setdefault(id(x), []).append(r)
-                zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps)
+                zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
 
     outputs = list(graph.outputs)
     for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT, POSITION_INPUT)]:
@@ -287,7 +313,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         outputs.append(r)
     for vid, name in watch.items():
         v = values[name]
-        r = summed.get(vid) or total(v, f"at/{name}")
+        r = total(v, f"at/{name}")
         with em.scope(f"at/{name}"):
             r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
         _name_output(r, RELEVANCE_PREFIX + name, v)

@@ -181,14 +181,15 @@ def _grad_fd(forward, x, target, h=1e-6):
     return grads.reshape(X_SHAPE)
 
 
+@pytest.mark.parametrize("epsilon", ["0.0", "1e-9"], ids=["gradient-form", "relevance-form"])
 @pytest.mark.parametrize("zero_bias", [True, False], ids=["zero-bias", "bias"])
-def test_lrp0_equals_gradient_times_input(zero_bias):
+def test_lrp0_equals_gradient_times_input(zero_bias, epsilon):
     model, p = cnn(zero_bias)
     x = np.random.default_rng(20).normal(size=X_SHAPE).astype(np.float32)
     forward = np_forward(p)
     y64 = forward(x)
     np.testing.assert_allclose(run(model, {"x": x})[0], y64, rtol=1e-4, atol=1e-5)  # the reference is the model
-    composite = _composite("epsilon", "epsilon = 1e-9")
+    composite = _composite("epsilon", f"epsilon = {epsilon}")  # 0: relevance travels in gradient form
     res = onnx_lrp.Explainer(to_bytes(model), composite=composite).explain(x)  # start = the logit value
     target = res.target
     np.testing.assert_array_equal(target, y64.argmax(1))

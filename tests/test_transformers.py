@@ -37,11 +37,17 @@ def _cp_cases():
             and (GOLDENS / f"{c.split('_')[0]}_cp-lrp.npz").exists()]
 
 
+# The composites use LRP-0 (epsilon = 0) and carry relevance in gradient form (no denominators); a tiny epsilon
+# instead sends every rule through its relevance form (R / stab(z), then x * J^T s): both must match LXT.
+FORMS = {"gradient-form": {}, "relevance-form": {"epsilon": 1e-12}}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("case,mode", [(c, "attnlrp") for c in _cases()] + _cp_cases())
-def test_matches_lxt(case, mode):
+def test_matches_lxt(case, mode, form):
     model, kind, _ = case.split("_", 2)
     g = np.load(GOLDENS / (f"{model}.npz" if mode == "attnlrp" else f"{model}_{mode}.npz"))
-    ex = onnx_lrp.Explainer(GOLDENS / f"{case}.onnx", composite=str(g["composite"]))
+    ex = onnx_lrp.Explainer(GOLDENS / f"{case}.onnx", composite=str(g["composite"]), **FORMS[form])
     if kind == "image":
         feeds, ref = {"image": g["image"]}, g["relevance_image"]
     elif kind == "embeds":

@@ -107,16 +107,36 @@ class ActivationOp(Op):
         """f'(x) for the Gradient rule, or None when not provided."""
         return None
 
+    def pass_grad(self, em: Emitter, node: ir.Node, g: ir.Value):
+        """The identity rule (Pass) in gradient form, R_x = f(x) ⊙ g = ref ⊙ g_x: ``(g_x, ref)`` when that needs no
+        division (e.g. ``(g ⊙ [x > 0], x)`` for Relu), else None (then R = f(x) ⊙ g passes as it is)."""
+        return None
+
 
 class RuleOp(Op):
     """An op that applies its rules itself (products of activations, softmax, ...): ``fits`` says why a rule
-    cannot apply, ``propagate`` emits the relevance of ``layer.xs`` (None where an input gets none)."""
+    cannot apply, ``propagate`` emits the relevance of ``layer.xs`` (None where an input gets none).
+    ``gradient_form`` says whether the rule is exact in gradient form; then ``propagate_grad`` maps the ``Rel`` of
+    the output to the ``Rel`` of each input (see ``onnx_lrp.propagate.Rel``)."""
 
     def fits(self, rule) -> str | None:
         raise NotImplementedError
 
     def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
         raise NotImplementedError
+
+    def gradient_form(self, rule) -> bool:
+        return False
+
+    def propagate_grad(self, em: Emitter, layer, rule, r_outs: list) -> list:
+        raise NotImplementedError
+
+
+def stabilized(em: Emitter, z: ir.Value, eps: float, tag: str = "stab") -> ir.Value:
+    """zennit's ``z + eps (sign(z) + (z == 0))``; for eps = 0 (LRP-0) z with its exact zeros replaced by 1."""
+    if eps:
+        return em.stabilize(z, eps, tag=tag)
+    return em.op("Where", em.op("Equal", z, em.scalar(0.0), tag=f"{tag}_zero"), em.scalar(1.0), z, tag=tag)
 
 
 REGISTRY: dict[str, Op] = {}

@@ -13,6 +13,10 @@ from .base import ActivationOp, const, register
 class Relu(ActivationOp):
     op_types = ("Relu",)
 
+    def pass_grad(self, em, node, g):  # relu(x) / x = [x > 0]
+        return em.op("Where", em.op("Greater", node.inputs[0], em.scalar(0.0), tag="x_pos"), g, em.scalar(0.0),
+                     tag="g_in"), node.inputs[0]
+
     def derivative(self, em, node):
         return em.op("Cast", em.op("Greater", node.inputs[0], em.scalar(0.0), tag="x_pos"), to=em.dtype.value,
                      tag="dfdx")

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from .. import patterns
 from ..graph import Emitter, static_dims
 from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, const, is_param,
-                   out_dims, register)
+                   out_dims, register, stabilized)
 
 
 def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
@@ -118,9 +118,27 @@ class Product(RuleOp):
         node = layer.node
         z = node.outputs[0]
         k = len(among)
-        s = em.div(r_out, em.stabilize(z, self._eps, tag=f"{tag}_stab"), tag=f"{tag}_s")
+        s = em.div(r_out, stabilized(em, z, self._eps, tag=f"{tag}_stab"), tag=f"{tag}_s")
         s = em.scale(s, 1.0 / k, tag=f"{tag}_s_k")
         return {i: em.mul(node.inputs[i], self.vjp(em, node, s, i), tag=f"{tag}_r{i}") for i in among}
+
+    def _among(self, node, name):
+        idx = self.relevance_inputs(node)
+        return idx if name == "uniform" else [i for i in idx if patterns.gate_source(node.inputs[i]) is None]
+
+    def gradient_form(self, rule):
+        return _rule_name(rule) == "zero" or (_rule_name(rule) in ("uniform", "cp") and _eps(rule) == 0)
+
+    def propagate_grad(self, em, layer, rule, r_outs):
+        """g_i = J_i^T g / k for the k operands that share the relevance (LRP-0 limit of ``_share``)."""
+        node = layer.node
+        idx = self.relevance_inputs(node)
+        among = [] if _rule_name(rule) == "zero" or r_outs[0] is None else self._among(node, _rule_name(rule))
+        if not among:
+            return [None] * len(idx)
+        s = em.scale(r_outs[0].normalised(em, node.outputs[0]), 1.0 / len(among), tag="s_k")
+        from ..propagate import Rel
+        return [Rel(self.vjp(em, node, s, i), node.inputs[i]) if i in among else None for i in idx]
 
     def propagate(self, em, layer, rule, r_outs):
         node = layer.node
@@ -130,11 +148,8 @@ class Product(RuleOp):
         self._eps = _eps(rule)
         if name == "zero" or r_out is None:
             return [None] * len(idx)
-        if name == "uniform":
-            got = self._share(em, layer, r_out, idx, "u")
-        else:  # cp: gates held constant
-            free = [i for i in idx if patterns.gate_source(node.inputs[i]) is None]
-            got = self._share(em, layer, r_out, free, "cp") if free else {}
+        among = self._among(node, name)  # cp: gates held constant
+        got = self._share(em, layer, r_out, among, "u" if name == "uniform" else "cp") if among else {}
         return [got.get(i) for i in idx]
 
 
@@ -148,6 +163,28 @@ class ElementwiseOfOne(ActivationOp):
 
     def relevance_values(self, node):
         return [node.meta["lrp_pattern"].source]
+
+    def pass_grad(self, em, node, g):
+        """y = a * h with ``a`` an affine function of x (x + b, 0.5 x: SiLU, GELU as exported): R = y ⊙ g =
+        a ⊙ (h ⊙ g), so (h ⊙ g, a) is the gradient form relative to ``a`` (the layer output below, bias included)."""
+        x = node.meta["lrp_pattern"].source
+        for a, h in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+            if _affine_of(a, x):
+                return em.mul(g, h, tag="g_in"), a
+        return None
+
+
+def _affine_of(v: ir.Value, x: ir.Value, depth: int = 0) -> bool:
+    """Whether v is x, or x through Add/Sub/Mul/Div with constants."""
+    while v is not x:
+        p = v.producer()
+        if p is None or p.op_type not in ("Add", "Sub", "Mul", "Div") or depth > 4:
+            return False
+        acts = [u for u in p.inputs if carries(u)]
+        if len(acts) != 1 or (p.op_type == "Div" and p.inputs[0] is not acts[0]):
+            return False
+        v, depth = acts[0], depth + 1
+    return True
 
 
 class NormScale(RuleOp):
@@ -175,8 +212,21 @@ class NormScale(RuleOp):
         z = layer.node.outputs[0]
         if name == "gradient":  # J^T r = r / s: the numerator's gradient with the scale held
             return [em.div(em.mul(r, z, tag="rz"), layer.xs[0], tag="r_in")]
-        s = em.div(r, em.stabilize(z, _eps(rule), tag="stab"), tag="s")
+        s = em.div(r, stabilized(em, z, _eps(rule), tag="stab"), tag="s")
         return [em.mul(z, s, tag="r_in")]
+
+    def gradient_form(self, rule):
+        return _rule_name(rule) in ("epsilon", "norm") and _eps(rule) == 0
+
+    def propagate_grad(self, em, layer, rule, r_outs):
+        """g_n = J^T g: z = n / scale (or n * inv) with the scale held, so g / scale (or g * inv)."""
+        node = layer.node
+        n = layer.xs[0]
+        g = r_outs[0].normalised(em, node.outputs[0])
+        other = node.inputs[1] if node.inputs[0] is n else node.inputs[0]
+        g = em.div(g, other, tag="g_in") if node.op_type == "Div" else em.mul(g, other, tag="g_in")
+        from ..propagate import Rel
+        return [Rel(g, n)]
 
 
 # ------------------------------------------------------------------------------------------ dispatchers
@@ -330,9 +380,30 @@ class Softmax(RuleOp):
             return [em.mul(y, em.sub(r, tot, tag="centred"), tag="r_in")]
         tot = em.reduce_sum(r, [axis], tag="sum_r")
         rin = em.mul(x, em.sub(r, em.mul(y, tot, tag="y_sum"), tag="centred"), tag="r_raw")
+        return [self._unmask(em, x, rin)]
+
+    def _unmask(self, em, x, rin):
         low = float(np.finfo(em.np_dtype).min) * 0.5
         masked = em.op("Less", x, em.scalar(low), tag="masked")  # -inf and the dtype's most negative values
-        return [em.op("Where", masked, em.scalar(0.0), rin, tag="r_in")]
+        return em.op("Where", masked, em.scalar(0.0), rin, tag="r_in")
+
+    def gradient_form(self, rule):
+        return _rule_name(rule) in ("softmax", "zero")
+
+    def propagate_grad(self, em, layer, rule, r_outs):
+        """In gradient form the rule is the softmax's own gradient: g_x = y ⊙ (g − Σ y ⊙ g), R_x = x ⊙ g_x (which
+        vanishes at masked logits, where y = 0)."""
+        from ..propagate import Rel
+        node = layer.node
+        r = r_outs[0]
+        if _rule_name(rule) == "zero" or r is None:
+            return [None]
+        x, y = node.inputs[0], node.outputs[0]
+        if r.ref is not y:
+            return [Rel(self.propagate(em, layer, rule, [r.as_relevance(em, tag="r_out")])[0])]
+        axis = node.attributes.get_int("axis", -1) % len(x.shape)
+        tot = em.reduce_sum(em.mul(y, r.value, tag="yg"), [axis], tag="sum_yg")
+        return [Rel(em.mul(y, em.sub(r.value, tot, tag="centred"), tag="g_in"), x)]
 
 
 # ------------------------------------------------------------------------------------------ masks, tables, moves
