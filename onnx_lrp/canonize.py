@@ -5,6 +5,8 @@
 - BatchNormalization directly after a Conv/Gemm (its only consumer) is folded into that layer's parameters.
 - An Add of a constant directly after a MatMul, a bias-less Gemm or a bias-less Conv is recorded as that layer's
   bias (``node.meta['lrp_bias_add']``), so that z+ / gamma / alpha-beta see one layer ``x W + b``.
+- LayerNormalization gets its optional Mean and InvStdDev outputs: the relevance pass reads the scale the forward
+  computed (and onnxruntime can still fuse the residual Add into SkipLayerNormalization).
 """
 from __future__ import annotations
 
@@ -205,9 +207,39 @@ def absorb_bias(graph: ir.Graph) -> None:
         add.meta["lrp_absorbed_by"] = node
 
 
+def layernorm_statistics(graph: ir.Graph) -> None:
+    """Give every LayerNormalization node its Mean and InvStdDev outputs (``node.outputs[2]`` is 1 / std)."""
+    for node in list(graph):
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or len(node.outputs) >= 3:
+            continue
+        x = node.inputs[0]
+        if x is None or x.shape is None:
+            continue
+        rank = len(x.shape)
+        axis = node.attributes.get_int("axis", -1) % rank
+        stash = ir.DataType(node.attributes.get_int("stash_type", 1))
+        stat_shape = ir.Shape([x.shape[i] if i < axis else 1 for i in range(rank)])
+        names = [o.name for o in node.outputs] + [f"{node.name or 'layernorm'}/mean", f"{node.name or 'layernorm'}/inv_std"][len(node.outputs) - 1:]
+        new = ir.node("LayerNormalization", list(node.inputs), {k: a for k, a in node.attributes.items()},
+                      num_outputs=3, name=node.name)
+        for i, (old_out, new_out) in enumerate(zip(list(node.outputs) + [None] * 3, new.outputs)):
+            if old_out is not None:
+                new_out.type, new_out.shape = old_out.type, old_out.shape
+            else:
+                new_out.type, new_out.shape = ir.TensorType(stash), stat_shape
+        graph.insert_before(node, new)
+        for old_out, new_out in zip(node.outputs, new.outputs):
+            is_out = old_out.is_graph_output()
+            old_out.replace_all_uses_with(new_out, replace_graph_outputs=is_out)
+        graph.remove(node)
+        for new_out, name in zip(new.outputs, names):
+            new_out.name = name
+
+
 def canonize(model: ir.Model) -> None:
     graph = model.graph
     drop_identities(graph)
+    layernorm_statistics(graph)
     explicit_pads(graph)
     fold_batchnorm(graph)
     graph.sort()

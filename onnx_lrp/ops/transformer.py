@@ -316,6 +316,8 @@ class LayerNorm(LinearOp):
 
     def inv_scale(self, em: Emitter, node: ir.Node) -> ir.Value:
         """1 / std (or 1 / rms) of the forward input, computed once per node."""
+        if node.op_type == "LayerNormalization" and len(node.outputs) >= 3 and node.outputs[2] is not None:
+            return node.outputs[2]  # the forward's own InvStdDev output (see canonize.layernorm_statistics)
         cached = node.meta.get("lrp_inv_scale")
         if cached is not None and cached[0] is em:
             return cached[1]
