@@ -60,7 +60,9 @@ class Explainer:
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
         self.relevance_at = list(relevance_at)
-        y_dims = static_dims(rewriter.explained_value(graph, output, explain_logits)[0])
+        y_value = rewriter.explained_value(graph, output, explain_logits)[0]
+        y_dims = static_dims(y_value)
+        self._rows_from = _sequence_axis_source(graph, y_value)
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
                          explain_logits=explain_logits)
         self.output_names = [o.name for o in graph.outputs
@@ -70,7 +72,8 @@ class Explainer:
         self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
         self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3
         if rewriter.POSITION_INPUT in {v.name for v in graph.inputs} and y_dims is not None:
-            self.sequence_rows = (int(y_dims[1]), int(np.prod(y_dims[2:])))
+            # a dynamic sequence length (None) is read from the input axis with the same symbolic dimension
+            self.sequence_rows = (y_dims[1], int(np.prod(y_dims[2:])))
         self.model_bytes = loader.serialize(ir_model)
         self.session = runtime.Session(self.model_bytes, self.device, threads)
         self._width = None
@@ -142,21 +145,24 @@ class Explainer:
         return self._width
 
     # ---------------------------------------------------------------------- explain
-    def _positions(self, target, position, batch: int):
-        """For sequence outputs: (flat targets, positions) from a class target and a position (default: last)."""
+    def _positions(self, target, position, batch: int, feeds: dict):
+        """For sequence outputs: (class targets, positions) from a class target and a position (default: the last,
+        -1; negative positions count from the end)."""
         rows, per_row = self.sequence_rows
+        if rows is None and self._rows_from is not None:
+            name, axis = self._rows_from
+            rows = int(feeds[name].shape[axis])
         if isinstance(target, tuple):
             if position is not None or len(target) != 2:
                 raise InputError("give the target as (position, class), or as a class with position=...")
             position, target = target
-        pos = np.asarray(rows - 1 if position is None else position)
+        pos = np.asarray(-1 if position is None else position)
         if pos.dtype.kind not in "iu":
             raise InputError(f"position must be an int or one int per batch item, not {position!r}")
         pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
-        if pos.shape != (batch,) or np.any(pos < -rows) or np.any(pos >= rows):
+        if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
             raise InputError(f"position {pos.tolist()} does not fit: the explained output has {rows} positions "
                              f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
-        pos = np.where(pos < 0, pos + rows, pos)
         if target is None or (isinstance(target, str) and target == "argmax"):
             return np.full(batch, -1, dtype=np.int64), np.ascontiguousarray(pos)
         t = np.asarray(target)
@@ -166,7 +172,7 @@ class Explainer:
         if t.shape != (batch,) or np.any(t < 0) or np.any(t >= per_row):
             raise InputError(f"target {t.tolist()} out of range: each position of the explained output has "
                              f"{per_row} entries")
-        return np.ascontiguousarray(pos * per_row + t), np.ascontiguousarray(pos)
+        return np.ascontiguousarray(t), np.ascontiguousarray(pos)
 
     def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
         """Relevance of the inputs for ``target`` (None: arg-max per item; an int; one int per item).
@@ -182,7 +188,7 @@ class Explainer:
         batch = next(iter(feeds.values())).shape[0]
         positions = None
         if self.sequence_rows is not None:
-            targets, positions = self._positions(target, position, batch)
+            targets, positions = self._positions(target, position, batch, feeds)
         elif position is not None or isinstance(target, tuple):
             raise InputError(f"position is only for sequence outputs (rank >= 3); {self.explained_output!r} has "
                              "one entry set per item: give the target as a flat index")
@@ -219,3 +225,17 @@ class Explainer:
     def save(self, path) -> None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp."""
         loader.save_bytes(self.model_bytes, path)
+
+
+def _sequence_axis_source(graph, y) -> tuple[str, int] | None:
+    """(input name, axis) whose symbolic dimension is the explained output's axis 1 (e.g. ``seq``), if any."""
+    if y.shape is None or len(y.shape) < 3 or isinstance(y.shape[1], int):
+        return None
+    name = getattr(y.shape[1], "value", None)
+    if not name:
+        return None
+    for v in graph.inputs:
+        for axis, d in enumerate(v.shape or ()):
+            if not isinstance(d, int) and getattr(d, "value", None) == name:
+                return v.name, axis
+    return None

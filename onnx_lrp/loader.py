@@ -95,14 +95,15 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     return proto
 
 
-def _eval_node(node: ir.Node, opset: int) -> list[np.ndarray] | None:
-    """Evaluate one node whose inputs are all constant with onnx's reference evaluator."""
+def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.ndarray] | None:
+    """Evaluate one node whose inputs are all constant (or ``given``: input index -> array) with onnx's reference
+    evaluator."""
     proto = ir.serde.serialize_node(node)
     feeds, inputs = {}, []
     for i, v in enumerate(node.inputs):
         if v is None:
             continue
-        arr = v.const_value.numpy()
+        arr = given[i] if given and i in given else v.const_value.numpy()
         feeds[v.name] = arr
         inputs.append(onnx.helper.make_tensor_value_info(v.name, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype),
                                                          arr.shape))
@@ -141,6 +142,9 @@ def fold_constants(model: ir.Model) -> int:
                     results = [dims[start:end]]
         elif all(v is None or v.const_value is not None for v in node.inputs):
             results = _eval_node(node, opset)
+        elif node.op_type in ("Gather", "Slice") and all(v is None or v.const_value is not None
+                                                        for v in node.inputs[1:]):
+            results = _static_part_of_shape(node, opset)
         if results is None or any(r.size > _FOLD_LIMIT or r.dtype == object for r in results):
             continue
         for out, arr in zip(node.outputs, results):
@@ -148,6 +152,25 @@ def fold_constants(model: ir.Model) -> int:
         graph.remove(node)
         folded += 1
     return folded
+
+
+def _static_part_of_shape(node: ir.Node, opset: int) -> list[np.ndarray] | None:
+    """Gather/Slice of a Shape whose selected dimensions are static (dynamic batch or sequence axes elsewhere):
+    e.g. the head size GPT-2 reads from ``value.size(-1)``."""
+    src = node.inputs[0]
+    shape_node = src.producer() if src is not None else None
+    if shape_node is None or shape_node.op_type != "Shape" or shape_node.inputs[0] is None or \
+            shape_node.inputs[0].shape is None:
+        return None
+    dims = list(shape_node.inputs[0].shape)
+    dims = dims[shape_node.attributes.get_int("start", 0):shape_node.attributes.get_int("end", len(dims))]
+    picked = _eval_node(node, opset, {0: np.arange(len(dims), dtype=np.int64)})
+    if picked is None:
+        return None
+    chosen = [dims[int(i)] for i in np.ravel(picked[0])]
+    if not all(isinstance(d, int) for d in chosen):
+        return None
+    return [np.array(chosen, dtype=np.int64).reshape(np.shape(picked[0]))]
 
 
 def _name_everything(graph: ir.Graph) -> None:
@@ -184,7 +207,30 @@ def load(source, name: str | None = None) -> ir.Model:
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
     refresh_shapes(model)
+    mark_shape_only(graph)
     return model
+
+
+def mark_shape_only(graph: ir.Graph) -> int:
+    """Mark values that depend on the inputs only through their shapes (causal masks and position ids built from a
+    dynamic sequence length): like parameters, they carry no relevance (``node.meta`` is not used; the value's
+    ``meta['lrp_shape_only']``)."""
+    only: set[int] = set()
+    marked = 0
+    for node in graph:
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
+            flag = True
+        else:
+            ins = [v for v in node.inputs if v is not None]
+            flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
+                any(id(v) in only for v in ins)
+        if flag and node.op_type not in _NO_FOLD:
+            for o in node.outputs:
+                only.add(id(o))
+                if o.dtype is not None and o.dtype.is_floating_point():
+                    o.meta["lrp_shape_only"] = True
+                    marked += 1
+    return marked
 
 
 def _incomplete(v: ir.Value) -> bool:

@@ -225,9 +225,18 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
             continue
         # z_g: f(x; W) for the unmodified input is the forward output minus its bias
         ident = (("identity", id(None)), "W")
+        # z_g = f(x'; W') alone with a positive sign: its + eps rides on the convolution as a bias (one pass fewer)
+        fold_eps = bool(eps) and sign > 0 and bias is None and node.op_type == "Conv" and len(combo) == 1 \
+            and ident not in combo and list(combo.values()) == [1.0] and len(rule.groups()) == 1
         items = {}
         for key, c in combo.items():
-            if key == ident:
+            if fold_eps:
+                how, value = x_of[key[0]]
+                pw = weights[key[1]]
+                b_eps = np.full(pw.w.shape[0], eps, dtype=pw.w.dtype)
+                items[key] = (c, op.forward(em, node, [layer.x_mod(em, i, how, value) for i in range(len(layer.xs))],
+                                            Params(pw.w, b_eps, key=(pw.key, "eps"))))
+            elif key == ident:
                 items[key] = (c, layer.z)
                 shift = -c * b_orig if b_orig is not None else None
                 if shift is not None:
@@ -246,7 +255,7 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
             else:  # a Clip(0, max) follows: relu(z) + eps from z itself
                 stab = em.relu_plus(layer.z, eps, tag=f"{gtag}_stab")
         elif sign > 0 and eps:
-            stab = em.add(z, em.scalar(eps), tag=f"{gtag}_stab")
+            stab = z if fold_eps else em.add(z, em.scalar(eps), tag=f"{gtag}_stab")
         else:
             stab = stabilized(em, z, eps, tag=f"{gtag}_stab")
         s = em.div(r_out, stab, tag=f"{gtag}_s")
@@ -265,6 +274,18 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
     for xkey, by_basis in per_x.items():
         how, value = x_of[xkey]
         grads_sum: list[list[ir.Value]] = [[] for _ in layer.xs]
+        if len(by_basis) > 1 and "W-" not in by_basis and all(len(u) == 1 for u in by_basis.values()) \
+                and len({id(u[0][1]) for u in by_basis.values()}) == 1 \
+                and all(weights[b].w is not None for b in by_basis):
+            # one s through several bases (gamma: W + g W+): J^T is linear in the weight, so ONE transpose with
+            # sum_b c_b W_b (as zennit's modified layer; W- stays apart, see _Basis.decompose)
+            w_comb = None
+            for b, ((c, _),) in by_basis.items():
+                part = weights[b].w if c == 1.0 else (weights[b].w * weights[b].w.dtype.type(c))
+                w_comb = part if w_comb is None else w_comb + part
+            ckey = ("comb",) + tuple((str(b), c) for b, ((c, _),) in by_basis.items())
+            weights[ckey] = Params(w_comb, None, key=ckey)
+            by_basis = {ckey: [(1.0, next(iter(by_basis.values()))[0][1])]}
         for bkey, uses in by_basis.items():
             t = em.sum([em.scale(s, c, tag="t_part") for c, s in uses], tag="t")
             for i, g in enumerate(op.transpose(em, node, t, weights[bkey])):

@@ -1,9 +1,12 @@
 """The rewriter: one reverse topological walk that appends relevance propagation to the forward graph.
 
 The result is ONE model: its outputs are the original outputs, then ``lrp/relevance/<input>`` for every float
-graph input (and for the tensors asked for with ``relevance_at``), then ``lrp/target`` (the explained index per
-batch item). Two optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 = arg-max, the default) and
-``lrp/one_hot`` (bool scalar; start from 1 at the target instead of the target's output value, the default).
+graph input (and for the tensors asked for with ``relevance_at``), then ``lrp/target_used`` (the explained index
+per batch item, into the output flattened per item). Optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 =
+arg-max, the default), ``lrp/one_hot`` (bool scalar; start from 1 at the target instead of the target's output
+value, the default) and, for sequence outputs (N, T, C...), ``lrp/position`` (int64 [batch]; the index along T,
+negative counts from the end; default -1, the last position, as for a causal LM): then ``lrp/target`` is a class
+at that position.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule
 
 TARGET_INPUT = "lrp/target"
-POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: restricts the arg-max to one index of axis 1
+POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
 ONE_HOT_INPUT = "lrp/one_hot"
 TARGET_OUTPUT = "lrp/target_used"
 RELEVANCE_PREFIX = "lrp/relevance/"
@@ -163,26 +166,41 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
     with em.scope("start"):
         flat = em.op("Flatten", y, axis=1, tag="y_flat")
         dims = static_dims(y)
-        width = int(np.prod(dims[1:])) if dims is not None and all(d is not None for d in dims[1:]) else None
-        if width is None:
-            raise InputError(f"explained tensor {y.name!r} needs static non-batch dimensions")
-        scored = flat
-        if len(dims) >= 3:  # sequence outputs (N, T, C...): lrp/position >= 0 restricts the arg-max to y[:, position]
+        if dims is None or len(dims) < 2 or any(d is None for d in dims[2:]) or (len(dims) == 2 and dims[1] is None):
+            raise InputError(f"explained tensor {y.name!r} needs static dimensions after the first two (the batch "
+                             "and, for sequence outputs, the sequence length may be dynamic)")
+        chunk = int(np.prod(dims[2:]))  # entries per position (axis 1) of a sequence output
+        # a dynamic sequence length: the one-hot's width (and each entry's position) come from y's shape
+        width_v = em.ints([dims[1] * chunk]) if dims[1] is not None else em.op("Shape", flat, start=1, end=2,
+                                                                                tag="width")
+        use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
+        if len(dims) < 3:
+            argmax = em.op("ArgMax", flat, axis=1, keepdims=0, tag="argmax")
+            chosen = em.op("Where", use_argmax, argmax, target, tag="target")
+        else:  # sequence outputs (N, T, C...): the target is a class at lrp/position (< 0: from the end)
             position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]),
                                 type=ir.TensorType(ir.DataType.INT64),
                                 const_value=ir.tensor(np.array([-1], dtype=np.int64), name=POSITION_INPUT))
             graph.inputs.append(position)
             graph.register_initializer(position)
-            chunk = width // dims[1]
-            col = em.const(np.arange(width, dtype=np.int64)[None] // chunk, tag="row_of", dtype=np.int64)
-            pos = em.op("Unsqueeze", position, em.ints([1]), tag="position")
-            keep = em.op("Or", em.op("Less", pos, em.scalar(0, np.int64), tag="no_position"),
-                         em.op("Equal", col, pos, tag="in_row"), tag="keep")
-            scored = em.op("Where", keep, flat, em.scalar(-np.inf), tag="y_row")
-        argmax = em.op("ArgMax", scored, axis=1, keepdims=0, tag="argmax")
-        use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
-        chosen = em.op("Where", use_argmax, argmax, target, tag="target")
-        hot = em.op("OneHot", chosen, em.ints([width]), em.const(np.array([0, 1], dtype=np.int64),
+            if dims[1] is not None:
+                rows = em.scalar(dims[1], np.int64)
+                row_of = em.const(np.arange(dims[1] * chunk, dtype=np.int64)[None] // chunk, tag="row_of",
+                                  dtype=np.int64)
+            else:
+                width_n = em.op("Squeeze", width_v, tag="width_n")
+                rows = em.op("Div", width_n, em.scalar(chunk, np.int64), tag="rows")
+                index = em.op("Range", em.scalar(0, np.int64), width_n, em.scalar(1, np.int64), tag="flat_index")
+                row_of = em.op("Unsqueeze", em.op("Div", index, em.scalar(chunk, np.int64), tag="row"),
+                               em.ints([0]), tag="row_of")
+            from_end = em.op("Less", position, em.scalar(0, np.int64), tag="from_end")
+            row = em.op("Where", from_end, em.add(position, rows, tag="position_wrapped"), position, tag="row")
+            in_row = em.op("Equal", row_of, em.op("Unsqueeze", row, em.ints([1]), tag="row_1"), tag="in_row")
+            argmax = em.op("ArgMax", em.op("Where", in_row, flat, em.scalar(-np.inf), tag="y_row"), axis=1,
+                           keepdims=0, tag="argmax")
+            given = em.add(em.op("Mul", row, em.scalar(chunk, np.int64), tag="row_start"), target, tag="given")
+            chosen = em.op("Where", use_argmax, argmax, given, tag="target")
+        hot = em.op("OneHot", chosen, width_v, em.const(np.array([0, 1], dtype=np.int64),
                                                                  tag="onehot_values", dtype=np.int64),
                     axis=1, tag="onehot_int")  # int64 values: onnxruntime has no double OneHot
         hot = em.op("Cast", hot, to=em.dtype.value, tag="onehot")

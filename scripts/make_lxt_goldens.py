@@ -38,9 +38,9 @@ SEQ = 8
 VOCAB = 64
 MODELS = ("bert", "gpt2", "llama", "vit")
 EXPORTERS = ("torchscript", "torchscript14", "dynamo")
-# also exported with dynamic batch and sequence axes (GPT-2's and LLaMA's dynamic exports compute Slice bounds and the
-# attention scale from shapes at run time, which onnx-lrp does not handle yet)
-DYNAMIC_OK = ("bert",)
+# also exported with dynamic batch and sequence axes (masks, positions and rotary tables are then computed from the
+# input's shape at run time; the TorchScript exporter still bakes LLaMA's sequence length into one Reshape)
+DYNAMIC_OK = ("bert", "gpt2", "llama")
 
 
 def _build(name: str, torch):

@@ -134,6 +134,15 @@ CASES = [
     one("conv2d_phases_k4_s3", "Conv", [2, 2, 13, 13], ("w", W(3, 2, 4, 4)), strides=[3, 3], pads=[1, 2, 0, 1]),
     one("conv2d_1x1_s2_odd", "Conv", [2, 4, 9, 7], ("w", W(3, 4, 1, 1)), ("b", W(3)), strides=[2, 2]),
     one("conv2d_1x1_s2_groups", "Conv", [2, 4, 8, 8], ("w", W(6, 2, 1, 1)), group=2, strides=[2, 2]),
+    # strided 1x1 (zeros interleaved by a ConvTranspose: its crop at both ends, its output_padding) and the
+    # strided ConvTranspose paths of ResNet/MobileNet-like layers
+    one("conv2d_1x1_s2_pads", "Conv", [2, 3, 8, 7], ("w", W(4, 3, 1, 1)), ("b", W(4)), strides=[2, 2],
+        pads=[1, 0, 0, 1]),
+    one("conv2d_1x1_s3_pads", "Conv", [2, 2, 10, 11], ("w", W(3, 2, 1, 1)), strides=[3, 3], pads=[2, 1, 1, 0]),
+    one("conv2d_k3_s2_even", "Conv", [2, 3, 8, 8], ("w", W(4, 3, 3, 3)), strides=[2, 2], pads=[1, 1, 1, 1]),
+    one("conv2d_k7_s2_stem", "Conv", [2, 3, 12, 11], ("w", W(4, 3, 7, 7)), strides=[2, 2], pads=[3, 3, 3, 3]),
+    one("conv2d_depthwise_s2_pads", "Conv", [2, 4, 8, 8], ("w", W(4, 1, 3, 3)), group=4, strides=[2, 2],
+        pads=[1, 1, 1, 1]),
     # ------------------------------------------------------------ ConvTranspose
     one("convT2d_stride_outpad", "ConvTranspose", [2, 3, 4, 4], ("w", W(3, 2, 3, 3)), ("b", W(2)), strides=[2, 2],
         pads=[1, 1, 1, 1], output_padding=[1, 1]),
@@ -330,6 +339,15 @@ CASES = [
     one("dyn_layernorm", "LayerNormalization", ["N", 3, 4], ("g", _G4), mode="detached", jvp=_norm_jvp(True, _G4)),
     Case("leaf_ops_dynamic_batch", LEAF_NODES, {"x": ["N", 4]}, ["y"],
          {"one_i": np.array(1, np.int64), "zero_i": np.array(0, np.int64)}),
+]
+
+# operands computed from the input's shape at run time (a dynamic axis): not parameters, not activations
+# (loader.mark_shape_only); s = float(shape(x)) = [N, 2] broadcasts against x [N, 2]
+_SHAPE_F = [node("Shape", ["x"], ["shape_i"]), node("Cast", ["shape_i"], ["shape_f"], to=1)]
+CASES += [
+    Case("runtime-scale-Mul", _SHAPE_F + [node("Mul", ["x", "shape_f"], ["y"])], {"x": ["N", 2]}, ["y"]),
+    Case("runtime-scale-Div", _SHAPE_F + [node("Div", ["x", "shape_f"], ["y"])], {"x": ["N", 2]}, ["y"]),
+    Case("runtime-shift-Sub", _SHAPE_F + [node("Sub", ["shape_f", "x"], ["y"])], {"x": ["N", 2]}, ["y"]),
 ]
 
 # element-wise ops that have no derivative in the engine: the gradient rule is refused, pass moves R unchanged

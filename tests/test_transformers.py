@@ -138,6 +138,31 @@ def test_dynamic_axes_export_explains_a_batch():
         assert _rel_l2(row, g["relevance_tokens"][0]) <= TOL
 
 
+@pytest.mark.parametrize("kind", ["embeds", "ids"])
+def test_dynamic_sequence_length_is_causal(kind):
+    """GPT-2 exported with dynamic batch and sequence axes (causal mask and positions computed from the input's
+    shape at run time): explaining position 4 of the full sequence equals explaining the last position of the first
+    5 tokens (a causal LM's logit there cannot see later tokens, which get no relevance), and a batch of two gives
+    the single item's relevance twice."""
+    path = GOLDENS / f"gpt2_{kind}_torchscriptdyn.onnx"
+    if not path.exists():
+        pytest.skip("no dynamic-axes GPT-2 golden")
+    g = np.load(GOLDENS / "gpt2.npz")
+    feed = "embeds" if kind == "embeds" else "input_ids"
+    x = g[feed]
+    ex = onnx_lrp.Explainer(path, composite="attnlrp")
+    full = ex.explain({feed: x}, position=4)
+    short = ex.explain({feed: x[:, :5]})  # default: the last position
+    assert int(short.position[0]) == 4 and int(full.position[0]) == 4
+    assert int(short.target[0]) == int(full.target[0])
+    assert np.abs(full.relevance[:, 5:]).max() == 0.0
+    assert _rel_l2(full.relevance[:, :5], short.relevance) <= 1e-5
+    twice = ex.explain({feed: np.repeat(x, 2, 0)}, position=(-4))
+    once = ex.explain({feed: x}, position=4)
+    for row in twice.relevance:
+        assert _rel_l2(row, once.relevance[0]) <= 1e-5
+
+
 def test_cli_colours_tokens_and_writes_the_html_page(tmp_path):
     """`onnx-lrp explain --tokens --html` on token ids: the page colours each token by the API's relevance."""
     import subprocess

@@ -28,8 +28,9 @@ def is_float(v: ir.Value | None) -> bool:
 
 
 def carries(v: ir.Value | None) -> bool:
-    """A value carries relevance when it is a float activation (not a parameter)."""
-    return v is not None and not is_param(v) and is_float(v)
+    """A value carries relevance when it is a float activation: not a parameter, and not computed from the inputs'
+    shapes alone (``loader.mark_shape_only``: masks and positions built from a dynamic sequence length)."""
+    return v is not None and not is_param(v) and is_float(v) and not v.meta.get("lrp_shape_only", False)
 
 
 def const(v: ir.Value | None) -> np.ndarray | None:

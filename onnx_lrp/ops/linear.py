@@ -30,6 +30,17 @@ def _wconst(em: Emitter, node: ir.Node, p: Params, arr: np.ndarray, tag: str) ->
     return em.const(arr, tag=tag, key=(node.name, tag, p.key))
 
 
+def _like(v: ir.Value, x: ir.Value) -> ir.Value:
+    """Give J^T s the (known) type and shape of the input x it is the gradient for. onnxruntime's NCHWc layout
+    pass runs an element-wise Mul/Add of two blocked tensors in the blocked layout only when it can prove their
+    shapes equal, which needs the symbolic batch dimension that shape inference loses along the relevance path."""
+    if x.shape is not None and v.shape is None:
+        v.shape = x.shape
+    if x.type is not None and v.type is None:
+        v.type = x.type
+    return v
+
+
 class _Conv(LinearOp):
     kind = "convolution"
 
@@ -79,8 +90,12 @@ class Conv(_Conv):
 
     op_types = ("Conv",)
 
-
     def transpose(self, em, node, s, p):
+        out = self._transpose(em, node, s, p)
+        _like(out[0], node.inputs[0])
+        return out
+
+    def _transpose(self, em, node, s, p):
         g = self.geometry(node)
         w, nd, group = p.w, g["nd"], g["group"]
         pads_b, pads_e = g["pads"][:nd], g["pads"][nd:]
@@ -96,11 +111,10 @@ class Conv(_Conv):
             return [em.op("Conv", s, _wconst(em, node, p, wt, "wT"), tag="JTs", pads=pads, dilations=g["dil"],
                           group=group)]
         st = g["strides"][0]
-        if nd == 2 and all(x == st for x in g["strides"]) and all(d == 1 for d in g["dil"]) \
-                and w.shape[1] > 1:  # depthwise: onnxruntime's grouped ConvTranspose is faster than the phases
-            if max(g["k"]) == 1:
-                return [self._pointwise_upsample(em, node, s, p, g)]
-            return [self._polyphase(em, node, s, p, g)]
+        if nd == 2 and max(g["k"]) == 1 and all(x == st for x in g["strides"]) and w.shape[1] > 1:
+            return [self._pointwise_upsample(em, node, s, p, g)]
+        # other strided transposes: onnxruntime's ConvTranspose (measured faster than a polyphase Conv, whose
+        # phases need a layout reorder on each side and an interleave, on ResNet50 and MobileNetV2)
         out_pad = [xs - ((zs - 1) * st + d * (k - 1) + 1 - pb - pe) for xs, zs, st, d, k, pb, pe in
                    zip(g["x_sp"], g["z_sp"], g["strides"], g["dil"], g["k"], pads_b, pads_e)]
         return [em.op("ConvTranspose", s, _wconst(em, node, p, w, "w"), tag="JTs", strides=g["strides"],
@@ -114,35 +128,18 @@ class Conv(_Conv):
         wt = w.reshape(group, cout // group, cin_g, 1, 1).swapaxes(1, 2).reshape(group * cin_g, cout // group, 1, 1)
         mixed = em.op("Conv", s, _wconst(em, node, p, np.ascontiguousarray(wt), "wT"), tag="JTs_mixed", group=group)
         cin = group * cin_g
-        # phase-major channels (DCR): the mixed values are phase (0, 0), zeros fill the other st*st - 1 phases
-        padded = em.op("Pad", mixed, em.ints([0, 0, 0, 0, 0, cin * (st * st - 1), 0, 0]), tag="JTs_phases")
-        up = em.op("DepthToSpace", padded, blocksize=st, mode="DCR", tag="JTs_up")
-        pads_b = g["pads"][:2]
-        ends = [pb + x for pb, x in zip(pads_b, g["x_sp"])]
-        return em.op("Slice", up, em.ints(pads_b), em.ints(ends), em.ints([2, 3]), tag="JTs")
-
-    def _polyphase(self, em, node, s, p, g):
-        """Strided 2-D transpose as ONE stride-1 Conv producing every output phase, then DepthToSpace and a crop
-        (sub-pixel convolution): same MACs as the forward, where onnxruntime's ConvTranspose is slower.
-
-        Per axis, output i with i + pad = q*stride + ph receives sum_m s[q - m] W[ph + m*stride]."""
-        w, group, st = p.w, g["group"], g["strides"][0]
-        cout, cin_g = w.shape[:2]
-        m = [-(-k // st) for k in g["k"]]  # taps per phase
-        wp = np.zeros((cout, cin_g, m[0] * st, m[1] * st), dtype=w.dtype)
-        wp[:, :, :g["k"][0], :g["k"][1]] = w
-        wr = wp.reshape(cout, cin_g, m[0], st, m[1], st)[:, :, ::-1, :, ::-1, :]  # flip the taps
-        wr = wr.reshape(group, cout // group, cin_g, m[0], st, m[1], st).transpose(0, 2, 4, 6, 1, 3, 5)
-        wt = np.ascontiguousarray(wr.reshape(group * cin_g * st * st, cout // group, m[0], m[1]))
-        pads_b = g["pads"][:2]
-        q = [-(-(x + pb) // st) for x, pb in zip(g["x_sp"], pads_b)]
-        conv_pads = [mm - 1 for mm in m] + [max(0, qq - zz) for qq, zz in zip(q, g["z_sp"])]
-        phases = em.op("Conv", s, _wconst(em, node, p, wt, "wT_phases"), tag="JTs_phases", pads=conv_pads,
-                       group=group)
-        full = em.op("DepthToSpace", phases, blocksize=st, mode="CRD", tag="JTs_interleaved")
-        starts = list(pads_b)
-        ends = [pb + x for pb, x in zip(pads_b, g["x_sp"])]
-        return em.op("Slice", full, em.ints(starts), em.ints(ends), em.ints([2, 3]), tag="JTs")
+        # zeros interleaved by a per-channel ConvTranspose with a 1x1 kernel of ones (exact: each output is one
+        # value times 1 or nothing), cropped by its pads: onnxruntime runs it several times faster than
+        # Pad + DepthToSpace + Slice. The full upsampled length is st*(h-1)+1; output i reads position i + pad.
+        pads_b, pads_e, out_pad = [], [], []
+        for x, zz, pb in zip(g["x_sp"], g["z_sp"], g["pads"][:2]):
+            full = st * (zz - 1) + 1
+            pads_b.append(pb)
+            pads_e.append(max(0, full - pb - x))
+            out_pad.append(max(0, x - (full - pb)))
+        ones = em.const(np.ones((cin, 1, 1, 1), dtype=w.dtype), tag="interleave", key=("interleave", cin, w.dtype.str))
+        return em.op("ConvTranspose", mixed, ones, tag="JTs", group=cin, strides=[st, st], pads=pads_b + pads_e,
+                     output_padding=out_pad)
 
 
 @register
@@ -266,7 +263,7 @@ class Affine(LinearOp):
         self.op_types = (op_type,)
 
     def relevance_inputs(self, node):
-        return [next(i for i, v in enumerate(node.inputs[:2]) if carries(v))]
+        return [i for i, v in enumerate(node.inputs[:2]) if carries(v)][:1]
 
     def check(self, node):
         if node.op_type == "Div" and is_param(node.inputs[0]):
@@ -277,6 +274,9 @@ class Affine(LinearOp):
         t = node.op_type
         i = self.relevance_inputs(node)[0]
         c = const(node.inputs[1 - i])
+        if c is None:  # a shift computed from the input's shape (a causal mask): its value is not needed
+            return Params(None, None) if t == "Add" or i == 0 else Params(
+                np.array(-1.0, dtype=node.outputs[0].dtype.numpy()), None)
         if t == "Mul":
             return Params(c, None)
         if t == "Div":
@@ -360,6 +360,33 @@ class Sum(LinearOp):
         return out
 
 
+class RuntimeScale(Affine):
+    """x * c or x / c with c computed at run time from the input's shape (rotary cos/sin tables of an export with a
+    dynamic sequence length): linear in x, J^T s = unbroadcast(s * c). Its weights are not known when the graph is
+    rewritten, so only rules that keep them as they are apply (epsilon, LRP-0, pass)."""
+
+    has_params = False
+
+    def _other(self, node):
+        return node.inputs[1 - self.relevance_inputs(node)[0]]
+
+    def check(self, node):
+        if node.op_type == "Div" and self.relevance_inputs(node)[0] == 1:
+            return "division by an activation (not linear)"
+        return None
+
+    def params(self, node):
+        return Params(None, None)
+
+    def forward(self, em, node, xs, p):
+        return em.op(node.op_type, xs[0], self._other(node), tag="z")
+
+    def transpose(self, em, node, s, p):
+        x = node.inputs[self.relevance_inputs(node)[0]]
+        s = em.op(node.op_type, s, self._other(node), tag="sw")
+        return [em.unbroadcast(s, out_dims(node), x, tag="JTs")]
+
+
 class ElementwiseBinary(Op):
     """Add/Sub/Mul/Div: affine when one side is a constant, a sum when both are activations."""
 
@@ -367,11 +394,15 @@ class ElementwiseBinary(Op):
         self.op_types = (op_type,)
         self.affine = Affine(op_type)
         self.sum = Sum(op_type) if op_type in ("Add", "Sub", "Sum") else None
+        self.runtime = RuntimeScale(op_type) if op_type in ("Mul", "Div") else None
 
     def resolve(self, node):
         acts = [v for v in node.inputs if carries(v)]
         if self.sum is not None and (len(acts) > 1 or node.op_type == "Sum"):
             return self.sum
+        if self.runtime is not None and len(acts) == 1 and not all(is_param(v) or v is acts[0]
+                                                                    for v in node.inputs[:2]):
+            return self.runtime
         return self.affine
 
     def check(self, node):
