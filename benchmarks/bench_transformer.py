@@ -59,6 +59,16 @@ try:
         rel = (e * e.grad).detach()
         ts.append(time.perf_counter() - t0)
     res["lxt_s"] = min(ts[1:])
+    for prm in lm.parameters():  # LXT's README: parameters need no gradient for an explanation
+        prm.requires_grad_(False)
+    ts = []
+    for i in range(repeat + 1):
+        e = x.clone().requires_grad_(True)
+        t0 = time.perf_counter()
+        y = lm(inputs_embeds=e).logits
+        y[0, int(y[0].argmax())].backward()
+        ts.append(time.perf_counter() - t0)
+    res["lxt_nograd_s"] = min(ts[1:])
     import numpy as np
     np.save(out + ".lxt.npy", rel.numpy())
     with torch.no_grad():
@@ -208,6 +218,8 @@ def main(argv=None):
         rows.append(("torch forward", info["torch_forward_s"], info["torch_forward_s"] / t_fwd))
     if "lxt_s" in info:
         rows.append(("LXT efficient AttnLRP", info["lxt_s"], info["lxt_s"] / t_fwd))
+    if "lxt_nograd_s" in info:
+        rows.append(("  same, no parameter gradients", info["lxt_nograd_s"], info["lxt_nograd_s"] / t_fwd))
     print(f"model: BERT-base shape, {args.layers} layers, hidden 768, sequence {args.seq}, batch 1, CPU "
           f"({os.cpu_count()} cores), built by {source}")
     print(f"{'what':32s} {'time [ms]':>10s} {'x forward':>10s}")
@@ -217,6 +229,8 @@ def main(argv=None):
     print(f"explain / forward = {t_exp / t_fwd:.2f} (target <= 3)")
     if "lxt_s" in info:
         print(f"LXT / explain     = {info['lxt_s'] / t_exp:.2f} (target >= 2)")
+        if "lxt_nograd_s" in info:
+            print(f"LXT without parameter gradients / explain = {info['lxt_nograd_s'] / t_exp:.2f}")
         lxt = np.load(str(path) + ".lxt.npy")
         err = np.linalg.norm(res.relevance - lxt) / np.linalg.norm(lxt)
         print(f"relative L2 error to LXT on this model: {err:.2e}")
