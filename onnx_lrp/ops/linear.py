@@ -242,11 +242,20 @@ class MatMul(LinearOp):
         return z
 
     def transpose(self, em, node, s, p):
+        side = self._side(node)
+        x = node.inputs[1 - side]
+        if side == 1 and p.w.ndim == 2 and x.shape is not None and len(x.shape) >= 2:
+            # s W^T as Gemm(s, W, transB=1) on the rows of s: no transposed copy of the weight (the forward's own
+            # initializer when unmodified), and onnxruntime's Gemm with transB beats MatMul with W^T on long rows
+            own = node.inputs[1]
+            wc = own if np.array_equal(p.w, const(own)) else _wconst(em, node, p, p.w, "w")
+            if len(x.shape) == 2:
+                return [em.op("Gemm", s, wc, transB=1, tag="JTs")]
+            rows = em.op("Reshape", s, em.ints([-1, p.w.shape[1]]), tag="s_rows")
+            return [em.reshape_like(em.op("Gemm", rows, wc, transB=1, tag="JTs_rows"), x, tag="JTs")]
         wt = np.ascontiguousarray(np.swapaxes(p.w, -1, -2))
         wtc = _wconst(em, node, p, wt, "wT")
-        side = self._side(node)
         g = em.op("MatMul", s, wtc, tag="JTs") if side == 1 else em.op("MatMul", wtc, s, tag="JTs")
-        x = node.inputs[1 - side]
         xd, zd = static_dims(x), out_dims(node)
         if xd is not None and zd is not None and (len(xd) < len(zd) or any(
                 a == 1 and b != 1 for a, b in zip(xd[:-2], zd[len(zd) - len(xd):-2]))):
