@@ -59,6 +59,8 @@ class Layer:
                 self._mods[key] = em.positive(x, tag=f"x{i}+")
             elif how == "negative":
                 self._mods[key] = em.negative(x, tag=f"x{i}-")
+            elif how == "abs":
+                self._mods[key] = em.op("Abs", x, tag=f"x{i}_abs")
             elif how == "ones":
                 dims = static_dims(x)
                 if dims is not None and all(d is not None for d in dims[1:]):
@@ -143,7 +145,41 @@ class _Basis:
     def params(self, name) -> Params:
         if name == "W-":
             return Params(np.clip(self.w, None, 0), None, key=name)
+        if name == "|W|":
+            return Params(np.abs(self.w), None, key=name)
         return Params(self.w if name == "W" else self.w_pos, None, key=name)
+
+
+# x+ = (x + |x|) / 2, x- = (x - |x|) / 2, and the same for W: parts in the basis {x, |x|} x {W, |W|}
+_X_SYM = {"identity": {"identity": 1.0}, "positive": {"identity": 0.5, "abs": 0.5},
+          "negative": {"identity": 0.5, "abs": -0.5}}
+_W_SYM = {"W": {"W": 1.0}, "W+": {"W": 0.5, "|W|": 0.5}, "W-": {"W": 0.5, "|W|": -0.5}}
+_SAFE = 0.5  # the least |sum| / sum|parts| of a weight's coefficient over the four sign patterns of (x, w)
+
+
+def _symmetric(combo: dict, x_of: dict) -> dict | None:
+    """A group's terms on an input of both signs rewritten in {x, |x|} x {W, |W|}: zennit's gamma then needs
+    f(x; W) (the forward) and f(|x|; |W|) instead of four convolutions with x+, x-, W+, W- (and two transposes
+    instead of four). None when a term is not of that kind, or when for some sign pattern the coefficient of an
+    input-weight product is a near-cancelling difference (z+: x+ W+ + x- W- is 0 for x > 0 > w as 1/2 - 1/2, which
+    float32 cannot keep when the denominator is ~eps)."""
+    out: dict = {}
+    for (xkey, bkey), c in combo.items():
+        how = x_of[xkey][0]
+        if how not in _X_SYM or bkey not in _W_SYM:
+            return None
+        for xh, cx in _X_SYM[how].items():
+            for wh, cw in _W_SYM[bkey].items():
+                key = ((xh, id(None)), wh)
+                out[key] = out.get(key, 0.0) + c * cx * cw
+    out = {k: c for k, c in out.items() if abs(c) > 1e-8}  # the decompositions are exact to ~1e-10
+    parts = sum(abs(c) for c in out.values())
+    for sx in (1, -1):
+        for sw in (1, -1):
+            value = sum(c * (sx if k[0][0] == "identity" else 1) * (sw if k[1] == "W" else 1) for k, c in out.items())
+            if abs(value) < _SAFE * parts:
+                return None
+    return out
 
 
 def _ratio(wm, w):
@@ -223,6 +259,14 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
         combo = {k: c for k, c in combo.items() if c != 0}
         if not combo and bias is None:
             continue
+        if basis.mixed and len(layer.xs) == 1 and not layer.nonneg[0]:
+            sym = _symmetric(combo, x_of)
+            if sym is not None and len(sym) < len(combo):
+                combo = sym
+                x_of[("identity", id(None))] = ("identity", None)
+                x_of[("abs", id(None))] = ("abs", None)
+                for _, bkey in combo:
+                    weights.setdefault(bkey, basis.params(bkey))
         # z_g: f(x; W) for the unmodified input is the forward output minus its bias
         ident = (("identity", id(None)), "W")
         # z_g = f(x'; W') alone with a positive sign: its + eps rides on the convolution as a bias (one pass fewer)
