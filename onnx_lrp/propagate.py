@@ -12,32 +12,13 @@ of them cost one transpose per layer. Any other rule reads ``R`` (one multiply c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx_ir as ir
 
 from .graph import Emitter, static_dims
 from .ops import ActivationOp, LinearOp, Params, RuleOp, ShapeOp
-from .ops.base import stabilized
+from .ops.base import Rel, stabilized
 from .rules.rules import Epsilon, Gradient, LinearRule, Norm, Pass, Rule, _identity
-
-
-@dataclass(frozen=True)
-class Rel:
-    """The relevance of a tensor: ``value`` itself (``ref`` None), or in gradient form ``R = ref ⊙ value``."""
-
-    value: ir.Value
-    ref: ir.Value | None = None
-
-    def as_relevance(self, em: Emitter, tag: str = "r") -> ir.Value:
-        return self.value if self.ref is None else em.mul(self.ref, self.value, tag=tag)
-
-    def normalised(self, em: Emitter, z: ir.Value, tag: str = "s") -> ir.Value:
-        """s = R / z (zeros of z guarded): ``value`` itself when it is already the gradient form relative to z."""
-        if self.ref is z:
-            return self.value
-        return em.div(self.as_relevance(em, tag=f"{tag}_r"), stabilized(em, z, 0.0, tag=f"{tag}_guard"), tag=tag)
 
 
 class Layer:

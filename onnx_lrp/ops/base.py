@@ -140,6 +140,23 @@ def stabilized(em: Emitter, z: ir.Value, eps: float, tag: str = "stab") -> ir.Va
     return em.op("Where", em.op("Equal", z, em.scalar(0.0), tag=f"{tag}_zero"), em.scalar(1.0), z, tag=tag)
 
 
+@dataclass(frozen=True)
+class Rel:
+    """The relevance of a tensor: ``value`` itself (``ref`` None), or in gradient form ``R = ref ⊙ value``."""
+
+    value: ir.Value
+    ref: ir.Value | None = None
+
+    def as_relevance(self, em: Emitter, tag: str = "r") -> ir.Value:
+        return self.value if self.ref is None else em.mul(self.ref, self.value, tag=tag)
+
+    def normalised(self, em: Emitter, z: ir.Value, tag: str = "s") -> ir.Value:
+        """s = R / z (zeros of z guarded): ``value`` itself when it is already the gradient form relative to z."""
+        if self.ref is z:
+            return self.value
+        return em.div(self.as_relevance(em, tag=f"{tag}_r"), stabilized(em, z, 0.0, tag=f"{tag}_guard"), tag=tag)
+
+
 REGISTRY: dict[str, Op] = {}
 
 

@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from .. import patterns
 from ..graph import Emitter, static_dims
-from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, const, is_param,
+from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, carries, const, is_param,
                    out_dims, register, stabilized)
 
 
@@ -137,7 +137,6 @@ class Product(RuleOp):
         if not among:
             return [None] * len(idx)
         s = em.scale(r_outs[0].normalised(em, node.outputs[0]), 1.0 / len(among), tag="s_k")
-        from ..propagate import Rel
         return [Rel(self.vjp(em, node, s, i), node.inputs[i]) if i in among else None for i in idx]
 
     def propagate(self, em, layer, rule, r_outs):
@@ -225,7 +224,6 @@ class NormScale(RuleOp):
         g = r_outs[0].normalised(em, node.outputs[0])
         other = node.inputs[1] if node.inputs[0] is n else node.inputs[0]
         g = em.div(g, other, tag="g_in") if node.op_type == "Div" else em.mul(g, other, tag="g_in")
-        from ..propagate import Rel
         return [Rel(g, n)]
 
 
@@ -395,7 +393,6 @@ class Softmax(RuleOp):
     def propagate_grad(self, em, layer, rule, r_outs):
         """In gradient form the rule is the softmax's own gradient: g_x = y ⊙ (g − Σ y ⊙ g), R_x = x ⊙ g_x (which
         vanishes at masked logits, where y = 0)."""
-        from ..propagate import Rel
         node = layer.node
         r = r_outs[0]
         if _rule_name(rule) == "zero" or r is None:
