@@ -292,7 +292,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
             z = node.meta["lrp_bias_add"].outputs[0]
         layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
-        if not isinstance(a.op, ShapeOp) and r_outs[0] is None:
+        if not (isinstance(a.op, ShapeOp) or a.op.multi_output) and r_outs[0] is None:
             continue
         layer.relu_out = _relu_after(z, by_node, zero_where_zero)
         with em.scope(node.name):

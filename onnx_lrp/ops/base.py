@@ -51,6 +51,7 @@ class Op:
     op_types: tuple[str, ...] = ()
 
     data_inputs: tuple[int, ...] | None = None  # the inputs that can carry relevance (None: every input)
+    multi_output: bool = False  # relevance may reach any output, not only the first (e.g. LSTM's Y_h alone)
 
     def relevance_inputs(self, node: ir.Node) -> list[int]:
         """Indices of the inputs relevance flows into (float activations among ``data_inputs``)."""
