@@ -12,7 +12,8 @@ step in its docstring. Per direction the relevance model
 Both scans run for any sequence length, static or dynamic. ``reverse`` processes the sequence reversed (within
 ``sequence_lens`` per item, as ``ReverseSequence``); ``bidirectional`` is both, summed at the input. With
 ``sequence_lens`` the steps past an item's length carry the state through unchanged (and get no relevance), as in
-the op. ``layout = 1`` (batch first) is transposed to ``layout = 0`` on the way in and back on the way out.
+the op. ``layout = 1`` (batch first, which onnxruntime does not run) reaches here as ``layout = 0`` between
+Transposes (``canonize.recurrent_layout0``).
 Initial states get relevance when they are graph activations; constant or shape-derived ones take part in the
 forward only (their share of the relevance is not returned, like a bias's).
 """
@@ -116,8 +117,8 @@ class Recurrent(RuleOp):
             return "activation_alpha/activation_beta are not supported (use activations without parameters)"
         if t == "LSTM" and node.attributes.get_int("input_forget", 0):
             return "input_forget=1 (coupled input and forget gates) is not supported"
-        if node.attributes.get_int("layout", 0) not in (0, 1):
-            return "layout is not 0 or 1"
+        if node.attributes.get_int("layout", 0) != 0:  # the loader's canonizer rewrites layout=1
+            return "layout is not 0 (load the model with onnx_lrp.loader, which transposes layout=1 to 0)"
         dims = static_dims(node.inputs[0])
         if dims is not None and len(dims) != 3:
             return "X is not of rank 3"
@@ -133,7 +134,6 @@ class Recurrent(RuleOp):
         node = layer.node
         t = node.op_type
         eps = float(rule.epsilon)
-        layout = node.attributes.get_int("layout", 0)
         direction = node.attributes.get_string("direction", "forward")
         dirs = [0, 1] if direction == "bidirectional" else [0]
         w_all, r_all = const(node.inputs[1]), const(node.inputs[2])
@@ -151,8 +151,6 @@ class Recurrent(RuleOp):
             return node.inputs[i] if len(node.inputs) > i and node.inputs[i] is not None else None
 
         x = node.inputs[0]
-        if layout == 1:
-            x = em.op("Transpose", x, perm=[1, 0, 2], tag="x_tbi")
         lens = opt(4)
         if lens is not None:
             lens = em.op("Cast", lens, to=ir.DataType.INT64.value, tag="lens")
@@ -162,24 +160,19 @@ class Recurrent(RuleOp):
         zeros_bh = em.op("ConstantOfShape", bh_shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros_bh")
         mask = None
         if lens is not None:  # [T, B, 1]: step t of item b is inside its length
-            steps = em.op("Range", em.scalar(0, np.int64), em.op("Squeeze", em.op("Shape", x, start=0, end=1,
-                                                                                   tag="T"), tag="T_n"),
-                          em.scalar(1, np.int64), tag="steps")
+            steps = em.op("Range", em.op("Squeeze", em.ints([0]), tag="zero"),  # Range takes 0-d scalars
+                          em.op("Squeeze", em.op("Shape", x, start=0, end=1, tag="T"), tag="T_n"),
+                          em.op("Squeeze", em.ints([1]), tag="one"), tag="steps")
             mask = em.op("Less", em.op("Unsqueeze", steps, em.ints([1]), tag="steps_col"),
                          em.op("Unsqueeze", lens, em.ints([0]), tag="lens_row"), tag="mask_tb")
             mask = em.op("Unsqueeze", mask, em.ints([2]), tag="mask")
 
-        def to_layout0(v, kind):
-            """Y: [T, D, B, H] (layout 1: [B, T, D, H]); states: [D, B, H] (layout 1: [B, D, H])."""
-            if v is None or layout == 0:
-                return v
-            return em.op("Transpose", v, perm=[1, 2, 0, 3] if kind == "y" else [1, 0, 2], tag=f"{kind}_layout0")
-
-        r_y = to_layout0(r_outs[0], "y")
-        r_yh = to_layout0(r_outs[1] if len(r_outs) > 1 else None, "yh")
-        r_yc = to_layout0(r_outs[2] if len(r_outs) > 2 else None, "yc")
-        init_h = to_layout0(opt(5), "h0")
-        init_c = to_layout0(opt(6), "c0") if t == "LSTM" else None
+        # layout 0: Y [T, D, B, H], Y_h / Y_c / initial states [D, B, H]
+        r_y = r_outs[0]
+        r_yh = r_outs[1] if len(r_outs) > 1 else None
+        r_yc = r_outs[2] if len(r_outs) > 2 else None
+        init_h = opt(5)
+        init_c = opt(6) if t == "LSTM" else None
 
         def reverse_t(v, tag):
             if lens is not None:
@@ -221,13 +214,10 @@ class Recurrent(RuleOp):
                     r_c0.append(em.op("Unsqueeze", rc, em.ints([0]), tag="r_c0"))
         with em.scope(node.name):
             out = {0: em.sum(r_x_parts, tag="r_x")}
-            if layout == 1:
-                out[0] = em.op("Transpose", out[0], perm=[1, 0, 2], tag="r_x_layout1")
             for i, parts in ((5, r_h0), (6, r_c0)):
                 if not parts:
                     continue
-                v = parts[0] if len(parts) == 1 else em.op("Concat", *parts, axis=0, tag=f"r_init{i}")
-                out[i] = em.op("Transpose", v, perm=[1, 0, 2], tag=f"r_init{i}_layout1") if layout == 1 else v
+                out[i] = parts[0] if len(parts) == 1 else em.op("Concat", *parts, axis=0, tag=f"r_init{i}")
         return [out[i] for i in self.relevance_inputs(node)]
 
 
