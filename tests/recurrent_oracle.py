@@ -16,7 +16,7 @@ def _sig(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-ACT = {"Sigmoid": _sig, "Tanh": np.tanh, "Relu": lambda x: np.maximum(x, 0.0)}
+_ACT = {"Sigmoid": _sig, "Tanh": np.tanh, "Relu": lambda x: np.maximum(x, 0.0)}
 
 
 def stab(z, eps):
@@ -30,11 +30,13 @@ def _steps(T, L, reverse):
     return list(range(L - 1, -1, -1)) if reverse else list(range(L))
 
 
-def lrp(op, x, w, r, b, h0, c0, ry, ryh, ryc, lens=None, reverse=False, eps=1e-6, p=None, lbr=0, acts=None):
+def lrp(op, x, w, r, b, h0, c0, ry, ryh, ryc, lens=None, reverse=False, eps=1e-6, p=None, lbr=0, acts=None,
+        clip=None):
     """One direction. x [T, B, I]; w [G*H, I]; r [G*H, H]; b [2*G*H]; h0/c0/ryh/ryc [B, H]; ry [T, B, H].
 
     Returns (Y [T, B, H], Y_h [B, H], Y_c [B, H] or None, R_x [T, B, I], R_h0 [B, H], R_c0 [B, H] or None)."""
     x, w, r, b = (np.asarray(a, np.float64) for a in (x, w, r, b))
+    ACT = {k: (lambda v, f=f: f(np.clip(v, -clip, clip))) for k, f in _ACT.items()} if clip else _ACT
     T, B, _ = x.shape
     H = r.shape[1]
     lens = np.full(B, T) if lens is None else np.asarray(lens)
@@ -49,7 +51,8 @@ def lrp(op, x, w, r, b, h0, c0, ry, ryh, ryc, lens=None, reverse=False, eps=1e-6
         for t in ts:
             xt = x[t, it]
             if op == "LSTM":
-                f, g, hh = (ACT[a] for a in (acts or ("Sigmoid", "Tanh", "Tanh")))
+                f, g = (ACT[a] for a in (acts or ("Sigmoid", "Tanh", "Tanh"))[:2])
+                hh = _ACT[(acts or ("Sigmoid", "Tanh", "Tanh"))[2]]  # onnxruntime clips the gates' inputs only
                 Wi, Wo, Wf, Wc = np.split(w, 4)
                 Ri, Ro, Rf, Rc = np.split(r, 4)
                 wb, rb = np.split(b, 2)

@@ -1,0 +1,160 @@
+"""Recurrent layers (ONNX LSTM, GRU, RNN) against a numpy LRP-for-LSTMs oracle (tests/recurrent_oracle.py, from
+Arras et al. 2017/2019 and the ONNX op definitions), conservation with zero biases, and real torch exports."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from recurrent_oracle import lrp_op, stab
+from util import add_probe, make_model, node, run, to_bytes
+
+import onnx_lrp
+from onnx_lrp.errors import UnsupportedError
+from onnx_lrp.rules import Entry, Gradient, load_composite
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+T, B, I, H = 5, 3, 3, 4
+
+
+def composite(name="epsilon"):
+    base = load_composite(name)
+    return dataclasses.replace(base, entries=(Entry({"name": "probe*"}, Gradient()),) + base.entries)
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
+
+
+def single(op, direction="forward", layout=0, lens=None, bias=True, seed=0, attrs=None, peephole=False,
+           states="inputs"):
+    """One recurrent node with random weights; initial states as graph inputs ("inputs") or absent (None)."""
+    rng = np.random.default_rng(seed)
+    G, D = GATES[op], 2 if direction == "bidirectional" else 1
+    w = (rng.normal(size=(D, G * H, I)) * 0.6).astype(np.float32)
+    r = (rng.normal(size=(D, G * H, H)) * 0.6).astype(np.float32)
+    b = (rng.normal(size=(D, 2 * G * H)) * 0.3 * bias).astype(np.float32)
+    x = rng.normal(size=(T, B, I)).astype(np.float32)
+    h0 = rng.normal(size=(D, B, H)).astype(np.float32) * (states == "inputs")
+    c0 = rng.normal(size=(D, B, H)).astype(np.float32) * (states == "inputs")
+    p = (rng.normal(size=(D, 3 * H)) * 0.5).astype(np.float32) if peephole else None
+    if layout == 1:
+        x, h0, c0 = x.swapaxes(0, 1).copy(), h0.swapaxes(0, 1).copy(), c0.swapaxes(0, 1).copy()
+    has_c = op == "LSTM"
+    ins = ["x", "W", "R", "B", "lens" if lens is not None else "",
+           "h0" if states == "inputs" else "", "c0" if has_c and states == "inputs" else "", "P" if peephole else ""]
+    while ins and ins[-1] == "":
+        ins.pop()
+    outs = ["Y", "Yh"] + (["Yc"] if has_c else [])
+    inputs = {"x": x.shape}
+    feeds = {"x": x}
+    if states == "inputs":
+        inputs["h0"], feeds["h0"] = h0.shape, h0
+        if has_c:
+            inputs["c0"], feeds["c0"] = c0.shape, c0
+    if lens is not None:
+        inputs["lens"], feeds["lens"] = ((B,), np.int32), np.asarray(lens, np.int32)
+    inits = {"W": w, "R": r, "B": b}
+    if peephole:
+        inits["P"] = p
+    m = make_model([node(op, ins, outs, name="rnn", hidden_size=H, direction=direction, layout=layout,
+                         **(attrs or {}))], inputs, outs, inits=inits)
+    return m, feeds, dict(w=w, r=r, b=b, h0=h0, c0=c0 if has_c else None, p=p, outs=outs, D=D)
+
+
+def explain_single(m, feeds, spec, op, direction, layout, lens, eps, seed=1, which=None, **kw):
+    """Explain a random linear probe of the op's outputs; returns (explanation, oracle tuple, the relevance entering
+    each probed output: start one-hot, the gradient rule on the probe gives it ``nb * c``)."""
+    rng = np.random.default_rng(seed)
+    D = spec["D"]
+    shapes = {"Y": (T, D, B, H) if layout == 0 else (B, T, D, H), "Yh": (D, B, H) if layout == 0 else (B, D, H)}
+    shapes["Yc"] = shapes["Yh"]
+    which = which or spec["outs"]
+    cs = [rng.normal(size=shapes[o]).astype(np.float32) for o in which]
+    nb = next(iter(feeds.values())).shape[0]  # the explainer's "batch" (axis 0 of the input)
+    probe = add_probe(m, which, cs, batch=nb, keep_outputs=True)
+    ex = onnx_lrp.Explainer(to_bytes(probe), composite=composite(), start="one-hot", epsilon=eps)
+    res = ex.explain(feeds)
+    r = {o: nb * c.astype(np.float64) for o, c in zip(which, cs)}
+    zero = {o: np.zeros(shapes[o]) for o in ("Y", "Yh", "Yc")}
+    oracle = lrp_op(op, feeds["x"], spec["w"], spec["r"], spec["b"], spec["h0"], spec["c0"],
+                    r.get("Y", zero["Y"]), r.get("Yh", zero["Yh"]), r.get("Yc", zero["Yc"]) if op == "LSTM" else None,
+                    direction=direction, layout=layout, lens=lens, eps=eps, p=spec["p"], **kw)
+    return res, oracle, r
+
+
+CASES = [(op, d, layout, lens) for op in ("LSTM", "GRU", "RNN") for d in ("forward", "reverse", "bidirectional")
+         for layout, lens in ((0, None), (1, (5, 2, 4)))]
+
+
+@pytest.mark.parametrize("op,direction,layout,lens", CASES)
+def test_single_op_matches_the_numpy_oracle(op, direction, layout, lens):
+    """Every direction; layout 0 without and layout 1 with sequence_lens (padded items); initial states as
+    inputs; relevance entering Y, Y_h and Y_c at once. The oracle also checks the forward against onnxruntime."""
+    m, feeds, spec = single(op, direction, layout, lens, seed=len(op) + layout)
+    eps = 1e-3
+    res, (Y, Yh, Yc, Rx, Rh0, Rc0), _ = explain_single(m, feeds, spec, op, direction, layout, lens, eps)
+    assert rel_err(res.outputs["Y"], Y) < 1e-5 and rel_err(res.outputs["Yh"], Yh) < 1e-5  # oracle forward = ORT
+    assert rel_err(res.relevance["x"], Rx) < 1e-4
+    assert rel_err(res.relevance["h0"], Rh0) < 1e-4
+    if op == "LSTM":
+        assert rel_err(res.relevance["c0"], Rc0) < 1e-4
+    if lens is not None:  # padded steps of an item carry no relevance
+        x_rel = res.relevance["x"]
+        for item, n in enumerate(lens):
+            assert np.all(x_rel[item, n:] == 0)
+
+
+@pytest.mark.parametrize("op,attrs,peephole", [("LSTM", {}, True), ("LSTM", {"clip": 0.7}, False),
+                                               ("GRU", {"linear_before_reset": 1}, False),
+                                               ("RNN", {"activations": ["Relu"]}, False)])
+def test_op_variants_match_the_oracle(op, attrs, peephole):
+    """Peepholes, clip, GRU's linear_before_reset, a Relu RNN; relevance entering Y_h alone (the last state)."""
+    m, feeds, spec = single(op, attrs=attrs, peephole=peephole, seed=7)
+    ort_y = run(m, feeds)[0]
+    kw = {"lbr": attrs.get("linear_before_reset", 0)} if op == "GRU" else {}
+    if "activations" in attrs:
+        kw["acts"] = tuple(attrs["activations"])
+    if "clip" in attrs:  # the activations' inputs clipped; the epsilon rule reads the unclipped linear map
+        kw["clip"] = attrs["clip"]
+    res, (Y, Yh, Yc, Rx, Rh0, Rc0), _ = explain_single(m, feeds, spec, op, "forward", 0, None, 1e-3, which=["Yh"], **kw)
+    assert rel_err(Y, ort_y) < 1e-5
+    assert rel_err(res.relevance["x"], Rx) < 1e-4 and rel_err(res.relevance["h0"], Rh0) < 1e-4
+    assert np.abs(Rx).max() > 0
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_conservation_with_zero_biases(op):
+    """Zero biases, tiny epsilon: input + initial-state relevance = the relevance entering Y and Y_h."""
+    m, feeds, spec = single(op, "bidirectional", bias=False, seed=3)
+    res, _, r_out = explain_single(m, feeds, spec, op, "bidirectional", 0, None, 1e-9)
+    total_in = sum(float(np.sum(v, dtype=np.float64)) for v in res.relevance.values())
+    total_out = sum(float(v.sum()) for v in r_out.values())
+    assert abs(total_in - total_out) < 1e-5 * sum(float(np.abs(v).sum()) for v in r_out.values())
+
+
+def test_epsilon_zero_guards_exact_zeros():
+    """epsilon = 0 (LRP-0): an all-zero input makes every pre-activation and cell state exactly 0 (zero biases and
+    states): the relevance is 0, not NaN."""
+    m, feeds, spec = single("LSTM", bias=False, states=None)
+    feeds = {"x": np.zeros_like(feeds["x"])}
+    res, _, _ = explain_single(m, feeds, spec | {"h0": np.zeros((1, B, H)), "c0": np.zeros((1, B, H))}, "LSTM",
+                            "forward", 0, None, 0.0)
+    assert np.all(np.isfinite(res.relevance)) and np.all(res.relevance == 0)
+
+
+def test_unsupported_attributes_are_refused_in_one_line():
+    m, _, _ = single("LSTM", attrs={"input_forget": 1})
+    m2, _, _ = single("GRU", attrs={"activations": ["HardSigmoid", "Tanh"]})
+    for model, what in ((m, "input_forget"), (m2, "activations")):
+        with pytest.raises(UnsupportedError) as err:
+            onnx_lrp.Explainer(to_bytes(model), composite="epsilon")
+        assert what in str(err.value) and "rnn" in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def test_composite_without_recurrent_rule_is_refused():
+    m, _, _ = single("GRU")
+    with pytest.raises(UnsupportedError, match="recurrent"):
+        onnx_lrp.Explainer(to_bytes(m), composite=dataclasses.replace(load_composite("epsilon"), entries=tuple(
+            e for e in load_composite("epsilon").entries if e.match.get("kind") != "recurrent")))
