@@ -105,7 +105,7 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
         kind = op.kind if op is not None else "unknown"
         feeds = any(id(v) in reached for v in node.inputs if v is not None)
         first = feeds and kind in ("convolution", "dense")
-        if feeds and not first:
+        if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
             reached.update(id(o) for o in node.outputs)
         a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
         if "lrp_absorbed_by" in node.meta:

@@ -158,3 +158,111 @@ def test_composite_without_recurrent_rule_is_refused():
     with pytest.raises(UnsupportedError, match="recurrent"):
         onnx_lrp.Explainer(to_bytes(m), composite=dataclasses.replace(load_composite("epsilon"), entries=tuple(
             e for e in load_composite("epsilon").entries if e.match.get("kind") != "recurrent")))
+
+
+# ------------------------------------------------------------------------------------------ torch exports
+_TORCH_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2], "RNN": [0]}  # torch (ifgo / rzn) -> ONNX (iofc / zrh)
+
+
+def _onnx_params(rnn, op, layer, d):
+    """The ONNX W, R, B of one layer and direction, from torch's parameters."""
+    sfx = f"_l{layer}" + ("_reverse" if d else "")
+    g = {k: getattr(rnn, k + sfx).detach().numpy().astype(np.float64) for k in ("weight_ih", "weight_hh", "bias_ih",
+                                                                                 "bias_hh")}
+    order = _TORCH_ORDER[op]
+
+    def reorder(a):
+        return np.concatenate([np.split(a, len(order))[k] for k in order])
+    return reorder(g["weight_ih"]), reorder(g["weight_hh"]), np.concatenate([reorder(g["bias_ih"]),
+                                                                             reorder(g["bias_hh"])])
+
+
+def torch_oracle(net, op, x, target, eps):
+    """LRP of net = head(rnn(x)[:, -1]) by hand: epsilon on the head, then each layer's oracle, top to bottom."""
+    rnn, head = net.rnn, net.head
+    D, H, L = 2 if rnn.bidirectional else 1, rnn.hidden_size, rnn.num_layers
+    nb, nt = x.shape[:2]
+    params, inputs = [], [x.transpose(1, 0, 2).astype(np.float64)]
+    zeros = np.zeros((D, nb, H))
+    for layer in range(L):
+        w, r, b = (np.stack(a) for a in zip(*[_onnx_params(rnn, op, layer, d) for d in range(D)]))
+        params.append((w, r, b))
+        Y = lrp_op(op, inputs[-1], w, r, b, zeros, zeros if op == "LSTM" else None, np.zeros((nt, D, nb, H)), zeros,
+                   zeros if op == "LSTM" else None, direction="bidirectional" if D == 2 else "forward",
+                   eps=eps, lbr=1)[0]
+        inputs.append(Y.transpose(0, 2, 1, 3).reshape(nt, nb, D * H))
+    last = inputs[-1][-1]
+    wh, bh = head.weight.detach().numpy().astype(np.float64), head.bias.detach().numpy().astype(np.float64)
+    z = last @ wh.T + bh
+    r_out = np.zeros_like(z)
+    r_out[np.arange(nb), target] = z[np.arange(nb), target]
+    r_last = last * ((r_out / stab(z, eps)) @ wh)
+    ry = np.zeros((nt, D, nb, H))
+    ry[-1] = r_last.reshape(nb, D, H).transpose(1, 0, 2)
+    for layer in reversed(range(L)):
+        w, r, b = params[layer]
+        rx = lrp_op(op, inputs[layer], w, r, b, zeros, zeros if op == "LSTM" else None, ry, zeros,
+                    zeros if op == "LSTM" else None, direction="bidirectional" if D == 2 else "forward", eps=eps,
+                    lbr=1)[3]
+        if layer:
+            ry = rx.reshape(nt, nb, D, H).transpose(0, 2, 1, 3)
+    return rx.transpose(1, 0, 2)
+
+
+def _export(op, bidirectional, layers, dynamic, path, seed=0, bias=True):
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(torch.nn, op)(3, 5, num_layers=layers, bidirectional=bidirectional, batch_first=True,
+                                             bias=bias)
+            self.head = torch.nn.Linear(5 * (2 if bidirectional else 1), 4, bias=bias)
+
+        def forward(self, x):
+            y, _ = self.rnn(x)
+            return self.head(y[:, -1])
+
+    torch.manual_seed(seed)
+    net = Net().eval()
+    kw = dict(dynamic_axes={"x": {0: "batch", 1: "time"}}) if dynamic else {}
+    torch.onnx.export(net, torch.zeros(2, 6, 3), str(path), input_names=["x"], output_names=["logits"],
+                      opset_version=17, dynamo=False, **kw)
+    return net
+
+
+@pytest.mark.parametrize("op,bidirectional,layers", [("LSTM", True, 2), ("GRU", True, 1), ("RNN", False, 2),
+                                                     ("LSTM", False, 1)])
+def test_torch_export_matches_the_oracle(tmp_path, op, bidirectional, layers):
+    """nn.LSTM / nn.GRU / nn.RNN (batch_first, bidirectional, stacked) with a Linear head, exported by TorchScript
+    with a dynamic batch and sequence length: relevance = the oracle's, at the exported length and another one;
+    the CNN composites leave the recurrent layer and the head (epsilon) alike."""
+    net = _export(op, bidirectional, layers, True, tmp_path / "m.onnx")
+    rng = np.random.default_rng(5)
+    for nt in (6, 9):
+        x = rng.normal(size=(3, nt, 3)).astype(np.float32)
+        for name in ("epsilon", "epsilon-plus-flat"):
+            res = onnx_lrp.Explainer(str(tmp_path / "m.onnx"), composite=name, epsilon=1e-3).explain(x)
+            want = torch_oracle(net, op, x, res.target, 1e-3)
+            assert rel_err(res.relevance, want) < 1e-4, (nt, name)
+
+
+def test_torch_static_and_dynamic_length_exports_agree(tmp_path):
+    """The same LSTM exported with a fixed and with a dynamic sequence length: the same relevance."""
+    _export("LSTM", True, 1, False, tmp_path / "static.onnx")
+    _export("LSTM", True, 1, True, tmp_path / "dynamic.onnx")
+    x = np.random.default_rng(2).normal(size=(2, 6, 3)).astype(np.float32)
+    a = onnx_lrp.Explainer(str(tmp_path / "static.onnx"), composite="epsilon").explain(x)
+    b = onnx_lrp.Explainer(str(tmp_path / "dynamic.onnx"), composite="epsilon").explain(x)
+    np.testing.assert_array_equal(a.target, b.target)
+    np.testing.assert_allclose(b.relevance, a.relevance, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_torch_export_conserves_with_zero_biases(tmp_path, op):
+    """bias=False everywhere, zero initial states: the input relevance sums to the explained logit."""
+    _export(op, True, 2, True, tmp_path / "m.onnx", bias=False)
+    x = np.random.default_rng(4).normal(size=(3, 7, 3)).astype(np.float32)
+    res = onnx_lrp.Explainer(str(tmp_path / "m.onnx"), composite="epsilon", epsilon=1e-9).explain(x)
+    logit = res.outputs["logits"][np.arange(3), res.target]
+    np.testing.assert_allclose(res.relevance.sum(axis=(1, 2)), logit, rtol=1e-4, atol=1e-6)
