@@ -457,6 +457,16 @@ NOT_LOADABLE = {"SimplifiedLayerNormalization": "an onnxruntime contrib op in th
 NO_GRADIENT = {"Einsum": [node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")]}
 
 
+def _recurrent(op, gates):  # its rule (LRP for LSTMs) is tested against a numpy oracle in test_recurrent.py
+    def weight(name, *shape):
+        return node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.full(shape, 0.1, np.float32)))
+    return [weight("rw", 1, gates * 2, 4), weight("rr", 1, gates * 2, 2),
+            node(op, ["x", "rw", "rr"], ["y"], hidden_size=2)]
+
+
+NO_GRADIENT.update({op: _recurrent(op, g) for op, g in (("LSTM", 4), ("GRU", 3), ("RNN", 1))})
+
+
 @pytest.mark.parametrize("op", sorted(NOT_LOADABLE))
 def test_not_loadable(op):
     model = make_model([node(op, ["x", "g"], ["y"])], {"x": [2, 3, 4]}, [("y", np.float32)], {"g": W(4)})
