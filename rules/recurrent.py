@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .rules import Rule
+from .rules import RULES, Rule
 
 
 @dataclass(frozen=True)
@@ -35,5 +35,6 @@ class Recurrent(Rule):
 
 
 RECURRENT_RULES = (Recurrent,)
+RULES.update({cls.name: cls for cls in RECURRENT_RULES})
 
 __all__ = ["Recurrent", "RECURRENT_RULES"]
