@@ -315,3 +315,65 @@ def test_unrolled_lstm_cell_matches_the_lstm_op(tmp_path):
         pytest.skip("no gate rule for Sigmoid-gated products in the CNN composites yet")
     np.testing.assert_array_equal(got.target, ref.target)
     assert rel_err(got.relevance, ref.relevance) < 1e-3
+
+
+# ------------------------------------------------------------------------------------------ onnx backend cases
+def _backend_cases():
+    """The onnx wheel's LSTM / GRU / RNN node test cases (model, inputs, outputs of onnx's numpy reference)."""
+    import onnx.backend.test.case.node as cases
+    from onnx.backend.test.case.node import gru, lstm, rnn  # noqa: F401  (importing registers the cases)
+    return {c.name: c for c in cases._NodeTestCases if c.model.graph.node[0].op_type in GATES}
+
+
+BACKEND = sorted(_backend_cases())
+
+
+@pytest.mark.parametrize("name", BACKEND)
+def test_onnx_backend_cases(name):
+    """Each of the onnx wheel's LSTM/GRU/RNN node tests (defaults, biases, peepholes with initial states and
+    sequence_lens, batchwise = layout 1, reverse, bidirectional), weights made initializers: the relevance model's
+    forward equals onnx's reference outputs (layout 1 too, which onnxruntime runs only through the canonizer) and
+    the relevance entering Y_h (and Y, Y_c) matches the oracle."""
+    import onnx
+    case = _backend_cases()[name]
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    model.ir_version = 10
+    ins, expected = case.data_sets[0]
+    n = model.graph.node[0]
+    op = n.op_type
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    given = dict(zip([i.name for i in model.graph.input], ins))
+    params = {k: given.pop(k) for k in ("W", "R", "B", "P") if k in given}
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(v, k) for k, v in params.items()])
+    keep = [i for i in model.graph.input if i.name not in params]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    outs = [o.name for o in model.graph.output]
+    rng = np.random.default_rng(3)
+    cs = [rng.normal(size=e.shape).astype(np.float32) for e in expected]
+    nb = given["X"].shape[0]
+    res = onnx_lrp.Explainer(to_bytes(add_probe(model, outs, cs, batch=nb, keep_outputs=True)),
+                             composite=composite(), start="one-hot", epsilon=1e-3).explain(given)
+    for o, e in zip(outs, expected):
+        np.testing.assert_allclose(res.outputs[o], e, rtol=1e-5, atol=1e-6)
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    layout, H = attrs.get("layout", 0), attrs["hidden_size"]
+    D = 2 if direction == "bidirectional" else 1
+    x = given["X"]
+    nbatch = x.shape[1 - layout]
+    state = (nbatch, D, H) if layout else (D, nbatch, H)
+    zeros = np.zeros(state)
+    r = {o: nb * c.astype(np.float64) for o, c in zip(outs, cs)}
+    ry = r.get("Y", np.zeros((x.shape[0], x.shape[1], D, H)) if layout else np.zeros((x.shape[0], D, nbatch, H)))
+    w = params["W"]
+    b = params.get("B", np.zeros((D, 2 * w.shape[1])))
+    Rx, Rh0, Rc0 = lrp_op(op, x, w, params["R"], b, given.get("initial_h", zeros),
+                          given.get("initial_c", zeros) if op == "LSTM" else None, ry, r.get("Y_h", zeros),
+                          r.get("Y_c", zeros) if op == "LSTM" else None, direction=direction, layout=layout,
+                          lens=given.get("sequence_lens"), eps=1e-3, p=params.get("P"))[3:]
+    rel = res.relevance if isinstance(res.relevance, dict) else {"X": res.relevance}
+    assert rel_err(rel["X"], Rx) < 1e-4 and np.abs(Rx).max() > 0
+    if "initial_h" in rel:
+        assert rel_err(rel["initial_h"], Rh0) < 1e-4 and rel_err(rel["initial_c"], Rc0) < 1e-4
