@@ -1,8 +1,8 @@
 """The op registry: importing this package registers every supported op type."""
-from . import recurrent  # noqa: F401  (LSTM / GRU / RNN)
 from . import elementwise, linear, pooling, shape  # noqa: F401  (registration side effects)
 from . import transformer  # noqa: F401,E402  (wraps MatMul/Mul/Div/Gather registered above)
 from .base import REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, is_param
+from . import recurrent  # noqa: F401,E402  (LSTM / GRU / RNN)
 
 # ops whose output is >= 0 whenever their relevance inputs are (moves, pools, sums)
 PRESERVES_NONNEG = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMax", "ReduceMean",
