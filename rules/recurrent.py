@@ -7,12 +7,14 @@ get no relevance; element-wise non-linearities pass relevance unchanged):
 
 - LSTM (c_t = f ⊙ c_{t-1} + i ⊙ g, h_t = o ⊙ tanh(c_t), g = tanh(a), a = W_g x_t + R_g h_{t-1} + b_g):
   R_c += R_h (o ⊙ tanh(c): signal-take-all), R_{c_{t-1}} = f ⊙ c_{t-1} ⊙ R_c / stab(c_t),
-  R_a = i ⊙ g ⊙ R_c / stab(c_t), R_{x_t} = x_t ⊙ W_g^T s, R_{h_{t-1}} += h_{t-1} ⊙ R_g^T s with s = R_a / stab(a).
+  R_a = i ⊙ g ⊙ R_c / stab(c_t), R_{x_t} = x_t ⊙ W_g^T s, R_{h_{t-1}} += h_{t-1} ⊙ R_g^T s with
+  s = R_a / stab(a).
 - GRU (h_t = (1 - z) ⊙ n + z ⊙ h_{t-1}, n = tanh(a), a = W_n x_t + r ⊙ (R_n h_{t-1} + b) or W_n x_t + R_n (r ⊙
   h_{t-1}) + b): R_a = (1 - z) ⊙ n ⊙ R_h / stab(h_t), R_{h_{t-1}} = z ⊙ h_{t-1} ⊙ R_h / stab(h_t)
   + h_{t-1} ⊙ J_h^T s with s = R_a / stab(a) and the reset gate r held as a coefficient of its signal;
   R_{x_t} = x_t ⊙ W_n^T s.
-- RNN (h_t = f(a), a = W x_t + R h_{t-1} + b): s = R_h / stab(a), R_{x_t} = x_t ⊙ W^T s, R_{h_{t-1}} = h_{t-1} ⊙ R^T s.
+- RNN (h_t = f(a), a = W x_t + R h_{t-1} + b): s = R_h / stab(a), R_{x_t} = x_t ⊙ W^T s,
+  R_{h_{t-1}} = h_{t-1} ⊙ R^T s.
 """
 from __future__ import annotations
 
