@@ -377,3 +377,30 @@ def test_onnx_backend_cases(name):
     assert rel_err(rel["X"], Rx) < 1e-4 and np.abs(Rx).max() > 0
     if "initial_h" in rel:
         assert rel_err(rel["initial_h"], Rh0) < 1e-4 and rel_err(rel["initial_c"], Rc0) < 1e-4
+
+
+def test_token_ids_embedding_lstm_matches_the_oracle(tmp_path):
+    """The sentiment-model shape of Arras et al.: token ids -> nn.Embedding -> bidirectional nn.LSTM -> Linear.
+    The relevance per token (at the embedding lookup, summed over the embedding) is the oracle's."""
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 3)
+            self.rnn = torch.nn.LSTM(3, 5, batch_first=True, bidirectional=True)
+            self.head = torch.nn.Linear(10, 4)
+
+        def forward(self, ids):
+            return self.head(self.rnn(self.emb(ids))[0][:, -1])
+
+    torch.manual_seed(1)
+    net = Net().eval()
+    ids = torch.randint(0, 20, (3, 8))
+    torch.onnx.export(net, ids, str(tmp_path / "m.onnx"), input_names=["ids"], output_names=["logits"],
+                      opset_version=17, dynamo=False, dynamic_axes={"ids": {0: "batch", 1: "time"}})
+    res = onnx_lrp.Explainer(str(tmp_path / "m.onnx"), composite="epsilon", epsilon=1e-3).explain(
+        {"ids": ids.numpy()})
+    x = net.emb(ids).detach().numpy()
+    assert res.relevance.shape == (3, 8)
+    assert rel_err(res.relevance, torch_oracle(net, "LSTM", x, res.target, 1e-3).sum(-1)) < 1e-4
