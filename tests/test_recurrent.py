@@ -272,6 +272,7 @@ def test_torch_export_conserves_with_zero_biases(tmp_path, op):
     np.testing.assert_allclose(res.relevance.sum(axis=(1, 2)), logit, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # the torch.export-based exporter takes 5-15 s per model
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_torch_dynamo_export_matches_the_oracle(tmp_path, op):
     """The torch.export-based exporter writes nn.LSTM / nn.GRU as ONNX LSTM / GRU nodes too (nn.RNN it unrolls into
