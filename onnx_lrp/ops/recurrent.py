@@ -68,10 +68,6 @@ def _scan(em: Emitter, tag: str, states: list, scans: list, build, n_scan_out: i
                        scan_output_directions=[d] * n_scan_out)
 
 
-def _ints(node, name):
-    return list(node.attributes.get_ints(name, [])) if name in node.attributes else []
-
-
 def _acts(node) -> list[str]:
     t = node.op_type
     n_dir = 2 if node.attributes.get_string("direction", "forward") == "bidirectional" else 1
@@ -186,23 +182,19 @@ class Recurrent(RuleOp):
                 xd = reverse_t(x, "x_rev") if rev else x
                 w, r, b = w_all[d], r_all[d], b_all[d]
                 a_fw = [_ACTS[a.lower()] for a in acts[d * per_dir:(d + 1) * per_dir]]
-                h0 = _take(em, init_h, d, 0, "h0") if init_h is not None \
-                    else zeros_bh
+                h0 = _take(em, init_h, d, 0, "h0") if init_h is not None else zeros_bh
                 c0 = None
                 if t == "LSTM":
-                    c0 = _take(em, init_c, d, 0, "c0") if init_c is not None \
-                        else zeros_bh
+                    c0 = _take(em, init_c, d, 0, "c0") if init_c is not None else zeros_bh
                 ry = None
                 if r_y is not None:
                     ry = _take(em, r_y, d, 1, "r_y")
                     if rev:
                         ry = reverse_t(ry, "r_y_rev")
-                ryh = _take(em, r_yh, d, 0, "r_yh") if r_yh is not None \
-                    else zeros_bh
+                ryh = _take(em, r_yh, d, 0, "r_yh") if r_yh is not None else zeros_bh
                 ryc = None
                 if t == "LSTM":
-                    ryc = _take(em, r_yc, d, 0, "r_yc") if r_yc is not None \
-                        else zeros_bh
+                    ryc = _take(em, r_yc, d, 0, "r_yc") if r_yc is not None else zeros_bh
                 cell = dict(LSTM=_lstm, GRU=_gru, RNN=_rnn)[t]
                 s_sig, w_sig, rh, rc = cell(em, node, xd, w, r, b, p_all[d] if p_all is not None else None, clip,
                                             a_fw, h0, c0, ry, ryh, ryc, mask, eps, hidden)
