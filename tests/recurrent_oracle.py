@@ -31,7 +31,7 @@ def _steps(T, L, reverse):
 
 
 def lrp(op, x, w, r, b, h0, c0, ry, ryh, ryc, lens=None, reverse=False, eps=1e-6, p=None, lbr=0, acts=None,
-        clip=None):
+        clip=None, input_forget=0):
     """One direction. x [T, B, I]; w [G*H, I]; r [G*H, H]; b [2*G*H]; h0/c0/ryh/ryc [B, H]; ry [T, B, H].
 
     Returns (Y [T, B, H], Y_h [B, H], Y_c [B, H] or None, R_x [T, B, I], R_h0 [B, H], R_c0 [B, H] or None)."""
@@ -59,7 +59,7 @@ def lrp(op, x, w, r, b, h0, c0, ry, ryh, ryc, lens=None, reverse=False, eps=1e-6
                 bi, bo, bf, bc = np.split(wb + rb, 4)
                 Pi, Po, Pf = np.split(np.zeros(3 * H) if p is None else np.asarray(p, np.float64), 3)
                 i = f(Wi @ xt + Ri @ h + Pi * c + bi)
-                ff = f(Wf @ xt + Rf @ h + Pf * c + bf)
+                ff = 1.0 - i if input_forget else f(Wf @ xt + Rf @ h + Pf * c + bf)
                 a = Wc @ xt + Rc @ h + bc      # the signal's linear map
                 gg = g(a)
                 c_new = ff * c + i * gg

@@ -107,10 +107,12 @@ def test_single_op_matches_the_numpy_oracle(op, direction, layout, lens):
 
 
 @pytest.mark.parametrize("op,attrs,peephole", [("LSTM", {}, True), ("LSTM", {"clip": 0.7}, False),
+                                               ("LSTM", {"input_forget": 1}, True),
                                                ("GRU", {"linear_before_reset": 1}, False),
                                                ("RNN", {"activations": ["Relu"]}, False)])
 def test_op_variants_match_the_oracle(op, attrs, peephole):
-    """Peepholes, clip, GRU's linear_before_reset, a Relu RNN; relevance entering Y_h alone (the last state)."""
+    """Peepholes, clip, coupled gates (input_forget), GRU's linear_before_reset, a Relu RNN; relevance entering Y_h
+    alone (the last state)."""
     m, feeds, spec = single(op, attrs=attrs, peephole=peephole, seed=7)
     ort_y = run(m, feeds)[0]
     kw = {"lbr": attrs.get("linear_before_reset", 0)} if op == "GRU" else {}
@@ -118,6 +120,8 @@ def test_op_variants_match_the_oracle(op, attrs, peephole):
         kw["acts"] = tuple(attrs["activations"])
     if "clip" in attrs:  # the activations' inputs clipped; the epsilon rule reads the unclipped linear map
         kw["clip"] = attrs["clip"]
+    if "input_forget" in attrs:
+        kw["input_forget"] = attrs["input_forget"]
     res, (Y, Yh, Yc, Rx, Rh0, Rc0), _ = explain_single(m, feeds, spec, op, "forward", 0, None, 1e-3, which=["Yh"], **kw)
     assert rel_err(Y, ort_y) < 1e-5
     assert rel_err(res.relevance["x"], Rx) < 1e-4 and rel_err(res.relevance["h0"], Rh0) < 1e-4
@@ -145,9 +149,9 @@ def test_epsilon_zero_guards_exact_zeros():
 
 
 def test_unsupported_attributes_are_refused_in_one_line():
-    m, _, _ = single("LSTM", attrs={"input_forget": 1})
+    m, _, _ = single("LSTM", attrs={"activation_alpha": [0.5]})
     m2, _, _ = single("GRU", attrs={"activations": ["HardSigmoid", "Tanh"]})
-    for model, what in ((m, "input_forget"), (m2, "activations")):
+    for model, what in ((m, "activation_alpha"), (m2, "activations")):
         with pytest.raises(UnsupportedError) as err:
             onnx_lrp.Explainer(to_bytes(model), composite="epsilon")
         assert what in str(err.value) and "rnn" in str(err.value) and "\n" not in str(err.value).strip()

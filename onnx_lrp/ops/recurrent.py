@@ -111,8 +111,6 @@ class Recurrent(RuleOp):
                     f"{len(_DEFAULT_ACTS[t]) * n_dir} of them); re-export with the default activations")
         if "activation_alpha" in node.attributes or "activation_beta" in node.attributes:
             return "activation_alpha/activation_beta are not supported (use activations without parameters)"
-        if t == "LSTM" and node.attributes.get_int("input_forget", 0):
-            return "input_forget=1 (coupled input and forget gates) is not supported"
         if node.attributes.get_int("layout", 0) != 0:  # the loader's canonizer rewrites layout=1
             return "layout is not 0 (load the model with onnx_lrp.loader, which transposes layout=1 to 0)"
         dims = static_dims(node.inputs[0])
@@ -259,7 +257,10 @@ def _lstm(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps,
             zi = sub.add(zi, sub.mul(c, sub.const(p[:hid], tag="p_i"), tag="pc_i"), tag="zi_p")
             zf = sub.add(zf, sub.mul(c, sub.const(p[2 * hid:], tag="p_f"), tag="pc_f"), tag="zf_p")
         i = sub.op(f_act, _clip(sub, zi, clip, "zi_clip"), tag="i")
-        f = sub.op(f_act, _clip(sub, zf, clip, "zf_clip"), tag="f")
+        if node.attributes.get_int("input_forget", 0):  # coupled gates: f = 1 - i
+            f = sub.sub(sub.scalar(1.0), i, tag="f")
+        else:
+            f = sub.op(f_act, _clip(sub, zf, clip, "zf_clip"), tag="f")
         gg = sub.op(g_act, _clip(sub, zc, clip, "zc_clip"), tag="g")
         c_new = sub.add(sub.mul(f, c, tag="fc"), sub.mul(i, gg, tag="ig"), tag="c_new")
         if p is not None:
