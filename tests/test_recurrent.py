@@ -109,6 +109,7 @@ def test_single_op_matches_the_numpy_oracle(op, direction, layout, lens):
 @pytest.mark.parametrize("op,attrs,peephole", [("LSTM", {}, True), ("LSTM", {"clip": 0.7}, False),
                                                ("LSTM", {"input_forget": 1}, True),
                                                ("GRU", {"linear_before_reset": 1}, False),
+                                               ("GRU", {"clip": 0.5}, False), ("RNN", {"clip": 0.5}, False),
                                                ("RNN", {"activations": ["Relu"]}, False)])
 def test_op_variants_match_the_oracle(op, attrs, peephole):
     """Peepholes, clip, coupled gates (input_forget), GRU's linear_before_reset, a Relu RNN; relevance entering Y_h
