@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ledger as ledger_mod
 from . import loader, rewriter, runtime
 from .errors import InputError
 from .graph import static_dims
@@ -31,6 +32,7 @@ class Explanation:
     relevance_at: dict = field(default_factory=dict)
     explained_output: str = ""
     position: object = None
+    ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Explainer:
 
     def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
-                 threads: int | None = None, **rule_params):
+                 threads: int | None = None, ledger: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -63,8 +65,9 @@ class Explainer:
         y_value = rewriter.explained_value(graph, output, explain_logits)[0]
         y_dims = static_dims(y_value)
         self._rows_from = _sequence_axis_source(graph, y_value)
+        self.ledger_rows = [] if ledger else None  # one onnx_lrp.ledger.LedgerRow per node, reverse order
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
-                         explain_logits=explain_logits)
+                         explain_logits=explain_logits, ledger=self.ledger_rows)
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
         self.explained_output = output or self.output_names[0]
@@ -195,6 +198,8 @@ class Explainer:
         else:
             targets = self._targets(target, batch)
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        if static_one and batch > 1 and self.ledger_rows is not None:
+            raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
         if static_one and batch > 1:  # exported with a fixed batch of 1: run item by item
             parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
@@ -212,7 +217,9 @@ class Explainer:
                            outputs={n: merged[n] for n in self.output_names},
                            target=used,
                            relevance_at={n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_at},
-                           explained_output=self.explained_output, position=pos_used)
+                           explained_output=self.explained_output, position=pos_used,
+                           ledger=None if self.ledger_rows is None else
+                           {"entering": merged[ledger_mod.ENTERING_OUTPUT], "leaving": merged[ledger_mod.LEAVING_OUTPUT]})
 
     def _run(self, feeds, targets, start, positions=None):
         feeds = dict(feeds)

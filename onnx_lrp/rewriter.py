@@ -19,6 +19,7 @@ from . import patterns
 from .deployed import relay_sources
 from .errors import InputError, UnsupportedError
 from .graph import Emitter, static_dims
+from .ledger import Ledger
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
@@ -214,8 +215,12 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
 
 
 def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
-            explain_logits: bool = True) -> ir.Model:
-    """Append the relevance graph to ``model`` (in place) and return it."""
+            explain_logits: bool = True, ledger: list | None = None) -> ir.Model:
+    """Append the relevance graph to ``model`` (in place) and return it.
+
+    ``ledger``: a list to receive one :class:`onnx_lrp.ledger.LedgerRow` per node; the model then also outputs the
+    relevance sums entering and leaving each node (``lrp/ledger/entering``, ``lrp/ledger/leaving``).
+    """
     graph = model.graph
     p = plan(model, composite, output, explain_logits)
     if p.unsupported:
@@ -241,6 +246,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     as_r: dict[int, ir.Value] = {}
     zero_where_zero: dict[int, bool] = {id(p.explained): False}  # relevance known to vanish where the value does
     by_node = {id(a.node): a for a in p.assignments}
+    book = Ledger(em, ledger) if ledger is not None else None
 
     def total_rel(v: ir.Value, scope_name: str) -> Rel | None:
         """The relevance of v summed over its consumers: in gradient form when every part is, relative to one
@@ -280,11 +286,16 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
         if all(r is None for r in r_outs):
             continue
+        if book is not None:
+            book.enter(node, a, r_outs, isinstance(a.op, LinearOp) and (
+                "lrp_bias" in node.meta or "lrp_bias_add" in node.meta or len(node.inputs) > 2))
         if a.kind == "held":
             continue
         if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
             src = next(v for v in node.inputs if carries(v))
             rel.setdefault(id(src), []).append(r_outs[0])
+            if book is not None:
+                book.leave(node, r_outs[:1])
             zero_where_zero[id(src)] = False
             continue
         xs = a.op.relevance_values(node)
@@ -300,6 +311,8 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
             else:
                 r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
+        if book is not None:
+            book.leave(node, r_ins)
         keeps = zero_preserving(a.op, a.rule, node)
         if keeps == "inherit":
             keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
@@ -337,6 +350,8 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         _name_output(r, RELEVANCE_PREFIX + name, v)
         outputs.append(r)
     outputs.append(target_used)
+    if book is not None:
+        outputs.extend(book.finish())
     graph.outputs.clear()
     graph.outputs.extend(outputs)
     return model
