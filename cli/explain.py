@@ -13,9 +13,8 @@ import numpy as np
 from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
-from .io import (IMAGENET_MEAN, IMAGENET_STD, AtomicOutputs, OutputError, Preprocess, check_writable, image_layout,
-                 input_kind, load_inputs, model_input_dims, parse_floats, parse_size)
-from .options import common, composite_with, rule_params, takes
+from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
+from .options import common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
@@ -84,14 +83,7 @@ def _say(msg: str) -> None:
 @click.option("--heatmap-style", type=click.Choice(hm.STYLES), default="beside", show_default=True,
               help="With image-like inputs: the input beside the heatmap, the heatmap over the input, or the "
                    "heatmap alone.")
-@click.option("--size", default=None, metavar="H[,W]",
-              help="Images: resize to this size (default: the model's input size).")
-@click.option("--mean", default="0", show_default=True, metavar="FLOAT[,FLOAT...]",
-              help="Images: pixels are scaled to [0,1], then (x - mean) / std per channel. ImageNet models: "
-                   f"--mean {','.join(map(str, IMAGENET_MEAN))} --std {','.join(map(str, IMAGENET_STD))}.")
-@click.option("--std", default="1", show_default=True, metavar="FLOAT[,FLOAT...]",
-              help="Images: see --mean. For image inputs without --low/--high, the ZBox bounds are the pixel range "
-                   "after this normalisation: low = (0 - mean) / std, high = (1 - mean) / std per channel.")
+@input_options
 @click.option("--tokens", "tokens_path", default=None, metavar="FILE.txt",
               help="Token text, one token per line in input order: colour the tokens by relevance in the terminal "
                    "(summed over the embedding dimension for embedding inputs).")
@@ -100,8 +92,7 @@ def _say(msg: str) -> None:
                    "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
-            heatmap_path, cmap, heatmap_style, size, mean, std, tokens_path, html_path, as_json, composite,
-            **rule_kw):
+            heatmap_path, cmap, heatmap_style, tokens_path, html_path, as_json, composite, **rule_kw):
     """Explain MODEL's prediction for INPUT with LRP.
 
     INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
@@ -149,17 +140,10 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         check_writable(html_out)
 
     # ---- preprocessing, composite and rule parameters
-    pre = Preprocess(parse_size(size), parse_floats(mean, "--mean"), parse_floats(std, "--std"))
+    pre = preprocess(rule_kw)
     params = rule_params(rule_kw)
     comp = composite_with(composite, {})
-    zbox_note = None
-    if data_kind == "image" and takes(comp, "low") and "low" not in params and "high" not in params:
-        infos = model_input_dims(model)
-        if len(infos) == 1:
-            low, high = pre.box(image_layout(infos[0]))
-            params["low"], params["high"] = low, high
-            zbox_note = f"ZBox bounds from --mean/--std: low {[round(float(v), 4) for v in low.ravel()]}, " \
-                        f"high {[round(float(v), 4) for v in high.ravel()]}"
+    zbox_note = image_zbox(model, data_kind, comp, params, pre)
     comp = composite_with(comp, params)
 
     # ---- build

@@ -95,6 +95,8 @@ class Preprocess:
     size: tuple | None = None
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
+    crop: bool = False  # keep the aspect ratio: scale the shorter side to fit, cut the centre
+    normalised: bool = False  # --mean or --std was given (else the defaults 0 and 1)
 
     def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
         mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
@@ -196,7 +198,13 @@ def load_image(path: Path, layout: ImageLayout, pre: Preprocess) -> tuple[np.nda
             im.load()
             mode = "L" if layout.channels == 1 else "RGB"
             im = im.convert(mode)
-            if im.size != (size[1], size[0]):
+            if pre.crop and im.size != (size[1], size[0]):
+                f = max(size[1] / im.size[0], size[0] / im.size[1])
+                w, h = max(size[1], round(im.size[0] * f)), max(size[0], round(im.size[1] * f))
+                im = im.resize((w, h), Image.Resampling.BILINEAR)
+                left, top = (w - size[1]) // 2, (h - size[0]) // 2
+                im = im.crop((left, top, left + size[1], top + size[0]))
+            elif im.size != (size[1], size[0]):
                 im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             pixels = np.asarray(im, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:

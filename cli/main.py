@@ -84,6 +84,8 @@ from .regress import check, diff, snapshot  # noqa: E402
 main.add_command(snapshot)
 main.add_command(check)
 main.add_command(diff)
+from .trace import trace  # noqa: E402
+main.add_command(trace)
 
 if __name__ == "__main__":  # python -m onnx_lrp.cli.main
     main()
