@@ -98,7 +98,7 @@ def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
             "epsilon-gamma-box", "--json", "--target", "5")
     summary = json.loads(p.stdout)
     # the PNG holds exactly the .npy sample * 255; --mean 0 --std 1 (defaults) -> ZBox low 0, high 1
-    assert "ZBox bounds from --mean/--std: low [0.0], high [1.0]" in p.stderr
+    assert "ZBox bounds for pixels in [0, 1] (no --mean/--std given): low [0.0], high [1.0]" in p.stderr
     x = np.load(SAMPLES / "npy" / "digit_3.npy")
     np.testing.assert_array_equal(np.asarray(Image.open(png), np.float32)[None] / 255, x)
     res = api("epsilon-gamma-box", low=0.0, high=1.0).explain(x, target=5)
@@ -297,7 +297,7 @@ def test_help_and_version():
     text = " ".join(run("explain", "--help").stdout.split())
     for opt in ("--composite", "--target", "--output", "--epsilon", "--gamma", "--low", "--high", "--alpha",
                 "--beta", "--start", "--device", "--batch-size", "--relevance-at", "--heatmap", "--cmap", "--size",
-                "--mean", "--std", "--json", "[default: 0]", "[default: 1]", "low = (0 - mean) / std"):
+                "--mean", "--std", "--crop", "--json", "(default 0)", "(default 1)", "low = (0 - mean) / std"):
         assert opt in text, opt
     assert onnx_lrp.__version__ in run("--version").stdout
 
