@@ -351,6 +351,39 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "cannot parse"
 
 
+# ---------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A progress bar on stderr that appears only when the work takes longer than ``after_s`` seconds (estimated
+    from the first step); ``update(done, total)``; use as a context manager."""
+
+    def __init__(self, label: str, after_s: float = 2.0):
+        import time
+        self._clock = time.perf_counter
+        self.label, self.after_s = label, after_s
+        self._t0 = self._clock()
+        self._bar = None
+        self._shown = 0
+
+    def update(self, done: int, total: int) -> None:
+        import sys
+
+        import click
+        if self._bar is None and done < total and done > 0:
+            if (self._clock() - self._t0) / done * total > self.after_s:
+                self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+                self._bar.__enter__()
+        if self._bar is not None:
+            self._bar.update(done - self._shown)
+            self._shown = done
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+
 # ---------------------------------------------------------------------------------------------- writing
 class AtomicOutputs:
     """Write files as one transaction: temporary files beside their targets, renamed over them at ``commit``.
@@ -397,10 +430,10 @@ class AtomicOutputs:
     def save_npy(self, path, arr: np.ndarray) -> Path:
         return self.write(path, lambda f: np.save(f, np.asarray(arr), allow_pickle=False))
 
-    def save_npz(self, path, arrays: dict) -> Path:
+    def save_npz(self, path, arrays: dict, compressed: bool = False) -> Path:
         def writer(f):
             buf = io.BytesIO()
-            np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+            (np.savez_compressed if compressed else np.savez)(buf, **{k: np.asarray(v) for k, v in arrays.items()})
             f.write(buf.getvalue())
         return self.write(path, writer)
 

@@ -20,8 +20,9 @@ from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
 from .explain import parse_target
-from .io import AtomicOutputs, InputInfo, OutputError, check_writable, image_layout, load_inputs
-from .options import common, composite_with, rule_params
+from .io import (AtomicOutputs, InputInfo, OutputError, Progress, check_writable, image_layout, input_kind,
+                 load_inputs)
+from .options import common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 EXIT_DRIFT = 1
 
@@ -151,6 +152,14 @@ def _inputs_for(ex, arrays: dict, where: str) -> dict:
     return arrays
 
 
+def _data_kind(path) -> str:
+    kind = input_kind(path)
+    if kind == "directory":
+        from .io import directory_files
+        kind = directory_files(path)[0]
+    return kind
+
+
 def _targets(targets, n):
     if isinstance(targets, list) and len(targets) != n:
         raise InputError(f"--target gives {len(targets)} classes for {n} item(s); give one, or one per item")
@@ -169,6 +178,7 @@ def _targets(targets, n):
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
               help="Initial relevance at the target.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@input_options
 def snapshot(model, inputs_path, out, target, output_name, start, batch_size, composite, **rule_kw):
     """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
 
@@ -181,20 +191,25 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
         raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
     check_writable(out_path)
     targets = parse_target(target)
+    pre = preprocess(rule_kw)
     params = rule_params(rule_kw)
+    note = image_zbox(model, _data_kind(inputs_path), composite_with(composite, {}), params, pre)
+    if note:
+        _say(note)
     comp = composite_with(composite, params)
     comp_name, comp_toml = rg.composite_source(composite)
     t0 = time.perf_counter()
     ex = _explainer(model, comp, output_name, start)
-    batch = load_inputs(inputs_path, ex.inputs)
+    batch = load_inputs(inputs_path, ex.inputs, pre)
     _targets(targets, len(batch))
-    rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size)
+    with Progress("explaining") as bar:
+        rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update)
     arrays = rg.snapshot_arrays(
         inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
         composite_toml=comp_toml, params=params, start=start, output=output_name,
         explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size)
     with AtomicOutputs() as w:
-        w.save_npz(out_path, arrays)
+        w.save_npz(out_path, arrays, compressed=True)
     click.echo(f"snapshot of {len(batch)} item(s) -> {out_path} (composite {comp_name}, start {start}, explained "
                f"output {ex.explained_output}, {time.perf_counter() - t0:.2f} s)")
 
@@ -221,7 +236,8 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
     batch_size = batch_size or int(meta.get("batch_size") or 32)
-    rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size)
+    with Progress("explaining") as bar:
+        rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update)
     base = snap.result()
     if ex.explained_output not in outs:
         raise InputError(f"the model has no output {meta['explained_output']!r}")
@@ -260,6 +276,7 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
               help="Initial relevance at the target.")
 @threshold_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@input_options
 def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, heatmap_dir, max_rows,
          batch_size, composite, **kw):
     """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
@@ -269,15 +286,24 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     th, config_used = _pop_thresholds(kw)
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
     targets = parse_target(target)
-    comp_rules = composite_with(composite, rule_params(kw))
+    pre = preprocess(kw)
+    params = rule_params(kw)
+    note = image_zbox(model_a, _data_kind(inputs_path), composite_with(composite, {}), params, pre)
+    if note:
+        _say(note)
+    comp_rules = composite_with(composite, params)
     t0 = time.perf_counter()
     ex_a = _explainer(model_a, comp_rules, output_name, start)
     ex_b = _explainer(model_b, comp_rules, output_name, start)
-    batch = load_inputs(inputs_path, ex_a.inputs)
+    batch = load_inputs(inputs_path, ex_a.inputs, pre)
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
-    rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size)
-    rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size)
+    n = len(batch)
+    with Progress("explaining") as bar:
+        rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size,
+                                             progress=lambda d, t: bar.update(d, 2 * t))
+        rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size,
+                                          progress=lambda d, t: bar.update(n + d, 2 * t))
     base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a)
     cur = rg.Result(rel_b, outs_b[ex_b.explained_output], used, batch.names, outs_b)
     comp = rg.compare(base, cur, th)

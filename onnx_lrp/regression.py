@@ -1,6 +1,6 @@
 """Regression checks for explanations: metrics, the snapshot file, comparisons and reports (no onnx import).
 
-A **snapshot** (``onnx-lrp snapshot``) is a plain ``.npz`` (written with ``np.savez``, read with
+A **snapshot** (``onnx-lrp snapshot``) is a plain ``.npz`` (written with ``np.savez_compressed``, read with
 ``allow_pickle=False``) holding everything a later check needs, so that the check is reproducible from the file
 alone:
 
@@ -327,11 +327,16 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     return Comparison(samples, th)
 
 
-def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32) -> tuple[dict, dict, np.ndarray]:
-    """Run an Explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used)."""
+def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=None
+                ) -> tuple[dict, dict, np.ndarray]:
+    """Run an Explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used).
+
+    ``progress(done, total)`` is called after each chunk (e.g. to draw a progress bar)."""
     n = next(iter(arrays.values())).shape[0]
     rel, outs, used = [], [], []
     for lo in range(0, n, batch_size):
+        if progress is not None and lo:
+            progress(lo, n)
         hi = min(n, lo + batch_size)
         t = None if targets is None else (targets[lo:hi] if np.ndim(targets) else targets)
         res = ex.explain({k: a[lo:hi] for k, a in arrays.items()}, target=t)
@@ -339,6 +344,8 @@ def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32) -> tuple[d
         rel.append(r)
         outs.append(res.outputs)
         used.append(np.asarray(res.target, np.int64))
+    if progress is not None:
+        progress(n, n)
     relevance = {k: np.concatenate([r[k] for r in rel]) for k in rel[0]}
     outputs = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
     return relevance, outputs, np.concatenate(used)
@@ -422,7 +429,7 @@ class Snapshot:
 def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, model_path, composite_name: str,
                     composite_toml: str, params: dict, start: str, output: str | None, explained_output: str,
                     target_request, items: list, batch_size: int = 32, notes: list | None = None) -> dict:
-    """The arrays of a snapshot file (``np.savez(path, **arrays)``), metadata as one JSON string."""
+    """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
     from . import __version__
 
     meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=__version__,
