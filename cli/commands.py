@@ -1,4 +1,4 @@
-"""``onnx-lrp rewrite``, ``onnx-lrp inspect`` and ``onnx-lrp composites``."""
+"""``onnx-lrp rewrite`` and ``onnx-lrp inspect`` (``composites`` lives in composites.py: it imports no numpy)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,6 @@ import sys
 from pathlib import Path
 
 import click
-
-from onnx_lrp.rules.composite import builtin_names, load_composite
 
 from .io import AtomicOutputs, OutputError, check_writable
 from .options import common, composite_with, rule_params
@@ -98,21 +96,6 @@ def inspect(model, output_name, as_json, composite, **rule_kw):
         sys.exit(1)
 
 
-@click.command("composites")
-@click.argument("names", nargs=-1, metavar="[NAME|FILE]...")
-def composites(names):
-    """List the built-in composites (or the given ones) and the rule each maps every kind of layer to.
-
-    Entries are matched top to bottom, the first match wins. first_linear marks the linear layers nearest the
-    input.
-    """
-    for i, name in enumerate(names or builtin_names()):
-        comp = composite_with(name, {}) if names else load_composite(name)
-        if i:
-            click.echo()
-        click.echo(f"{comp.name}: {comp.description}" if comp.description else comp.name)
-        for line in comp.describe():
-            click.echo(f"  {line}")
-
+from .composites import composites  # noqa: E402  (kept importable from here)
 
 __all__ = ["rewrite", "inspect", "composites"]

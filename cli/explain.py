@@ -154,8 +154,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
                             relevance_at=tuple(relevance_at), start=start)
     t_build = time.perf_counter() - t0
     if device == "auto":
-        _say(f"--device auto: using {ex.device}"
-             + ("" if ex.device == "cuda" else " (onnxruntime has no CUDA provider here)"))
+        why = ex.device_note or "onnxruntime has no CUDA provider here"
+        _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
     if zbox_note:
         _say(zbox_note)
     if len(ex.relevance_inputs) > 1 and out_path.suffix.lower() == ".npy":

@@ -26,3 +26,8 @@ class UnsupportedError(LrpError):
 
 class DeviceError(LrpError):
     """The requested execution device is not available."""
+
+
+class LrpWarning(UserWarning):
+    """Something works but deserves attention (a composite entry that matches nothing, a mixed install); the
+    command line prints it as one line on stderr."""

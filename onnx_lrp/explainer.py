@@ -78,7 +78,9 @@ class Explainer:
             # a dynamic sequence length (None) is read from the input axis with the same symbolic dimension
             self.sequence_rows = (y_dims[1], int(np.prod(y_dims[2:])))
         self.model_bytes = loader.serialize(ir_model)
-        self.session = runtime.Session(self.model_bytes, self.device, threads)
+        self.session = runtime.Session(self.model_bytes, device, threads)
+        self.device = self.session.device  # "auto" may fall back to the CPU when CUDA cannot start
+        self.device_note = self.session.fallback
         self._width = None
 
     # ------------------------------------------------------------------ input checks
