@@ -51,8 +51,10 @@ def rewrite(model, out, output_name, relevance_at, composite, **rule_kw):
 @common
 @click.option("--output", "output_name", default=None, metavar="NAME",
               help="Model output to explain, for models with several (default: the first).")
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
-def inspect(model, output_name, as_json, composite, **rule_kw):
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON (names always whole).")
+@click.option("--wide", is_flag=True, help="One line per node however long its names (default: long names wrap "
+                                          "onto their own line, never cut).")
+def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     """List MODEL's nodes with the rule the composite assigns to each; exit 1 if any is unsupported.
 
     Columns: node name, op type, role (activation: computes from the inputs; parameter: computes only from
@@ -60,9 +62,20 @@ def inspect(model, output_name, as_json, composite, **rule_kw):
     --relevance-at. Nodes off the path to the explained output need no rule.
     """
     from onnx_lrp import loader, rewriter
+    from onnx_lrp.errors import UnsupportedError
 
     comp = composite_with(composite, rule_params(rule_kw))
-    ir_model = loader.load(model)
+    try:
+        ir_model = loader.load(model)
+    except UnsupportedError as exc:  # refused while loading (deployed forms): still a failed check, listed whole
+        if as_json:
+            click.echo(json.dumps(dict(model=str(model), composite=comp.name, nodes=exc.nodes,
+                                       coverage=dict(unsupported=[n["name"] for n in exc.nodes])), indent=2))
+        else:
+            for n in exc.nodes:
+                click.echo(f"{n['name']}  {n['op_type']}  UNSUPPORTED  ({n['reason']})")
+        click.echo(f"onnx-lrp: {str(exc).split('. ')[0]}", err=True)
+        sys.exit(1)
     plan = rewriter.plan(ir_model, comp, output=output_name)
     rows = rewriter.describe(plan)
     tensors = {a.node.name: (a.node.outputs[0].name if a.node.outputs else "") for a in plan.assignments}
@@ -79,11 +92,21 @@ def inspect(model, output_name, as_json, composite, **rule_kw):
     else:
         cols = [("name", "node"), ("op_type", "op"), ("role", "role"), ("kind", "kind"), ("rule", "rule"),
                 ("status", "status"), ("tensor", "output tensor")]
-        widths = {k: min(40, max(len(h), *(len(str(r[k])) for r in rows))) if rows else len(h) for k, h in cols}
-        widths["tensor"] = 0  # the last column is never cut: it is the name to give --relevance-at
+        cap = None if wide else 40  # names are never cut: a longer one gets a line of its own
+        widths = {k: max(len(h), *(len(str(r[k])) for r in rows)) if rows else len(h) for k, h in cols}
+        if cap is not None:
+            widths = {k: min(cap, w) for k, w in widths.items()}
+        widths["tensor"] = 0  # the last column: the name to give --relevance-at
         click.echo("  ".join(f"{h:<{widths[k]}}" for k, h in cols))
         for r in rows:
-            line = "  ".join(f"{str(r[k])[:widths[k] or None]:<{widths[k]}}" for k, _ in cols)
+            cells = []
+            for k, _ in cols:
+                text = str(r[k])
+                if widths[k] and len(text) > widths[k]:  # whole name on its own line, the row below it
+                    click.echo(text)
+                    text = "\u21b3"  # "see above"
+                cells.append(f"{text:<{widths[k]}}")
+            line = "  ".join(cells)
             if not r["supported"] and r["on_path"]:
                 line += f"  ({r['reason']})"
             click.echo(line.rstrip())
@@ -91,8 +114,10 @@ def inspect(model, output_name, as_json, composite, **rule_kw):
                    f"{plan.output.name!r} supported with composite {comp.name}"
                    + (f"; unsupported: {', '.join(coverage['unsupported'])}" if bad else ""))
     if bad:
-        click.echo(f"onnx-lrp: {len(bad)} unsupported node(s); map them to a rule in a composite file or add a "
-                   "handler in onnx_lrp/ops", err=True)
+        hint = rewriter.unsupported_hint(ir_model.graph, plan, comp).split(";")[0].split(": ")[-1]
+        click.echo(f"onnx-lrp: {len(bad)} unsupported node(s); "
+                   + (hint if "attnlrp" in hint else "map them to a rule in a composite file or add a handler in "
+                      "onnx_lrp/ops"), err=True)
         sys.exit(1)
 
 

@@ -17,11 +17,25 @@ class InputError(LrpError):
 class UnsupportedError(LrpError):
     """Nodes the rewriter cannot handle; ``nodes`` lists every one, not only the first."""
 
+    MAX_GROUPS = 4  # causes listed in the message; ``nodes`` (and `onnx-lrp inspect`) have them all
+
     def __init__(self, nodes: list[dict], hint: str):
         self.nodes = nodes
-        listed = "; ".join(f"{n['name']} ({n['domain'] or 'ai.onnx'}::{n['op_type']}, opset {n['opset']}: "
-                           f"{n['reason']})" for n in nodes)
-        super().__init__(f"{len(nodes)} unsupported node(s): {listed}. {hint}")
+        by_reason: dict[str, dict[str, list[str]]] = {}
+        for n in nodes:  # one cause, listed once with its op counts ("23 x Softmax: ...")
+            domain = n["domain"] or "ai.onnx"
+            op = n["op_type"] if domain == "ai.onnx" else f"{domain}::{n['op_type']}"
+            by_reason.setdefault(n["reason"], {}).setdefault(f"{op} (opset {n['opset']})", []).append(n["name"])
+        parts = []
+        for reason, ops in list(by_reason.items())[:self.MAX_GROUPS]:
+            counted = ", ".join(f"{len(names)} x {op}" for op, names in ops.items())
+            first = next(iter(ops.values()))[0]
+            parts.append(f"{counted}: {reason} (e.g. {first})")
+        if len(by_reason) > self.MAX_GROUPS:
+            parts.append(f"and {len(by_reason) - self.MAX_GROUPS} more cause(s)")
+        if "inspect" not in hint:
+            hint += " `onnx-lrp inspect MODEL` lists every node."
+        super().__init__(f"{len(nodes)} unsupported node(s): {'; '.join(parts)}. {hint}")
 
 
 class DeviceError(LrpError):

@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import patterns
+from .composite_check import check_composite
 from .deployed import relay_sources
 from .errors import InputError, UnsupportedError
 from .graph import Emitter, static_dims
@@ -94,6 +95,7 @@ def _ancestors(y: ir.Value) -> set[int]:
 def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
     """Assign an op handler and a rule to every node; nothing is emitted."""
     graph = model.graph
+    check_composite(composite, graph)
     patterns.annotate(graph)
     y, out = explained_value(graph, output, explain_logits)
     on_path = _ancestors(y)
@@ -130,6 +132,16 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
                         a.supported, a.reason = False, misfit
         result.assignments.append(a)
     return result
+
+
+def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
+    """What to do about unsupported nodes: the transformer composite when the graph has softmax attention."""
+    full = "`onnx-lrp inspect MODEL` lists every node"
+    attention = any(n.op_type in _SOFTMAX and n is not p.output.producer() for n in graph)
+    if attention and composite.name not in ("attnlrp", "cp-lrp"):
+        return (f"The graph has softmax attention: explain transformers with --composite attnlrp (or cp-lrp); {full}.")
+    return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "
+            "their input's relevance) or add a handler in onnx_lrp/ops.")
 
 
 def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
@@ -226,8 +238,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     if p.unsupported:
         nodes = [dict(name=a.node.name, op_type=a.node.op_type, domain=a.node.domain,
                       opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
-        raise UnsupportedError(nodes, "Map them to a supported rule in a composite file (e.g. rule = \"pass\" for an "
-                                      "element-wise op), or add a handler in onnx_lrp/ops.")
+        raise UnsupportedError(nodes, unsupported_hint(graph, p, composite))
     values = {v.name: v for v in graph.inputs}
     for node in graph:
         for o in node.outputs:
