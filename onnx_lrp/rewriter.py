@@ -137,7 +137,7 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
 def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
     """What to do about unsupported nodes: the transformer composite when the graph has softmax attention."""
     full = "`onnx-lrp inspect MODEL` lists every node"
-    attention = any(n.op_type in _SOFTMAX and n is not p.output.producer() for n in graph)
+    attention = any(a.on_path and (a.node.op_type in _SOFTMAX or a.kind == "bilinear") for a in p.assignments)
     if attention and composite.name not in ("attnlrp", "cp-lrp"):
         return (f"The graph has softmax attention: explain transformers with --composite attnlrp (or cp-lrp); {full}.")
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "

@@ -88,6 +88,7 @@ class Session:
     """An onnxruntime session built once and reused."""
 
     def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None):
+        check_install()
         self.device = resolve_device(device)
         self.fallback = None  # why device "auto" fell back to the CPU, if it did
         try:
@@ -111,7 +112,9 @@ class Session:
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 4 if quiet else 3
         try:
-            self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
+            with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
+                warnings.simplefilter("ignore")
+                self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
         except Exception as exc:  # onnxruntime raises its own exception types
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if self.device == "cuda":

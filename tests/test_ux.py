@@ -1,0 +1,175 @@
+"""What a new user trips over (issue 12): install checks, messages, composite typos, shared input options, lazy imports.
+
+Each test checks behaviour against an independent fact: the pixels of the PNG, the repaired install command, the
+node counts of the graph, the modules Python actually loaded.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from util import make_model, node, to_bytes
+
+import onnx_lrp
+from onnx_lrp import runtime
+from onnx_lrp.cli.main import COMMANDS, main
+from onnx_lrp.errors import DeviceError, LrpWarning, UnsupportedError
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "models" / "digits_cnn.onnx"
+PNG = ROOT / "models" / "samples" / "png"
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+# ------------------------------------------------------------------------------------------- install and devices
+def test_broken_onnxruntime_is_named_with_the_repair_command(monkeypatch):
+    class Broken:  # what remains of onnxruntime after uninstalling one of two distributions sharing its folder
+        __name__ = "onnxruntime"
+
+    monkeypatch.setattr(runtime, "ort", Broken())
+    with pytest.raises(DeviceError) as err:
+        onnx_lrp.Explainer(str(DIGITS))
+    msg = str(err.value)
+    assert "SessionOptions" in msg and "pip uninstall -y onnxruntime onnxruntime-gpu" in msg and "\n" not in msg
+
+
+def test_mixed_install_warns_once_in_one_line(monkeypatch):
+    monkeypatch.setattr(runtime, "installed_runtimes", lambda: ["onnxruntime", "onnxruntime-gpu"])
+    monkeypatch.setattr(runtime, "_warned_mixed", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        runtime.check_install()
+        runtime.check_install()
+    ours = [w for w in seen if issubclass(w.category, LrpWarning)]
+    assert len(ours) == 1 and "onnxruntime and onnxruntime-gpu" in str(ours[0].message)
+
+
+def test_device_auto_falls_back_to_cpu_when_cuda_cannot_start(monkeypatch):
+    # onnxruntime (CPU build) claims CUDA here; the session then runs without the CUDA provider
+    monkeypatch.setattr(runtime, "available_devices", lambda: ["cpu", "cuda"])
+    ex = onnx_lrp.Explainer(str(DIGITS), device="auto")
+    assert ex.device == "cpu" and ex.device_note and "CUDA" in ex.device_note
+    x = np.load(ROOT / "models" / "samples" / "batch.npy")[:2]
+    ref = onnx_lrp.Explainer(str(DIGITS)).explain(x)
+    np.testing.assert_allclose(ex.explain(x).relevance, ref.relevance, rtol=1e-6, atol=1e-7)
+    with pytest.raises(DeviceError):  # asked for explicitly: an error, not a fallback
+        onnx_lrp.Explainer(str(DIGITS), device="cuda")
+
+
+# ------------------------------------------------------------------------------------------- lazy imports, help
+def test_help_and_composites_load_no_numpy_onnx_or_onnxruntime():
+    code = ("import sys; from onnx_lrp.cli.main import main\n"
+            "try:\n    main(['composites'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numpy', 'onnx', 'onnxruntime', 'onnx_ir') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:] + out.stderr[-500:]
+    text = cli("--help").output
+    for name in COMMANDS:
+        assert f"\n  {name} " in text, name
+        assert cli(name, "--help").exit_code == 0
+    assert "_ONNX_LRP_COMPLETE" in text
+
+
+# ------------------------------------------------------------------------------------------- messages
+def _attention_model():
+    """x [1, 4, 8] -> self-attention (two Softmax heads over MatMuls of activations) -> Gemm: a transformer shape."""
+    rng = np.random.default_rng(0)
+    w = {k: rng.normal(size=(8, 8)).astype(np.float32) for k in ("wq", "wk", "wq2", "wk2")}
+    w["w_out"] = rng.normal(size=(32, 3)).astype(np.float32)
+    nodes = []
+    for h, (wq, wk) in enumerate((("wq", "wk"), ("wq2", "wk2"))):
+        nodes += [node("MatMul", ["x", wq], [f"q{h}"]), node("MatMul", ["x", wk], [f"k{h}"]),
+                  node("Transpose", [f"k{h}"], [f"kt{h}"], perm=[0, 2, 1]),
+                  node("MatMul", [f"q{h}", f"kt{h}"], [f"s{h}"]), node("Softmax", [f"s{h}"], [f"a{h}"], axis=-1),
+                  node("MatMul", [f"a{h}", "x"], [f"o{h}"])]
+    nodes += [node("Add", ["o0", "o1"], ["o"]), node("Flatten", ["o"], ["f"], axis=1),
+              node("MatMul", ["f", "w_out"], ["y"])]
+    return to_bytes(make_model(nodes, {"x": [1, 4, 8]}, ["y"], w))
+
+
+def test_unsupported_transformer_message_is_grouped_short_and_suggests_attnlrp(tmp_path):
+    model = _attention_model()
+    with pytest.raises(UnsupportedError) as err:
+        onnx_lrp.Explainer(model)
+    msg = str(err.value)
+    assert len(err.value.nodes) == 6  # 2 Softmax + 4 MatMuls of two activations: all listed in .nodes
+    assert "2 x Softmax" in msg and "4 x MatMul" in msg and "--composite attnlrp" in msg
+    assert 'rule = "pass"' not in msg and "inspect" in msg and len(msg) < 600 and "\n" not in msg
+    onnx_lrp.Explainer(model, composite="attnlrp")  # the suggestion works
+    path = tmp_path / "attn.onnx"
+    path.write_bytes(model)
+    r = cli("inspect", path)
+    assert r.exit_code == 1 and "attnlrp" in r.output
+
+
+def test_inspect_exits_1_on_an_onnxruntime_optimised_model(tmp_path):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(DIGITS), opts, providers=["CPUExecutionProvider"])
+    import onnx
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    r = cli("inspect", tmp_path / "opt.onnx")
+    if not any(n.endswith("nchwc") for n in
+               [d.domain for d in onnx.load(str(tmp_path / "opt.onnx")).graph.node]):
+        assert r.exit_code == 0, (ops, r.output)  # no NCHWc kernels on this CPU: the model stays supported
+    else:
+        assert r.exit_code == 1, r.output
+        assert "unsupported" in r.output and "NCHWc" in r.output
+
+
+def test_inspect_prints_whole_names(tmp_path):
+    long = "/encoder/layer.11/attention/output/dense/MatMul_with_a_rather_long_exported_name"
+    nodes = [node("Relu", ["x"], ["h"], name=long), node("Flatten", ["h"], ["y"], name="flat", axis=1)]
+    path = tmp_path / "m.onnx"
+    path.write_bytes(to_bytes(make_model(nodes, {"x": [1, 4]}, ["y"])))
+    assert long in cli("inspect", path).output
+    assert any(line.startswith(long) for line in cli("inspect", path, "--wide").output.splitlines())
+
+
+def test_composite_typos_refused_and_unmatched_globs_warned(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[rules]]\nmatch = { kind = "convolutoin" }\nrule = "zplus"\n[[rules]]\nrule = "epsilon"\n')
+    r = cli("explain", DIGITS, PNG / "digit_3.png", "-o", tmp_path / "r.npy", "-c", bad)
+    assert r.exit_code == 2 and "'convolutoin'" in r.output and "did you mean convolution" in r.output
+    bad.write_text('[[rules]]\nmatch = { op_type = "Conv2D" }\nrule = "zplus"\n[[rules]]\nrule = "epsilon"\n')
+    assert cli("inspect", DIGITS, "-c", bad).exit_code == 2
+    glob = tmp_path / "glob.toml"
+    glob.write_text('[[rules]]\nmatch = { name = "/layer4/*" }\nrule = "zplus"\n[[rules]]\n'
+                    'match = { kind = ["activation"] }\nrule = "pass"\n[[rules]]\n'
+                    'match = { kind = ["maxpool", "shape"] }\nrule = "gradient"\n[[rules]]\nrule = "epsilon"\n')
+    with pytest.warns(LrpWarning, match="/layer4/"):
+        onnx_lrp.Explainer(str(DIGITS), composite=str(glob))
+    glob.write_text(glob.read_text().replace("/layer4/*", "/features/*/Conv"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LrpWarning)
+        onnx_lrp.Explainer(str(DIGITS), composite=str(glob))
+
+
+# ------------------------------------------------------------------------------------------- shared input options
+def test_snapshot_takes_the_input_options_and_compresses(tmp_path):
+    out = tmp_path / "base.npz"
+    r = cli("snapshot", DIGITS, PNG, "-o", out, "--mean", "0.5", "--std", "0.25")
+    assert r.exit_code == 0, r.output
+    pixels = np.stack([np.asarray(Image.open(p), np.float32) / 255 for p in sorted(PNG.glob("*.png"))])[:, None]
+    with np.load(out, allow_pickle=False) as z:
+        stored = z[[k for k in z.files if k.startswith("inputs")][0]]
+    np.testing.assert_allclose(stored, (pixels - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
+    with zipfile.ZipFile(out) as zf:
+        assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in zf.infolist())
+    assert cli("check", DIGITS, out).exit_code == 0
+    diff = cli("diff", DIGITS, DIGITS, PNG, "--mean", "0.5", "--std", "0.25", "-c", "epsilon-gamma-box")
+    assert diff.exit_code == 0 and "ZBox bounds from --mean/--std: low [-2.0], high [2.0]" in diff.output
