@@ -32,6 +32,7 @@ class Explanation:
     relevance_at: dict = field(default_factory=dict)
     explained_output: str = ""
     position: object = None
+    explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
     ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
 
 
@@ -71,6 +72,7 @@ class Explainer:
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
         self.explained_output = output or self.output_names[0]
+        self.explained_tensor = y_value.name  # what relevance starts from: the logits behind a softmax output
         produced = {o.name for o in graph.outputs}
         self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
         self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3
@@ -220,6 +222,7 @@ class Explainer:
                            target=used,
                            relevance_at={n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_at},
                            explained_output=self.explained_output, position=pos_used,
+                           explained_value=merged.get(rewriter.VALUE_OUTPUT),
                            ledger=None if self.ledger_rows is None else
                            {"entering": merged[ledger_mod.ENTERING_OUTPUT], "leaving": merged[ledger_mod.LEAVING_OUTPUT]})
 

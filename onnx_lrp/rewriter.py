@@ -2,7 +2,8 @@
 
 The result is ONE model: its outputs are the original outputs, then ``lrp/relevance/<input>`` for every float
 graph input (and for the tensors asked for with ``relevance_at``), then ``lrp/target_used`` (the explained index
-per batch item, into the output flattened per item). Optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 =
+per batch item, into the output flattened per item) and ``lrp/explained_value`` (the explained tensor at the target:
+the logit, also for a softmax output). Optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 =
 arg-max, the default), ``lrp/one_hot`` (bool scalar; start from 1 at the target instead of the target's output
 value, the default) and, for sequence outputs (N, T, C...), ``lrp/position`` (int64 [batch]; the index along T,
 negative counts from the end; default -1, the last position, as for a causal LM): then ``lrp/target`` is a class
@@ -32,6 +33,7 @@ TARGET_INPUT = "lrp/target"
 POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
 ONE_HOT_INPUT = "lrp/one_hot"
 TARGET_OUTPUT = "lrp/target_used"
+VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the logit, also behind a softmax), [N]
 RELEVANCE_PREFIX = "lrp/relevance/"
 _SOFTMAX = ("Softmax", "LogSoftmax")
 
@@ -219,7 +221,13 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         hot = em.op("Cast", hot, to=em.dtype.value, tag="onehot")
         scale = em.op("Where", one_hot, em.scalar(1.0), flat, tag="start_scale")
         r0 = em.mul(hot, scale, tag="r0_flat")
+        picked = em.op("ReduceSum", em.mul(hot, flat, tag="y_at_target"), em.ints([1]), keepdims=0,
+                       tag="explained_value")
         r0 = em.reshape_like(r0, y, tag="r0")
+    picked.name = VALUE_OUTPUT
+    picked.type = ir.TensorType(em.dtype)
+    picked.shape = ir.Shape(["lrp_batch"])
+    graph.meta["lrp_explained_value"] = picked
     chosen.name = TARGET_OUTPUT
     chosen.type = ir.TensorType(ir.DataType.INT64)
     chosen.shape = ir.Shape(["lrp_batch"])
@@ -361,6 +369,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         _name_output(r, RELEVANCE_PREFIX + name, v)
         outputs.append(r)
     outputs.append(target_used)
+    outputs.append(graph.meta.pop("lrp_explained_value"))
     if book is not None:
         outputs.extend(book.finish())
     graph.outputs.clear()
