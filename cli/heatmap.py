@@ -43,6 +43,8 @@ CMAPS = {
 }
 DIVERGING = ("bwr", "coldnhot", "seismic", "france", "coolio", "coleus")
 STYLES = ("beside", "overlay", "heatmap")
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
+                 ".tiff": "TIFF", ".gif": "GIF"}  # --heatmap suffix -> Pillow format
 
 
 def colormap(name: str):
@@ -231,5 +233,5 @@ def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: i
     return x0, y0, x0 + tw, y0 + th
 
 
-__all__ = ["CMAPS", "DIVERGING", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize", "colormap", "display_images",
+__all__ = ["CMAPS", "DIVERGING", "IMAGE_FORMATS", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize", "colormap", "display_images",
            "relevance_maps", "render", "symmetric", "tile_scale"]

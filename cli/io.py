@@ -60,6 +60,29 @@ def model_input_dims(model) -> list[InputInfo]:
     return out
 
 
+def model_channel_axis(model, input_name: str, dims=()) -> int:
+    """The channel axis of a 4-D float input: -1 when the model transposes it from NHWC to NCHW right after the
+    input (Keras/TF exports), else what the dims suggest (last axis 1 or 3, second axis not: channels last), else 1."""
+    from onnx_lrp import loader
+
+    try:
+        proto = loader.read_proto(model)
+    except Exception:  # a model the loader refuses is reported elsewhere; fall back to the dims
+        proto = None
+    if proto is not None:
+        for node in proto.graph.node:
+            if input_name in node.input and node.op_type == "Transpose":
+                perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+                if perm and perm[0] == [0, 3, 1, 2]:
+                    return -1
+                if perm and perm[0] == [0, 1, 2, 3]:
+                    return 1
+    dims = tuple(dims or ())
+    if len(dims) == 4 and dims[3] in (1, 3) and dims[1] not in (1, 3):
+        return -1
+    return 1
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     channels: int
@@ -440,6 +463,13 @@ class AtomicOutputs:
     def save_png(self, path, image) -> Path:
         return self.write(path, lambda f: image.save(f, format="PNG"))
 
+    def save_image(self, path, image) -> Path:
+        """A Pillow image in the format its suffix names (.png, .jpg, .webp, ...)."""
+        from .heatmap import IMAGE_FORMATS
+        fmt = IMAGE_FORMATS.get(Path(path).suffix.lower(), "PNG")
+        extra = {"quality": 95} if fmt in ("JPEG", "WEBP") else {}
+        return self.write(path, lambda f: image.save(f, format=fmt, **extra))
+
     def commit(self) -> None:
         try:
             for tmp, path in self._pending:
@@ -488,5 +518,5 @@ def check_writable(path) -> None:
 
 
 __all__ = ["AtomicOutputs", "Batch", "ImageLayout", "InputInfo", "OutputError", "Preprocess", "check_writable",
-           "image_layout", "input_infos", "input_kind", "load_image", "load_inputs", "load_npy", "load_npz",
+           "image_layout", "input_infos", "input_kind", "model_channel_axis", "load_image", "load_inputs", "load_npy", "load_npz",
            "model_input_dims", "parse_floats", "parse_size", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -118,7 +118,16 @@ def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur
             for s in comp.drifted:
                 i = s.index
                 maps = np.stack([rb[i], rc[i], rc[i] - rb[i]])
-                image = hm.render(maps, None, style="heatmap", cols=3)
+                m = s.metrics
+                pred = f"pred {s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline
+                                                         else f" -> {s.predicted_current}")
+                labels = [[f"baseline: {s.item}", f"target {s.target}, {pred}"],
+                          ["current", "; ".join(s.failed)[:200] or "drift"],
+                          ["difference (current - baseline)",
+                           f"cos {m['cosine']:.3f}  rel-L2 {m['rel_l2']:.3f}  out {m['output_diff']:.2g}"]]
+                big = hm.tile_scale(*maps.shape[1:], 200)
+                image = hm.render(maps, None, style="heatmap", cols=3, labels=labels, scale=big,
+                                  colorbar="each tile scaled to its own largest |relevance|")
                 written.append(w.save_png(heatmap_dir / f"{i:04d}_{_safe(s.item)}.png", image))
     return written
 

@@ -295,6 +295,13 @@ class Comparison:
             out[name] = dict(mean=float(fin.mean()) if fin.size else math.nan,
                              min=float(vals.min()) if vals.size else math.nan,
                              max=float(vals.max()) if vals.size else math.nan)
+            # the bad end: the largest value of a "max" metric, the smallest of a "min" metric; NaN counts as worst
+            bad_high = METRICS[name][1] == "max"
+            order = np.where(np.isnan(vals), -np.inf if not bad_high else np.inf, vals)
+            k = (int(np.argmax(order)) if bad_high else int(np.argmin(order))) if vals.size else None
+            out[name]["worst"] = float(vals[k]) if k is not None else math.nan
+            out[name]["worst_item"] = self.samples[k].item if k is not None else None
+            out[name]["p95"] = (float(np.percentile(fin, 95 if bad_high else 5)) if fin.size else math.nan)
         return out
 
 
@@ -531,8 +538,11 @@ def format_table(comp: Comparison, max_rows: int | None = None) -> str:
     lines.append(f"{'threshold':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{x:>11}" for x in lim) +
                  f"  (top-k: {th.topk_percent:g} %)")
     summ = comp.summary()
-    for stat in ("mean", "min"):
-        lines.append(f"{stat:<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n][stat]):>11}" for n in names))
+    lines.append(f"{'mean':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n]['mean']):>11}" for n in names))
+    for stat, label in (("p95", "95% worst"), ("worst", "worst")):  # the bad end of each metric (max or min)
+        lines.append(f"{label:<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n][stat]):>11}" for n in names))
+    lines.append("worst item per metric: " + ", ".join(f"{n} {summ[n]['worst_item']}" for n in names
+                                                         if summ[n]['worst_item'] is not None))
     return "\n".join(lines)
 
 
