@@ -14,7 +14,7 @@ from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
@@ -153,11 +153,9 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     comp = composite_with(comp, params)
 
     # ---- build
-    import onnx_lrp
-
     t0 = time.perf_counter()
-    ex = onnx_lrp.Explainer(model, composite=comp, device=device, output=output_name,
-                            relevance_at=tuple(relevance_at), start=start)
+    ex = build_explainer(model, comp, device=device, output=output_name, relevance_at=tuple(relevance_at),
+                         start=start)
     t_build = time.perf_counter() - t0
     if device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"

@@ -126,10 +126,45 @@ def image_zbox(model, data_kind: str, comp: Composite, params: dict, pre: Prepro
             f"high {[round(float(v), 4) for v in high.ravel()]}")
 
 
+BUILD_NOTE_AFTER_S = 1.0
+
+
+def build_explainer(model, composite: Composite, **kw):
+    """``onnx_lrp.Explainer(model, composite, **kw)``; when building takes longer than BUILD_NOTE_AFTER_S, one line
+    on stderr says what is happening (large models take seconds), and one more when it is done."""
+    import sys
+    import threading
+    import time
+
+    import onnx_lrp
+
+    t0 = time.perf_counter()
+    said = threading.Event()
+
+    def note():
+        said.set()
+        click.echo(f"onnx-lrp: building the relevance model of {model} (composite {composite.name}) ...",
+                   err=True)
+
+    timer = threading.Timer(BUILD_NOTE_AFTER_S, note)
+    timer.daemon = True
+    timer.start()
+    try:
+        ex = onnx_lrp.Explainer(model, composite=composite, **kw)
+    finally:
+        timer.cancel()
+    if said.is_set():
+        nodes = getattr(ex, "n_nodes", None)
+        click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s"
+                   + (f" ({nodes} nodes)" if nodes else ""), err=True)
+    sys.stderr.flush()
+    return ex
+
+
 def common(f):
     """--composite and the rule parameters."""
     return composite_option(rule_options(f))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bounds", "common", "composite_option", "composite_with", "image_zbox",
+__all__ = ["DEFAULT_COMPOSITE", "bounds", "build_explainer", "common", "composite_option", "composite_with", "image_zbox",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -22,7 +22,7 @@ from . import heatmap as hm
 from .explain import parse_target
 from .io import (AtomicOutputs, InputInfo, OutputError, Progress, check_writable, image_layout, input_kind,
                  load_inputs)
-from .options import common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 EXIT_DRIFT = 1
 
@@ -148,9 +148,7 @@ def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, input
 
 
 def _explainer(model, comp, output_name, start):
-    import onnx_lrp
-
-    return onnx_lrp.Explainer(model, composite=comp, output=output_name, start=start)
+    return build_explainer(model, comp, output=output_name, start=start)
 
 
 def _inputs_for(ex, arrays: dict, where: str) -> dict:

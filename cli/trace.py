@@ -14,7 +14,7 @@ from onnx_lrp.errors import InputError
 
 from .explain import parse_target
 from .io import input_kind, load_inputs
-from .options import common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 
 def _say(msg: str) -> None:
@@ -65,8 +65,6 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     flight. Rows marked ! absorb more than --tolerance of the start relevance. The sums are read from the
     relevance model itself (extra ReduceSum outputs), so they are exactly what `explain` computes.
     """
-    import onnx_lrp
-
     pre = preprocess(rule_kw)
     params = rule_params(rule_kw)
     comp = composite_with(composite, {})
@@ -85,7 +83,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     pos = parse_target(position, "--position") if position is not None else None
     if isinstance(pos, list):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
-    ex = onnx_lrp.Explainer(model, composite=comp, device=device, output=output_name, start=start, ledger=True)
+    ex = build_explainer(model, comp, device=device, output=output_name, start=start, ledger=True)
     batch = load_inputs(input_path, ex.inputs, pre)
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")

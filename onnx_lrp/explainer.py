@@ -59,6 +59,7 @@ class Explainer:
         self.device = runtime.resolve_device(device)
         ir_model = loader.load(model)
         graph = ir_model.graph
+        self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
@@ -139,7 +140,7 @@ class Explainer:
             raise InputError(f"{t.size} targets for a batch of {batch}; give one int or one per item")
         width = self.output_width()
         if width is not None and (np.any(t < 0) or np.any(t >= width)):
-            raise InputError(f"target {t.tolist()} out of range: the explained output has {width} entries per item")
+            raise InputError(f"target {_brief(t)} out of range: the explained output has {width} entries per item")
         return np.ascontiguousarray(t)
 
     def output_width(self) -> int | None:
@@ -168,7 +169,7 @@ class Explainer:
             raise InputError(f"position must be an int or one int per batch item, not {position!r}")
         pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
         if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
-            raise InputError(f"position {pos.tolist()} does not fit: the explained output has {rows} positions "
+            raise InputError(f"position {_brief(pos)} does not fit: the explained output has {rows} positions "
                              f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
         if target is None or (isinstance(target, str) and target == "argmax"):
             return np.full(batch, -1, dtype=np.int64), np.ascontiguousarray(pos)
@@ -177,7 +178,7 @@ class Explainer:
             raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
         t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
         if t.shape != (batch,) or np.any(t < 0) or np.any(t >= per_row):
-            raise InputError(f"target {t.tolist()} out of range: each position of the explained output has "
+            raise InputError(f"target {_brief(t)} out of range: each position of the explained output has "
                              f"{per_row} entries")
         return np.ascontiguousarray(t), np.ascontiguousarray(pos)
 
@@ -237,6 +238,14 @@ class Explainer:
     def save(self, path) -> None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp."""
         loader.save_bytes(self.model_bytes, path)
+
+
+def _brief(a: np.ndarray) -> str:
+    """An index array for a message: one value when all items share it, else the first few and the count."""
+    vals = np.asarray(a).reshape(-1).tolist()
+    if len(set(vals)) == 1:
+        return f"{vals[0]}" + (f" (all {len(vals)} items)" if len(vals) > 1 else "")
+    return "[" + ", ".join(map(str, vals[:6])) + (f", ... ({len(vals)} items)]" if len(vals) > 6 else "]")
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:
