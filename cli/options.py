@@ -126,38 +126,30 @@ def image_zbox(model, data_kind: str, comp: Composite, params: dict, pre: Prepro
             f"high {[round(float(v), 4) for v in high.ravel()]}")
 
 
-BUILD_NOTE_AFTER_S = 1.0
+BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say so on stderr
 
 
 def build_explainer(model, composite: Composite, **kw):
-    """``onnx_lrp.Explainer(model, composite, **kw)``; when building takes longer than BUILD_NOTE_AFTER_S, one line
-    on stderr says what is happening (large models take seconds), and one more when it is done."""
-    import sys
-    import threading
+    """``onnx_lrp.Explainer(model, composite, **kw)``; for large model files one line on stderr says what is
+    happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size, so
+    small models and failures keep stderr to one line)."""
+    import os
     import time
 
     import onnx_lrp
 
-    t0 = time.perf_counter()
-    said = threading.Event()
-
-    def note():
-        said.set()
-        click.echo(f"onnx-lrp: building the relevance model of {model} (composite {composite.name}) ...",
-                   err=True)
-
-    timer = threading.Timer(BUILD_NOTE_AFTER_S, note)
-    timer.daemon = True
-    timer.start()
     try:
-        ex = onnx_lrp.Explainer(model, composite=composite, **kw)
-    finally:
-        timer.cancel()
-    if said.is_set():
-        nodes = getattr(ex, "n_nodes", None)
-        click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s"
-                   + (f" ({nodes} nodes)" if nodes else ""), err=True)
-    sys.stderr.flush()
+        size = os.path.getsize(model) if isinstance(model, (str, os.PathLike)) else len(model)
+    except (OSError, TypeError):
+        size = 0
+    large = size >= BUILD_NOTE_BYTES
+    if large:
+        click.echo(f"onnx-lrp: building the relevance model of {model} ({size / 2**20:.0f} MB, composite "
+                   f"{composite.name}) ...", err=True)
+    t0 = time.perf_counter()
+    ex = onnx_lrp.Explainer(model, composite=composite, **kw)
+    if large:
+        click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s ({ex.n_nodes} nodes)", err=True)
     return ex
 
 
