@@ -23,9 +23,10 @@ from .options import common, composite_with, rule_params
 def rewrite(model, out, output_name, relevance_at, composite, **rule_kw):
     """Write MODEL's relevance model: one ONNX file that runs in stock onnxruntime, without onnx-lrp.
 
-    It has the original inputs and outputs, plus outputs lrp/relevance/<input> (one per float input) and
-    lrp/target_used, and two optional inputs: lrp/target (int64 [N], -1 = arg-max, the default) and lrp/one_hot
-    (bool scalar: start from 1 instead of the target's output value).
+    It has the original inputs and outputs, plus outputs lrp/relevance/<input> (one per float input),
+    lrp/target_used and lrp/explained_value (the logit at the target), and two more inputs: lrp/target (int64 [N],
+    -1 = arg-max) and lrp/one_hot (bool scalar: true starts from 1 instead of the target's output value); sequence
+    outputs add lrp/position (int64 [N], -1 = the last).
     """
     import onnx_lrp
 
@@ -42,8 +43,10 @@ def rewrite(model, out, output_name, relevance_at, composite, **rule_kw):
     rel_outputs = [f"lrp/relevance/{n}" for n in (*ex.relevance_inputs, *relevance_at)]
     click.echo(f"wrote {out_path} ({len(ex.model_bytes) / 1024:.1f} KiB): composite {comp.name}, explains "
                f"{ex.explained_output!r}")
-    click.echo(f"  outputs: {', '.join(ex.output_names + rel_outputs + ['lrp/target_used'])}")
-    click.echo("  optional inputs: lrp/target (int64 [N], -1 = argmax), lrp/one_hot (bool, default false)")
+    click.echo(f"  outputs: {', '.join(ex.output_names + rel_outputs + ['lrp/target_used', 'lrp/explained_value'])}")
+    seq = ", lrp/position (int64 [N], -1 = the last)" if ex.sequence_rows is not None else ""
+    click.echo(f"  inputs to feed besides the model's: lrp/target (int64 [N], -1 = argmax), lrp/one_hot (bool scalar, "
+               f"false = start from the logit){seq}")
 
 
 @click.command("inspect")

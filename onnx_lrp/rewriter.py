@@ -3,11 +3,11 @@
 The result is ONE model: its outputs are the original outputs, then ``lrp/relevance/<input>`` for every float
 graph input (and for the tensors asked for with ``relevance_at``), then ``lrp/target_used`` (the explained index
 per batch item, into the output flattened per item) and ``lrp/explained_value`` (the explained tensor at the target:
-the logit, also for a softmax output). Optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 =
-arg-max, the default), ``lrp/one_hot`` (bool scalar; start from 1 at the target instead of the target's output
-value, the default) and, for sequence outputs (N, T, C...), ``lrp/position`` (int64 [batch]; the index along T,
-negative counts from the end; default -1, the last position, as for a causal LM): then ``lrp/target`` is a class
-at that position.
+the logit, also for a softmax output). Inputs steer it (required: initializer defaults would make onnxruntime warn on
+every load): ``lrp/target`` (int64 [batch]; -1 = arg-max), ``lrp/one_hot`` (bool scalar; true: start from 1 at the
+target, false: from the target's output value) and, for sequence outputs (N, T, C...), ``lrp/position`` (int64
+[batch]; the index along T, negative counts from the end; -1 is the last position, as for a causal LM): then
+``lrp/target`` is a class at that position.
 """
 from __future__ import annotations
 
@@ -171,13 +171,11 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
 
 def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value, ir.Value]:
     """r0 = onehot(target) * y (or onehot alone), target = argmax where lrp/target < 0."""
-    target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64),
-                      const_value=ir.tensor(np.array([-1], dtype=np.int64), name=TARGET_INPUT))
-    one_hot = ir.Value(name=ONE_HOT_INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL),
-                       const_value=ir.tensor(np.array(False), name=ONE_HOT_INPUT))
+    # plain graph inputs, no initializer defaults: onnxruntime warns about every initializer that is also an input
+    # ("Initializer lrp/target appears in graph inputs"); the Explainer always feeds them
+    target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64))
+    one_hot = ir.Value(name=ONE_HOT_INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL))
     graph.inputs.extend([target, one_hot])
-    graph.register_initializer(target)
-    graph.register_initializer(one_hot)
     with em.scope("start"):
         flat = em.op("Flatten", y, axis=1, tag="y_flat")
         dims = static_dims(y)
@@ -194,10 +192,8 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
             chosen = em.op("Where", use_argmax, argmax, target, tag="target")
         else:  # sequence outputs (N, T, C...): the target is a class at lrp/position (< 0: from the end)
             position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]),
-                                type=ir.TensorType(ir.DataType.INT64),
-                                const_value=ir.tensor(np.array([-1], dtype=np.int64), name=POSITION_INPUT))
+                                type=ir.TensorType(ir.DataType.INT64))
             graph.inputs.append(position)
-            graph.register_initializer(position)
             if dims[1] is not None:
                 rows = em.scalar(dims[1], np.int64)
                 row_of = em.const(np.arange(dims[1] * chunk, dtype=np.int64)[None] // chunk, tag="row_of",

@@ -216,7 +216,8 @@ def test_rewrite_runs_in_plain_onnxruntime_without_onnx_lrp(tmp_path):
         x = np.load("x.npy")
         rel, used = sess.run(["lrp/relevance/image", "lrp/target_used"],
                              {"image": x, "lrp/target": np.full(len(x), 3, np.int64), "lrp/one_hot": np.array(True)})
-        rel0, used0 = sess.run(["lrp/relevance/image", "lrp/target_used"], {"image": x})
+        rel0, used0 = sess.run(["lrp/relevance/image", "lrp/target_used"],
+                               {"image": x, "lrp/target": np.full(len(x), -1, np.int64), "lrp/one_hot": np.array(False)})
         np.savez("ort.npz", rel=rel, used=used, rel0=rel0, used0=used0)
         try:
             import onnx_lrp
