@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from .graph import Emitter
 
-MIN_ELEMENTS = 1024  # smaller constants are not worth an expression
+MIN_ELEMENTS = 256  # smaller constants are not worth an expression
 INT64_MIN = np.iinfo(np.int64).min
 
 

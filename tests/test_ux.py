@@ -173,3 +173,58 @@ def test_snapshot_takes_the_input_options_and_compresses(tmp_path):
     assert cli("check", DIGITS, out).exit_code == 0
     diff = cli("diff", DIGITS, DIGITS, PNG, "--mean", "0.5", "--std", "0.25", "-c", "epsilon-gamma-box")
     assert diff.exit_code == 0 and "ZBox bounds from --mean/--std: low [-2.0], high [2.0]" in diff.output
+
+
+# ------------------------------------------------------------------------------------------- saved models
+def test_saved_model_loads_silently_and_computed_weights_keep_it_small(tmp_path):
+    stored, computed = tmp_path / "stored.onnx", tmp_path / "computed.onnx"
+    for path, extra in ((stored, []), (computed, ["--computed-weights"])):
+        r = cli("rewrite", DIGITS, "-o", path, "-c", "epsilon-gamma-box", "--low", "0", "--high", "1", *extra)
+        assert r.exit_code == 0, r.output
+    model_size = DIGITS.stat().st_size
+    assert stored.stat().st_size > 2 * model_size and computed.stat().st_size < 1.3 * model_size
+    x = np.load(ROOT / "models" / "samples" / "batch.npy")
+    np.save(tmp_path / "x.npy", x)
+    # a fresh interpreter, onnxruntime's default logging (warnings shown): nothing on stderr
+    code = ("import numpy as np, onnxruntime as ort, sys\n"
+            "x = np.load(sys.argv[2])\n"
+            "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+            "r = s.run(['lrp/relevance/image'], {'image': x, 'lrp/target': np.full(len(x), -1, np.int64),\n"
+            "          'lrp/one_hot': np.array(False)})[0]\n"
+            "np.save(sys.argv[3], r)\n")
+    rels = []
+    for path in (stored, computed):
+        out = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "x.npy"), str(tmp_path / "r.npy")],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "appears in graph inputs" not in out.stderr and "[W:" not in out.stderr, \
+            out.stderr[-800:]
+        rels.append(np.load(tmp_path / "r.npy"))
+    ref = onnx_lrp.Explainer(str(DIGITS), composite="epsilon-gamma-box", low=0.0, high=1.0).explain(x).relevance
+    np.testing.assert_allclose(rels[0], ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(rels[1], rels[0], rtol=1e-6, atol=1e-7)
+
+
+def test_computed_weights_cover_grouped_and_strided_convolutions(tmp_path):
+    """Depthwise (group = channels), grouped and strided convolutions and a Gemm with transB: every modified copy
+    is found as an expression of its weight (none kept) and the relevance is unchanged."""
+    rng = np.random.default_rng(5)
+    p = {"w1": rng.normal(size=(32, 3, 3, 3)).astype(np.float32),
+         "w2": rng.normal(size=(32, 1, 3, 3)).astype(np.float32),
+         "w3": rng.normal(size=(16, 16, 3, 3)).astype(np.float32), "b3": rng.normal(size=16).astype(np.float32),
+         "w4": rng.normal(size=(5, 16 * 16)).astype(np.float32)}
+    nodes = [node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["a1"]),
+             node("Conv", ["a1", "w2"], ["c2"], group=32, pads=[1, 1, 1, 1]), node("Relu", ["c2"], ["a2"]),
+             node("Conv", ["a2", "w3", "b3"], ["c3"], group=2, strides=[2, 2], pads=[1, 1, 1, 1]),
+             node("Relu", ["c3"], ["a3"]), node("Flatten", ["a3"], ["f"], axis=1),
+             node("Gemm", ["f", "w4"], ["y"], transB=1)]
+    model = to_bytes(make_model(nodes, {"x": [1, 3, 8, 8]}, ["y"], p))
+    x = rng.normal(size=(1, 3, 8, 8)).astype(np.float32)
+    for comp in ("epsilon-gamma-box", "epsilon-plus-flat", "epsilon-alpha2-beta1"):
+        ex = onnx_lrp.Explainer(model, composite=comp, low=-3.0, high=3.0) if comp.endswith("box") else \
+            onnx_lrp.Explainer(model, composite=comp)
+        counts = ex.save(tmp_path / "c.onnx", computed_weights=True)
+        assert counts["kept"] == 0 and counts["replaced"] >= 3, (comp, counts)
+        import onnxruntime as ort
+        sess = ort.InferenceSession(str(tmp_path / "c.onnx"), providers=["CPUExecutionProvider"])
+        rel = sess.run(["lrp/relevance/x"], {"x": x, "lrp/target": np.array([-1]), "lrp/one_hot": np.array(False)})[0]
+        np.testing.assert_allclose(rel, ex.explain(x).relevance, rtol=1e-5, atol=1e-6 * np.abs(rel).max())
