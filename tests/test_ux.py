@@ -228,3 +228,108 @@ def test_computed_weights_cover_grouped_and_strided_convolutions(tmp_path):
         sess = ort.InferenceSession(str(tmp_path / "c.onnx"), providers=["CPUExecutionProvider"])
         rel = sess.run(["lrp/relevance/x"], {"x": x, "lrp/target": np.array([-1]), "lrp/one_hot": np.array(False)})[0]
         np.testing.assert_allclose(rel, ex.explain(x).relevance, rtol=1e-5, atol=1e-6 * np.abs(rel).max())
+
+
+# ------------------------------------------------------------------------------------------- pictures and summaries
+def _nhwc_ambiguous(path):
+    """Input [N, 3, 6, 3] transposed to NCHW right after the input: the dims alone look channels-first."""
+    rng = np.random.default_rng(2)
+    p = {"w": rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w2": rng.normal(size=(4 * 3 * 6, 3)).astype(np.float32)}
+    nodes = [node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]), node("Conv", ["xt", "w"], ["c"], pads=[1, 1, 1, 1]),
+             node("Relu", ["c"], ["r"]), node("Flatten", ["r"], ["f"], axis=1), node("Gemm", ["f", "w2"], ["y"])]
+    path.write_bytes(to_bytes(make_model(nodes, {"x": [1, 3, 6, 3]}, ["y"], p)))
+
+
+def test_channels_last_npy_drawn_over_the_models_channel_axis(tmp_path):
+    from onnx_lrp.cli import heatmap as hm
+
+    _nhwc_ambiguous(tmp_path / "m.onnx")
+    x = np.random.default_rng(1).normal(size=(1, 3, 6, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("explain", tmp_path / "m.onnx", tmp_path / "x.npy", "-o", tmp_path / "r.npy", "--heatmap",
+            tmp_path / "h.png", "--heatmap-style", "heatmap")
+    assert r.exit_code == 0, r.output
+    rel = np.load(tmp_path / "r.npy")
+    im = np.asarray(Image.open(tmp_path / "h.png").convert("RGB"))
+    s = hm.tile_scale(3, 6)
+    x0, y0, x1, y1 = hm.cell_box(0, 1, 3, 6, style="heatmap", caption_lines=3)
+    np.testing.assert_array_equal(im[y0:y1:s, x0:x1:s], hm.colorize(rel[0].sum(-1), "bwr"))  # H x W = 3 x 6
+
+
+def test_large_batches_go_to_several_labelled_files_and_jpeg_works(tmp_path):
+    x = np.concatenate([np.load(ROOT / "models" / "samples" / "batch.npy")] * 5)  # 50 items
+    np.save(tmp_path / "x.npy", x)
+    r = cli("explain", DIGITS, tmp_path / "x.npy", "-o", tmp_path / "r.npz", "--heatmap", tmp_path / "h.jpg")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "h.jpg").exists() and (tmp_path / "h-2.jpg").exists() and "2 files" in r.output
+    with Image.open(tmp_path / "h.jpg") as a, Image.open(tmp_path / "h-2.jpg") as b:
+        assert a.format == "JPEG" and a.size[0] <= 4 + 4 * (2 * 128 + 4 + 4)  # at most 4 beside cells per row
+        assert b.size[1] < a.size[1]  # 2 items on the second page, 48 on the first
+
+
+def test_softmax_output_summary_shows_the_logit_relevance_starts_from(tmp_path):
+    r = cli("explain", DIGITS, PNG / "digit_8.png", "-o", tmp_path / "r.npy", "--output", "probabilities", "--json")
+    assert r.exit_code == 0, r.output
+    import json
+    item = json.loads(r.output[r.output.index("{"):])["items"][0]
+    res = onnx_lrp.Explainer(str(DIGITS)).explain(np.load(ROOT / "models" / "samples" / "npy" / "digit_8.npy"))
+    assert item["logit"] == pytest.approx(float(res.outputs["logits"][0, item["target"]]), rel=1e-6)
+    assert item["output"] == pytest.approx(float(res.outputs["probabilities"][0, item["target"]]), rel=1e-6)
+    text = cli("explain", DIGITS, PNG / "digit_8.png", "-o", tmp_path / "r.npy", "--output", "probabilities").output
+    assert "logit logits" in text and "output probabilities" in text and "relevance starts from the logit" in text
+
+
+def _embedding_model(path):
+    rng = np.random.default_rng(3)
+    p = {"w": rng.normal(size=(4 * 3, 2)).astype(np.float32)}
+    nodes = [node("Flatten", ["e"], ["f"], axis=1), node("Gemm", ["f", "w"], ["y"])]
+    path.write_bytes(to_bytes(make_model(nodes, {"e": ["N", 4, 3]}, ["y"], p)))
+
+
+def test_tokens_per_item_and_clipped_scale(tmp_path):
+    import json
+
+    from onnx_lrp.tokens import _scaled
+
+    _embedding_model(tmp_path / "m.onnx")
+    np.save(tmp_path / "e.npy", np.random.default_rng(4).normal(size=(2, 4, 3)).astype(np.float32))
+    toks = [["[CLS]", "a", "b", "c"], ["[CLS]", "x", "y", "z"]]
+    (tmp_path / "t.json").write_text(json.dumps(toks))
+    r = cli("explain", tmp_path / "m.onnx", tmp_path / "e.npy", "-o", tmp_path / "r.npy", "--tokens",
+            tmp_path / "t.json", "--html", tmp_path / "t.html", "--token-scale", "75", "-c", "epsilon")
+    assert r.exit_code == 0, r.output
+    rel = np.load(tmp_path / "r.npy").sum(-1)
+    lines = [line for line in r.output.splitlines() if line.startswith("e.npy[") and "]: " in line]
+    assert len(lines) == 2 and len(set(np.round(rel[0], 6))) > 1
+    for i, line in enumerate(lines):  # each item labelled with its own tokens and its own relevance
+        assert all(f"{t}[{v:+.3g}]" in line for t, v in zip(toks[i], rel[i]))
+    page = (tmp_path / "t.html").read_text()
+    assert ">z</span>" in page and ">c</span>" in page and "75th percentile" in page
+    s = _scaled(np.array([10.0, 1.0, -1.0, 0.5]), 75)  # scale = 75th percentile of |r|: the outlier is clipped
+    assert s[0] == 1.0 and 0 < s[1] < 1 and s[2] == -s[1]
+    (tmp_path / "t.json").write_text(json.dumps([["a", "b", "c", "d"]] * 3))
+    bad = cli("explain", tmp_path / "m.onnx", tmp_path / "e.npy", "-o", tmp_path / "r.npy", "--tokens",
+              tmp_path / "t.json")
+    assert bad.exit_code == 2 and "3 token lists for 2 item(s)" in bad.output
+    (tmp_path / "t.json").write_text(json.dumps([["a", "b", "c"], ["a", "b", "c", "d"]]))
+    bad = cli("explain", tmp_path / "m.onnx", tmp_path / "e.npy", "-o", tmp_path / "r.npy", "--tokens",
+              tmp_path / "t.json")
+    assert bad.exit_code == 2 and "item 0" in bad.output and "3 tokens but 4" in bad.output
+
+
+def test_check_summary_names_the_worst_sample_per_metric():
+    from onnx_lrp import regression as rg
+
+    base_rel = np.random.default_rng(0).normal(size=(4, 50))
+    noise = np.random.default_rng(1).normal(size=(4, 50)) * np.array([0.01, 0.5, 0.02, 0.05])[:, None]
+    y = np.random.default_rng(2).normal(size=(4, 3))
+    base = rg.Result({"x": base_rel}, y, np.zeros(4, np.int64), ["a", "b", "c", "d"])
+    cur = rg.Result({"x": base_rel + noise}, y, np.zeros(4, np.int64), ["a", "b", "c", "d"])
+    comp = rg.compare(base, cur)
+    summ = comp.summary()
+    cos = [s.metrics["cosine"] for s in comp.samples]
+    assert summ["cosine"]["worst_item"] == "b" and summ["cosine"]["worst"] == min(cos)
+    assert summ["rel_l2"]["worst_item"] == "b" and summ["rel_l2"]["worst"] == max(s.metrics["rel_l2"]
+                                                                                   for s in comp.samples)
+    table = rg.format_table(comp)
+    assert "worst item per metric: " in table and "cosine b" in table and "95% worst" in table
