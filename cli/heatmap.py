@@ -233,5 +233,6 @@ def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: i
     return x0, y0, x0 + tw, y0 + th
 
 
-__all__ = ["CMAPS", "DIVERGING", "IMAGE_FORMATS", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize", "colormap", "display_images",
+__all__ = ["CMAPS", "DIVERGING", "IMAGE_FORMATS", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize",
+           "colormap", "display_images",
            "relevance_maps", "render", "symmetric", "tile_scale"]

@@ -518,5 +518,6 @@ def check_writable(path) -> None:
 
 
 __all__ = ["AtomicOutputs", "Batch", "ImageLayout", "InputInfo", "OutputError", "Preprocess", "check_writable",
-           "image_layout", "input_infos", "input_kind", "model_channel_axis", "load_image", "load_inputs", "load_npy", "load_npz",
+           "image_layout", "input_infos", "input_kind", "model_channel_axis", "load_image", "load_inputs", "load_npy",
+           "load_npz",
            "model_input_dims", "parse_floats", "parse_size", "IMAGENET_MEAN", "IMAGENET_STD"]

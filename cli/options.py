@@ -158,5 +158,6 @@ def common(f):
     return composite_option(rule_options(f))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bounds", "build_explainer", "common", "composite_option", "composite_with", "image_zbox",
+__all__ = ["DEFAULT_COMPOSITE", "bounds", "build_explainer", "common", "composite_option", "composite_with",
+           "image_zbox",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

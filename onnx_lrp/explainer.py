@@ -225,7 +225,8 @@ class Explainer:
                            explained_output=self.explained_output, position=pos_used,
                            explained_value=merged.get(rewriter.VALUE_OUTPUT),
                            ledger=None if self.ledger_rows is None else
-                           {"entering": merged[ledger_mod.ENTERING_OUTPUT], "leaving": merged[ledger_mod.LEAVING_OUTPUT]})
+                           {"entering": merged[ledger_mod.ENTERING_OUTPUT],
+                            "leaving": merged[ledger_mod.LEAVING_OUTPUT]})
 
     def _run(self, feeds, targets, start, positions=None):
         feeds = dict(feeds)

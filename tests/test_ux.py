@@ -234,7 +234,8 @@ def test_computed_weights_cover_grouped_and_strided_convolutions(tmp_path):
 def _nhwc_ambiguous(path):
     """Input [N, 3, 6, 3] transposed to NCHW right after the input: the dims alone look channels-first."""
     rng = np.random.default_rng(2)
-    p = {"w": rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w2": rng.normal(size=(4 * 3 * 6, 3)).astype(np.float32)}
+    p = {"w": rng.normal(size=(4, 3, 3, 3)).astype(np.float32),
+         "w2": rng.normal(size=(4 * 3 * 6, 3)).astype(np.float32)}
     nodes = [node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]), node("Conv", ["xt", "w"], ["c"], pads=[1, 1, 1, 1]),
              node("Relu", ["c"], ["r"]), node("Flatten", ["r"], ["f"], axis=1), node("Gemm", ["f", "w2"], ["y"])]
     path.write_bytes(to_bytes(make_model(nodes, {"x": [1, 3, 6, 3]}, ["y"], p)))
@@ -333,3 +334,22 @@ def test_check_summary_names_the_worst_sample_per_metric():
                                                                                    for s in comp.samples)
     table = rg.format_table(comp)
     assert "worst item per metric: " in table and "cosine b" in table and "95% worst" in table
+
+
+def test_crop_keeps_the_aspect_ratio(tmp_path):
+    """A 32x16 (W x H) image for a 16x16 model: --crop cuts the centre 16 columns (no resize needed), without it the
+    image is squeezed to half its width."""
+    rng = np.random.default_rng(6)
+    pixels = rng.integers(0, 256, size=(16, 32), dtype=np.uint8)
+    Image.fromarray(pixels, mode="L").save(tmp_path / "wide.png")
+    for crop, expect in ((True, pixels[:, 8:24]), (False, None)):
+        out = tmp_path / f"s{crop}.npz"
+        r = cli("snapshot", DIGITS, tmp_path / "wide.png", "-o", out, *(["--crop"] if crop else []))
+        assert r.exit_code == 0, r.output
+        with np.load(out) as z:
+            x = z[[k for k in z.files if k.startswith("inputs")][0]][0, 0]
+        if expect is not None:
+            np.testing.assert_allclose(x, expect / 255.0, atol=1e-6)
+        else:
+            squeezed = np.asarray(Image.fromarray(pixels, mode="L").resize((16, 16), Image.Resampling.BILINEAR))
+            np.testing.assert_allclose(x, squeezed / 255.0, atol=1e-6)
