@@ -20,8 +20,7 @@ from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
 from .explain import parse_target
-from .io import (AtomicOutputs, InputInfo, OutputError, Progress, check_writable, image_layout, input_kind,
-                 load_inputs)
+from .io import AtomicOutputs, OutputError, Progress, check_writable, input_kind, load_inputs, model_channel_axis
 from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 EXIT_DRIFT = 1
@@ -90,12 +89,10 @@ def _check_outputs(report_json, junit_xml, heatmap_dir):
 
 
 def _channel_axis(ex) -> int:
+    """The channel axis of the first float input, from the model's layout (the Transpose after an NHWC input)."""
     first = ex.relevance_inputs[0]
     spec = next(s for s in ex.inputs if s.name == first)
-    try:
-        return image_layout(InputInfo(spec.name, tuple(spec.dims))).channel_axis
-    except InputError:
-        return 1
+    return model_channel_axis(ex.model_bytes, first, spec.dims)
 
 
 def _safe(name: str) -> str:

@@ -29,9 +29,10 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
     for row, e, l in zip(rows, np.asarray(entering, np.float64), np.asarray(leaving, np.float64)):
         absorbed = float(e - l)
         running -= absorbed
+        breaks = bool(not np.isfinite(absorbed) or abs(absorbed) > limit)
+        sinks = row.sinks or (f"the {row.rule} rule (does not conserve)" if breaks else "")
         out.append(dict(node=row.name, op_type=row.op_type, kind=row.kind, rule=row.rule, entering=float(e),
-                        leaving=float(l), absorbed=absorbed, running=running, sinks=row.sinks,
-                        breaks=bool(not np.isfinite(absorbed) or abs(absorbed) > limit)))
+                        leaving=float(l), absorbed=absorbed, running=running, sinks=sinks, breaks=breaks))
     return out
 
 
