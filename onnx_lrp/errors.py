@@ -18,6 +18,7 @@ class UnsupportedError(LrpError):
     """Nodes the rewriter cannot handle; ``nodes`` lists every one, not only the first."""
 
     MAX_GROUPS = 4  # causes listed in the message; ``nodes`` (and `onnx-lrp inspect`) have them all
+    ALL_NAMES = 12  # up to this many unsupported nodes, the message names every one
 
     def __init__(self, nodes: list[dict], hint: str):
         self.nodes = nodes
@@ -26,11 +27,12 @@ class UnsupportedError(LrpError):
             domain = n["domain"] or "ai.onnx"
             op = n["op_type"] if domain == "ai.onnx" else f"{domain}::{n['op_type']}"
             by_reason.setdefault(n["reason"], {}).setdefault(f"{op} (opset {n['opset']})", []).append(n["name"])
+        every = len(nodes) <= self.ALL_NAMES  # few: every name; many: the first of each op ("..." for the rest)
         parts = []
         for reason, ops in list(by_reason.items())[:self.MAX_GROUPS]:
-            counted = ", ".join(f"{len(names)} x {op}" for op, names in ops.items())
-            first = next(iter(ops.values()))[0]
-            parts.append(f"{counted}: {reason} (e.g. {first})")
+            counted = ", ".join(f"{len(names)} x {op} [{', '.join(names) if every else names[0]}"
+                                + ("" if every or len(names) == 1 else ", ...") + "]" for op, names in ops.items())
+            parts.append(f"{counted}: {reason}")
         if len(by_reason) > self.MAX_GROUPS:
             parts.append(f"and {len(by_reason) - self.MAX_GROUPS} more cause(s)")
         if "inspect" not in hint:
