@@ -120,3 +120,22 @@ def test_trace_cli_json_matches_api():
     assert marked and all(n["sinks"] == "bias" for n in data["nodes"] if n["node"] in marked)
     text = CliRunner().invoke(main, ["trace", str(DEMO), str(ROOT / "models" / "samples" / "png"), "--item", "3"])
     assert text.exit_code == 0 and "absorbed" in text.output and "! /classifier/classifier.4/Gemm" in text.output
+
+
+def test_attention_ledger_adds_up_and_only_the_softmax_absorbs():
+    """AttnLRP on a two-head self-attention graph: relevance travels in gradient form (the ledger converts it);
+    the uniform rule on the bilinear products and LRP-0 conserve, AttnLRP's softmax rule does not."""
+    from test_ux import _attention_model
+
+    ex = onnx_lrp.Explainer(_attention_model(), composite="attnlrp", ledger=True)
+    x = np.random.default_rng(0).normal(size=(1, 4, 8)).astype(np.float32)
+    res = ex.explain(x)
+    e, l = res.ledger["entering"].astype(np.float64), res.ledger["leaving"].astype(np.float64)
+    start = float(res.explained_value[0])
+    assert e[0] == pytest.approx(start, rel=1e-6)
+    assert np.sum(e - l) == pytest.approx(start - float(np.sum(res.relevance, dtype=np.float64)), abs=1e-5 * abs(start))
+    for row, a, b in zip(ex.ledger_rows, e, l):
+        if row.op_type == "Softmax":
+            assert abs(a - b) > 1e-3 * abs(start), row.name
+        else:
+            assert abs(a - b) <= 1e-5 * abs(start), (row.name, a - b)
