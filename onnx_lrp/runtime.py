@@ -57,7 +57,9 @@ def check_install() -> None:
 
 
 def quiet() -> None:
-    """onnxruntime's own log: errors only (its warnings are not for our users)."""
+    """onnxruntime's own log: errors only (its warnings are not for our users). This is onnxruntime's process-wide
+    default logger: sessions a program creates itself after importing onnx_lrp log errors only too, unless it sets
+    their ``log_severity_level``."""
     if ort is not None and hasattr(ort, "set_default_logger_severity"):
         ort.set_default_logger_severity(3)
 
@@ -91,14 +93,20 @@ class Session:
         check_install()
         self.device = resolve_device(device)
         self.fallback = None  # why device "auto" fell back to the CPU, if it did
+        trying = device == "auto" and self.device == "cuda"
         try:
-            self._start(model_bytes, threads, quiet=device == "auto" and self.device == "cuda")
+            if trying:  # a CUDA provider that cannot start logs errors of its own: silent while we try
+                ort.set_default_logger_severity(4)
+            self._start(model_bytes, threads, quiet=trying)
         except DeviceError as exc:
             if device != "auto":
                 raise
             self.fallback = str(exc).split(";")[0]
             self.device = "cpu"
             self._start(model_bytes, threads)
+        finally:
+            if trying:
+                quiet()
 
     def _start(self, model_bytes: bytes, threads: int | None, quiet: bool = False) -> None:
         opts = ort.SessionOptions()
