@@ -74,6 +74,7 @@ def available_devices() -> list[str]:
 
 
 def resolve_device(device: str) -> str:
+    check_install()  # before any work: a broken onnxruntime is named with its repair command
     device = (device or "cpu").lower()
     if device == "auto":
         return "cuda" if "cuda" in available_devices() else "cpu"
