@@ -169,8 +169,9 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
     return known
 
 
-def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """r0 = onehot(target) * y (or onehot alone), target = argmax where lrp/target < 0."""
+def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(r0, target, y at the target): r0 = onehot(target) * y (or onehot alone), target = argmax where
+    lrp/target < 0."""
     # plain graph inputs, no initializer defaults: onnxruntime warns about every initializer that is also an input
     # ("Initializer lrp/target appears in graph inputs"); the Explainer always feeds them
     target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64))
@@ -223,11 +224,10 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
     picked.name = VALUE_OUTPUT
     picked.type = ir.TensorType(em.dtype)
     picked.shape = ir.Shape(["lrp_batch"])
-    graph.meta["lrp_explained_value"] = picked
     chosen.name = TARGET_OUTPUT
     chosen.type = ir.TensorType(ir.DataType.INT64)
     chosen.shape = ir.Shape(["lrp_batch"])
-    return r0, chosen
+    return r0, chosen, picked
 
 
 def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
@@ -255,7 +255,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     dtype = p.explained.dtype if p.explained.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else ir.DataType.FLOAT
     em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
     forward_nodes = list(graph)
-    r0, target_used = _start_relevance(em, graph, p.explained)
+    r0, target_used, explained_value = _start_relevance(em, graph, p.explained)
     rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
     summed: dict[int, Rel] = {}
     as_r: dict[int, ir.Value] = {}
@@ -365,7 +365,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         _name_output(r, RELEVANCE_PREFIX + name, v)
         outputs.append(r)
     outputs.append(target_used)
-    outputs.append(graph.meta.pop("lrp_explained_value"))
+    outputs.append(explained_value)
     if book is not None:
         outputs.extend(book.finish())
     graph.outputs.clear()
