@@ -22,6 +22,9 @@ def composites(names):
             raise InputError(str(exc)) from None
         except OSError as exc:
             raise InputError(f"composite file {name}: {exc.strerror or exc}") from None
+        if names:  # files given: their kinds and op types are checked (this loads the op handlers)
+            from onnx_lrp.composite_check import check_composite
+            check_composite(comp)
         if i:
             click.echo()
         click.echo(f"{comp.name}: {comp.description}" if comp.description else comp.name)

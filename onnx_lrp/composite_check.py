@@ -41,17 +41,18 @@ def _unknown(kind_or_op: str, values, known: set[str], source: str, index: int) 
                              f"have; {hint}")
 
 
-def check_composite(composite, graph: ir.Graph) -> None:
+def check_composite(composite, graph: ir.Graph | None = None) -> None:
+    """Refuse unknown kinds and op types; with a graph, warn about name globs that match none of its nodes."""
     source = composite.source or composite.name
     kinds, op_types = known_kinds(), set(REGISTRY)
-    names = [n.name or "" for n in graph]
+    names = [n.name or "" for n in graph] if graph is not None else None
     for i, entry in enumerate(composite.entries):
         match = entry.match
         if "kind" in match:
             _unknown("kind", _values(match["kind"]), kinds, source, i)
         if "op_type" in match:
             _unknown("op_type", _values(match["op_type"]), op_types, source, i)
-        if "name" in match:
+        if "name" in match and names is not None:
             globs = [str(g) for g in _values(match["name"])]
             if not any(fnmatch.fnmatchcase(n, g) for g in globs for n in names):
                 warnings.warn(f"composite {source}: entry {i + 1} (name {', '.join(globs)}) matches no node of "

@@ -145,6 +145,7 @@ def test_composite_typos_refused_and_unmatched_globs_warned(tmp_path):
     bad.write_text('[[rules]]\nmatch = { kind = "convolutoin" }\nrule = "zplus"\n[[rules]]\nrule = "epsilon"\n')
     r = cli("explain", DIGITS, PNG / "digit_3.png", "-o", tmp_path / "r.npy", "-c", bad)
     assert r.exit_code == 2 and "'convolutoin'" in r.output and "did you mean convolution" in r.output
+    assert cli("composites", bad).exit_code == 2  # also without a model
     bad.write_text('[[rules]]\nmatch = { op_type = "Conv2D" }\nrule = "zplus"\n[[rules]]\nrule = "epsilon"\n')
     assert cli("inspect", DIGITS, "-c", bad).exit_code == 2
     glob = tmp_path / "glob.toml"
