@@ -97,7 +97,14 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     rel = res.relevance.values() if isinstance(res.relevance, dict) else [res.relevance]
     input_sum = float(sum(np.asarray(r, np.float64).sum() for r in rel))
     rows = ledger_rows(ex.ledger_rows, entering, leaving, start_value, tolerance)
-    absorbed = float(sum(r["absorbed"] for r in rows))
+    # token ids: their relevance is reported at the embedding lookups, which the ledger shows as absorbed there
+    tokens = any(s.dtype.kind in "iu" and s.name in ex.relevance_inputs for s in ex.inputs)
+    for r in rows:
+        r["to_tokens"] = tokens and "integer inputs" in r["sinks"]
+        if r["to_tokens"]:
+            r["sinks"] = "token relevance (reported per token as the input relevance)"
+            r["breaks"] = False
+    absorbed = float(sum(r["absorbed"] for r in rows if not r["to_tokens"]))
     breaks = [r for r in rows if r["breaks"]]
     summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=comp.name, start=start,
                    explained_output=ex.explained_output, target=int(res.target[0]), start_relevance=start_value,

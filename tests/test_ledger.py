@@ -139,3 +139,24 @@ def test_attention_ledger_adds_up_and_only_the_softmax_absorbs():
             assert abs(a - b) > 1e-3 * abs(start), row.name
         else:
             assert abs(a - b) <= 1e-5 * abs(start), (row.name, a - b)
+
+
+def test_trace_counts_token_relevance_once(tmp_path):
+    """Token ids: the relevance reaching the embedding lookup is the per-token input relevance, not a loss."""
+    from util import make_model, node
+
+    rng = np.random.default_rng(0)
+    p = {"table": rng.normal(size=(10, 3)).astype(np.float32), "w": rng.normal(size=(12, 2)).astype(np.float32)}
+    nodes = [node("Gather", ["table", "ids"], ["e"], axis=0), node("Flatten", ["e"], ["f"], axis=1),
+             node("Gemm", ["f", "w"], ["y"])]
+    (tmp_path / "m.onnx").write_bytes(to_bytes(make_model(nodes, {"ids": ([1, 4], np.int64)}, ["y"], p)))
+    np.save(tmp_path / "ids.npy", np.array([[1, 2, 3, 4]], np.int64))
+    r = CliRunner().invoke(main, ["trace", str(tmp_path / "m.onnx"), str(tmp_path / "ids.npy"), "-c", "epsilon",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    res = onnx_lrp.Explainer(str(tmp_path / "m.onnx"), composite="epsilon").explain({"ids": np.array([[1, 2, 3, 4]])})
+    assert data["input_relevance"] == pytest.approx(float(res.relevance.sum()), rel=1e-6)
+    assert abs(data["unaccounted"]) < 1e-5 * abs(data["start_relevance"])
+    gather = next(n for n in data["nodes"] if n["op_type"] == "Gather")
+    assert gather["to_tokens"] and not gather["breaks"]
