@@ -96,6 +96,8 @@ def _channel_axis(ex) -> int:
 
 
 def _safe(name: str) -> str:
+    """A file-name stem for an item name (``digit_3.png`` -> ``digit_3``, ``batch.npy[2]`` -> ``batch.npy_2``)."""
+    name = re.sub(r"\.(png|jpe?g|bmp|gif|tiff?|webp)$", "", name, flags=re.IGNORECASE)
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "item"
 
 
