@@ -13,9 +13,8 @@ import numpy as np
 from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
-from .io import (IMAGENET_MEAN, IMAGENET_STD, AtomicOutputs, OutputError, Preprocess, check_writable, image_layout,
-                 input_kind, load_inputs, model_input_dims, parse_floats, parse_size)
-from .options import common, composite_with, rule_params, takes
+from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
@@ -78,30 +77,28 @@ def _say(msg: str) -> None:
               help="Where to write the relevance: .npy (the relevance array) or .npz (relevance, outputs, targets, "
                    "...). Default: next to INPUT, as <name>.relevance.npy (.npz for directories and .npz inputs).")
 @click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
-              help="Also write a heatmap: one tile per item, relevance summed over channels, symmetric around 0.")
+              help="Also write a heatmap (.png, .jpg, .webp, ...): one tile per item, relevance summed over channels, "
+                   "symmetric around 0, labelled; more than 48 items go to several files (FILE-2.png, ...).")
 @click.option("--cmap", type=click.Choice(list(hm.CMAPS)), default="bwr", show_default=True,
               help="Heatmap colour map (zennit's; diverging: " + ", ".join(hm.DIVERGING) + ").")
 @click.option("--heatmap-style", type=click.Choice(hm.STYLES), default="beside", show_default=True,
               help="With image-like inputs: the input beside the heatmap, the heatmap over the input, or the "
                    "heatmap alone.")
-@click.option("--size", default=None, metavar="H[,W]",
-              help="Images: resize to this size (default: the model's input size).")
-@click.option("--mean", default="0", show_default=True, metavar="FLOAT[,FLOAT...]",
-              help="Images: pixels are scaled to [0,1], then (x - mean) / std per channel. ImageNet models: "
-                   f"--mean {','.join(map(str, IMAGENET_MEAN))} --std {','.join(map(str, IMAGENET_STD))}.")
-@click.option("--std", default="1", show_default=True, metavar="FLOAT[,FLOAT...]",
-              help="Images: see --mean. For image inputs without --low/--high, the ZBox bounds are the pixel range "
-                   "after this normalisation: low = (0 - mean) / std, high = (1 - mean) / std per channel.")
-@click.option("--tokens", "tokens_path", default=None, metavar="FILE.txt",
-              help="Token text, one token per line in input order: colour the tokens by relevance in the terminal "
-                   "(summed over the embedding dimension for embedding inputs).")
+@input_options
+@click.option("--tokens", "tokens_path", default=None, metavar="FILE.txt|FILE.json",
+              help="Token text, one token per line in input order (the same for every item), or a JSON list of token "
+                   "lists (one per item): colour the tokens by relevance in the terminal (summed over the embedding "
+                   "dimension for embedding inputs).")
+@click.option("--token-scale", type=click.FloatRange(min=50, max=100), default=100, show_default=True,
+              metavar="PERCENTILE",
+              help="Token colours: full colour at this percentile of |relevance| per item, clipped above (e.g. 95, "
+                   "so that one dominant token such as [CLS] does not wash out the rest).")
 @click.option("--html", "html_path", default=None, metavar="FILE.html",
               help="With --tokens: write an HTML page with the tokens coloured by relevance (one paragraph per "
                    "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
-            heatmap_path, cmap, heatmap_style, size, mean, std, tokens_path, html_path, as_json, composite,
-            **rule_kw):
+            heatmap_path, cmap, heatmap_style, tokens_path, token_scale, html_path, as_json, composite, **rule_kw):
     """Explain MODEL's prediction for INPUT with LRP.
 
     INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
@@ -129,8 +126,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         raise OutputError(f"-o {out_path} is the input; write the relevance to another file")
     heat_path = Path(heatmap_path) if heatmap_path else None
     if heat_path is not None:
-        if heat_path.suffix.lower() != ".png":
-            raise OutputError(f"--heatmap {heat_path}: heatmaps are written as PNG; give a .png file name")
+        if heat_path.suffix.lower() not in hm.IMAGE_FORMATS:
+            raise OutputError(f"--heatmap {heat_path}: give an image file name ({', '.join(hm.IMAGE_FORMATS)})")
         check_writable(heat_path)
         if heat_path.resolve() == out_path.resolve():
             raise OutputError(f"--heatmap and -o both name {out_path}; give two different files")
@@ -149,29 +146,20 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         check_writable(html_out)
 
     # ---- preprocessing, composite and rule parameters
-    pre = Preprocess(parse_size(size), parse_floats(mean, "--mean"), parse_floats(std, "--std"))
+    pre = preprocess(rule_kw)
     params = rule_params(rule_kw)
     comp = composite_with(composite, {})
-    zbox_note = None
-    if data_kind == "image" and takes(comp, "low") and "low" not in params and "high" not in params:
-        infos = model_input_dims(model)
-        if len(infos) == 1:
-            low, high = pre.box(image_layout(infos[0]))
-            params["low"], params["high"] = low, high
-            zbox_note = f"ZBox bounds from --mean/--std: low {[round(float(v), 4) for v in low.ravel()]}, " \
-                        f"high {[round(float(v), 4) for v in high.ravel()]}"
+    zbox_note = image_zbox(model, data_kind, comp, params, pre)
     comp = composite_with(comp, params)
 
     # ---- build
-    import onnx_lrp
-
     t0 = time.perf_counter()
-    ex = onnx_lrp.Explainer(model, composite=comp, device=device, output=output_name,
-                            relevance_at=tuple(relevance_at), start=start)
+    ex = build_explainer(model, comp, device=device, output=output_name, relevance_at=tuple(relevance_at),
+                         start=start)
     t_build = time.perf_counter() - t0
     if device == "auto":
-        _say(f"--device auto: using {ex.device}"
-             + ("" if ex.device == "cuda" else " (onnxruntime has no CUDA provider here)"))
+        why = ex.device_note or "onnxruntime has no CUDA provider here"
+        _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
     if zbox_note:
         _say(zbox_note)
     if len(ex.relevance_inputs) > 1 and out_path.suffix.lower() == ".npy":
@@ -218,8 +206,39 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     pos_used = None
     if getattr(results[0], "position", None) is not None:  # sequence outputs: one explained position per item
         pos_used = np.concatenate([np.asarray(r.position).reshape(-1) for r in results]).astype(np.int64)
+    # what relevance starts from: the explained tensor at the target (the logit behind a softmax output)
+    start_values = (np.concatenate([np.asarray(r.explained_value).reshape(-1) for r in results])
+                    if getattr(results[0], "explained_value", None) is not None else None)
+    behind = getattr(ex, "explained_tensor", ex.explained_output) != ex.explained_output and start_values is not None
+
+    # ---- summary
+    if pos_used is not None:  # the explained row of each item
+        flat = np.stack([np.asarray(explained[i, pos_used[i]]).reshape(-1) for i in range(n)])
+    else:
+        flat = explained.reshape(n, -1)
+    rel_flat = sum(np.asarray(v, np.float64).reshape(n, -1).sum(1) for v in
+                   (relevance.values() if isinstance(relevance, dict) else [relevance]))
+    items = [dict(item=batch.names[i], predicted=int(np.argmax(flat[i])), target=int(target_used[i]),
+                  output=float(flat[i, target_used[i]]), relevance_sum=float(rel_flat[i])) for i in range(n)]
+    for i, it in enumerate(items):
+        if pos_used is not None:
+            it["position"] = int(pos_used[i])
+        if behind:
+            it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
+    summary = dict(model=str(model), input=str(input_path), composite=comp.name, start=start, device=ex.device,
+                   explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
+                   heatmap_file=str(heat_path) if heat_path else None, build_s=round(t_build, 4),
+                   explain_s=round(t_explain, 4))
+    if behind:
+        summary["logits"] = ex.explained_tensor
+    token_rows = None
+    if tokens is not None:
+        from onnx_lrp.tokens import tokens_for
+        token_rows = _token_rows(tokens, relevance, n)
+        item_tokens = [tokens_for(tokens, i, n) for i in range(n)]
 
     # ---- write
+    heat_files = []
     with AtomicOutputs() as w:
         if out_path.suffix.lower() == ".npy":
             w.save_npy(out_path, relevance)
@@ -239,55 +258,80 @@ def explain(model, input_path, target, output_name, position, start, device, bat
             arrays["items"] = np.array(batch.names, dtype=str)
             w.save_npz(out_path, arrays)
         if heat_path is not None:
-            w.save_png(heat_path, _heatmap(ex, batch, relevance, cmap, heatmap_style))
-        token_rows = _token_rows(tokens, relevance, n) if tokens is not None else None
+            labels = [_tile_label(it, ex, start) for it in items]
+            for path, image in _heatmap(ex, batch, relevance, cmap, heatmap_style, labels, heat_path, model):
+                w.save_image(path, image)
+                heat_files.append(path)
         if html_out is not None:
             from onnx_lrp.tokens import html_items
-            w.write_bytes(html_out, html_items(tokens, token_rows, [f"item {name}: target {int(t)}" for name, t in
-                                                                  zip(batch.names, target_used)]).encode())
+            w.write_bytes(html_out, html_items(item_tokens, token_rows, [
+                f"item {it['item']}: target {it['target']}" + (f" at position {it['position']}" if "position" in it
+                                                               else "") for it in items],
+                percentile=token_scale).encode())
+    if len(heat_files) > 1:
+        summary["heatmap_files"] = [str(p) for p in heat_files]
 
-    # ---- summary
-    if pos_used is not None:  # the explained row of each item
-        flat = np.stack([np.asarray(explained[i, pos_used[i]]).reshape(-1) for i in range(n)])
-    else:
-        flat = explained.reshape(n, -1)
-    rel_flat = sum(np.asarray(v, np.float64).reshape(n, -1).sum(1) for v in
-                   (relevance.values() if isinstance(relevance, dict) else [relevance]))
-    items = [dict(item=batch.names[i], predicted=int(np.argmax(flat[i])), target=int(target_used[i]),
-                  output=float(flat[i, target_used[i]]), relevance_sum=float(rel_flat[i])) for i in range(n)]
-    if pos_used is not None:
-        for it, p in zip(items, pos_used):
-            it["position"] = int(p)
-    summary = dict(model=str(model), input=str(input_path), composite=comp.name, start=start, device=ex.device,
-                   explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
-                   heatmap_file=str(heat_path) if heat_path else None, build_s=round(t_build, 4),
-                   explain_s=round(t_explain, 4))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     width = max(len("item"), *(len(it["item"]) for it in items[:SUMMARY_ROWS]))
-    click.echo(f"{'item':<{width}}  predicted  target  {('output ' + ex.explained_output)[:18]:>18}  relevance sum")
+    out_head = f"output {ex.explained_output}"
+    ow = max(12, len(out_head))
+    extra_head = ""
+    if pos_used is not None:
+        extra_head += f"  {'position':>8}"
+    if behind:
+        lw = max(12, len(f"logit {ex.explained_tensor}"))
+        extra_head += f"  {('logit ' + ex.explained_tensor):>{lw}}"
+    click.echo(f"{'item':<{width}}  predicted  target{extra_head}  {out_head:>{ow}}  relevance sum")
     for it in items[:SUMMARY_ROWS]:
-        click.echo(f"{it['item']:<{width}}  {it['predicted']:>9}  {it['target']:>6}  {it['output']:>18.6g}  "
+        extra = ""
+        if pos_used is not None:
+            extra += f"  {it['position']:>8}"
+        if behind:
+            extra += f"  {it['logit']:>{lw}.6g}"
+        click.echo(f"{it['item']:<{width}}  {it['predicted']:>9}  {it['target']:>6}{extra}  {it['output']:>{ow}.6g}  "
                    f"{it['relevance_sum']:>13.6g}")
     if n > SUMMARY_ROWS:
         click.echo(f"... {n - SUMMARY_ROWS} more item(s) (--json lists all)")
+    if behind:
+        click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
+                   f"{ex.explained_output})" + (" times one (--start one-hot)" if start == "one-hot" else ""))
     click.echo(f"{n} item(s), composite {comp.name}, start {start}, device {ex.device}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s)")
     if token_rows is not None:
         from onnx_lrp.tokens import terminal
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        for name, row in zip(batch.names, token_rows):
-            click.echo(f"{name}: {terminal(tokens, row, color=color)}")
-    click.echo(f"relevance -> {out_path}" + (f"; heatmap -> {heat_path}" if heat_path else "")
-               + (f"; tokens -> {html_out}" if html_out else ""))
+        for it, toks, row in zip(items, item_tokens, token_rows):
+            where = f" (position {it['position']})" if "position" in it else ""
+            click.echo(f"{it['item']}{where}: {terminal(toks, row, color=color, percentile=token_scale)}")
+    heat_text = ""
+    if heat_files:
+        heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \
+            f"; heatmaps -> {heat_files[0]} ... {heat_files[-1]} ({len(heat_files)} files, 48 items each)"
+    click.echo(f"relevance -> {out_path}" + heat_text + (f"; tokens -> {html_out}" if html_out else ""))
+
+
+def _tile_label(it: dict, ex, start: str) -> list[str]:
+    """Caption lines of one heatmap tile: the item, predicted class, explained target and the value explained."""
+    where = f" @{it['position']}" if "position" in it else ""
+    value = f"logit {it['logit']:.4g}" if "logit" in it else f"{ex.explained_output} {it['output']:.4g}"
+    return [it["item"], f"pred {it['predicted']}  target {it['target']}{where}",
+            f"{value}  sum R {it['relevance_sum']:.4g}"]
 
 
 def _token_rows(tokens, relevance, n):
     """One relevance value per token and item (the first input's relevance, summed over embedding dims)."""
-    from onnx_lrp.tokens import per_token
+    from onnx_lrp.tokens import per_token, tokens_for
     rel = next(iter(relevance.values())) if isinstance(relevance, dict) else relevance
-    return [per_token(np.asarray(rel[i]), len(tokens)) for i in range(n)]
+    rows = []
+    for i in range(n):
+        toks = tokens_for(tokens, i, n)
+        try:
+            rows.append(per_token(np.asarray(rel[i]), len(toks)))
+        except InputError as exc:
+            raise InputError(f"--tokens, item {i}: {exc}") from None
+    return rows
 
 
 def _merge(parts):
@@ -296,12 +340,25 @@ def _merge(parts):
     return np.concatenate(parts)
 
 
-def _heatmap(ex, batch, relevance, cmap, style):
-    """The heatmap image of the first float input's relevance."""
+TILES_PER_FILE = 48
+
+
+def _heatmap(ex, batch, relevance, cmap, style, labels, heat_path, model):
+    """(path, image) pages of the first float input's relevance: at most TILES_PER_FILE items per file."""
+    from .io import model_channel_axis
     first = ex.relevance_inputs[0]
     rel = relevance[first] if isinstance(relevance, dict) else relevance
     layout = batch.layout
-    channel_axis = layout.channel_axis if layout is not None else 1
+    spec = next(s for s in ex.inputs if s.name == first)
+    channel_axis = layout.channel_axis if layout is not None else model_channel_axis(model, first, spec.dims)
     maps = hm.relevance_maps(rel, channel_axis)
     images = batch.images if batch.kind == "image" else hm.display_images(batch.arrays[first], channel_axis)
-    return hm.render(maps, images, cmap=cmap, style=style)
+    n = len(maps)
+    pages = []
+    for k, lo in enumerate(range(0, n, TILES_PER_FILE)):
+        hi = min(n, lo + TILES_PER_FILE)
+        path = heat_path if k == 0 else heat_path.with_name(f"{heat_path.stem}-{k + 1}{heat_path.suffix}")
+        pages.append((path, hm.render(maps[lo:hi], None if images is None else images[lo:hi], cmap=cmap,
+                                      style=style, labels=labels[lo:hi],
+                                      colorbar="colours scaled per tile to its largest |relevance|")))
+    return pages

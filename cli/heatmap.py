@@ -43,6 +43,8 @@ CMAPS = {
 }
 DIVERGING = ("bwr", "coldnhot", "seismic", "france", "coolio", "coleus")
 STYLES = ("beside", "overlay", "heatmap")
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
+                 ".tiff": "TIFF", ".gif": "GIF"}  # --heatmap suffix -> Pillow format
 
 
 def colormap(name: str):
@@ -108,16 +110,53 @@ def tile_scale(height: int, width: int, min_side: int = 128) -> int:
     return max(1, -(-min_side // max(height, width, 1)))
 
 
+MAX_COLS = {"beside": 4, "overlay": 8, "heatmap": 8}  # cells per row (a beside cell holds two tiles)
+LINE_H = 13  # caption line height in pixels (Pillow's default font)
+BAR_H = 34  # colour bar strip: the bar and its labels
+
+
+def _font():
+    from PIL import ImageFont
+    try:
+        return ImageFont.load_default(size=11)
+    except TypeError:  # Pillow < 10.1: the bitmap font
+        return ImageFont.load_default()
+
+
+def _fit(draw, text: str, font, width: int) -> str:
+    """``text`` cut with an ellipsis to fit ``width`` pixels."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "\u2026", font=font) > width:
+        text = text[:-1]
+    return text + "\u2026"
+
+
+def _layout(n, h, w, style, cols, scale, gap, caption_lines):
+    s = scale or tile_scale(h, w)
+    per_cell = 2 if style == "beside" else 1
+    cols = cols or min(n, MAX_COLS[style])
+    th, tw = h * s, w * s
+    cell_w = per_cell * tw + (per_cell - 1) * gap
+    cap = caption_lines * LINE_H + (2 if caption_lines else 0)
+    return s, per_cell, cols, th, tw, cell_w, cap
+
+
 def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "beside", cols: int | None = None,
-           scale: int | None = None, gap: int = 4, background=(200, 200, 200)):
+           scale: int | None = None, gap: int = 4, background=(200, 200, 200), labels=None, colorbar: str | None = None,
+           titles=None):
     """One PIL image: a grid with one cell per batch item.
 
     ``style``: ``heatmap`` (the heatmap alone), ``beside`` (the input, then the heatmap) or ``overlay`` (the
     heatmap over a grey copy of the input, opaque where |relevance| is largest). Without ``images`` every style
     draws the heatmap alone. Tiles are enlarged by an integer factor (nearest neighbour), so every relevance value
-    is a block of ``scale x scale`` pixels.
+    is a block of ``scale x scale`` pixels. At most 8 cells per row (4 with ``beside``).
+
+    ``labels``: per item a list of caption lines drawn under its cell (all items the same number of lines);
+    ``colorbar``: a caption for a colour bar under the grid, from -max|R| (left) through 0 to +max|R| (right);
+    ``titles``: per tile of a cell (e.g. ["baseline", "current", "difference"]) a title above the first row.
     """
-    from PIL import Image
+    from PIL import Image, ImageDraw
 
     if style not in STYLES:
         raise InputError(f"unknown heatmap style {style!r}; choose one of {', '.join(STYLES)}")
@@ -128,13 +167,13 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
         images = None  # the inputs do not line up with the relevance map: draw the heatmap alone
     if images is None:
         style = "heatmap"
-    s = scale or tile_scale(h, w)
-    per_cell = 2 if style == "beside" else 1
-    cols = cols or min(n, 5 if per_cell == 2 else 10)
+    lines = max((len(x) for x in labels), default=0) if labels else 0
+    s, per_cell, cols, th, tw, cell_w, cap = _layout(n, h, w, style, cols, scale, gap, lines)
+    top = LINE_H + 2 if titles else 0
     rows = -(-n // cols)
-    th, tw = h * s, w * s
-    cell_w = per_cell * tw + (per_cell - 1) * gap
-    canvas = np.empty((gap + rows * (th + gap), gap + cols * (cell_w + gap), 3), dtype=np.uint8)
+    width = gap + cols * (cell_w + gap)
+    bar = BAR_H if colorbar else 0
+    canvas = np.empty((top + gap + rows * (th + cap + gap) + bar, width, 3), dtype=np.uint8)
     canvas[...] = background
     for i in range(n):
         heat = colorize(maps[i], cmap)
@@ -147,26 +186,53 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
             alpha = np.clip(np.abs(maps[i]) / vmax, 0, 1)[..., None] ** 0.5
             tiles = [np.round((1 - alpha) * grey + alpha * heat).astype(np.uint8)]
         r, c = divmod(i, cols)
-        y0, x0 = gap + r * (th + gap), gap + c * (cell_w + gap)
+        y0, x0 = top + gap + r * (th + cap + gap), gap + c * (cell_w + gap)
         for k, tile in enumerate(tiles):
             big = np.repeat(np.repeat(tile, s, axis=0), s, axis=1)
             xk = x0 + k * (tw + gap)
             canvas[y0:y0 + th, xk:xk + tw] = big
-    return Image.fromarray(canvas, mode="RGB")
+    if bar:  # the colour bar: the map's full range, as drawn in every tile
+        x_lo, x_hi = gap, min(width - gap, gap + 256)
+        ramp = apply_cmap(np.linspace(0, 1, x_hi - x_lo), cmap)
+        y_bar = canvas.shape[0] - bar + 4
+        canvas[y_bar:y_bar + 10, x_lo:x_hi] = ramp[None]
+    image = Image.fromarray(canvas, mode="RGB")
+    if not (labels or bar or titles):
+        return image
+    draw, font = ImageDraw.Draw(image), _font()
+    for i in range(n if labels else 0):
+        r, c = divmod(i, cols)
+        y0, x0 = top + gap + r * (th + cap + gap) + th + 1, gap + c * (cell_w + gap)
+        for k, line in enumerate(labels[i]):
+            draw.text((x0, y0 + k * LINE_H), _fit(draw, str(line), font, cell_w), fill=(0, 0, 0), font=font)
+    if titles:
+        for c in range(min(cols, n)):
+            for k, title in enumerate(titles):
+                x = gap + c * (cell_w + gap) + k * (tw + gap)
+                draw.text((x, 1), _fit(draw, str(title), font, tw), fill=(0, 0, 0), font=font)
+    if bar:
+        y = canvas.shape[0] - bar + 16
+        x_hi = min(width - gap, gap + 256)
+        draw.text((gap, y), "-max|R|", fill=(0, 0, 0), font=font)
+        mid = "0"
+        draw.text(((gap + x_hi) // 2 - draw.textlength(mid, font=font) / 2, y), mid, fill=(0, 0, 0), font=font)
+        draw.text((x_hi - draw.textlength("+max|R|", font=font), y), "+max|R|", fill=(0, 0, 0), font=font)
+        if x_hi + 8 < width:
+            draw.text((x_hi + 8, y - 12), _fit(draw, colorbar, font, width - x_hi - 10), fill=(0, 0, 0), font=font)
+    return image
 
 
 def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: int | None = None,
-             scale: int | None = None, gap: int = 4) -> tuple[int, int, int, int]:
+             scale: int | None = None, gap: int = 4, caption_lines: int = 0, titles: bool = False
+             ) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of item ``index``'s heatmap tile in :func:`render`'s layout."""
-    s = scale or tile_scale(h, w)
-    per_cell = 2 if style == "beside" else 1
-    cols = cols or min(n, 5 if per_cell == 2 else 10)
-    th, tw = h * s, w * s
-    cell_w = per_cell * tw + (per_cell - 1) * gap
+    s, per_cell, cols, th, tw, cell_w, cap = _layout(n, h, w, style, cols, scale, gap, caption_lines)
+    top = LINE_H + 2 if titles else 0
     r, c = divmod(index, cols)
-    y0, x0 = gap + r * (th + gap), gap + c * (cell_w + gap) + (per_cell - 1) * (tw + gap)
+    y0, x0 = top + gap + r * (th + cap + gap), gap + c * (cell_w + gap) + (per_cell - 1) * (tw + gap)
     return x0, y0, x0 + tw, y0 + th
 
 
-__all__ = ["CMAPS", "DIVERGING", "STYLES", "apply_cmap", "cell_box", "colorize", "colormap", "display_images",
+__all__ = ["CMAPS", "DIVERGING", "IMAGE_FORMATS", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize",
+           "colormap", "display_images",
            "relevance_maps", "render", "symmetric", "tile_scale"]

@@ -60,6 +60,29 @@ def model_input_dims(model) -> list[InputInfo]:
     return out
 
 
+def model_channel_axis(model, input_name: str, dims=()) -> int:
+    """The channel axis of a 4-D float input: -1 when the model transposes it from NHWC to NCHW right after the
+    input (Keras/TF exports), else what the dims suggest (last axis 1 or 3, second axis not: channels last), else 1."""
+    from onnx_lrp import loader
+
+    try:
+        proto = loader.read_proto(model)
+    except Exception:  # a model the loader refuses is reported elsewhere; fall back to the dims
+        proto = None
+    if proto is not None:
+        for node in proto.graph.node:
+            if input_name in node.input and node.op_type == "Transpose":
+                perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+                if perm and perm[0] == [0, 3, 1, 2]:
+                    return -1
+                if perm and perm[0] == [0, 1, 2, 3]:
+                    return 1
+    dims = tuple(dims or ())
+    if len(dims) == 4 and dims[3] in (1, 3) and dims[1] not in (1, 3):
+        return -1
+    return 1
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     channels: int
@@ -95,6 +118,8 @@ class Preprocess:
     size: tuple | None = None
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
+    crop: bool = False  # keep the aspect ratio: scale the shorter side to fit, cut the centre
+    normalised: bool = False  # --mean or --std was given (else the defaults 0 and 1)
 
     def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
         mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
@@ -196,7 +221,13 @@ def load_image(path: Path, layout: ImageLayout, pre: Preprocess) -> tuple[np.nda
             im.load()
             mode = "L" if layout.channels == 1 else "RGB"
             im = im.convert(mode)
-            if im.size != (size[1], size[0]):
+            if pre.crop and im.size != (size[1], size[0]):
+                f = max(size[1] / im.size[0], size[0] / im.size[1])
+                w, h = max(size[1], round(im.size[0] * f)), max(size[0], round(im.size[1] * f))
+                im = im.resize((w, h), Image.Resampling.BILINEAR)
+                left, top = (w - size[1]) // 2, (h - size[0]) // 2
+                im = im.crop((left, top, left + size[1], top + size[0]))
+            elif im.size != (size[1], size[0]):
                 im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             pixels = np.asarray(im, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
@@ -343,6 +374,39 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "cannot parse"
 
 
+# ---------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A progress bar on stderr that appears only when the work takes longer than ``after_s`` seconds (estimated
+    from the first step); ``update(done, total)``; use as a context manager."""
+
+    def __init__(self, label: str, after_s: float = 2.0):
+        import time
+        self._clock = time.perf_counter
+        self.label, self.after_s = label, after_s
+        self._t0 = self._clock()
+        self._bar = None
+        self._shown = 0
+
+    def update(self, done: int, total: int) -> None:
+        import sys
+
+        import click
+        if self._bar is None and done < total and done > 0:
+            if (self._clock() - self._t0) / done * total > self.after_s:
+                self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+                self._bar.__enter__()
+        if self._bar is not None:
+            self._bar.update(done - self._shown)
+            self._shown = done
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+
 # ---------------------------------------------------------------------------------------------- writing
 class AtomicOutputs:
     """Write files as one transaction: temporary files beside their targets, renamed over them at ``commit``.
@@ -389,15 +453,22 @@ class AtomicOutputs:
     def save_npy(self, path, arr: np.ndarray) -> Path:
         return self.write(path, lambda f: np.save(f, np.asarray(arr), allow_pickle=False))
 
-    def save_npz(self, path, arrays: dict) -> Path:
+    def save_npz(self, path, arrays: dict, compressed: bool = False) -> Path:
         def writer(f):
             buf = io.BytesIO()
-            np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+            (np.savez_compressed if compressed else np.savez)(buf, **{k: np.asarray(v) for k, v in arrays.items()})
             f.write(buf.getvalue())
         return self.write(path, writer)
 
     def save_png(self, path, image) -> Path:
         return self.write(path, lambda f: image.save(f, format="PNG"))
+
+    def save_image(self, path, image) -> Path:
+        """A Pillow image in the format its suffix names (.png, .jpg, .webp, ...)."""
+        from .heatmap import IMAGE_FORMATS
+        fmt = IMAGE_FORMATS.get(Path(path).suffix.lower(), "PNG")
+        extra = {"quality": 95} if fmt in ("JPEG", "WEBP") else {}
+        return self.write(path, lambda f: image.save(f, format=fmt, **extra))
 
     def commit(self) -> None:
         try:
@@ -447,5 +518,6 @@ def check_writable(path) -> None:
 
 
 __all__ = ["AtomicOutputs", "Batch", "ImageLayout", "InputInfo", "OutputError", "Preprocess", "check_writable",
-           "image_layout", "input_infos", "input_kind", "load_image", "load_inputs", "load_npy", "load_npz",
+           "image_layout", "input_infos", "input_kind", "model_channel_axis", "load_image", "load_inputs", "load_npy",
+           "load_npz",
            "model_input_dims", "parse_floats", "parse_size", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -15,7 +15,7 @@ import sys
 import click
 
 from onnx_lrp import __version__
-from onnx_lrp.errors import LrpError
+from onnx_lrp.errors import LrpError, LrpWarning
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -26,10 +26,29 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _show_warnings_in_one_line() -> None:
+    """onnx-lrp's own warnings (LrpWarning) as one line on stderr, like its errors."""
+    import warnings
+
+    previous = warnings.showwarning
+    if getattr(previous, "onnx_lrp", False):
+        return
+
+    def show(message, category, *a, **k):
+        if issubclass(category, LrpWarning):
+            click.echo(f"onnx-lrp: warning: {' '.join(str(message).split())}", err=True)
+        else:
+            previous(message, category, *a, **k)
+
+    show.onnx_lrp = True
+    warnings.showwarning = show
+
+
 class LrpGroup(click.Group):
     """Runs a command and turns every expected failure into one line on stderr and an exit code."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        _show_warnings_in_one_line()
         try:
             rv = super().main(args=args, prog_name=prog_name or "onnx-lrp", complete_var=complete_var,
                               standalone_mode=False, **extra)
@@ -58,32 +77,58 @@ class LrpGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
-@click.group(cls=LrpGroup, context_settings=dict(help_option_names=["-h", "--help"], max_content_width=110))
+# name -> (module, attribute, one-line help): commands are imported only when run (or asked for --help), so that
+# `onnx-lrp --help` and `onnx-lrp composites` do not load numpy, onnx and onnxruntime
+COMMANDS = {
+    "explain": (".explain", "explain", "Explain MODEL's prediction for INPUT with LRP (heatmaps, .npy/.npz)."),
+    "trace": (".trace", "trace", "The conservation ledger: where the relevance goes, node by node."),
+    "inspect": (".commands", "inspect", "The rule for every node of MODEL; exit 1 if any is unsupported."),
+    "rewrite": (".commands", "rewrite", "Write MODEL's relevance model for plain onnxruntime."),
+    "composites": (".composites", "composites", "List the built-in composites and their rules."),
+    "snapshot": (".regress", "snapshot", "Store MODEL's explanations of INPUTS as a regression baseline."),
+    "check": (".regress", "check", "Recompute MODEL's explanations and compare them with a baseline."),
+    "diff": (".regress", "diff", "Compare the explanations of two model versions on INPUTS."),
+}
+
+
+class LazyGroup(LrpGroup):
+    def list_commands(self, ctx):
+        return list(COMMANDS) + [n for n in super().list_commands(ctx) if n not in COMMANDS]
+
+    def get_command(self, ctx, name):
+        if name in COMMANDS:
+            import importlib
+
+            module, attr, _ = COMMANDS[name]
+            return getattr(importlib.import_module(module, __package__), attr)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, short) for name, (_, _, short) in COMMANDS.items()]
+        rows += [(n, self.commands[n].get_short_help_str(80)) for n in self.commands if n not in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings=dict(help_option_names=["-h", "--help"], max_content_width=110))
 @click.version_option(__version__, prog_name="onnx-lrp")
 def main():
     """Layer-wise Relevance Propagation (LRP) for any model exported to ONNX.
 
     \b
     onnx-lrp explain MODEL INPUT --heatmap heat.png   explain a prediction
+    onnx-lrp trace MODEL INPUT                        where the relevance goes, node by node
     onnx-lrp inspect MODEL                            the rule for every node; exit 1 if unsupported
     onnx-lrp rewrite MODEL -o MODEL.lrp.onnx          a relevance model for plain onnxruntime
     onnx-lrp composites                               the built-in composites
+    onnx-lrp snapshot MODEL INPUTS -o base.npz        a regression baseline ...
+    onnx-lrp check MODEL base.npz                     ... checked on every change (exit 1 on drift)
+    onnx-lrp diff MODEL_A MODEL_B INPUTS              compare two model versions
 
     Exit codes: 0 ok, 1 a check failed, 2 bad usage or input (one line on stderr), 3 internal error.
+    Shell completion (bash): eval "$(_ONNX_LRP_COMPLETE=bash_source onnx-lrp)" (zsh_source, fish_source).
     """
 
-
-from .commands import composites, inspect, rewrite  # noqa: E402
-from .explain import explain  # noqa: E402
-
-main.add_command(explain)
-main.add_command(rewrite)
-main.add_command(inspect)
-main.add_command(composites)
-from .regress import check, diff, snapshot  # noqa: E402
-main.add_command(snapshot)
-main.add_command(check)
-main.add_command(diff)
 
 if __name__ == "__main__":  # python -m onnx_lrp.cli.main
     main()

@@ -7,7 +7,7 @@ import numpy as np
 from onnx_lrp.errors import InputError
 from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
 
-from .io import parse_floats
+from .io import IMAGENET_MEAN, IMAGENET_STD, Preprocess, image_layout, model_input_dims, parse_floats, parse_size
 
 DEFAULT_COMPOSITE = "epsilon-plus-flat"
 
@@ -78,10 +78,86 @@ def takes(composite: Composite, param: str) -> bool:
     return any(param in e.rule.params() for e in composite.entries)
 
 
+def input_options(f):
+    """--size --mean --std --crop: how image inputs become model inputs; collected by :func:`preprocess`.
+
+    One definition for every command that reads inputs (explain, trace, snapshot, diff)."""
+    opts = [
+        click.option("--size", default=None, metavar="H[,W]",
+                     help="Images: resize to this size (default: the model's input size)."),
+        click.option("--crop", is_flag=True,
+                     help="Images: keep the aspect ratio: resize the shorter side, then cut the centre to --size "
+                          "(default: resize to --size, which stretches non-square images)."),
+        click.option("--mean", default=None, metavar="FLOAT[,FLOAT...]",
+                     help="Images: pixels are scaled to [0,1], then (x - mean) / std per channel (default 0). "
+                          f"ImageNet models: --mean {','.join(map(str, IMAGENET_MEAN))} "
+                          f"--std {','.join(map(str, IMAGENET_STD))}."),
+        click.option("--std", default=None, metavar="FLOAT[,FLOAT...]",
+                     help="Images: see --mean (default 1). For image inputs without --low/--high, the ZBox bounds "
+                          "are the pixel range after this normalisation: low = (0 - mean) / std, "
+                          "high = (1 - mean) / std per channel."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def preprocess(kw: dict) -> Preprocess:
+    """The :class:`Preprocess` of :func:`input_options`, popped from ``kw``."""
+    mean, std = kw.pop("mean", None), kw.pop("std", None)
+    pre = Preprocess(parse_size(kw.pop("size", None)), parse_floats(mean, "--mean") or (0.0,),
+                     parse_floats(std, "--std") or (1.0,), crop=bool(kw.pop("crop", False)),
+                     normalised=mean is not None or std is not None)
+    return pre
+
+
+def image_zbox(model, data_kind: str, comp: Composite, params: dict, pre: Preprocess) -> str | None:
+    """For image inputs and a composite with ZBox but no --low/--high: set the bounds from the pixel range after
+    --mean/--std in ``params``; returns the note to print (None when nothing was set)."""
+    if data_kind != "image" or not takes(comp, "low") or "low" in params or "high" in params:
+        return None
+    infos = model_input_dims(model)
+    if len(infos) != 1:
+        return None
+    low, high = pre.box(image_layout(infos[0]))
+    params["low"], params["high"] = low, high
+    source = "from --mean/--std" if pre.normalised else "for pixels in [0, 1] (no --mean/--std given)"
+    return (f"ZBox bounds {source}: low {[round(float(v), 4) for v in low.ravel()]}, "
+            f"high {[round(float(v), 4) for v in high.ravel()]}")
+
+
+BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say so on stderr
+
+
+def build_explainer(model, composite: Composite, **kw):
+    """``onnx_lrp.Explainer(model, composite, **kw)``; for large model files one line on stderr says what is
+    happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size, so
+    small models and failures keep stderr to one line)."""
+    import os
+    import time
+
+    import onnx_lrp
+
+    try:
+        size = os.path.getsize(model) if isinstance(model, (str, os.PathLike)) else len(model)
+    except (OSError, TypeError):
+        size = 0
+    large = size >= BUILD_NOTE_BYTES
+    if large:
+        click.echo(f"onnx-lrp: building the relevance model of {model} ({size / 2**20:.0f} MB, composite "
+                   f"{composite.name}) ...", err=True)
+    t0 = time.perf_counter()
+    ex = onnx_lrp.Explainer(model, composite=composite, **kw)
+    if large:
+        click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s ({ex.n_nodes} nodes)", err=True)
+    return ex
+
+
 def common(f):
     """--composite and the rule parameters."""
     return composite_option(rule_options(f))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bounds", "common", "composite_option", "composite_with", "rule_options",
-           "rule_params", "takes"]
+__all__ = ["DEFAULT_COMPOSITE", "bounds", "build_explainer", "common", "composite_option", "composite_with",
+           "image_zbox",
+           "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -20,8 +20,8 @@ from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
 from .explain import parse_target
-from .io import AtomicOutputs, InputInfo, OutputError, check_writable, image_layout, load_inputs
-from .options import common, composite_with, rule_params
+from .io import AtomicOutputs, OutputError, Progress, check_writable, input_kind, load_inputs, model_channel_axis
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
 EXIT_DRIFT = 1
 
@@ -89,15 +89,15 @@ def _check_outputs(report_json, junit_xml, heatmap_dir):
 
 
 def _channel_axis(ex) -> int:
+    """The channel axis of the first float input, from the model's layout (the Transpose after an NHWC input)."""
     first = ex.relevance_inputs[0]
     spec = next(s for s in ex.inputs if s.name == first)
-    try:
-        return image_layout(InputInfo(spec.name, tuple(spec.dims))).channel_axis
-    except InputError:
-        return 1
+    return model_channel_axis(ex.model_bytes, first, spec.dims)
 
 
 def _safe(name: str) -> str:
+    """A file-name stem for an item name (``digit_3.png`` -> ``digit_3``, ``batch.npy[2]`` -> ``batch.npy_2``)."""
+    name = re.sub(r"\.(png|jpe?g|bmp|gif|tiff?|webp)$", "", name, flags=re.IGNORECASE)
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "item"
 
 
@@ -117,7 +117,16 @@ def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur
             for s in comp.drifted:
                 i = s.index
                 maps = np.stack([rb[i], rc[i], rc[i] - rb[i]])
-                image = hm.render(maps, None, style="heatmap", cols=3)
+                m = s.metrics
+                pred = f"pred {s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline
+                                                         else f" -> {s.predicted_current}")
+                labels = [[f"baseline: {s.item}", f"target {s.target}, {pred}"],
+                          ["current", "; ".join(s.failed)[:200] or "drift"],
+                          ["difference (current - baseline)",
+                           f"cos {m['cosine']:.3f}  rel-L2 {m['rel_l2']:.3f}  out {m['output_diff']:.2g}"]]
+                big = hm.tile_scale(*maps.shape[1:], 200)
+                image = hm.render(maps, None, style="heatmap", cols=3, labels=labels, scale=big,
+                                  colorbar="each tile scaled to its own largest |relevance|")
                 written.append(w.save_png(heatmap_dir / f"{i:04d}_{_safe(s.item)}.png", image))
     return written
 
@@ -138,9 +147,7 @@ def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, input
 
 
 def _explainer(model, comp, output_name, start):
-    import onnx_lrp
-
-    return onnx_lrp.Explainer(model, composite=comp, output=output_name, start=start)
+    return build_explainer(model, comp, output=output_name, start=start)
 
 
 def _inputs_for(ex, arrays: dict, where: str) -> dict:
@@ -149,6 +156,14 @@ def _inputs_for(ex, arrays: dict, where: str) -> dict:
         raise InputError(f"{where} holds inputs {', '.join(sorted(arrays))} but the model's inputs are "
                          f"{', '.join(sorted(want))}; the model's interface changed: take a new snapshot")
     return arrays
+
+
+def _data_kind(path) -> str:
+    kind = input_kind(path)
+    if kind == "directory":
+        from .io import directory_files
+        kind = directory_files(path)[0]
+    return kind
 
 
 def _targets(targets, n):
@@ -169,6 +184,7 @@ def _targets(targets, n):
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
               help="Initial relevance at the target.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@input_options
 def snapshot(model, inputs_path, out, target, output_name, start, batch_size, composite, **rule_kw):
     """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
 
@@ -181,20 +197,25 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
         raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
     check_writable(out_path)
     targets = parse_target(target)
+    pre = preprocess(rule_kw)
     params = rule_params(rule_kw)
+    note = image_zbox(model, _data_kind(inputs_path), composite_with(composite, {}), params, pre)
+    if note:
+        _say(note)
     comp = composite_with(composite, params)
     comp_name, comp_toml = rg.composite_source(composite)
     t0 = time.perf_counter()
     ex = _explainer(model, comp, output_name, start)
-    batch = load_inputs(inputs_path, ex.inputs)
+    batch = load_inputs(inputs_path, ex.inputs, pre)
     _targets(targets, len(batch))
-    rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size)
+    with Progress("explaining") as bar:
+        rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update)
     arrays = rg.snapshot_arrays(
         inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
         composite_toml=comp_toml, params=params, start=start, output=output_name,
         explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size)
     with AtomicOutputs() as w:
-        w.save_npz(out_path, arrays)
+        w.save_npz(out_path, arrays, compressed=True)
     click.echo(f"snapshot of {len(batch)} item(s) -> {out_path} (composite {comp_name}, start {start}, explained "
                f"output {ex.explained_output}, {time.perf_counter() - t0:.2f} s)")
 
@@ -221,7 +242,8 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
     batch_size = batch_size or int(meta.get("batch_size") or 32)
-    rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size)
+    with Progress("explaining") as bar:
+        rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update)
     base = snap.result()
     if ex.explained_output not in outs:
         raise InputError(f"the model has no output {meta['explained_output']!r}")
@@ -260,6 +282,7 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
               help="Initial relevance at the target.")
 @threshold_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@input_options
 def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, heatmap_dir, max_rows,
          batch_size, composite, **kw):
     """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
@@ -269,15 +292,24 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     th, config_used = _pop_thresholds(kw)
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
     targets = parse_target(target)
-    comp_rules = composite_with(composite, rule_params(kw))
+    pre = preprocess(kw)
+    params = rule_params(kw)
+    note = image_zbox(model_a, _data_kind(inputs_path), composite_with(composite, {}), params, pre)
+    if note:
+        _say(note)
+    comp_rules = composite_with(composite, params)
     t0 = time.perf_counter()
     ex_a = _explainer(model_a, comp_rules, output_name, start)
     ex_b = _explainer(model_b, comp_rules, output_name, start)
-    batch = load_inputs(inputs_path, ex_a.inputs)
+    batch = load_inputs(inputs_path, ex_a.inputs, pre)
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
-    rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size)
-    rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size)
+    n = len(batch)
+    with Progress("explaining") as bar:
+        rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size,
+                                             progress=lambda d, t: bar.update(d, 2 * t))
+        rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size,
+                                          progress=lambda d, t: bar.update(n + d, 2 * t))
     base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a)
     cur = rg.Result(rel_b, outs_b[ex_b.explained_output], used, batch.names, outs_b)
     comp = rg.compare(base, cur, th)

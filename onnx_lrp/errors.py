@@ -17,12 +17,33 @@ class InputError(LrpError):
 class UnsupportedError(LrpError):
     """Nodes the rewriter cannot handle; ``nodes`` lists every one, not only the first."""
 
+    MAX_GROUPS = 4  # causes listed in the message; ``nodes`` (and `onnx-lrp inspect`) have them all
+    ALL_NAMES = 12  # up to this many unsupported nodes, the message names every one
+
     def __init__(self, nodes: list[dict], hint: str):
         self.nodes = nodes
-        listed = "; ".join(f"{n['name']} ({n['domain'] or 'ai.onnx'}::{n['op_type']}, opset {n['opset']}: "
-                           f"{n['reason']})" for n in nodes)
-        super().__init__(f"{len(nodes)} unsupported node(s): {listed}. {hint}")
+        by_reason: dict[str, dict[str, list[str]]] = {}
+        for n in nodes:  # one cause, listed once with its op counts ("23 x Softmax: ...")
+            domain = n["domain"] or "ai.onnx"
+            op = n["op_type"] if domain == "ai.onnx" else f"{domain}::{n['op_type']}"
+            by_reason.setdefault(n["reason"], {}).setdefault(f"{op} (opset {n['opset']})", []).append(n["name"])
+        every = len(nodes) <= self.ALL_NAMES  # few: every name; many: the first of each op ("..." for the rest)
+        parts = []
+        for reason, ops in list(by_reason.items())[:self.MAX_GROUPS]:
+            counted = ", ".join(f"{len(names)} x {op} [{', '.join(names) if every else names[0]}"
+                                + ("" if every or len(names) == 1 else ", ...") + "]" for op, names in ops.items())
+            parts.append(f"{counted}: {reason}")
+        if len(by_reason) > self.MAX_GROUPS:
+            parts.append(f"and {len(by_reason) - self.MAX_GROUPS} more cause(s)")
+        if "inspect" not in hint:
+            hint += " `onnx-lrp inspect MODEL` lists every node."
+        super().__init__(f"{len(nodes)} unsupported node(s): {'; '.join(parts)}. {hint}")
 
 
 class DeviceError(LrpError):
     """The requested execution device is not available."""
+
+
+class LrpWarning(UserWarning):
+    """Something works but deserves attention (a composite entry that matches nothing, a mixed install); the
+    command line prints it as one line on stderr."""

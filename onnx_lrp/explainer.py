@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ledger as ledger_mod
 from . import loader, rewriter, runtime
 from .errors import InputError
 from .graph import static_dims
@@ -31,6 +32,8 @@ class Explanation:
     relevance_at: dict = field(default_factory=dict)
     explained_output: str = ""
     position: object = None
+    explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
+    ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Explainer:
 
     def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
-                 threads: int | None = None, **rule_params):
+                 threads: int | None = None, ledger: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -56,6 +59,7 @@ class Explainer:
         self.device = runtime.resolve_device(device)
         ir_model = loader.load(model)
         graph = ir_model.graph
+        self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
@@ -63,11 +67,13 @@ class Explainer:
         y_value = rewriter.explained_value(graph, output, explain_logits)[0]
         y_dims = static_dims(y_value)
         self._rows_from = _sequence_axis_source(graph, y_value)
+        self.ledger_rows = [] if ledger else None  # one onnx_lrp.ledger.LedgerRow per node, reverse order
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
-                         explain_logits=explain_logits)
+                         explain_logits=explain_logits, ledger=self.ledger_rows)
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
         self.explained_output = output or self.output_names[0]
+        self.explained_tensor = y_value.name  # what relevance starts from: the logits behind a softmax output
         produced = {o.name for o in graph.outputs}
         self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
         self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3
@@ -75,7 +81,9 @@ class Explainer:
             # a dynamic sequence length (None) is read from the input axis with the same symbolic dimension
             self.sequence_rows = (y_dims[1], int(np.prod(y_dims[2:])))
         self.model_bytes = loader.serialize(ir_model)
-        self.session = runtime.Session(self.model_bytes, self.device, threads)
+        self.session = runtime.Session(self.model_bytes, device, threads)
+        self.device = self.session.device  # "auto" may fall back to the CPU when CUDA cannot start
+        self.device_note = self.session.fallback
         self._width = None
 
     # ------------------------------------------------------------------ input checks
@@ -132,7 +140,7 @@ class Explainer:
             raise InputError(f"{t.size} targets for a batch of {batch}; give one int or one per item")
         width = self.output_width()
         if width is not None and (np.any(t < 0) or np.any(t >= width)):
-            raise InputError(f"target {t.tolist()} out of range: the explained output has {width} entries per item")
+            raise InputError(f"target {_brief(t)} out of range: the explained output has {width} entries per item")
         return np.ascontiguousarray(t)
 
     def output_width(self) -> int | None:
@@ -161,7 +169,7 @@ class Explainer:
             raise InputError(f"position must be an int or one int per batch item, not {position!r}")
         pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
         if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
-            raise InputError(f"position {pos.tolist()} does not fit: the explained output has {rows} positions "
+            raise InputError(f"position {_brief(pos)} does not fit: the explained output has {rows} positions "
                              f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
         if target is None or (isinstance(target, str) and target == "argmax"):
             return np.full(batch, -1, dtype=np.int64), np.ascontiguousarray(pos)
@@ -170,7 +178,7 @@ class Explainer:
             raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
         t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
         if t.shape != (batch,) or np.any(t < 0) or np.any(t >= per_row):
-            raise InputError(f"target {t.tolist()} out of range: each position of the explained output has "
+            raise InputError(f"target {_brief(t)} out of range: each position of the explained output has "
                              f"{per_row} entries")
         return np.ascontiguousarray(t), np.ascontiguousarray(pos)
 
@@ -195,6 +203,8 @@ class Explainer:
         else:
             targets = self._targets(target, batch)
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        if static_one and batch > 1 and self.ledger_rows is not None:
+            raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
         if static_one and batch > 1:  # exported with a fixed batch of 1: run item by item
             parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
@@ -212,7 +222,11 @@ class Explainer:
                            outputs={n: merged[n] for n in self.output_names},
                            target=used,
                            relevance_at={n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_at},
-                           explained_output=self.explained_output, position=pos_used)
+                           explained_output=self.explained_output, position=pos_used,
+                           explained_value=merged.get(rewriter.VALUE_OUTPUT),
+                           ledger=None if self.ledger_rows is None else
+                           {"entering": merged[ledger_mod.ENTERING_OUTPUT],
+                            "leaving": merged[ledger_mod.LEAVING_OUTPUT]})
 
     def _run(self, feeds, targets, start, positions=None):
         feeds = dict(feeds)
@@ -222,9 +236,32 @@ class Explainer:
         feeds[rewriter.ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)
 
-    def save(self, path) -> None:
-        """Write the relevance model; it runs in stock onnxruntime without onnx-lrp."""
-        loader.save_bytes(self.model_bytes, path)
+    def save(self, path, computed_weights: bool = False) -> dict | None:
+        """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
+
+        ``computed_weights``: store no modified copies of the weights (W+, |W|, transposed kernels, ...) but nodes
+        that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
+        the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.weights.compute_in_graph`.
+        """
+        data = self.model_bytes_computed() if computed_weights else self.model_bytes
+        loader.save_bytes(data, path)
+        return self._computed_counts if computed_weights else None
+
+    def model_bytes_computed(self) -> bytes:
+        """The relevance model with modified weights computed in the graph (see :meth:`save`)."""
+        from . import weights
+
+        model = loader.to_ir(loader.read_proto(self.model_bytes))
+        self._computed_counts = weights.compute_in_graph(model)
+        return loader.serialize(model)
+
+
+def _brief(a: np.ndarray) -> str:
+    """An index array for a message: one value when all items share it, else the first few and the count."""
+    vals = np.asarray(a).reshape(-1).tolist()
+    if len(set(vals)) == 1:
+        return f"{vals[0]}" + (f" (all {len(vals)} items)" if len(vals) > 1 else "")
+    return "[" + ", ".join(map(str, vals[:6])) + (f", ... ({len(vals)} items)]" if len(vals) > 6 else "]")
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

@@ -1,6 +1,6 @@
 """Regression checks for explanations: metrics, the snapshot file, comparisons and reports (no onnx import).
 
-A **snapshot** (``onnx-lrp snapshot``) is a plain ``.npz`` (written with ``np.savez``, read with
+A **snapshot** (``onnx-lrp snapshot``) is a plain ``.npz`` (written with ``np.savez_compressed``, read with
 ``allow_pickle=False``) holding everything a later check needs, so that the check is reproducible from the file
 alone:
 
@@ -295,6 +295,13 @@ class Comparison:
             out[name] = dict(mean=float(fin.mean()) if fin.size else math.nan,
                              min=float(vals.min()) if vals.size else math.nan,
                              max=float(vals.max()) if vals.size else math.nan)
+            # the bad end: the largest value of a "max" metric, the smallest of a "min" metric; NaN counts as worst
+            bad_high = METRICS[name][1] == "max"
+            order = np.where(np.isnan(vals), -np.inf if not bad_high else np.inf, vals)
+            k = (int(np.argmax(order)) if bad_high else int(np.argmin(order))) if vals.size else None
+            out[name]["worst"] = float(vals[k]) if k is not None else math.nan
+            out[name]["worst_item"] = self.samples[k].item if k is not None else None
+            out[name]["p95"] = (float(np.percentile(fin, 95 if bad_high else 5)) if fin.size else math.nan)
         return out
 
 
@@ -327,11 +334,16 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     return Comparison(samples, th)
 
 
-def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32) -> tuple[dict, dict, np.ndarray]:
-    """Run an Explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used)."""
+def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=None
+                ) -> tuple[dict, dict, np.ndarray]:
+    """Run an Explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used).
+
+    ``progress(done, total)`` is called after each chunk (e.g. to draw a progress bar)."""
     n = next(iter(arrays.values())).shape[0]
     rel, outs, used = [], [], []
     for lo in range(0, n, batch_size):
+        if progress is not None and lo:
+            progress(lo, n)
         hi = min(n, lo + batch_size)
         t = None if targets is None else (targets[lo:hi] if np.ndim(targets) else targets)
         res = ex.explain({k: a[lo:hi] for k, a in arrays.items()}, target=t)
@@ -339,6 +351,8 @@ def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32) -> tuple[d
         rel.append(r)
         outs.append(res.outputs)
         used.append(np.asarray(res.target, np.int64))
+    if progress is not None:
+        progress(n, n)
     relevance = {k: np.concatenate([r[k] for r in rel]) for k in rel[0]}
     outputs = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
     return relevance, outputs, np.concatenate(used)
@@ -422,7 +436,7 @@ class Snapshot:
 def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, model_path, composite_name: str,
                     composite_toml: str, params: dict, start: str, output: str | None, explained_output: str,
                     target_request, items: list, batch_size: int = 32, notes: list | None = None) -> dict:
-    """The arrays of a snapshot file (``np.savez(path, **arrays)``), metadata as one JSON string."""
+    """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
     from . import __version__
 
     meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=__version__,
@@ -524,8 +538,11 @@ def format_table(comp: Comparison, max_rows: int | None = None) -> str:
     lines.append(f"{'threshold':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{x:>11}" for x in lim) +
                  f"  (top-k: {th.topk_percent:g} %)")
     summ = comp.summary()
-    for stat in ("mean", "min"):
-        lines.append(f"{stat:<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n][stat]):>11}" for n in names))
+    lines.append(f"{'mean':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n]['mean']):>11}" for n in names))
+    for stat, label in (("p95", "95% worst"), ("worst", "worst")):  # the bad end of each metric (max or min)
+        lines.append(f"{label:<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n][stat]):>11}" for n in names))
+    lines.append("worst item per metric: " + ", ".join(f"{n} {summ[n]['worst_item']}" for n in names
+                                                         if summ[n]['worst_item'] is not None))
     return "\n".join(lines)
 
 

@@ -2,11 +2,12 @@
 
 The result is ONE model: its outputs are the original outputs, then ``lrp/relevance/<input>`` for every float
 graph input (and for the tensors asked for with ``relevance_at``), then ``lrp/target_used`` (the explained index
-per batch item, into the output flattened per item). Optional inputs steer it: ``lrp/target`` (int64 [batch]; -1 =
-arg-max, the default), ``lrp/one_hot`` (bool scalar; start from 1 at the target instead of the target's output
-value, the default) and, for sequence outputs (N, T, C...), ``lrp/position`` (int64 [batch]; the index along T,
-negative counts from the end; default -1, the last position, as for a causal LM): then ``lrp/target`` is a class
-at that position.
+per batch item, into the output flattened per item) and ``lrp/explained_value`` (the explained tensor at the target:
+the logit, also for a softmax output). Inputs steer it (required: initializer defaults would make onnxruntime warn on
+every load): ``lrp/target`` (int64 [batch]; -1 = arg-max), ``lrp/one_hot`` (bool scalar; true: start from 1 at the
+target, false: from the target's output value) and, for sequence outputs (N, T, C...), ``lrp/position`` (int64
+[batch]; the index along T, negative counts from the end; -1 is the last position, as for a causal LM): then
+``lrp/target`` is a class at that position.
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import numpy as np
 import onnx_ir as ir
 
 from . import patterns
+from .composite_check import check_composite
 from .deployed import relay_sources
 from .errors import InputError, UnsupportedError
 from .graph import Emitter, static_dims
+from .ledger import Ledger
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
@@ -30,6 +33,7 @@ TARGET_INPUT = "lrp/target"
 POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
 ONE_HOT_INPUT = "lrp/one_hot"
 TARGET_OUTPUT = "lrp/target_used"
+VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the logit, also behind a softmax), [N]
 RELEVANCE_PREFIX = "lrp/relevance/"
 _SOFTMAX = ("Softmax", "LogSoftmax")
 
@@ -93,6 +97,7 @@ def _ancestors(y: ir.Value) -> set[int]:
 def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
     """Assign an op handler and a rule to every node; nothing is emitted."""
     graph = model.graph
+    check_composite(composite, graph)
     patterns.annotate(graph)
     y, out = explained_value(graph, output, explain_logits)
     on_path = _ancestors(y)
@@ -131,6 +136,16 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     return result
 
 
+def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
+    """What to do about unsupported nodes: the transformer composite when the graph has softmax attention."""
+    full = "`onnx-lrp inspect MODEL` lists every node"
+    attention = any(a.on_path and (a.node.op_type in _SOFTMAX or a.kind == "bilinear") for a in p.assignments)
+    if attention and composite.name not in ("attnlrp", "cp-lrp"):
+        return (f"The graph has softmax attention: explain transformers with --composite attnlrp (or cp-lrp); {full}.")
+    return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "
+            "their input's relevance) or add a handler in onnx_lrp/ops.")
+
+
 def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
     known: dict[int, bool] = {}
 
@@ -154,15 +169,14 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
     return known
 
 
-def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """r0 = onehot(target) * y (or onehot alone), target = argmax where lrp/target < 0."""
-    target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64),
-                      const_value=ir.tensor(np.array([-1], dtype=np.int64), name=TARGET_INPUT))
-    one_hot = ir.Value(name=ONE_HOT_INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL),
-                       const_value=ir.tensor(np.array(False), name=ONE_HOT_INPUT))
+def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(r0, target, y at the target): r0 = onehot(target) * y (or onehot alone), target = argmax where
+    lrp/target < 0."""
+    # plain graph inputs, no initializer defaults: onnxruntime warns about every initializer that is also an input
+    # ("Initializer lrp/target appears in graph inputs"); the Explainer always feeds them
+    target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64))
+    one_hot = ir.Value(name=ONE_HOT_INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL))
     graph.inputs.extend([target, one_hot])
-    graph.register_initializer(target)
-    graph.register_initializer(one_hot)
     with em.scope("start"):
         flat = em.op("Flatten", y, axis=1, tag="y_flat")
         dims = static_dims(y)
@@ -179,10 +193,8 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
             chosen = em.op("Where", use_argmax, argmax, target, tag="target")
         else:  # sequence outputs (N, T, C...): the target is a class at lrp/position (< 0: from the end)
             position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]),
-                                type=ir.TensorType(ir.DataType.INT64),
-                                const_value=ir.tensor(np.array([-1], dtype=np.int64), name=POSITION_INPUT))
+                                type=ir.TensorType(ir.DataType.INT64))
             graph.inputs.append(position)
-            graph.register_initializer(position)
             if dims[1] is not None:
                 rows = em.scalar(dims[1], np.int64)
                 row_of = em.const(np.arange(dims[1] * chunk, dtype=np.int64)[None] // chunk, tag="row_of",
@@ -206,23 +218,31 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         hot = em.op("Cast", hot, to=em.dtype.value, tag="onehot")
         scale = em.op("Where", one_hot, em.scalar(1.0), flat, tag="start_scale")
         r0 = em.mul(hot, scale, tag="r0_flat")
+        picked = em.op("ReduceSum", em.mul(hot, flat, tag="y_at_target"), em.ints([1]), keepdims=0,
+                       tag="explained_value")
         r0 = em.reshape_like(r0, y, tag="r0")
+    picked.name = VALUE_OUTPUT
+    picked.type = ir.TensorType(em.dtype)
+    picked.shape = ir.Shape(["lrp_batch"])
     chosen.name = TARGET_OUTPUT
     chosen.type = ir.TensorType(ir.DataType.INT64)
     chosen.shape = ir.Shape(["lrp_batch"])
-    return r0, chosen
+    return r0, chosen, picked
 
 
 def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
-            explain_logits: bool = True) -> ir.Model:
-    """Append the relevance graph to ``model`` (in place) and return it."""
+            explain_logits: bool = True, ledger: list | None = None) -> ir.Model:
+    """Append the relevance graph to ``model`` (in place) and return it.
+
+    ``ledger``: a list to receive one :class:`onnx_lrp.ledger.LedgerRow` per node; the model then also outputs the
+    relevance sums entering and leaving each node (``lrp/ledger/entering``, ``lrp/ledger/leaving``).
+    """
     graph = model.graph
     p = plan(model, composite, output, explain_logits)
     if p.unsupported:
         nodes = [dict(name=a.node.name, op_type=a.node.op_type, domain=a.node.domain,
                       opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
-        raise UnsupportedError(nodes, "Map them to a supported rule in a composite file (e.g. rule = \"pass\" for an "
-                                      "element-wise op), or add a handler in onnx_lrp/ops.")
+        raise UnsupportedError(nodes, unsupported_hint(graph, p, composite))
     values = {v.name: v for v in graph.inputs}
     for node in graph:
         for o in node.outputs:
@@ -235,12 +255,13 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     dtype = p.explained.dtype if p.explained.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else ir.DataType.FLOAT
     em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
     forward_nodes = list(graph)
-    r0, target_used = _start_relevance(em, graph, p.explained)
+    r0, target_used, explained_value = _start_relevance(em, graph, p.explained)
     rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
     summed: dict[int, Rel] = {}
     as_r: dict[int, ir.Value] = {}
     zero_where_zero: dict[int, bool] = {id(p.explained): False}  # relevance known to vanish where the value does
     by_node = {id(a.node): a for a in p.assignments}
+    book = Ledger(em, ledger) if ledger is not None else None
 
     def total_rel(v: ir.Value, scope_name: str) -> Rel | None:
         """The relevance of v summed over its consumers: in gradient form when every part is, relative to one
@@ -280,11 +301,16 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
         if all(r is None for r in r_outs):
             continue
+        if book is not None:
+            book.enter(node, a, r_outs, isinstance(a.op, LinearOp) and (
+                "lrp_bias" in node.meta or "lrp_bias_add" in node.meta or len(node.inputs) > 2))
         if a.kind == "held":
             continue
         if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
             src = next(v for v in node.inputs if carries(v))
             rel.setdefault(id(src), []).append(r_outs[0])
+            if book is not None:
+                book.leave(node, r_outs[:1])
             zero_where_zero[id(src)] = False
             continue
         xs = a.op.relevance_values(node)
@@ -300,6 +326,8 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
             else:
                 r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
+        if book is not None:
+            book.leave(node, r_ins)
         keeps = zero_preserving(a.op, a.rule, node)
         if keeps == "inherit":
             keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
@@ -337,6 +365,9 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         _name_output(r, RELEVANCE_PREFIX + name, v)
         outputs.append(r)
     outputs.append(target_used)
+    outputs.append(explained_value)
+    if book is not None:
+        outputs.extend(book.finish())
     graph.outputs.clear()
     graph.outputs.extend(outputs)
     return model

@@ -2,21 +2,79 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
-import onnxruntime as ort
 
-from .errors import DeviceError, InputError
+from .errors import DeviceError, InputError, LrpWarning
+
+try:
+    import onnxruntime as ort
+except ImportError as _exc:  # reported with the repair command when a session is needed
+    ort, _IMPORT_ERROR = None, _exc
+else:
+    _IMPORT_ERROR = None
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+REPAIR = ("repair it with: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime "
+          "(or onnxruntime-gpu for CUDA, never both)")
+
+
+def installed_runtimes() -> list[str]:
+    """The onnxruntime distributions pip has installed (onnxruntime, onnxruntime-gpu, ...)."""
+    from importlib import metadata
+
+    names = []
+    for dist in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
+                 "ort-nightly", "ort-nightly-gpu"):
+        try:
+            metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        names.append(dist)
+    return names
+
+
+_warned_mixed = False
+
+
+def check_install() -> None:
+    """Raise DeviceError with the repair command when onnxruntime is missing, broken or mixed.
+
+    onnxruntime and onnxruntime-gpu install into one folder: with both installed the last one wins, and removing
+    either leaves a module without SessionOptions."""
+    dists = installed_runtimes()
+    if ort is None:
+        raise DeviceError(f"onnxruntime cannot be imported ({_IMPORT_ERROR}); " + REPAIR)
+    if not hasattr(ort, "SessionOptions") or not hasattr(ort, "InferenceSession"):
+        raise DeviceError("onnxruntime is broken (the module has no SessionOptions"
+                          + (f"; installed: {', '.join(dists)}" if dists else "") + "); " + REPAIR)
+    global _warned_mixed
+    if len(dists) > 1 and not _warned_mixed:
+        _warned_mixed = True
+        warnings.warn(f"both {' and '.join(dists)} are installed and share one folder (uninstalling either breaks "
+                      "the other); " + REPAIR, LrpWarning, stacklevel=3)
+
+
+def quiet() -> None:
+    """onnxruntime's own log: errors only (its warnings are not for our users). This is onnxruntime's process-wide
+    default logger: sessions a program creates itself after importing onnx_lrp log errors only too, unless it sets
+    their ``log_severity_level``."""
+    if ort is not None and hasattr(ort, "set_default_logger_severity"):
+        ort.set_default_logger_severity(3)
+
+
+quiet()
 
 
 def available_devices() -> list[str]:
+    check_install()
     provs = ort.get_available_providers()
     return ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in provs else [])
 
 
 def resolve_device(device: str) -> str:
+    check_install()  # before any work: a broken onnxruntime is named with its repair command
     device = (device or "cpu").lower()
     if device == "auto":
         return "cuda" if "cuda" in available_devices() else "cpu"
@@ -33,7 +91,25 @@ class Session:
     """An onnxruntime session built once and reused."""
 
     def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None):
+        check_install()
         self.device = resolve_device(device)
+        self.fallback = None  # why device "auto" fell back to the CPU, if it did
+        trying = device == "auto" and self.device == "cuda"
+        try:
+            if trying:  # a CUDA provider that cannot start logs errors of its own: silent while we try
+                ort.set_default_logger_severity(4)
+            self._start(model_bytes, threads, quiet=trying)
+        except DeviceError as exc:
+            if device != "auto":
+                raise
+            self.fallback = str(exc).split(";")[0]
+            self.device = "cpu"
+            self._start(model_bytes, threads)
+        finally:
+            if trying:
+                quiet()
+
+    def _start(self, model_bytes: bytes, threads: int | None, quiet: bool = False) -> None:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # QDQ models: run Q/DQ pairs as written, so a relevance model's outputs equal the deployed model's
@@ -43,11 +119,17 @@ class Session:
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4 if quiet else 3
         try:
-            self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
+            with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
+                warnings.simplefilter("ignore")
+                self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise InputError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0]}") from None
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if self.device == "cuda":
+                raise DeviceError(f"onnxruntime could not start the model on CUDA ({first}); check the CUDA and "
+                                  "cuDNN libraries, or use --device cpu") from None
+            raise InputError(f"onnxruntime cannot load the model: {first}") from None
         if self.device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
             raise DeviceError("onnxruntime could not start the CUDA provider (check the CUDA and cuDNN libraries); "
                               "use --device cpu")

@@ -17,9 +17,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-ArrayFn = Callable[[np.ndarray], np.ndarray]
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy is imported on first use: listing composites (`onnx-lrp composites`) does not need it
+    class _LazyNumpy:
+        def __getattr__(self, name):
+            import numpy
+            globals()["np"] = numpy
+            return getattr(numpy, name)
+
+    np = _LazyNumpy()
+
+ArrayFn = Callable[["np.ndarray"], "np.ndarray"]
 
 
 def _identity(a: np.ndarray) -> np.ndarray:
@@ -185,6 +196,10 @@ class ZBox(LinearRule):
     stabilizer: float = 1e-6
 
     def __post_init__(self):
+        if isinstance(self.low, (int, float)) and isinstance(self.high, (int, float)):  # without numpy
+            if self.low > self.high:
+                raise ValueError("zbox rule needs low <= high")
+            return
         lo, hi = np.asarray(self.low, dtype=np.float64), np.asarray(self.high, dtype=np.float64)
         try:
             bad = bool(np.any(np.broadcast_arrays(lo, hi)[0] > np.broadcast_arrays(lo, hi)[1]))

@@ -92,11 +92,12 @@ def test_saved_model_runs_in_plain_onnxruntime(tmp_path):
     onnx.checker.check_model(model, full_check=True)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = RNG.standard_normal((2, 5)).astype(np.float32)
-    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    steer = {"lrp/target": np.array([-1, -1], dtype=np.int64), "lrp/one_hot": np.array(False)}
+    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x, **steer})))
     np.testing.assert_allclose(out["lrp/relevance/x"], ex.explain(x).relevance, rtol=1e-6)
-    # the target input is optional (-1 = argmax) and can be fed
+    # the target input: -1 = argmax, or a class per item
     out = dict(zip([o.name for o in sess.get_outputs()],
-                   sess.run(None, {"x": x, "lrp/target": np.array([3, 3], dtype=np.int64)})))
+                   sess.run(None, {"x": x, **steer, "lrp/target": np.array([3, 3], dtype=np.int64)})))
     np.testing.assert_array_equal(out["lrp/target_used"], [3, 3])
 
 

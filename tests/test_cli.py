@@ -74,13 +74,14 @@ def test_explain_npy_batch_npz_and_heatmap(tmp_path):
         assert float(row[3]) == pytest.approx(logits[res.target[i]], rel=1e-5)
         assert float(row[4]) == pytest.approx(res.relevance[i].sum(), rel=1e-4, abs=1e-5)
     assert "explained in" in p.stdout
-    # the heatmap: 10 tiles of 16x16 enlarged 8x, in one row; the most relevant pixel is the reddest one
+    # the heatmap: 10 tiles of 16x16 enlarged 8x, 8 per row, each with 3 caption lines, a colour bar below;
+    # the most relevant pixel is the reddest one
     im = np.asarray(Image.open(heat).convert("RGB"))
     s = hm.tile_scale(16, 16)
-    assert s == 8 and im.shape == (4 + 128 + 4, 4 + 10 * (128 + 4), 3)
+    assert s == 8 and im.shape == (4 + 2 * (128 + 3 * hm.LINE_H + 2 + 4) + hm.BAR_H, 4 + 8 * (128 + 4), 3)
     maps = res.relevance.sum(axis=1)
     for i in range(10):
-        x0, y0, x1, y1 = hm.cell_box(i, 10, 16, 16, style="heatmap")
+        x0, y0, x1, y1 = hm.cell_box(i, 10, 16, 16, style="heatmap", caption_lines=3)
         block = im[y0:y1:s, x0:x1:s].astype(int)
         hot = np.unravel_index(np.argmax(maps[i]), (16, 16))
         assert block[hot].tolist() == [255, 0, 0]  # colour map end point: +max is pure red
@@ -98,7 +99,7 @@ def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
             "epsilon-gamma-box", "--json", "--target", "5")
     summary = json.loads(p.stdout)
     # the PNG holds exactly the .npy sample * 255; --mean 0 --std 1 (defaults) -> ZBox low 0, high 1
-    assert "ZBox bounds from --mean/--std: low [0.0], high [1.0]" in p.stderr
+    assert "ZBox bounds for pixels in [0, 1] (no --mean/--std given): low [0.0], high [1.0]" in p.stderr
     x = np.load(SAMPLES / "npy" / "digit_3.npy")
     np.testing.assert_array_equal(np.asarray(Image.open(png), np.float32)[None] / 255, x)
     res = api("epsilon-gamma-box", low=0.0, high=1.0).explain(x, target=5)
@@ -115,10 +116,10 @@ def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
     assert summary["heatmap_file"] == str(heat) and summary["explain_s"] >= 0
     # beside: the grey input (enlarged 8x) left of its heatmap
     im = np.asarray(Image.open(heat).convert("RGB"))
-    assert im.shape == (4 + 128 + 4, 4 + 2 * 128 + 4 + 4, 3)
+    assert im.shape == (4 + 128 + 3 * hm.LINE_H + 2 + 4 + hm.BAR_H, 4 + 2 * 128 + 4 + 4, 3)
     left = im[4:132:8, 4:132:8]
     np.testing.assert_array_equal(left, np.repeat(np.asarray(Image.open(png))[..., None], 3, axis=2))
-    x0, y0, x1, y1 = hm.cell_box(0, 1, 16, 16, style="beside")
+    x0, y0, x1, y1 = hm.cell_box(0, 1, 16, 16, style="beside", caption_lines=3)
     np.testing.assert_array_equal(im[y0:y1:8, x0:x1:8], hm.colorize(res.relevance[0].sum(0), "bwr"))
 
 
@@ -215,7 +216,8 @@ def test_rewrite_runs_in_plain_onnxruntime_without_onnx_lrp(tmp_path):
         x = np.load("x.npy")
         rel, used = sess.run(["lrp/relevance/image", "lrp/target_used"],
                              {"image": x, "lrp/target": np.full(len(x), 3, np.int64), "lrp/one_hot": np.array(True)})
-        rel0, used0 = sess.run(["lrp/relevance/image", "lrp/target_used"], {"image": x})
+        rel0, used0 = sess.run(["lrp/relevance/image", "lrp/target_used"],
+                               {"image": x, "lrp/target": np.full(len(x), -1, np.int64), "lrp/one_hot": np.array(False)})
         np.savez("ort.npz", rel=rel, used=used, rel0=rel0, used0=used0)
         try:
             import onnx_lrp
@@ -297,7 +299,7 @@ def test_help_and_version():
     text = " ".join(run("explain", "--help").stdout.split())
     for opt in ("--composite", "--target", "--output", "--epsilon", "--gamma", "--low", "--high", "--alpha",
                 "--beta", "--start", "--device", "--batch-size", "--relevance-at", "--heatmap", "--cmap", "--size",
-                "--mean", "--std", "--json", "[default: 0]", "[default: 1]", "low = (0 - mean) / std"):
+                "--mean", "--std", "--crop", "--json", "(default 0)", "(default 1)", "low = (0 - mean) / std"):
         assert opt in text, opt
     assert onnx_lrp.__version__ in run("--version").stdout
 
@@ -382,8 +384,8 @@ BAD = {
                                          t / "o.npy"][1:], "it is a directory"),
     "heatmap directory missing": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.npy",
                                              "--heatmap", t / "no" / "h.png"], "does not exist"),
-    "heatmap not png": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.npy", "--heatmap",
-                                   t / "h.jpg"], "give a .png"),
+    "heatmap not an image": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.npy", "--heatmap",
+                                       t / "h.pdf"], "give an image file name"),
     "output suffix": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "o.txt"], ".npy or .npz"),
     "output is the input": (lambda t: [_write(t / "x.npy", (SAMPLES / "batch.npy").read_bytes()), "explain",
                                        DIGITS, t / "x.npy", "-o", t / "x.npy"][1:], "is the input"),
@@ -506,7 +508,7 @@ def test_rgb_image_for_an_nhwc_model_with_per_channel_normalisation(tmp_path):
     im = np.asarray(Image.open(tmp_path / "h.png").convert("RGB"))
     s = hm.tile_scale(8, 8)
     np.testing.assert_array_equal(im[4:4 + 8 * s:s, 4:4 + 8 * s:s], pixels)
-    x0, y0, x1, y1 = hm.cell_box(0, 1, 8, 8, style="beside")
+    x0, y0, x1, y1 = hm.cell_box(0, 1, 8, 8, style="beside", caption_lines=3)
     np.testing.assert_array_equal(im[y0:y1:s, x0:x1:s], hm.colorize(res.relevance[0].sum(-1), "bwr"))
 
 

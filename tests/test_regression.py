@@ -232,8 +232,8 @@ def test_check_fails_for_perturbed_layer(variants, baseline, tmp_path):
 
     pngs = sorted((tmp_path / "heat").glob("*.png"))
     assert len(pngs) == len(rep["drifted"])
-    with Image.open(pngs[0]) as im:
-        assert im.size[0] > 2.5 * im.size[1]
+    with Image.open(pngs[0]) as im:  # three tiles side by side; captions and a colour bar below them
+        assert im.size[0] > 2.0 * im.size[1]
 
 
 def test_check_fails_for_quantized_model_beyond_config_thresholds(variants, baseline, tmp_path, run_here):

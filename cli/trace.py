@@ -1,0 +1,141 @@
+"""``onnx-lrp trace MODEL INPUT``: the conservation ledger, node by node from the explained output to the input.
+
+The numbers are sums of the relevance model's own tensors (``Explainer(ledger=True)``: ReduceSum outputs of every
+node's incoming and outgoing relevance), not a second implementation of the rules.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+import numpy as np
+
+from onnx_lrp.errors import InputError
+
+from .explain import parse_target
+from .io import input_kind, load_inputs
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+
+
+def _say(msg: str) -> None:
+    click.echo(f"onnx-lrp: {msg}", err=True)
+
+
+def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list[dict]:
+    """One dict per node: relevance entering (from the output side), leaving (to its inputs), absorbed, the
+    running total still in flight after the node, and whether |absorbed| exceeds ``tolerance * |start|``."""
+    out, running = [], float(start)
+    limit = tolerance * max(abs(float(start)), 1e-30)
+    for row, e, l in zip(rows, np.asarray(entering, np.float64), np.asarray(leaving, np.float64)):
+        absorbed = float(e - l)
+        running -= absorbed
+        breaks = bool(not np.isfinite(absorbed) or abs(absorbed) > limit)
+        sinks = row.sinks or (f"the {row.rule} rule (does not conserve)" if breaks else "")
+        out.append(dict(node=row.name, op_type=row.op_type, kind=row.kind, rule=row.rule, entering=float(e),
+                        leaving=float(l), absorbed=absorbed, running=running, sinks=sinks, breaks=breaks))
+    return out
+
+
+@click.command("trace")
+@click.argument("model", metavar="MODEL")
+@click.argument("input_path", metavar="INPUT")
+@common
+@input_options
+@click.option("--item", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which item of INPUT to trace (a batch or directory holds several).")
+@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT|argmax",
+              help="Class (index into the explained output, flattened per item) to explain.")
+@click.option("--output", "output_name", default=None, metavar="NAME",
+              help="Model output to explain, for models with several (default: the first).")
+@click.option("--position", default=None, metavar="INT",
+              help="Sequence outputs (N x T x C): the position along T to explain (default: the last).")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
+              help="Initial relevance at the target: its output value (logit) or 1 (one-hot, as zennit).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="onnxruntime device.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-3, show_default=True,
+              help="Mark nodes that absorb more than this fraction of the start relevance.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ledger as JSON.")
+def trace(model, input_path, item, target, output_name, position, start, device, tolerance, as_json, composite,
+          **rule_kw):
+    """The conservation ledger of one explanation: where the relevance goes, node by node.
+
+    Per node on the path from the explained output to the input, in reverse order: the relevance entering it
+    (from the output side), the relevance leaving it (to its inputs), the part absorbed (biases and stabilisers,
+    rules that do not conserve, relevance reaching parameters or integer inputs) and the running total still in
+    flight. Rows marked ! absorb more than --tolerance of the start relevance. The sums are read from the
+    relevance model itself (extra ReduceSum outputs), so they are exactly what `explain` computes.
+    """
+    pre = preprocess(rule_kw)
+    params = rule_params(rule_kw)
+    comp = composite_with(composite, {})
+    kind = input_kind(input_path)
+    data_kind = kind
+    if kind == "directory":
+        from .io import directory_files
+        data_kind = directory_files(input_path)[0]
+    note = image_zbox(model, data_kind, comp, params, pre)
+    if note:
+        _say(note)
+    comp = composite_with(comp, params)
+    targets = parse_target(target)
+    if isinstance(targets, list):
+        raise InputError(f"--target {target!r}: trace explains one item; give one class")
+    pos = parse_target(position, "--position") if position is not None else None
+    if isinstance(pos, list):
+        raise InputError(f"--position {position!r}: trace explains one item; give one position")
+    ex = build_explainer(model, comp, device=device, output=output_name, start=start, ledger=True)
+    batch = load_inputs(input_path, ex.inputs, pre)
+    if item >= len(batch):
+        raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
+    feeds = {name: a[item:item + 1] for name, a in batch.arrays.items()}
+    extra = {"position": pos} if pos is not None else {}
+    res = ex.explain(feeds, target=targets, **extra)
+    entering, leaving = res.ledger["entering"], res.ledger["leaving"]
+    y = np.asarray(res.outputs[ex.explained_output]) if ex.explained_output in res.outputs else None
+    start_value = float(entering[0]) if len(entering) else 0.0
+    rel = res.relevance.values() if isinstance(res.relevance, dict) else [res.relevance]
+    input_sum = float(sum(np.asarray(r, np.float64).sum() for r in rel))
+    rows = ledger_rows(ex.ledger_rows, entering, leaving, start_value, tolerance)
+    # token ids: their relevance is reported at the embedding lookups, which the ledger shows as absorbed there
+    tokens = any(s.dtype.kind in "iu" and s.name in ex.relevance_inputs for s in ex.inputs)
+    for r in rows:
+        r["to_tokens"] = tokens and "integer inputs" in r["sinks"]
+        if r["to_tokens"]:
+            r["sinks"] = "token relevance (reported per token as the input relevance)"
+            r["breaks"] = False
+    absorbed = float(sum(r["absorbed"] for r in rows if not r["to_tokens"]))
+    breaks = [r for r in rows if r["breaks"]]
+    summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=comp.name, start=start,
+                   explained_output=ex.explained_output, target=int(res.target[0]), start_relevance=start_value,
+                   input_relevance=input_sum, absorbed=absorbed, unaccounted=start_value - absorbed - input_sum,
+                   tolerance=tolerance, nodes=rows)
+    if res.position is not None:
+        summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
+    if y is not None and start == "logit":
+        summary["output_value_note"] = "start relevance = the explained output's value at the target"
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    width = max([len("node")] + [len(r["node"]) for r in rows])
+    opw = max([len("op")] + [len(r["op_type"]) for r in rows])
+    rw = max([len("rule")] + [len(r["rule"]) for r in rows])
+    click.echo(f"ledger of {batch.names[item]}: {ex.explained_output}[{int(res.target[0])}]"
+               + (f" at position {summary['position']}" if "position" in summary else "")
+               + f", composite {comp.name}, start {start}: relevance {start_value:.6g} enters at the output")
+    click.echo(f"  {'node':<{width}}  {'op':<{opw}}  {'rule':<{rw}}  {'entering':>11}  {'leaving':>11}  "
+               f"{'absorbed':>11}  {'running':>11}  absorbed by")
+    for r in rows:
+        mark = "!" if r["breaks"] else " "
+        click.echo(f"{mark} {r['node']:<{width}}  {r['op_type']:<{opw}}  {r['rule']:<{rw}}  {r['entering']:>11.5g}  "
+                   f"{r['leaving']:>11.5g}  {r['absorbed']:>11.4g}  {r['running']:>11.5g}  {r['sinks']}".rstrip())
+    click.echo(f"start {start_value:.6g} = input relevance {input_sum:.6g} + absorbed {absorbed:.6g}"
+               f" (unaccounted {summary['unaccounted']:.3g})")
+    if breaks:
+        click.echo(f"{len(breaks)} node(s) marked ! absorb more than {tolerance:g} x the start relevance: "
+                   + ", ".join(r["node"] for r in breaks[:8]) + (" ..." if len(breaks) > 8 else ""))
+    else:
+        click.echo(f"every node conserves within {tolerance:g} x the start relevance")
+
+
+__all__ = ["ledger_rows", "trace"]
