@@ -1,4 +1,5 @@
-"""Rules for transformers: AttnLRP (Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022).
+"""Rules for products of activations: AttnLRP (Achtibat et al., ICML 2024), CP-LRP (Ali et al., ICML 2022) and
+signal-take-all for gates (Arras et al., 2017).
 
 They hold numbers only; how a product of activations, a softmax or a normalisation propagates them lives beside
 the op, in ``onnx_lrp.ops.transformer``. The linear parts of a transformer (MatMul/Gemm with constant weights,
@@ -29,6 +30,13 @@ class HoldGates(Rule):
 
 
 @dataclass(frozen=True)
+class SignalTakeAll(Rule):
+    """z = h ⊙ g with g a sigmoid gate: R_h = R_z, R_g = 0 — the gate is a constant multiplier (signal-take-all, Arras et al. 2017)."""
+
+    name: ClassVar[str] = "signal-take-all"
+
+
+@dataclass(frozen=True)
 class SoftmaxRule(Rule):
     """R_in = x ⊙ (R_out − softmax(x) · Σ R_out), zero at masked (−inf / ≤ ½·finfo.min) logits (AttnLRP, Achtibat et al. 2024, eq. 13)."""
 
@@ -42,6 +50,6 @@ class Zero(Rule):
     name: ClassVar[str] = "zero"
 
 
-TRANSFORMER_RULES = (Uniform, HoldGates, SoftmaxRule, Zero)
+TRANSFORMER_RULES = (Uniform, HoldGates, SignalTakeAll, SoftmaxRule, Zero)
 
-__all__ = ["Uniform", "HoldGates", "SoftmaxRule", "Zero", "TRANSFORMER_RULES"]
+__all__ = ["Uniform", "HoldGates", "SignalTakeAll", "SoftmaxRule", "Zero", "TRANSFORMER_RULES"]
