@@ -383,3 +383,22 @@ def test_cli_epsilon_zero(tmp_path):
     assert r.exit_code == 0, r.output
     want = onnx_lrp.Explainer(path.read_bytes(), composite="epsilon", epsilon=0.0).explain(x.numpy(), target=1)
     np.testing.assert_array_equal(np.load(out), want.relevance)
+
+
+# ------------------------------------------------------------------------------------------ cp-lrp on GeGLU
+GEGLU = __import__("pathlib").Path(__file__).parent / "goldens" / "geglu"
+
+
+@pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
+@pytest.mark.parametrize("act", ["erf", "tanh"])
+def test_geglu_torchscript_matches_lxt(act, composite):
+    """A Gemma3-like GeGLU block exported by TorchScript at opset 18 (GELU written out as x (1 + erf(x/sqrt2)) 0.5
+    or its tanh form) against LXT's own Gemma3 MLP forwards (scripts/make_geglu_goldens.py): cp-lrp finds the gate
+    through the constant Mul (before: relative L2 0.69), attnlrp applies the uniform rule."""
+    d = np.load(GEGLU / "geglu.npz")
+    ex = onnx_lrp.Explainer(str(GEGLU / f"geglu_{act}_torchscript18.onnx"), composite=composite)
+    res = ex.explain(d["embeds"][None], target=int(d[f"{act}_target"]))
+    np.testing.assert_allclose(res.outputs["logits"][0], d[f"{act}_logits"], rtol=1e-5, atol=1e-5)
+    want = d[f"{act}_{composite}"].astype(np.float64)
+    err = np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want)
+    assert err <= 1e-4, err
