@@ -402,3 +402,68 @@ def test_geglu_torchscript_matches_lxt(act, composite):
     want = d[f"{act}_{composite}"].astype(np.float64)
     err = np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want)
     assert err <= 1e-4, err
+
+
+# ------------------------------------------------------------------------------------------ ConvNeXt
+def _tiny_convnext():
+    import torch
+    from torchvision.models.convnext import CNBlock, LayerNorm2d
+    torch.manual_seed(2)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 2, stride=2), LayerNorm2d(16, eps=1e-6),
+        CNBlock(16, layer_scale=0.5, stochastic_depth_prob=0.0), CNBlock(16, layer_scale=0.5, stochastic_depth_prob=0.0),
+        torch.nn.AdaptiveAvgPool2d(1), LayerNorm2d(16, eps=1e-6), torch.nn.Flatten(1), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        for mod in net.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.normal_(0, 0.1)
+    return net.eval()
+
+
+def _lxt_reference(net, x, target):
+    """Gradient x input with LayerNorm's std detached and the identity rule on GELU (LXT's efficient mode)."""
+    import torch
+    import torch.nn.functional as F
+    ln, gelu = F.layer_norm, F.gelu
+
+    def layer_norm(v, shape, weight=None, bias=None, eps=1e-5):
+        dims = tuple(range(-len(shape), 0))
+        c = v - v.mean(dims, keepdim=True)
+        out = c / torch.sqrt((c * c).mean(dims, keepdim=True) + eps).detach()
+        return out * weight + bias
+
+    def identity_gelu(v, approximate="none"):
+        ratio = torch.where(v == 0, torch.full_like(v, 0.5), gelu(v, approximate=approximate) / v)
+        return v * ratio.detach()
+
+    F.layer_norm, F.gelu = layer_norm, identity_gelu
+    try:
+        xx = x.clone().requires_grad_(True)
+        net(xx)[:, target].sum().backward()
+        return (xx * xx.grad).detach().numpy()
+    finally:
+        F.layer_norm, F.gelu = ln, gelu
+
+
+def test_convnext_blocks_under_cnn_composites():
+    """torchvision's ConvNeXt blocks (LayerNorm2d, depthwise conv, Linear, erf-GELU written out, layer scale):
+    every CNN composite assigns LayerNorm the held-scale rule (before: refused); the epsilon composite at epsilon 0
+    and attnlrp equal LXT's gradient x input with std detached and the identity rule on GELU."""
+    import torch
+    net = _tiny_convnext()
+    x = torch.randn(2, 3, 16, 16)
+    data = _export(net, x)
+    kinds = _kinds(data, "epsilon-plus-flat")
+    assert any(v[0] == "layernorm" and v[1] == "epsilon" for v in kinds.values()), kinds
+    want = _lxt_reference(net, x, 1)
+    for comp in ("epsilon", "attnlrp"):
+        res = onnx_lrp.Explainer(data, composite=comp, **({"epsilon": 0.0} if comp == "epsilon" else {})).explain(
+            x.numpy(), target=1)
+        err = np.linalg.norm(res.relevance - want) / np.linalg.norm(want)
+        assert err < 1e-4, (comp, err)
+    for comp in CNN:
+        res = onnx_lrp.Explainer(data, composite=comp, **_kw(comp)).explain(x.numpy())
+        y_t = res.outputs["y"][np.arange(2), res.target]
+        sums = res.relevance.reshape(2, -1).sum(1)
+        assert np.all(np.isfinite(res.relevance)) and np.all(np.abs(sums) < 20 * np.abs(y_t) + 1e-3), (comp, sums)
