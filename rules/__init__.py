@@ -10,6 +10,7 @@ _ALIASES.update({"cp-lrp": "cp", "hold-gates": "cp", "attnlrp-softmax": "softmax
                  "signal_take_all": "signal-take-all", "gate": "signal-take-all"})
 
 __all__ = ["Composite", "Entry", "NodeInfo", "builtin_names", "load_composite", "parse_composite", "RULES",
-           "AlphaBeta", "Epsilon", "Flat", "Gamma", "Gradient", "GradientXInput", "Group", "LinearRule", "Norm", "Pass", "Rule", "Term",
+           "AlphaBeta", "Epsilon", "Flat", "Gamma", "Gradient", "GradientXInput", "Group", "LinearRule", "Norm",
+           "Pass", "Rule", "Term",
            "WSquare", "ZBox", "ZPlus", "make_rule", "Uniform", "HoldGates", "SignalTakeAll", "SoftmaxRule",
            "Zero"]

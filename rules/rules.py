@@ -241,7 +241,7 @@ class Gradient(Rule):
 
 @dataclass(frozen=True)
 class GradientXInput(Rule):
-    """R_x = x f'(x) R_y / f(x): y's relevance split by the function's own gradient x input, for f(0) != 0 (Sigmoid, Exp, ...; LXT efficient mode's default)."""
+    """R_x = x f'(x) R_y / f(x): gradient x input of y = f(x), for f(0) != 0 (LXT efficient mode's default)."""
 
     name: ClassVar[str] = "gradient-x-input"
 

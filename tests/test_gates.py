@@ -411,7 +411,8 @@ def _tiny_convnext():
     torch.manual_seed(2)
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 16, 2, stride=2), LayerNorm2d(16, eps=1e-6),
-        CNBlock(16, layer_scale=0.5, stochastic_depth_prob=0.0), CNBlock(16, layer_scale=0.5, stochastic_depth_prob=0.0),
+        CNBlock(16, layer_scale=0.5, stochastic_depth_prob=0.0),
+        CNBlock(16, layer_scale=0.5, stochastic_depth_prob=0.0),
         torch.nn.AdaptiveAvgPool2d(1), LayerNorm2d(16, eps=1e-6), torch.nn.Flatten(1), torch.nn.Linear(16, 4))
     with torch.no_grad():
         for mod in net.modules():

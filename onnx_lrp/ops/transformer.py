@@ -708,5 +708,5 @@ def token_relevance(em: Emitter, graph: ir.Graph, ids: ir.Value, relevance_of) -
     return em.op("Cast", r, to=em.dtype.value, tag="tokens_f")
 
 
-__all__ = ["Product", "Gate", "cp_shares", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile", "Trilu", "Leaf",
-           "Lookup", "embedding_lookups", "token_relevance"]
+__all__ = ["Product", "Gate", "cp_shares", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile",
+           "Trilu", "Leaf", "Lookup", "PowerLike", "embedding_lookups", "token_relevance"]
