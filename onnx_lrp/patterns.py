@@ -127,6 +127,67 @@ def match_self_product(node: ir.Node) -> tuple[Match | None, str]:
     return Match(name, ra, _chain_nodes(node.outputs[0], ra)[1:]), ""
 
 
+# element-wise ops with f(0) = 0 (of their one activation input)
+_ZERO_AT_ZERO = {"Tanh", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu", "Erf", "Softsign", "HardSwish",
+                 "Mish", "Neg", "Abs", "Sin", "Identity", "Cast", "CastLike", "Sign", "Floor", "Ceil", "Round", "Sqrt",
+                 "ThresholdedRelu", "Shrink"}
+
+
+def vanishes_at_zero(v: ir.Value, root: ir.Value, _depth: int = 0) -> bool:
+    """Whether ``v``, an element-wise function of ``root``, is provably 0 where ``root`` is 0 (x, c x, tanh(x),
+    x * anything, ...). False when unsure: the caller then treats f(0) as non-zero."""
+    if v is root:
+        return True
+    p = v.producer()
+    if p is None or _depth > _MAX_DEPTH:
+        return False
+    acts = _acts(p)
+    consts = [x for x in p.inputs if x is not None and not carries(x)]
+
+    def zero_consts():
+        return all(x.const_value is not None and not np.any(x.const_value.numpy()) for x in consts)
+
+    if p.op_type in _ZERO_AT_ZERO and len(acts) == 1 and p.inputs[0] is acts[0]:
+        return vanishes_at_zero(acts[0], root, _depth + 1)
+    if p.op_type == "Mul":
+        return any(vanishes_at_zero(a, root, _depth + 1) for a in acts)
+    if p.op_type == "Div":
+        return bool(acts) and p.inputs[0] is acts[0] and vanishes_at_zero(acts[0], root, _depth + 1) and (
+            len(acts) == 1)
+    if p.op_type in ("Add", "Sub"):
+        return bool(acts) and zero_consts() and all(vanishes_at_zero(a, root, _depth + 1) for a in acts)
+    if p.op_type == "Pow" and len(acts) == 1 and p.inputs[0] is acts[0]:
+        e = const(p.inputs[1])
+        return e is not None and bool(np.all(e > 0)) and vanishes_at_zero(acts[0], root, _depth + 1)
+    return False
+
+
+def _down(v: ir.Value, root: ir.Value, out: list, seen: set, depth: int = 0) -> list:
+    """The values of the element-wise chain from ``v`` down to ``root``, top-down (depth first)."""
+    if id(v) in seen or depth > _MAX_DEPTH:
+        return out
+    seen.add(id(v))
+    out.append(v)
+    if v is root:
+        return out
+    p = v.producer()
+    if p is not None:
+        for a in _acts(p):
+            _down(a, root, out, seen, depth + 1)
+    return out
+
+
+def function_argument(node: ir.Node) -> ir.Value | None:
+    """For a self-product ``Mul(A, B)`` of one tensor: the highest value both factors are computed from (GELU's
+    ``a`` in ``a * (1 + erf(a / sqrt 2))``, also when ``a`` is a layer's output after its bias Add)."""
+    m = node.meta.get("lrp_pattern")
+    if m is None or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    in_b = {id(v) for v in _down(b, m.source, [], set())}
+    return next((v for v in _down(a, m.source, [], set()) if id(v) in in_b), None)
+
+
 def _name_nonlinearity(node: ir.Node, root: ir.Value) -> str:
     ops = {n.op_type for n in _chain_nodes(node.outputs[0], root)}
     if "Sigmoid" in ops and ops <= {"Sigmoid", "Mul", "Cast"}:
@@ -366,5 +427,6 @@ def why(node: ir.Node) -> str:
     return f"no normalising scale ({r1})"
 
 
-__all__ = ["Match", "annotate", "elementwise_root", "match_self_product", "match_norm_scale", "match_gate",
+__all__ = ["Match", "annotate", "elementwise_root", "vanishes_at_zero", "function_argument",
+           "match_self_product", "match_norm_scale", "match_gate",
            "sigmoid_gate", "gate_source", "why"]

@@ -408,14 +408,19 @@ def rule_fits(op, rule: Rule) -> str | None:
         return op.fits(rule)
     if isinstance(op, ShapeOp):
         return None if isinstance(rule, (Gradient, Pass)) else f"rule {rule.name} on a shape op (use gradient)"
+    offset = isinstance(op, ActivationOp) and op.kind == "offset-activation"
+    known_d = isinstance(op, ActivationOp) and type(op).derivative is not ActivationOp.derivative
+    if offset and isinstance(rule, (Pass, GradientXInput)) and not known_d:
+        return ("element-wise function with f(0) != 0 (or not provably 0) and no known derivative: neither the "
+                "identity rule (it would explode) nor gradient-x-input applies; write it with ops onnx-lrp knows")
     if isinstance(rule, Pass):
-        if isinstance(op, ActivationOp) and op.kind == "offset-activation":
-            return (f"identity rule (pass) on {'/'.join(op.op_types[:3])} with f(0) != 0: R_x = R_y scaled by x at "
-                    "the next layer explodes near x = 0; give kind \"offset-activation\" the rule "
-                    "\"gradient-x-input\" (x * sigmoid(s) gates are recognised and need none)")
+        if offset:
+            return ("identity rule (pass) on a function with f(0) != 0: R_x = R_y explodes when the next layer "
+                    "divides it by x ~ 0; give kind \"offset-activation\" the rule \"gradient-x-input\" "
+                    "(x * sigmoid(s) gates are recognised and need none)")
         return None
     if isinstance(rule, GradientXInput):
-        if isinstance(op, ActivationOp) and type(op).derivative is not ActivationOp.derivative:
+        if known_d:
             return None
         return "rule gradient-x-input needs an element-wise function with a known derivative (use pass or epsilon)"
     if isinstance(rule, Gradient):

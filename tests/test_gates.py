@@ -468,3 +468,30 @@ def test_convnext_blocks_under_cnn_composites():
         y_t = res.outputs["y"][np.arange(2), res.target]
         sums = res.relevance.reshape(2, -1).sum(1)
         assert np.all(np.isfinite(res.relevance)) and np.all(np.abs(sums) < 20 * np.abs(y_t) + 1e-3), (comp, sums)
+
+
+def test_self_product_with_offset_is_not_given_the_identity_rule():
+    """(x + 1) * sigmoid(x) is a function of x with f(0) = 0.5: refused (no identity rule, no known derivative);
+    SiLU, hard-swish and the written-out GELUs vanish at 0 and keep the identity rule."""
+    half = np.array(0.5, np.float32)
+    one = np.array(1.0, np.float32)
+    r2 = np.array(1 / np.sqrt(2), np.float32)
+    cases = {
+        "offset": ([node("Add", ["x", "one"], ["xp"]), node("Sigmoid", ["x"], ["s"]),
+                    node("Mul", ["xp", "s"], ["y"], name="f")], False),
+        "silu": ([node("Sigmoid", ["x"], ["s"]), node("Mul", ["x", "s"], ["y"], name="f")], True),
+        "gelu": ([node("Mul", ["x", "r2"], ["xs"]), node("Erf", ["xs"], ["e"]), node("Add", ["e", "one"], ["e1"]),
+                  node("Mul", ["x", "e1"], ["xe"], name="f"), node("Mul", ["xe", "half"], ["y"])], True),
+    }
+    for name, (nodes, ok) in cases.items():
+        nodes = [node("Gemm", ["x0", "w", "b"], ["x"], name="fc", transB=1)] + nodes
+        inits = {"w": np.eye(4, dtype=np.float32), "b": np.zeros(4, np.float32), "one": one, "half": half, "r2": r2}
+        m = make_model(nodes, {"x0": [N, 4]}, ["y"], inits)
+        kind = _kinds(to_bytes(m), "attnlrp")["f"][0]
+        assert kind == ("activation" if ok else "offset-activation"), name
+        for comp in ("attnlrp", "epsilon"):
+            if ok:
+                onnx_lrp.Explainer(to_bytes(m), composite=comp)
+            else:
+                with pytest.raises(onnx_lrp.UnsupportedError, match="f.*f\\(0\\) != 0"):
+                    onnx_lrp.Explainer(to_bytes(m), composite=comp)

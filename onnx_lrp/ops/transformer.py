@@ -243,6 +243,13 @@ class ElementwiseOfOne(ActivationOp):
     def relevance_values(self, node):
         return [node.meta["lrp_pattern"].source]
 
+    def at_zero(self, node):
+        """0 when the function provably vanishes where its argument (the value both factors are computed from, a
+        bias Add included) is 0 — SiLU, GELU, hard-swish: a factor is a, c a, tanh(a), ... —, else NaN (unknown:
+        kind offset-activation, no identity rule)."""
+        arg = patterns.function_argument(node)
+        return 0.0 if arg is not None and patterns.vanishes_at_zero(node.outputs[0], arg) else float("nan")
+
     def pass_grad(self, em, node, g):
         """y = a * h with ``a`` an affine function of x (x + b, 0.5 x: SiLU, GELU as exported): R = y ⊙ g =
         a ⊙ (h ⊙ g), so (h ⊙ g, a) is the gradient form relative to ``a`` (the layer output below, bias included)."""
@@ -320,7 +327,8 @@ class _Dispatch(Op):
     def resolve(self, node):
         m = node.meta.get("lrp_pattern")
         if m is not None:
-            return NORM_SCALE if m.name.endswith("-scale") else GATE if m.name == "gate" else ELEMENTWISE_OF_ONE
+            return NORM_SCALE if m.name.endswith("-scale") else GATE if m.name == "gate" else \
+                ELEMENTWISE_OF_ONE.resolve(node)
         acts = [v for v in node.inputs[:2] if carries(v)]
         if self.product is not None and len(acts) == 2:
             return self.product
