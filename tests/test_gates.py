@@ -495,3 +495,24 @@ def test_self_product_with_offset_is_not_given_the_identity_rule():
             else:
                 with pytest.raises(onnx_lrp.UnsupportedError, match="f.*f\\(0\\) != 0"):
                     onnx_lrp.Explainer(to_bytes(m), composite=comp)
+
+
+@pytest.mark.parametrize("left,right,gets", [("Sigmoid", "Tanh", "b"),     # LSTM: i * tanh(g) -> the tanh
+                                             ("Softmax", "Relu", "b"),     # cp-lrp: the softmax is held
+                                             ("Relu", "Tanh", "both")])    # alike gates share
+def test_cp_holds_exactly_one_side(left, right, gets):
+    """cp-lrp on a product of two gate-like factors holds the stronger gate (softmax > sigmoid > others); the
+    relevance is conserved in every case (before: both held, all zeros)."""
+    rng = np.random.default_rng(8)
+    m = make_model([node(left, ["a"], ["fa"]), node(right, ["b"], ["fb"]), node("Mul", ["fa", "fb"], ["y"])],
+                   {"a": [N, 5], "b": [N, 5]}, ["y"])
+    a, b = np.abs(rng.normal(size=(2, N, 5))).astype(np.float32) + 0.1  # no zero output (LRP gives z = 0 nothing)
+    res = onnx_lrp.Explainer(to_bytes(m), composite="cp-lrp", start="one-hot").explain({"a": a, "b": b})
+    ra, rb = res.relevance["a"], res.relevance["b"]
+    assert np.all(np.isfinite(ra)) and np.all(np.isfinite(rb))
+    if gets == "b":
+        assert not np.any(ra) and np.any(rb)
+        np.testing.assert_allclose(rb.sum(1), 1.0, rtol=1e-5)  # start one-hot: R = 1 at the target
+    else:
+        np.testing.assert_allclose(ra.sum(1) + rb.sum(1), 1.0, rtol=1e-5)
+        np.testing.assert_allclose(ra.sum(1), 0.5, rtol=1e-5)
