@@ -314,6 +314,8 @@ def test_epsilon_zero_zeroes_the_norm_stabilizer_unless_given():
     assert all(r.stabilizer == 1e-3 for r in norms)
     norms = [e.rule for e in comp.with_params(epsilon=1e-3).entries if e.rule.name == "norm"]
     assert all(r.stabilizer == 1e-6 for r in norms)
+    own = parse_composite('[[rules]]\nrule = "norm"\nstabilizer = 1e-3\n[[rules]]\nrule = "epsilon"\n', source="own")
+    assert own.with_params(epsilon=0.0).entries[0].rule.stabilizer == 1e-3  # set in the composite: kept
 
 
 def _relu_resnet():

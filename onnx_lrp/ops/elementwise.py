@@ -160,6 +160,8 @@ def nonneg_output(node, inputs_nonneg: list[bool]) -> bool:
     t = node.op_type
     if t in ("Relu", "Sigmoid", "Softplus", "HardSigmoid", "Abs", "Exp", "Softmax"):
         return True
+    if t == "Mul":  # e.g. a gated signal relu(h) * sigmoid(s)
+        return bool(inputs_nonneg) and all(inputs_nonneg[:2])
     if t == "Clip":
         lo = const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
         if lo is None:
