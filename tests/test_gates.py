@@ -518,3 +518,35 @@ def test_cp_holds_exactly_one_side(left, right, gets):
     else:
         np.testing.assert_allclose(ra.sum(1) + rb.sum(1), 1.0, rtol=1e-5)
         np.testing.assert_allclose(ra.sum(1), 0.5, rtol=1e-5)
+
+
+def test_unrolled_lstm_cell_gates():
+    """torch.nn.LSTMCell unrolled over 3 steps (TorchScript): every product of activations (f * c, i * g,
+    o * tanh(c)) is a gate with the sigmoid side held (Arras et al. 2017); with zero biases and zero initial states
+    every built-in composite conserves the logit (the linear maps have no bias, the cell-state sum is a sum)."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.LSTMCell(4, 6, bias=False)
+            self.fc = torch.nn.Linear(6, 3, bias=False)
+
+        def forward(self, x):
+            h = torch.zeros(x.shape[0], 6)
+            c = torch.zeros(x.shape[0], 6)
+            for k in range(3):
+                h, c = self.cell(x[:, k], (h, c))
+            return self.fc(h)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 3, 4)
+    data = _export(net, x)
+    kinds = [v[0] for n, v in _kinds(data).items() if n.endswith("Mul") or "/Mul_" in n]
+    assert kinds.count("gate") == 8, kinds  # the first step's f * c multiplies a constant zero state
+    with torch.no_grad():
+        y = net(x).numpy()
+    for comp in ALL:
+        res = onnx_lrp.Explainer(data, composite=comp, **_kw(comp)).explain(x.numpy())
+        np.testing.assert_allclose(res.relevance.reshape(2, -1).sum(1), y[np.arange(2), res.target], rtol=1e-3)
