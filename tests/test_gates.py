@@ -200,11 +200,12 @@ def test_torchvision_squeeze_excitation_export(scale_activation, activation):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v3_small", "regnet_y_400mf"])
+@pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v3_small", "regnet_y_400mf", "convnext_tiny"])
 def test_torchvision_se_nets(name):
     """EfficientNet-B0, MobileNetV3-small, RegNetY-400MF (random weights, BatchNorm statistics from random inputs):
     finite relevance of the order of the logit under the CNN composites, attnlrp and cp-lrp (before: refused by the
-    CNN composites, 1e10-1e12 x the logit under attnlrp, all zeros under cp-lrp)."""
+    CNN composites, 1e10-1e12 x the logit under attnlrp, all zeros under cp-lrp). ConvNeXt-tiny (LayerNorm, GELU):
+    before refused by the CNN composites."""
     import torch
     import torchvision
     torch.manual_seed(0)

@@ -641,18 +641,14 @@ class PowerLike(ActivationOp):
     def check(self, node):
         return None if node.op_type != "Pow" or const(node.inputs[1]) is not None else "exponent is not a constant"
 
-    def _exponent(self, node):
-        e = const(node.inputs[1])
-        return None if e is None or np.size(e) != 1 else float(np.asarray(e).reshape(-1)[0])
-
     def at_zero(self, node):
         if node.op_type == "Log":
             return -np.inf
         if node.op_type == "Reciprocal":
             return np.inf
         if node.op_type == "Pow":
-            e = self._exponent(node)
-            return 0.0 if e is not None and e > 0 else (1.0 if e == 0 else np.inf)
+            e = const(node.inputs[1])
+            return 0.0 if e is not None and np.all(e > 0) else (1.0 if e is not None and np.all(e == 0) else np.inf)
         return 0.0
 
     def derivative(self, em, node):
