@@ -23,7 +23,7 @@ class Uniform(Rule):
 
 @dataclass(frozen=True)
 class HoldGates(Rule):
-    """Gates (softmax outputs, non-linearity outputs) held constant: R_v = v ⊙ J_v^T(R / stab(z)), R_gate = 0 (CP-LRP, Ali et al. 2022)."""
+    """Gates held constant: R_v = v ⊙ J_v^T(R / stab(z)), R_gate = 0; of two gates the stronger (softmax > sigmoid > other) (CP-LRP, Ali et al. 2022)."""
 
     name: ClassVar[str] = "cp"
     epsilon: float = 1e-6
