@@ -14,6 +14,12 @@ Exporters write the same function in many ways: SiLU as ``x * Sigmoid(x)``, GELU
   ``ReduceL2``) of an element-wise function of ``n`` itself: the std of LayerNorm (``n = x - mean(x)``) or the root
   mean square of RMSNorm (``n = x``). LXT detaches the scale; so do we: the scale chain gets no relevance and the
   division is linear in ``n``.
+- **gate** (``match_gate``): ``Mul(h, g)`` with ``g`` computed through ``Sigmoid`` / ``HardSigmoid`` (then moves,
+  and element-wise ops with constants: ``2 * sigmoid(s)``, ``1 + sigmoid(s)``) and ``h`` NOT an element-wise
+  function of the same tensor: squeeze-excitation ``h * sigmoid(fc(pool(h)))``, GLU ``a * sigmoid(b)``, LSTM gates
+  ``i * tanh(g)``. Kind ``gate``; the composites give it signal-take-all (the gate is a constant multiplier that
+  takes no relevance, Arras et al. 2017). ``x * hardsigmoid(x)`` (hard-swish) and ``x * sigmoid(x)`` (SiLU) are
+  element-wise functions of one tensor, not gates (``match_self_product`` is tried first).
 
 ``annotate(graph)`` records matches in ``node.meta``: ``lrp_pattern`` (a ``Match``) on the node that carries the
 pattern, ``lrp_inside`` (the pattern's name) on the nodes inside it that get no relevance (only those whose outputs
@@ -49,6 +55,7 @@ class Match:
     name: str
     source: ir.Value
     inside: list = field(default_factory=list)
+    gate: ir.Value | None = None  # for ``gate`` matches: the factor held constant
 
 
 def _shape(v):
@@ -118,6 +125,67 @@ def match_self_product(node: ir.Node) -> tuple[Match | None, str]:
         return None, "the product broadcasts the tensor to another shape (not element-wise)"
     name = _name_nonlinearity(node, ra)
     return Match(name, ra, _chain_nodes(node.outputs[0], ra)[1:]), ""
+
+
+# element-wise ops with f(0) = 0 (of their one activation input)
+_ZERO_AT_ZERO = {"Tanh", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu", "Erf", "Softsign", "HardSwish",
+                 "Mish", "Neg", "Abs", "Sin", "Identity", "Cast", "CastLike", "Sign", "Floor", "Ceil", "Round", "Sqrt",
+                 "ThresholdedRelu", "Shrink"}
+
+
+def vanishes_at_zero(v: ir.Value, root: ir.Value, _depth: int = 0) -> bool:
+    """Whether ``v``, an element-wise function of ``root``, is provably 0 where ``root`` is 0 (x, c x, tanh(x),
+    x * anything, ...). False when unsure: the caller then treats f(0) as non-zero."""
+    if v is root:
+        return True
+    p = v.producer()
+    if p is None or _depth > _MAX_DEPTH:
+        return False
+    acts = _acts(p)
+    consts = [x for x in p.inputs if x is not None and not carries(x)]
+
+    def zero_consts():
+        return all(x.const_value is not None and not np.any(x.const_value.numpy()) for x in consts)
+
+    if p.op_type in _ZERO_AT_ZERO and len(acts) == 1 and p.inputs[0] is acts[0]:
+        return vanishes_at_zero(acts[0], root, _depth + 1)
+    if p.op_type == "Mul":
+        return any(vanishes_at_zero(a, root, _depth + 1) for a in acts)
+    if p.op_type == "Div":
+        return bool(acts) and p.inputs[0] is acts[0] and vanishes_at_zero(acts[0], root, _depth + 1) and (
+            len(acts) == 1)
+    if p.op_type in ("Add", "Sub"):
+        return bool(acts) and zero_consts() and all(vanishes_at_zero(a, root, _depth + 1) for a in acts)
+    if p.op_type == "Pow" and len(acts) == 1 and p.inputs[0] is acts[0]:
+        e = const(p.inputs[1])
+        return e is not None and bool(np.all(e > 0)) and vanishes_at_zero(acts[0], root, _depth + 1)
+    return False
+
+
+def _down(v: ir.Value, root: ir.Value, out: list, seen: set, depth: int = 0) -> list:
+    """The values of the element-wise chain from ``v`` down to ``root``, top-down (depth first)."""
+    if id(v) in seen or depth > _MAX_DEPTH:
+        return out
+    seen.add(id(v))
+    out.append(v)
+    if v is root:
+        return out
+    p = v.producer()
+    if p is not None:
+        for a in _acts(p):
+            _down(a, root, out, seen, depth + 1)
+    return out
+
+
+def function_argument(node: ir.Node) -> ir.Value | None:
+    """For a self-product ``Mul(A, B)`` of one tensor: the highest value both factors are computed from (GELU's
+    ``a`` in ``a * (1 + erf(a / sqrt 2))``, also when ``a`` is a layer's output after its bias Add)."""
+    m = node.meta.get("lrp_pattern")
+    if m is None or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    in_b = {id(v) for v in _down(b, m.source, [], set())}
+    return next((v for v in _down(a, m.source, [], set()) if id(v) in in_b), None)
 
 
 def _name_nonlinearity(node: ir.Node, root: ir.Value) -> str:
@@ -217,6 +285,59 @@ def match_norm_scale(node: ir.Node) -> tuple[Match | None, str]:
     return None, "; ".join(reasons)
 
 
+GATE_OPS = ("Sigmoid", "HardSigmoid")
+# element-wise ops with a constant other operand that keep a gate a gate (followed in both searches)
+_CONST_AFFINE = ("Add", "Sub", "Mul", "Div")
+
+
+def _through_const(p: ir.Node) -> ir.Value | None:
+    """The single activation input of an Add/Sub/Mul/Div whose other operand is a constant (else None)."""
+    if p.op_type not in _CONST_AFFINE or len(p.inputs) != 2:
+        return None
+    acts = _acts(p)
+    if len(acts) != 1 or any(x is not acts[0] and (x is None or x.const_value is None) for x in p.inputs):
+        return None
+    if p.op_type == "Div" and p.inputs[0] is not acts[0]:
+        return None  # c / g is no gate
+    return acts[0]
+
+
+def sigmoid_gate(v: ir.Value) -> ir.Node | None:
+    """The Sigmoid / HardSigmoid node ``v`` is computed from through moves and constant rescalings, or None."""
+    for _ in range(_MAX_DEPTH):
+        p = v.producer()
+        if p is None or p.domain not in ("", "ai.onnx"):
+            return None
+        if p.op_type in GATE_OPS:
+            return p
+        nxt = _through_const(p)
+        if nxt is None and p.op_type in MOVES:
+            acts = _acts(p)
+            nxt = acts[0] if len(acts) == 1 else None
+        if nxt is None:
+            return None
+        v = nxt
+    return None
+
+
+def match_gate(node: ir.Node) -> tuple[Match | None, str]:
+    """``Mul(h, g)``: a signal ``h`` times a sigmoid / hard-sigmoid gate ``g`` of another tensor."""
+    if node.op_type != "Mul":
+        return None, f"{node.op_type} is not a Mul"
+    acts = _acts(node)
+    if len(acts) != 2 or acts[0] is acts[1]:
+        return None, "not a product of two activations"
+    gates = [sigmoid_gate(a) for a in acts]
+    if gates[0] is not None and gates[1] is not None:
+        return None, "both factors are sigmoid gates"
+    if gates[0] is None and gates[1] is None:
+        return None, "no factor is computed by a Sigmoid or HardSigmoid"
+    i = 0 if gates[0] is not None else 1
+    if elementwise_root(acts[0]) is elementwise_root(acts[1]):
+        return None, "the factors are element-wise functions of one tensor (not a gate)"
+    return Match("gate", acts[1 - i], [], gate=acts[i]), ""
+
+
 def _uses_within(node: ir.Node, allowed: set) -> bool:
     for o in node.outputs:
         if o.is_graph_output():
@@ -241,10 +362,13 @@ def annotate(graph: ir.Graph) -> list[Match]:
         m, _ = match_norm_scale(node)
         if m is None and node.op_type == "Mul":
             m, _ = match_self_product(node)
+        if m is None and node.op_type == "Mul":
+            m, _ = match_gate(node)
         if m is None:
             continue
         node.meta["lrp_pattern"] = m
-        matches.append(m)
+        if m.name != "gate":  # a gate's branch is not held: its nodes may feed other things
+            matches.append(m)
     # inner nodes get no relevance when all their uses are inside their pattern (fixed point: inner-most first)
     for m in matches:
         owner = next(n for n in graph if n.meta.get("lrp_pattern") is m)
@@ -263,7 +387,9 @@ def annotate(graph: ir.Graph) -> list[Match]:
 
 
 def gate_source(v: ir.Value) -> str | None:
-    """What makes ``v`` a gate (an operand CP-LRP holds constant): 'softmax' or the non-linearity's name."""
+    """What makes ``v`` a gate (an operand CP-LRP holds constant): 'softmax' or the non-linearity's name. The search
+    follows moves and element-wise ops with a constant (TorchScript writes GELU as ``x * (1 + erf(x / sqrt 2)) *
+    0.5``: the recognised GELU is the inner Mul, the gate's value the outer one)."""
     for _ in range(_MAX_DEPTH):
         p = v.producer()
         if p is None:
@@ -275,6 +401,10 @@ def gate_source(v: ir.Value) -> str | None:
             return m.name
         if p.op_type in ("Sigmoid", "Tanh", "Relu", "Gelu", "Softplus", "HardSigmoid", "HardSwish", "Mish", "Elu"):
             return p.op_type.lower()
+        nxt = _through_const(p)
+        if nxt is not None:
+            v = nxt
+            continue
         if p.op_type not in MOVES:
             return None
         acts = _acts(p)
@@ -297,4 +427,6 @@ def why(node: ir.Node) -> str:
     return f"no normalising scale ({r1})"
 
 
-__all__ = ["Match", "annotate", "elementwise_root", "match_self_product", "match_norm_scale", "gate_source", "why"]
+__all__ = ["Match", "annotate", "elementwise_root", "vanishes_at_zero", "function_argument",
+           "match_self_product", "match_norm_scale", "match_gate",
+           "sigmoid_gate", "gate_source", "why"]

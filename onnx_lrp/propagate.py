@@ -18,7 +18,7 @@ import onnx_ir as ir
 from .graph import Emitter, static_dims
 from .ops import ActivationOp, LinearOp, Params, RuleOp, ShapeOp
 from .ops.base import Rel, stabilized
-from .rules.rules import Epsilon, Gradient, LinearRule, Norm, Pass, Rule, _identity
+from .rules.rules import Epsilon, Gradient, GradientXInput, LinearRule, Norm, Pass, Rule, _identity
 
 
 class Layer:
@@ -334,6 +334,9 @@ def apply_rule(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list[ir.V
     r_out = r_outs[0]
     if isinstance(rule, Pass):
         return [r_out]
+    if isinstance(rule, GradientXInput) and isinstance(op, ActivationOp):  # R_x = x f'(x) R_y / f(x)
+        g = Rel(r_out).normalised(em, layer.node.outputs[0], tag="g_out")
+        return [em.mul(layer.xs[0], em.mul(g, op.derivative(em, layer.node), tag="g_in"), tag="r_in")]
     if isinstance(rule, Gradient):
         if isinstance(op, LinearOp):
             return op.transpose(em, layer.node, r_out, op.params(layer.node))
@@ -355,6 +358,8 @@ def gradient_form(op, rule: Rule) -> bool:
         return op.gradient_form(rule)
     if isinstance(op, ActivationOp) and isinstance(rule, Pass):
         return type(op).pass_grad is not ActivationOp.pass_grad
+    if isinstance(op, ActivationOp) and isinstance(rule, GradientXInput):
+        return True  # g_x = f'(x) g_y
     return False
 
 
@@ -369,6 +374,9 @@ def apply_rule_grad(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list
         return [None if v is None else Rel(v, x if grad else None) for v, x in zip(ins, layer.xs)]
     if isinstance(op, RuleOp):
         return op.propagate_grad(em, layer, rule, r_outs)
+    if isinstance(op, ActivationOp) and isinstance(rule, GradientXInput):  # g_x = f'(x) g_y (g_y = R_y / y)
+        g = r_outs[0].normalised(em, node.outputs[0], tag="g_out")
+        return [Rel(em.mul(g, op.derivative(em, node), tag="g_in"), node.inputs[0])]
     if isinstance(op, ActivationOp):  # Pass: R_x = R_y
         r = r_outs[0]
         got = op.pass_grad(em, node, r.value) if r.ref is node.outputs[0] else None
@@ -382,6 +390,8 @@ def zero_preserving(op, rule: Rule, node: ir.Node):
     "inherit" (as the relevance of the outputs: moves, max pools and Pass through a Relu)."""
     if isinstance(rule, LinearRule):
         return all(t.x in ("identity", "positive", "negative") for g in rule.groups() for t in g.terms)
+    if isinstance(rule, GradientXInput):
+        return True  # R_x = x ...
     if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
         return "inherit"
     if isinstance(rule, Pass) and (node.op_type == "Relu" or (node.op_type == "Clip" and len(node.inputs) > 1 and
@@ -398,8 +408,21 @@ def rule_fits(op, rule: Rule) -> str | None:
         return op.fits(rule)
     if isinstance(op, ShapeOp):
         return None if isinstance(rule, (Gradient, Pass)) else f"rule {rule.name} on a shape op (use gradient)"
+    offset = isinstance(op, ActivationOp) and op.kind == "offset-activation"
+    known_d = isinstance(op, ActivationOp) and type(op).derivative is not ActivationOp.derivative
+    if offset and isinstance(rule, (Pass, GradientXInput)) and not known_d:
+        return ("element-wise function with f(0) != 0 (or not provably 0) and no known derivative: neither the "
+                "identity rule (it would explode) nor gradient-x-input applies; write it with ops onnx-lrp knows")
     if isinstance(rule, Pass):
+        if offset:
+            return ("identity rule (pass) on a function with f(0) != 0: R_x = R_y explodes when the next layer "
+                    "divides it by x ~ 0; give kind \"offset-activation\" the rule \"gradient-x-input\" "
+                    "(x * sigmoid(s) gates are recognised and need none)")
         return None
+    if isinstance(rule, GradientXInput):
+        if known_d:
+            return None
+        return "rule gradient-x-input needs an element-wise function with a known derivative (use pass or epsilon)"
     if isinstance(rule, Gradient):
         if isinstance(op, LinearOp):
             return None

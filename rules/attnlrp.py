@@ -1,4 +1,5 @@
-"""Rules for transformers: AttnLRP (Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022).
+"""Rules for products of activations: AttnLRP (Achtibat et al., ICML 2024), CP-LRP (Ali et al., ICML 2022) and
+signal-take-all for gates (Arras et al., 2017).
 
 They hold numbers only; how a product of activations, a softmax or a normalisation propagates them lives beside
 the op, in ``onnx_lrp.ops.transformer``. The linear parts of a transformer (MatMul/Gemm with constant weights,
@@ -22,10 +23,17 @@ class Uniform(Rule):
 
 @dataclass(frozen=True)
 class HoldGates(Rule):
-    """Gates (softmax outputs, non-linearity outputs) held constant: R_v = v ⊙ J_v^T(R / stab(z)), R_gate = 0 (CP-LRP, Ali et al. 2022)."""
+    """Gates held constant: R_v = v ⊙ J_v^T(R / stab(z)), R_gate = 0; of two gates the stronger (softmax > sigmoid > other) (CP-LRP, Ali et al. 2022)."""
 
     name: ClassVar[str] = "cp"
     epsilon: float = 1e-6
+
+
+@dataclass(frozen=True)
+class SignalTakeAll(Rule):
+    """z = h ⊙ g with g a sigmoid gate: R_h = R_z, R_g = 0 — the gate is a constant multiplier (signal-take-all, Arras et al. 2017)."""
+
+    name: ClassVar[str] = "signal-take-all"
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,6 @@ class Zero(Rule):
     name: ClassVar[str] = "zero"
 
 
-TRANSFORMER_RULES = (Uniform, HoldGates, SoftmaxRule, Zero)
+TRANSFORMER_RULES = (Uniform, HoldGates, SignalTakeAll, SoftmaxRule, Zero)
 
-__all__ = ["Uniform", "HoldGates", "SoftmaxRule", "Zero", "TRANSFORMER_RULES"]
+__all__ = ["Uniform", "HoldGates", "SignalTakeAll", "SoftmaxRule", "Zero", "TRANSFORMER_RULES"]

@@ -24,7 +24,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rules import RULE_ALIASES, RULES, Rule, make_rule
+from .rules import RULE_ALIASES, RULES, Norm, Rule, make_rule
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
@@ -77,15 +77,24 @@ class Composite:
         return None
 
     def with_params(self, **params) -> "Composite":
-        """Override rule parameters (``epsilon``, ``gamma``, ``low``, ...) in every rule that has them."""
+        """Override rule parameters (``epsilon``, ``gamma``, ``low``, ...) in every rule that has them.
+
+        ``epsilon=0`` is LRP-0: it also sets the ``norm`` rule's stabiliser to 0 (sums, average pools), unless
+        ``stabilizer`` is given too or the composite sets a non-default one."""
         params = {k: v for k, v in params.items() if v is not None}
         if not params:
             return self
+        # epsilon = 0 means LRP-0 on every linear, sum and pooling node: the Norm rule's stabiliser (sums, average
+        # pools) goes to 0 with it unless a stabiliser is given here or set in the composite to another value than
+        # the default (exact zeros of a denominator stay guarded)
+        lrp0 = "epsilon" in params and float(params["epsilon"]) == 0.0 and "stabilizer" not in params
         used: set[str] = set()
         entries = []
         for entry in self.entries:
             fields = {f.name for f in dataclasses.fields(entry.rule)}  # type: ignore[arg-type]
             mine = {k: v for k, v in params.items() if k in fields}
+            if lrp0 and isinstance(entry.rule, Norm) and entry.rule.stabilizer == Norm.stabilizer:
+                mine["stabilizer"] = 0.0
             used |= set(mine)
             entries.append(Entry(entry.match, dataclasses.replace(entry.rule, **mine)) if mine else entry)
         unused = set(params) - used

@@ -254,10 +254,19 @@ class Gradient(Rule):
     name: ClassVar[str] = "gradient"
 
 
+@dataclass(frozen=True)
+class GradientXInput(Rule):
+    """R_x = x f'(x) R_y / f(x): gradient x input of y = f(x), for f(0) != 0 (LXT efficient mode's default)."""
+
+    name: ClassVar[str] = "gradient-x-input"
+
+
 RULES: dict[str, type[Rule]] = {cls.name: cls for cls in
-                                (Epsilon, Norm, ZPlus, AlphaBeta, Gamma, ZBox, Flat, WSquare, Pass, Gradient)}
+                                (Epsilon, Norm, ZPlus, AlphaBeta, Gamma, ZBox, Flat, WSquare, Pass, Gradient,
+                                 GradientXInput)}
 RULE_ALIASES = {"alpha_beta": "alpha-beta", "alphabeta": "alpha-beta", "z-plus": "zplus", "w-square": "wsquare",
-                "w2": "wsquare", "identity": "pass", "lrp0": "epsilon"}
+                "w2": "wsquare", "identity": "pass", "lrp0": "epsilon", "gxi": "gradient-x-input",
+                "gradient_x_input": "gradient-x-input", "gradient*input": "gradient-x-input"}
 
 
 def make_rule(name: str, **params) -> Rule:
@@ -275,4 +284,4 @@ def make_rule(name: str, **params) -> Rule:
 
 
 __all__ = ["Term", "Group", "Rule", "LinearRule", "Epsilon", "Norm", "ZPlus", "AlphaBeta", "Gamma", "ZBox",
-           "Flat", "WSquare", "Pass", "Gradient", "RULES", "make_rule", "field"]
+           "Flat", "WSquare", "Pass", "Gradient", "GradientXInput", "RULES", "make_rule", "field"]

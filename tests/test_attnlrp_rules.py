@@ -189,10 +189,11 @@ def test_product_of_two_different_tensors_is_not_a_self_product():
     gate = next(n for n in g if n.name == "gate")
     reason = patterns.why(gate)
     assert "functions of different tensors" in reason and "no normalising scale" in reason
+    assert patterns.match_gate(gate)[0].gate.name == "sg"  # ... but a signal times a sigmoid gate
     a, b = RNG.normal(size=(2, BATCH, 4)).astype(np.float32)
     res, R = explain(m, "y", (4,), {"a": a, "b": b})
-    close(res.relevance["a"], np.broadcast_to(R / 2, a.shape), tol=1e-4)  # a gated unit: uniform rule
-    close(res.relevance["b"], np.broadcast_to(R / 2, b.shape), tol=1e-4)  # the sigmoid passes its half
+    close(res.relevance["a"], np.broadcast_to(R, a.shape), tol=1e-4)  # signal-take-all: the signal gets all
+    assert not np.any(res.relevance["b"])  # the gate is a constant multiplier
 
 
 def test_division_of_two_unrelated_activations_is_rejected_with_reason():

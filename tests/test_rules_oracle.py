@@ -320,7 +320,7 @@ def test_norm_on_sum_of_three():
         _close(res.relevance[k], v * R / stab(z), f"norm on Sum, input {k}")
 
 
-@pytest.mark.parametrize("op", ["Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu"])
+@pytest.mark.parametrize("op", ["Relu", "Tanh", "LeakyRelu", "Elu", "HardSwish"])  # f(0) = 0; Sigmoid: test_gates
 def test_pass_on_activations(op):
     rng = np.random.default_rng(8)
     shape = [BATCH, 3, 4]

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,9 +102,27 @@ class ShapeOp(Op):
 
 
 class ActivationOp(Op):
+    """An element-wise function y = f(x). Where f(0) != 0 (``at_zero``: Sigmoid, Exp, Softplus, Clip(0.1, ...)) the
+    node resolves to a copy of kind ``offset-activation``: the identity rule would give ``R_x = R_y`` although y does
+    not vanish with x, and the next LRP-0/epsilon step divides it by x (f(x)/x is unbounded near x = 0)."""
+
     kind = "activation"
 
     data_inputs = (0,)
+
+    def at_zero(self, node: ir.Node) -> float:
+        """f(0) (0.0 unless the op says otherwise)."""
+        return 0.0
+
+    def resolve(self, node: ir.Node) -> "Op":
+        if self.kind == "offset-activation" or self.at_zero(node) == 0.0:
+            return self
+        variant = self.__dict__.get("_offset_variant")
+        if variant is None:
+            variant = copy.copy(self)
+            variant.kind = "offset-activation"
+            self._offset_variant = variant
+        return variant
 
     def derivative(self, em: Emitter, node: ir.Node) -> ir.Value | None:
         """f'(x) for the Gradient rule, or None when not provided."""

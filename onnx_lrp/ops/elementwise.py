@@ -1,6 +1,10 @@
 """Element-wise non-linearities of one tensor: relevance passes (zennit Pass, LXT identity rule).
 
-The Gradient rule multiplies by f'(x) where it is given here (piecewise-linear and smooth ops).
+The Gradient rule multiplies by f'(x) where it is given here (piecewise-linear and smooth ops). Functions with
+f(0) != 0 (``at_zero``: Sigmoid, HardSigmoid, Exp, Softplus, Cos, Clip with 0 outside [min, max]) are of kind
+``offset-activation``: the identity rule is refused on them, the built-in composites give them
+``gradient-x-input`` (R_x = x f'(x) R_y / f(x), which needs ``derivative``). As gates (``h * sigmoid(s)``) they
+receive no relevance at all (``onnx_lrp.ops.transformer.Gate``).
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ class LeakyRelu(ActivationOp):
 class Sigmoid(ActivationOp):
     op_types = ("Sigmoid",)
 
+    def at_zero(self, node):
+        return 0.5
+
     def derivative(self, em, node):
         y = node.outputs[0]
         return em.mul(y, em.sub(em.scalar(1.0), y, tag="one_minus_y"), tag="dfdx")
@@ -51,6 +58,54 @@ class Tanh(ActivationOp):
 
 
 @register
+class HardSigmoid(ActivationOp):
+    op_types = ("HardSigmoid",)
+
+    def at_zero(self, node):
+        return min(max(node.attributes.get_float("beta", 0.5), 0.0), 1.0)
+
+    def derivative(self, em, node):  # alpha where 0 < alpha x + beta < 1
+        y = node.outputs[0]
+        inside = em.op("And", em.op("Greater", y, em.scalar(0.0), tag="above"),
+                       em.op("Less", y, em.scalar(1.0), tag="below"), tag="inside")
+        return em.op("Where", inside, em.scalar(node.attributes.get_float("alpha", 0.2)), em.scalar(0.0),
+                     tag="dfdx")
+
+
+@register
+class Exp(ActivationOp):
+    op_types = ("Exp",)
+
+    def at_zero(self, node):
+        return 1.0
+
+    def derivative(self, em, node):
+        return node.outputs[0]
+
+
+@register
+class Softplus(ActivationOp):
+    op_types = ("Softplus",)
+
+    def at_zero(self, node):
+        return float(np.log(2.0))
+
+    def derivative(self, em, node):
+        return em.op("Sigmoid", node.inputs[0], tag="dfdx")
+
+
+@register
+class Cos(ActivationOp):
+    op_types = ("Cos",)
+
+    def at_zero(self, node):
+        return 1.0
+
+    def derivative(self, em, node):
+        return em.op("Neg", em.op("Sin", node.inputs[0], tag="sin"), tag="dfdx")
+
+
+@register
 class Clip(ActivationOp):
     op_types = ("Clip",)
 
@@ -59,6 +114,18 @@ class Clip(ActivationOp):
             if v is not None and const(v) is None:
                 return "min/max are not constants"
         return None
+
+    def at_zero(self, node):
+        lo, hi = -np.inf, np.inf
+        if len(node.inputs) > 1 and node.inputs[1] is not None and const(node.inputs[1]) is not None:
+            lo = float(np.max(const(node.inputs[1])))
+        elif "min" in node.attributes:
+            lo = node.attributes.get_float("min", -np.inf)
+        if len(node.inputs) > 2 and node.inputs[2] is not None and const(node.inputs[2]) is not None:
+            hi = float(np.min(const(node.inputs[2])))
+        elif "max" in node.attributes:
+            hi = node.attributes.get_float("max", np.inf)
+        return float(min(max(0.0, lo), hi))
 
     def derivative(self, em, node):
         x = node.inputs[0]
@@ -75,9 +142,9 @@ class PRelu(ActivationOp):
 
 
 register(type("OtherActivation", (ActivationOp,), {
-    "op_types": ("Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Gelu", "Mish",
-                 "ThresholdedRelu", "Shrink", "Erf", "Abs", "Neg", "Exp", "Sin", "Cos"),
-    "__doc__": "Smooth or piecewise element-wise non-linearities: Pass only."}))
+    "op_types": ("Elu", "Selu", "Celu", "HardSwish", "Softsign", "Gelu", "Mish", "ThresholdedRelu", "Shrink", "Erf",
+                 "Abs", "Neg", "Sin"),
+    "__doc__": "Smooth or piecewise element-wise non-linearities with f(0) = 0: Pass only."}))
 
 
 @register
@@ -93,6 +160,8 @@ def nonneg_output(node, inputs_nonneg: list[bool]) -> bool:
     t = node.op_type
     if t in ("Relu", "Sigmoid", "Softplus", "HardSigmoid", "Abs", "Exp", "Softmax"):
         return True
+    if t == "Mul":  # e.g. a gated signal relu(h) * sigmoid(s)
+        return bool(inputs_nonneg) and all(inputs_nonneg[:2])
     if t == "Clip":
         lo = const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
         if lo is None:

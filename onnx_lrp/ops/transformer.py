@@ -3,6 +3,9 @@
 - ``Product`` (kind ``bilinear``): MatMul / Mul / Einsum of activations (attention scores, attention x values, gated
   MLPs). Rules: ``uniform`` (AttnLRP: each of the k activation factors gets ``x ⊙ J_x^T(R / (k·stab(z)))``),
   ``cp`` (CP-LRP: gates — softmax and non-linearity outputs — held constant), ``zero``.
+- ``Gate`` (kind ``gate``): a Mul recognised by ``onnx_lrp.patterns.match_gate`` as a signal times a sigmoid /
+  hard-sigmoid gate (squeeze-excitation, GLU, LSTM gates). Rules: ``signal-take-all`` (the gate is a constant
+  multiplier: ``R_h = R_z`` summed over broadcast axes, ``R_g = 0``; Arras et al. 2017), ``uniform``, ``cp``, ``zero``.
 - ``ElementwiseOfOne`` (kind ``activation``): a Mul recognised by ``onnx_lrp.patterns`` as a non-linearity of one
   tensor (SiLU, GELU, ...): relevance passes to that tensor (identity rule).
 - ``NormScale`` (kind ``normalization``): ``n / s`` with ``s`` the detached std / rms of ``n`` (decomposed
@@ -124,7 +127,9 @@ class Product(RuleOp):
 
     def _among(self, node, name):
         idx = self.relevance_inputs(node)
-        return idx if name == "uniform" else [i for i in idx if patterns.gate_source(node.inputs[i]) is None]
+        if name == "uniform":
+            return idx
+        return cp_shares(node, idx)
 
     def gradient_form(self, rule):
         return _rule_name(rule) == "zero" or (_rule_name(rule) in ("uniform", "cp") and _eps(rule) == 0)
@@ -152,6 +157,81 @@ class Product(RuleOp):
         return [got.get(i) for i in idx]
 
 
+# how strongly an operand is a gate (CP-LRP holds the strongest): attention weights and sigmoid gates over
+# smooth activations (a SiLU / GELU output that is multiplied by a sigmoid gate is that gate's signal)
+_GATE_RANK = {"softmax": 3, "sigmoid": 2, "hardsigmoid": 2}
+
+
+def cp_shares(node: ir.Node, idx: list[int]) -> list[int]:
+    """The operands CP-LRP gives relevance: those that are no gate; when every operand is a gate, those that are
+    the weakest gates (exactly one side is held when the two differ; both share when they are alike)."""
+    ranks = {i: (None if (g := patterns.gate_source(node.inputs[i])) is None else _GATE_RANK.get(g, 1)) for i in idx}
+    free = [i for i in idx if ranks[i] is None]
+    if free or not idx:
+        return free
+    low = min(ranks.values())
+    return [i for i in idx if ranks[i] == low]
+
+
+class Gate(RuleOp):
+    """z = h ⊙ g with g a sigmoid / hard-sigmoid gate (``patterns.match_gate``); ``layer.xs`` is [h, g]."""
+
+    kind = "gate"
+    op_types = ()
+
+    def relevance_values(self, node):
+        m = node.meta["lrp_pattern"]
+        return [m.source, m.gate]
+
+    def fits(self, rule):
+        if _rule_name(rule) in ("signal-take-all", "uniform", "cp", "zero"):
+            return None
+        return f"rule {_rule_name(rule)} on a gated product (use signal-take-all, uniform, cp or zero)"
+
+    def _index(self, node, v):
+        return next(i for i, u in enumerate(node.inputs[:2]) if u is v)
+
+    def gradient_form(self, rule):
+        return _rule_name(rule) in ("signal-take-all", "zero") or (
+            _rule_name(rule) in ("uniform", "cp") and _eps(rule) == 0)
+
+    def propagate_grad(self, em, layer, rule, r_outs):
+        """signal-take-all: g_h = J_h^T g (the gate held: g ⊙ gate, summed over broadcast axes), nothing to g."""
+        node, name = layer.node, _rule_name(rule)
+        if name == "zero" or r_outs[0] is None:
+            return [None, None]
+        if name != "signal-take-all":
+            return self._as_product(em, layer, rule, r_outs, grad=True)
+        h, r = layer.xs[0], r_outs[0]
+        if r.ref is not node.outputs[0]:  # relevance in hand: R_h = R_z, no division by z
+            return [Rel(self.propagate(em, layer, rule, [r.as_relevance(em, tag="r_out")])[0]), None]
+        return [Rel(PRODUCT_MUL.vjp(em, node, r.value, self._index(node, h)), h), None]
+
+    def propagate(self, em, layer, rule, r_outs):
+        """signal-take-all: R_h = R_z (summed over broadcast axes), R_g = 0."""
+        node, name = layer.node, _rule_name(rule)
+        r = r_outs[0]
+        if name == "zero" or r is None:
+            return [None, None]
+        if name != "signal-take-all":
+            return self._as_product(em, layer, rule, r_outs, grad=False)
+        h = layer.xs[0]
+        zd, hd = static_dims(node.outputs[0]), static_dims(h)
+        if hd is not None and zd is not None and hd != zd:
+            r = em.unbroadcast(r, zd, h, tag="r_sum")
+        return [r, None]
+
+    def _as_product(self, em, layer, rule, r_outs, grad):
+        """uniform / cp on the two factors, as for any product of activations (cp holds the gate)."""
+        node = layer.node
+        idx = PRODUCT_MUL.relevance_inputs(node)
+        plain = type(layer)(node, PRODUCT_MUL, [node.inputs[i] for i in idx], layer.z, layer.nonneg)
+        got = PRODUCT_MUL.propagate_grad(em, plain, rule, r_outs) if grad else \
+            PRODUCT_MUL.propagate(em, plain, rule, r_outs)
+        by_value = {id(node.inputs[i]): r for i, r in zip(idx, got)}
+        return [by_value.get(id(x)) for x in layer.xs]
+
+
 class ElementwiseOfOne(ActivationOp):
     """A Mul that computes a non-linearity of one tensor (x * Sigmoid(x), GELU subgraphs): relevance goes to x."""
 
@@ -162,6 +242,13 @@ class ElementwiseOfOne(ActivationOp):
 
     def relevance_values(self, node):
         return [node.meta["lrp_pattern"].source]
+
+    def at_zero(self, node):
+        """0 when the function provably vanishes where its argument (the value both factors are computed from, a
+        bias Add included) is 0 — SiLU, GELU, hard-swish: a factor is a, c a, tanh(a), ... —, else NaN (unknown:
+        kind offset-activation, no identity rule)."""
+        arg = patterns.function_argument(node)
+        return 0.0 if arg is not None and patterns.vanishes_at_zero(node.outputs[0], arg) else float("nan")
 
     def pass_grad(self, em, node, g):
         """y = a * h with ``a`` an affine function of x (x + b, 0.5 x: SiLU, GELU as exported): R = y ⊙ g =
@@ -240,7 +327,8 @@ class _Dispatch(Op):
     def resolve(self, node):
         m = node.meta.get("lrp_pattern")
         if m is not None:
-            return NORM_SCALE if m.name.endswith("-scale") else ELEMENTWISE_OF_ONE
+            return NORM_SCALE if m.name.endswith("-scale") else GATE if m.name == "gate" else \
+                ELEMENTWISE_OF_ONE.resolve(node)
         acts = [v for v in node.inputs[:2] if carries(v)]
         if self.product is not None and len(acts) == 2:
             return self.product
@@ -260,8 +348,10 @@ class _Dispatch(Op):
 
 ELEMENTWISE_OF_ONE = ElementwiseOfOne()
 NORM_SCALE = NormScale()
+GATE = Gate()
+PRODUCT_MUL = Product("Mul")
 REGISTRY["MatMul"] = _Dispatch(REGISTRY["MatMul"], Product("MatMul"), "MatMul")
-REGISTRY["Mul"] = _Dispatch(REGISTRY["Mul"], Product("Mul"), "Mul")
+REGISTRY["Mul"] = _Dispatch(REGISTRY["Mul"], PRODUCT_MUL, "Mul")
 REGISTRY["Div"] = _Dispatch(REGISTRY["Div"], None, "Div")
 
 
@@ -541,12 +631,42 @@ REGISTRY["Gather"] = Lookup(REGISTRY["Gather"])
 
 
 # ------------------------------------------------------------------------------------------ element-wise
-register(type("PowerLike", (ActivationOp,), {
-    "op_types": ("Pow", "Sqrt", "Reciprocal", "Log", "Sign", "Floor", "Ceil", "Round"),
-    "__doc__": "Element-wise functions met in normalisation and GELU chains: identity rule (Pass) when they carry "
-               "relevance at all.",
-    "check": lambda self, node: None if node.op_type != "Pow" or const(node.inputs[1]) is not None
-    else "exponent is not a constant"}))
+@register
+class PowerLike(ActivationOp):
+    """Element-wise functions met in normalisation and GELU chains: identity rule (Pass) when they carry relevance
+    at all and f(0) = 0; Log, Reciprocal and Pow with an exponent <= 0 have f(0) != 0 (offset-activation)."""
+
+    op_types = ("Pow", "Sqrt", "Reciprocal", "Log")
+
+    def check(self, node):
+        return None if node.op_type != "Pow" or const(node.inputs[1]) is not None else "exponent is not a constant"
+
+    def at_zero(self, node):
+        if node.op_type == "Log":
+            return -np.inf
+        if node.op_type == "Reciprocal":
+            return np.inf
+        if node.op_type == "Pow":
+            e = const(node.inputs[1])
+            return 0.0 if e is not None and np.all(e > 0) else (1.0 if e is not None and np.all(e == 0) else np.inf)
+        return 0.0
+
+    def derivative(self, em, node):
+        x, y = node.inputs[0], node.outputs[0]
+        if node.op_type == "Log":
+            return em.op("Reciprocal", x, tag="dfdx")
+        if node.op_type == "Reciprocal":
+            return em.op("Neg", em.mul(y, y, tag="y2"), tag="dfdx")
+        if node.op_type == "Pow":
+            e = np.asarray(const(node.inputs[1]), dtype=em.np_dtype)
+            return em.mul(em.op("Pow", x, em.const(e - 1, tag="e_1"), tag="x_e1"), em.const(e, tag="e"), tag="dfdx")
+        return em.div(em.scalar(0.5), y, tag="dfdx")  # Sqrt
+
+
+register(type("Rounding", (ActivationOp,), {
+    "op_types": ("Sign", "Floor", "Ceil", "Round"),
+    "__doc__": "Piecewise-constant functions with f(0) = 0 (in GELU and mask chains): identity rule (Pass) when they "
+               "carry relevance at all."}))
 
 
 # ------------------------------------------------------------------------------------------ token relevance
@@ -592,5 +712,5 @@ def token_relevance(em: Emitter, graph: ir.Graph, ids: ir.Value, relevance_of) -
     return em.op("Cast", r, to=em.dtype.value, tag="tokens_f")
 
 
-__all__ = ["Product", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile", "Trilu", "Leaf",
-           "Lookup", "embedding_lookups", "token_relevance"]
+__all__ = ["Product", "Gate", "cp_shares", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile",
+           "Trilu", "Leaf", "Lookup", "PowerLike", "embedding_lookups", "token_relevance"]
