@@ -24,6 +24,7 @@ def known_kinds() -> set[str]:
         kind = getattr(cls, "kind", "")
         if isinstance(kind, str) and kind:
             found.add(kind)
+        found.update(getattr(cls, "variant_kinds", ()))
         stack.extend(cls.__subclasses__())
     return found | {getattr(op, "kind", "") for op in REGISTRY.values()} - {""}
 

@@ -107,6 +107,7 @@ class ActivationOp(Op):
     not vanish with x, and the next LRP-0/epsilon step divides it by x (f(x)/x is unbounded near x = 0)."""
 
     kind = "activation"
+    variant_kinds = ("offset-activation",)  # kinds ``resolve`` can give a node (composites may match them)
 
     data_inputs = (0,)
 
