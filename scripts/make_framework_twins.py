@@ -1,0 +1,285 @@
+#!/usr/bin/env python
+"""Framework twins: the same small architectures with the same weights built in PyTorch and in Keras, exported to
+ONNX (torch.onnx TorchScript exporter; tf2onnx), with zennit's relevances on the PyTorch twin.
+
+Writes ``tests/goldens/twins/``:
+
+* ``<net>_torch.onnx``, ``<net>_keras.onnx``: the two exports (NCHW input ``x`` for torch, NHWC input ``x`` for
+  Keras; dynamic batch axis);
+* ``<net>.npz``: the input batch ``x`` (NCHW, 4 items), the logits, a given target, zennit's relevance for every
+  built-in CNN composite (``<composite>/b4/{argmax,given}`` and ``.../target``; start = one-hot, float64 reference)
+  and the gradient x input of the arg-max logit (``gxi``, the LRP-0 reference);
+* ``twins.json``: versions and what each export contains.
+
+Nets (input 3 x 16 x 16, 10 classes):
+
+* ``resnet``: Conv-BN-ReLU stem, MaxPool, a residual block (Conv-BN-ReLU-Conv-BN + skip), a BatchNorm after the
+  residual sum (not foldable: zennit's Pass), ReLU, a 1-pixel crop (Keras ``Cropping2D``), global average pool,
+  Dense-BN-ReLU, Dense.
+* ``mobilenet``: Conv-BN-ReLU6 stem, an inverted residual block (1x1 expand-BN-ReLU6, depthwise 3x3-BN-ReLU6,
+  1x1 project-BN, + skip), global average pool, Dense.
+
+tf2onnx writes a Keras BatchNormalization it does not fuse as Mul -> Add (after depthwise convolutions, after
+Dense layers, after the residual sum): onnx-lrp's canonizer folds those after a linear layer and gives the others
+BatchNormalization's kind, so both exports get the same rules.
+
+Usage::
+
+    python scripts/make_framework_twins.py            # rewrite tests/goldens/twins/
+    python scripts/make_framework_twins.py --report   # rel-L2 between the twins per composite (needs no TF)
+
+Needs torch, zennit, tensorflow-cpu and tf2onnx (only to regenerate; the tests read the committed files).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "goldens" / "twins"
+NETS = ("resnet", "mobilenet")
+SIZE, N_CLASSES, BN_EPS = 16, 10, 1e-3
+COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
+              "epsilon-alpha2-beta1-flat")
+VARIANTS = COMPOSITES + ("epsilon@0.01",)
+
+
+_ZS = []
+
+
+def _zennit_script():
+    """scripts/make_zennit_goldens.py, loaded once (it patches zennit's MergeBatchNorm on import)."""
+    if _ZS:
+        return _ZS[0]
+    spec = importlib.util.spec_from_file_location("make_zennit_goldens", ROOT / "scripts" / "make_zennit_goldens.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _ZS.append(mod)
+    return mod
+
+
+# ------------------------------------------------------------------------------------------------- PyTorch
+def torch_net(name: str):
+    import torch
+    from torch import nn
+
+    class Residual(nn.Module):
+        """x + body(x); zennit sees the sum as a ``Sum`` module (``canonizer_sum``, set by the canonizer)."""
+
+        def __init__(self, body):
+            super().__init__()
+            self.body = body
+
+        def forward(self, x):
+            y = self.body(x)
+            summer = getattr(self, "canonizer_sum", None)
+            return x + y if summer is None else summer(torch.stack([x, y], dim=-1))
+
+    class Crop(nn.Module):
+        def forward(self, x):
+            return x[:, :, 1:-1, 1:-1]
+
+    def bn(c, d=2):
+        return (nn.BatchNorm2d if d == 2 else nn.BatchNorm1d)(c, eps=BN_EPS)
+
+    torch.manual_seed({"resnet": 31, "mobilenet": 32}[name])
+    if name == "resnet":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
+            pool=nn.MaxPool2d(2),
+            block=Residual(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), bn(8), nn.ReLU(),
+                                         nn.Conv2d(8, 8, 3, padding=1), bn(8))),
+            post_bn=bn(8),  # after the residual sum: not foldable (zennit: Pass)
+            relu=nn.ReLU(),
+            crop=Crop(),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc1=nn.Linear(8, 16),
+            fc1_bn=bn(16, 1),
+            fc1_relu=nn.ReLU(),
+            fc2=nn.Linear(16, N_CLASSES),
+        ))
+    elif name == "mobilenet":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU6()),
+            block=Residual(nn.Sequential(
+                nn.Conv2d(8, 24, 1), bn(24), nn.ReLU6(),
+                nn.Conv2d(24, 24, 3, padding=1, groups=24), bn(24), nn.ReLU6(),
+                nn.Conv2d(24, 8, 1), bn(8))),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, N_CLASSES),
+        ))
+    else:
+        raise ValueError(name)
+    _zennit_script().randomise_batchnorm(m, seed=len(name))
+    return m.eval(), Residual
+
+
+def zennit_canonizers(residual_cls):
+    from zennit.canonizers import AttributeCanonizer, SequentialMergeBatchNorm
+    from zennit.layer import Sum
+
+    def attribute_map(name, module):
+        return {"canonizer_sum": Sum()} if isinstance(module, residual_cls) else None
+
+    return [SequentialMergeBatchNorm(), AttributeCanonizer(attribute_map)]
+
+
+# --------------------------------------------------------------------------------------------------- Keras
+def keras_net(name: str, tm):
+    """The Keras twin of the torch module ``tm`` (NHWC), with its weights."""
+    import keras
+    from keras import layers as L
+
+    mods = dict(tm.named_modules())
+
+    def conv(key, x, depthwise=False):
+        c = mods[key]
+        w, b = c.weight.detach().numpy(), c.bias.detach().numpy()
+        k = w.shape[-1]
+        if depthwise:
+            layer = L.DepthwiseConv2D(k, padding="same", name=key.replace(".", "_"))
+            out = layer(x)
+            layer.set_weights([w.transpose(2, 3, 0, 1), b])  # (C, 1, kh, kw) -> (kh, kw, C, 1)
+        else:
+            layer = L.Conv2D(w.shape[0], k, padding="same", name=key.replace(".", "_"))
+            out = layer(x)
+            layer.set_weights([w.transpose(2, 3, 1, 0), b])  # (O, I, kh, kw) -> (kh, kw, I, O)
+        return out
+
+    def bn(key, x):
+        b = mods[key]
+        layer = L.BatchNormalization(epsilon=b.eps, name=key.replace(".", "_"))
+        out = layer(x)
+        layer.set_weights([t.detach().numpy() for t in (b.weight, b.bias, b.running_mean, b.running_var)])
+        return out
+
+    def dense(key, x):
+        d = mods[key]
+        layer = L.Dense(d.out_features, name=key)
+        out = layer(x)
+        layer.set_weights([d.weight.detach().numpy().T, d.bias.detach().numpy()])
+        return out
+
+    inp = keras.Input((SIZE, SIZE, 3), name="x")
+    if name == "resnet":
+        x = L.ReLU()(bn("stem.1", conv("stem.0", inp)))
+        x = L.MaxPooling2D(2)(x)
+        y = L.ReLU()(bn("block.body.1", conv("block.body.0", x)))
+        y = bn("block.body.4", conv("block.body.3", y))
+        x = L.Add()([x, y])
+        x = L.ReLU()(bn("post_bn", x))
+        x = L.Cropping2D(1)(x)
+        x = L.GlobalAveragePooling2D()(x)
+        x = L.ReLU()(bn("fc1_bn", dense("fc1", x)))
+        out = dense("fc2", x)
+    else:
+        x = L.ReLU(6.0)(bn("stem.1", conv("stem.0", inp)))
+        y = L.ReLU(6.0)(bn("block.body.1", conv("block.body.0", x)))
+        y = L.ReLU(6.0)(bn("block.body.4", conv("block.body.3", y, depthwise=True)))
+        y = bn("block.body.7", conv("block.body.6", y))
+        x = L.Add()([x, y])
+        x = L.GlobalAveragePooling2D()(x)
+        out = dense("fc", x)
+    return keras.Model(inp, out, name=name)
+
+
+def export_keras(km) -> bytes:
+    import tensorflow as tf
+    import tf2onnx
+    spec = (tf.TensorSpec((None, SIZE, SIZE, 3), tf.float32, name="x"),)
+    proto, _ = tf2onnx.convert.from_keras(km, input_signature=spec, opset=17, output_path=None)
+    return proto.SerializeToString()
+
+
+# ------------------------------------------------------------------------------------------------ the set
+def make(out_dir: Path = OUT) -> dict:
+    import torch
+    zs = _zennit_script()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"zennit": importlib.metadata.version("zennit"), "torch": torch.__version__,
+            "tensorflow": importlib.metadata.version("tensorflow-cpu"), "keras": importlib.metadata.version("keras"),
+            "tf2onnx": importlib.metadata.version("tf2onnx"), "input": [4, 3, SIZE, SIZE], "start": "one-hot",
+            "reference_dtype": "float64", "made_by": "scripts/make_framework_twins.py", "nets": {}}
+    for name in NETS:
+        tm, residual = torch_net(name)
+        x4 = torch.randn(4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
+        (out_dir / f"{name}_torch.onnx").write_bytes(zs.export(tm, x4, "torchscript"))
+        km = keras_net(name, tm)
+        y_keras = np.asarray(km(np.ascontiguousarray(x4.numpy().transpose(0, 2, 3, 1)), training=False))
+        (out_dir / f"{name}_keras.onnx").write_bytes(export_keras(km))
+        ref = zs.as_float64(tm)
+        y = zs.logits(ref, x4)
+        diff = float(np.abs(y_keras - y).max() / np.abs(y).max())
+        assert diff < 1e-4, f"{name}: the Keras twin computes another function (relative difference {diff:.1e})"
+        given = zs.pick_target(y)
+        arrays = {"x": x4.numpy(), "logits": y.astype(np.float32), "given_target": np.array(given)}
+        for comp in VARIANTS:
+            for tname, target in (("argmax", None), ("given", given)):
+                r, t, _ = zs.zennit_relevance(ref, x4, comp, zennit_canonizers(residual), target)
+                arrays[f"{comp}/b4/{tname}"], arrays[f"{comp}/b4/{tname}/target"] = r, t
+        xg = x4.to(torch.float64).requires_grad_(True)
+        out = ref(xg)
+        (g,) = torch.autograd.grad(out[torch.arange(4), out.argmax(1)].sum(), xg)
+        arrays["gxi"] = (g * xg).detach().numpy().astype(np.float32)
+        np.savez_compressed(out_dir / f"{name}.npz", **arrays)
+        meta["nets"][name] = {"keras_vs_torch_logits": diff, "given_target": given}
+        print(f"{name}: written (Keras vs torch logits {diff:.1e})")
+    (out_dir / "twins.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def rel_l2(a, b) -> float:
+    a = np.asarray(a, np.float64).reshape(len(a), -1)
+    b = np.asarray(b, np.float64).reshape(len(b), -1)
+    return float(np.max(np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)))
+
+
+def report(out_dir: Path = OUT) -> dict:
+    """Worst rel-L2 per composite: Keras twin vs torch twin (onnx-lrp on both), torch twin vs zennit."""
+    sys.path.insert(0, str(ROOT))
+    import onnx_lrp
+    table = {}
+    for name in NETS:
+        g = np.load(out_dir / f"{name}.npz")
+        x = g["x"]
+        for comp in VARIANTS:
+            c, params = (comp.split("@")[0], {"epsilon": float(comp.split("@")[1])}) if "@" in comp else (comp, {})
+            rt = onnx_lrp.Explainer(str(out_dir / f"{name}_torch.onnx"), composite=c, start="one-hot",
+                                    **params).explain(x).relevance
+            rk = onnx_lrp.Explainer(str(out_dir / f"{name}_keras.onnx"), composite=c, start="one-hot",
+                                    **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
+            rk = rk.transpose(0, 3, 1, 2)
+            table[f"{name}/{comp}"] = {"keras_vs_torch": rel_l2(rk, rt),
+                                       "torch_vs_zennit": rel_l2(rt, g[f"{comp}/b4/argmax"]),
+                                       "keras_vs_zennit": rel_l2(rk, g[f"{comp}/b4/argmax"])}
+            print(f"{name:10s} {comp:28s} " + "  ".join(f"{k} {v:.1e}" for k, v in table[f"{name}/{comp}"].items()))
+    return table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--report", action="store_true", help="only compare the committed twins (needs onnx-lrp only)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if args.report:
+        report(args.out)
+        return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import torch
+    torch.set_grad_enabled(True)
+    print(json.dumps(make(args.out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
