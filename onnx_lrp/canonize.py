@@ -309,7 +309,8 @@ def fold_channel_affine(graph: ir.Graph) -> int:
 
 def mark_channel_affine(graph: ir.Graph) -> None:
     """Mark element-wise ops of an activation with a per-channel (not scalar) constant that could not be folded:
-    an unfolded BatchNormalization written as Mul/Add, which gets BatchNormalization's kind."""
+    an unfolded BatchNormalization written as Mul/Add, which gets BatchNormalization's kind. The channel axis is
+    axis 1 (NCHW, N x C) or the last one (NHWC, N x T x C)."""
     for node in graph:
         if node.op_type not in _CHAIN_OPS or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
             continue
@@ -321,7 +322,7 @@ def mark_channel_affine(graph: ir.Graph) -> None:
         if k is None or rank < 2 or k.size <= 1 or k.ndim > rank:
             continue
         axis = rank - k.ndim + int(np.argmax(k.shape))
-        if axis == 0 or _chain_step(node, acts[0], rank, axis, None) is None:
+        if axis not in (1, rank - 1) or _chain_step(node, acts[0], rank, axis, None) is None:
             continue
         node.meta["lrp_channel_affine"] = axis
 
