@@ -17,6 +17,7 @@ from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
 from .errors import ModelError
+from .graph import captured_values
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -221,7 +222,7 @@ def mark_shape_only(graph: ir.Graph) -> int:
         if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
             flag = True
         else:
-            ins = [v for v in node.inputs if v is not None]
+            ins = [v for v in node.inputs if v is not None] + captured_values(node)
             flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
                 any(id(v) in only for v in ins)
         if flag and node.op_type not in _NO_FOLD:

@@ -9,7 +9,9 @@ Writes ``tests/goldens/twins/``:
 * ``<net>.npz``: the input batch ``x`` (NCHW, 4 items), the logits, a given target, zennit's relevance for every
   built-in CNN composite (``<composite>/b4/{argmax,given}`` and ``.../target``; start = one-hot, float64 reference)
   and the gradient x input of the arg-max logit (``gxi``, the LRP-0 reference);
-* ``twins.json``: versions and what each export contains.
+* ``twins.json``: versions and what each export contains;
+* ``gru_keras.onnx``, ``lstm_keras.onnx``, ``recurrent.npz``: Keras GRU / LSTM classifiers as tf2onnx writes them
+  (the GRU as a ``Loop``, the LSTM as an ONNX ``LSTM`` op), an input and Keras' logits.
 
 Nets (input 3 x 16 x 16, 10 classes):
 
@@ -18,6 +20,9 @@ Nets (input 3 x 16 x 16, 10 classes):
   Dense-BN-ReLU, Dense.
 * ``mobilenet``: Conv-BN-ReLU6 stem, an inverted residual block (1x1 expand-BN-ReLU6, depthwise 3x3-BN-ReLU6,
   1x1 project-BN, + skip), global average pool, Dense.
+* ``select``: Conv-BN-ReLU stem, the element-wise maximum of a 1x1 and a 3x3 convolution (Keras ``Maximum``,
+  ``torch.maximum``), ReLU, the element-wise minimum of two 1x1 convolutions (``Minimum``), ReLU, global average
+  pool, Dense: ONNX ``Max``/``Min`` of two activations, winner takes all (zennit: their plain gradient).
 
 tf2onnx writes a Keras BatchNormalization it does not fuse as Mul -> Add (after depthwise convolutions, after
 Dense layers, after the residual sum): onnx-lrp's canonizer folds those after a linear layer and gives the others
@@ -45,7 +50,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "goldens" / "twins"
-NETS = ("resnet", "mobilenet")
+NETS = ("resnet", "mobilenet", "select")
 SIZE, N_CLASSES, BN_EPS = 16, 10, 1e-3
 COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
               "epsilon-alpha2-beta1-flat")
@@ -83,6 +88,16 @@ def torch_net(name: str):
             summer = getattr(self, "canonizer_sum", None)
             return x + y if summer is None else summer(torch.stack([x, y], dim=-1))
 
+    class Select(nn.Module):
+        """torch.maximum / torch.minimum of two branches (functional: zennit applies their gradient)."""
+
+        def __init__(self, a, b, fn):
+            super().__init__()
+            self.a, self.b, self.fn = a, b, fn
+
+        def forward(self, x):
+            return self.fn(self.a(x), self.b(x))
+
     class Crop(nn.Module):
         def forward(self, x):
             return x[:, :, 1:-1, 1:-1]
@@ -90,7 +105,7 @@ def torch_net(name: str):
     def bn(c, d=2):
         return (nn.BatchNorm2d if d == 2 else nn.BatchNorm1d)(c, eps=BN_EPS)
 
-    torch.manual_seed({"resnet": 31, "mobilenet": 32}[name])
+    torch.manual_seed({"resnet": 31, "mobilenet": 32, "select": 33}[name])
     if name == "resnet":
         m = nn.Sequential(OrderedDict(
             stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
@@ -114,6 +129,17 @@ def torch_net(name: str):
                 nn.Conv2d(8, 24, 1), bn(24), nn.ReLU6(),
                 nn.Conv2d(24, 24, 3, padding=1, groups=24), bn(24), nn.ReLU6(),
                 nn.Conv2d(24, 8, 1), bn(8))),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, N_CLASSES),
+        ))
+    elif name == "select":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
+            max=Select(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1), torch.maximum),
+            relu1=nn.ReLU(),
+            min=Select(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1), torch.minimum),
+            relu2=nn.ReLU(),
             gap=nn.AdaptiveAvgPool2d(1),
             flat=nn.Flatten(),
             fc=nn.Linear(8, N_CLASSES),
@@ -182,6 +208,12 @@ def keras_net(name: str, tm):
         x = L.GlobalAveragePooling2D()(x)
         x = L.ReLU()(bn("fc1_bn", dense("fc1", x)))
         out = dense("fc2", x)
+    elif name == "select":
+        x = L.ReLU()(bn("stem.1", conv("stem.0", inp)))
+        x = L.ReLU()(L.Maximum()([conv("max.a", x), conv("max.b", x)]))
+        x = L.ReLU()(L.Minimum()([conv("min.a", x), conv("min.b", x)]))
+        x = L.GlobalAveragePooling2D()(x)
+        out = dense("fc", x)
     else:
         x = L.ReLU(6.0)(bn("stem.1", conv("stem.0", inp)))
         y = L.ReLU(6.0)(bn("block.body.1", conv("block.body.0", x)))
@@ -234,8 +266,31 @@ def make(out_dir: Path = OUT) -> dict:
         np.savez_compressed(out_dir / f"{name}.npz", **arrays)
         meta["nets"][name] = {"keras_vs_torch_logits": diff, "given_target": given}
         print(f"{name}: written (Keras vs torch logits {diff:.1e})")
+    meta["recurrent"] = make_recurrent(out_dir)
     (out_dir / "twins.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
+
+
+def make_recurrent(out_dir: Path = OUT) -> dict:
+    """Keras GRU and LSTM classifiers (7 steps x 5 features -> 6 units -> Dense 3) exported by tf2onnx: the GRU
+    becomes a ``Loop``, the LSTM an ONNX ``LSTM`` op. ``recurrent.npz`` holds an input batch and Keras' logits."""
+    import keras
+    keras.utils.set_random_seed(3)
+    x = np.random.default_rng(4).normal(size=(2, 7, 5)).astype(np.float32)
+    arrays, emitted = {"x": x}, {}
+    for kind in ("GRU", "LSTM"):
+        inp = keras.Input((7, 5), name="x")
+        out = keras.layers.Dense(3)(getattr(keras.layers, kind)(6)(inp))
+        km = keras.Model(inp, out)
+        arrays[f"{kind.lower()}/logits"] = np.asarray(km(x))
+        import tensorflow as tf
+        import tf2onnx
+        spec = (tf.TensorSpec((None, 7, 5), tf.float32, name="x"),)
+        proto, _ = tf2onnx.convert.from_keras(km, input_signature=spec, opset=17)
+        (out_dir / f"{kind.lower()}_keras.onnx").write_bytes(proto.SerializeToString())
+        emitted[kind] = sorted({n.op_type for n in proto.graph.node} & {"Loop", "Scan", "LSTM", "GRU", "RNN"})
+    np.savez_compressed(out_dir / "recurrent.npz", **arrays)
+    return emitted
 
 
 def rel_l2(a, b) -> float:

@@ -3,7 +3,7 @@
 * Twins (``tests/goldens/twins/``, made by ``scripts/make_framework_twins.py``): small ResNet- and MobileNetV2-style
   nets built in PyTorch and in Keras with the same weights, exported with torch.onnx and tf2onnx. tf2onnx writes
   Keras BatchNormalization as Mul -> Add (not folded by onnx-lrp before: rel-L2 0.5-10 between the twins), and
-  Cropping2D as a Slice that lists the dynamic batch axis. For every built-in CNN composite both exports must match
+  Cropping2D as a Slice that lists the dynamic batch axis; a third net has Keras Maximum/Minimum (ONNX Max/Min). For every built-in CNN composite both exports must match
   zennit on the PyTorch twin and each other; LRP-0 on both must equal gradient x input. Needs neither TensorFlow nor
   torch: only the committed exports and references.
 * Hand-built graphs for the canonizer (``canonize.fold_channel_affine`` / ``mark_channel_affine``): a per-channel
@@ -27,7 +27,7 @@ from onnx_lrp.rules.composite import load_composite, parse_composite
 from util import make_model, node, run, to_bytes
 
 TWINS = Path(__file__).resolve().parent / "goldens" / "twins"
-NETS = ("resnet", "mobilenet")
+NETS = ("resnet", "mobilenet", "select")
 COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
               "epsilon-alpha2-beta1-flat", "epsilon@0.01")
 TOL = 1e-4  # rel-L2: twin vs twin, and each vs zennit (measured: <= 3.5e-5)
@@ -126,9 +126,12 @@ def test_keras_batchnorm_gets_batchnorm_rules(twin):
         kinds[fw] = [a.kind for a in p.assignments if a.on_path]
     assert "affine" not in kinds["keras"]
     assert kinds["keras"].count("convolution") == kinds["torch"].count("convolution")
-    n_bn = {"resnet": 1, "mobilenet": 0}[name]
+    n_bn = {"resnet": 1, "mobilenet": 0, "select": 0}[name]
     assert kinds["torch"].count("batchnorm") == n_bn
     assert kinds["keras"].count("batchnorm") == 2 * n_bn  # Mul and Add
+    n_select = {"resnet": 0, "mobilenet": 0, "select": 2}[name]  # Max, Min of two activations
+    for fw in ("torch", "keras"):
+        assert kinds[fw].count("maxpool") == n_select + (name == "resnet")
     assert "keras" in json.loads((TWINS / "twins.json").read_text())
 
 
@@ -276,3 +279,60 @@ def test_unfoldable_channel_affine_is_batchnorm():
         r1 = onnx_lrp.Explainer(to_bytes(m_mul), composite=comp).explain(x).relevance
         r2 = onnx_lrp.Explainer(to_bytes(m_bn), composite=comp).explain(x).relevance
         assert rel_l2(r1, r2).max() < 1e-5, comp
+
+
+# ------------------------------------------------------------------------------------- Keras recurrent layers
+def test_keras_gru_loop_is_refused_by_name():
+    """tf2onnx writes a Keras GRU as a Loop whose body reads the sequence by name: the refusal names the Loop and
+    says what to do (it used to say the output was not computed from the inputs)."""
+    from onnx_lrp.errors import UnsupportedError
+    with pytest.raises(UnsupportedError) as info:
+        onnx_lrp.Explainer(str(TWINS / "gru_keras.onnx"))
+    msg = str(info.value)
+    assert "while_loop (ai.onnx::Loop" in msg and "unroll=True" in msg and "\n" not in msg
+
+
+def test_keras_lstm_is_refused_or_explained():
+    """tf2onnx writes a Keras LSTM as an ONNX LSTM op: refused naming it while it has no handler; once it has one,
+    the forward equals Keras' and the relevance is finite."""
+    from onnx_lrp.errors import UnsupportedError
+    g = np.load(TWINS / "recurrent.npz")
+    try:
+        res = onnx_lrp.Explainer(str(TWINS / "lstm_keras.onnx"), composite="epsilon").explain(g["x"])
+    except UnsupportedError as exc:
+        assert "ai.onnx::LSTM" in str(exc)
+        return
+    np.testing.assert_allclose(res.outputs[next(iter(res.outputs))], g["lstm/logits"], rtol=1e-4, atol=1e-5)
+    assert np.all(np.isfinite(res.relevance))
+
+
+# ----------------------------------------------------------------------------------------------- Max / Min
+@pytest.mark.parametrize("op", ("Max", "Min"))
+def test_max_min_of_activations_route_to_the_winner(op):
+    """Max/Min of three activations (one broadcast along the last axis): under the gradient rule the relevance of
+    each position goes to the input(s) attaining the extremum, split evenly between ties (numpy oracle)."""
+    a = RNG.normal(size=(2, 3, 4)).astype(np.float32)
+    b = RNG.normal(size=(2, 3, 4)).astype(np.float32)
+    c = RNG.normal(size=(2, 3, 1)).astype(np.float32)
+    b[:, 0, :2] = a[:, 0, :2]  # ties between a and b
+    w = RNG.normal(size=(12, 5)).astype(np.float32)
+    nodes = [node("Relu", [n], f"{n}r") for n in "abc"] + [
+        node(op, ["ar", "br", "cr"], "m"), node("Reshape", ["m", "shape"], "f"), node("MatMul", ["f", "w"], "y")]
+    model = make_model(nodes, {"a": [2, 3, 4], "b": [2, 3, 4], "c": [2, 3, 1]}, ["y"],
+                       {"w": w, "shape": np.array([2, 12], np.int64)})
+    comp = parse_composite('name = "g"\n[[rules]]\nmatch = { kind = "activation" }\nrule = "pass"\n'
+                           '[[rules]]\nmatch = { kind = ["maxpool", "shape"] }\nrule = "gradient"\n'
+                           '[[rules]]\nrule = "epsilon"\nepsilon = 0.0\n')
+    p = rewriter.plan(loader.load(to_bytes(model)), comp)
+    assert {a_.node.op_type: a_.kind for a_ in p.assignments}[op] == "maxpool"
+    res = onnx_lrp.Explainer(to_bytes(model), composite=comp).explain({"a": a, "b": b, "c": c}, target=3)
+    xs = [np.maximum(v, 0).astype(np.float64) for v in (a, b, np.broadcast_to(c, a.shape))]
+    fn = np.maximum if op == "Max" else np.minimum
+    m = fn(fn(xs[0], xs[1]), xs[2])
+    r_m = m * w[:, 3].reshape(1, 3, 4)  # LRP-0 on the bias-free MatMul from the logit: gradient x input
+    hits = [(x == m).astype(np.float64) for x in xs]
+    assert np.sum(sum(hits) > 1) >= 2  # the ties are there
+    want = [h * r_m / sum(hits) for h in hits]
+    want[2] = want[2].sum(axis=2, keepdims=True)
+    for name, exp in zip("abc", want):
+        np.testing.assert_allclose(res.relevance[name], exp, rtol=1e-5, atol=1e-6)
