@@ -10,6 +10,7 @@
   ``node.meta['lrp_channel_affine']``: they get BatchNormalization's kind ("batchnorm"), not "affine".
 - An Add of a constant directly after a MatMul, a bias-less Gemm or a bias-less Conv is recorded as that layer's
   bias (``node.meta['lrp_bias_add']``), so that z+ / gamma / alpha-beta see one layer ``x W + b``.
+- ``ReduceSum(x) / n`` over n elements becomes ``ReduceMean(x)`` (jax2onnx's mean).
 - LayerNormalization gets its optional Mean and InvStdDev outputs: the relevance pass reads the scale the forward
   computed (and onnxruntime can still fuse the residual Add into SkipLayerNormalization).
 """
@@ -327,6 +328,58 @@ def mark_channel_affine(graph: ir.Graph) -> None:
         node.meta["lrp_channel_affine"] = axis
 
 
+def mean_from_sum(graph: ir.Graph) -> int:
+    """``ReduceSum(x) / n`` (or ``* 1/n``) with n the number of summed elements becomes ``ReduceMean(x)``: an
+    average pool (jax2onnx writes ``x.mean(axis)`` so), not a sum followed by an element-wise scaling."""
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+    done = 0
+    for red in list(graph):
+        if red.op_type != "ReduceSum" or red.domain not in ("", "ai.onnx"):
+            continue
+        x = red.inputs[0]
+        nxt = _only_consumer(red.outputs[0])
+        if x is None or x.shape is None or nxt is None or nxt.op_type not in ("Div", "Mul"):
+            continue
+        if nxt.inputs[0] is not red.outputs[0] and nxt.op_type == "Div":
+            continue
+        k = const(nxt.inputs[1] if nxt.inputs[0] is red.outputs[0] else nxt.inputs[0])
+        if k is None or k.size != 1:
+            continue
+        rank = len(x.shape)
+        axes = const(red.inputs[1]) if len(red.inputs) > 1 and red.inputs[1] is not None else None
+        if axes is None:
+            if len(red.inputs) > 1 and red.inputs[1] is not None:
+                continue
+            if red.attributes.get_int("noop_with_empty_axes", 0):
+                continue
+            axes = np.arange(rank)
+        axes = sorted({int(a) % rank for a in np.asarray(axes).reshape(-1)})
+        dims = [x.shape[a] for a in axes]
+        if not axes or any(not isinstance(d, int) for d in dims):
+            continue
+        n = float(np.prod(dims))
+        scale = float(k.reshape(())) if nxt.op_type == "Mul" else 1.0 / float(k.reshape(()))
+        if abs(scale * n - 1.0) > 1e-6:
+            continue
+        keep = red.attributes.get_int("keepdims", 1)
+        if opset >= 18:
+            mean = ir.node("ReduceMean", [x, _new_param(graph, f"{red.name}/axes", np.array(axes, np.int64))],
+                           {"keepdims": keep}, name=f"{red.name}/mean")
+        else:
+            mean = ir.node("ReduceMean", [x], {"keepdims": keep, "axes": ir.AttrInt64s("axes", axes)},
+                           name=f"{red.name}/mean")
+        out = nxt.outputs[0]
+        mean.outputs[0].type, mean.outputs[0].shape = out.type, out.shape
+        graph.insert_before(red, mean)
+        bypass(out, mean.outputs[0])
+        if mean.outputs[0].name is None:
+            mean.outputs[0].name = f"{red.name}/mean_out"
+        graph.remove(nxt)
+        graph.remove(red)
+        done += 1
+    return done
+
+
 def absorb_bias(graph: ir.Graph) -> None:
     """Record ``Add(layer(x), b)`` with constant b as the bias of MatMul / bias-less Gemm / bias-less Conv."""
     for node in graph:
@@ -401,6 +454,7 @@ def canonize(model: ir.Model) -> None:
     explicit_pads(graph)
     fold_batchnorm(graph)
     fold_channel_affine(graph)
+    mean_from_sum(graph)
     graph.sort()
     mark_channel_affine(graph)
     absorb_bias(graph)

@@ -90,6 +90,14 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
             raise ModelError(f"{name}: cannot convert opset {opset} to {MIN_OPSET} ({str(exc).splitlines()[0]}); "
                              f"re-export the model with opset >= {MIN_OPSET}") from None
     try:
+        shape_inference.infer_shapes(proto, check_type=False, strict_mode=True, data_prop=False)
+    except Exception as exc:
+        if "existing shape differ" in str(exc):
+            # the exporter's value_info contradicts the ops (jax2onnx 0.17 leaves NHWC shapes on values its layout
+            # pass made NCHW): drop the intermediate shapes and infer them from the ops
+            proto = onnx.ModelProto.FromString(proto.SerializeToString())
+            del proto.graph.value_info[:]
+    try:
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None

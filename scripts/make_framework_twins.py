@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Framework twins: the same small architectures with the same weights built in PyTorch and in Keras, exported to
-ONNX (torch.onnx TorchScript exporter; tf2onnx), with zennit's relevances on the PyTorch twin.
+"""Framework twins: the same small architectures with the same weights built in PyTorch, Keras and Flax, exported to
+ONNX (torch.onnx TorchScript exporter; tf2onnx; jax2onnx), with zennit's relevances on the PyTorch twin.
 
 Writes ``tests/goldens/twins/``:
 
-* ``<net>_torch.onnx``, ``<net>_keras.onnx``: the two exports (NCHW input ``x`` for torch, NHWC input ``x`` for
-  Keras; dynamic batch axis);
+* ``<net>_torch.onnx``, ``<net>_keras.onnx``, ``<net>_flax.onnx``: the three exports (NCHW input ``x`` for torch,
+  NHWC input ``x`` for Keras and Flax; dynamic batch axis);
 * ``<net>.npz``: the input batch ``x`` (NCHW, 4 items), the logits, a given target, zennit's relevance for every
   built-in CNN composite (``<composite>/b4/{argmax,given}`` and ``.../target``; start = one-hot, float64 reference)
   and the gradient x input of the arg-max logit (``gxi``, the LRP-0 reference);
@@ -33,7 +33,9 @@ Usage::
     python scripts/make_framework_twins.py            # rewrite tests/goldens/twins/
     python scripts/make_framework_twins.py --report   # rel-L2 between the twins per composite (needs no TF)
 
-Needs torch, zennit, tensorflow-cpu and tf2onnx (only to regenerate; the tests read the committed files).
+Needs torch, zennit, tensorflow-cpu, tf2onnx, jax, flax and jax2onnx (only to regenerate; the tests read the committed
+files). Made with tensorflow-cpu 2.21 / keras 3.15 / tf2onnx 1.17 (``from_keras`` works with Keras 3 there) and
+jax 0.10 / flax 0.12 (nnx) / jax2onnx 0.17 (opset 23; Flax BatchNorm is exported as a BatchNormalization op).
 """
 from __future__ import annotations
 
@@ -225,6 +227,81 @@ def keras_net(name: str, tm):
     return keras.Model(inp, out, name=name)
 
 
+# ---------------------------------------------------------------------------------------------------- Flax
+def flax_net(name: str, tm):
+    """The Flax (nnx) twin of the torch module ``tm`` (NHWC) with its weights, as a function of x."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    mods = dict(tm.named_modules())
+    rngs = nnx.Rngs(0)
+
+    def conv(key, depthwise=False):
+        c = mods[key]
+        w, b = c.weight.detach().numpy(), c.bias.detach().numpy()
+        k = w.shape[-1]
+        groups = w.shape[0] if depthwise else 1
+        layer = nnx.Conv(w.shape[1] * groups, w.shape[0], (k, k), padding="SAME", feature_group_count=groups,
+                         rngs=rngs)
+        layer.kernel.value = jnp.asarray(w.transpose(2, 3, 1, 0))  # (O, I/g, kh, kw) -> (kh, kw, I/g, O)
+        layer.bias.value = jnp.asarray(b)
+        return layer
+
+    def bn(key):
+        b = mods[key]
+        layer = nnx.BatchNorm(b.num_features, use_running_average=True, epsilon=b.eps, rngs=rngs)
+        layer.scale.value, layer.bias.value = jnp.asarray(b.weight.detach().numpy()), jnp.asarray(b.bias.detach().numpy())
+        layer.mean.value, layer.var.value = jnp.asarray(b.running_mean.numpy()), jnp.asarray(b.running_var.numpy())
+        return layer
+
+    def dense(key):
+        d = mods[key]
+        layer = nnx.Linear(d.in_features, d.out_features, rngs=rngs)
+        layer.kernel.value, layer.bias.value = jnp.asarray(d.weight.detach().numpy().T), jnp.asarray(d.bias.detach().numpy())
+        return layer
+
+    relu, relu6 = jax.nn.relu, jax.nn.relu6
+    if name == "resnet":
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), c1=conv("block.body.0"), b1=bn("block.body.1"),
+                 c2=conv("block.body.3"), b2=bn("block.body.4"), pb=bn("post_bn"), f1=dense("fc1"), fb=bn("fc1_bn"),
+                 f2=dense("fc2"))
+
+        def fn(x):
+            x = relu(L["b0"](L["c0"](x)))
+            x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+            y = L["b2"](L["c2"](relu(L["b1"](L["c1"](x)))))
+            x = relu(L["pb"](x + y))[:, 1:-1, 1:-1, :]
+            x = x.mean(axis=(1, 2))
+            return L["f2"](relu(L["fb"](L["f1"](x))))
+    elif name == "mobilenet":
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), c1=conv("block.body.0"), b1=bn("block.body.1"),
+                 c2=conv("block.body.3", depthwise=True), b2=bn("block.body.4"), c3=conv("block.body.6"),
+                 b3=bn("block.body.7"), f=dense("fc"))
+
+        def fn(x):
+            x = relu6(L["b0"](L["c0"](x)))
+            y = relu6(L["b2"](L["c2"](relu6(L["b1"](L["c1"](x))))))
+            x = x + L["b3"](L["c3"](y))
+            return L["f"](x.mean(axis=(1, 2)))
+    else:
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), ma=conv("max.a"), mb=conv("max.b"), na=conv("min.a"),
+                 nb=conv("min.b"), f=dense("fc"))
+
+        def fn(x):
+            x = relu(L["b0"](L["c0"](x)))
+            x = relu(jnp.maximum(L["ma"](x), L["mb"](x)))
+            x = relu(jnp.minimum(L["na"](x), L["nb"](x)))
+            return L["f"](x.mean(axis=(1, 2)))
+    return fn
+
+
+def export_flax(fn) -> bytes:
+    import jax2onnx
+    proto = jax2onnx.to_onnx(fn, [("N", SIZE, SIZE, 3)], input_names=["x"], output_names=["y"])
+    return proto.SerializeToString()
+
+
 def export_keras(km) -> bytes:
     import tensorflow as tf
     import tf2onnx
@@ -240,7 +317,9 @@ def make(out_dir: Path = OUT) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"zennit": importlib.metadata.version("zennit"), "torch": torch.__version__,
             "tensorflow": importlib.metadata.version("tensorflow-cpu"), "keras": importlib.metadata.version("keras"),
-            "tf2onnx": importlib.metadata.version("tf2onnx"), "input": [4, 3, SIZE, SIZE], "start": "one-hot",
+            "tf2onnx": importlib.metadata.version("tf2onnx"), "jax": importlib.metadata.version("jax"),
+            "flax": importlib.metadata.version("flax"), "jax2onnx": importlib.metadata.version("jax2onnx"),
+            "input": [4, 3, SIZE, SIZE], "start": "one-hot",
             "reference_dtype": "float64", "made_by": "scripts/make_framework_twins.py", "nets": {}}
     for name in NETS:
         tm, residual = torch_net(name)
@@ -249,10 +328,15 @@ def make(out_dir: Path = OUT) -> dict:
         km = keras_net(name, tm)
         y_keras = np.asarray(km(np.ascontiguousarray(x4.numpy().transpose(0, 2, 3, 1)), training=False))
         (out_dir / f"{name}_keras.onnx").write_bytes(export_keras(km))
+        fx = flax_net(name, tm)
+        y_flax = np.asarray(fx(np.ascontiguousarray(x4.numpy().transpose(0, 2, 3, 1))))
+        (out_dir / f"{name}_flax.onnx").write_bytes(export_flax(fx))
         ref = zs.as_float64(tm)
         y = zs.logits(ref, x4)
         diff = float(np.abs(y_keras - y).max() / np.abs(y).max())
         assert diff < 1e-4, f"{name}: the Keras twin computes another function (relative difference {diff:.1e})"
+        diff_flax = float(np.abs(y_flax - y).max() / np.abs(y).max())
+        assert diff_flax < 1e-4, f"{name}: the Flax twin computes another function ({diff_flax:.1e})"
         given = zs.pick_target(y)
         arrays = {"x": x4.numpy(), "logits": y.astype(np.float32), "given_target": np.array(given)}
         for comp in VARIANTS:
@@ -264,8 +348,8 @@ def make(out_dir: Path = OUT) -> dict:
         (g,) = torch.autograd.grad(out[torch.arange(4), out.argmax(1)].sum(), xg)
         arrays["gxi"] = (g * xg).detach().numpy().astype(np.float32)
         np.savez_compressed(out_dir / f"{name}.npz", **arrays)
-        meta["nets"][name] = {"keras_vs_torch_logits": diff, "given_target": given}
-        print(f"{name}: written (Keras vs torch logits {diff:.1e})")
+        meta["nets"][name] = {"keras_vs_torch_logits": diff, "flax_vs_torch_logits": diff_flax, "given_target": given}
+        print(f"{name}: written (Keras vs torch logits {diff:.1e}, Flax {diff_flax:.1e})")
     meta["recurrent"] = make_recurrent(out_dir)
     (out_dir / "twins.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
@@ -313,11 +397,12 @@ def report(out_dir: Path = OUT) -> dict:
                                     **params).explain(x).relevance
             rk = onnx_lrp.Explainer(str(out_dir / f"{name}_keras.onnx"), composite=c, start="one-hot",
                                     **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
-            rk = rk.transpose(0, 3, 1, 2)
-            table[f"{name}/{comp}"] = {"keras_vs_torch": rel_l2(rk, rt),
-                                       "torch_vs_zennit": rel_l2(rt, g[f"{comp}/b4/argmax"]),
-                                       "keras_vs_zennit": rel_l2(rk, g[f"{comp}/b4/argmax"])}
-            print(f"{name:10s} {comp:28s} " + "  ".join(f"{k} {v:.1e}" for k, v in table[f"{name}/{comp}"].items()))
+            rf = onnx_lrp.Explainer(str(out_dir / f"{name}_flax.onnx"), composite=c, start="one-hot",
+                                    **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
+            rk, rf = rk.transpose(0, 3, 1, 2), rf.transpose(0, 3, 1, 2)
+            table[f"{name}/{comp}"] = {"keras_vs_torch": rel_l2(rk, rt), "flax_vs_torch": rel_l2(rf, rt),
+                                       "torch_vs_zennit": rel_l2(rt, g[f"{comp}/b4/argmax"])}
+            print(f"{name:10s} {comp:26s} " + "  ".join(f"{k} {v:.1e}" for k, v in table[f"{name}/{comp}"].items()))
     return table
 
 

@@ -1,7 +1,7 @@
-"""The same network exported by two frameworks gets the same relevance.
+"""The same network exported by three frameworks gets the same relevance.
 
 * Twins (``tests/goldens/twins/``, made by ``scripts/make_framework_twins.py``): small ResNet- and MobileNetV2-style
-  nets built in PyTorch and in Keras with the same weights, exported with torch.onnx and tf2onnx. tf2onnx writes
+  nets built in PyTorch, Keras and Flax with the same weights, exported with torch.onnx, tf2onnx and jax2onnx. tf2onnx writes
   Keras BatchNormalization as Mul -> Add (not folded by onnx-lrp before: rel-L2 0.5-10 between the twins), and
   Cropping2D as a Slice that lists the dynamic batch axis; a third net has Keras Maximum/Minimum (ONNX Max/Min). For every built-in CNN composite both exports must match
   zennit on the PyTorch twin and each other; LRP-0 on both must equal gradient x input. Needs neither TensorFlow nor
@@ -75,7 +75,7 @@ def twin(request):
 
 def explain(name, framework, composite, x, target=None, start="one-hot", **params):
     ex = onnx_lrp.Explainer(str(TWINS / f"{name}_{framework}.onnx"), composite=composite, start=start, **params)
-    if framework == "keras":
+    if framework in ("keras", "flax"):  # NHWC inputs
         res = ex.explain(nhwc(x), target=target)
         return nchw(res.relevance), res
     res = ex.explain(x, target=target)
@@ -91,13 +91,15 @@ def test_twins_agree_with_each_other_and_zennit(twin, composite):
     for tname, target in (("argmax", None), ("given", given)):
         ref, ref_t = g[f"{composite}/b4/{tname}"], g[f"{composite}/b4/{tname}/target"]
         r_torch, res_t = explain(name, "torch", comp, x, target, **params)
-        r_keras, res_k = explain(name, "keras", comp, x, target, **params)
         np.testing.assert_array_equal(res_t.target, ref_t)
-        np.testing.assert_array_equal(res_k.target, ref_t)
-        for what, r, ref_ in (("torch vs zennit", r_torch, ref), ("keras vs zennit", r_keras, ref),
-                              ("keras vs torch", r_keras, r_torch)):
-            err = rel_l2(r, ref_).max()
-            assert err <= TOL, f"{name} {composite} {tname}: {what} rel-L2 {err:.2e}"
+        err = rel_l2(r_torch, ref).max()
+        assert err <= TOL, f"{name} {composite} {tname}: torch vs zennit rel-L2 {err:.2e}"
+        for fw in ("keras", "flax"):
+            r, res = explain(name, fw, comp, x, target, **params)
+            np.testing.assert_array_equal(res.target, ref_t)
+            for what, ref_ in (("zennit", ref), ("torch", r_torch)):
+                err = rel_l2(r, ref_).max()
+                assert err <= TOL, f"{name} {composite} {tname}: {fw} vs {what} rel-L2 {err:.2e}"
 
 
 def test_twin_references_are_distinct(twin):
@@ -109,7 +111,7 @@ def test_twin_references_are_distinct(twin):
             assert rel_l2(refs[i], refs[j]).min() > 1e-2, (COMPOSITES[i], COMPOSITES[j])
 
 
-@pytest.mark.parametrize("framework", ("torch", "keras"))
+@pytest.mark.parametrize("framework", ("torch", "keras", "flax"))
 def test_lrp0_is_gradient_times_input(twin, framework):
     name, g = twin
     r, _ = explain(name, framework, LRP0, g["x"], start="logit")  # R = logit at the start: R = x * dlogit/dx
@@ -121,16 +123,18 @@ def test_keras_batchnorm_gets_batchnorm_rules(twin):
     "batchnorm" like the torch export's unfolded BatchNormalization; nothing is left as "affine"."""
     name, _ = twin
     kinds = {}
-    for fw in ("torch", "keras"):
+    for fw in ("torch", "keras", "flax"):
         p = rewriter.plan(loader.load(str(TWINS / f"{name}_{fw}.onnx")), load_composite("epsilon-plus-flat"))
         kinds[fw] = [a.kind for a in p.assignments if a.on_path]
     assert "affine" not in kinds["keras"]
-    assert kinds["keras"].count("convolution") == kinds["torch"].count("convolution")
+    for fw in ("keras", "flax"):  # jax2onnx's mean (ReduceSum / n) is an average pool like torch's
+        for kind in ("convolution", "dense", "avgpool"):
+            assert kinds[fw].count(kind) == kinds["torch"].count(kind), (fw, kind)
     n_bn = {"resnet": 1, "mobilenet": 0, "select": 0}[name]
     assert kinds["torch"].count("batchnorm") == n_bn
     assert kinds["keras"].count("batchnorm") == 2 * n_bn  # Mul and Add
     n_select = {"resnet": 0, "mobilenet": 0, "select": 2}[name]  # Max, Min of two activations
-    for fw in ("torch", "keras"):
+    for fw in ("torch", "keras", "flax"):
         assert kinds[fw].count("maxpool") == n_select + (name == "resnet")
     assert "keras" in json.loads((TWINS / "twins.json").read_text())
 

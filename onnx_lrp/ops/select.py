@@ -20,10 +20,17 @@ class SelectActivation(ActivationOp):
         return [i for i, v in enumerate(node.inputs) if carries(v)]
 
     def check(self, node):
-        x, z = node.inputs[self.relevance_inputs(node)[0]], node.outputs[0]
-        if x.shape is None or z.shape is None or len(x.shape) != len(z.shape) or any(
-                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(x.shape, z.shape)):
-            return "the activation is broadcast to a larger shape by a constant (not element-wise)"
+        x = node.inputs[self.relevance_inputs(node)[0]]
+        if x.shape is None:
+            return "input rank unknown"
+        dims = list(x.shape)
+        for v in node.inputs:
+            if v is x or v is None:
+                continue
+            c = v.shape if v.shape is not None else None
+            if c is None or len(c) > len(dims) or any(
+                    d != 1 and d != xd for d, xd in zip(list(c)[::-1], dims[::-1])):
+                return "the activation is broadcast to a larger shape by a constant (not element-wise)"
         return None
 
     def derivative(self, em, node):
