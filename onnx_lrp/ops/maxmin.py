@@ -1,5 +1,8 @@
 """Element-wise Max/Min (Keras Maximum/Minimum layers, torch.maximum/minimum).
 
+Interim: the conformance branch adds the same semantics in ``ops/select.py`` (registered under the same op types);
+when both are merged, keep that one and delete this file and its import in ``ops/__init__.py``.
+
 Of two or more activations: piecewise linear like a max pool, kind "maxpool" (the CNN composites: winner takes
 all); J^T s gives each position's s to the input(s) that attain the max (min), split evenly between ties, as
 torch.maximum's gradient does. Of one activation and constants (``Max(x, 0)`` is a ReLU): an element-wise
