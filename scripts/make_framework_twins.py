@@ -23,6 +23,8 @@ Nets (input 3 x 16 x 16, 10 classes):
 * ``select``: Conv-BN-ReLU stem, the element-wise maximum of a 1x1 and a 3x3 convolution (Keras ``Maximum``,
   ``torch.maximum``), ReLU, the element-wise minimum of two 1x1 convolutions (``Minimum``), ReLU, global average
   pool, Dense: ONNX ``Max``/``Min`` of two activations, winner takes all (zennit: their plain gradient).
+* ``strided``: Conv-BN-ReLU, a strided crop ``x[:, :, ::2, 1::2]`` (torch and tf2onnx: Slice with steps; jax2onnx:
+  GatherND with indices built at run time from the batch size), Conv-ReLU, global average pool, Dense.
 
 tf2onnx writes a Keras BatchNormalization it does not fuse as Mul -> Add (after depthwise convolutions, after
 Dense layers, after the residual sum): onnx-lrp's canonizer folds those after a linear layer and gives the others
@@ -52,7 +54,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "goldens" / "twins"
-NETS = ("resnet", "mobilenet", "select")
+NETS = ("resnet", "mobilenet", "select", "strided")
 SIZE, N_CLASSES, BN_EPS = 16, 10, 1e-3
 COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
               "epsilon-alpha2-beta1-flat")
@@ -104,10 +106,14 @@ def torch_net(name: str):
         def forward(self, x):
             return x[:, :, 1:-1, 1:-1]
 
+    class StridedCrop(nn.Module):
+        def forward(self, x):
+            return x[:, :, ::2, 1::2]
+
     def bn(c, d=2):
         return (nn.BatchNorm2d if d == 2 else nn.BatchNorm1d)(c, eps=BN_EPS)
 
-    torch.manual_seed({"resnet": 31, "mobilenet": 32, "select": 33}[name])
+    torch.manual_seed({"resnet": 31, "mobilenet": 32, "select": 33, "strided": 34}[name])
     if name == "resnet":
         m = nn.Sequential(OrderedDict(
             stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
@@ -142,6 +148,16 @@ def torch_net(name: str):
             relu1=nn.ReLU(),
             min=Select(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1), torch.minimum),
             relu2=nn.ReLU(),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, N_CLASSES),
+        ))
+    elif name == "strided":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
+            crop=StridedCrop(),
+            conv=nn.Conv2d(8, 8, 3, padding=1),
+            relu=nn.ReLU(),
             gap=nn.AdaptiveAvgPool2d(1),
             flat=nn.Flatten(),
             fc=nn.Linear(8, N_CLASSES),
@@ -216,6 +232,12 @@ def keras_net(name: str, tm):
         x = L.ReLU()(L.Minimum()([conv("min.a", x), conv("min.b", x)]))
         x = L.GlobalAveragePooling2D()(x)
         out = dense("fc", x)
+    elif name == "strided":
+        x = L.ReLU()(bn("stem.1", conv("stem.0", inp)))
+        x = L.Lambda(lambda t: t[:, ::2, 1::2, :])(x)
+        x = L.ReLU()(conv("conv", x))
+        x = L.GlobalAveragePooling2D()(x)
+        out = dense("fc", x)
     else:
         x = L.ReLU(6.0)(bn("stem.1", conv("stem.0", inp)))
         y = L.ReLU(6.0)(bn("block.body.1", conv("block.body.0", x)))
@@ -284,6 +306,12 @@ def flax_net(name: str, tm):
             y = relu6(L["b2"](L["c2"](relu6(L["b1"](L["c1"](x))))))
             x = x + L["b3"](L["c3"](y))
             return L["f"](x.mean(axis=(1, 2)))
+    elif name == "strided":
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), c1=conv("conv"), f=dense("fc"))
+
+        def fn(x):
+            x = relu(L["b0"](L["c0"](x)))[:, ::2, 1::2, :]
+            return L["f"](relu(L["c1"](x)).mean(axis=(1, 2)))
     else:
         L = dict(c0=conv("stem.0"), b0=bn("stem.1"), ma=conv("max.a"), mb=conv("max.b"), na=conv("min.a"),
                  nb=conv("min.b"), f=dense("fc"))

@@ -118,8 +118,9 @@ def _scatter_axis(em, r, x_like_shape, axis, idx, tag):
 
 
 def _keeps_all(start, end, step) -> bool:
-    """A slice that keeps every element whatever the axis length (Keras Cropping2D lists the batch axis so)."""
-    return int(step) == 1 and int(start) in (0, -(2 ** 63)) and int(end) >= 2 ** 31 - 1
+    """A slice that keeps every element whatever the axis length (tf2onnx lists the batch axis so, with an end of
+    INT_MAX or 1e9, for Keras Cropping2D and strided slices; no real axis is that long)."""
+    return int(step) == 1 and int(start) in (0, -(2 ** 63)) and int(end) >= 10 ** 9
 
 
 @register
