@@ -3,8 +3,14 @@
 - Identity and Dropout are dropped.
 - ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed).
 - BatchNormalization directly after a Conv/Gemm (its only consumer) is folded into that layer's parameters.
+- Per-channel constant scale/shift chains (Mul/Add/Sub/Div by a constant that varies along the layer's output
+  channel axis only, in any order, also across a Transpose after a Conv: tf2onnx writes Keras BatchNormalization
+  as Mul -> Add) directly after a Conv/Gemm/MatMul with constant weights are folded into that layer like a
+  BatchNormalization. Those that cannot be folded (after a residual sum, a pool, at the input) are marked
+  ``node.meta['lrp_channel_affine']``: they get BatchNormalization's kind ("batchnorm"), not "affine".
 - An Add of a constant directly after a MatMul, a bias-less Gemm or a bias-less Conv is recorded as that layer's
   bias (``node.meta['lrp_bias_add']``), so that z+ / gamma / alpha-beta see one layer ``x W + b``.
+- ``ReduceSum(x) / n`` over n elements becomes ``ReduceMean(x)`` (jax2onnx's mean).
 - LayerNormalization gets its optional Mean and InvStdDev outputs: the relevance pass reads the scale the forward
   computed (and onnxruntime can still fuse the residual Add into SkipLayerNormalization).
 - LSTM / GRU / RNN with ``layout = 1`` (batch first; onnxruntime runs only ``layout = 0``) become Transposes around
@@ -171,6 +177,211 @@ def fold_batchnorm(graph: ir.Graph) -> int:
     return folded
 
 
+_CHAIN_OPS = ("Mul", "Add", "Sub", "Div")
+
+
+def _per_channel(k: np.ndarray, rank: int, axis: int, n: int | None) -> np.ndarray | None:
+    """``k`` as one value per channel (length ``n``) when it broadcasts against a rank-``rank`` tensor along
+    ``axis`` only (a scalar counts), without enlarging the tensor; else None."""
+    if k.ndim > rank or (k.dtype.kind != "f"):
+        return None
+    padded = (1,) * (rank - k.ndim) + tuple(k.shape)
+    if any(d != 1 for i, d in enumerate(padded) if i != axis):
+        return None
+    if n is None:
+        return k.reshape(-1).astype(np.float64)
+    if padded[axis] not in (1, n):
+        return None
+    return np.broadcast_to(k.reshape(-1), (n,)).astype(np.float64)
+
+
+def _chain_step(node: ir.Node, v: ir.Value, rank: int, axis: int, n: int | None):
+    """For an element-wise op with ``v`` as its activation and a per-channel constant: (scale, shift) of the map
+    ``v -> node(v)`` per channel, else None."""
+    if node.op_type not in _CHAIN_OPS or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    if node.inputs[0] is v and node.inputs[1] is not v:
+        i = 0
+    elif node.inputs[1] is v and node.inputs[0] is not v:
+        i = 1
+    else:
+        return None
+    k = const(node.inputs[1 - i])
+    if k is None:
+        return None
+    k = _per_channel(k, rank, axis, n)
+    if k is None:
+        return None
+    one, zero = np.ones_like(k), np.zeros_like(k)
+    t = node.op_type
+    if t == "Mul":
+        return k, zero
+    if t == "Add":
+        return one, k
+    if t == "Sub":
+        return (one, -k) if i == 0 else (-one, k)
+    if i == 1 or np.any(k == 0):  # c / x is not affine; x / 0 is left to the runtime
+        return None
+    return 1.0 / k, zero
+
+
+def fold_channel_affine(graph: ir.Graph) -> int:
+    """Fold per-channel constant Mul/Add/Sub/Div chains into the Conv/Gemm/MatMul (constant weights) they follow."""
+    folded = 0
+    for layer in list(graph):
+        if layer.op_type not in ("Conv", "Gemm", "MatMul") or layer.domain not in ("", "ai.onnx"):
+            continue
+        w = const(layer.inputs[1]) if len(layer.inputs) > 1 else None
+        if w is None or w.dtype.kind != "f" or const(layer.inputs[0]) is not None:
+            continue
+        y = layer.outputs[0]
+        if layer.op_type == "Conv":
+            n, rank, axis = w.shape[0], w.ndim, 1
+        elif layer.op_type == "Gemm":
+            trans_b = layer.attributes.get_int("transB", 0)
+            n, rank, axis = (w.shape[0] if trans_b else w.shape[1]), 2, 1
+        else:
+            if w.ndim != 2 or y.shape is None:
+                continue
+            n, rank = w.shape[1], len(y.shape)
+            axis = rank - 1
+        scale, shift = np.ones(n), np.zeros(n)
+        chain, v = [], y
+        while True:
+            nxt = _only_consumer(v)
+            if nxt is None:
+                break
+            if (nxt.op_type == "Transpose" and layer.op_type == "Conv" and nxt.domain in ("", "ai.onnx")
+                    and not nxt.outputs[0].is_graph_output()):
+                perm = list(nxt.attributes.get_ints("perm", list(range(rank))[::-1]))
+                axis, v = perm.index(axis), nxt.outputs[0]
+                continue
+            step = _chain_step(nxt, v, rank, axis, n)
+            if step is None:
+                break
+            k_scale, k_shift = step
+            scale, shift = scale * k_scale, shift * k_scale + k_shift
+            chain.append(nxt)
+            v = nxt.outputs[0]
+        if not chain:
+            continue
+        if layer.op_type == "MatMul" and chain[-1].outputs[0].is_graph_output():
+            continue  # the new bias Add would have to take over the output's name: left as it is
+        b = const(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] is not None else None
+        dtype = w.dtype
+        if layer.op_type == "Conv":
+            if b is not None and b.size not in (1, n):
+                continue
+            w_new = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            b0 = np.broadcast_to(b.reshape(-1), (n,)) if b is not None else np.zeros(n)
+        elif layer.op_type == "Gemm":
+            if b is not None and b.size not in (1, n):
+                continue
+            alpha = layer.attributes.get_float("alpha", 1.0)
+            beta = layer.attributes.get_float("beta", 1.0)
+            w_new = alpha * (w * scale[:, None] if trans_b else w * scale[None, :])
+            b0 = beta * np.broadcast_to(b.reshape(-1), (n,)) if b is not None else np.zeros(n)
+            layer.attributes["alpha"] = ir.AttrFloat32("alpha", 1.0)
+            layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
+        else:
+            w_new, b0 = w * scale[None, :], np.zeros(n)
+        b_new = b0 * scale + shift
+        w_val = _new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype))
+        layer.replace_input_with(1, w_val)
+        for node in chain:
+            data = next(x for x in node.inputs if const(x) is None)
+            bypass(node.outputs[0], data)
+            graph.remove(node)
+        if layer.op_type in ("Conv", "Gemm"):
+            b_val = _new_param(graph, f"{layer.name}/bias_folded", b_new.astype(dtype))
+            if len(layer.inputs) < 3:
+                layer.resize_inputs(3)
+            layer.replace_input_with(2, b_val)
+        elif np.any(b_new):
+            b_val = _new_param(graph, f"{layer.name}/bias_folded", b_new.astype(dtype))
+            add = ir.node("Add", [y, b_val], name=f"{layer.name}/bias_add")
+            add.outputs[0].type, add.outputs[0].shape = y.type, y.shape
+            add.outputs[0].name = f"{y.name}/biased"
+            for use in list(y.uses()):
+                if use.node is not add:
+                    use.node.replace_input_with(use.idx, add.outputs[0])
+            graph.insert_after(layer, add)
+        folded += len(chain)
+    return folded
+
+
+def mark_channel_affine(graph: ir.Graph) -> None:
+    """Mark element-wise ops of an activation with a per-channel (not scalar) constant that could not be folded:
+    an unfolded BatchNormalization written as Mul/Add, which gets BatchNormalization's kind. The channel axis is
+    axis 1 (NCHW, N x C) or the last one (NHWC, N x T x C)."""
+    for node in graph:
+        if node.op_type not in _CHAIN_OPS or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            continue
+        acts = [v for v in node.inputs if const(v) is None]
+        if len(acts) != 1 or acts[0].shape is None:
+            continue
+        k = const(node.inputs[1] if node.inputs[0] is acts[0] else node.inputs[0])
+        rank = len(acts[0].shape)
+        if k is None or rank < 2 or k.size <= 1 or k.ndim > rank:
+            continue
+        axis = rank - k.ndim + int(np.argmax(k.shape))
+        if axis not in (1, rank - 1) or _chain_step(node, acts[0], rank, axis, None) is None:
+            continue
+        node.meta["lrp_channel_affine"] = axis
+
+
+def mean_from_sum(graph: ir.Graph) -> int:
+    """``ReduceSum(x) / n`` (or ``* 1/n``) with n the number of summed elements becomes ``ReduceMean(x)``: an
+    average pool (jax2onnx writes ``x.mean(axis)`` so), not a sum followed by an element-wise scaling."""
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+    done = 0
+    for red in list(graph):
+        if red.op_type != "ReduceSum" or red.domain not in ("", "ai.onnx"):
+            continue
+        x = red.inputs[0]
+        nxt = _only_consumer(red.outputs[0])
+        if x is None or x.shape is None or nxt is None or nxt.op_type not in ("Div", "Mul"):
+            continue
+        if nxt.inputs[0] is not red.outputs[0] and nxt.op_type == "Div":
+            continue
+        k = const(nxt.inputs[1] if nxt.inputs[0] is red.outputs[0] else nxt.inputs[0])
+        if k is None or k.size != 1:
+            continue
+        rank = len(x.shape)
+        axes = const(red.inputs[1]) if len(red.inputs) > 1 and red.inputs[1] is not None else None
+        if axes is None:
+            if len(red.inputs) > 1 and red.inputs[1] is not None:
+                continue
+            if red.attributes.get_int("noop_with_empty_axes", 0):
+                continue
+            axes = np.arange(rank)
+        axes = sorted({int(a) % rank for a in np.asarray(axes).reshape(-1)})
+        dims = [x.shape[a] for a in axes]
+        if not axes or any(not isinstance(d, int) for d in dims):
+            continue
+        n = float(np.prod(dims))
+        scale = float(k.reshape(())) if nxt.op_type == "Mul" else 1.0 / float(k.reshape(()))
+        if abs(scale * n - 1.0) > 1e-6:
+            continue
+        keep = red.attributes.get_int("keepdims", 1)
+        if opset >= 18:
+            mean = ir.node("ReduceMean", [x, _new_param(graph, f"{red.name}/axes", np.array(axes, np.int64))],
+                           {"keepdims": keep}, name=f"{red.name}/mean")
+        else:
+            mean = ir.node("ReduceMean", [x], {"keepdims": keep, "axes": ir.AttrInt64s("axes", axes)},
+                           name=f"{red.name}/mean")
+        out = nxt.outputs[0]
+        mean.outputs[0].type, mean.outputs[0].shape = out.type, out.shape
+        graph.insert_before(red, mean)
+        bypass(out, mean.outputs[0])
+        if mean.outputs[0].name is None:
+            mean.outputs[0].name = f"{red.name}/mean_out"
+        graph.remove(nxt)
+        graph.remove(red)
+        done += 1
+    return done
+
+
 def absorb_bias(graph: ir.Graph) -> None:
     """Record ``Add(layer(x), b)`` with constant b as the bias of MatMul / bias-less Gemm / bias-less Conv."""
     for node in graph:
@@ -280,5 +491,8 @@ def canonize(model: ir.Model) -> None:
     layernorm_statistics(graph)
     explicit_pads(graph)
     fold_batchnorm(graph)
+    fold_channel_affine(graph)
+    mean_from_sum(graph)
     graph.sort()
+    mark_channel_affine(graph)
     absorb_bias(graph)

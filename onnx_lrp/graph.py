@@ -17,6 +17,38 @@ def static_dims(v: ir.Value) -> list | None:
     return [d if isinstance(d, int) else None for d in v.shape]
 
 
+def captured_values(node: ir.Node) -> list[ir.Value]:
+    """Values of enclosing graphs that the subgraphs of ``node`` (Loop/Scan/If bodies) read by name: inputs of
+    the node as much as its listed ones (a Keras GRU exported by tf2onnx reads the sequence so)."""
+    defined: set[int] = set()
+    used: list[ir.Value] = []
+    stack = _subgraphs(node)
+    while stack:
+        g = stack.pop()
+        defined.update(id(v) for v in g.inputs)
+        defined.update(id(v) for v in g.initializers.values())
+        for n in g:
+            defined.update(id(o) for o in n.outputs)
+            used.extend(v for v in n.inputs if v is not None)
+            stack.extend(_subgraphs(n))
+    out, seen = [], set()
+    for v in used:
+        if id(v) not in defined and id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+    subs = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            subs.append(attr.value)
+        elif attr.type == ir.AttributeType.GRAPHS:
+            subs.extend(attr.value)
+    return subs
+
+
 class Emitter:
     """Builds nodes and initializers; every name is scoped to the node being rewritten."""
 

@@ -17,6 +17,7 @@ from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
 from .errors import ModelError
+from .graph import captured_values
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -88,6 +89,14 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         except Exception as exc:
             raise ModelError(f"{name}: cannot convert opset {opset} to {MIN_OPSET} ({str(exc).splitlines()[0]}); "
                              f"re-export the model with opset >= {MIN_OPSET}") from None
+    try:
+        shape_inference.infer_shapes(proto, check_type=False, strict_mode=True, data_prop=False)
+    except Exception as exc:
+        if "existing shape differ" in str(exc):
+            # the exporter's value_info contradicts the ops (jax2onnx 0.17 leaves NHWC shapes on values its layout
+            # pass made NCHW): drop the intermediate shapes and infer them from the ops
+            proto = onnx.ModelProto.FromString(proto.SerializeToString())
+            del proto.graph.value_info[:]
     try:
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
@@ -221,7 +230,7 @@ def mark_shape_only(graph: ir.Graph) -> int:
         if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
             flag = True
         else:
-            ins = [v for v in node.inputs if v is not None]
+            ins = [v for v in node.inputs if v is not None] + captured_values(node)
             flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
                 any(id(v) in only for v in ins)
         if flag and node.op_type not in _NO_FOLD:

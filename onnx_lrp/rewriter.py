@@ -20,7 +20,7 @@ from . import patterns
 from .composite_check import check_composite
 from .deployed import relay_sources
 from .errors import InputError, UnsupportedError
-from .graph import Emitter, static_dims
+from .graph import Emitter, captured_values, static_dims
 from .ledger import Ledger
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
@@ -61,6 +61,15 @@ class Plan:
         return [a for a in self.assignments if a.on_path and not a.supported]
 
 
+_CONTROL_FLOW = {
+    "Loop": "control flow: no relevance rule for a Loop (tf2onnx writes a Keras GRU/SimpleRNN so); export the "
+            "recurrent layer unrolled (Keras: unroll=True) or as an ONNX LSTM/GRU/RNN op",
+    "Scan": "control flow: no relevance rule for a Scan; export the recurrence unrolled or as an ONNX "
+            "LSTM/GRU/RNN op",
+    "If": "control flow: no relevance rule for an If; export the model for one fixed branch",
+}
+
+
 def explained_value(graph: ir.Graph, output: str | None, explain_logits: bool = True) -> tuple[ir.Value, ir.Value]:
     outs = list(graph.outputs)
     if output is None:
@@ -88,7 +97,8 @@ def _ancestors(y: ir.Value) -> set[int]:
         if id(n) in seen:
             continue
         seen.add(id(n))
-        for v in list(n.inputs) + relay_sources(n):  # relay: DequantizeLinear -> its QuantizeLinear's input
+        # relay: DequantizeLinear -> its QuantizeLinear's input; captured: what a Loop/Scan/If body reads by name
+        for v in list(n.inputs) + relay_sources(n) + captured_values(n):
             if v is not None and v.producer() is not None and carries(v):
                 stack.append(v.producer())
     return seen
@@ -117,6 +127,8 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
             a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
         elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
             a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
+        elif dispatcher is None and node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+            a.supported, a.reason = False, _CONTROL_FLOW[node.op_type]
         elif dispatcher is None:
             a.supported, a.reason = False, "no handler for this op"
         else:

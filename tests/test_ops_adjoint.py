@@ -357,6 +357,19 @@ CASES += [
     Case("runtime-shift-Sub", _SHAPE_F + [node("Sub", ["shape_f", "x"], ["y"])], {"x": ["N", 2]}, ["y"]),
 ]
 
+# Max/Min (onnx_lrp/ops/maxmin.py, interim until the conformance branch's handler lands): of activations winner
+# takes all (x against its transpose ties on the diagonal: split evenly), of one activation and constants an
+# element-wise activation. Constants and the second operand sit off the 1/4 grid of the distinct inputs: no ties
+# that a one-sided difference would see.
+_MAXMIN_OFF = (0.125 + 0.25 * np.array([-3, 1, 4])).astype(np.float32)
+CASES += [
+    Case("maxmin_max_acts_ties", [node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]), node("Max", ["x", "xt"], ["y"])],
+         {"x": [2, 3, 3]}, ["y"], mode="pwl", distinct=True),
+    Case("maxmin_min_acts_broadcast", [node("Add", ["u", "off"], ["uo"]), node("Min", ["x", "uo"], ["y"])],
+         {"x": [2, 3, 4], "u": [2, 1, 4]}, ["y"], {"off": np.array(0.125, np.float32)}, mode="pwl", distinct=True),
+    one("maxmin_min_const_activation", "Min", [2, 4, 3], ("c", _MAXMIN_OFF), mode="pwl", distinct=True),
+]
+
 # element-wise ops that have no derivative in the engine: the gradient rule is refused, pass moves R unchanged
 PASS_ONLY = [
     ("Abs", {}, 17), ("Celu", {}, 17), ("Elu", {}, 17), ("Erf", {}, 17),

@@ -1,6 +1,7 @@
 """The op registry: importing this package registers every supported op type."""
 from . import elementwise, linear, pooling, shape  # noqa: F401  (registration side effects)
 from . import transformer  # noqa: F401,E402  (wraps MatMul/Mul/Div/Gather registered above)
+from . import maxmin  # noqa: F401,E402  (Max/Min; interim, see maxmin.py)
 from .base import REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, is_param
 from . import recurrent  # noqa: F401,E402  (LSTM / GRU / RNN)
 

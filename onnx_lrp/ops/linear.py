@@ -337,6 +337,13 @@ class BatchNormalization(Affine):
         return Params(a.reshape(shape).astype(dtype), (shift - mean * a).reshape(shape).astype(dtype))
 
 
+class ChannelAffine(Affine):
+    """x * w + b with w, b constant per channel, not foldable into a layer (an unfolded BatchNormalization written
+    as Mul/Add, e.g. by tf2onnx; ``canonize.mark_channel_affine``): BatchNormalization's kind."""
+
+    kind = "batchnorm"
+
+
 class Sum(LinearOp):
     """z = x1 + x2 + ... (Sub: x1 - x2) of activations; J^T s = +-s, summed over broadcast axes."""
 
@@ -402,6 +409,7 @@ class ElementwiseBinary(Op):
     def __init__(self, op_type):
         self.op_types = (op_type,)
         self.affine = Affine(op_type)
+        self.channel = ChannelAffine(op_type)
         self.sum = Sum(op_type) if op_type in ("Add", "Sub", "Sum") else None
         self.runtime = RuntimeScale(op_type) if op_type in ("Mul", "Div") else None
 
@@ -412,7 +420,7 @@ class ElementwiseBinary(Op):
         if self.runtime is not None and len(acts) == 1 and not all(is_param(v) or v is acts[0]
                                                                     for v in node.inputs[:2]):
             return self.runtime
-        return self.affine
+        return self.channel if "lrp_channel_affine" in node.meta else self.affine
 
     def check(self, node):
         acts = [v for v in node.inputs if carries(v)]

@@ -117,6 +117,12 @@ def _scatter_axis(em, r, x_like_shape, axis, idx, tag):
     return em.op("ScatterElements", zeros, ind, r, axis=axis, reduction="add", tag=tag)
 
 
+def _keeps_all(start, end, step) -> bool:
+    """A slice that keeps every element whatever the axis length (tf2onnx lists the batch axis so, with an end of
+    INT_MAX or 1e9, for Keras Cropping2D and strided slices; no real axis is that long)."""
+    return int(step) == 1 and int(start) in (0, -(2 ** 63)) and int(end) >= 10 ** 9
+
+
 @register
 class Slice(ShapeOp):
     """J^T r = r scattered back to the sliced positions, zeros elsewhere (any steps, constant bounds)."""
@@ -137,6 +143,8 @@ class Slice(ShapeOp):
         for st, en, ax, sp in zip(starts, ends, axes, steps):
             ax = int(ax) % rank
             n = dims[ax]
+            if _keeps_all(st, en, sp):
+                continue
             idx = list(range(n)[int(st):int(en):int(sp)])  # Python's clamping is ONNX's
             if idx != list(range(n)):
                 plan.append((ax, idx, n))
@@ -152,7 +160,11 @@ class Slice(ShapeOp):
         starts = const(node.inputs[1])
         axes = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.arange(
             len(starts))
-        if any(dims[int(a) % len(dims)] is None for a in axes):
+        ends = const(node.inputs[2])
+        steps = const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(
+            len(starts), dtype=np.int64)
+        if any(dims[int(a) % len(dims)] is None and not _keeps_all(st, en, sp)
+               for st, en, a, sp in zip(starts, ends, axes, steps)):
             return "sliced dimensions must be static"
         return None
 

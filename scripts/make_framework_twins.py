@@ -1,0 +1,453 @@
+#!/usr/bin/env python
+"""Framework twins: the same small architectures with the same weights built in PyTorch, Keras and Flax, exported to
+ONNX (torch.onnx TorchScript exporter; tf2onnx; jax2onnx), with zennit's relevances on the PyTorch twin.
+
+Writes ``tests/goldens/twins/``:
+
+* ``<net>_torch.onnx``, ``<net>_keras.onnx``, ``<net>_flax.onnx``: the three exports (NCHW input ``x`` for torch,
+  NHWC input ``x`` for Keras and Flax; dynamic batch axis);
+* ``<net>.npz``: the input batch ``x`` (NCHW, 4 items), the logits, a given target, zennit's relevance for every
+  built-in CNN composite (``<composite>/b4/{argmax,given}`` and ``.../target``; start = one-hot, float64 reference)
+  and the gradient x input of the arg-max logit (``gxi``, the LRP-0 reference);
+* ``twins.json``: versions and what each export contains;
+* ``gru_keras.onnx``, ``lstm_keras.onnx``, ``recurrent.npz``: Keras GRU / LSTM classifiers as tf2onnx writes them
+  (the GRU as a ``Loop``, the LSTM as an ONNX ``LSTM`` op), an input and Keras' logits.
+
+Nets (input 3 x 16 x 16, 10 classes):
+
+* ``resnet``: Conv-BN-ReLU stem, MaxPool, a residual block (Conv-BN-ReLU-Conv-BN + skip), a BatchNorm after the
+  residual sum (not foldable: zennit's Pass), ReLU, a 1-pixel crop (Keras ``Cropping2D``), global average pool,
+  Dense-BN-ReLU, Dense.
+* ``mobilenet``: Conv-BN-ReLU6 stem, an inverted residual block (1x1 expand-BN-ReLU6, depthwise 3x3-BN-ReLU6,
+  1x1 project-BN, + skip), global average pool, Dense.
+* ``select``: Conv-BN-ReLU stem, the element-wise maximum of a 1x1 and a 3x3 convolution (Keras ``Maximum``,
+  ``torch.maximum``), ReLU, the element-wise minimum of two 1x1 convolutions (``Minimum``), ReLU, global average
+  pool, Dense: ONNX ``Max``/``Min`` of two activations, winner takes all (zennit: their plain gradient).
+* ``strided``: Conv-BN-ReLU, a strided crop ``x[:, :, ::2, 1::2]`` (torch and tf2onnx: Slice with steps; jax2onnx:
+  GatherND with indices built at run time from the batch size), Conv-ReLU, global average pool, Dense.
+
+tf2onnx writes a Keras BatchNormalization it does not fuse as Mul -> Add (after depthwise convolutions, after
+Dense layers, after the residual sum): onnx-lrp's canonizer folds those after a linear layer and gives the others
+BatchNormalization's kind, so both exports get the same rules.
+
+Usage::
+
+    python scripts/make_framework_twins.py            # rewrite tests/goldens/twins/
+    python scripts/make_framework_twins.py --report   # rel-L2 between the twins per composite (needs no TF)
+
+Needs torch, zennit, tensorflow-cpu, tf2onnx, jax, flax and jax2onnx (only to regenerate; the tests read the committed
+files). Made with tensorflow-cpu 2.21 / keras 3.15 / tf2onnx 1.17 (``from_keras`` works with Keras 3 there) and
+jax 0.10 / flax 0.12 (nnx) / jax2onnx 0.17 (opset 23; Flax BatchNorm is exported as a BatchNormalization op).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "goldens" / "twins"
+NETS = ("resnet", "mobilenet", "select", "strided")
+SIZE, N_CLASSES, BN_EPS = 16, 10, 1e-3
+COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
+              "epsilon-alpha2-beta1-flat")
+VARIANTS = COMPOSITES + ("epsilon@0.01",)
+
+
+_ZS = []
+
+
+def _zennit_script():
+    """scripts/make_zennit_goldens.py, loaded once (it patches zennit's MergeBatchNorm on import)."""
+    if _ZS:
+        return _ZS[0]
+    spec = importlib.util.spec_from_file_location("make_zennit_goldens", ROOT / "scripts" / "make_zennit_goldens.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _ZS.append(mod)
+    return mod
+
+
+# ------------------------------------------------------------------------------------------------- PyTorch
+def torch_net(name: str):
+    import torch
+    from torch import nn
+
+    class Residual(nn.Module):
+        """x + body(x); zennit sees the sum as a ``Sum`` module (``canonizer_sum``, set by the canonizer)."""
+
+        def __init__(self, body):
+            super().__init__()
+            self.body = body
+
+        def forward(self, x):
+            y = self.body(x)
+            summer = getattr(self, "canonizer_sum", None)
+            return x + y if summer is None else summer(torch.stack([x, y], dim=-1))
+
+    class Select(nn.Module):
+        """torch.maximum / torch.minimum of two branches (functional: zennit applies their gradient)."""
+
+        def __init__(self, a, b, fn):
+            super().__init__()
+            self.a, self.b, self.fn = a, b, fn
+
+        def forward(self, x):
+            return self.fn(self.a(x), self.b(x))
+
+    class Crop(nn.Module):
+        def forward(self, x):
+            return x[:, :, 1:-1, 1:-1]
+
+    class StridedCrop(nn.Module):
+        def forward(self, x):
+            return x[:, :, ::2, 1::2]
+
+    def bn(c, d=2):
+        return (nn.BatchNorm2d if d == 2 else nn.BatchNorm1d)(c, eps=BN_EPS)
+
+    torch.manual_seed({"resnet": 31, "mobilenet": 32, "select": 33, "strided": 34}[name])
+    if name == "resnet":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
+            pool=nn.MaxPool2d(2),
+            block=Residual(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), bn(8), nn.ReLU(),
+                                         nn.Conv2d(8, 8, 3, padding=1), bn(8))),
+            post_bn=bn(8),  # after the residual sum: not foldable (zennit: Pass)
+            relu=nn.ReLU(),
+            crop=Crop(),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc1=nn.Linear(8, 16),
+            fc1_bn=bn(16, 1),
+            fc1_relu=nn.ReLU(),
+            fc2=nn.Linear(16, N_CLASSES),
+        ))
+    elif name == "mobilenet":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU6()),
+            block=Residual(nn.Sequential(
+                nn.Conv2d(8, 24, 1), bn(24), nn.ReLU6(),
+                nn.Conv2d(24, 24, 3, padding=1, groups=24), bn(24), nn.ReLU6(),
+                nn.Conv2d(24, 8, 1), bn(8))),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, N_CLASSES),
+        ))
+    elif name == "select":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
+            max=Select(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1), torch.maximum),
+            relu1=nn.ReLU(),
+            min=Select(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1), torch.minimum),
+            relu2=nn.ReLU(),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, N_CLASSES),
+        ))
+    elif name == "strided":
+        m = nn.Sequential(OrderedDict(
+            stem=nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), bn(8), nn.ReLU()),
+            crop=StridedCrop(),
+            conv=nn.Conv2d(8, 8, 3, padding=1),
+            relu=nn.ReLU(),
+            gap=nn.AdaptiveAvgPool2d(1),
+            flat=nn.Flatten(),
+            fc=nn.Linear(8, N_CLASSES),
+        ))
+    else:
+        raise ValueError(name)
+    _zennit_script().randomise_batchnorm(m, seed=len(name))
+    return m.eval(), Residual
+
+
+def zennit_canonizers(residual_cls):
+    from zennit.canonizers import AttributeCanonizer, SequentialMergeBatchNorm
+    from zennit.layer import Sum
+
+    def attribute_map(name, module):
+        return {"canonizer_sum": Sum()} if isinstance(module, residual_cls) else None
+
+    return [SequentialMergeBatchNorm(), AttributeCanonizer(attribute_map)]
+
+
+# --------------------------------------------------------------------------------------------------- Keras
+def keras_net(name: str, tm):
+    """The Keras twin of the torch module ``tm`` (NHWC), with its weights."""
+    import keras
+    from keras import layers as L
+
+    mods = dict(tm.named_modules())
+
+    def conv(key, x, depthwise=False):
+        c = mods[key]
+        w, b = c.weight.detach().numpy(), c.bias.detach().numpy()
+        k = w.shape[-1]
+        if depthwise:
+            layer = L.DepthwiseConv2D(k, padding="same", name=key.replace(".", "_"))
+            out = layer(x)
+            layer.set_weights([w.transpose(2, 3, 0, 1), b])  # (C, 1, kh, kw) -> (kh, kw, C, 1)
+        else:
+            layer = L.Conv2D(w.shape[0], k, padding="same", name=key.replace(".", "_"))
+            out = layer(x)
+            layer.set_weights([w.transpose(2, 3, 1, 0), b])  # (O, I, kh, kw) -> (kh, kw, I, O)
+        return out
+
+    def bn(key, x):
+        b = mods[key]
+        layer = L.BatchNormalization(epsilon=b.eps, name=key.replace(".", "_"))
+        out = layer(x)
+        layer.set_weights([t.detach().numpy() for t in (b.weight, b.bias, b.running_mean, b.running_var)])
+        return out
+
+    def dense(key, x):
+        d = mods[key]
+        layer = L.Dense(d.out_features, name=key)
+        out = layer(x)
+        layer.set_weights([d.weight.detach().numpy().T, d.bias.detach().numpy()])
+        return out
+
+    inp = keras.Input((SIZE, SIZE, 3), name="x")
+    if name == "resnet":
+        x = L.ReLU()(bn("stem.1", conv("stem.0", inp)))
+        x = L.MaxPooling2D(2)(x)
+        y = L.ReLU()(bn("block.body.1", conv("block.body.0", x)))
+        y = bn("block.body.4", conv("block.body.3", y))
+        x = L.Add()([x, y])
+        x = L.ReLU()(bn("post_bn", x))
+        x = L.Cropping2D(1)(x)
+        x = L.GlobalAveragePooling2D()(x)
+        x = L.ReLU()(bn("fc1_bn", dense("fc1", x)))
+        out = dense("fc2", x)
+    elif name == "select":
+        x = L.ReLU()(bn("stem.1", conv("stem.0", inp)))
+        x = L.ReLU()(L.Maximum()([conv("max.a", x), conv("max.b", x)]))
+        x = L.ReLU()(L.Minimum()([conv("min.a", x), conv("min.b", x)]))
+        x = L.GlobalAveragePooling2D()(x)
+        out = dense("fc", x)
+    elif name == "strided":
+        x = L.ReLU()(bn("stem.1", conv("stem.0", inp)))
+        x = L.Lambda(lambda t: t[:, ::2, 1::2, :])(x)
+        x = L.ReLU()(conv("conv", x))
+        x = L.GlobalAveragePooling2D()(x)
+        out = dense("fc", x)
+    else:
+        x = L.ReLU(6.0)(bn("stem.1", conv("stem.0", inp)))
+        y = L.ReLU(6.0)(bn("block.body.1", conv("block.body.0", x)))
+        y = L.ReLU(6.0)(bn("block.body.4", conv("block.body.3", y, depthwise=True)))
+        y = bn("block.body.7", conv("block.body.6", y))
+        x = L.Add()([x, y])
+        x = L.GlobalAveragePooling2D()(x)
+        out = dense("fc", x)
+    return keras.Model(inp, out, name=name)
+
+
+# ---------------------------------------------------------------------------------------------------- Flax
+def flax_net(name: str, tm):
+    """The Flax (nnx) twin of the torch module ``tm`` (NHWC) with its weights, as a function of x."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    mods = dict(tm.named_modules())
+    rngs = nnx.Rngs(0)
+
+    def conv(key, depthwise=False):
+        c = mods[key]
+        w, b = c.weight.detach().numpy(), c.bias.detach().numpy()
+        k = w.shape[-1]
+        groups = w.shape[0] if depthwise else 1
+        layer = nnx.Conv(w.shape[1] * groups, w.shape[0], (k, k), padding="SAME", feature_group_count=groups,
+                         rngs=rngs)
+        layer.kernel.value = jnp.asarray(w.transpose(2, 3, 1, 0))  # (O, I/g, kh, kw) -> (kh, kw, I/g, O)
+        layer.bias.value = jnp.asarray(b)
+        return layer
+
+    def bn(key):
+        b = mods[key]
+        layer = nnx.BatchNorm(b.num_features, use_running_average=True, epsilon=b.eps, rngs=rngs)
+        layer.scale.value, layer.bias.value = jnp.asarray(b.weight.detach().numpy()), jnp.asarray(b.bias.detach().numpy())
+        layer.mean.value, layer.var.value = jnp.asarray(b.running_mean.numpy()), jnp.asarray(b.running_var.numpy())
+        return layer
+
+    def dense(key):
+        d = mods[key]
+        layer = nnx.Linear(d.in_features, d.out_features, rngs=rngs)
+        layer.kernel.value, layer.bias.value = jnp.asarray(d.weight.detach().numpy().T), jnp.asarray(d.bias.detach().numpy())
+        return layer
+
+    relu, relu6 = jax.nn.relu, jax.nn.relu6
+    if name == "resnet":
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), c1=conv("block.body.0"), b1=bn("block.body.1"),
+                 c2=conv("block.body.3"), b2=bn("block.body.4"), pb=bn("post_bn"), f1=dense("fc1"), fb=bn("fc1_bn"),
+                 f2=dense("fc2"))
+
+        def fn(x):
+            x = relu(L["b0"](L["c0"](x)))
+            x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+            y = L["b2"](L["c2"](relu(L["b1"](L["c1"](x)))))
+            x = relu(L["pb"](x + y))[:, 1:-1, 1:-1, :]
+            x = x.mean(axis=(1, 2))
+            return L["f2"](relu(L["fb"](L["f1"](x))))
+    elif name == "mobilenet":
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), c1=conv("block.body.0"), b1=bn("block.body.1"),
+                 c2=conv("block.body.3", depthwise=True), b2=bn("block.body.4"), c3=conv("block.body.6"),
+                 b3=bn("block.body.7"), f=dense("fc"))
+
+        def fn(x):
+            x = relu6(L["b0"](L["c0"](x)))
+            y = relu6(L["b2"](L["c2"](relu6(L["b1"](L["c1"](x))))))
+            x = x + L["b3"](L["c3"](y))
+            return L["f"](x.mean(axis=(1, 2)))
+    elif name == "strided":
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), c1=conv("conv"), f=dense("fc"))
+
+        def fn(x):
+            x = relu(L["b0"](L["c0"](x)))[:, ::2, 1::2, :]
+            return L["f"](relu(L["c1"](x)).mean(axis=(1, 2)))
+    else:
+        L = dict(c0=conv("stem.0"), b0=bn("stem.1"), ma=conv("max.a"), mb=conv("max.b"), na=conv("min.a"),
+                 nb=conv("min.b"), f=dense("fc"))
+
+        def fn(x):
+            x = relu(L["b0"](L["c0"](x)))
+            x = relu(jnp.maximum(L["ma"](x), L["mb"](x)))
+            x = relu(jnp.minimum(L["na"](x), L["nb"](x)))
+            return L["f"](x.mean(axis=(1, 2)))
+    return fn
+
+
+def export_flax(fn) -> bytes:
+    import jax2onnx
+    proto = jax2onnx.to_onnx(fn, [("N", SIZE, SIZE, 3)], input_names=["x"], output_names=["y"])
+    return proto.SerializeToString()
+
+
+def export_keras(km) -> bytes:
+    import tensorflow as tf
+    import tf2onnx
+    spec = (tf.TensorSpec((None, SIZE, SIZE, 3), tf.float32, name="x"),)
+    proto, _ = tf2onnx.convert.from_keras(km, input_signature=spec, opset=17, output_path=None)
+    return proto.SerializeToString()
+
+
+# ------------------------------------------------------------------------------------------------ the set
+def make(out_dir: Path = OUT) -> dict:
+    import torch
+    zs = _zennit_script()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"zennit": importlib.metadata.version("zennit"), "torch": torch.__version__,
+            "tensorflow": importlib.metadata.version("tensorflow-cpu"), "keras": importlib.metadata.version("keras"),
+            "tf2onnx": importlib.metadata.version("tf2onnx"), "jax": importlib.metadata.version("jax"),
+            "flax": importlib.metadata.version("flax"), "jax2onnx": importlib.metadata.version("jax2onnx"),
+            "input": [4, 3, SIZE, SIZE], "start": "one-hot",
+            "reference_dtype": "float64", "made_by": "scripts/make_framework_twins.py", "nets": {}}
+    for name in NETS:
+        tm, residual = torch_net(name)
+        x4 = torch.randn(4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
+        (out_dir / f"{name}_torch.onnx").write_bytes(zs.export(tm, x4, "torchscript"))
+        km = keras_net(name, tm)
+        y_keras = np.asarray(km(np.ascontiguousarray(x4.numpy().transpose(0, 2, 3, 1)), training=False))
+        (out_dir / f"{name}_keras.onnx").write_bytes(export_keras(km))
+        fx = flax_net(name, tm)
+        y_flax = np.asarray(fx(np.ascontiguousarray(x4.numpy().transpose(0, 2, 3, 1))))
+        (out_dir / f"{name}_flax.onnx").write_bytes(export_flax(fx))
+        ref = zs.as_float64(tm)
+        y = zs.logits(ref, x4)
+        diff = float(np.abs(y_keras - y).max() / np.abs(y).max())
+        assert diff < 1e-4, f"{name}: the Keras twin computes another function (relative difference {diff:.1e})"
+        diff_flax = float(np.abs(y_flax - y).max() / np.abs(y).max())
+        assert diff_flax < 1e-4, f"{name}: the Flax twin computes another function ({diff_flax:.1e})"
+        given = zs.pick_target(y)
+        arrays = {"x": x4.numpy(), "logits": y.astype(np.float32), "given_target": np.array(given)}
+        for comp in VARIANTS:
+            for tname, target in (("argmax", None), ("given", given)):
+                r, t, _ = zs.zennit_relevance(ref, x4, comp, zennit_canonizers(residual), target)
+                arrays[f"{comp}/b4/{tname}"], arrays[f"{comp}/b4/{tname}/target"] = r, t
+        xg = x4.to(torch.float64).requires_grad_(True)
+        out = ref(xg)
+        (g,) = torch.autograd.grad(out[torch.arange(4), out.argmax(1)].sum(), xg)
+        arrays["gxi"] = (g * xg).detach().numpy().astype(np.float32)
+        np.savez_compressed(out_dir / f"{name}.npz", **arrays)
+        meta["nets"][name] = {"keras_vs_torch_logits": diff, "flax_vs_torch_logits": diff_flax, "given_target": given}
+        print(f"{name}: written (Keras vs torch logits {diff:.1e}, Flax {diff_flax:.1e})")
+    meta["recurrent"] = make_recurrent(out_dir)
+    (out_dir / "twins.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def make_recurrent(out_dir: Path = OUT) -> dict:
+    """Keras GRU and LSTM classifiers (7 steps x 5 features -> 6 units -> Dense 3) exported by tf2onnx: the GRU
+    becomes a ``Loop``, the LSTM an ONNX ``LSTM`` op. ``recurrent.npz`` holds an input batch and Keras' logits."""
+    import keras
+    keras.utils.set_random_seed(3)
+    x = np.random.default_rng(4).normal(size=(2, 7, 5)).astype(np.float32)
+    arrays, emitted = {"x": x}, {}
+    for kind in ("GRU", "LSTM"):
+        inp = keras.Input((7, 5), name="x")
+        out = keras.layers.Dense(3)(getattr(keras.layers, kind)(6)(inp))
+        km = keras.Model(inp, out)
+        arrays[f"{kind.lower()}/logits"] = np.asarray(km(x))
+        import tensorflow as tf
+        import tf2onnx
+        spec = (tf.TensorSpec((None, 7, 5), tf.float32, name="x"),)
+        proto, _ = tf2onnx.convert.from_keras(km, input_signature=spec, opset=17)
+        (out_dir / f"{kind.lower()}_keras.onnx").write_bytes(proto.SerializeToString())
+        emitted[kind] = sorted({n.op_type for n in proto.graph.node} & {"Loop", "Scan", "LSTM", "GRU", "RNN"})
+    np.savez_compressed(out_dir / "recurrent.npz", **arrays)
+    return emitted
+
+
+def rel_l2(a, b) -> float:
+    a = np.asarray(a, np.float64).reshape(len(a), -1)
+    b = np.asarray(b, np.float64).reshape(len(b), -1)
+    return float(np.max(np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)))
+
+
+def report(out_dir: Path = OUT) -> dict:
+    """Worst rel-L2 per composite: Keras twin vs torch twin (onnx-lrp on both), torch twin vs zennit."""
+    sys.path.insert(0, str(ROOT))
+    import onnx_lrp
+    table = {}
+    for name in NETS:
+        g = np.load(out_dir / f"{name}.npz")
+        x = g["x"]
+        for comp in VARIANTS:
+            c, params = (comp.split("@")[0], {"epsilon": float(comp.split("@")[1])}) if "@" in comp else (comp, {})
+            rt = onnx_lrp.Explainer(str(out_dir / f"{name}_torch.onnx"), composite=c, start="one-hot",
+                                    **params).explain(x).relevance
+            rk = onnx_lrp.Explainer(str(out_dir / f"{name}_keras.onnx"), composite=c, start="one-hot",
+                                    **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
+            rf = onnx_lrp.Explainer(str(out_dir / f"{name}_flax.onnx"), composite=c, start="one-hot",
+                                    **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
+            rk, rf = rk.transpose(0, 3, 1, 2), rf.transpose(0, 3, 1, 2)
+            table[f"{name}/{comp}"] = {"keras_vs_torch": rel_l2(rk, rt), "flax_vs_torch": rel_l2(rf, rt),
+                                       "torch_vs_zennit": rel_l2(rt, g[f"{comp}/b4/argmax"])}
+            print(f"{name:10s} {comp:26s} " + "  ".join(f"{k} {v:.1e}" for k, v in table[f"{name}/{comp}"].items()))
+    return table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--report", action="store_true", help="only compare the committed twins (needs onnx-lrp only)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if args.report:
+        report(args.out)
+        return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import torch
+    torch.set_grad_enabled(True)
+    print(json.dumps(make(args.out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
