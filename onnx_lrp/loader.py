@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
-from .errors import ModelError
+from .errors import ModelError, UnsupportedError
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -80,8 +80,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
     if opset > MAX_OPSET:
-        raise ModelError(f"{name} uses opset {opset}; onnx-lrp supports opsets up to {MAX_OPSET}; re-export "
-                         f"with opset {MAX_OPSET} or lower")
+        proto = relabel_newer_opset(proto, opset, name)
     if opset < MIN_OPSET:
         try:
             proto = version_converter.convert_version(proto, MIN_OPSET)
@@ -92,6 +91,88 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
+    return proto
+
+
+def _all_nodes(proto: onnx.ModelProto):
+    """Every node of the main graph, its subgraphs (If/Loop/Scan bodies) and the model's local functions."""
+    stack = [proto.graph]
+    for f in proto.functions:
+        yield from f.node
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            yield node
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+
+
+def _signature(schema):
+    return ([(i.name, i.option, i.type_str) for i in schema.inputs],
+            [(o.name, o.option, o.type_str) for o in schema.outputs])
+
+
+def newer_op_reason(node: onnx.NodeProto, opset: int) -> str | None:
+    """Why a default-domain node of a model at ``opset`` > MAX_OPSET cannot be read as the same op at MAX_OPSET,
+    or None. It can when its schema is unchanged since an opset <= MAX_OPSET, or when the newer version only
+    widened the type constraints and added attributes (the node must leave them at their defaults); the tensor
+    types are checked against the older schema afterwards (``relabel_newer_opset``)."""
+    try:
+        new = onnx.defs.get_schema(node.op_type, opset, "")
+    except Exception:
+        return f"not an operator of opset {opset}"
+    if new.since_version <= MAX_OPSET:
+        return None
+    try:
+        old = onnx.defs.get_schema(node.op_type, MAX_OPSET, "")
+    except Exception:
+        return f"new in opset {new.since_version} (onnx-lrp knows opsets up to {MAX_OPSET})"
+    changed = f"changed in opset {new.since_version} (onnx-lrp knows opsets up to {MAX_OPSET})"
+    if _signature(new) != _signature(old):
+        return f"{changed}: its inputs or outputs differ"
+    for key, attr in old.attributes.items():
+        other = new.attributes.get(key)
+        if other is None or other.type != attr.type or other.default_value != attr.default_value:
+            return f"{changed}: attribute {key} differs"
+    added = [a.name for a in node.attribute if a.name not in old.attributes]
+    if added:
+        return f"{changed}: sets the newer attribute(s) {', '.join(added)}"
+    old_types = {t.type_param_str: set(t.allowed_type_strs) for t in old.type_constraints}
+    new_types = {t.type_param_str: set(t.allowed_type_strs) for t in new.type_constraints}
+    if any(k not in new_types or not v <= new_types[k] for k, v in old_types.items()):
+        return f"{changed}: its type constraints differ"
+    return None
+
+
+def relabel_newer_opset(proto: onnx.ModelProto, opset: int, name: str = "model") -> onnx.ModelProto:
+    """A model importing an opset above MAX_OPSET, relabelled to MAX_OPSET when every default-domain op means the
+    same there (``newer_op_reason``); else UnsupportedError listing every op that does not (one row per op)."""
+    bad: dict[str, dict] = {}
+    for node in _all_nodes(proto):
+        if node.domain not in ("", "ai.onnx") or node.op_type in bad:
+            continue
+        why = newer_op_reason(node, opset)
+        if why:
+            bad[node.op_type] = dict(name=node.name or node.output[0], op_type=node.op_type, domain="",
+                                     opset=opset, reason=why)
+    if bad:
+        raise UnsupportedError(list(bad.values()), f"{name} imports opset {opset}; re-export it with opset "
+                                                   f"{MAX_OPSET} or lower")
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    for imports in [proto.opset_import] + [f.opset_import for f in proto.functions]:
+        for imp in imports:
+            if imp.domain in ("", "ai.onnx"):
+                imp.version = min(imp.version, MAX_OPSET)
+    try:  # a tensor type the newer version added (float8e8m0, int2, ...) does not fit the older schema
+        shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "unsupported type" in msg:
+            raise ModelError(f"{name} imports opset {opset} and uses a tensor type onnx-lrp's opset {MAX_OPSET} "
+                             f"does not know ({msg}); re-export it with opset {MAX_OPSET} or lower") from None
     return proto
 
 

@@ -76,6 +76,12 @@ def _read_pb(path: Path):
 
 
 def node_cases() -> list[Case]:
+    cache = os.environ.get("CONFORMANCE_CACHE")  # a pickle of the cases, to skip the 14 s of generation
+    if cache and os.path.exists(cache):
+        import pickle
+
+        with open(cache, "rb") as f:
+            return pickle.load(f)
     from onnx.backend.test.case import node
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -186,6 +192,9 @@ COMPOSITES = ("epsilon-plus-flat", "attnlrp")
 
 
 def sweep(cases, composites=COMPOSITES, log=None) -> list[Outcome]:
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(4)  # run-time failures are reported as outcomes, not logged
     results = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -233,6 +242,8 @@ if __name__ == "__main__":
     folders = tuple(sys.argv[1:]) or FOLDERS
     t = time.perf_counter()
     cases = all_cases(folders)
+    if os.environ.get("CONFORMANCE_FILTER"):
+        cases = [c for c in cases if re.search(os.environ["CONFORMANCE_FILTER"], c.name)]
     print(f"{len(cases)} models loaded in {time.perf_counter() - t:.1f}s", flush=True)
     log = open(os.environ["CONFORMANCE_LOG"], "w") if os.environ.get("CONFORMANCE_LOG") else None
     res = sweep(cases, log=log)
