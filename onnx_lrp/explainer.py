@@ -62,6 +62,7 @@ class Explainer:
         self.relevance_at = list(relevance_at)
         y_value = rewriter.explained_value(graph, output, explain_logits)[0]
         y_dims = static_dims(y_value)
+        self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
                          explain_logits=explain_logits)
@@ -96,6 +97,9 @@ class Explainer:
         for spec in self.inputs:
             if spec.name not in arrays:
                 raise InputError(f"input {spec.name!r} is missing")
+            if spec.dtype.kind not in "fiub":
+                raise InputError(f"input {spec.name!r} has element type {spec.dtype} (8-bit or 4-bit floats), which "
+                                 "onnxruntime's Python API cannot take; export the model with a float16/32 input")
             a = np.asarray(arrays[spec.name])
             if a.dtype == object:
                 raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
@@ -139,7 +143,7 @@ class Explainer:
         if self._width is None:
             for o in self.session.session.get_outputs():
                 if o.name == self.explained_output:
-                    dims = o.shape[1:]
+                    dims = o.shape if self.whole else o.shape[1:]
                     if all(isinstance(d, int) for d in dims):
                         self._width = int(np.prod(dims))
         return self._width
@@ -193,9 +197,9 @@ class Explainer:
             raise InputError(f"position is only for sequence outputs (rank >= 3); {self.explained_output!r} has "
                              "one entry set per item: give the target as a flat index")
         else:
-            targets = self._targets(target, batch)
+            targets = self._targets(target, 1 if self.whole else batch)
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
-        if static_one and batch > 1:  # exported with a fixed batch of 1: run item by item
+        if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
             parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
                      for i in range(batch)]

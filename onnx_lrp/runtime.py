@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnxruntime as ort
 
-from .errors import DeviceError, InputError
+from .errors import DeviceError, InputError, ModelError
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -47,7 +48,12 @@ class Session:
         try:
             self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise InputError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0]}") from None
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            node = re.search(r"node with name '([^']*)'|Node \(([^)]*)\)", msg)
+            if node and not (node.group(1) or node.group(2) or "").startswith("lrp/"):
+                raise ModelError(f"onnxruntime cannot run the model itself (not only its relevance graph): {msg}; "
+                                 "check that the model runs in plain onnxruntime") from None
+            raise InputError(f"onnxruntime cannot load the model: {msg}") from None
         if self.device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
             raise DeviceError("onnxruntime could not start the CUDA provider (check the CUDA and cuDNN libraries); "
                               "use --device cpu")

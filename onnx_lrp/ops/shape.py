@@ -53,8 +53,17 @@ class Identity(ShapeOp):
             return []  # a cast to an integer type ends the relevance path
         return [0]
 
+    def check(self, node):
+        if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
+            mode = const(node.inputs[2])
+            if mode is None or bool(np.any(mode)):
+                return "training_mode is set (random masks); export the model in eval mode"
+        return None
+
     def transpose(self, em, node, r_outs):
         r = r_outs[0]
+        if not self.relevance_inputs(node):
+            return []
         if node.inputs[0].dtype != node.outputs[0].dtype:
             r = em.op("Cast", r, to=node.inputs[0].dtype.value, tag="r_in")
         return [r]
