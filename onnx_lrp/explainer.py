@@ -97,10 +97,11 @@ class Explainer:
         for spec in self.inputs:
             if spec.name not in arrays:
                 raise InputError(f"input {spec.name!r} is missing")
-            if spec.dtype.kind not in "fiub":
-                raise InputError(f"input {spec.name!r} has element type {spec.dtype} (8-bit or 4-bit floats), which "
-                                 "onnxruntime's Python API cannot take; export the model with a float16/32 input")
             a = np.asarray(arrays[spec.name])
+            if not _native(spec.dtype) or not _native(a.dtype):
+                raise InputError(f"input {spec.name!r} has element type {spec.dtype if not _native(spec.dtype) else a.dtype}"
+                                 " (an 8-bit, 4-bit or brain float), which onnxruntime's Python API cannot take; "
+                                 "give float16/32/64 data (export the model with such an input)")
             if a.dtype == object:
                 raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
             if spec.dtype.kind == "f":
@@ -229,6 +230,12 @@ class Explainer:
     def save(self, path) -> None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp."""
         loader.save_bytes(self.model_bytes, path)
+
+
+def _native(dt: np.dtype) -> bool:
+    """numpy's own element types (not ml_dtypes' float8/float4/bfloat16/int4, which onnxruntime cannot take)."""
+    return dt.kind in "iub" and dt.type.__module__ == "numpy" or dt in (np.float16, np.float32, np.float64) \
+        or dt == object
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

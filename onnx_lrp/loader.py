@@ -91,7 +91,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
-    return proto
+    return _fill_same_shape(proto)
 
 
 def _all_nodes(proto: onnx.ModelProto):
@@ -268,6 +268,32 @@ def _name_everything(graph: ir.Graph) -> None:
             if not out.name or out.name in taken:
                 out.name = f"{node.name}/out{j}" if not out.name else f"{out.name}__{node.name}"
             taken.add(out.name)
+
+
+_SAME_SHAPE = {"GroupNormalization"}  # function ops whose output type and shape onnx's inference leaves unknown
+
+
+def _fill_same_shape(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Type and shape of the outputs of ops that keep their input's (where shape inference gives none), then
+    inference again so that they reach the values downstream."""
+    g = proto.graph
+    typed = {v.name: v for v in list(g.input) + list(g.value_info) + list(g.output)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+    added = 0
+    for node in g.node:
+        if node.op_type in _SAME_SHAPE and node.domain in ("", "ai.onnx") and node.input and node.input[0] in typed \
+                and node.output and node.output[0] not in typed:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(typed[node.input[0]])
+            vi.name = node.output[0]
+            g.value_info.append(vi)
+            added += 1
+    if not added:
+        return proto
+    try:
+        return shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        return proto
 
 
 def to_ir(proto: onnx.ModelProto) -> ir.Model:

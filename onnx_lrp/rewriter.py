@@ -85,10 +85,10 @@ def _leading(v: ir.Value):
 
 def whole_output(graph: ir.Graph, y: ir.Value) -> bool:
     """Whether the explained tensor ``y`` is explained as ONE item because its leading axis is provably not the
-    inputs' batch axis: ``y`` has rank < 2, or a static leading size that differs from a float input's leading
-    size or stands where that input's is dynamic (a Concat, Gather or Expand along axis 0, ReduceMax over all axes,
-    a Flatten at axis 0). Its rows are then not batch items: the whole tensor is one item (one target) and every
-    input gets the relevance of that one explanation. Unknown or symbolic leading sizes count as the batch."""
+    inputs' batch axis: ``y`` has rank < 2, or a static leading size that differs from the static leading size of
+    every float input (a Concat, Gather or Expand along axis 0, ReduceMax over all axes, a Flatten at axis 0). Its rows
+    are then not batch items: the whole tensor is one item (one target) and every input gets the relevance of that
+    one explanation. Unknown or symbolic leading sizes count as the batch."""
     if y.shape is None:
         return False
     if len(y.shape) < 2:
@@ -97,7 +97,8 @@ def whole_output(graph: ir.Graph, y: ir.Value) -> bool:
     if not isinstance(lead, int):
         return False
     ins = [v for v in graph.inputs if carries(v)] or [v for v in graph.inputs if v.shape is not None and len(v.shape)]
-    return any(x.shape is not None and (len(x.shape) == 0 or _leading(x) != lead) for x in ins)
+    leads = [_leading(x) for x in ins if x.shape is not None and len(x.shape)]
+    return bool(leads) and all(isinstance(d, int) for d in leads) and lead not in leads
 
 
 def _ancestors(y: ir.Value) -> set[int]:

@@ -176,10 +176,10 @@ class MaxPool(_Pool):
 
 @register
 class GlobalMaxPool(_Reduce):
-    """z = max over axes; J^T s = s spread evenly over the positions that attain the max (as torch.amax)."""
+    """z = max (min) over axes; J^T s = s spread evenly over the positions that attain it (as torch.amax)."""
 
     kind = "maxpool"
-    op_types = ("GlobalMaxPool", "ReduceMax")
+    op_types = ("GlobalMaxPool", "ReduceMax", "ReduceMin")
 
     def mean(self, node):
         return False
