@@ -325,7 +325,7 @@ def mark_shape_only(graph: ir.Graph) -> int:
     only: set[int] = set()
     marked = 0
     for node in graph:
-        if node.op_type in ("Shape", "Size", "EyeLike") and node.domain in ("", "ai.onnx"):
+        if node.op_type in ("Shape", "Size", "EyeLike", "ConstantOfShape") and node.domain in ("", "ai.onnx"):
             flag = True
         else:
             ins = [v for v in node.inputs if v is not None]
