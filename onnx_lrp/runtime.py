@@ -50,7 +50,9 @@ class Session:
         except Exception as exc:  # onnxruntime raises its own exception types
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             node = re.search(r"node with name '([^']*)'|Node \(([^)]*)\)", msg)
-            if node and not (node.group(1) or node.group(2) or "").startswith("lrp/"):
+            foreign = re.search(r"([\w.]+):\w+\(-?\d+\) is not a registered function/op", msg)
+            if (node and not (node.group(1) or node.group(2) or "").startswith("lrp/")) or (
+                    foreign and foreign.group(1) not in ("", "ai.onnx")):  # relevance graphs add default-domain ops
                 raise ModelError(f"onnxruntime cannot run the model itself (not only its relevance graph): {msg}; "
                                  "check that the model runs in plain onnxruntime") from None
             raise InputError(f"onnxruntime cannot load the model: {msg}") from None

@@ -28,15 +28,17 @@ KNOWN_OTHER = {
     ("test_attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded", "attnlrp"),
     ("test_attention_24_qk_matmul_output_mode3_softmax_precision_expanded", "attnlrp"),
     ("test_attention_local_window_gqa_rank4_mask_expanded", "attnlrp"),
+    # Pass on Sqrt in gradient form divides by x: NaN where x = 0 (the identity rule's f(x) / x)
+    ("test_operator_sqrt", "epsilon-plus-flat"), ("test_operator_sqrt", "attnlrp"),
 }
 
 # once broken (a relevance graph onnxruntime could not run, or refused for opset > 23): now explained
 MUST_EXPLAIN = ["test_concat_2d_axis_0", "test_concat_3d_axis_negative_3", "test_gather_0", "test_expand_dim_changed",
                 "test_reduce_max_default_axes_keepdims_random", "test_transpose_default", "test_flatten_axis0",
-                "test_unsqueeze_axis_0", "test_reshape_reordered_all_dims", "test_relu", "test_gatherelements_0",
+                "test_unsqueeze_axis_0", "test_reshape_reordered_all_dims", "test_relu", "test_gather_elements_0",
                 "test_gathernd_example_float32", "test_scatter_elements_with_axis", "test_scatternd",
-                "test_top_k", "test_max_two_inputs", "test_min_two_inputs", "test_reduce_min_do_not_keepdims_random",
-                "test_instancenorm_example", "test_group_normalization_example", "test_identity",
+                "test_top_k", "test_max_two_inputs", "test_min_two_inputs", "test_reduce_min_default_axes_keepdims_random",
+                "test_scatter_elements_with_duplicate_indices", "test_identity",
                 "test_transpose_all_permutations_3"]
 
 _cache: dict = {}
