@@ -1,5 +1,5 @@
 """The op registry: importing this package registers every supported op type."""
-from . import elementwise, linear, norms, pooling, select, shape  # noqa: F401  (registration side effects)
+from . import elementwise, linear, norms, pooling, resize, select, shape  # noqa: F401  (registration side effects)
 from . import transformer  # noqa: F401,E402  (wraps MatMul/Mul/Div/Gather registered above)
 from .base import REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, is_param
 
