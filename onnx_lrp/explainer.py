@@ -99,9 +99,10 @@ class Explainer:
                 raise InputError(f"input {spec.name!r} is missing")
             a = np.asarray(arrays[spec.name])
             if not _native(spec.dtype) or not _native(a.dtype):
-                raise InputError(f"input {spec.name!r} has element type {spec.dtype if not _native(spec.dtype) else a.dtype}"
-                                 " (an 8-bit, 4-bit or brain float), which onnxruntime's Python API cannot take; "
-                                 "give float16/32/64 data (export the model with such an input)")
+                odd = spec.dtype if not _native(spec.dtype) else a.dtype
+                raise InputError(f"input {spec.name!r} has element type {odd} (an 8-bit, 4-bit or brain float), which "
+                                 "onnxruntime's Python API cannot take; give float16/32/64 data (export the model "
+                                 "with such an input)")
             if a.dtype == object:
                 raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
             if spec.dtype.kind == "f":

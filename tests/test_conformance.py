@@ -37,9 +37,9 @@ MUST_EXPLAIN = ["test_concat_2d_axis_0", "test_concat_3d_axis_negative_3", "test
                 "test_reduce_max_default_axes_keepdims_random", "test_transpose_default", "test_flatten_axis0",
                 "test_unsqueeze_axis_0", "test_reshape_reordered_all_dims", "test_relu", "test_gather_elements_0",
                 "test_gathernd_example_float32", "test_scatter_elements_with_axis", "test_scatternd",
-                "test_top_k", "test_max_two_inputs", "test_min_two_inputs", "test_reduce_min_default_axes_keepdims_random",
-                "test_scatter_elements_with_duplicate_indices", "test_identity",
-                "test_transpose_all_permutations_3"]
+                "test_top_k", "test_max_two_inputs", "test_min_two_inputs", "test_scatter_elements_with_duplicate_indices",
+                "test_reduce_min_default_axes_keepdims_random", "test_identity", "test_transpose_all_permutations_3",
+                "test_depthtospace_crd_mode_example", "test_spacetodepth_example"]
 
 _cache: dict = {}
 

@@ -389,6 +389,12 @@ CASES += [
     one("max_const_broadcast_input", "Max", [2, 3, 1], ("c", _OFF), mode="pwl", distinct=True),
     one("min_const_activation", "Min", [2, 4, 3], ("c", _OFF), mode="pwl", distinct=True),
     one("reducemin_axes", "ReduceMin", [2, 3, 4], ("axes", I(1)), opset=18, mode="pwl", distinct=True, keepdims=0),
+    one("depthtospace_dcr", "DepthToSpace", [2, 8, 2, 3], blocksize=2),
+    Case("depthtospace_crd", [node("DepthToSpace", ["x"], ["y"], blocksize=2, mode="CRD")], {"x": [2, 8, 3, 2]},
+         ["y"]),
+    one("spacetodepth", "SpaceToDepth", [2, 2, 4, 6], blocksize=2),
+    Case("dyn_depthtospace_crd", [node("DepthToSpace", ["x"], ["y"], blocksize=3, mode="CRD")],
+         {"x": ["N", 18, 2, 2]}, ["y"]),
     # ---------------------------------------------------------------- Resize (onnx_lrp/ops/resize.py)
     one("resize_nearest_up2", "Resize", [2, 2, 3, 4], None, ("sc", np.array([1, 1, 2, 2], np.float32))),
     one("resize_nearest_asym_floor_down", "Resize", [2, 2, 6, 7], None, ("sc", np.array([1, 1, 0.5, 0.6], np.float32)),

@@ -7,7 +7,7 @@ from .base import REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp,
 PRESERVES_NONNEG = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMax", "ReduceMean",
                     "ReduceSum", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split",
                     "Slice", "Gather", "Expand", "Identity", "Cast", "Sum", "Add", "LRN", "Max", "Min",
-                    "ReduceMin", "TopK"}
+                    "ReduceMin", "TopK", "Resize", "DepthToSpace", "SpaceToDepth"}
 
 __all__ = ["REGISTRY", "ActivationOp", "LinearOp", "Op", "Params", "RuleOp", "ShapeOp", "carries", "is_param",
            "PRESERVES_NONNEG"]
