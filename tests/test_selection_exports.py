@@ -33,3 +33,29 @@ def test_selection_cnn_cnn_composite_names_the_norms():
         onnx_lrp.Explainer(str(GOLD / "selection_cnn_dynamo.onnx"), composite="epsilon-plus-flat")
     ops = {n["op_type"] for n in info.value.nodes}
     assert ops == {"GroupNormalization", "InstanceNormalization"}, info.value.nodes
+
+
+def _twin(act_nodes):
+    from util import make_model, node
+    rng = np.random.default_rng(3)
+    w1 = rng.normal(size=(4, 2, 3, 3)).astype(np.float32)
+    w2 = rng.normal(size=(3, 4, 3, 3)).astype(np.float32)
+    nodes = [node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1])] + act_nodes + [
+        node("Conv", ["a", "w2"], ["k"]), node("GlobalAveragePool", ["k"], ["g"]), node("Flatten", ["g"], ["y"])]
+    return make_model(nodes, {"x": [2, 2, 5, 5]}, ["y"], {"w1": w1, "w2": w2, "zero": np.array(0.0, np.float32),
+                                                          "six": np.array(6.0, np.float32)}).SerializeToString()
+
+
+@pytest.mark.parametrize("composite", ["epsilon-plus-flat", "epsilon-alpha2-beta1", "attnlrp"])
+def test_max_min_with_constants_equal_relu_clip(composite):
+    """Max(h, 0) is a Relu and Min(Max(h, 0), 6) a ReLU6 written with Max/Min (Keras Maximum/Minimum): the same
+    relevance as the Relu / Clip forms under each composite."""
+    from util import node
+    x = np.random.default_rng(4).normal(size=(2, 2, 5, 5)).astype(np.float32)
+    pairs = [([node("Max", ["h", "zero"], ["a"])], [node("Relu", ["h"], ["a"])]),
+             ([node("Max", ["h", "zero"], ["m"]), node("Min", ["m", "six"], ["a"])],
+              [node("Clip", ["h", "zero", "six"], ["a"])])]
+    for written, op in pairs:
+        r1 = onnx_lrp.Explainer(_twin(written), composite=composite).explain(x).relevance
+        r2 = onnx_lrp.Explainer(_twin(op), composite=composite).explain(x).relevance
+        np.testing.assert_allclose(r1, r2, rtol=1e-5, atol=1e-6 * np.abs(r2).max())

@@ -39,6 +39,8 @@ class GatherElements(ShapeOp):
 
     def transpose(self, em, node, r_outs):
         x, idx = node.inputs[0], node.inputs[1]
+        if not carries(x):  # a lookup in a constant table: the path ends
+            return []
         axis = node.attributes.get_int("axis", 0) % len(x.shape)
         zeros = em.zeros_like(x, tag="zeros")
         return [em.op("ScatterElements", zeros, idx, r_outs[0], axis=axis, reduction="add", tag="r_in")]
@@ -61,6 +63,8 @@ class GatherND(ShapeOp):
 
     def transpose(self, em, node, r_outs):
         x, idx = node.inputs[0], node.inputs[1]
+        if not carries(x):
+            return []
         k = static_dims(idx)[-1]
         sizes = em.op("Slice", em.shape_of(x, tag="x_shape"), em.ints([0]), em.ints([k]), tag="sizes")
         idx = _indices_wrapped(em, idx, sizes, "idx")
@@ -143,6 +147,8 @@ class TopK(ShapeOp):
 
     def transpose(self, em, node, r_outs):
         x = node.inputs[0]
+        if not carries(x):
+            return []
         axis = node.attributes.get_int("axis", -1) % len(x.shape)
         r = r_outs[0] if r_outs[0] is not None else em.zeros_like(node.outputs[0], tag="r_values_zero")
         return [em.op("ScatterElements", em.zeros_like(x, tag="zeros"), node.outputs[1], r, axis=axis,
