@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
@@ -79,6 +80,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     opset = _opset(proto)
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
+    proto = expand_function_ops(proto, opset)
     if opset > MAX_OPSET:
         proto = relabel_newer_opset(proto, opset, name)
     if opset < MIN_OPSET:
@@ -108,6 +110,60 @@ def _all_nodes(proto: onnx.ModelProto):
                     stack.append(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
+
+
+# ops defined by an ONNX function and without a handler of their own: replaced by their function body (primitive
+# ops with handlers) before anything else; Attention is how exporters write scaled dot-product attention from
+# opset 23 on
+EXPAND = ("Attention", "RotaryEmbedding", "Swish")
+_EXPAND_DOMAIN = "lrp.expand"
+
+
+def expand_function_ops(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """The nodes of the main graph whose op is in EXPAND, inlined as the function ONNX defines them by (for the
+    node's attributes and input types); nodes whose input types are unknown stay (and are refused later)."""
+    if not any(n.op_type in EXPAND and n.domain in ("", "ai.onnx") for n in proto.graph.node):
+        return proto
+    try:
+        inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        return proto
+    g = inferred.graph
+    types = {v.name: v.type for v in list(g.input) + list(g.value_info) + list(g.output)}
+    for t in g.initializer:
+        types[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    functions = []
+    for k, node in enumerate(g.node):
+        if node.op_type not in EXPAND or node.domain not in ("", "ai.onnx") or any(
+                i and i not in types for i in node.input):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+            if schema.has_context_dependent_function:
+                body = onnx.FunctionProto.FromString(schema.get_context_dependent_function_with_opset_version(
+                    opset, node.SerializeToString(),
+                    [types[i].SerializeToString() if i else onnx.TypeProto().SerializeToString() for i in node.input]))
+            elif schema.has_function:
+                body = schema.get_function_with_opset_version(opset)
+                body = onnx.FunctionProto.FromString(body) if isinstance(body, bytes) else body
+            else:
+                continue
+        except Exception:
+            continue
+        body.domain, body.name = _EXPAND_DOMAIN, f"{node.op_type}_{k}"
+        node.domain, node.op_type = _EXPAND_DOMAIN, body.name
+        functions.append(body)
+    if not functions:
+        return proto
+    inferred.functions.extend(functions)
+    inferred.opset_import.append(onnx.helper.make_opsetid(_EXPAND_DOMAIN, 1))
+    try:
+        out = onnx.inliner.inline_local_functions(inferred)
+    except Exception:
+        return proto
+    for i in [i for i, imp in enumerate(out.opset_import) if imp.domain == _EXPAND_DOMAIN][::-1]:
+        del out.opset_import[i]
+    return out
 
 
 def _signature(schema):
@@ -223,6 +279,13 @@ def fold_constants(model: ir.Model) -> int:
                     results = [dims[start:end]]
         elif all(v is None or v.const_value is not None for v in node.inputs):
             results = _eval_node(node, opset)
+        elif node.op_type == "CastLike" and node.inputs[0] is not None and node.inputs[0].const_value is not None \
+                and node.inputs[1] is not None and node.inputs[1].dtype is not None:
+            # a constant cast to an activation's type (Attention's function body: its zero): still a constant
+            try:
+                results = [node.inputs[0].const_value.numpy().astype(node.inputs[1].dtype.numpy())]
+            except Exception:
+                results = None
         elif node.op_type in ("Gather", "Slice") and all(v is None or v.const_value is not None
                                                         for v in node.inputs[1:]):
             results = _static_part_of_shape(node, opset)

@@ -1,7 +1,13 @@
-"""Regenerate tests/goldens/selection_cnn*: a small CNN with GroupNorm, InstanceNorm, bilinear and nearest
+"""Regenerate tests/goldens/selection_cnn* and tests/goldens/sdpa_opset*.onnx.
+
+selection_cnn*: a small CNN with GroupNorm, InstanceNorm, bilinear and nearest
 upsampling, torch.maximum, topk and gather, exported by TorchScript (opset 18: GroupNorm written as
 InstanceNormalization) and by dynamo (opset 21: GroupNormalization), and the reference relevance of attnlrp:
 gradient x input of the same network with the normalising std detached (LXT's convention), for the target logit.
+
+sdpa_opset23_dynamo.onnx / sdpa_opset18_torchscript.onnx: a small causal self-attention block
+(F.scaled_dot_product_attention), which dynamo writes as one ONNX Attention node at opset 23 and TorchScript as
+MatMul/Softmax at opset 18; the input is sdpa_x.npy.
 
     python scripts/make_selection_goldens.py   (needs torch; writes < 100 KB)
 """
@@ -48,7 +54,31 @@ class SelectionCNN(nn.Module):
         return self.fc((vals + picked).flatten(1))
 
 
+class SDPA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (f(x).reshape(b, t, 2, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+        h = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, 8)
+        return self.o(h.mean(1))
+
+
+def attention_exports() -> None:
+    torch.manual_seed(1)
+    net = SDPA().eval()
+    x = torch.randn(2, 5, 8)
+    torch.onnx.export(net, (x,), None, input_names=["x"], output_names=["y"], opset_version=23,
+                      dynamo=True).save(str(OUT / "sdpa_opset23_dynamo.onnx"))
+    torch.onnx.export(net, (x,), str(OUT / "sdpa_opset18_torchscript.onnx"), input_names=["x"], output_names=["y"],
+                      opset_version=18, dynamo=False)
+    np.save(OUT / "sdpa_x.npy", x.numpy())
+
+
 def main() -> int:
+    attention_exports()
     torch.manual_seed(0)
     net = SelectionCNN().eval()
     with torch.no_grad():  # non-trivial affine parameters of the norms

@@ -28,6 +28,14 @@ KNOWN_OTHER = {
     ("test_attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded", "attnlrp"),
     ("test_attention_24_qk_matmul_output_mode3_softmax_precision_expanded", "attnlrp"),
     ("test_attention_local_window_gqa_rank4_mask_expanded", "attnlrp"),
+    # the same seven as Attention nodes (expanded by the loader into the same function body)
+    ("test_attention_causal_boolmask_nan_robustness", "attnlrp"),
+    ("test_attention_23_boolmask_fullymasked_row_nan_robustness", "attnlrp"),
+    ("test_attention_4d_causal_nonpad_negative_offset_structural_empty", "attnlrp"),
+    ("test_attention_23_fullymasked_qk_matmul_output_mode3_zero", "attnlrp"),
+    ("test_attention_24_fullymasked_qk_matmul_output_mode3_zero", "attnlrp"),
+    ("test_attention_24_qk_matmul_output_mode3_softmax_precision", "attnlrp"),
+    ("test_attention_local_window_gqa_rank4_mask", "attnlrp"),
     # Sqrt of negative inputs: the expected forward output itself holds NaN, so does the relevance
     ("test_operator_sqrt", "epsilon-plus-flat"), ("test_operator_sqrt", "attnlrp"),
 }
@@ -40,6 +48,10 @@ MUST_EXPLAIN = ["test_concat_2d_axis_0", "test_concat_3d_axis_negative_3", "test
                 "test_top_k", "test_max_two_inputs", "test_min_two_inputs", "test_scatter_elements_with_duplicate_indices",
                 "test_reduce_min_default_axes_keepdims_random", "test_identity", "test_transpose_all_permutations_3",
                 "test_depthtospace_crd_mode_example", "test_spacetodepth_example"]
+# explained with attnlrp only (products of activations): Attention / RotaryEmbedding / Swish nodes, inlined as
+# their ONNX function by the loader
+MUST_EXPLAIN_ATTNLRP = ["test_attention_4d", "test_attention_4d_gqa", "test_attention_3d_with_past_and_present",
+                        "test_attention_4d_causal", "test_rotary_embedding", "test_swish"]
 
 _cache: dict = {}
 
@@ -72,7 +84,8 @@ def test_conformance(folder, composite):
     _check(results)
     if folder == "node":
         status = {o.case: o.status for o in results}
-        missing = [n for n in MUST_EXPLAIN if status.get(n) != "explained"]
+        must = MUST_EXPLAIN + (MUST_EXPLAIN_ATTNLRP if composite == "attnlrp" else [])
+        missing = [n for n in must if status.get(n) != "explained"]
         assert not missing, f"not explained with {composite}: {missing}"
         newer = [c for c in _cache["node"] if loader._opset(c.model) > loader.MAX_OPSET]
         assert sum(status[c.name] == "explained" for c in newer) >= 50  # opsets 24-28 read at opset 23
@@ -112,14 +125,29 @@ def test_newer_opset_relabelled(opset):
 
 
 def test_newer_opset_changed_ops_listed_at_once():
-    """Ops whose newer version is not the opset-23 op (new ops, or a newer attribute set) are all listed."""
-    m = _at_opset([node("Swish", ["x"], ["s"]), node("Cast", ["s"], ["y"], to=TensorProto.FLOAT, round_mode="up")],
-                  25)
+    """Ops whose newer version is not the opset-23 op (new ops without a function body, or a newer attribute set)
+    are all listed."""
+    axis = onnx.numpy_helper.from_array(np.array(1, np.int64), "axis")
+    m = _at_opset([node("CumProd", ["x", "axis"], ["s"]), node("Cast", ["s"], ["y"], to=TensorProto.FLOAT,
+                                                                round_mode="up")], 26, inits=[axis])
     with pytest.raises(onnx_lrp.UnsupportedError) as info:
         onnx_lrp.Explainer(m.SerializeToString())
     msg = str(info.value)
-    assert "Swish" in msg and "new in opset 24" in msg and "Cast" in msg and "round_mode" in msg
+    assert "CumProd" in msg and "new in opset 26" in msg and "Cast" in msg and "round_mode" in msg
     assert "2 unsupported" in msg and "\n" not in msg
+
+
+def test_swish_opset24_is_inlined():
+    """Swish (new in opset 24, an ONNX function) is inlined as x * sigmoid(alpha x) and explained by attnlrp as
+    SiLU (identity rule): the target's output value lands on its own input element, nothing elsewhere."""
+    m = _at_opset([node("Swish", ["x"], ["y"], alpha=1.0)], 24)
+    x = np.array([[1.0, -2.0, 3.0], [-1.0, 5.0, 0.5]], np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="attnlrp").explain(x)
+    y = x / (1 + np.exp(-x))
+    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-6)
+    want = np.zeros_like(x)
+    want[[0, 1], [2, 1]] = y[[0, 1], [2, 1]]
+    np.testing.assert_allclose(res.relevance, want, rtol=1e-6, atol=1e-7)
 
 
 def test_newer_opset_new_type_refused():

@@ -59,3 +59,19 @@ def test_max_min_with_constants_equal_relu_clip(composite):
         r1 = onnx_lrp.Explainer(_twin(written), composite=composite).explain(x).relevance
         r2 = onnx_lrp.Explainer(_twin(op), composite=composite).explain(x).relevance
         np.testing.assert_allclose(r1, r2, rtol=1e-5, atol=1e-6 * np.abs(r2).max())
+
+
+@pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
+def test_attention_node_equals_its_torchscript_twin(composite):
+    """dynamo writes scaled_dot_product_attention as one ONNX Attention node (opset 23); the loader inlines its
+    ONNX function. The relevance equals the TorchScript export's (MatMul/Softmax at opset 18) of the same block."""
+    import onnx
+
+    assert "Attention" in {n.op_type for n in onnx.load(str(GOLD / "sdpa_opset23_dynamo.onnx")).graph.node}
+    x = np.load(GOLD / "sdpa_x.npy")
+    a = onnx_lrp.Explainer(str(GOLD / "sdpa_opset23_dynamo.onnx"), composite=composite).explain(x)
+    b = onnx_lrp.Explainer(str(GOLD / "sdpa_opset18_torchscript.onnx"), composite=composite).explain(x)
+    np.testing.assert_allclose(a.outputs["y"], b.outputs["y"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(a.target, b.target)
+    assert np.abs(a.relevance - b.relevance).max() <= 1e-5 * np.abs(b.relevance).max()
+    assert np.abs(b.relevance).max() > 0
