@@ -395,6 +395,8 @@ CASES += [
     one("spacetodepth", "SpaceToDepth", [2, 2, 4, 6], blocksize=2),
     Case("dyn_depthtospace_crd", [node("DepthToSpace", ["x"], ["y"], blocksize=3, mode="CRD")],
          {"x": ["N", 18, 2, 2]}, ["y"]),
+    one("reducel1_axes_keep", "ReduceL1", [2, 3, 4], ("axes", I(2)), opset=18, mode="pwl", keepdims=1),
+    one("reducel2_axes_nokeep", "ReduceL2", [2, 3, 4], ("axes", I(1, 2)), opset=18, mode="smooth", keepdims=0),
     # ---------------------------------------------------------------- Resize (onnx_lrp/ops/resize.py)
     one("resize_nearest_up2", "Resize", [2, 2, 3, 4], None, ("sc", np.array([1, 1, 2, 2], np.float32))),
     one("resize_nearest_asym_floor_down", "Resize", [2, 2, 6, 7], None, ("sc", np.array([1, 1, 0.5, 0.6], np.float32)),

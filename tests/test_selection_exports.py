@@ -75,3 +75,18 @@ def test_attention_node_equals_its_torchscript_twin(composite):
     np.testing.assert_array_equal(a.target, b.target)
     assert np.abs(a.relevance - b.relevance).max() <= 1e-5 * np.abs(b.relevance).max()
     assert np.abs(b.relevance).max() > 0
+
+
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2"])
+def test_reduce_norms_split_in_proportion(op):
+    """LRP-0 through ReduceL1 / ReduceL2 (degree-1 homogeneous): R_i = |x_i| (L1), x_i^2 / ||x|| (L2) per item:
+    conservative, from the formula."""
+    from util import make_model, node
+    m = make_model([node(op, ["x", "axes"], ["y"], keepdims=1)], {"x": [3, 5]}, ["y"],
+                   {"axes": np.array([1], np.int64)}, opset=18)
+    x = np.random.default_rng(5).normal(size=(3, 5)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="attnlrp").explain(x)
+    z = np.abs(x).sum(1, keepdims=True) if op == "ReduceL1" else np.sqrt((x * x).sum(1, keepdims=True))
+    want = np.abs(x) if op == "ReduceL1" else x * x / z
+    np.testing.assert_allclose(res.relevance, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res.relevance.sum(1), z[:, 0], rtol=1e-5)
