@@ -66,6 +66,7 @@ class Explainer:
         self.relevance_at = list(relevance_at)
         y_value = rewriter.explained_value(graph, output, explain_logits)[0]
         y_dims = static_dims(y_value)
+        self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
         self.ledger_rows = [] if ledger else None  # one onnx_lrp.ledger.LedgerRow per node, reverse order
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
@@ -105,6 +106,11 @@ class Explainer:
             if spec.name not in arrays:
                 raise InputError(f"input {spec.name!r} is missing")
             a = np.asarray(arrays[spec.name])
+            if not _native(spec.dtype) or not _native(a.dtype):
+                odd = spec.dtype if not _native(spec.dtype) else a.dtype
+                raise InputError(f"input {spec.name!r} has element type {odd} (an 8-bit, 4-bit or brain float), which "
+                                 "onnxruntime's Python API cannot take; give float16/32/64 data (export the model "
+                                 "with such an input)")
             if a.dtype == object:
                 raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
             if spec.dtype.kind == "f":
@@ -147,7 +153,7 @@ class Explainer:
         if self._width is None:
             for o in self.session.session.get_outputs():
                 if o.name == self.explained_output:
-                    dims = o.shape[1:]
+                    dims = o.shape if self.whole else o.shape[1:]
                     if all(isinstance(d, int) for d in dims):
                         self._width = int(np.prod(dims))
         return self._width
@@ -201,11 +207,11 @@ class Explainer:
             raise InputError(f"position is only for sequence outputs (rank >= 3); {self.explained_output!r} has "
                              "one entry set per item: give the target as a flat index")
         else:
-            targets = self._targets(target, batch)
+            targets = self._targets(target, 1 if self.whole else batch)
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
         if static_one and batch > 1 and self.ledger_rows is not None:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
-        if static_one and batch > 1:  # exported with a fixed batch of 1: run item by item
+        if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
             parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
                      for i in range(batch)]
@@ -262,6 +268,12 @@ def _brief(a: np.ndarray) -> str:
     if len(set(vals)) == 1:
         return f"{vals[0]}" + (f" (all {len(vals)} items)" if len(vals) > 1 else "")
     return "[" + ", ".join(map(str, vals[:6])) + (f", ... ({len(vals)} items)]" if len(vals) > 6 else "]")
+
+
+def _native(dt: np.dtype) -> bool:
+    """numpy's own element types (not ml_dtypes' float8/float4/bfloat16/int4, which onnxruntime cannot take)."""
+    return dt.kind in "iub" and dt.type.__module__ == "numpy" or dt in (np.float16, np.float32, np.float64) \
+        or dt == object
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

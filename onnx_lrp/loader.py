@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
-from .errors import ModelError
+from .errors import ModelError, UnsupportedError
 from .graph import captured_values
 
 MIN_OPSET = 17
@@ -80,9 +81,9 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     opset = _opset(proto)
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
+    proto = expand_function_ops(proto, opset)
     if opset > MAX_OPSET:
-        raise ModelError(f"{name} uses opset {opset}; onnx-lrp supports opsets up to {MAX_OPSET}; re-export "
-                         f"with opset {MAX_OPSET} or lower")
+        proto = relabel_newer_opset(proto, opset, name)
     if opset < MIN_OPSET:
         try:
             proto = version_converter.convert_version(proto, MIN_OPSET)
@@ -101,6 +102,142 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
+    return _fill_same_shape(proto)
+
+
+def _all_nodes(proto: onnx.ModelProto):
+    """Every node of the main graph, its subgraphs (If/Loop/Scan bodies) and the model's local functions."""
+    stack = [proto.graph]
+    for f in proto.functions:
+        yield from f.node
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            yield node
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+
+
+# ops defined by an ONNX function and without a handler of their own: replaced by their function body (primitive
+# ops with handlers) before anything else; Attention is how exporters write scaled dot-product attention from
+# opset 23 on
+EXPAND = ("Attention", "RotaryEmbedding", "Swish")
+_EXPAND_DOMAIN = "lrp.expand"
+
+
+def expand_function_ops(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """The nodes of the main graph whose op is in EXPAND, inlined as the function ONNX defines them by (for the
+    node's attributes and input types); nodes whose input types are unknown stay (and are refused later)."""
+    if not any(n.op_type in EXPAND and n.domain in ("", "ai.onnx") for n in proto.graph.node):
+        return proto
+    try:
+        inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        return proto
+    g = inferred.graph
+    types = {v.name: v.type for v in list(g.input) + list(g.value_info) + list(g.output)}
+    for t in g.initializer:
+        types[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    functions = []
+    for k, node in enumerate(g.node):
+        if node.op_type not in EXPAND or node.domain not in ("", "ai.onnx") or any(
+                i and i not in types for i in node.input):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+            if schema.has_context_dependent_function:
+                body = onnx.FunctionProto.FromString(schema.get_context_dependent_function_with_opset_version(
+                    opset, node.SerializeToString(),
+                    [types[i].SerializeToString() if i else onnx.TypeProto().SerializeToString() for i in node.input]))
+            elif schema.has_function:
+                body = schema.get_function_with_opset_version(opset)
+                body = onnx.FunctionProto.FromString(body) if isinstance(body, bytes) else body
+            else:
+                continue
+        except Exception:
+            continue
+        body.domain, body.name = _EXPAND_DOMAIN, f"{node.op_type}_{k}"
+        node.domain, node.op_type = _EXPAND_DOMAIN, body.name
+        functions.append(body)
+    if not functions:
+        return proto
+    inferred.functions.extend(functions)
+    inferred.opset_import.append(onnx.helper.make_opsetid(_EXPAND_DOMAIN, 1))
+    try:
+        out = onnx.inliner.inline_local_functions(inferred)
+    except Exception:
+        return proto
+    for i in [i for i, imp in enumerate(out.opset_import) if imp.domain == _EXPAND_DOMAIN][::-1]:
+        del out.opset_import[i]
+    return out
+
+
+def _signature(schema):
+    return ([(i.name, i.option, i.type_str) for i in schema.inputs],
+            [(o.name, o.option, o.type_str) for o in schema.outputs])
+
+
+def newer_op_reason(node: onnx.NodeProto, opset: int) -> str | None:
+    """Why a default-domain node of a model at ``opset`` > MAX_OPSET cannot be read as the same op at MAX_OPSET,
+    or None. It can when its schema is unchanged since an opset <= MAX_OPSET, or when the newer version only
+    widened the type constraints and added attributes (the node must leave them at their defaults); the tensor
+    types are checked against the older schema afterwards (``relabel_newer_opset``)."""
+    try:
+        new = onnx.defs.get_schema(node.op_type, opset, "")
+    except Exception:
+        return f"not an operator of opset {opset}"
+    if new.since_version <= MAX_OPSET:
+        return None
+    try:
+        old = onnx.defs.get_schema(node.op_type, MAX_OPSET, "")
+    except Exception:
+        return f"new in opset {new.since_version} (onnx-lrp knows opsets up to {MAX_OPSET})"
+    changed = f"changed in opset {new.since_version} (onnx-lrp knows opsets up to {MAX_OPSET})"
+    if _signature(new) != _signature(old):
+        return f"{changed}: its inputs or outputs differ"
+    for key, attr in old.attributes.items():
+        other = new.attributes.get(key)
+        if other is None or other.type != attr.type or other.default_value != attr.default_value:
+            return f"{changed}: attribute {key} differs"
+    added = [a.name for a in node.attribute if a.name not in old.attributes]
+    if added:
+        return f"{changed}: sets the newer attribute(s) {', '.join(added)}"
+    old_types = {t.type_param_str: set(t.allowed_type_strs) for t in old.type_constraints}
+    new_types = {t.type_param_str: set(t.allowed_type_strs) for t in new.type_constraints}
+    if any(k not in new_types or not v <= new_types[k] for k, v in old_types.items()):
+        return f"{changed}: its type constraints differ"
+    return None
+
+
+def relabel_newer_opset(proto: onnx.ModelProto, opset: int, name: str = "model") -> onnx.ModelProto:
+    """A model importing an opset above MAX_OPSET, relabelled to MAX_OPSET when every default-domain op means the
+    same there (``newer_op_reason``); else UnsupportedError listing every op that does not (one row per op)."""
+    bad: dict[str, dict] = {}
+    for node in _all_nodes(proto):
+        if node.domain not in ("", "ai.onnx") or node.op_type in bad:
+            continue
+        why = newer_op_reason(node, opset)
+        if why:
+            bad[node.op_type] = dict(name=node.name or node.output[0], op_type=node.op_type, domain="",
+                                     opset=opset, reason=why)
+    if bad:
+        raise UnsupportedError(list(bad.values()), f"{name} imports opset {opset}; re-export it with opset "
+                                                   f"{MAX_OPSET} or lower")
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    for imports in [proto.opset_import] + [f.opset_import for f in proto.functions]:
+        for imp in imports:
+            if imp.domain in ("", "ai.onnx"):
+                imp.version = min(imp.version, MAX_OPSET)
+    try:  # a tensor type the newer version added (float8e8m0, int2, ...) does not fit the older schema
+        shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "unsupported type" in msg:
+            raise ModelError(f"{name} imports opset {opset} and uses a tensor type onnx-lrp's opset {MAX_OPSET} "
+                             f"does not know ({msg}); re-export it with opset {MAX_OPSET} or lower") from None
     return proto
 
 
@@ -151,6 +288,13 @@ def fold_constants(model: ir.Model) -> int:
                     results = [dims[start:end]]
         elif all(v is None or v.const_value is not None for v in node.inputs):
             results = _eval_node(node, opset)
+        elif node.op_type == "CastLike" and node.inputs[0] is not None and node.inputs[0].const_value is not None \
+                and node.inputs[1] is not None and node.inputs[1].dtype is not None:
+            # a constant cast to an activation's type (Attention's function body: its zero): still a constant
+            try:
+                results = [node.inputs[0].const_value.numpy().astype(node.inputs[1].dtype.numpy())]
+            except Exception:
+                results = None
         elif node.op_type in ("Gather", "Slice") and all(v is None or v.const_value is not None
                                                         for v in node.inputs[1:]):
             results = _static_part_of_shape(node, opset)
@@ -198,6 +342,32 @@ def _name_everything(graph: ir.Graph) -> None:
             taken.add(out.name)
 
 
+_SAME_SHAPE = {"GroupNormalization"}  # function ops whose output type and shape onnx's inference leaves unknown
+
+
+def _fill_same_shape(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Type and shape of the outputs of ops that keep their input's (where shape inference gives none), then
+    inference again so that they reach the values downstream."""
+    g = proto.graph
+    typed = {v.name: v for v in list(g.input) + list(g.value_info) + list(g.output)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+    added = 0
+    for node in g.node:
+        if node.op_type in _SAME_SHAPE and node.domain in ("", "ai.onnx") and node.input and node.input[0] in typed \
+                and node.output and node.output[0] not in typed:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(typed[node.input[0]])
+            vi.name = node.output[0]
+            g.value_info.append(vi)
+            added += 1
+    if not added:
+        return proto
+    try:
+        return shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        return proto
+
+
 def to_ir(proto: onnx.ModelProto) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
@@ -227,7 +397,7 @@ def mark_shape_only(graph: ir.Graph) -> int:
     only: set[int] = set()
     marked = 0
     for node in graph:
-        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
+        if node.op_type in ("Shape", "Size", "EyeLike", "ConstantOfShape") and node.domain in ("", "ai.onnx"):
             flag = True
         else:
             ins = [v for v in node.inputs if v is not None] + captured_values(node)

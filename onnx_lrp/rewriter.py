@@ -88,6 +88,32 @@ def explained_value(graph: ir.Graph, output: str | None, explain_logits: bool = 
     return y, out
 
 
+def _leading(v: ir.Value):
+    """The leading dimension: an int, a symbol's name, or None (unknown)."""
+    if v.shape is None or len(v.shape) == 0:
+        return None
+    d = v.shape[0]
+    return d if isinstance(d, int) else getattr(d, "value", None)
+
+
+def whole_output(graph: ir.Graph, y: ir.Value) -> bool:
+    """Whether the explained tensor ``y`` is explained as ONE item because its leading axis is provably not the
+    inputs' batch axis: ``y`` has rank < 2, or a static leading size that differs from the static leading size of
+    every float input (a Concat, Gather or Expand along axis 0, ReduceMax over all axes, a Flatten at axis 0). Its rows
+    are then not batch items: the whole tensor is one item (one target) and every input gets the relevance of that
+    one explanation. Unknown or symbolic leading sizes count as the batch."""
+    if y.shape is None:
+        return False
+    if len(y.shape) < 2:
+        return True
+    lead = _leading(y)
+    if not isinstance(lead, int):
+        return False
+    ins = [v for v in graph.inputs if carries(v)] or [v for v in graph.inputs if v.shape is not None and len(v.shape)]
+    leads = [_leading(x) for x in ins if x.shape is not None and len(x.shape)]
+    return bool(leads) and all(isinstance(d, int) for d in leads) and lead not in leads
+
+
 def _ancestors(y: ir.Value) -> set[int]:
     """ids of nodes whose outputs flow into y."""
     seen: set[int] = set()
@@ -189,9 +215,20 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
     target = ir.Value(name=TARGET_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64))
     one_hot = ir.Value(name=ONE_HOT_INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL))
     graph.inputs.extend([target, one_hot])
+    whole = whole_output(graph, y)
     with em.scope("start"):
-        flat = em.op("Flatten", y, axis=1, tag="y_flat")
         dims = static_dims(y)
+        if dims is not None and 0 in dims:
+            raise InputError(f"explained tensor {y.name!r} has no elements (shape {dims}); nothing to explain")
+        if whole:  # one item: the whole tensor as [1, size]
+            if dims is None or any(d is None for d in dims):
+                raise InputError(f"explained tensor {y.name!r} has no batch axis (its leading axis is not the "
+                                 "inputs' batch axis) and is explained as one item, which needs a static shape; "
+                                 "give the model static input shapes or explain an output with a batch axis")
+            dims = [1, int(np.prod(dims))]
+            flat = em.op("Reshape", y, em.ints(dims), tag="y_flat")
+        else:
+            flat = em.op("Flatten", y, axis=1, tag="y_flat")
         if dims is None or len(dims) < 2 or any(d is None for d in dims[2:]) or (len(dims) == 2 and dims[1] is None):
             raise InputError(f"explained tensor {y.name!r} needs static dimensions after the first two (the batch "
                              "and, for sequence outputs, the sequence length may be dynamic)")
@@ -232,13 +269,14 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         r0 = em.mul(hot, scale, tag="r0_flat")
         picked = em.op("ReduceSum", em.mul(hot, flat, tag="y_at_target"), em.ints([1]), keepdims=0,
                        tag="explained_value")
-        r0 = em.reshape_like(r0, y, tag="r0")
+        r0 = em.op("Reshape", r0, em.ints(static_dims(y)), tag="r0") if whole else em.reshape_like(r0, y, tag="r0")
+    batch_shape = ir.Shape([1] if whole else ["lrp_batch"])
     picked.name = VALUE_OUTPUT
     picked.type = ir.TensorType(em.dtype)
-    picked.shape = ir.Shape(["lrp_batch"])
+    picked.shape = batch_shape
     chosen.name = TARGET_OUTPUT
     chosen.type = ir.TensorType(ir.DataType.INT64)
-    chosen.shape = ir.Shape(["lrp_batch"])
+    chosen.shape = batch_shape
     return r0, chosen, picked
 
 
@@ -366,7 +404,10 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
             continue
         r = total(x, f"input/{x.name}")
         with em.scope(f"input/{x.name}"):
-            r = em.op("Identity", r if r is not None else em.zeros_like(x), tag="relevance")
+            r = r if r is not None else em.zeros_like(x)
+            if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
+                r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
+            r = em.op("Identity", r, tag="relevance")
         _name_output(r, RELEVANCE_PREFIX + x.name, x)
         outputs.append(r)
     for vid, name in watch.items():

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 import numpy as np
 
-from .errors import DeviceError, InputError, LrpWarning
+from .errors import DeviceError, InputError, LrpWarning, ModelError
 
 try:
     import onnxruntime as ort
@@ -125,11 +126,17 @@ class Session:
                 warnings.simplefilter("ignore")
                 self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
         except Exception as exc:  # onnxruntime raises its own exception types
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if self.device == "cuda":
-                raise DeviceError(f"onnxruntime could not start the model on CUDA ({first}); check the CUDA and "
+                raise DeviceError(f"onnxruntime could not start the model on CUDA ({msg}); check the CUDA and "
                                   "cuDNN libraries, or use --device cpu") from None
-            raise InputError(f"onnxruntime cannot load the model: {first}") from None
+            node = re.search(r"node with name '([^']*)'|Node \(([^)]*)\)", msg)
+            foreign = re.search(r"([\w.]+):\w+\(-?\d+\) is not a registered function/op", msg)
+            if (node and not (node.group(1) or node.group(2) or "").startswith("lrp/")) or (
+                    foreign and foreign.group(1) not in ("", "ai.onnx")):  # relevance graphs add default-domain ops
+                raise ModelError(f"onnxruntime cannot run the model itself (not only its relevance graph): {msg}; "
+                                 "check that the model runs in plain onnxruntime") from None
+            raise InputError(f"onnxruntime cannot load the model: {msg}") from None
         if self.device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
             raise DeviceError("onnxruntime could not start the CUDA provider (check the CUDA and cuDNN libraries); "
                               "use --device cpu")

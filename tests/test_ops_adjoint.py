@@ -348,6 +348,86 @@ CASES = [
          {"one_i": np.array(1, np.int64), "zero_i": np.array(0, np.int64)}),
 ]
 
+
+def _group_norm_jvp(groups, gamma, eps=1e-5):
+    """J t of GroupNormalization / InstanceNormalization with the std of each (item, group) held constant."""
+    def jvp(feeds, name, t):
+        x = feeds["x"].astype(np.float64)
+        xg = x.reshape(x.shape[0], groups, -1)
+        d = xg - xg.mean(2, keepdims=True)
+        inv = 1.0 / np.sqrt((d * d).mean(2, keepdims=True) + eps)
+        tg = t.reshape(x.shape[0], groups, -1)
+        g = gamma.astype(np.float64).reshape([-1] + [1] * (x.ndim - 2))
+        return [((tg - tg.mean(2, keepdims=True)) * inv).reshape(x.shape) * g]
+    return jvp
+
+
+_C6, _G3 = W(6), W(3)
+_OFF = (0.125 + 0.25 * _W.integers(-8, 8, size=(3,))).astype(np.float32)  # never equal to a multiple of 1/4
+CASES += [
+    # ----------------------------------------------- selections (onnx_lrp/ops/select.py)
+    one("gatherelements_axis1_neg_repeated", "GatherElements", [2, 4, 3],
+        ("i", np.array([[[0, -1, 2], [3, 3, -4]], [[1, 0, 0], [-2, 2, 1]]], np.int64)), axis=1),
+    Case("gatherelements_runtime_argmax", [node("ArgMax", ["x"], ["am"], axis=2, keepdims=1),
+                                           node("GatherElements", ["x", "am"], ["y"], axis=2)],
+         {"x": [2, 3, 5]}, ["y"], mode="pwl", distinct=True),
+    one("gathernd_crop_neg", "GatherND", [2, 4, 3], ("i", np.array([[[0, -1]], [[1, 2]]], np.int64))),
+    one("gathernd_full_index", "GatherND", [2, 4, 3], ("i", np.array([[0, 1, 2], [1, -1, 0], [0, 1, 2]], np.int64))),
+    Case("scatterelements_none", [node("ScatterElements", ["x", "i", "u"], ["y"], axis=1)],
+         {"x": [2, 4, 3], "u": [2, 2, 3]}, ["y"], {"i": np.array([[[0, 3, 1], [2, 0, -1]], [[1, 1, 0], [3, 2, 2]]],
+                                                                np.int64)}),
+    Case("scatterelements_add_dup", [node("ScatterElements", ["x", "i", "u"], ["y"], axis=1, reduction="add")],
+         {"x": [2, 4, 3], "u": [2, 2, 3]}, ["y"], {"i": np.array([[[0, 0, 1], [0, 0, -1]], [[1, 1, 0], [1, 2, 0]]],
+                                                                np.int64)}, opset=18),
+    Case("scatternd_none_neg", [node("ScatterND", ["x", "i", "u"], ["y"])], {"x": [2, 4, 3], "u": [2, 1, 3]}, ["y"],
+         {"i": np.array([[[0, -1]], [[1, 2]]], np.int64)}),
+    Case("scatternd_add_const_data", [node("ScatterND", ["c", "i", "x"], ["y"], reduction="add")],
+         {"x": [2, 3]}, ["y"], {"c": W(2, 4, 3), "i": np.array([[0, 1], [1, 1]], np.int64)}, opset=18),
+    Case("topk_values", [node("TopK", ["x", "k"], ["y", "idx"], axis=1)], {"x": [2, 5, 4]}, ["y"],
+         {"k": I(3)}, mode="pwl", distinct=True),
+    Case("topk_smallest_last_axis", [node("TopK", ["x", "k"], ["y", "idx"], largest=0)], {"x": [2, 3, 6]}, ["y"],
+         {"k": I(2)}, mode="pwl", distinct=True),
+    # Max/Min of activations: winner takes all; x against its transpose ties exactly on the diagonal (split)
+    Case("max_acts_ties_const", [node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+                                 node("Max", ["x", "xt", "c"], ["y"])], {"x": [2, 3, 3]}, ["y"], {"c": _OFF},
+         mode="pwl", distinct=True),
+    Case("min_acts_broadcast", [node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+                                node("Min", ["xt", "x"], ["y"])], {"x": [2, 3, 3]}, ["y"], mode="pwl", distinct=True),
+    one("max_const_broadcast_input", "Max", [2, 3, 1], ("c", _OFF), mode="pwl", distinct=True),
+    one("min_const_activation", "Min", [2, 4, 3], ("c", _OFF), mode="pwl", distinct=True),
+    one("reducemin_axes", "ReduceMin", [2, 3, 4], ("axes", I(1)), opset=18, mode="pwl", distinct=True, keepdims=0),
+    one("depthtospace_dcr", "DepthToSpace", [2, 8, 2, 3], blocksize=2),
+    Case("depthtospace_crd", [node("DepthToSpace", ["x"], ["y"], blocksize=2, mode="CRD")], {"x": [2, 8, 3, 2]},
+         ["y"]),
+    one("spacetodepth", "SpaceToDepth", [2, 2, 4, 6], blocksize=2),
+    Case("dyn_depthtospace_crd", [node("DepthToSpace", ["x"], ["y"], blocksize=3, mode="CRD")],
+         {"x": ["N", 18, 2, 2]}, ["y"]),
+    one("reducel1_axes_keep", "ReduceL1", [2, 3, 4], ("axes", I(2)), opset=18, mode="pwl", keepdims=1),
+    one("reducel2_axes_nokeep", "ReduceL2", [2, 3, 4], ("axes", I(1, 2)), opset=18, mode="smooth", keepdims=0),
+    # ---------------------------------------------------------------- Resize (onnx_lrp/ops/resize.py)
+    one("resize_nearest_up2", "Resize", [2, 2, 3, 4], None, ("sc", np.array([1, 1, 2, 2], np.float32))),
+    one("resize_nearest_asym_floor_down", "Resize", [2, 2, 6, 7], None, ("sc", np.array([1, 1, 0.5, 0.6], np.float32)),
+        coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    one("resize_nearest_ceil_up", "Resize", [2, 1, 3, 5], None, ("sc", np.array([1, 1, 1.5, 2.5], np.float32)),
+        nearest_mode="round_prefer_ceil"),
+    one("resize_linear_half_pixel_up2", "Resize", [2, 2, 3, 4], None, ("sc", np.array([1, 1, 2, 2], np.float32)),
+        mode="linear"),
+    one("resize_linear_align_corners_sizes", "Resize", [2, 2, 4, 5], None, None, ("sz", I(2, 2, 7, 3)),
+        mode="linear", coordinate_transformation_mode="align_corners"),
+    one("resize_linear_pytorch_half_pixel_down", "Resize", [2, 1, 8, 6], None, ("sc", np.array([1, 1, 0.5, 0.75],
+                                                                                                  np.float32)),
+        mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+    one("resize_linear_1d_axes_attr", "Resize", [2, 3, 5], None, ("sc", np.array([1.6], np.float32)), mode="linear",
+        axes=[2], opset=18),
+    # --------------------------------------- InstanceNormalization / GroupNormalization (onnx_lrp/ops/norms.py)
+    one("instancenorm_detached", "InstanceNormalization", [2, 3, 4, 5], ("s", _G3), ("bb", W(3)), mode="detached",
+        jvp=_group_norm_jvp(3, _G3), epsilon=1e-5),
+    one("groupnorm21_per_channel", "GroupNormalization", [2, 6, 4], ("s", _C6), ("bb", W(6)), mode="detached",
+        opset=21, jvp=_group_norm_jvp(2, _C6), num_groups=2),
+    one("groupnorm21_4d_one_group", "GroupNormalization", [2, 6, 2, 2], ("s", _C6), ("bb", W(6)), mode="detached",
+        opset=21, jvp=_group_norm_jvp(1, _C6), num_groups=1),
+]
+
 # operands computed from the input's shape at run time (a dynamic axis): not parameters, not activations
 # (loader.mark_shape_only); s = float(shape(x)) = [N, 2] broadcasts against x [N, 2]
 _SHAPE_F = [node("Shape", ["x"], ["shape_i"]), node("Cast", ["shape_i"], ["shape_f"], to=1)]
@@ -357,7 +437,7 @@ CASES += [
     Case("runtime-shift-Sub", _SHAPE_F + [node("Sub", ["shape_f", "x"], ["y"])], {"x": ["N", 2]}, ["y"]),
 ]
 
-# Max/Min (onnx_lrp/ops/maxmin.py, interim until the conformance branch's handler lands): of activations winner
+# Max/Min (onnx_lrp/ops/select.py): of activations winner
 # takes all (x against its transpose ties on the diagonal: split evenly), of one activation and constants an
 # element-wise activation. Constants and the second operand sit off the 1/4 grid of the distinct inputs: no ties
 # that a one-sided difference would see.

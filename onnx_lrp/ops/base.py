@@ -25,7 +25,8 @@ def is_param(v: ir.Value | None) -> bool:
 
 
 def is_float(v: ir.Value | None) -> bool:
-    return v is not None and v.dtype in FLOAT_TYPES
+    """A float tensor (not a sequence or optional of tensors)."""
+    return v is not None and v.dtype in FLOAT_TYPES and (v.type is None or isinstance(v.type, ir.TensorType))
 
 
 def carries(v: ir.Value | None) -> bool:

@@ -176,10 +176,10 @@ class MaxPool(_Pool):
 
 @register
 class GlobalMaxPool(_Reduce):
-    """z = max over axes; J^T s = s spread evenly over the positions that attain the max (as torch.amax)."""
+    """z = max (min) over axes; J^T s = s spread evenly over the positions that attain it (as torch.amax)."""
 
     kind = "maxpool"
-    op_types = ("GlobalMaxPool", "ReduceMax")
+    op_types = ("GlobalMaxPool", "ReduceMax", "ReduceMin")
 
     def mean(self, node):
         return False
@@ -194,3 +194,28 @@ class GlobalMaxPool(_Reduce):
         hit = em.op("Cast", em.op("Equal", x, z, tag="is_max"), to=em.dtype.value, tag="hit")
         ties = em.reduce_sum(hit, axes, keepdims=True, tag="ties")
         return [em.mul(hit, em.div(s, ties, tag="s_per_tie"), tag="JTs")]
+
+
+@register
+class ReduceNorm(_Reduce):
+    """ReduceL1 = sum |x|, ReduceL2 = sqrt(sum x^2): positively homogeneous of degree 1, so x . J^T (R / z) splits
+    R in proportion to |x_i| (L1) or x_i^2 (L2) and conserves it (Euler). J^T s = sign(x) s, resp. x / z s."""
+
+    kind = "sum"
+    op_types = ("ReduceL1", "ReduceL2")
+
+    def mean(self, node):
+        return False
+
+    def transpose(self, em, node, s, p):
+        x = node.inputs[0]
+        axes, keep = self.axes(node)
+        z = node.outputs[0]
+        if not keep and axes:
+            s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
+            z = em.op("Unsqueeze", z, em.ints(axes), tag="z_kept")
+        if node.op_type == "ReduceL1":
+            return [em.mul(em.op("Sign", x, tag="sign_x"), s, tag="JTs")]
+        # x / z where z > 0; at z = 0 (all of x zero) the subgradient 0
+        safe = em.op("Where", em.op("Equal", z, em.scalar(0.0), tag="z_zero"), em.scalar(1.0), z, tag="z_safe")
+        return [em.mul(em.div(x, safe, tag="x_over_z"), s, tag="JTs")]

@@ -53,8 +53,17 @@ class Identity(ShapeOp):
             return []  # a cast to an integer type ends the relevance path
         return [0]
 
+    def check(self, node):
+        if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
+            mode = const(node.inputs[2])
+            if mode is None or bool(np.any(mode)):
+                return "training_mode is set (random masks); export the model in eval mode"
+        return None
+
     def transpose(self, em, node, r_outs):
         r = r_outs[0]
+        if not self.relevance_inputs(node):
+            return []
         if node.inputs[0].dtype != node.outputs[0].dtype:
             r = em.op("Cast", r, to=node.inputs[0].dtype.value, tag="r_in")
         return [r]
@@ -266,3 +275,36 @@ class Expand(ShapeOp):
 
     def transpose(self, em, node, r_outs):
         return [em.unbroadcast(r_outs[0], static_dims(node.outputs[0]), node.inputs[0], tag="r_in")]
+
+
+@register
+class DepthSpace(ShapeOp):
+    """DepthToSpace (DCR, CRD) and SpaceToDepth: a reshape, a transpose and a reshape; J^T r undoes them
+    (reshape r to the transposed shape, inverse permutation, reshape to x)."""
+
+    op_types = ("DepthToSpace", "SpaceToDepth")
+
+    data_inputs = (0,)
+
+    def _steps(self, node):
+        """(shape after the first reshape, permutation) with N left as 0 (copied)."""
+        n, c, h, w = static_dims(node.inputs[0])
+        b = node.attributes.get_int("blocksize", 1)
+        if node.op_type == "SpaceToDepth":
+            return [0, c, h // b, b, w // b, b], [0, 3, 5, 1, 2, 4]
+        if node.attributes.get_string("mode", "DCR") == "CRD":
+            return [0, c // (b * b), b, b, h, w], [0, 1, 4, 2, 5, 3]
+        return [0, b, b, c // (b * b), h, w], [0, 3, 4, 1, 5, 2]
+
+    def check(self, node):
+        dims = static_dims(node.inputs[0])
+        if dims is None or len(dims) != 4 or any(d is None for d in dims[1:]):
+            return "needs a 4-D input with static channels and spatial dimensions"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        split, perm = self._steps(node)
+        moved = [split[p] for p in perm]  # the shape after the transpose
+        r = em.op("Reshape", r_outs[0], em.ints(moved), tag="r_split")
+        r = em.op("Transpose", r, perm=[int(i) for i in np.argsort(perm)], tag="r_unperm")
+        return [em.reshape_like(r, node.inputs[0], tag="r_in")]
