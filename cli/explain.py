@@ -15,6 +15,7 @@ from onnx_lrp.errors import InputError
 from . import heatmap as hm
 from .io import (IMAGENET_MEAN, IMAGENET_STD, AtomicOutputs, OutputError, Preprocess, check_writable, image_layout,
                  input_kind, load_inputs, model_input_dims, parse_floats, parse_size)
+from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .options import common, composite_with, rule_params, takes
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
@@ -99,6 +100,7 @@ def _say(msg: str) -> None:
               help="With --tokens: write an HTML page with the tokens coloured by relevance (one paragraph per "
                    "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@dataset_options
 def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
             heatmap_path, cmap, heatmap_style, size, mean, std, tokens_path, html_path, as_json, composite,
             **rule_kw):
@@ -108,9 +110,19 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     model input (by input name), an image (PNG, JPEG, ...), or a directory of files of one of these kinds
     (explained as one batch, in sorted order).
 
+    With --out-dir OUT, explains a whole dataset in streaming shards instead (INPUT: a directory searched
+    recursively, a glob, a .npy/.npz with a batch axis, or Parquet); see --out-dir and the README.
+
     Prints a summary per item: predicted class, explained target, the output's value there, the sum of the
     relevance, and the time taken.
     """
+    ds = pop_dataset_options(rule_kw)
+    if ds is not None:  # dataset mode: its own module
+        return run_dataset(model, input_path, ds, targets=parse_target(target), output_name=output_name, start=start,
+                           device=device, batch_size=batch_size, relevance_at=relevance_at, size=size, mean=mean,
+                           std=std, as_json=as_json, composite=composite, rule_kw=rule_kw,
+                           refused={"-o": out, "--heatmap": heatmap_path, "--tokens": tokens_path,
+                                    "--html": html_path, "--position": position})
     input_path = Path(input_path)
     kind = input_kind(input_path)
     data_kind = kind

@@ -735,5 +735,18 @@ def read_shards(out_dir) -> dict:
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-__all__ = ["explain_dataset", "open_source", "read_shards", "explain_items", "explainer_payload",
+def explain_arrays(ex, arrays: dict, targets=None, batch_size: int = 32, engine: str = "local",
+                   workers: int | None = None, ray_address: str | None = None):
+    """(relevance by input, outputs by name, targets used) of in-memory arrays (``onnx-lrp check``'s snapshot
+    inputs) on either engine."""
+    if engine not in ENGINES:
+        raise InputError(f"engine {engine!r}: use local or ray")
+    if engine == "ray":
+        from .ray import explain_arrays_ray
+        return explain_arrays_ray(ex, arrays, targets, batch_size, workers, ray_address)
+    from .regression import explain_all
+    return explain_all(ex, arrays, targets, batch_size)
+
+
+__all__ = ["explain_dataset", "explain_arrays", "open_source", "read_shards", "explain_items", "explainer_payload",
            "explainer_from_payload", "Source", "FileSource", "ArraySource", "ParquetSource"]
