@@ -159,6 +159,61 @@ def _one_item(a: np.ndarray, info, item: str) -> np.ndarray:
     return a
 
 
+class RowIds:
+    """``name[i]`` for i < n, made on demand (a million rows cost no memory)."""
+
+    def __init__(self, name: str, n: int):
+        self.name, self.n = name, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> str:
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return f"{self.name}[{i % self.n}]"
+
+    def __iter__(self):
+        return (f"{self.name}[{i}]" for i in range(self.n))
+
+
+class NpyRows:
+    """Rows of a C-ordered .npy file read on demand with plain file reads (not mmap: mapped pages would stay
+    resident and count against the process)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        with open(self.path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                     else np.lib.format.read_array_header_2_0(f))
+            self.offset = f.tell()
+        if fortran or dtype.hasobject or not shape:
+            raise ValueError("not a C-ordered numeric array with a batch axis")
+        self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        if os.path.getsize(self.path) < self.offset + self.row * shape[0]:
+            raise ValueError("truncated")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            lo, hi, step = key.indices(self.shape[0])
+            if step != 1:
+                raise IndexError("only contiguous rows")
+        else:
+            lo = int(key) % self.shape[0]
+            hi = lo + 1
+        count = max(0, hi - lo)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + lo * self.row)
+            data = np.fromfile(f, dtype=self.dtype, count=count * (self.row // self.dtype.itemsize))
+        out = data.reshape((count,) + self.shape[1:])
+        return out if isinstance(key, slice) else out[0]
+
+
 class ArraySource(Source):
     """A .npy (memory-mapped) or .npz with a batch axis: one item per row; ids ``name[i]``."""
 
@@ -170,8 +225,13 @@ class ArraySource(Source):
         n = {len(a) for a in arrays.values()}
         if len(n) != 1:
             raise InputError(f"{path}: the arrays have different lengths {sorted(n)}; give one row per item in each")
-        name = Path(path).name
-        self.ids = [f"{name}[{i}]" for i in range(n.pop())]
+        self.ids = RowIds(Path(path).name, n.pop())
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(f"{self.kind}:{self.ids.name}:{len(self.ids)}".encode())
+        for k, a in sorted(self._open().items()):
+            h.update(f"{k}:{a.shape}:{a.dtype}".encode())
+        return h.hexdigest()
 
     def _open(self) -> dict:
         arrays = getattr(self, "_arrays", None)
@@ -182,8 +242,11 @@ class ArraySource(Source):
             if len(self.infos) != 1:
                 raise InputError(f"the model has {len(self.infos)} inputs; a .npy file holds one array; give a .npz "
                                  f"with arrays named {', '.join(i.name for i in self.infos)}")
-            load_npy(path)  # refuses pickles and broken files with one line
-            arrays = {self.infos[0].name: np.load(path, mmap_mode="r", allow_pickle=False)}
+            try:  # rows are read per shard, never the whole file
+                arr = NpyRows(path)
+            except Exception:  # pickles, broken or empty files: load_npy says what is wrong in one line
+                arr = load_npy(path)
+            arrays = {self.infos[0].name: arr}
         else:
             arrays = load_npz(path)  # a .npz cannot be memory-mapped: read once per process
             if len(self.infos) == 1 and len(arrays) == 1:
@@ -245,8 +308,7 @@ class ParquetSource(Source):
         if "id" in names:
             self.ids = [str(v) for v in ds.to_table(columns=["id"]).column("id").to_pylist()]
         else:
-            name = Path(path).name
-            self.ids = [f"{name}[{i}]" for i in range(ds.count_rows())]
+            self.ids = RowIds(Path(path).name, ds.count_rows())
 
     def _open(self):
         ds = getattr(self, "_ds", None)
@@ -465,7 +527,7 @@ def write_shard(out_dir: Path, res: ShardResult) -> dict:
     arrays = dict(res.arrays)
     arrays["items"] = np.array(res.items, dtype=str) if res.items else np.zeros((0,), dtype="<U1")
     np.savez(buf, **arrays)
-    data = buf.getvalue()
+    data = buf.getbuffer()  # no copy
     name = shard_name(res.index)
     _test_hook("ONNX_LRP_TEST_SLEEP_PER_SHARD")
     atomic_write(Path(out_dir) / SHARD_DIR / name, data)
@@ -517,10 +579,12 @@ class Output:
                 p = self.dir / rec["file"]
                 if p.is_file() and sha256_bytes_of(p) == rec["sha256"]:
                     self.done[int(rec["index"])] = rec
+        stale = [*(self.dir / SHARD_DIR).glob(".part-*.tmp"), *self.dir.glob(f".{MANIFEST}.*.tmp")]
         if overwrite:
-            for p in [self.dir / MANIFEST, self.dir / ERRORS, *(self.dir / SHARD_DIR).glob("part-*.npz")]:
-                if p.exists():
-                    p.unlink()
+            stale += [self.dir / MANIFEST, self.dir / ERRORS, *(self.dir / SHARD_DIR).glob("part-*.npz")]
+        for p in stale:  # temporary files of a killed run, never visible under the shard names
+            if p.exists():
+                p.unlink()
         self.resumed = len(self.done)
 
     def _read(self):
@@ -546,7 +610,8 @@ class Output:
                     explained=sum(s["explained"] for s in shards))
 
     def save(self, complete: bool = False) -> None:
-        atomic_write(self.dir / MANIFEST, (json.dumps(self.manifest(complete), indent=1) + "\n").encode())
+        # compact JSON: the C encoder, no per-entry chunks (the manifest is rewritten after every shard)
+        atomic_write(self.dir / MANIFEST, (json.dumps(self.manifest(complete), separators=(",", ":")) + "\n").encode())
         if complete:
             lines = "".join(json.dumps(f) + "\n" for f in self.failed())
             atomic_write(self.dir / ERRORS, lines.encode())
