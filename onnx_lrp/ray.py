@@ -5,7 +5,8 @@ the ``engine="ray"`` of :func:`onnx_lrp.explain_dataset`.
     ref = onnx_lrp.ray.relevance_model("model.onnx", composite="epsilon-plus-flat")  # built once, in the object store
     ds = ray.data.read_parquet(...)  # a column per model input (e.g. "image"), optional "id" and "target" columns
     out = ds.map_batches(onnx_lrp.ray.ExplainBatch, fn_constructor_kwargs={"relevance_model": ref},
-                         concurrency=4, batch_size=64)            # add num_gpus=1 and device="cuda" on GPU nodes
+                         compute=ray.data.ActorPoolStrategy(size=4), batch_size=64)
+    # on GPU nodes: num_gpus=1 and fn_constructor_kwargs={"relevance_model": ref, "device": "cuda"}
 
 This module is ``onnx_lrp.ray``; every import below is absolute, so ``import ray`` is always the real Ray.
 """
@@ -201,7 +202,9 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
         ref = ray.put(explainer_payload(ex))
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
-        ds = ds.map_batches(_ShardTask, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n), max_restarts=-1, max_task_retries=-1,
+        # Ray Data's actors restart and retry their tasks when a worker dies (max_restarts=-1,
+        # max_task_retries=-1 are its defaults for map_batches actors)
+        ds = ds.map_batches(_ShardTask, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n),
                             fn_constructor_kwargs=dict(relevance_model=ref, source=source, out_dir=str(out.dir),
                                                        batch_size=batch_size, targets=targets, start=start,
                                                        device=ex.device, threads=threads), **res_args)
@@ -232,7 +235,7 @@ def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None,
         n = len(next(iter(arrays.values())))
         # from_numpy makes its blocks in the driver: no read task competes with the actors for the CPUs
         ds = ray.data.from_numpy(np.array_split(np.arange(n), max(1, min(n, nw * 4))))
-        ds = ds.map_batches(_RowsTask, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=nw), max_restarts=-1, max_task_retries=-1,
+        ds = ds.map_batches(_RowsTask, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=nw),
                             fn_constructor_kwargs=dict(relevance_model=ray.put(explainer_payload(ex)),
                                                        arrays=ray.put(dict(arrays)), targets=targets,
                                                        device=ex.device, threads=threads), **res_args)

@@ -340,3 +340,15 @@ def test_explain_batch_in_a_user_pipeline(ex, digits, ray_cluster):
     assert [r["id"] for r in got] == [f"s{i}" for i in range(20)]
     np.testing.assert_allclose(np.stack([r["relevance"] for r in got]), rel, rtol=0, atol=TOL)
     np.testing.assert_array_equal([r["target"] for r in got], tgt)
+
+
+def test_check_engine_ray_recomputes_a_snapshot(tmp_path, digits, ray_cluster):
+    """The snapshot is made in this process; Ray's recomputation must match it to a relative L2 error <= 1e-6 and
+    the same outputs per sample (check's own per-sample comparison)."""
+    np.save(tmp_path / "x.npy", digits[:24])
+    assert CliRunner().invoke(main, ["snapshot", str(DIGITS), str(tmp_path / "x.npy"), "-o",
+                                     str(tmp_path / "base.npz")]).exit_code == 0
+    r = CliRunner().invoke(main, ["check", str(DIGITS), str(tmp_path / "base.npz"), "--engine", "ray", "--workers",
+                                  "2", "--batch-size", "5", "--max-rel-l2", "1e-6", "--max-output-diff", "1e-6",
+                                  "--min-cosine", "0.999999"])
+    assert r.exit_code == 0 and "OK: all 24 sample(s)" in r.stdout, r.output
