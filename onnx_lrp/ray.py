@@ -117,6 +117,9 @@ class _ShardTask(ExplainBatch):
     def __init__(self, *, relevance_model, source, out_dir, batch_size, targets, start, device=None,
                  threads=None):
         super().__init__(relevance_model=relevance_model, device=device, threads=threads, start=start)
+        ray = require_ray()
+        if isinstance(source, ray.ObjectRef):
+            source = ray.get(source)
         self.source, self.out_dir, self.batch_size, self.targets = source, Path(out_dir), batch_size, targets
 
     def __call__(self, batch: dict) -> dict:
@@ -205,9 +208,9 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
         # Ray Data's actors restart and retry their tasks when a worker dies (max_restarts=-1,
         # max_task_retries=-1 are its defaults for map_batches actors)
         ds = ds.map_batches(_ShardTask, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n),
-                            fn_constructor_kwargs=dict(relevance_model=ref, source=source, out_dir=str(out.dir),
-                                                       batch_size=batch_size, targets=targets, start=start,
-                                                       device=ex.device, threads=threads), **res_args)
+                            fn_constructor_kwargs=dict(relevance_model=ref, source=ray.put(source),
+                                                       out_dir=str(out.dir), batch_size=batch_size, targets=targets,
+                                                       start=start, device=ex.device, threads=threads), **res_args)
         seen = set()
         for row in ds.iter_rows():
             rec = json.loads(row["record"])

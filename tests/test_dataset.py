@@ -180,7 +180,8 @@ def test_manifest_mismatch_refuses_unless_overwrite(tmp_path, digits):
     np.save(tmp_path / "x.npy", digits[:6])
     args = ["explain", str(DIGITS), str(tmp_path / "x.npy"), "--out-dir", str(tmp_path / "out"), "--shard-size", "2"]
     assert CliRunner().invoke(main, args).exit_code == 0
-    for extra, what in ((["-c", "epsilon-gamma-box"], "composite"), (["--epsilon", "0.5"], "composite"), (["--start", "one-hot"], "parameters")):
+    for extra, what in ((["-c", "epsilon-gamma-box"], "composite"), (["--epsilon", "0.5"], "composite"),
+                        (["--start", "one-hot"], "parameters")):
         r = CliRunner().invoke(main, args + extra)
         assert r.exit_code == 2 and what in r.stderr and "--overwrite" in r.stderr, r.output
     np.save(tmp_path / "x.npy", digits[:7])  # the source changed
