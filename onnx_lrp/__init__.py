@@ -5,5 +5,5 @@ from .dataset import explain_dataset
 
 __version__ = "0.1.0"
 
-__all__ = ["Explainer", "Explanation", "explain_dataset", "LrpError", "ModelError", "InputError", "UnsupportedError", "DeviceError",
-           "__version__"]
+__all__ = ["Explainer", "Explanation", "explain_dataset", "LrpError", "ModelError", "InputError", "UnsupportedError",
+           "DeviceError", "__version__"]
