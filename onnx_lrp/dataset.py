@@ -501,8 +501,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, fsync, rename: ``path`` is either absent, old, or whole."""
+def atomic_write(path: Path, data: bytes, sync_dir: bool = True) -> None:
+    """Write to a temporary file beside ``path``, fsync, rename: ``path`` is either absent, old, or whole.
+
+    ``sync_dir`` also makes the rename durable at once (shards skip it: the manifest lists a shard only with its
+    checksum, and a rerun redoes a listed shard whose file is missing or differs)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -518,7 +521,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def write_shard(out_dir: Path, res: ShardResult) -> dict:
@@ -530,7 +534,7 @@ def write_shard(out_dir: Path, res: ShardResult) -> dict:
     data = buf.getbuffer()  # no copy
     name = shard_name(res.index)
     _test_hook("ONNX_LRP_TEST_SLEEP_PER_SHARD")
-    atomic_write(Path(out_dir) / SHARD_DIR / name, data)
+    atomic_write(Path(out_dir) / SHARD_DIR / name, data, sync_dir=False)
     return dict(index=res.index, file=f"{SHARD_DIR}/{name}", items=[res.lo, res.hi], explained=len(res.items),
                 sha256=hashlib.sha256(data).hexdigest(), failed=res.failed)
 
@@ -586,6 +590,7 @@ class Output:
             if p.exists():
                 p.unlink()
         self.resumed = len(self.done)
+        self.saved_at = -float("inf")
 
     def _read(self):
         p = self.dir / MANIFEST
@@ -597,9 +602,14 @@ class Output:
             raise InputError(f"{p} is not a readable manifest ({exc}); use --overwrite to start again") from None
 
     def add(self, rec: dict) -> None:
+        """Record a written shard; the manifest is rewritten at most every MANIFEST_EVERY_S seconds (and at the
+        end), so its cost stays small for many shards: a killed run redoes at most that much work."""
         with self.lock:
             self.done[int(rec["index"])] = rec
-            self.save()
+            now = time.monotonic()
+            if now - self.saved_at >= MANIFEST_EVERY_S:
+                self.save()
+                self.saved_at = now
 
     def failed(self) -> list:
         return [f for i in sorted(self.done) for f in self.done[i]["failed"]]
@@ -617,6 +627,7 @@ class Output:
             atomic_write(self.dir / ERRORS, lines.encode())
 
 
+MANIFEST_EVERY_S = 1.0
 MATCH_KEYS = ("format", "model_sha256", "composite", "parameters", "source", "shard_size", "item_count")
 
 
@@ -769,13 +780,16 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     todo = [s for s in all_shards if s[0] not in out.done]
     prog = Progress(sum(hi - lo for _, lo, hi in todo), progress)
     t0 = time.perf_counter()
-    if todo:
-        if engine == "local":
+    try:
+        if todo and engine == "local":
             run_local(ex, src, todo, out, int(batch_size), workers or min(4, os.cpu_count() or 1), target, start,
                       prog)
-        else:
+        elif todo:
             from .ray import run_ray
             run_ray(ex, src, todo, out, int(batch_size), workers, target, start, prog, ray_address)
+    except BaseException:
+        out.save()  # keep what was written for the rerun (Ctrl-C, a lost Ray cluster, ...)
+        raise
     seconds = time.perf_counter() - t0
     out.save(complete=True)
     prog.update(0, final=bool(todo) and progress)

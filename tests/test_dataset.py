@@ -193,13 +193,13 @@ def test_manifest_mismatch_refuses_unless_overwrite(tmp_path, digits):
 
 
 def test_sigkill_half_way_then_resume_equals_uninterrupted(tmp_path, ex, digits):
-    n = 30
+    n = 20
     x = digits[:n]
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out"
     cmd = [str(CLI), "explain", str(DIGITS), str(tmp_path / "x.npy"), "--out-dir", str(out), "--shard-size", "1",
            "--batch-size", "1", "--json"]
-    env = dict(os.environ, ONNX_LRP_TEST_SLEEP_PER_SHARD="0.15")
+    env = dict(os.environ, ONNX_LRP_TEST_SLEEP_PER_SHARD="0.1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     done = 0
     deadline = time.time() + 120
@@ -343,6 +343,7 @@ def test_explain_batch_in_a_user_pipeline(ex, digits, ray_cluster):
     np.testing.assert_array_equal([r["target"] for r in got], tgt)
 
 
+@pytest.mark.slow  # 15 s: a second actor pool
 def test_check_engine_ray_recomputes_a_snapshot(tmp_path, digits, ray_cluster):
     """The snapshot is made in this process; Ray's recomputation must match it to a relative L2 error <= 1e-6 and
     the same outputs per sample (check's own per-sample comparison)."""
