@@ -469,14 +469,35 @@ def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None
 
 
 def explain_shard(ex, source: Source, index: int, lo: int, hi: int, batch_size: int, targets=None,
-                  start: str | None = None) -> ShardResult:
-    ok, bad = source.read(lo, hi)
-    return compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets, start)
+                  start: str | None = None, readers: int = 1) -> ShardResult:
+    """Read, decode and explain one shard. With ``readers`` > 1 (a Ray actor with several CPUs, e.g. beside a GPU)
+    threads decode the next batches of the shard while onnxruntime runs the current one."""
+    if readers <= 1:
+        ok, bad = source.read(lo, hi)
+        return compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets, start)
+    chunks = iter([(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)])
+    done, bad = [], []
+    with ThreadPoolExecutor(readers, thread_name_prefix="lrp-read") as pool:
+        pending = collections.deque(pool.submit(source.read, *c) for c in
+                                    [c for _, c in zip(range(readers + 1), chunks)])
+        while pending:
+            ok_c, bad_c = pending.popleft().result()
+            nxt = next(chunks, None)
+            if nxt is not None:
+                pending.append(pool.submit(source.read, *nxt))
+            d, b = explain_items(ex, ok_c, batch_size, targets, start)
+            done += d
+            bad += bad_c + b
+    return _assemble(source, index, lo, hi, done, bad)
 
 
 def compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets=None, start=None) -> ShardResult:
     done, bad2 = explain_items(ex, ok, batch_size, targets, start)
-    bad = sorted(bad + bad2)
+    return _assemble(source, index, lo, hi, done, bad + bad2)
+
+
+def _assemble(source, index, lo, hi, done, bad) -> ShardResult:
+    bad = sorted(bad)
     done.sort(key=lambda t: t[0])
     keys = list(done[0][1]) if done else []
     arrays = {k: np.stack([d[k] for _, d in done]) for k in keys}

@@ -115,12 +115,13 @@ class _ShardTask(ExplainBatch):
     return its manifest record. Rerunning a shard (a retried task) writes the same file again."""
 
     def __init__(self, *, relevance_model, source, out_dir, batch_size, targets, start, device=None,
-                 threads=None):
+                 threads=None, readers=1):
         super().__init__(relevance_model=relevance_model, device=device, threads=threads, start=start)
         ray = require_ray()
         if isinstance(source, ray.ObjectRef):
             source = ray.get(source)
         self.source, self.out_dir, self.batch_size, self.targets = source, Path(out_dir), batch_size, targets
+        self.readers = readers
 
     def __call__(self, batch: dict) -> dict:
         from onnx_lrp.dataset import explain_shard, write_shard
@@ -129,7 +130,7 @@ class _ShardTask(ExplainBatch):
         for index, lo, hi in zip(batch["index"], batch["lo"], batch["hi"]):
             _fault_hook(int(index))
             res = explain_shard(self.explainer, self.source, int(index), int(lo), int(hi), self.batch_size,
-                                self.targets, self.start)
+                                self.targets, self.start, self.readers)
             records.append(json.dumps(write_shard(self.out_dir, res)))
         return {"record": np.array(records, dtype=object)}
 
@@ -184,12 +185,17 @@ def _connect(address):
 
 
 def _actor_options(ray, ex, workers):
+    """(actors, their resources, onnxruntime threads, decoding threads per actor). CPU: one single-threaded actor per
+    CPU. GPU: one actor per GPU with the cluster's CPUs shared out among them for decoding beside the GPU run."""
+    res = ray.cluster_resources()
+    cpus = max(1, int(res.get("CPU", 1)))
     if ex.device == "cuda":
-        n = workers or max(1, int(ray.cluster_resources().get("GPU", 1)))
-        return n, dict(num_gpus=1), None
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        gpus = max(1, int(res.get("GPU", 1)))
+        n = workers or gpus
+        per = max(1, cpus // max(n, gpus))
+        return n, dict(num_gpus=1, num_cpus=per), None, per
     n = workers or cpus
-    return n, dict(num_cpus=1), max(1, cpus // n)
+    return n, dict(num_cpus=1), max(1, cpus // n), 1
 
 
 def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress, address=None) -> None:
@@ -201,7 +207,7 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
 
     ray, started = _connect(address)
     try:
-        n, res_args, threads = _actor_options(ray, ex, workers)
+        n, res_args, threads, readers = _actor_options(ray, ex, workers)
         ref = ray.put(explainer_payload(ex))
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
@@ -210,7 +216,8 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
         ds = ds.map_batches(_ShardTask, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n),
                             fn_constructor_kwargs=dict(relevance_model=ref, source=ray.put(source),
                                                        out_dir=str(out.dir), batch_size=batch_size, targets=targets,
-                                                       start=start, device=ex.device, threads=threads), **res_args)
+                                                       start=start, device=ex.device, threads=threads,
+                                                       readers=readers), **res_args)
         seen = set()
         for row in ds.iter_rows():
             rec = json.loads(row["record"])
@@ -234,7 +241,7 @@ def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None,
 
     ray, started = _connect(address)
     try:
-        nw, res_args, threads = _actor_options(ray, ex, workers)
+        nw, res_args, threads, _ = _actor_options(ray, ex, workers)
         n = len(next(iter(arrays.values())))
         # from_numpy makes its blocks in the driver: no read task competes with the actors for the CPUs
         ds = ray.data.from_numpy(np.array_split(np.arange(n), max(1, min(n, nw * 4))))

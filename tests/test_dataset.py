@@ -104,6 +104,22 @@ def test_image_directory_recursive_with_a_corrupt_image(tmp_path, ex, digits):
     assert_same(tmp_path / "out", [f.relative_to(src).as_posix() for f in files], rel, tgt)
 
 
+def test_shard_with_decoding_threads_equals_sequential(tmp_path, ex, digits):
+    """explain_shard(readers=3) (a Ray actor beside a GPU decodes in threads) = readers=1 = each item alone."""
+    from onnx_lrp.dataset import explain_shard, open_source
+    src = image_dir(tmp_path / "imgs", digits, 11)
+    (src / "class0" / "zz.png").write_bytes(b"broken")
+    source = open_source(src, input_infos(ex.inputs))
+    a = explain_shard(ex, source, 0, 0, len(source), 2, readers=3)
+    b = explain_shard(ex, source, 0, 0, len(source), 2, readers=1)
+    assert a.items == b.items and len(a.items) == 11 and a.failed == b.failed and len(a.failed) == 1
+    np.testing.assert_array_equal(a.arrays["relevance"], b.arrays["relevance"])
+    x = np.stack([load_image(src / i, image_layout(input_infos(ex.inputs)[0]), Preprocess())[0] for i in a.items])
+    rel, tgt = single(ex, x)
+    np.testing.assert_allclose(a.arrays["relevance"], rel, rtol=0, atol=TOL)
+    np.testing.assert_array_equal(a.arrays["targets"], tgt)
+
+
 def test_glob_and_npz_and_target_list(tmp_path, ex, digits):
     x = digits[:12]
     for i in range(6):
