@@ -90,12 +90,22 @@ class Source:
                 arrays = self.read_item(i)
                 _check_item(arrays, self.infos, self.ids[i])
                 ok.append((i, arrays))
-            except LrpError as exc:
-                bad.append((i, str(exc)))
+            except ITEM_ERRORS as exc:
+                bad.append((i, _item_message(exc, self.ids[i])))
         return ok, bad
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+ITEM_ERRORS = (LrpError, OSError, ValueError)  # what one unreadable item may raise; it fails alone
+
+
+def _item_message(exc: BaseException, item: str) -> str:
+    if isinstance(exc, LrpError):
+        return str(exc)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"item {item} cannot be read ({type(exc).__name__}: {text})"
 
 
 def _check_item(arrays: dict, infos, item: str) -> None:
@@ -276,8 +286,8 @@ class ArraySource(Source):
             try:
                 _check_item(item, self.infos, self.ids[i])
                 ok.append((i, item))
-            except LrpError as exc:
-                bad.append((i, str(exc)))
+            except ITEM_ERRORS as exc:
+                bad.append((i, _item_message(exc, self.ids[i])))
         return ok, bad
 
 
@@ -354,15 +364,15 @@ class ParquetSource(Source):
         ok, bad = [], []
         try:
             rows = self._rows(lo, hi)
-        except LrpError:
-            rows = None
+        except ITEM_ERRORS:
+            rows = None  # one bad row: read them one by one to name it
         for j, i in enumerate(range(lo, hi)):
             try:
                 item = rows[j] if rows is not None else self.read_item(i)
                 _check_item(item, self.infos, self.ids[i])
                 ok.append((i, item))
-            except LrpError as exc:
-                bad.append((i, str(exc)))
+            except ITEM_ERRORS as exc:
+                bad.append((i, _item_message(exc, self.ids[i])))
         return ok, bad
 
 

@@ -175,7 +175,7 @@ def _connect(address):
     if not ray.is_initialized():
         try:
             ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level="ERROR")
-        except ConnectionError as exc:
+        except Exception as exc:  # ConnectionError, RuntimeError, ValueError, depending on the address
             raise InputError(f"--ray-address {address}: cannot connect to a Ray cluster "
                              f"({str(exc).splitlines()[0]}); start one with `ray start --head`") from None
         started = True
@@ -219,13 +219,20 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
                                                        start=start, device=ex.device, threads=threads,
                                                        readers=readers), **res_args)
         seen = set()
-        for row in ds.iter_rows():
-            rec = json.loads(row["record"])
-            if rec["index"] in seen:
-                continue
-            seen.add(rec["index"])
-            out.add(rec)
-            progress.update(rec["items"][1] - rec["items"][0])
+        try:
+            for row in ds.iter_rows():
+                rec = json.loads(row["record"])
+                if rec["index"] in seen:
+                    continue
+                seen.add(rec["index"])
+                out.add(rec)
+                progress.update(rec["items"][1] - rec["items"][0])
+        except LrpError:
+            raise
+        except Exception as exc:  # a task failed for good (e.g. OUT not writable on a node)
+            first = " ".join(str(exc).split())[:300]
+            raise LrpError(f"the Ray run stopped after {len(seen)} of {len(todo)} shard(s) ({type(exc).__name__}: "
+                           f"{first}); fix the cause and run the same command again to finish") from None
         missing = sorted({k for k, _, _ in todo} - seen)
         if missing:
             raise LrpError(f"Ray returned no result for shard(s) {missing[:10]}; run the same command again to "
