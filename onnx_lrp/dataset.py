@@ -14,7 +14,7 @@ renamed, then added to the manifest) and explains only the rest. A manifest writ
 parameters or source refuses unless ``overwrite=True``.
 
 The local engine overlaps reading/decoding (a thread pool, ``workers`` shards ahead) and writing (one thread) with the
-onnxruntime run in the calling thread (onnxruntime releases the GIL); at most ``workers + 3`` shards are in memory, so
+onnxruntime run in the calling thread (onnxruntime releases the GIL); at most ``workers + 4`` shards are in memory, so
 the peak does not grow with the dataset. The Ray engine (:mod:`onnx_lrp.ray`) runs the same shard task on Ray Data
 actors.
 """
