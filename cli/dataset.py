@@ -29,7 +29,8 @@ def dataset_options(f):
                      help="--engine ray: the cluster to join (auto: the one `ray start --head` started; default: a "
                           "new local cluster)."),
         click.option("--workers", type=click.IntRange(min=1), default=None,
-                     help="Dataset mode: reader threads (local) or Ray actors (default: 4 / one per CPU or GPU)."),
+                     help="Dataset mode: reader threads (local; default up to 4) or Ray actors (default: one per CPU, or per "
+                          "GPU with --device cuda)."),
         click.option("--shard-size", "shard_size", type=click.IntRange(min=1), default=256, show_default=True,
                      help="Dataset mode: items per output shard (the unit of resuming)."),
         click.option("--overwrite", is_flag=True,
