@@ -13,6 +13,7 @@ import numpy as np
 from onnx_lrp.errors import InputError
 
 from . import heatmap as hm
+from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
 from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
 
@@ -97,6 +98,7 @@ def _say(msg: str) -> None:
               help="With --tokens: write an HTML page with the tokens coloured by relevance (one paragraph per "
                    "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@dataset_options
 def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
             heatmap_path, cmap, heatmap_style, tokens_path, token_scale, html_path, as_json, composite, **rule_kw):
     """Explain MODEL's prediction for INPUT with LRP.
@@ -105,9 +107,19 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     model input (by input name), an image (PNG, JPEG, ...), or a directory of files of one of these kinds
     (explained as one batch, in sorted order).
 
+    With --out-dir OUT, explains a whole dataset in streaming shards instead (INPUT: a directory searched
+    recursively, a glob, a .npy/.npz with a batch axis, or Parquet); see --out-dir and the README.
+
     Prints a summary per item: predicted class, explained target, the output's value there, the sum of the
     relevance, and the time taken.
     """
+    ds = pop_dataset_options(rule_kw)
+    if ds is not None:  # dataset mode: its own module
+        return run_dataset(model, input_path, ds, targets=parse_target(target), output_name=output_name, start=start,
+                           device=device, batch_size=batch_size, relevance_at=relevance_at,
+                           pre=preprocess(rule_kw), as_json=as_json, composite=composite, rule_kw=rule_kw,
+                           refused={"-o": out, "--heatmap": heatmap_path, "--tokens": tokens_path,
+                                    "--html": html_path, "--position": position})
     input_path = Path(input_path)
     kind = input_kind(input_path)
     data_kind = kind

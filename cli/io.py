@@ -207,17 +207,20 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
                          "it may be truncated; write it with np.savez") from None
 
 
-def load_image(path: Path, layout: ImageLayout, pre: Preprocess) -> tuple[np.ndarray, np.ndarray]:
-    """(model input [C,H,W] or [H,W,C] float32, display image uint8 [H,W,3]) from an image file."""
+def load_image(path: Path, layout: ImageLayout, pre: Preprocess, data: bytes | None = None) \
+        -> tuple[np.ndarray, np.ndarray]:
+    """(model input [C,H,W] or [H,W,C] float32, display image uint8 [H,W,3]) from an image file (or from its
+    encoded bytes ``data``, e.g. a Parquet column; ``path`` then only names it in messages)."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
-    _check_file(path)
+    if data is None:
+        _check_file(path)
     size = pre.size or ((layout.height, layout.width) if layout.height and layout.width else None)
     if size is None:
         raise InputError(f"the model's input size is dynamic; give --size H,W to resize {path.name}")
     try:
-        with Image.open(path) as im:
+        with Image.open(path if data is None else io.BytesIO(data)) as im:
             im.load()
             mode = "L" if layout.channels == 1 else "RGB"
             im = im.convert(mode)

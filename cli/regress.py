@@ -227,7 +227,14 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
 @threshold_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Items per model run (default: the snapshot's; dynamically quantized models depend on it).")
-def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_size, **kw):
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Recompute here, or on Ray Data actors for large snapshots (pip install 'onnx-lrp[ray]').")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="--engine ray: actors (default: one per CPU, or per GPU).")
+@click.option("--ray-address", "ray_address", default=None, metavar="ADDR",
+              help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
+def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_size, engine, workers, ray_address,
+          **kw):
     """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
 
     Metrics per sample: relative output difference, cosine similarity and relative L2 error of the relevance,
@@ -242,8 +249,11 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
     batch_size = batch_size or int(meta.get("batch_size") or 32)
+    from onnx_lrp.dataset import explain_arrays
+
     with Progress("explaining") as bar:
-        rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update)
+        rel, outs, _ = explain_arrays(ex, arrays, snap.targets, batch_size, engine, workers, ray_address,
+                                      progress=bar.update)
     base = snap.result()
     if ex.explained_output not in outs:
         raise InputError(f"the model has no output {meta['explained_output']!r}")

@@ -3,12 +3,15 @@ from .errors import DeviceError, InputError, LrpError, LrpWarning, ModelError, U
 
 __version__ = "0.1.0"
 
-__all__ = ["Explainer", "Explanation", "LrpError", "LrpWarning", "ModelError", "InputError", "UnsupportedError",
-           "DeviceError", "__version__"]
+__all__ = ["Explainer", "Explanation", "explain_dataset", "LrpError", "LrpWarning", "ModelError", "InputError",
+           "UnsupportedError", "DeviceError", "__version__"]
 
 
-def __getattr__(name):  # Explainer and Explanation are imported on first use: `onnx-lrp --help` stays fast
+def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name in ("Explainer", "Explanation"):
         from . import explainer
         return getattr(explainer, name)
+    if name == "explain_dataset":
+        from .dataset import explain_dataset
+        return explain_dataset
     raise AttributeError(f"module 'onnx_lrp' has no attribute {name!r}")

@@ -1,0 +1,100 @@
+"""Dataset mode of ``onnx-lrp explain``: ``--out-dir OUT`` explains every item of SOURCE into sharded, resumable
+output (see :mod:`onnx_lrp.dataset`), on the local engine or on Ray (``--engine ray``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from onnx_lrp.errors import InputError
+
+from .io import IMAGE_SUFFIXES, image_layout, model_input_dims
+from .options import composite_with, rule_params, takes
+
+DATASET_KEYS = ("out_dir", "engine", "ray_address", "workers", "shard_size", "overwrite", "column")
+
+
+def dataset_options(f):
+    """--out-dir (switches explain into dataset mode) and its engine options; collected by pop_dataset_options."""
+    opts = [
+        click.option("--out-dir", "out_dir", default=None, metavar="OUT",
+                     help="Dataset mode: explain every item of INPUT (a directory searched recursively, a glob, a "
+                          ".npy/.npz with a batch axis, or Parquet) into OUT/shards/part-NNNNN.npz with "
+                          "OUT/manifest.json and OUT/errors.jsonl; rerunning the same command resumes."),
+        click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Dataset mode: run here (threads read and write around onnxruntime) or on Ray Data "
+                          "(pip install 'onnx-lrp[ray]')."),
+        click.option("--ray-address", "ray_address", default=None, metavar="ADDR",
+                     help="--engine ray: the cluster to join (auto: the one `ray start --head` started; default: a "
+                          "new local cluster)."),
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help="Dataset mode: reader threads (local; default up to 4) or Ray actors (default: one per CPU, or per "
+                          "GPU with --device cuda)."),
+        click.option("--shard-size", "shard_size", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Dataset mode: items per output shard (the unit of resuming)."),
+        click.option("--overwrite", is_flag=True,
+                     help="Dataset mode: discard what OUT holds instead of resuming it."),
+        click.option("--column", default=None, metavar="NAME",
+                     help="Parquet sources: the column to explain (arrays or encoded images)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def pop_dataset_options(kw: dict) -> dict | None:
+    """The dataset options, popped from ``kw``; None without --out-dir (explain then runs as always)."""
+    opts = {k: kw.pop(k, None) for k in DATASET_KEYS}
+    if opts["out_dir"] is None:
+        others = [k for k in ("ray_address", "workers", "column") if opts[k] is not None]
+        if others or opts["overwrite"] or opts["engine"] not in (None, "local"):
+            names = [f"--{k.replace('_', '-')}" for k in others] + (["--overwrite"] if opts["overwrite"] else []) \
+                + ([f"--engine {opts['engine']}"] if opts["engine"] not in (None, "local") else [])
+            raise InputError(f"{', '.join(names)} belong(s) to dataset mode; add --out-dir OUT")
+        return None
+    return opts
+
+
+def _has_images(source: str) -> bool:
+    p = Path(source)
+    if p.is_dir():
+        return any(q.suffix.lower() in IMAGE_SUFFIXES for q in p.rglob("*"))
+    return p.suffix.lower() in IMAGE_SUFFIXES
+
+
+def run_dataset(model, source, ds: dict, *, targets, output_name, start, device, batch_size, relevance_at, pre,
+                as_json, composite, rule_kw, refused: dict) -> int:
+    """Explain SOURCE into --out-dir; 0 when every item was explained, 1 when some failed (listed in errors.jsonl)."""
+    import onnx_lrp
+
+    given = [name for name, value in refused.items() if value]
+    if given:
+        raise InputError(f"{', '.join(given)} write(s) single-run outputs; with --out-dir the relevance goes to "
+                         "OUT/shards (drop them, or drop --out-dir)")
+    params = rule_params(rule_kw)
+    comp = composite_with(composite, {})
+    if takes(comp, "low") and "low" not in params and "high" not in params and _has_images(source):
+        infos = model_input_dims(model)
+        if len(infos) == 1:
+            params["low"], params["high"] = pre.box(image_layout(infos[0]))
+    comp = composite_with(comp, params)
+    summary = onnx_lrp.explain_dataset(
+        model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=batch_size,
+        shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
+        overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean, std=pre.std, crop=pre.crop,
+        column=ds["column"], composite=comp, device=device, output=output_name, start=start,
+        relevance_at=tuple(relevance_at))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"explained {summary['explained']} of {summary['items']} item(s) into {summary['out_dir']}: "
+                   f"{summary['shards_written']} shard(s) written, {summary['shards_resumed']} resumed, "
+                   f"{summary['seconds']} s" + (f" ({summary['items_per_s']} items/s)" if summary['items_per_s']
+                                                 else ""))
+        if summary["failed"]:
+            click.echo(f"{summary['failed']} item(s) failed: see {summary['errors']}")
+    return 1 if summary["failed"] else 0
+
+
+__all__ = ["dataset_options", "pop_dataset_options", "run_dataset"]
