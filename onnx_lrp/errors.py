@@ -21,7 +21,7 @@ class UnsupportedError(LrpError):
         self.nodes = nodes
         listed = "; ".join(f"{n['name']} ({n['domain'] or 'ai.onnx'}::{n['op_type']}, opset {n['opset']}: "
                            f"{n['reason']})" for n in nodes)
-        super().__init__(f"{len(nodes)} unsupported node(s): {listed}. {hint}")
+        super().__init__(f"{len(nodes)} unsupported node(s): {listed}. {hint}" if nodes else hint)
 
 
 class DeviceError(LrpError):

@@ -17,6 +17,7 @@ from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
 from .errors import ModelError
+from .graph import mark_presumed
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -208,6 +209,7 @@ def load(source, name: str | None = None) -> ir.Model:
     graph.sort()
     refresh_shapes(model)
     mark_shape_only(graph)
+    mark_presumed(graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
     return model
 
 

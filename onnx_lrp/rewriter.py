@@ -309,6 +309,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
 
     outputs = list(graph.outputs)
+    reached = 0
     for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT, POSITION_INPUT)]:
         if not carries(x):
             if x.dtype is None or not x.dtype.is_integer():
@@ -317,6 +318,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 r = token_relevance(em, graph, x, lambda v: total(v, f"input/{x.name}"))
             if r is None:
                 continue
+            reached += 1
             with em.scope(f"input/{x.name}"):
                 r = em.op("Identity", r, tag="relevance")
             r.name = RELEVANCE_PREFIX + x.name
@@ -325,10 +327,13 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
             outputs.append(r)
             continue
         r = total(x, f"input/{x.name}")
+        reached += r is not None
         with em.scope(f"input/{x.name}"):
             r = em.op("Identity", r if r is not None else em.zeros_like(x), tag="relevance")
         _name_output(r, RELEVANCE_PREFIX + x.name, x)
         outputs.append(r)
+    if not reached:
+        raise UnsupportedError([], _no_path(graph, p, forward_nodes))
     for vid, name in watch.items():
         v = values[name]
         r = total(v, f"at/{name}")
@@ -340,6 +345,26 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     graph.outputs.clear()
     graph.outputs.extend(outputs)
     return model
+
+
+def _no_path(graph: ir.Graph, p: Plan, forward_nodes: list) -> str:
+    """Why no relevance reaches any input: the nodes on the way to the output that cut the float path."""
+    wanted: set[int] = set()
+    stack = [p.explained.producer()] if p.explained.producer() is not None else []
+    while stack:
+        n = stack.pop()
+        if id(n) in wanted:
+            continue
+        wanted.add(id(n))
+        stack.extend(v.producer() for v in n.inputs if v is not None and v.producer() is not None)
+    cuts = [n for n in forward_nodes if id(n) in wanted and not any(carries(o) for o in n.outputs)
+            and any(carries(v) for v in n.inputs)]
+    where = "; ".join(f"{n.name} ({n.op_type}) turns a float activation into "
+                      f"{n.outputs[0].dtype.name.lower() if n.outputs[0].dtype else 'a non-float'} values"
+                      for n in cuts[:3])
+    return (f"no relevance path from any input to {p.explained.name!r}: it is not computed from a float input "
+            f"through differentiable nodes{' (' + where + ')' if where else ''}; explain another output "
+            "(--output) or an earlier tensor")
 
 
 def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value | None:
