@@ -24,7 +24,7 @@ from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
 from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
 from .rules.composite import Composite, NodeInfo
-from .rules.rules import Pass, Rule
+from .rules.rules import Pass, Rule, ZBox
 
 TARGET_INPUT = "lrp/target"
 POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
@@ -131,6 +131,37 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     return result
 
 
+def check_bounds(p: Plan, composite: Composite) -> None:
+    """ZBox needs the input's range (no silent default) and bounds that broadcast against one item of its input."""
+    for a in p.assignments:
+        if not (a.on_path and a.supported and isinstance(a.rule, ZBox)):
+            continue
+        if a.rule.low is None or a.rule.high is None:
+            raise InputError(f"composite {composite.name!r} applies zbox to node {a.node.name} ({a.node.op_type}) but "
+                             "has no input bounds: give both the lowest and highest input value (Python: "
+                             "Explainer(..., low=0.0, high=1.0); command line: --low/--high, or --mean/--std for "
+                             "images; composite file: low = ..., high = ...)")
+        xs = a.op.relevance_values(a.node)
+        dims = static_dims(xs[0]) if xs else None
+        if not dims:
+            continue
+        item = tuple(1 if d is None else d for d in dims[1:])
+        for what, bound in (("low", a.rule.low), ("high", a.rule.high)):
+            shape = np.shape(bound)
+            try:
+                fits = np.broadcast_shapes(shape, item) == item and len(shape) <= len(item)
+                # a flat list of several values would broadcast along the last axis, not the channels
+                fits = fits and not (len(shape) == 1 and shape[0] > 1 and len(item) > 1)
+            except ValueError:
+                fits = False
+            if not fits:
+                chan = f", or one per channel shaped [{item[0]}, {', '.join(['1'] * (len(item) - 1))}]" \
+                    if len(item) > 1 else f", or one per feature ({item[0]} values)"
+                raise InputError(f"zbox bound {what} of shape {list(shape)} does not fit the input "
+                                 f"{xs[0].name!r} of node {a.node.name} ({a.node.op_type}, one item "
+                                 f"{'x'.join(map(str, item))}): give one value{chan}")
+
+
 def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
     known: dict[int, bool] = {}
 
@@ -223,6 +254,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                       opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
         raise UnsupportedError(nodes, "Map them to a supported rule in a composite file (e.g. rule = \"pass\" for an "
                                       "element-wise op), or add a handler in onnx_lrp/ops.")
+    check_bounds(p, composite)
     values = {v.name: v for v in graph.inputs}
     for node in graph:
         for o in node.outputs:

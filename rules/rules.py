@@ -180,11 +180,13 @@ class ZBox(LinearRule):
 
     name: ClassVar[str] = "zbox"
     needs_params: ClassVar[bool] = True
-    low: object = -3.0
-    high: object = 3.0
+    low: object = None  # no default (as in zennit): the input's range must be given
+    high: object = None
     stabilizer: float = 1e-6
 
     def __post_init__(self):
+        if self.low is None or self.high is None:
+            return  # refused when the rule is applied (onnx_lrp.rewriter.check_bounds), naming the composite
         lo, hi = np.asarray(self.low, dtype=np.float64), np.asarray(self.high, dtype=np.float64)
         try:
             bad = bool(np.any(np.broadcast_arrays(lo, hi)[0] > np.broadcast_arrays(lo, hi)[1]))
