@@ -24,5 +24,14 @@ class UnsupportedError(LrpError):
         super().__init__(f"{len(nodes)} unsupported node(s): {listed}. {hint}" if nodes else hint)
 
 
+class NumericError(LrpError):
+    """The explained output or the relevance is NaN or infinite; the message names the first node where it
+    became so and the rule applied there."""
+
+
+class InternalError(LrpError):
+    """An unexpected failure inside onnx-lrp while building the relevance model (a bug: please report it)."""
+
+
 class DeviceError(LrpError):
     """The requested execution device is not available."""

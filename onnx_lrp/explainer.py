@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
 from . import loader, rewriter, runtime
-from .errors import InputError
+from .errors import InputError, NumericError
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
@@ -63,8 +64,11 @@ class Explainer:
         y_value = rewriter.explained_value(graph, output, explain_logits)[0]
         y_dims = static_dims(y_value)
         self._rows_from = _sequence_axis_source(graph, y_value)
+        self._trace: list = []
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
-                         explain_logits=explain_logits)
+                         explain_logits=explain_logits, trace=self._trace)
+        self._ir_model = ir_model  # kept for the diagnostic run that locates non-finite relevance
+        self._diag = None
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
         self.explained_output = output or self.output_names[0]
@@ -202,6 +206,7 @@ class Explainer:
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
             merged = self._run(feeds, targets, start, positions)
+        self._check_finite(merged, feeds, targets, start, positions)
         rel = {n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[rewriter.TARGET_OUTPUT]
@@ -221,6 +226,96 @@ class Explainer:
         feeds[rewriter.TARGET_INPUT] = targets
         feeds[rewriter.ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)
+
+    # ------------------------------------------------------------------ numeric honesty
+    def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
+        """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then
+        (only on failure) a diagnostic run that names the first node where it appeared."""
+        names = [self.explained_output] + [n for n in merged if n.startswith(rewriter.RELEVANCE_PREFIX)]
+        bad = [n for n in names if n in merged and merged[n].dtype.kind == "f" and not np.isfinite(merged[n]).all()]
+        if not bad:
+            return
+        a = merged[bad[0]]
+        item = int(np.argwhere(~np.isfinite(a.reshape(a.shape[0], -1)).any(1))[0, 0]) if a.ndim else 0
+        where = None
+        try:
+            where = self._locate(feeds, targets, start, positions, item)
+        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
+            where = None
+        what = "output" if bad[0] == self.explained_output else "relevance"
+        raise NumericError(f"non-finite (NaN/Inf) {what} {bad[0]!r} for batch item {item}: "
+                           + (where or "the node where it first appeared could not be located")
+                           + "; nothing was returned")
+
+    def _diagnostic_session(self):
+        """A session over the relevance model that also returns every forward activation and every relevance
+        tensor of the walk (built once, only when needed)."""
+        if self._diag is None:
+            graph = self._ir_model.graph
+            have = {id(v) for v in graph.outputs}
+            forward, extra = [], []
+            for node in graph:
+                if node.name.startswith("lrp/") or any(o.name.startswith("lrp/") for o in node.outputs):
+                    continue
+                for o in node.outputs:
+                    if carries(o):
+                        forward.append((node, o))
+                        if id(o) not in have:
+                            extra.append(o)
+                            have.add(id(o))
+            by_name = {o.name: o for n in graph for o in n.outputs}
+            for step in self._trace:
+                for name in step.values:
+                    v = by_name.get(name)
+                    if v is not None and id(v) not in have:
+                        if v.type is None:
+                            v.type = ir.TensorType(ir.DataType.FLOAT if v.dtype is None else v.dtype)
+                        extra.append(v)
+                        have.add(id(v))
+            n_out = len(graph.outputs)
+            graph.outputs.extend(extra)
+            try:
+                data = loader.serialize(self._ir_model)
+            finally:
+                while len(graph.outputs) > n_out:
+                    graph.outputs.pop()
+            self._diag = (runtime.Session(data, self.device), forward)
+        return self._diag
+
+    def _locate(self, feeds, targets, start, positions, item: int) -> str:
+        session, forward = self._diagnostic_session()
+        one = all(spec.dims and spec.dims[0] in (None, 1) for spec in self.inputs)
+        if one:
+            feeds = {k: v[item:item + 1] for k, v in feeds.items()}
+            targets = targets[item:item + 1]
+            positions = None if positions is None else positions[item:item + 1]
+        feeds = dict(feeds)
+        if positions is not None:
+            feeds[rewriter.POSITION_INPUT] = positions
+        feeds[rewriter.TARGET_INPUT] = targets
+        feeds[rewriter.ONE_HOT_INPUT] = np.array(start == "one-hot")
+        got = session.run(feeds)
+
+        def finite(name):
+            a = got.get(name)
+            return a is None or a.dtype.kind != "f" or bool(np.isfinite(a).all())
+
+        first_forward = next(((n, o) for n, o in forward if not finite(o.name)), None)
+        if not finite(self.explained_output) or (first_forward is not None and
+                                                 not all(finite(v) for s in self._trace[:1] for v in s.values)):
+            if first_forward is not None:
+                n, o = first_forward
+                return (f"the forward pass is already non-finite at node {n.name} ({n.op_type}, output {o.name!r}); "
+                        "check the model's parameters (a NaN/Inf weight?) and the input's range")
+            return "the forward pass is already non-finite; check the model's parameters and the input's range"
+        for step in self._trace:
+            if not all(finite(v) for v in step.values):
+                hint = ("its forward values are non-finite too (first: node "
+                        f"{first_forward[0].name}, {first_forward[0].op_type})" if first_forward is not None else
+                        "its forward values are finite: the rule's denominators vanish or overflow; give a larger "
+                        "epsilon/stabilizer or map this node to another rule in a composite file")
+                return f"first at node {step.node} ({step.op_type}) under rule {step.rule!r}; {hint}"
+        return "every relevance tensor of the walk is finite in a separate run (a summed relevance overflowed?)"
 
     def save(self, path) -> None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp."""

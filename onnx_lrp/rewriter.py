@@ -244,9 +244,21 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
     return r0, chosen
 
 
+@dataclass(frozen=True)
+class Step:
+    """One node of the relevance walk, for locating where relevance first became non-finite: the relevance values
+    it emitted for its inputs (in walk order: the output's side first)."""
+
+    node: str
+    op_type: str
+    rule: str
+    values: tuple  # names of emitted relevance tensors (gradient-form factors included)
+
+
 def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
-            explain_logits: bool = True) -> ir.Model:
-    """Append the relevance graph to ``model`` (in place) and return it."""
+            explain_logits: bool = True, trace: list | None = None) -> ir.Model:
+    """Append the relevance graph to ``model`` (in place) and return it. ``trace`` (a list) receives one ``Step``
+    per node of the walk (the start relevance first)."""
     graph = model.graph
     p = plan(model, composite, output, explain_logits)
     if p.unsupported:
@@ -268,6 +280,8 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
     forward_nodes = list(graph)
     r0, target_used = _start_relevance(em, graph, p.explained)
+    steps: list = trace if trace is not None else []
+    steps.append(Step("start", "-", "start", (r0.name,)))
     rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
     summed: dict[int, Rel] = {}
     as_r: dict[int, ir.Value] = {}
@@ -332,6 +346,9 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
             else:
                 r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
+        steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
+                          tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
+                                if v is not None and v.name.startswith("lrp/"))))
         keeps = zero_preserving(a.op, a.rule, node)
         if keeps == "inherit":
             keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
