@@ -236,7 +236,8 @@ class Explainer:
         if not bad:
             return
         a = merged[bad[0]]
-        item = int(np.argwhere(~np.isfinite(a.reshape(a.shape[0], -1)).any(1))[0, 0]) if a.ndim else 0
+        rows = np.flatnonzero((~np.isfinite(a)).reshape(len(a), -1).any(1)) if a.ndim else []
+        item = int(rows[0]) if len(rows) else 0
         where = None
         try:
             where = self._locate(feeds, targets, start, positions, item)

@@ -93,7 +93,22 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
+    _check_types(proto, name)
     return proto
+
+
+def _check_types(proto: onnx.ModelProto, name: str) -> None:
+    """Refuse a standard op given a data type its schema does not allow (e.g. a Conv on int32: an input whose type
+    was changed). Strict inference stops at the first error; only type errors are refused here (ops of other
+    domains have no schema and pass)."""
+    try:
+        shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except Exception as exc:  # onnx.shape_inference.InferenceError
+        text = " ".join(str(exc).split())
+        if "type" in text.lower() and ("typestr" in text or "Type Error" in text or "unsupported type" in text
+                                      or "inconsistent type" in text or "type mismatch" in text.lower()):
+            raise ModelError(f"{name}: {text[:300]}; the data types do not fit the ops (re-export the model)") \
+                from None
 
 
 def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.ndarray] | None:

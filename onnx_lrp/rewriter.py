@@ -127,6 +127,10 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
                     misfit = rule_fits(op, rule)
                     if misfit:
                         a.supported, a.reason = False, misfit
+                    elif isinstance(op, (LinearOp, ActivationOp)) and any(carries(o) for o in node.outputs) \
+                            and not op.relevance_values(node):
+                        a.supported, a.reason = False, ("no float activation among its inputs (parameters or "
+                                                        "integer tensors only): relevance cannot pass it")
         result.assignments.append(a)
     return result
 
