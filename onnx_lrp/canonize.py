@@ -136,8 +136,14 @@ def fold_batchnorm(graph: ir.Graph) -> int:
         if any(a is None for a in (scale, shift, mean, var, w)):
             continue
         eps = bn.attributes.get_float("epsilon", 1e-5)
+        if len({scale.shape, shift.shape, mean.shape, var.shape}) != 1 or scale.ndim != 1 or w.ndim < 2:
+            continue  # malformed: left to BatchNormalization's own check, which names it
         a = (scale / np.sqrt(var + eps)).astype(np.float64)
         b = const(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] is not None else None
+        n_out = w.shape[0] if layer.op_type == "Conv" or layer.attributes.get_int("transB", 0) else w.shape[1]
+        if a.shape != (n_out,) or (b is not None and (b.size not in (1, n_out) or (
+                layer.op_type == "Conv" and b.shape != (n_out,)))):
+            continue
         if layer.op_type == "Conv":
             if w.shape[0] != a.shape[0]:
                 continue
@@ -150,7 +156,7 @@ def fold_batchnorm(graph: ir.Graph) -> int:
             beta = layer.attributes.get_float("beta", 1.0)
             trans_b = layer.attributes.get_int("transB", 0)
             w_new = alpha * (w * a[:, None] if trans_b else w * a[None, :])
-            b0 = beta * np.broadcast_to(b, a.shape) if b is not None else np.zeros(a.shape)
+            b0 = beta * np.broadcast_to(b.reshape(-1), a.shape) if b is not None else np.zeros(a.shape)
             layer.attributes["alpha"] = ir.AttrFloat32("alpha", 1.0)
             layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         b_new = (b0 - mean) * a + shift

@@ -35,3 +35,11 @@ class InternalError(LrpError):
 
 class DeviceError(LrpError):
     """The requested execution device is not available."""
+
+
+def internal_error(node, exc: BaseException) -> InternalError:
+    """An unexpected exception while handling ``node`` (None: outside any node) as one line that names it."""
+    where = f"node {node.name} ({node.domain or 'ai.onnx'}::{node.op_type})" if node is not None else "onnx-lrp"
+    text = " ".join(str(exc).split())[:200]
+    return InternalError(f"internal error in {where}: {type(exc).__name__}: {text}. This is a bug in onnx-lrp "
+                         "(or a malformed model it failed to recognise); please report it with the model")

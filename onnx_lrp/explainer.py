@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import loader, rewriter, runtime
-from .errors import InputError, NumericError
+from .errors import InputError, LrpError, ModelError, NumericError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
@@ -55,7 +55,14 @@ class Explainer:
             raise InputError(str(exc)) from None
         self.start = start
         self.device = runtime.resolve_device(device)
-        ir_model = loader.load(model)
+        try:
+            ir_model = loader.load(model)
+        except LrpError:
+            raise
+        except MemoryError:
+            raise ModelError("out of memory while reading the model; a dimension of it may be absurdly large") from None
+        except Exception as exc:  # a bug (or a malformed model no check foresaw): one line, counted by the fuzzer
+            raise internal_error(None, exc) from exc
         graph = ir_model.graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
                        for v in graph.inputs]

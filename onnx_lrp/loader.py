@@ -69,10 +69,26 @@ def _opset(proto: onnx.ModelProto) -> int:
     return 0
 
 
+def _check_text(proto: onnx.ModelProto, name: str) -> None:
+    """Names, op types and domains must be valid UTF-8 (protobuf hands invalid ones over as bytes)."""
+    g = proto.graph
+    texts = [(f"opset import {i}", imp.domain) for i, imp in enumerate(proto.opset_import)]
+    for i, n in enumerate(g.node):
+        texts += [(f"node {i}", t) for t in [n.name, n.op_type, n.domain, *n.input, *n.output]]
+        texts += [(f"node {i}", a.name) for a in n.attribute]
+    for kind, vals in (("input", g.input), ("output", g.output), ("value_info", g.value_info),
+                       ("initializer", g.initializer)):
+        texts += [(kind, v.name) for v in vals]
+    bad = next((where for where, t in texts if isinstance(t, bytes)), None)
+    if bad is not None:
+        raise ModelError(f"{name}: {bad} has a name that is not valid UTF-8; the file is corrupt (re-export it)")
+
+
 def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProto:
     """Check the model, lift it to MIN_OPSET, infer shapes."""
     if len(proto.graph.node) == 0:
         raise ModelError(f"{name}: the graph has no nodes; is this the right file?")
+    _check_text(proto, name)
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:
@@ -223,9 +239,30 @@ def load(source, name: str | None = None) -> ir.Model:
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
     refresh_shapes(model)
+    _check_sizes(graph, name)
     mark_shape_only(graph)
     mark_presumed(graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
     return model
+
+
+MAX_ITEM_ELEMENTS = 1 << 30  # elements of one batch item of any tensor
+
+
+def _check_sizes(graph: ir.Graph, name: str) -> None:
+    """Refuse inputs with an empty non-batch axis and tensors whose static size per item is absurd (a corrupt
+    dimension such as 2**30 would otherwise exhaust memory while the relevance graph is built)."""
+    for v in list(graph.inputs) + [o for n in graph for o in n.outputs]:
+        if v.shape is None:
+            continue
+        dims = [d for d in v.shape[1:] if isinstance(d, int)]
+        if v in graph.inputs and any(d == 0 for d in dims):
+            raise ModelError(f"{name}: input {v.name!r} has an empty axis (shape {list(v.shape)}); nothing to "
+                             "explain (re-export with the real input size)")
+        if int(np.prod(dims, dtype=np.float64)) > MAX_ITEM_ELEMENTS:
+            producer = v.producer()
+            where = f" (output of node {producer.name}, {producer.op_type})" if producer is not None else ""
+            raise ModelError(f"{name}: tensor {v.name!r}{where} has {'x'.join(map(str, v.shape))} elements per "
+                             f"item, more than {MAX_ITEM_ELEMENTS}; a dimension of the model is corrupt or too large")
 
 
 def mark_shape_only(graph: ir.Graph) -> int:

@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from . import patterns
 from .deployed import relay_sources
-from .errors import InputError, UnsupportedError
+from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, static_dims
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
@@ -99,39 +99,45 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     result = Plan(explained=y, output=out)
     # linear layers reached from an input without crossing another linear layer are "first"
     reached = {id(v) for v in graph.inputs}
-    for node in graph:
-        dispatcher = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        op = dispatcher.resolve(node) if dispatcher is not None else None
-        kind = op.kind if op is not None else "unknown"
-        feeds = any(id(v) in reached for v in node.inputs if v is not None)
-        first = feeds and kind in ("convolution", "dense")
-        if feeds and not first:
-            reached.update(id(o) for o in node.outputs)
-        a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
-        if "lrp_absorbed_by" in node.meta:
-            a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
-        elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
-            a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
-        elif dispatcher is None:
-            a.supported, a.reason = False, "no handler for this op"
-        else:
-            reason = dispatcher.check(node) or (op.check(node) if op is not dispatcher else None)
-            if reason:
-                a.supported, a.reason = False, reason
+    node = None
+    try:
+        for node in graph:
+            dispatcher = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            op = dispatcher.resolve(node) if dispatcher is not None else None
+            kind = op.kind if op is not None else "unknown"
+            feeds = any(id(v) in reached for v in node.inputs if v is not None)
+            first = feeds and kind in ("convolution", "dense")
+            if feeds and not first:
+                reached.update(id(o) for o in node.outputs)
+            a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
+            if "lrp_absorbed_by" in node.meta:
+                a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
+            elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
+                a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
+            elif dispatcher is None:
+                a.supported, a.reason = False, "no handler for this op"
             else:
-                rule = composite.rule_for(NodeInfo(node.name, node.op_type, kind, first))
-                if rule is None:
-                    a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {kind!r}"
+                reason = dispatcher.check(node) or (op.check(node) if op is not dispatcher else None)
+                if reason:
+                    a.supported, a.reason = False, reason
                 else:
-                    a.rule = rule
-                    misfit = rule_fits(op, rule)
-                    if misfit:
-                        a.supported, a.reason = False, misfit
-                    elif isinstance(op, (LinearOp, ActivationOp)) and any(carries(o) for o in node.outputs) \
-                            and not op.relevance_values(node):
-                        a.supported, a.reason = False, ("no float activation among its inputs (parameters or "
-                                                        "integer tensors only): relevance cannot pass it")
-        result.assignments.append(a)
+                    rule = composite.rule_for(NodeInfo(node.name, node.op_type, kind, first))
+                    if rule is None:
+                        a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {kind!r}"
+                    else:
+                        a.rule = rule
+                        misfit = rule_fits(op, rule)
+                        if misfit:
+                            a.supported, a.reason = False, misfit
+                        elif isinstance(op, (LinearOp, ActivationOp)) and any(carries(o) for o in node.outputs) \
+                                and not op.relevance_values(node):
+                            a.supported, a.reason = False, ("no float activation among its inputs (parameters or "
+                                                            "integer tensors only): relevance cannot pass it")
+            result.assignments.append(a)
+    except LrpError:
+        raise
+    except Exception as exc:  # a bug (or a malformed node a check did not foresee): named by node
+        raise internal_error(node, exc) from exc
     return result
 
 
@@ -322,44 +328,55 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 as_r[id(v)] = r.as_relevance(em, tag="r_out")
         return as_r[id(v)]
 
-    for node in reversed(forward_nodes):
-        a = by_node[id(node)]
-        if not a.on_path:
-            continue
-        grad = a.kind == "bias" or gradient_form(a.op, a.rule)
-        r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
-        if all(r is None for r in r_outs):
-            continue
-        if a.kind == "held":
-            continue
-        if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
-            src = next(v for v in node.inputs if carries(v))
-            rel.setdefault(id(src), []).append(r_outs[0])
-            zero_where_zero[id(src)] = False
-            continue
-        xs = a.op.relevance_values(node)
-        z = node.outputs[0]
-        if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
-            z = node.meta["lrp_bias_add"].outputs[0]
-        layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
-        if not isinstance(a.op, ShapeOp) and r_outs[0] is None:
-            continue
-        layer.relu_out = _relu_after(z, by_node, zero_where_zero)
-        with em.scope(node.name):
-            if grad:
-                r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
-            else:
-                r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
-        steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
-                          tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
-                                if v is not None and v.name.startswith("lrp/"))))
-        keeps = zero_preserving(a.op, a.rule, node)
-        if keeps == "inherit":
-            keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
-        for x, r in zip(xs, r_ins):
-            if r is not None:
-                rel.setdefault(id(x), []).append(r)
-                zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+    current = None
+    try:
+        for node in reversed(forward_nodes):
+            current = node
+            a = by_node[id(node)]
+            if not a.on_path:
+                continue
+            grad = a.kind == "bias" or gradient_form(a.op, a.rule)
+            r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
+            if all(r is None for r in r_outs):
+                continue
+            if a.kind == "held":
+                continue
+            if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
+                src = next(v for v in node.inputs if carries(v))
+                rel.setdefault(id(src), []).append(r_outs[0])
+                zero_where_zero[id(src)] = False
+                continue
+            xs = a.op.relevance_values(node)
+            z = node.outputs[0]
+            if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
+                z = node.meta["lrp_bias_add"].outputs[0]
+            layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
+            if not isinstance(a.op, ShapeOp) and r_outs[0] is None:
+                continue
+            layer.relu_out = _relu_after(z, by_node, zero_where_zero)
+            with em.scope(node.name):
+                if grad:
+                    r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
+                else:
+                    r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
+            steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
+                              tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
+                                    if v is not None and v.name.startswith("lrp/"))))
+            keeps = zero_preserving(a.op, a.rule, node)
+            if keeps == "inherit":
+                keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
+            for x, r in zip(xs, r_ins):
+                if r is not None:
+                    rel.setdefault(id(x), []).append(r)
+                    zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+
+    except LrpError:
+        raise
+    except MemoryError:
+        raise InputError(f"out of memory while building the relevance of node {current.name} ({current.op_type}); "
+                         "the model (or a dimension of it) is too large for this machine") from None
+    except Exception as exc:  # a bug: named by node, never a bare traceback
+        raise internal_error(current, exc) from exc
 
     outputs = list(graph.outputs)
     reached = 0
