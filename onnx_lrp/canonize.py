@@ -226,7 +226,10 @@ def layernorm_statistics(graph: ir.Graph) -> None:
         stash = ir.DataType(node.attributes.get_int("stash_type", 1))
         stat_shape = ir.Shape([x.shape[i] if i < axis else 1 for i in range(rank)])
         names = [o.name for o in node.outputs] + [f"{node.name or 'layernorm'}/mean", f"{node.name or 'layernorm'}/inv_std"][len(node.outputs) - 1:]
-        new = ir.node("LayerNormalization", list(node.inputs), {k: a for k, a in node.attributes.items()},
+        inputs = list(node.inputs)
+        while inputs and inputs[-1] is None:  # an empty optional bias ("") with the statistics outputs crashes
+            inputs.pop()                      # onnxruntime 1.32's extended optimisations (segfault): drop it
+        new = ir.node("LayerNormalization", inputs, {k: a for k, a in node.attributes.items()},
                       num_outputs=3, name=node.name)
         for i, (old_out, new_out) in enumerate(zip(list(node.outputs) + [None] * 3, new.outputs)):
             if old_out is not None:
