@@ -197,6 +197,8 @@ class Explainer:
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
         batch = next(iter(feeds.values())).shape[0]
+        if batch == 0:
+            raise InputError("the batch is empty (0 items); give at least one item")
         positions = None
         if self.sequence_rows is not None:
             targets, positions = self._positions(target, position, batch, feeds)

@@ -261,8 +261,9 @@ def _check_sizes(graph: ir.Graph, name: str) -> None:
         if int(np.prod(dims, dtype=np.float64)) > MAX_ITEM_ELEMENTS:
             producer = v.producer()
             where = f" (output of node {producer.name}, {producer.op_type})" if producer is not None else ""
-            raise ModelError(f"{name}: tensor {v.name!r}{where} has {'x'.join(map(str, v.shape))} elements per "
-                             f"item, more than {MAX_ITEM_ELEMENTS}; a dimension of the model is corrupt or too large")
+            raise ModelError(f"{name}: tensor {v.name!r}{where} of shape {'x'.join(map(str, v.shape))} has more "
+                             f"than {MAX_ITEM_ELEMENTS} elements per item; a dimension of the model is corrupt or too "
+                             "large")
 
 
 def mark_shape_only(graph: ir.Graph) -> int:

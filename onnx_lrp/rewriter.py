@@ -404,8 +404,17 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         outputs.append(r)
     if not reached:
         raise UnsupportedError([], _no_path(graph, p, forward_nodes))
+    produced = {o.name for o in outputs}
     for vid, name in watch.items():
         v = values[name]
+        if v.is_graph_input():  # the input's own relevance output already is this tensor's relevance
+            if RELEVANCE_PREFIX + name not in produced:
+                raise InputError(f"relevance at {name!r}: this graph input carries no relevance (not a float "
+                                 "activation); name a tensor from `onnx-lrp inspect`")
+            continue
+        if RELEVANCE_PREFIX + name in produced:
+            continue  # named twice
+        produced.add(RELEVANCE_PREFIX + name)
         r = total(v, f"at/{name}")
         with em.scope(f"at/{name}"):
             r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
