@@ -82,6 +82,35 @@ def _check_text(proto: onnx.ModelProto, name: str) -> None:
     bad = next((where for where, t in texts if isinstance(t, bytes)), None)
     if bad is not None:
         raise ModelError(f"{name}: {bad} has a name that is not valid UTF-8; the file is corrupt (re-export it)")
+    for init in g.initializer:
+        _check_tensor(init, name)
+
+
+def _check_tensor(t: onnx.TensorProto, name: str) -> None:
+    """The data of an initializer must hold exactly prod(dims) values (else every later read of it fails)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type in (onnx.TensorProto.STRING,
+                                                                        onnx.TensorProto.UNDEFINED):
+        return
+    count = int(np.prod(list(t.dims), dtype=np.float64))
+    if any(d < 0 for d in t.dims):
+        raise ModelError(f"{name}: initializer {t.name!r} has a negative dimension {list(t.dims)}; the file is corrupt")
+    try:
+        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+    except Exception:  # noqa: BLE001 - an unknown or sub-byte type: left to onnxruntime
+        return
+    if np_dtype.itemsize == 0 or t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return
+    if t.HasField("raw_data"):
+        have = len(t.raw_data) / np_dtype.itemsize
+    else:
+        fields = [f for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data") if
+                  len(getattr(t, f))]
+        have = len(getattr(t, fields[0])) if fields else 0
+        if np_dtype.kind == "c":
+            have /= 2
+    if have != count:
+        raise ModelError(f"{name}: initializer {t.name!r} holds {have:g} values for dimensions {list(t.dims)} "
+                         f"({count}); the file is corrupt (re-export it)")
 
 
 def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProto:

@@ -53,7 +53,19 @@ def seed_models() -> dict[str, onnx.ModelProto]:
                      {"x": ["N", 3, 4]}, ["y"],
                      {"wq": _w(4, 4), "g": np.abs(_w(4)) + 0.5, "be": _w(4), "axes": np.array([1], dtype=np.int64)},
                      opset=18)
-    return {"mlp": mlp, "cnn": cnn, "res": res, "seq": seq}
+    half = make_model([node("Gemm", ["x", "w1", "b1"], "h", transB=1), node("Relu", ["h"], "a"),
+                       node("Gemm", ["a", "w2", "b2"], "y", transB=1)],
+                      {"x": ["N", 5]}, ["y"], {k: v.astype(np.float16) for k, v in
+                                               {"w1": _w(6, 5), "b1": _w(6), "w2": _w(4, 6), "b2": _w(4)}.items()},
+                      dtype=np.float16)
+    qdq = make_model([node("QuantizeLinear", ["x", "xs", "xz"], "xq"), node("DequantizeLinear", ["xq", "xs", "xz"], "xd"),
+                      node("DequantizeLinear", ["wq", "ws", "wz"], "w", axis=0),
+                      node("Conv", ["xd", "w", "b"], "c", pads=[1, 1, 1, 1]), node("Relu", ["c"], "r"),
+                      node("GlobalAveragePool", ["r"], "g"), node("Flatten", ["g"], "y")],
+                     {"x": ["N", 2, 4, 4]}, ["y"],
+                     {"xs": np.float32(0.05), "xz": np.int8(0), "wq": _R.integers(-100, 100, (3, 2, 3, 3)).astype(np.int8),
+                      "ws": np.full(3, 0.01, np.float32), "wz": np.zeros(3, np.int8), "b": _w(3)})
+    return {"mlp": mlp, "cnn": cnn, "res": res, "seq": seq, "half": half, "qdq": qdq}
 
 
 ODD_INTS = [0, -1, 1, 2, 3, 7, 2 ** 30, -(2 ** 31)]
@@ -61,7 +73,7 @@ ODD_FLOATS = [0.0, -1.0, 1e30, float("nan"), float("inf"), -float("inf")]
 DTYPES = [TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT64, TensorProto.INT32,
           TensorProto.BOOL, TensorProto.UINT8, TensorProto.STRING, TensorProto.BFLOAT16]
 KINDS = ["flip", "drop_attr", "retype_attr", "odd_attr", "input_dim", "input_rank", "input_dtype", "del_input",
-         "nan_init", "init_shape", "init_dtype", "unknown_op", "del_node", "swap_inputs", "output_drop"]
+         "nan_init", "init_shape", "init_dims", "init_dtype", "unknown_op", "del_node", "swap_inputs", "output_drop"]
 
 
 def mutate(model: onnx.ModelProto, rnd, kind: str | None = None) -> bytes:
@@ -114,6 +126,12 @@ def mutate(model: onnx.ModelProto, rnd, kind: str | None = None) -> bytes:
         g.input[0].type.tensor_type.elem_type = rnd.choice(DTYPES)
     elif kind == "del_input" and len(nd.input):
         nd.input[rnd.randrange(len(nd.input))] = ""
+    elif kind == "init_dims" and len(g.initializer):  # dims that no longer fit the data
+        init = g.initializer[rnd.randrange(len(g.initializer))]
+        if len(init.dims):
+            init.dims[rnd.randrange(len(init.dims))] = rnd.choice([0, 1, 2, 5, 2 ** 30])
+        else:
+            init.dims.append(rnd.choice([0, 2]))
     elif kind in ("nan_init", "init_shape", "init_dtype") and len(g.initializer):
         init = g.initializer[rnd.randrange(len(g.initializer))]
         arr = numpy_helper.to_array(init)

@@ -176,7 +176,8 @@ def test_relevance_graph_uses_only_ops_the_cuda_provider_implements(composite):
              "v": np.ones(4), "w2": RNG.standard_normal((6, 4, 3, 3)), "w3": RNG.standard_normal((6, 4, 1, 1)),
              "wd": RNG.standard_normal((3, 6)), "bd": np.zeros(3)}
     model = make_model(nodes, {"x": ["N", 3, 16, 16]}, ["y"], {k: np.asarray(v, np.float32) for k, v in inits.items()})
-    ex = onnx_lrp.Explainer(model.SerializeToString(), composite=composite)
+    box = {"low": -3.0, "high": 3.0} if composite == "epsilon-gamma-box" else {}
+    ex = onnx_lrp.Explainer(model.SerializeToString(), composite=composite, **box)
     emitted = {n.op_type for n in onnx.load_model_from_string(ex.model_bytes).graph.node if n.name.startswith("lrp/")}
     assert emitted and emitted <= CUDA_OPS, f"not in the CUDA kernel list: {sorted(emitted - CUDA_OPS)}"
     assert np.all(np.isfinite(ex.explain(RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)).relevance))
