@@ -96,6 +96,9 @@ def inspect(model, output_name, as_json, composite, **rule_kw):
         click.echo(f"onnx-lrp: {len(bad)} unsupported node(s); map them to a rule in a composite file or add a "
                    "handler in onnx_lrp/ops", err=True)
         sys.exit(1)
+    if plan.no_path:
+        click.echo(f"onnx-lrp: {plan.no_path}", err=True)
+        sys.exit(1)
 
 
 @click.command("composites")

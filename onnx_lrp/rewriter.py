@@ -51,6 +51,7 @@ class Plan:
     explained: ir.Value
     output: ir.Value
     assignments: list[Assignment] = field(default_factory=list)
+    no_path: str | None = None  # why no relevance can reach any input (None: some input is reached)
 
     @property
     def unsupported(self) -> list[Assignment]:
@@ -138,6 +139,10 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
         raise
     except Exception as exc:  # a bug (or a malformed node a check did not foresee): named by node
         raise internal_error(node, exc) from exc
+    if not any(a.on_path and any(v is not None and v.is_graph_input() and (
+            carries(v) or (v.dtype is not None and v.dtype.is_integer())) for v in a.node.inputs)
+               for a in result.assignments):
+        result.no_path = _no_path(graph, result, list(graph))
     return result
 
 

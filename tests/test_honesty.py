@@ -224,3 +224,15 @@ def test_layernorm_without_bias_runs_with_attnlrp():
     assert np.isfinite(res.relevance).all() and res.relevance.shape == x.shape
     y = res.outputs["y"][np.arange(2), res.target]
     np.testing.assert_allclose(res.relevance.reshape(2, -1).sum(1), y, rtol=1e-3, atol=1e-4)
+
+
+def test_inspect_exits_1_when_no_path_reaches_an_input(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+    m = make_model([node("Cast", ["x"], "xi", to=TensorProto.INT64), node("Cast", ["xi"], "xf", to=TensorProto.FLOAT),
+                    node("Gemm", ["xf", "w", "b"], "y", transB=1)], {"x": ["N", 4]}, ["y"],
+                   {"w": W2, "b": np.zeros(3, np.float32)})
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "m.onnx"), "--composite", "epsilon"])
+    assert res.exit_code == 1 and "no relevance path from any input to 'y'" in res.stderr, res.output
