@@ -56,13 +56,17 @@ class Explainer:
         self.start = start
         self.device = runtime.resolve_device(device)
         try:
-            ir_model = loader.load(model)
+            self._build(model, output, relevance_at, explain_logits, threads)
         except LrpError:
             raise
         except MemoryError:
-            raise ModelError("out of memory while reading the model; a dimension of it may be absurdly large") from None
+            raise ModelError("out of memory while building the relevance model; the model (or a dimension of it) is "
+                             "too large for this machine") from None
         except Exception as exc:  # a bug (or a malformed model no check foresaw): one line, counted by the fuzzer
             raise internal_error(None, exc) from exc
+
+    def _build(self, model, output, relevance_at, explain_logits, threads) -> None:
+        ir_model = loader.load(model)
         graph = ir_model.graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
                        for v in graph.inputs]

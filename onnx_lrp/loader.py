@@ -259,7 +259,14 @@ def load(source, name: str | None = None) -> ir.Model:
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
     proto = prepare_proto(read_proto(source), name)
-    model = to_ir(proto)
+    try:
+        model = to_ir(proto)
+    except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
+        cause = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise ModelError(f"{name}: the model cannot be read ({type(cause).__name__}: "
+                         f"{' '.join(str(cause).split())[:150]}); the file is corrupt (re-export it)") from None
     graph = model.graph
     _name_everything(graph)
     fold_constants(model)

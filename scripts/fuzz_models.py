@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=5000, help="number of mutated models")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=40, help="distinct failures to print")
+    ap.add_argument("--dump", default=None, help="write every case's outcome as a JSON line to this file")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
@@ -64,6 +65,7 @@ def main() -> int:
     counts = collections.Counter()
     failures = collections.Counter()
     t0 = time.perf_counter()
+    dump = open(args.dump, "w") if args.dump else None
     i = 0
     while i < args.n:
         proc = subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--n", str(args.n), "--seed",
@@ -75,6 +77,8 @@ def main() -> int:
                 current = rec["i"]
                 continue
             current = None
+            if dump:
+                dump.write(line)
             i = rec["i"] + 1
             counts[rec["result"]] += 1
             if rec["result"] not in ("ok", "refused"):
