@@ -146,6 +146,17 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     return result
 
 
+def _hint(bad: list[Assignment]) -> str:
+    """What to do about the unsupported nodes, by why they are unsupported."""
+    if all(a.reason.startswith("malformed") for a in bad):
+        return "The model is malformed there (the ONNX checker lets it pass, onnxruntime would not run it): " \
+               "re-export it."
+    if all(a.op is None and a.kind == "unknown" for a in bad):
+        return "Add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
+    return "Map them to a supported rule in a composite file (e.g. rule = \"pass\" for an element-wise op), or add " \
+           "a handler in onnx_lrp/ops."
+
+
 def check_bounds(p: Plan, composite: Composite) -> None:
     """ZBox needs the input's range (no silent default) and bounds that broadcast against one item of its input."""
     for a in p.assignments:
@@ -279,8 +290,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     if p.unsupported:
         nodes = [dict(name=a.node.name, op_type=a.node.op_type, domain=a.node.domain,
                       opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
-        raise UnsupportedError(nodes, "Map them to a supported rule in a composite file (e.g. rule = \"pass\" for an "
-                                      "element-wise op), or add a handler in onnx_lrp/ops.")
+        raise UnsupportedError(nodes, _hint(p.unsupported))
     check_bounds(p, composite)
     values = {v.name: v for v in graph.inputs}
     for node in graph:
