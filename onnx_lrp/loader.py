@@ -146,8 +146,23 @@ def _check_types(proto: onnx.ModelProto, name: str) -> None:
     """Refuse a standard op given a data type its schema does not allow (e.g. a Conv on int32: an input whose type
     was changed). Strict inference stops at the first error; only type errors are refused here (ops of other
     domains have no schema and pass)."""
+    light = onnx.ModelProto()  # large initializers matter by type and shape only: typed inputs, no data copied
+    light.ir_version = proto.ir_version
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    g = light.graph
+    g.node.extend(proto.graph.node)
+    g.input.extend(proto.graph.input)
+    g.output.extend(proto.graph.output)
+    g.value_info.extend(proto.graph.value_info)
+    names = {v.name for v in proto.graph.input}
+    for init in proto.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.float64)) <= 4096:
+            g.initializer.append(init)
+        elif init.name not in names:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     try:
-        shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+        shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
     except Exception as exc:  # onnx.shape_inference.InferenceError
         text = " ".join(str(exc).split())
         if "type" in text.lower() and ("typestr" in text or "Type Error" in text or "unsupported type" in text
