@@ -71,19 +71,28 @@ def _opset(proto: onnx.ModelProto) -> int:
 
 def _check_text(proto: onnx.ModelProto, name: str) -> None:
     """Names, op types and domains must be valid UTF-8 (protobuf hands invalid ones over as bytes)."""
-    g = proto.graph
-    texts = [(f"opset import {i}", imp.domain) for i, imp in enumerate(proto.opset_import)]
-    for i, n in enumerate(g.node):
-        texts += [(f"node {i}", t) for t in [n.name, n.op_type, n.domain, *n.input, *n.output]]
-        texts += [(f"node {i}", a.name) for a in n.attribute]
-    for kind, vals in (("input", g.input), ("output", g.output), ("value_info", g.value_info),
-                       ("initializer", g.initializer)):
-        texts += [(kind, v.name) for v in vals]
-    bad = next((where for where, t in texts if isinstance(t, bytes)), None)
+    bad = _bad_text(proto, "model")
     if bad is not None:
-        raise ModelError(f"{name}: {bad} has a name that is not valid UTF-8; the file is corrupt (re-export it)")
-    for init in g.initializer:
+        raise ModelError(f"{name}: {bad} is not valid UTF-8 text; the file is corrupt (re-export it)")
+    for init in proto.graph.initializer:
         _check_tensor(init, name)
+
+
+def _bad_text(msg, where: str) -> str | None:
+    """The first string field (names, op types, domains, doc strings ...) that protobuf handed over as bytes."""
+    for fd, value in msg.ListFields():
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if fd.type == fd.TYPE_STRING:
+            if any(isinstance(v, bytes) for v in (value if repeated else [value])):
+                return f"{where}.{fd.name}"
+        elif fd.type == fd.TYPE_MESSAGE:
+            for k, item in enumerate(value if repeated else [value]):
+                label = getattr(item, "name", "") if fd.name in ("node", "input", "output", "initializer") else ""
+                index = f"[{label if isinstance(label, str) and label else k}]" if repeated else ""
+                found = _bad_text(item, f"{where}.{fd.name}{index}")
+                if found:
+                    return found
+    return None
 
 
 def _check_tensor(t: onnx.TensorProto, name: str) -> None:
