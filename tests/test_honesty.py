@@ -177,6 +177,8 @@ def _attr(name, value, i=0):
     ("conv group 0 (was ZeroDivisionError)", _attr("group", 0), UnsupportedError, "malformed: group=0"),
     ("conv group 7 (was 'cannot reshape')", _attr("group", 7), UnsupportedError, "do not split into group=7"),
     ("conv strides 0", _attr("strides", [0, 0]), UnsupportedError, r"malformed: strides=\[0, 0\]"),
+    ("conv kernel larger than the input", _attr("pads", [0, 0, 0, 0]),
+     None, None),
     ("conv input of int32 (was IndexError)", lambda m: setattr(m.graph.input[0].type.tensor_type, "elem_type",
                                                                 TensorProto.INT32),
      ModelError, "Conv_c.*unsupported type: tensor\\(int32\\)"),
@@ -190,9 +192,25 @@ def _attr(name, value, i=0):
      ModelError, "has an empty axis"),
 ])
 def test_malformed_models_found_by_the_fuzzer_are_refused(case, edit, error, message):
+    if error is None:  # pads 0 on a 4x4 input is fine (3x3 kernel); on 2x2 it is not
+        x = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
+        assert np.isfinite(onnx_lrp.Explainer(_edit(conv_model(), edit), composite="epsilon").explain(x).relevance).all()
+        small = _edit(conv_model(), lambda m: (edit(m), [setattr(m.graph.input[0].type.tensor_type.shape.dim[a],
+                                                                 "dim_value", 2) for a in (2, 3)]))
+        with pytest.raises(UnsupportedError, match=r"kernel \[3, 3\] larger than the padded input \[2, 2\]"):
+            onnx_lrp.Explainer(small, composite="epsilon")
+        return
     with pytest.raises(error, match=message):
         onnx_lrp.Explainer(_edit(conv_model(), edit), composite="epsilon").explain(
             RNG.standard_normal((1, 3, 4, 4)).astype(np.float32))
+
+
+def test_pool_window_larger_than_the_input_is_refused():
+    """kernel_shape = 2**30 on a length-8 axis (was a numpy 'negative dimensions' ValueError)."""
+    m = make_model([node("AveragePool", ["x"], "p", kernel_shape=[2 ** 30], strides=[1]),
+                    node("Flatten", ["p"], "y")], {"x": ["N", 2, 8]}, ["y"])
+    with pytest.raises(UnsupportedError, match="AveragePool_p .*kernel_shape .* larger than the padded input"):
+        onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon")
 
 
 def test_invalid_utf8_name_is_refused():

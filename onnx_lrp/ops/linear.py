@@ -99,6 +99,12 @@ class _Conv(LinearOp):
         b = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
         if b is not None and b.shape != (cout,):
             return f"bias of shape {list(b.shape)} for {cout} output channels"
+        if conv and x is not None:
+            pads, dil = list(node.attributes.get_ints("pads", [0] * (2 * nd))), list(
+                node.attributes.get_ints("dilations", [1] * nd))
+            if any(x[2 + a] is not None and x[2 + a] + pads[a] + pads[nd + a] < dil[a] * (w.shape[2 + a] - 1) + 1
+                   for a in range(nd)):
+                return f"kernel {list(w.shape[2:])} larger than the padded input {x[2:]}"
         return None
 
     def params(self, node):
