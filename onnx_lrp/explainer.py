@@ -78,8 +78,7 @@ class Explainer:
         self._trace: list = []
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
                          explain_logits=explain_logits, trace=self._trace)
-        self._ir_model = ir_model  # kept for the diagnostic run that locates non-finite relevance
-        self._diag = None
+        self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
         self.explained_output = output or self.output_names[0]
@@ -265,14 +264,17 @@ class Explainer:
         """A session over the relevance model that also returns every forward activation and every relevance
         tensor of the walk (built once, only when needed)."""
         if self._diag is None:
-            graph = self._ir_model.graph
+            model = loader.deserialize(self.model_bytes)  # not kept alive beside the session: rebuilt on failure
+            graph = model.graph
             have = {id(v) for v in graph.outputs}
+            rel_type = next((o.type for o in graph.outputs if o.name.startswith(rewriter.RELEVANCE_PREFIX)
+                             and o.type is not None), ir.TensorType(ir.DataType.FLOAT))
             forward, extra = [], []
             for node in graph:
-                if node.name.startswith("lrp/") or any(o.name.startswith("lrp/") for o in node.outputs):
+                if node.name.startswith("lrp/"):
                     continue
                 for o in node.outputs:
-                    if carries(o):
+                    if not o.name.startswith("lrp/") and carries(o):
                         forward.append((node, o))
                         if id(o) not in have:
                             extra.append(o)
@@ -283,17 +285,12 @@ class Explainer:
                     v = by_name.get(name)
                     if v is not None and id(v) not in have:
                         if v.type is None:
-                            v.type = ir.TensorType(ir.DataType.FLOAT if v.dtype is None else v.dtype)
+                            v.type = rel_type
                         extra.append(v)
                         have.add(id(v))
-            n_out = len(graph.outputs)
             graph.outputs.extend(extra)
-            try:
-                data = loader.serialize(self._ir_model)
-            finally:
-                while len(graph.outputs) > n_out:
-                    graph.outputs.pop()
-            self._diag = (runtime.Session(data, self.device), forward)
+            forward = [(n.name, n.op_type, o.name) for n, o in forward]
+            self._diag = (runtime.Session(loader.serialize(model), self.device), forward)
         return self._diag
 
     def _locate(self, feeds, targets, start, positions, item: int) -> str:
@@ -314,18 +311,18 @@ class Explainer:
             a = got.get(name)
             return a is None or a.dtype.kind != "f" or bool(np.isfinite(a).all())
 
-        first_forward = next(((n, o) for n, o in forward if not finite(o.name)), None)
+        first_forward = next(((n, op, o) for n, op, o in forward if not finite(o)), None)
         if not finite(self.explained_output) or (first_forward is not None and
                                                  not all(finite(v) for s in self._trace[:1] for v in s.values)):
             if first_forward is not None:
-                n, o = first_forward
-                return (f"the forward pass is already non-finite at node {n.name} ({n.op_type}, output {o.name!r}); "
+                n, op, o = first_forward
+                return (f"the forward pass is already non-finite at node {n} ({op}, output {o!r}); "
                         "check the model's parameters (a NaN/Inf weight?) and the input's range")
             return "the forward pass is already non-finite; check the model's parameters and the input's range"
         for step in self._trace:
             if not all(finite(v) for v in step.values):
                 hint = ("its forward values are non-finite too (first: node "
-                        f"{first_forward[0].name}, {first_forward[0].op_type})" if first_forward is not None else
+                        f"{first_forward[0]}, {first_forward[1]})" if first_forward is not None else
                         "its forward values are finite: the rule's denominators vanish or overflow; give a larger "
                         "epsilon/stabilizer or map this node to another rule in a composite file")
                 return f"first at node {step.node} ({step.op_type}) under rule {step.rule!r}; {hint}"

@@ -387,6 +387,11 @@ def refresh_shapes(model: ir.Model) -> int:
     return changed
 
 
+def deserialize(model_bytes: bytes) -> ir.Model:
+    """An ``onnx_ir`` model from bytes written by :func:`serialize` (no checks, no canonization)."""
+    return to_ir(onnx.load_model_from_string(model_bytes))
+
+
 def min_ir_version(model_proto: onnx.ModelProto) -> int:
     return max(8, onnx.helper.find_min_ir_version_for(list(model_proto.opset_import), ignore_unknown=True))
 
