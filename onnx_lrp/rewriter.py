@@ -139,9 +139,11 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
         raise
     except Exception as exc:  # a bug (or a malformed node a check did not foresee): named by node
         raise internal_error(node, exc) from exc
-    if not any(a.on_path and any(v is not None and v.is_graph_input() and (
-            carries(v) or (v.dtype is not None and v.dtype.is_integer())) for v in a.node.inputs)
-               for a in result.assignments):
+    # float inputs only: relevance reaches an input iff a node on the path reads it (token inputs reach through
+    # their embedding lookups, found by the rewrite itself, which refuses then)
+    tokens = any(v.dtype is not None and v.dtype.is_integer() for v in graph.inputs)
+    if not tokens and not any(a.on_path and any(v is not None and v.is_graph_input() and carries(v)
+                                                for v in a.node.inputs) for a in result.assignments):
         result.no_path = _no_path(graph, result, list(graph))
     return result
 
