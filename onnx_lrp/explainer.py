@@ -55,6 +55,16 @@ class Explainer:
             raise InputError(str(exc)) from None
         self.start = start
         self.device = runtime.resolve_device(device)
+        if isinstance(relevance_at, str):
+            relevance_at = [relevance_at]  # one tensor name
+        try:
+            relevance_at = list(relevance_at)
+        except TypeError:
+            raise InputError(f"relevance_at must be a list of tensor names, not {relevance_at!r}") from None
+        if not all(isinstance(n, str) for n in relevance_at):
+            raise InputError(f"relevance_at must be a list of tensor names (strings), not {relevance_at!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise InputError(f"threads must be a non-negative int (0: onnxruntime's default), not {threads!r}")
         try:
             self._build(model, output, relevance_at, explain_logits, threads)
         except LrpError:
@@ -330,7 +340,10 @@ class Explainer:
 
     def save(self, path) -> None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp."""
-        loader.save_bytes(self.model_bytes, path)
+        try:
+            loader.save_bytes(self.model_bytes, path)
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

@@ -40,6 +40,8 @@ def read_proto(source) -> onnx.ModelProto:
         except Exception as exc:  # protobuf DecodeError and friends
             raise ModelError(f"model bytes are not a valid ONNX model ({type(exc).__name__}); "
                              "check that the file is complete") from None
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelError(f"model must be a path, bytes or an onnx.ModelProto, not {type(source).__name__}")
     path = Path(os.fspath(source))
     if not path.exists():
         raise ModelError(f"model file {path} not found; check the path")

@@ -17,6 +17,8 @@ def available_devices() -> list[str]:
 
 
 def resolve_device(device: str) -> str:
+    if device is not None and not isinstance(device, str):
+        raise InputError(f"device must be 'cpu', 'cuda' or 'auto', not {device!r}")
     device = (device or "cpu").lower()
     if device == "auto":
         return "cuda" if "cuda" in available_devices() else "cpu"

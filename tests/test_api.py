@@ -201,3 +201,27 @@ def test_float64_model_is_explained_in_float64():
     ref, _ = lrp_eps(x, lambda y: np.eye(4)[y.argmax(1)] * y)
     assert res.relevance.dtype == np.float64
     np.testing.assert_allclose(res.relevance, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(model=None), "model must be a path, bytes or an onnx.ModelProto, not NoneType"),
+    (dict(model=5), "not int"),
+    (dict(device=5), "device must be 'cpu', 'cuda' or 'auto'"),
+    (dict(relevance_at=5), "relevance_at must be a list of tensor names"),
+    (dict(relevance_at=[1]), "relevance_at must be a list of tensor names"),
+    (dict(threads="abc"), "threads must be a non-negative int"),
+    (dict(threads=-1), "threads must be a non-negative int"),
+    (dict(epsilon="abc"), "epsilon must be a number"),
+])
+def test_misuse_of_the_constructor_raises_lrp_errors(kwargs, message):
+    kwargs = {"model": mlp(), "composite": "epsilon", **kwargs}
+    with pytest.raises(onnx_lrp.LrpError, match=message):
+        onnx_lrp.Explainer(kwargs.pop("model"), **kwargs)
+
+
+def test_relevance_at_one_name_and_save_errors(tmp_path):
+    ex = onnx_lrp.Explainer(mlp(), composite="epsilon", relevance_at="a")  # one name, not its letters
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    assert ex.explain(x).relevance_at["a"].shape == (2, 6)
+    with pytest.raises(InputError, match="cannot write"):
+        ex.save(tmp_path / "missing" / "m.onnx")
