@@ -372,6 +372,10 @@ BAD = {
                                   t / "o.npz"], "no tensor named nothing"),
     "bad size": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--size", "big", "-o",
                             t / "o.npy"], "--size 'big'"),
+    "check against an .npy": (lambda t: ["check", DIGITS, SAMPLES / "batch.npy"], "is a single array, not an "
+                                                                                 "onnx-lrp snapshot"),
+    "huge size": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--size", "100000", "-o",
+                             t / "o.npy"], "at most 16384"),
     "mean per channel": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--mean", "0.5,0.5", "-o",
                                     t / "o.npy"], "--mean has 2 values"),
     "output directory missing": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "no" / "o.npy"],
