@@ -121,7 +121,8 @@ def main(argv=None):
         opts.inter_op_num_threads = 1
         plain = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
         for comp in args.composites.split(","):
-            ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads)
+            box = {"low": -3.0, "high": 3.0} if comp == "epsilon-gamma-box" else {}  # inputs ~ N(0, 1)
+            ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads, **box)
             for batch in (int(b) for b in args.batches.split(",")):
                 x = np.random.default_rng(0).standard_normal((batch, 3, args.size, args.size)).astype(np.float32)
                 t_fwd, t_exp = timed_pair(lambda: plain.run(None, {"x": x}), lambda: ex.explain(x), args.repeat)

@@ -129,6 +129,9 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
                    + (hint if "attnlrp" in hint else "map them to a rule in a composite file or add a handler in "
                       "onnx_lrp/ops"), err=True)
         sys.exit(1)
+    if plan.no_path:
+        click.echo(f"onnx-lrp: {plan.no_path}", err=True)
+        sys.exit(1)
 
 
 from .composites import composites  # noqa: E402  (kept importable from here)

@@ -181,6 +181,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     # ---- inputs
     batch = load_inputs(input_path, ex.inputs, pre)
     n = len(batch)
+    if n == 0:
+        raise InputError(f"{input_path} holds no items (an empty batch); give at least one")
     if isinstance(targets, list) and len(targets) != n:
         raise InputError(f"--target gives {len(targets)} classes for {n} item(s); give one, or one per item")
     if isinstance(positions, list) and len(positions) != n:

@@ -163,8 +163,8 @@ def parse_size(text: str | None) -> tuple | None:
         vals = tuple(int(p) for p in parts if p.strip())
     except ValueError:
         vals = ()
-    if len(vals) not in (1, 2) or min(vals) < 1:
-        raise InputError(f"--size {text!r}: give one side (224) or height,width (224,224)")
+    if len(vals) not in (1, 2) or min(vals) < 1 or max(vals) > 16384:  # a huge size would exhaust memory
+        raise InputError(f"--size {text!r}: give one side (224) or height,width (224,224), at most 16384 each")
     return vals * 2 if len(vals) == 1 else vals
 
 

@@ -15,7 +15,7 @@ import sys
 import click
 
 from onnx_lrp import __version__
-from onnx_lrp.errors import LrpError, LrpWarning
+from onnx_lrp.errors import InternalError, LrpError, LrpWarning
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -62,6 +62,8 @@ class LrpGroup(click.Group):
             _fail("aborted", EXIT_BAD_INPUT)
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code or EXIT_BAD_INPUT)
+        except InternalError as exc:  # a bug caught at the API boundary, named by node: still exit 3
+            _fail(str(exc), EXIT_INTERNAL)
         except LrpError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         except MemoryError:

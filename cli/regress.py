@@ -207,6 +207,8 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
     t0 = time.perf_counter()
     ex = _explainer(model, comp, output_name, start)
     batch = load_inputs(inputs_path, ex.inputs, pre)
+    if len(batch) == 0:
+        raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
     with Progress("explaining") as bar:
         rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update)
@@ -312,6 +314,8 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     ex_a = _explainer(model_a, comp_rules, output_name, start)
     ex_b = _explainer(model_b, comp_rules, output_name, start)
     batch = load_inputs(inputs_path, ex_a.inputs, pre)
+    if len(batch) == 0:
+        raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
     n = len(batch)

@@ -1,10 +1,11 @@
 """onnx-lrp: Layer-wise Relevance Propagation for any neural network exported to ONNX."""
-from .errors import DeviceError, InputError, LrpError, LrpWarning, ModelError, UnsupportedError
+from .errors import (DeviceError, InputError, InternalError, LrpError, LrpWarning, ModelError, NumericError,
+                     UnsupportedError)
 
 __version__ = "0.1.0"
 
 __all__ = ["Explainer", "Explanation", "explain_dataset", "LrpError", "LrpWarning", "ModelError", "InputError",
-           "UnsupportedError", "DeviceError", "__version__"]
+           "UnsupportedError", "DeviceError", "NumericError", "InternalError", "__version__"]
 
 
 def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast

@@ -144,8 +144,14 @@ def fold_batchnorm(graph: ir.Graph) -> int:
         if any(a is None for a in (scale, shift, mean, var, w)):
             continue
         eps = bn.attributes.get_float("epsilon", 1e-5)
+        if len({scale.shape, shift.shape, mean.shape, var.shape}) != 1 or scale.ndim != 1 or w.ndim < 2:
+            continue  # malformed: left to BatchNormalization's own check, which names it
         a = (scale / np.sqrt(var + eps)).astype(np.float64)
         b = const(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] is not None else None
+        n_out = w.shape[0] if layer.op_type == "Conv" or layer.attributes.get_int("transB", 0) else w.shape[1]
+        if a.shape != (n_out,) or (b is not None and (b.size not in (1, n_out) or (
+                layer.op_type == "Conv" and b.shape != (n_out,)))):
+            continue
         if layer.op_type == "Conv":
             if w.shape[0] != a.shape[0]:
                 continue
@@ -158,7 +164,7 @@ def fold_batchnorm(graph: ir.Graph) -> int:
             beta = layer.attributes.get_float("beta", 1.0)
             trans_b = layer.attributes.get_int("transB", 0)
             w_new = alpha * (w * a[:, None] if trans_b else w * a[None, :])
-            b0 = beta * np.broadcast_to(b, a.shape) if b is not None else np.zeros(a.shape)
+            b0 = beta * np.broadcast_to(b.reshape(-1), a.shape) if b is not None else np.zeros(a.shape)
             layer.attributes["alpha"] = ir.AttrFloat32("alpha", 1.0)
             layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         b_new = (b0 - mean) * a + shift
@@ -433,7 +439,10 @@ def layernorm_statistics(graph: ir.Graph) -> None:
         stash = ir.DataType(node.attributes.get_int("stash_type", 1))
         stat_shape = ir.Shape([x.shape[i] if i < axis else 1 for i in range(rank)])
         names = [o.name for o in node.outputs] + [f"{node.name or 'layernorm'}/mean", f"{node.name or 'layernorm'}/inv_std"][len(node.outputs) - 1:]
-        new = ir.node("LayerNormalization", list(node.inputs), {k: a for k, a in node.attributes.items()},
+        inputs = list(node.inputs)
+        while inputs and inputs[-1] is None:  # an empty optional bias ("") with the statistics outputs crashes
+            inputs.pop()                      # onnxruntime 1.32's extended optimisations (segfault): drop it
+        new = ir.node("LayerNormalization", inputs, {k: a for k, a in node.attributes.items()},
                       num_outputs=3, name=node.name)
         for i, (old_out, new_out) in enumerate(zip(list(node.outputs) + [None] * 3, new.outputs)):
             if old_out is not None:

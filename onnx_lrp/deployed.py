@@ -40,7 +40,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .canonize import to_initializer
-from .errors import UnsupportedError
+from .errors import ModelError, UnsupportedError
 from .ops.base import FLOAT_TYPES, ShapeOp, carries, const, register
 
 MS = "com.microsoft"
@@ -179,6 +179,24 @@ def _node_dict(node: ir.Node, opset, reason: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- dequantize weights
+def _qparams_misfit(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int, block: int) -> str | None:
+    """Why a (De)QuantizeLinear's scale / zero point do not fit its input (the checker lets them pass), or None."""
+    if zp is not None and zp.size != scale.size or (zp is not None and scale.size > 1 and zp.shape != scale.shape):
+        return f"zero point of shape {list(zp.shape)} for a scale of shape {list(scale.shape)}"
+    if scale.size == 1:
+        return None
+    if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
+        return f"axis {axis} for an input of rank {x.ndim}"
+    axis %= x.ndim
+    if block:
+        want = list(x.shape)
+        want[axis] = -(-x.shape[axis] // block)
+        return None if list(scale.shape) == want else f"blocked scale of shape {list(scale.shape)} (want {want})"
+    if scale.ndim != 1 or scale.size != x.shape[axis]:
+        return f"scale of shape {list(scale.shape)} for {x.shape[axis]} entries along axis {axis}"
+    return None
+
+
 def _dequantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int, block: int) -> np.ndarray:
     xf = x.astype(np.float32)
     zf = np.zeros((), np.float32) if zp is None else zp.astype(np.float32)
@@ -215,6 +233,10 @@ def _fold_constant_quantize(graph: ir.Graph) -> int:
         if np.dtype(qtype) not in _QRANGE or out.is_graph_output() or int(_attr(node, "block_size", 0) or 0):
             continue
         lo, hi = _QRANGE[np.dtype(qtype)]
+        misfit = _qparams_misfit(x, np.asarray(scale), None if zp is None else np.asarray(zp),
+                                 int(_attr(node, "axis", 1)), 0)
+        if misfit:
+            raise ModelError(f"node {node.name} (QuantizeLinear): {misfit}; the model is malformed (re-export it)")
         axis = int(_attr(node, "axis", 1)) % max(x.ndim, 1)
         shape = [1] * x.ndim
         if np.asarray(scale).size > 1:
@@ -244,7 +266,11 @@ def fold_weight_dequantize(graph: ir.Graph) -> int:
         out = node.outputs[0]
         if out.is_graph_output():
             continue
-        arr = _dequantize(x, scale, zp, int(_attr(node, "axis", 1)), int(_attr(node, "block_size", 0) or 0))
+        axis, block = int(_attr(node, "axis", 1)), int(_attr(node, "block_size", 0) or 0)
+        misfit = _qparams_misfit(x, scale, zp, axis, block)
+        if misfit:
+            raise ModelError(f"node {node.name} (DequantizeLinear): {misfit}; the model is malformed (re-export it)")
+        arr = _dequantize(x, scale, zp, axis, block)
         target = out.dtype.numpy() if out.dtype is not None else scale.dtype
         arr = arr.astype(target)
         to_initializer(graph, out, arr)

@@ -37,7 +37,16 @@ class UnsupportedError(LrpError):
             parts.append(f"and {len(by_reason) - self.MAX_GROUPS} more cause(s)")
         if "inspect" not in hint:
             hint += " `onnx-lrp inspect MODEL` lists every node."
-        super().__init__(f"{len(nodes)} unsupported node(s): {'; '.join(parts)}. {hint}")
+        super().__init__(f"{len(nodes)} unsupported node(s): {'; '.join(parts)}. {hint}" if nodes else hint)
+
+
+class NumericError(LrpError):
+    """The explained output or the relevance is NaN or infinite; the message names the first node where it
+    became so and the rule applied there."""
+
+
+class InternalError(LrpError):
+    """An unexpected failure inside onnx-lrp while building the relevance model (a bug: please report it)."""
 
 
 class DeviceError(LrpError):
@@ -47,3 +56,11 @@ class DeviceError(LrpError):
 class LrpWarning(UserWarning):
     """Something works but deserves attention (a composite entry that matches nothing, a mixed install); the
     command line prints it as one line on stderr."""
+
+
+def internal_error(node, exc: BaseException) -> InternalError:
+    """An unexpected exception while handling ``node`` (None: outside any node) as one line that names it."""
+    where = f"node {node.name} ({node.domain or 'ai.onnx'}::{node.op_type})" if node is not None else "onnx-lrp"
+    text = " ".join(str(exc).split())[:200]
+    return InternalError(f"internal error in {where}: {type(exc).__name__}: {text}. This is a bug in onnx-lrp "
+                         "(or a malformed model it failed to recognise); please report it with the model")

@@ -5,10 +5,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
 from . import ledger as ledger_mod
 from . import loader, rewriter, runtime
-from .errors import InputError
+from .errors import InputError, LrpError, ModelError, NumericError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
@@ -57,6 +58,27 @@ class Explainer:
             raise InputError(str(exc)) from None
         self.start = start
         self.device = runtime.resolve_device(device)
+        if isinstance(relevance_at, str):
+            relevance_at = [relevance_at]  # one tensor name
+        try:
+            relevance_at = list(relevance_at)
+        except TypeError:
+            raise InputError(f"relevance_at must be a list of tensor names, not {relevance_at!r}") from None
+        if not all(isinstance(n, str) for n in relevance_at):
+            raise InputError(f"relevance_at must be a list of tensor names (strings), not {relevance_at!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise InputError(f"threads must be a non-negative int (0: onnxruntime's default), not {threads!r}")
+        try:
+            self._build(model, output, relevance_at, explain_logits, threads, ledger, device)
+        except LrpError:
+            raise
+        except MemoryError:
+            raise ModelError("out of memory while building the relevance model; the model (or a dimension of it) is "
+                             "too large for this machine") from None
+        except Exception as exc:  # a bug (or a malformed model no check foresaw): one line, counted by the fuzzer
+            raise internal_error(None, exc) from exc
+
+    def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device) -> None:
         ir_model = loader.load(model)
         graph = ir_model.graph
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
@@ -69,8 +91,10 @@ class Explainer:
         self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
         self.ledger_rows = [] if ledger else None  # one onnx_lrp.ledger.LedgerRow per node, reverse order
+        self._trace: list = []
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
-                         explain_logits=explain_logits, ledger=self.ledger_rows)
+                         explain_logits=explain_logits, ledger=self.ledger_rows, trace=self._trace)
+        self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
         self.explained_output = output or self.output_names[0]
@@ -200,6 +224,8 @@ class Explainer:
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
         batch = next(iter(feeds.values())).shape[0]
+        if batch == 0:
+            raise InputError("the batch is empty (0 items); give at least one item")
         positions = None
         if self.sequence_rows is not None:
             targets, positions = self._positions(target, position, batch, feeds)
@@ -218,6 +244,7 @@ class Explainer:
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
             merged = self._run(feeds, targets, start, positions)
+        self._check_finite(merged, feeds, targets, start, positions)
         rel = {n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[rewriter.TARGET_OUTPUT]
@@ -242,6 +269,95 @@ class Explainer:
         feeds[rewriter.ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)
 
+    # ------------------------------------------------------------------ numeric honesty
+    def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
+        """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then
+        (only on failure) a diagnostic run that names the first node where it appeared."""
+        names = [self.explained_output] + [n for n in merged if n.startswith(rewriter.RELEVANCE_PREFIX)]
+        bad = [n for n in names if n in merged and merged[n].dtype.kind == "f" and not np.isfinite(merged[n]).all()]
+        if not bad:
+            return
+        a = merged[bad[0]]
+        rows = np.flatnonzero((~np.isfinite(a)).reshape(len(a), -1).any(1)) if a.ndim else []
+        item = int(rows[0]) if len(rows) else 0
+        where = None
+        try:
+            where = self._locate(feeds, targets, start, positions, item)
+        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
+            where = None
+        what = "output" if bad[0] == self.explained_output else "relevance"
+        raise NumericError(f"non-finite (NaN/Inf) {what} {bad[0]!r} for batch item {item}: "
+                           + (where or "the node where it first appeared could not be located")
+                           + "; nothing was returned")
+
+    def _diagnostic_session(self):
+        """A session over the relevance model that also returns every forward activation and every relevance
+        tensor of the walk (built once, only when needed)."""
+        if self._diag is None:
+            model = loader.deserialize(self.model_bytes)  # not kept alive beside the session: rebuilt on failure
+            graph = model.graph
+            have = {id(v) for v in graph.outputs}
+            rel_type = next((o.type for o in graph.outputs if o.name.startswith(rewriter.RELEVANCE_PREFIX)
+                             and o.type is not None), ir.TensorType(ir.DataType.FLOAT))
+            forward, extra = [], []
+            for node in graph:
+                if node.name.startswith("lrp/"):
+                    continue
+                for o in node.outputs:
+                    if not o.name.startswith("lrp/") and carries(o):
+                        forward.append((node, o))
+                        if id(o) not in have:
+                            extra.append(o)
+                            have.add(id(o))
+            by_name = {o.name: o for n in graph for o in n.outputs}
+            for step in self._trace:
+                for name in step.values:
+                    v = by_name.get(name)
+                    if v is not None and id(v) not in have:
+                        if v.type is None:
+                            v.type = rel_type
+                        extra.append(v)
+                        have.add(id(v))
+            graph.outputs.extend(extra)
+            forward = [(n.name, n.op_type, o.name) for n, o in forward]
+            self._diag = (runtime.Session(loader.serialize(model), self.device), forward)
+        return self._diag
+
+    def _locate(self, feeds, targets, start, positions, item: int) -> str:
+        session, forward = self._diagnostic_session()
+        one = all(spec.dims and spec.dims[0] in (None, 1) for spec in self.inputs)
+        if one:
+            feeds = {k: v[item:item + 1] for k, v in feeds.items()}
+            targets = targets[item:item + 1]
+            positions = None if positions is None else positions[item:item + 1]
+        feeds = dict(feeds)
+        if positions is not None:
+            feeds[rewriter.POSITION_INPUT] = positions
+        feeds[rewriter.TARGET_INPUT] = targets
+        feeds[rewriter.ONE_HOT_INPUT] = np.array(start == "one-hot")
+        got = session.run(feeds)
+
+        def finite(name):
+            a = got.get(name)
+            return a is None or a.dtype.kind != "f" or bool(np.isfinite(a).all())
+
+        first_forward = next(((n, op, o) for n, op, o in forward if not finite(o)), None)
+        if not finite(self.explained_output) or (first_forward is not None and
+                                                 not all(finite(v) for s in self._trace[:1] for v in s.values)):
+            if first_forward is not None:
+                n, op, o = first_forward
+                return (f"the forward pass is already non-finite at node {n} ({op}, output {o!r}); "
+                        "check the model's parameters (a NaN/Inf weight?) and the input's range")
+            return "the forward pass is already non-finite; check the model's parameters and the input's range"
+        for step in self._trace:
+            if not all(finite(v) for v in step.values):
+                hint = ("its forward values are non-finite too (first: node "
+                        f"{first_forward[0]}, {first_forward[1]})" if first_forward is not None else
+                        "its forward values are finite: the rule's denominators vanish or overflow; give a larger "
+                        "epsilon/stabilizer or map this node to another rule in a composite file")
+                return f"first at node {step.node} ({step.op_type}) under rule {step.rule!r}; {hint}"
+        return "every relevance tensor of the walk is finite in a separate run (a summed relevance overflowed?)"
+
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
 
@@ -250,7 +366,10 @@ class Explainer:
         the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.weights.compute_in_graph`.
         """
         data = self.model_bytes_computed() if computed_weights else self.model_bytes
-        loader.save_bytes(data, path)
+        try:
+            loader.save_bytes(data, path)
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         return self._computed_counts if computed_weights else None
 
     def model_bytes_computed(self) -> bytes:
@@ -274,6 +393,7 @@ def _native(dt: np.dtype) -> bool:
     """numpy's own element types (not ml_dtypes' float8/float4/bfloat16/int4, which onnxruntime cannot take)."""
     return dt.kind in "iub" and dt.type.__module__ == "numpy" or dt in (np.float16, np.float32, np.float64) \
         or dt == object
+
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

@@ -9,6 +9,42 @@ import onnx_ir as ir
 
 Dim = "int | None"
 
+FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
+PRESUMED = "lrp_presumed_carry"  # value meta: dtype unknown, computed from a relevance-carrying value
+
+
+def is_param(v: ir.Value | None) -> bool:
+    return v is not None and v.const_value is not None
+
+
+def is_float(v: ir.Value | None) -> bool:
+    """A float tensor (not a sequence or optional of tensors)."""
+    return v is not None and v.dtype in FLOAT_TYPES and (v.type is None or isinstance(v.type, ir.TensorType))
+
+
+def carries(v: ir.Value | None) -> bool:
+    """A value carries relevance when it is a float activation: not a parameter, and not computed from the inputs'
+    shapes alone (``loader.mark_shape_only``: masks and positions built from a dynamic sequence length). A value
+    whose dtype shape inference could not tell (a custom-domain op) carries when it is computed from a carrying
+    value (``mark_presumed``): an op we cannot see into must not cut the path silently."""
+    if v is None or is_param(v) or v.meta.get("lrp_shape_only", False):
+        return False
+    if v.dtype is None:
+        return bool(v.meta.get(PRESUMED, False))
+    return is_float(v)
+
+
+def mark_presumed(graph: ir.Graph) -> int:
+    """Mark outputs of unknown dtype of nodes with a relevance-carrying input as carrying (graph sorted)."""
+    marked = 0
+    for node in graph:
+        if any(carries(v) for v in node.inputs):
+            for o in node.outputs:
+                if o.dtype is None and o.const_value is None:
+                    o.meta[PRESUMED] = True
+                    marked += 1
+    return marked
+
 
 def static_dims(v: ir.Value) -> list | None:
     """The shape of a value as a list of ints and None (unknown or symbolic dims), or None if rank unknown."""

@@ -18,7 +18,7 @@ from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
 from .errors import ModelError, UnsupportedError
-from .graph import captured_values
+from .graph import captured_values, mark_presumed
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -41,6 +41,8 @@ def read_proto(source) -> onnx.ModelProto:
         except Exception as exc:  # protobuf DecodeError and friends
             raise ModelError(f"model bytes are not a valid ONNX model ({type(exc).__name__}); "
                              "check that the file is complete") from None
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelError(f"model must be a path, bytes or an onnx.ModelProto, not {type(source).__name__}")
     path = Path(os.fspath(source))
     if not path.exists():
         raise ModelError(f"model file {path} not found; check the path")
@@ -70,10 +72,64 @@ def _opset(proto: onnx.ModelProto) -> int:
     return 0
 
 
+def _check_text(proto: onnx.ModelProto, name: str) -> None:
+    """Names, op types and domains must be valid UTF-8 (protobuf hands invalid ones over as bytes)."""
+    bad = _bad_text(proto, "model")
+    if bad is not None:
+        raise ModelError(f"{name}: {bad} is not valid UTF-8 text; the file is corrupt (re-export it)")
+    for init in proto.graph.initializer:
+        _check_tensor(init, name)
+
+
+def _bad_text(msg, where: str) -> str | None:
+    """The first string field (names, op types, domains, doc strings ...) that protobuf handed over as bytes."""
+    for fd, value in msg.ListFields():
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if fd.type == fd.TYPE_STRING:
+            if any(isinstance(v, bytes) for v in (value if repeated else [value])):
+                return f"{where}.{fd.name}"
+        elif fd.type == fd.TYPE_MESSAGE:
+            for k, item in enumerate(value if repeated else [value]):
+                label = getattr(item, "name", "") if fd.name in ("node", "input", "output", "initializer") else ""
+                index = f"[{label if isinstance(label, str) and label else k}]" if repeated else ""
+                found = _bad_text(item, f"{where}.{fd.name}{index}")
+                if found:
+                    return found
+    return None
+
+
+def _check_tensor(t: onnx.TensorProto, name: str) -> None:
+    """The data of an initializer must hold exactly prod(dims) values (else every later read of it fails)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type in (onnx.TensorProto.STRING,
+                                                                        onnx.TensorProto.UNDEFINED):
+        return
+    count = int(np.prod(list(t.dims), dtype=np.float64))
+    if any(d < 0 for d in t.dims):
+        raise ModelError(f"{name}: initializer {t.name!r} has a negative dimension {list(t.dims)}; the file is corrupt")
+    try:
+        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+    except Exception:  # noqa: BLE001 - an unknown or sub-byte type: left to onnxruntime
+        return
+    if np_dtype.itemsize == 0 or t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return
+    if t.HasField("raw_data"):
+        have = len(t.raw_data) / np_dtype.itemsize
+    else:
+        fields = [f for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data") if
+                  len(getattr(t, f))]
+        have = len(getattr(t, fields[0])) if fields else 0
+        if np_dtype.kind == "c":
+            have /= 2
+    if have != count:
+        raise ModelError(f"{name}: initializer {t.name!r} holds {have:g} values for dimensions {list(t.dims)} "
+                         f"({count}); the file is corrupt (re-export it)")
+
+
 def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProto:
     """Check the model, lift it to MIN_OPSET, infer shapes."""
     if len(proto.graph.node) == 0:
         raise ModelError(f"{name}: the graph has no nodes; is this the right file?")
+    _check_text(proto, name)
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:
@@ -102,6 +158,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
+    _check_types(proto, name)
     return _fill_same_shape(proto)
 
 
@@ -241,6 +298,35 @@ def relabel_newer_opset(proto: onnx.ModelProto, opset: int, name: str = "model")
     return proto
 
 
+def _check_types(proto: onnx.ModelProto, name: str) -> None:
+    """Refuse a standard op given a data type its schema does not allow (e.g. a Conv on int32: an input whose type
+    was changed). Strict inference stops at the first error; only type errors are refused here (ops of other
+    domains have no schema and pass)."""
+    light = onnx.ModelProto()  # large initializers matter by type and shape only: typed inputs, no data copied
+    light.ir_version = proto.ir_version
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    g = light.graph
+    g.node.extend(proto.graph.node)
+    g.input.extend(proto.graph.input)
+    g.output.extend(proto.graph.output)
+    g.value_info.extend(proto.graph.value_info)
+    names = {v.name for v in proto.graph.input}
+    for init in proto.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.float64)) <= 4096:
+            g.initializer.append(init)
+        elif init.name not in names:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    try:
+        shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
+    except Exception as exc:  # onnx.shape_inference.InferenceError
+        text = " ".join(str(exc).split())
+        if "type" in text.lower() and ("typestr" in text or "Type Error" in text or "unsupported type" in text
+                                      or "inconsistent type" in text or "type mismatch" in text.lower()):
+            raise ModelError(f"{name}: {text[:300]}; the data types do not fit the ops (re-export the model)") \
+                from None
+
+
 def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.ndarray] | None:
     """Evaluate one node whose inputs are all constant (or ``given``: input index -> array) with onnx's reference
     evaluator."""
@@ -377,7 +463,14 @@ def load(source, name: str | None = None) -> ir.Model:
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
     proto = prepare_proto(read_proto(source), name)
-    model = to_ir(proto)
+    try:
+        model = to_ir(proto)
+    except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
+        cause = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise ModelError(f"{name}: the model cannot be read ({type(cause).__name__}: "
+                         f"{' '.join(str(cause).split())[:150]}); the file is corrupt (re-export it)") from None
     graph = model.graph
     _name_everything(graph)
     fold_constants(model)
@@ -386,8 +479,31 @@ def load(source, name: str | None = None) -> ir.Model:
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
     refresh_shapes(model)
+    _check_sizes(graph, name)
     mark_shape_only(graph)
+    mark_presumed(graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
     return model
+
+
+MAX_ITEM_ELEMENTS = 1 << 30  # elements of one batch item of any tensor
+
+
+def _check_sizes(graph: ir.Graph, name: str) -> None:
+    """Refuse inputs with an empty non-batch axis and tensors whose static size per item is absurd (a corrupt
+    dimension such as 2**30 would otherwise exhaust memory while the relevance graph is built)."""
+    for v in list(graph.inputs) + [o for n in graph for o in n.outputs]:
+        if v.shape is None:
+            continue
+        dims = [d for d in v.shape[1:] if isinstance(d, int)]
+        if v in graph.inputs and any(d == 0 for d in dims):
+            raise ModelError(f"{name}: input {v.name!r} has an empty axis (shape {list(v.shape)}); nothing to "
+                             "explain (re-export with the real input size)")
+        if int(np.prod(dims, dtype=np.float64)) > MAX_ITEM_ELEMENTS:
+            producer = v.producer()
+            where = f" (output of node {producer.name}, {producer.op_type})" if producer is not None else ""
+            raise ModelError(f"{name}: tensor {v.name!r}{where} of shape {'x'.join(map(str, v.shape))} has more "
+                             f"than {MAX_ITEM_ELEMENTS} elements per item; a dimension of the model is corrupt or too "
+                             "large")
 
 
 def mark_shape_only(graph: ir.Graph) -> int:
@@ -449,6 +565,11 @@ def refresh_shapes(model: ir.Model) -> int:
         v.shape = ir.Shape(dims)
         changed += 1
     return changed
+
+
+def deserialize(model_bytes: bytes) -> ir.Model:
+    """An ``onnx_ir`` model from bytes written by :func:`serialize` (no checks, no canonization)."""
+    return to_ir(onnx.load_model_from_string(model_bytes))
 
 
 def min_ir_version(model_proto: onnx.ModelProto) -> int:

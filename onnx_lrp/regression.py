@@ -462,8 +462,14 @@ def read_snapshot(path) -> Snapshot:
     if not path.is_file():
         raise InputError(f"baseline {path} not found; create it with `onnx-lrp snapshot MODEL INPUTS -o {path}`")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a plain .npy array
+            raise InputError(f"baseline {path} is a single array, not an onnx-lrp snapshot (.npz); create one with "
+                             "`onnx-lrp snapshot MODEL INPUTS -o baseline.npz`")
+        with loaded as z:
             data = {k: z[k] for k in z.files}
+    except InputError:
+        raise
     except ValueError as exc:
         raise InputError(f"baseline {path} holds pickled objects or is not an .npz ({str(exc).splitlines()[0]}); "
                          "snapshots hold plain arrays only: recreate it with `onnx-lrp snapshot`") from None

@@ -19,7 +19,7 @@ import onnx_ir as ir
 from . import patterns
 from .composite_check import check_composite
 from .deployed import relay_sources
-from .errors import InputError, UnsupportedError
+from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, captured_values, static_dims
 from .ledger import Ledger
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
@@ -27,7 +27,7 @@ from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
 from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
 from .rules.composite import Composite, NodeInfo
-from .rules.rules import Pass, Rule
+from .rules.rules import Pass, Rule, ZBox
 
 TARGET_INPUT = "lrp/target"
 POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
@@ -55,6 +55,7 @@ class Plan:
     explained: ir.Value
     output: ir.Value
     assignments: list[Assignment] = field(default_factory=list)
+    no_path: str | None = None  # why no relevance can reach any input (None: some input is reached)
 
     @property
     def unsupported(self) -> list[Assignment]:
@@ -140,48 +141,102 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     result = Plan(explained=y, output=out)
     # linear layers reached from an input without crossing another linear layer are "first"
     reached = {id(v) for v in graph.inputs}
-    for node in graph:
-        dispatcher = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        op = dispatcher.resolve(node) if dispatcher is not None else None
-        kind = op.kind if op is not None else "unknown"
-        feeds = any(id(v) in reached for v in node.inputs if v is not None)
-        first = feeds and kind in ("convolution", "dense")
-        if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
-            reached.update(id(o) for o in node.outputs)
-        a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
-        if "lrp_absorbed_by" in node.meta:
-            a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
-        elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
-            a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
-        elif dispatcher is None and node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
-            a.supported, a.reason = False, _CONTROL_FLOW[node.op_type]
-        elif dispatcher is None:
-            a.supported, a.reason = False, "no handler for this op"
-        else:
-            reason = dispatcher.check(node) or (op.check(node) if op is not dispatcher else None)
-            if reason:
-                a.supported, a.reason = False, reason
+    node = None
+    try:
+        for node in graph:
+            dispatcher = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            op = dispatcher.resolve(node) if dispatcher is not None else None
+            kind = op.kind if op is not None else "unknown"
+            feeds = any(id(v) in reached for v in node.inputs if v is not None)
+            first = feeds and kind in ("convolution", "dense")
+            if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
+                reached.update(id(o) for o in node.outputs)
+            a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
+            if "lrp_absorbed_by" in node.meta:
+                a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
+            elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
+                a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
+            elif dispatcher is None and node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+                a.supported, a.reason = False, _CONTROL_FLOW[node.op_type]
+            elif dispatcher is None:
+                a.supported, a.reason = False, "no handler for this op"
             else:
-                rule = composite.rule_for(NodeInfo(node.name, node.op_type, kind, first))
-                if rule is None:
-                    a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {kind!r}"
+                reason = dispatcher.check(node) or (op.check(node) if op is not dispatcher else None)
+                if reason:
+                    a.supported, a.reason = False, reason
                 else:
-                    a.rule = rule
-                    misfit = rule_fits(op, rule)
-                    if misfit:
-                        a.supported, a.reason = False, misfit
-        result.assignments.append(a)
+                    rule = composite.rule_for(NodeInfo(node.name, node.op_type, kind, first))
+                    if rule is None:
+                        a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {kind!r}"
+                    else:
+                        a.rule = rule
+                        misfit = rule_fits(op, rule)
+                        if misfit:
+                            a.supported, a.reason = False, misfit
+                        elif isinstance(op, (LinearOp, ActivationOp)) and any(carries(o) for o in node.outputs) \
+                                and not op.relevance_values(node):
+                            a.supported, a.reason = False, ("no float activation among its inputs (parameters or "
+                                                            "integer tensors only): relevance cannot pass it")
+            result.assignments.append(a)
+    except LrpError:
+        raise
+    except Exception as exc:  # a bug (or a malformed node a check did not foresee): named by node
+        raise internal_error(node, exc) from exc
+    # float inputs only: relevance reaches an input iff a node on the path reads it (token inputs reach through
+    # their embedding lookups, found by the rewrite itself, which refuses then)
+    tokens = any(v.dtype is not None and v.dtype.is_integer() for v in graph.inputs)
+    if not tokens and not any(a.on_path and any(v is not None and v.is_graph_input() and carries(v)
+                                                for v in a.node.inputs) for a in result.assignments):
+        result.no_path = _no_path(graph, result, list(graph))
     return result
 
 
 def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
-    """What to do about unsupported nodes: the transformer composite when the graph has softmax attention."""
+    """What to do about unsupported nodes, by why they are unsupported: the transformer composite when the graph has
+    softmax attention."""
     full = "`onnx-lrp inspect MODEL` lists every node"
+    bad = p.unsupported
+    if bad and all(a.reason.startswith("malformed") for a in bad):
+        return ("The model is malformed there (the ONNX checker lets it pass, onnxruntime would not run it): "
+                f"re-export it; {full}.")
     attention = any(a.on_path and (a.node.op_type in _SOFTMAX or a.kind == "bilinear") for a in p.assignments)
     if attention and composite.name not in ("attnlrp", "cp-lrp"):
         return (f"The graph has softmax attention: explain transformers with --composite attnlrp (or cp-lrp); {full}.")
+    if bad and all(a.op is None and a.kind == "unknown" for a in bad):
+        return f"{full}; add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "
             "their input's relevance) or add a handler in onnx_lrp/ops.")
+
+
+def check_bounds(p: Plan, composite: Composite) -> None:
+    """ZBox needs the input's range (no silent default) and bounds that broadcast against one item of its input."""
+    for a in p.assignments:
+        if not (a.on_path and a.supported and isinstance(a.rule, ZBox)):
+            continue
+        if a.rule.low is None or a.rule.high is None:
+            raise InputError(f"composite {composite.name!r} applies zbox to node {a.node.name} ({a.node.op_type}) but "
+                             "has no input bounds: give both the lowest and highest input value (Python: "
+                             "Explainer(..., low=0.0, high=1.0); command line: --low/--high, or --mean/--std for "
+                             "images; composite file: low = ..., high = ...)")
+        xs = a.op.relevance_values(a.node)
+        dims = static_dims(xs[0]) if xs else None
+        if not dims:
+            continue
+        item = tuple(1 if d is None else d for d in dims[1:])
+        for what, bound in (("low", a.rule.low), ("high", a.rule.high)):
+            shape = np.shape(bound)
+            try:
+                fits = np.broadcast_shapes(shape, item) == item and len(shape) <= len(item)
+                # a flat list of several values would broadcast along the last axis, not the channels
+                fits = fits and not (len(shape) == 1 and shape[0] > 1 and len(item) > 1)
+            except ValueError:
+                fits = False
+            if not fits:
+                chan = f", or one per channel shaped [{item[0]}, {', '.join(['1'] * (len(item) - 1))}]" \
+                    if len(item) > 1 else f", or one per feature ({item[0]} values)"
+                raise InputError(f"zbox bound {what} of shape {list(shape)} does not fit the input "
+                                 f"{xs[0].name!r} of node {a.node.name} ({a.node.op_type}, one item "
+                                 f"{'x'.join(map(str, item))}): give one value{chan}")
 
 
 def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
@@ -280,12 +335,25 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
     return r0, chosen, picked
 
 
+@dataclass(frozen=True)
+class Step:
+    """One node of the relevance walk, for locating where relevance first became non-finite: the relevance values
+    it emitted for its inputs (in walk order: the output's side first)."""
+
+    node: str
+    op_type: str
+    rule: str
+    values: tuple  # names of emitted relevance tensors (gradient-form factors included)
+
+
 def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
-            explain_logits: bool = True, ledger: list | None = None) -> ir.Model:
+            explain_logits: bool = True, ledger: list | None = None, trace: list | None = None) -> ir.Model:
     """Append the relevance graph to ``model`` (in place) and return it.
 
     ``ledger``: a list to receive one :class:`onnx_lrp.ledger.LedgerRow` per node; the model then also outputs the
     relevance sums entering and leaving each node (``lrp/ledger/entering``, ``lrp/ledger/leaving``).
+    ``trace`` (a list) receives one ``Step`` per node of the walk (the start relevance first): the tensors the
+    numeric-honesty diagnosis reads.
     """
     graph = model.graph
     p = plan(model, composite, output, explain_logits)
@@ -293,6 +361,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         nodes = [dict(name=a.node.name, op_type=a.node.op_type, domain=a.node.domain,
                       opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
         raise UnsupportedError(nodes, unsupported_hint(graph, p, composite))
+    check_bounds(p, composite)
     values = {v.name: v for v in graph.inputs}
     for node in graph:
         for o in node.outputs:
@@ -306,6 +375,8 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
     forward_nodes = list(graph)
     r0, target_used, explained_value = _start_relevance(em, graph, p.explained)
+    steps: list = trace if trace is not None else []
+    steps.append(Step("start", "-", "start", (r0.name,)))
     rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
     summed: dict[int, Rel] = {}
     as_r: dict[int, ir.Value] = {}
@@ -343,50 +414,65 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 as_r[id(v)] = r.as_relevance(em, tag="r_out")
         return as_r[id(v)]
 
-    for node in reversed(forward_nodes):
-        a = by_node[id(node)]
-        if not a.on_path:
-            continue
-        grad = a.kind == "bias" or gradient_form(a.op, a.rule)
-        r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
-        if all(r is None for r in r_outs):
-            continue
-        if book is not None:
-            book.enter(node, a, r_outs, isinstance(a.op, LinearOp) and (
-                "lrp_bias" in node.meta or "lrp_bias_add" in node.meta or len(node.inputs) > 2))
-        if a.kind == "held":
-            continue
-        if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
-            src = next(v for v in node.inputs if carries(v))
-            rel.setdefault(id(src), []).append(r_outs[0])
+    current = None
+    try:
+        for node in reversed(forward_nodes):
+            current = node
+            a = by_node[id(node)]
+            if not a.on_path:
+                continue
+            grad = a.kind == "bias" or gradient_form(a.op, a.rule)
+            r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
+            if all(r is None for r in r_outs):
+                continue
             if book is not None:
-                book.leave(node, r_outs[:1])
-            zero_where_zero[id(src)] = False
-            continue
-        xs = a.op.relevance_values(node)
-        z = node.outputs[0]
-        if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
-            z = node.meta["lrp_bias_add"].outputs[0]
-        layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
-        if not (isinstance(a.op, ShapeOp) or a.op.multi_output) and r_outs[0] is None:
-            continue
-        layer.relu_out = _relu_after(z, by_node, zero_where_zero)
-        with em.scope(node.name):
-            if grad:
-                r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
-            else:
-                r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
-        if book is not None:
-            book.leave(node, r_ins)
-        keeps = zero_preserving(a.op, a.rule, node)
-        if keeps == "inherit":
-            keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
-        for x, r in zip(xs, r_ins):
-            if r is not None:
-                rel.setdefault(id(x), []).append(r)
-                zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+                book.enter(node, a, r_outs, isinstance(a.op, LinearOp) and (
+                    "lrp_bias" in node.meta or "lrp_bias_add" in node.meta or len(node.inputs) > 2))
+            if a.kind == "held":
+                continue
+            if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
+                src = next(v for v in node.inputs if carries(v))
+                rel.setdefault(id(src), []).append(r_outs[0])
+                if book is not None:
+                    book.leave(node, r_outs[:1])
+                zero_where_zero[id(src)] = False
+                continue
+            xs = a.op.relevance_values(node)
+            z = node.outputs[0]
+            if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
+                z = node.meta["lrp_bias_add"].outputs[0]
+            layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
+            if not (isinstance(a.op, ShapeOp) or a.op.multi_output) and r_outs[0] is None:
+                continue
+            layer.relu_out = _relu_after(z, by_node, zero_where_zero)
+            with em.scope(node.name):
+                if grad:
+                    r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
+                else:
+                    r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
+            if book is not None:
+                book.leave(node, r_ins)
+            steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
+                              tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
+                                    if v is not None and v.name.startswith("lrp/"))))
+            keeps = zero_preserving(a.op, a.rule, node)
+            if keeps == "inherit":
+                keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
+            for x, r in zip(xs, r_ins):
+                if r is not None:
+                    rel.setdefault(id(x), []).append(r)
+                    zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+
+    except LrpError:
+        raise
+    except MemoryError:
+        raise InputError(f"out of memory while building the relevance of node {current.name} ({current.op_type}); "
+                         "the model (or a dimension of it) is too large for this machine") from None
+    except Exception as exc:  # a bug: named by node, never a bare traceback
+        raise internal_error(current, exc) from exc
 
     outputs = list(graph.outputs)
+    reached = 0
     for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT, POSITION_INPUT)]:
         if not carries(x):
             if x.dtype is None or not x.dtype.is_integer():
@@ -395,6 +481,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
                 r = token_relevance(em, graph, x, lambda v: total(v, f"input/{x.name}"))
             if r is None:
                 continue
+            reached += 1
             with em.scope(f"input/{x.name}"):
                 r = em.op("Identity", r, tag="relevance")
             r.name = RELEVANCE_PREFIX + x.name
@@ -403,6 +490,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
             outputs.append(r)
             continue
         r = total(x, f"input/{x.name}")
+        reached += r is not None
         with em.scope(f"input/{x.name}"):
             r = r if r is not None else em.zeros_like(x)
             if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
@@ -410,8 +498,19 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
             r = em.op("Identity", r, tag="relevance")
         _name_output(r, RELEVANCE_PREFIX + x.name, x)
         outputs.append(r)
+    if not reached:
+        raise UnsupportedError([], _no_path(graph, p, forward_nodes))
+    produced = {o.name for o in outputs}
     for vid, name in watch.items():
         v = values[name]
+        if v.is_graph_input():  # the input's own relevance output already is this tensor's relevance
+            if RELEVANCE_PREFIX + name not in produced:
+                raise InputError(f"relevance at {name!r}: this graph input carries no relevance (not a float "
+                                 "activation); name a tensor from `onnx-lrp inspect`")
+            continue
+        if RELEVANCE_PREFIX + name in produced:
+            continue  # named twice
+        produced.add(RELEVANCE_PREFIX + name)
         r = total(v, f"at/{name}")
         with em.scope(f"at/{name}"):
             r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
@@ -424,6 +523,26 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     graph.outputs.clear()
     graph.outputs.extend(outputs)
     return model
+
+
+def _no_path(graph: ir.Graph, p: Plan, forward_nodes: list) -> str:
+    """Why no relevance reaches any input: the nodes on the way to the output that cut the float path."""
+    wanted: set[int] = set()
+    stack = [p.explained.producer()] if p.explained.producer() is not None else []
+    while stack:
+        n = stack.pop()
+        if id(n) in wanted:
+            continue
+        wanted.add(id(n))
+        stack.extend(v.producer() for v in n.inputs if v is not None and v.producer() is not None)
+    cuts = [n for n in forward_nodes if id(n) in wanted and not any(carries(o) for o in n.outputs)
+            and any(carries(v) for v in n.inputs)]
+    where = "; ".join(f"{n.name} ({n.op_type}) turns a float activation into "
+                      f"{n.outputs[0].dtype.name.lower() if n.outputs[0].dtype else 'a non-float'} values"
+                      for n in cuts[:3])
+    return (f"no relevance path from any input to {p.explained.name!r}: it is not computed from a float input "
+            f"through differentiable nodes{' (' + where + ')' if where else ''}; explain another output "
+            "(--output) or an earlier tensor")
 
 
 def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value | None:

@@ -75,6 +75,8 @@ def available_devices() -> list[str]:
 
 
 def resolve_device(device: str) -> str:
+    if device is not None and not isinstance(device, str):
+        raise InputError(f"device must be 'cpu', 'cuda' or 'auto', not {device!r}")
     check_install()  # before any work: a broken onnxruntime is named with its repair command
     device = (device or "cpu").lower()
     if device == "auto":

@@ -92,7 +92,7 @@ class Composite:
         entries = []
         for entry in self.entries:
             fields = {f.name for f in dataclasses.fields(entry.rule)}  # type: ignore[arg-type]
-            mine = {k: v for k, v in params.items() if k in fields}
+            mine = check_params(entry.rule.name, {k: v for k, v in params.items() if k in fields})
             if lrp0 and isinstance(entry.rule, Norm) and entry.rule.stabilizer == Norm.stabilizer:
                 mine["stabilizer"] = 0.0
             used |= set(mine)
@@ -108,9 +108,54 @@ class Composite:
         lines = []
         for e in self.entries:
             what = ", ".join(f"{k}={v}" for k, v in e.match.items()) or "everything else"
-            params = ", ".join(f"{k}={v}" for k, v in e.rule.params().items())
+            params = ", ".join(f"{k}={'required' if v is None and k in ('low', 'high') else v}"
+                               for k, v in e.rule.params().items())
             lines.append(f"{what} -> {e.rule.name}" + (f"({params})" if params else ""))
         return lines
+
+
+def _kind(value) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _numbers(value) -> bool:
+    """A real number (not a bool), or a (nested) list / array of them."""
+    import numpy as np  # here, not at the top: `onnx-lrp composites` loads no numpy
+
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return len(value) > 0 and all(_numbers(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return value.size > 0 and value.dtype.kind in "iuf"
+    return False
+
+
+def check_params(rule: str, params: dict) -> dict:
+    """Rule parameters must be numbers (``low``/``high``: a number or one per channel), finite: one-line errors."""
+    import numpy as np
+
+    for key, value in params.items():
+        if value is None:
+            continue
+        if key in ("low", "high"):
+            if not _numbers(value):
+                raise ValueError(f"rule {rule!r}: {key} must be a number or a list of numbers (one per channel), "
+                                 f"not {_kind(value)}")
+            try:
+                arr = np.asarray(value, dtype=np.float64)
+            except ValueError:
+                raise ValueError(f"rule {rule!r}: {key} must be a number or a flat list of numbers") from None
+        else:
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or (
+                    isinstance(value, np.ndarray) and value.ndim):
+                raise ValueError(f"rule {rule!r}: {key} must be a number, not {_kind(value)}")
+            arr = np.asarray(float(value))
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+    return params
 
 
 def builtin_names() -> list[str]:
@@ -123,18 +168,37 @@ def parse_composite(text: str, source: str = "<string>") -> Composite:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"composite {source}: not valid TOML ({exc})") from None
     entries = []
-    for i, raw in enumerate(data.get("rules", [])):
+    rules = data.get("rules", [])
+    if not isinstance(rules, list):
+        raise ValueError(f"composite {source}: `rules` must be a list of [[rules]] tables, not {_kind(rules)}")
+    for i, raw in enumerate(rules):
+        if not isinstance(raw, dict):
+            raise ValueError(f"composite {source}: entry {i + 1} must be a [[rules]] table, not {_kind(raw)}")
         raw = dict(raw)
         match = raw.pop("match", {}) or {}
+        if not isinstance(match, dict):
+            raise ValueError(f"composite {source}: entry {i + 1}: `match` must be a table such as "
+                             f"{{ kind = \"convolution\" }}, not {_kind(match)}")
         bad = set(match) - MATCH_KEYS
         if bad:
             raise ValueError(f"composite {source}: entry {i + 1} matches on unknown key(s) {', '.join(sorted(bad))}"
                              f" (use {', '.join(sorted(MATCH_KEYS))})")
+        for key, want in match.items():
+            if key == "first_linear" and not isinstance(want, bool):
+                raise ValueError(f"composite {source}: entry {i + 1}: match.first_linear must be true or false, "
+                                 f"not {_kind(want)}")
+            if key != "first_linear" and not (isinstance(want, str) or (
+                    isinstance(want, list) and all(isinstance(w, str) for w in want))):
+                raise ValueError(f"composite {source}: entry {i + 1}: match.{key} must be a string or a list of "
+                                 f"strings, not {_kind(want)}")
         if "rule" not in raw:
             raise ValueError(f"composite {source}: entry {i + 1} names no rule")
         rule_name = raw.pop("rule")
+        if not isinstance(rule_name, str):
+            raise ValueError(f"composite {source}: entry {i + 1}: `rule` must be a rule name (a string such as "
+                             f"\"epsilon\"), not {_kind(rule_name)}")
         try:
-            rule = make_rule(rule_name, **raw)
+            rule = make_rule(rule_name, **check_params(rule_name, raw))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"composite {source}: entry {i + 1}: {exc}") from None
         entries.append(Entry(match, rule))

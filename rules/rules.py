@@ -191,11 +191,13 @@ class ZBox(LinearRule):
 
     name: ClassVar[str] = "zbox"
     needs_params: ClassVar[bool] = True
-    low: object = -3.0
-    high: object = 3.0
+    low: object = None  # no default (as in zennit): the input's range must be given
+    high: object = None
     stabilizer: float = 1e-6
 
     def __post_init__(self):
+        if self.low is None or self.high is None:
+            return  # refused when the rule is applied (onnx_lrp.rewriter.check_bounds), naming the composite
         if isinstance(self.low, (int, float)) and isinstance(self.high, (int, float)):  # without numpy
             if self.low > self.high:
                 raise ValueError("zbox rule needs low <= high")

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL_DIR = ROOT / "tests" / "goldens"
 LARGE_DIR = ROOT / "goldens_large"
 EXPORTERS = ("torchscript", "dynamo")
-BOX_LOW, BOX_HIGH = -3.0, 3.0  # EpsilonGammaBox bounds (onnx-lrp's epsilon-gamma-box defaults)
+BOX_LOW, BOX_HIGH = -3.0, 3.0  # EpsilonGammaBox bounds (given to onnx-lrp explicitly: ZBox has no default)
 COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
               "epsilon-alpha2-beta1-flat")
 LARGE_MODELS = {"vgg16": 224, "resnet18": 96, "resnet50": 96, "densenet121": 96, "mobilenet_v2": 96}

@@ -177,7 +177,8 @@ def test_relevance_graph_uses_only_ops_the_cuda_provider_implements(composite):
              "v": np.ones(4), "w2": RNG.standard_normal((6, 4, 3, 3)), "w3": RNG.standard_normal((6, 4, 1, 1)),
              "wd": RNG.standard_normal((3, 6)), "bd": np.zeros(3)}
     model = make_model(nodes, {"x": ["N", 3, 16, 16]}, ["y"], {k: np.asarray(v, np.float32) for k, v in inits.items()})
-    ex = onnx_lrp.Explainer(model.SerializeToString(), composite=composite)
+    box = {"low": -3.0, "high": 3.0} if composite == "epsilon-gamma-box" else {}
+    ex = onnx_lrp.Explainer(model.SerializeToString(), composite=composite, **box)
     emitted = {n.op_type for n in onnx.load_model_from_string(ex.model_bytes).graph.node if n.name.startswith("lrp/")}
     assert emitted and emitted <= CUDA_OPS, f"not in the CUDA kernel list: {sorted(emitted - CUDA_OPS)}"
     assert np.all(np.isfinite(ex.explain(RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)).relevance))
@@ -201,3 +202,27 @@ def test_float64_model_is_explained_in_float64():
     ref, _ = lrp_eps(x, lambda y: np.eye(4)[y.argmax(1)] * y)
     assert res.relevance.dtype == np.float64
     np.testing.assert_allclose(res.relevance, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(model=None), "model must be a path, bytes or an onnx.ModelProto, not NoneType"),
+    (dict(model=5), "not int"),
+    (dict(device=5), "device must be 'cpu', 'cuda' or 'auto'"),
+    (dict(relevance_at=5), "relevance_at must be a list of tensor names"),
+    (dict(relevance_at=[1]), "relevance_at must be a list of tensor names"),
+    (dict(threads="abc"), "threads must be a non-negative int"),
+    (dict(threads=-1), "threads must be a non-negative int"),
+    (dict(epsilon="abc"), "epsilon must be a number"),
+])
+def test_misuse_of_the_constructor_raises_lrp_errors(kwargs, message):
+    kwargs = {"model": mlp(), "composite": "epsilon", **kwargs}
+    with pytest.raises(onnx_lrp.LrpError, match=message):
+        onnx_lrp.Explainer(kwargs.pop("model"), **kwargs)
+
+
+def test_relevance_at_one_name_and_save_errors(tmp_path):
+    ex = onnx_lrp.Explainer(mlp(), composite="epsilon", relevance_at="a")  # one name, not its letters
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    assert ex.explain(x).relevance_at["a"].shape == (2, 6)
+    with pytest.raises(InputError, match="cannot write"):
+        ex.save(tmp_path / "missing" / "m.onnx")

@@ -106,8 +106,8 @@ def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
     rel = np.load(tmp_path / "r.npy", allow_pickle=False)
     assert rel.shape == (1, 1, 16, 16)
     close(rel, res.relevance)
-    default_box = api("epsilon-gamma-box").explain(x, target=5).relevance  # low -3, high 3: not what ran
-    assert np.abs(default_box - rel).max() > 1e-3
+    other_box = api("epsilon-gamma-box", low=-3.0, high=3.0).explain(x, target=5).relevance  # not what ran
+    assert np.abs(other_box - rel).max() > 1e-3
     (item,) = summary["items"]
     assert item == dict(item="digit_3.png", predicted=int(res.outputs["logits"][0].argmax()), target=5,
                         output=pytest.approx(float(res.outputs["logits"][0, 5]), rel=1e-5),
@@ -292,7 +292,7 @@ def test_composites_lists_every_builtin():
         assert header in p.stdout.splitlines()
         for line in comp.describe():
             assert f"  {line}" in p.stdout.splitlines()
-    assert "first_linear=True, kind=convolution -> zbox(low=-3.0, high=3.0, stabilizer=1e-06)" in p.stdout
+    assert "first_linear=True, kind=convolution -> zbox(low=required, high=required, stabilizer=1e-06)" in p.stdout
 
 
 def test_help_and_version():
@@ -374,6 +374,10 @@ BAD = {
                                   t / "o.npz"], "no tensor named nothing"),
     "bad size": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--size", "big", "-o",
                             t / "o.npy"], "--size 'big'"),
+    "check against an .npy": (lambda t: ["check", DIGITS, SAMPLES / "batch.npy"], "is a single array, not an "
+                                                                                 "onnx-lrp snapshot"),
+    "huge size": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--size", "100000", "-o",
+                             t / "o.npy"], "at most 16384"),
     "mean per channel": (lambda t: ["explain", DIGITS, SAMPLES / "png" / "digit_1.png", "--mean", "0.5,0.5", "-o",
                                     t / "o.npy"], "--mean has 2 values"),
     "output directory missing": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "-o", t / "no" / "o.npy"],
@@ -393,7 +397,82 @@ BAD = {
     "unknown option": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--frobnicate"],
                        "No such option '--frobnicate'"),
     "unknown device": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--device", "tpu"], "'tpu' is not one"),
+    # malformed models, inputs and composite files (issue 9, point 7): refused, never an internal error
+    "custom-domain op": (lambda t: ["explain", _digits(t, _custom_op), SAMPLES / "batch.npy", "-o", t / "o.npy"],
+                         "/features/features.2/Relu (com.example::Foo, opset 1: no handler for this op)"),
+    "input rank changed": (lambda t: ["explain", _digits(t, _drop_input_axis), SAMPLES / "batch.npy", "-o",
+                                      t / "o.npy"], "malformed: input of rank 3 for a weight of rank 4"),
+    "conv strides 0": (lambda t: ["explain", _digits(t, _set_attr("/features/features.0/Conv", "strides", [0, 0])),
+                                  SAMPLES / "batch.npy", "-o", t / "o.npy"], "malformed: strides=[0, 0]"),
+    "conv group 0": (lambda t: ["explain", _digits(t, _set_attr("/features/features.0/Conv", "group", 0)),
+                                SAMPLES / "batch.npy", "-o", t / "o.npy"], "malformed: group=0"),
+    "gemm beta nan": (lambda t: ["explain", _digits(t, _set_attr("/classifier/classifier.4/Gemm", "beta",
+                                                                 float("nan"))), SAMPLES / "batch.npy", "-o",
+                                 t / "o.npy"], "alpha or beta is not finite"),
+    "dimension 2**30": (lambda t: ["rewrite", _digits(t, _huge_axis), "-o", t / "o.onnx"],
+                        "more than 1073741824 elements per item"),
+    "empty batch": (lambda t: [np.save(t / "x.npy", np.zeros((0, 1, 16, 16), np.float32)), "explain", DIGITS,
+                               t / "x.npy", "-o", t / "o.npy"][1:], "holds no items (an empty batch)"),
+    "empty batch snapshot": (lambda t: [np.save(t / "x.npy", np.zeros((0, 1, 16, 16), np.float32)), "snapshot",
+                                        DIGITS, t / "x.npy", "-o", t / "s.npz"][1:], "holds no items"),
+    "composite rules = 5": (lambda t: _bad_toml(t, "rules = 5"), "`rules` must be a list"),
+    "composite rule = 5": (lambda t: _bad_toml(t, "[[rules]]\nrule = 5"), "`rule` must be a rule name"),
+    "composite match = 5": (lambda t: _bad_toml(t, "[[rules]]\nmatch = 5\nrule = 'epsilon'"),
+                            "`match` must be a table"),
+    "composite epsilon text": (lambda t: _bad_toml(t, "[[rules]]\nrule = 'epsilon'\nepsilon = 'abc'"),
+                               "epsilon must be a number, not str 'abc'"),
+    "composite entry not a table": (lambda t: _bad_toml(t, "rules = [5]"), "entry 1 must be a [[rules]] table"),
+    "composite match kind 5": (lambda t: _bad_toml(t, "[[rules]]\nmatch = {kind = 5}\nrule = 'epsilon'"),
+                               "match.kind must be a string"),
+    "bounds per channel wrong count": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--composite",
+                                                  "epsilon-gamma-box", "--low", "0,0,0", "--high", "1,1,1", "-o",
+                                                  t / "o.npy"], "zbox bound low of shape [3, 1, 1] does not fit"),
+    "zbox without bounds, npy": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--composite",
+                                            "epsilon-gamma-box", "-o", t / "o.npy"], "has no input bounds"),
+    "zbox without bounds, rewrite": (lambda t: ["rewrite", DIGITS, "--composite", "epsilon-gamma-box", "-o",
+                                                t / "o.onnx"], "has no input bounds"),
+    "zbox without bounds, snapshot": (lambda t: ["snapshot", DIGITS, SAMPLES / "batch.npy", "--composite",
+                                                 "epsilon-gamma-box", "-o", t / "s.npz"], "--low/--high"),
 }
+
+
+def _digits(t, edit):
+    """The demo model with one edit, written to t/m.onnx (created before the test looks at the directory)."""
+    m = onnx.load(str(DIGITS))
+    edit(m)
+    path = t / "models" / "m.onnx"
+    path.parent.mkdir(exist_ok=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def _custom_op(m):
+    relu = m.graph.node[1]
+    relu.op_type, relu.domain = "Foo", "com.example"
+    m.opset_import.append(helper.make_opsetid("com.example", 1))
+
+
+def _drop_input_axis(m):
+    del m.graph.input[0].type.tensor_type.shape.dim[1]
+
+
+def _huge_axis(m):
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 2 ** 30
+
+
+def _set_attr(node_name, name, value):
+    def edit(m):
+        n = next(n for n in m.graph.node if n.name == node_name)
+        n.attribute.remove(next(a for a in n.attribute if a.name == name))
+        n.attribute.append(helper.make_attribute(name, value))
+    return edit
+
+
+def _bad_toml(t, text):
+    path = t / "composites" / "c.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return ["explain", DIGITS, SAMPLES / "batch.npy", "--composite", path, "-o", t / "o.npy"]
 
 
 def _write(path, data):
@@ -547,3 +626,25 @@ def test_shipped_model_accuracy_matches_the_readmes():
         png = np.asarray(Image.open(SAMPLES / "png" / f"digit_{k}.png"), np.float32) / 255
         np.testing.assert_array_equal(png[None], np.load(SAMPLES / "npy" / f"digit_{k}.npy"))
         np.testing.assert_array_equal(batch[k], png[None])
+
+
+# ------------------------------------------------------------------------------------------- honesty (issue 9)
+def test_custom_op_of_unknown_type_is_listed_not_silently_cut(tmp_path):
+    """Before: shape inference gave the custom op's output no type, the path was cut, `inspect` said all
+    supported (exit 0) and `explain` returned zeros. Now the op is on the path and listed (exit 1 / exit 2)."""
+    path = _digits(tmp_path, _custom_op)
+    p = CliRunner().invoke(main, ["inspect", str(path)])
+    assert p.exit_code == 1, p.output
+    row = next(line for line in p.stdout.splitlines() if line.startswith("/features/features.2/Relu"))
+    assert row.split()[1] == "Foo" and "UNSUPPORTED" in row.split() and "(no handler for this op)" in row, row
+
+
+def test_relevance_at_a_graph_input_is_its_relevance(tmp_path):
+    """--relevance-at naming a graph input: the input's own relevance (before: a duplicate output name that
+    onnxruntime refused)."""
+    out = tmp_path / "r.npz"
+    CliRunner().invoke(main, ["explain", str(DIGITS), str(SAMPLES / "batch.npy"), "--relevance-at", "image", "-o",
+                              str(out)], catch_exceptions=False)
+    with np.load(out, allow_pickle=False) as z:
+        np.testing.assert_array_equal(z["relevance_at/image"], z["relevance"])
+        assert np.abs(z["relevance"]).sum() > 0

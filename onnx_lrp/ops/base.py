@@ -15,25 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from ..graph import Emitter, static_dims
-
-FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
-
-
-def is_param(v: ir.Value | None) -> bool:
-    return v is not None and v.const_value is not None
-
-
-def is_float(v: ir.Value | None) -> bool:
-    """A float tensor (not a sequence or optional of tensors)."""
-    return v is not None and v.dtype in FLOAT_TYPES and (v.type is None or isinstance(v.type, ir.TensorType))
-
-
-def carries(v: ir.Value | None) -> bool:
-    """A value carries relevance when it is a float activation: not a parameter, and not computed from the inputs'
-    shapes alone (``loader.mark_shape_only``: masks and positions built from a dynamic sequence length)."""
-    return v is not None and not is_param(v) and is_float(v) and not v.meta.get("lrp_shape_only", False)
-
+from ..graph import FLOAT_TYPES, Emitter, carries, is_float, is_param, static_dims  # noqa: F401
 
 def const(v: ir.Value | None) -> np.ndarray | None:
     return None if v is None or v.const_value is None else v.const_value.numpy()

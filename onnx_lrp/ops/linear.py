@@ -62,9 +62,49 @@ class _Conv(LinearOp):
             return "bias is not a constant"
         if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
             return "auto_pad with unknown spatial input shape"
+        bad = self.malformed(node)
+        if bad:
+            return "malformed: " + bad
         g = self.geometry(node)
         if g["x_sp"] is None or g["z_sp"] is None:
             return "spatial dimensions must be static (run shape inference or export with a fixed image size)"
+        return None
+
+    def malformed(self, node) -> str | None:
+        """Attributes and parameter shapes that do not fit each other (the ONNX checker lets them pass)."""
+        w = const(node.inputs[1])
+        if w.ndim < 3:
+            return f"weight of rank {w.ndim} (needs >= 3)"
+        nd = w.ndim - 2
+        group = node.attributes.get_int("group", 1)
+        x = static_dims(node.inputs[0])
+        if x is not None and len(x) != w.ndim:
+            return f"input of rank {len(x)} for a weight of rank {w.ndim}"
+        for attr, n, least in (("strides", nd, 1), ("dilations", nd, 1), ("pads", 2 * nd, 0),
+                               ("kernel_shape", nd, 1), ("output_padding", nd, 0)):
+            vals = list(node.attributes.get_ints(attr, [least] * n))
+            if len(vals) != n or any(v < least for v in vals):
+                return f"{attr}={vals} (needs {n} values >= {least})"
+        if "kernel_shape" in node.attributes and list(node.attributes.get_ints("kernel_shape")) != list(w.shape[2:]):
+            return f"kernel_shape {list(node.attributes.get_ints('kernel_shape'))} != weight {list(w.shape[2:])}"
+        if group < 1:
+            return f"group={group}"
+        conv = node.op_type == "Conv"
+        cin = w.shape[1] * group if conv else w.shape[0]
+        cout = w.shape[0] if conv else w.shape[1] * group
+        if (conv and w.shape[0] % group) or (not conv and w.shape[0] % group):
+            return f"{w.shape[0]} channels do not split into group={group}"
+        if x is not None and x[1] is not None and x[1] != cin:
+            return f"input has {x[1]} channels, the weight expects {cin}"
+        b = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if b is not None and b.shape != (cout,):
+            return f"bias of shape {list(b.shape)} for {cout} output channels"
+        if conv and x is not None:
+            pads, dil = list(node.attributes.get_ints("pads", [0] * (2 * nd))), list(
+                node.attributes.get_ints("dilations", [1] * nd))
+            if any(x[2 + a] is not None and x[2 + a] + pads[a] + pads[nd + a] < dil[a] * (w.shape[2 + a] - 1) + 1
+                   for a in range(nd)):
+                return f"kernel {list(w.shape[2:])} larger than the padded input {x[2:]}"
         return None
 
     def params(self, node):
@@ -183,6 +223,18 @@ class Gemm(LinearOp):
             return "C is not a constant"
         if c is not None and c.ndim == 2 and c.shape[0] != 1:
             return "C varies along the batch"
+        w = const(node.inputs[1])
+        if w.ndim != 2:
+            return f"malformed: B of rank {w.ndim}"
+        trans_b = node.attributes.get_int("transB", 0)
+        k, n_out = (w.shape[1], w.shape[0]) if trans_b else w.shape
+        if c is not None and (c.ndim > 2 or c.size not in (1, n_out)):
+            return f"malformed: C of shape {list(c.shape)} for {n_out} outputs"
+        x = static_dims(node.inputs[0])
+        if x is not None and (len(x) != 2 or (x[1] is not None and x[1] != k)):
+            return f"malformed: A of shape {x} for B {list(w.shape)} (transB={trans_b})"
+        if not all(np.isfinite(node.attributes.get_float(a, 1.0)) for a in ("alpha", "beta")):
+            return "malformed: alpha or beta is not finite"
         return None
 
     def params(self, node):
@@ -229,6 +281,11 @@ class MatMul(LinearOp):
         w = const(node.inputs[self._side(node)])
         if w.ndim < 2:
             return "1-D weight"
+        x = static_dims(node.inputs[1 - self._side(node)])
+        if x is not None and len(x) >= 2:
+            inner_x, inner_w = (x[-1], w.shape[-2]) if self._side(node) == 1 else (x[-2], w.shape[-1])
+            if inner_x is not None and inner_x != inner_w:
+                return f"malformed: inner dimensions {inner_x} and {inner_w} differ"
         return None
 
     def params(self, node):
@@ -277,7 +334,7 @@ class Affine(LinearOp):
     def check(self, node):
         if node.op_type == "Div" and is_param(node.inputs[0]):
             return "division of a constant by an activation (not linear)"
-        return None
+        return _broadcast_misfit(node)
 
     def params(self, node):
         t = node.op_type
@@ -310,6 +367,22 @@ class Affine(LinearOp):
         return [em.unbroadcast(s, out_dims(node), x, tag="JTs")]
 
 
+def _broadcast_misfit(node) -> str | None:
+    """Element-wise ops: the inputs' static shapes must broadcast to the output's (unknown ranks are refused: the
+    transpose sums over broadcast axes)."""
+    dims = [static_dims(v) for v in node.inputs if v is not None]
+    out = static_dims(node.outputs[0])
+    if out is None or any(d is None for d in dims):
+        return "input or output rank unknown"
+    try:
+        shape = np.broadcast_shapes(*[tuple(1 if d is None else d for d in ds) for ds in dims])
+    except ValueError:
+        return f"malformed: inputs of shapes {dims} do not broadcast"
+    if len(shape) != len(out) or any(o is not None and s != 1 and s != o for s, o in zip(shape, out)):
+        return f"malformed: inputs of shapes {dims} do not give the output shape {out}"
+    return None
+
+
 @register
 class BatchNormalization(Affine):
     """Inference-mode BatchNormalization not folded into a layer: z = x * a + c, per channel."""
@@ -326,6 +399,12 @@ class BatchNormalization(Affine):
             return "training_mode=1"
         if not all(is_param(v) for v in node.inputs[1:5]):
             return "statistics are not constants"
+        x = static_dims(node.inputs[0])
+        shapes = {tuple(const(v).shape) for v in node.inputs[1:5]}
+        if x is None or len(x) < 2:
+            return "input rank unknown or < 2"
+        if len(shapes) != 1 or (x[1] is not None and shapes != {(x[1],)}):
+            return f"malformed: statistics of shapes {sorted(shapes)} for {x[1]} channels"
         return None
 
     def params(self, node):
@@ -355,6 +434,9 @@ class Sum(LinearOp):
 
     def params(self, node):
         return Params(None, None)
+
+    def check(self, node):
+        return _broadcast_misfit(node)
 
     def _signs(self, node):
         return [1.0, -1.0] if node.op_type == "Sub" else [1.0] * len(node.inputs)

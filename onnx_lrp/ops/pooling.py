@@ -22,6 +22,33 @@ class _Pool(LinearOp):
         return em.op(node.op_type, *inputs, tag="z", **attrs)
 
 
+def _window_misfit(node) -> str | None:
+    """Pool windows: kernel_shape, strides, pads and dilations of the right length and range (the ONNX checker
+    lets a kernel of 0 or a negative stride pass)."""
+    if "kernel_shape" not in node.attributes:
+        return "malformed: no kernel_shape"
+    nd = len(node.attributes.get_ints("kernel_shape"))
+    dims = static_dims(node.inputs[0])
+    if nd == 0 or (dims is not None and len(dims) != nd + 2):
+        return f"malformed: kernel_shape of {nd} axes for an input of rank {None if dims is None else len(dims)}"
+    for attr, n, least in (("kernel_shape", nd, 1), ("strides", nd, 1), ("pads", 2 * nd, 0), ("dilations", nd, 1)):
+        vals = list(node.attributes.get_ints(attr, [least] * n))
+        if len(vals) != n or any(v < least for v in vals):
+            return f"malformed: {attr}={vals} (needs {n} values >= {least})"
+    return _window_fits(node, dims, nd)
+
+
+def _window_fits(node, dims, nd) -> str | None:
+    k = list(node.attributes.get_ints("kernel_shape"))
+    pads = list(node.attributes.get_ints("pads", [0] * (2 * nd)))
+    dil = list(node.attributes.get_ints("dilations", [1] * nd))
+    for a in range(nd):
+        size = None if dims is None else dims[2 + a]
+        if size is not None and size + pads[a] + pads[nd + a] < dil[a] * (k[a] - 1) + 1:
+            return f"malformed: kernel_shape {k} larger than the padded input"
+    return None
+
+
 def _window_counts(size, k, st, pb, pe, out, include_pad):
     """Per output position along one axis: (divisor, number of valid inputs), onnxruntime/torch semantics."""
     div = np.empty(out)
@@ -42,6 +69,9 @@ class AveragePool(_Pool):
     op_types = ("AveragePool",)
 
     def check(self, node):
+        bad = _window_misfit(node)
+        if bad:
+            return bad
         if any(d != 1 for d in node.attributes.get_ints("dilations", [])):
             return "dilations"
         if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
@@ -151,6 +181,9 @@ class MaxPool(_Pool):
     op_types = ("MaxPool",)
 
     def check(self, node):
+        bad = _window_misfit(node)
+        if bad:
+            return bad
         if node.attributes.get_int("storage_order", 0):
             return "storage_order=1"
         if not node.inputs[0].dtype == ir.DataType.FLOAT and not node.inputs[0].dtype == ir.DataType.DOUBLE:

@@ -81,8 +81,12 @@ class Concat(ShapeOp):
 
     def check(self, node):
         x = node.inputs[0]
-        if x.shape is None:
+        if any(v is None for v in node.inputs):
+            return "malformed: an input is missing (empty name)"
+        if x.shape is None or len(x.shape) == 0:
             return "rank unknown"
+        if any(v.shape is None or len(v.shape) != len(x.shape) for v in node.inputs):
+            return "malformed: inputs of different ranks"
         ax = _axis(node, len(x.shape))
         if any(static_dims(v) is None or static_dims(v)[ax] is None for v in node.inputs):
             return "sizes along the concat axis must be static"
