@@ -19,6 +19,7 @@ without ``match`` match everything. Extra keys of an entry are the rule's parame
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import fnmatch
 import tomllib
 from dataclasses import dataclass
@@ -87,7 +88,8 @@ class Composite:
         # epsilon = 0 means LRP-0 on every linear, sum and pooling node: the Norm rule's stabiliser (sums, average
         # pools) goes to 0 with it unless a stabiliser is given here or set in the composite to another value than
         # the default (exact zeros of a denominator stay guarded)
-        lrp0 = "epsilon" in params and float(params["epsilon"]) == 0.0 and "stabilizer" not in params
+        eps = params.get("epsilon")
+        lrp0 = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps == 0 and "stabilizer" not in params
         used: set[str] = set()
         entries = []
         for entry in self.entries:
