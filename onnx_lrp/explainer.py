@@ -60,14 +60,14 @@ class Explainer:
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
         self.relevance_at = list(relevance_at)
-        y_value = rewriter.explained_value(graph, output, explain_logits)[0]
+        y_value, y_out = rewriter.explained_value(graph, output, explain_logits)
         y_dims = static_dims(y_value)
         self._rows_from = _sequence_axis_source(graph, y_value)
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
                          explain_logits=explain_logits)
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
-        self.explained_output = output or self.output_names[0]
+        self.explained_output = y_out.name
         produced = {o.name for o in graph.outputs}
         self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
         self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3

@@ -61,6 +61,22 @@ def read_proto(source) -> onnx.ModelProto:
     return proto
 
 
+def initializers_not_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """IR <= 3 exporters list every initializer among the graph inputs (an input with a default value): those are
+    parameters, taken with their stored value, so the only inputs left are the ones the caller must feed."""
+    inits = {t.name for t in proto.graph.initializer}
+    if not any(v.name in inits for v in proto.graph.input):
+        return proto
+    kept = [v for v in proto.graph.input if v.name not in inits]
+    if not kept:
+        return proto  # every input has a default: nothing would be left to explain; the plan says so
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.ir_version = max(proto.ir_version, 4)  # IR >= 4 lets initializers stand alone
+    return proto
+
+
 def _opset(proto: onnx.ModelProto) -> int:
     for imp in proto.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -197,7 +213,7 @@ def load(source, name: str | None = None) -> ir.Model:
     """Read, check, upgrade, shape-infer, fold constants and canonize a model."""
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
-    proto = prepare_proto(read_proto(source), name)
+    proto = prepare_proto(initializers_not_inputs(read_proto(source)), name)
     model = to_ir(proto)
     graph = model.graph
     _name_everything(graph)
