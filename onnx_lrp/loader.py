@@ -23,6 +23,7 @@ MAX_OPSET = 23
 # ops never folded: random or stateful, or whose value must stay an activation
 _NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 _FOLD_LIMIT = 1 << 26  # elements; larger constant results stay in the graph
+_FILL_LIMIT = 1 << 28  # ConstantOfShape: how IR <= 3 zoo models store weights (VGG19's fc6 has 103 M elements)
 
 
 def read_proto(source) -> onnx.ModelProto:
@@ -161,7 +162,8 @@ def fold_constants(model: ir.Model) -> int:
         elif node.op_type in ("Gather", "Slice") and all(v is None or v.const_value is not None
                                                         for v in node.inputs[1:]):
             results = _static_part_of_shape(node, opset)
-        if results is None or any(r.size > _FOLD_LIMIT or r.dtype == object for r in results):
+        limit = _FILL_LIMIT if node.op_type == "ConstantOfShape" else _FOLD_LIMIT
+        if results is None or any(r.size > limit or r.dtype == object for r in results):
             continue
         for out, arr in zip(node.outputs, results):
             canonize.to_initializer(graph, out, arr)
