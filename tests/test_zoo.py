@@ -25,7 +25,6 @@ from util import run
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 FAST = ["squeezenet", "shufflenet", "inception_v1"]
-
 SLOW = ["inception_v2", "resnet50", "densenet121", "bvlc_alexnet", "zfnet512", "vgg19"]
 NO_LRN = {"squeezenet", "shufflenet", "inception_v2", "resnet50", "densenet121", "vgg19"}
 
