@@ -229,19 +229,40 @@ def load(source, name: str | None = None) -> ir.Model:
     return model
 
 
+_ID_MOVES = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")  # token ids on their way to a lookup
+
+
+def _is_int(v: ir.Value) -> bool:
+    return v.dtype is not None and (v.dtype.is_integer() or v.dtype == ir.DataType.BOOL)
+
+
 def mark_shape_only(graph: ir.Graph) -> int:
-    """Mark values that depend on the inputs only through their shapes (causal masks and position ids built from a
-    dynamic sequence length): like parameters, they carry no relevance (``node.meta`` is not used; the value's
-    ``meta['lrp_shape_only']``)."""
+    """Mark values that carry no relevance although they are computed from the inputs: those computed only from
+    the inputs' shapes (causal masks and position ids built from a dynamic sequence length) and those computed only
+    from integer inputs (attention masks, lengths, positions counted from a mask), except embedding lookups of
+    token ids (a Gather from a constant table at indices that are an integer input, cast or reshaped). Like
+    parameters, marked values carry no relevance (the value's ``meta['lrp_shape_only']``)."""
     only: set[int] = set()
+    ids: set[int] = set()  # integer inputs, moved without arithmetic: a Gather of a table at them is a lookup
+    for v in graph.inputs:
+        if _is_int(v):
+            only.add(id(v))
+            ids.add(id(v))
     marked = 0
     for node in graph:
-        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
+        std = node.domain in ("", "ai.onnx")
+        ins = [v for v in node.inputs if v is not None]
+        if std and node.op_type in ("Shape", "Size"):
             flag = True
+        elif std and node.op_type == "Gather" and len(ins) == 2 and id(node.inputs[1]) in ids and \
+                node.inputs[0].const_value is not None and node.attributes.get_int("axis", 0) == 0:
+            flag = False  # an embedding lookup: the token's relevance arrives here
         else:
-            ins = [v for v in node.inputs if v is not None]
             flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
                 any(id(v) in only for v in ins)
+        if std and node.op_type in _ID_MOVES and node.inputs and node.inputs[0] is not None and \
+                id(node.inputs[0]) in ids and _is_int(node.outputs[0]):
+            ids.add(id(node.outputs[0]))
         if flag and node.op_type not in _NO_FOLD:
             for o in node.outputs:
                 only.add(id(o))
