@@ -60,7 +60,7 @@ class Net2d(nn.Module):
 
 def _export(model, x, dynamic):
     f = io.BytesIO()
-    axes = {"x": {0: "batch", **{i: f"s{i}" for i in range(2, x.ndim)}}} if dynamic else None
+    axes = {"x": {0: "batch", **{i: f"s{i}" for i in range(2, x.ndim) if dynamic != "batch"}}} if dynamic else None
     torch.onnx.export(model, x, f, input_names=["x"], output_names=["y"], opset_version=17, dynamo=False,
                       dynamic_axes=axes)
     return f.getvalue()
@@ -97,3 +97,23 @@ def test_dynamic_axes_match_static_exports(cls, sizes):
             scale = np.abs(ref.relevance).max()
             np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-4, atol=1e-5 * scale,
                                        err_msg=f"{c} at size {size}")
+
+
+@pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
+def test_vit_with_dynamic_batch_matches_static_export(composite):
+    """torchvision's ViT exported as in the README's quickstart (TorchScript, dynamic batch axis): the class token
+    is expanded to the run-time batch, so the Concat before the encoder has no static sizes."""
+    from torchvision.models.vision_transformer import VisionTransformer
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                              num_classes=5).eval()
+    nn.init.normal_(model.heads.head.weight)  # torchvision zero-initialises the head
+    x = np.random.default_rng(2).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    dyn = onnx_lrp.Explainer(_export(model, torch.from_numpy(x[:1]), dynamic="batch"), composite=composite)
+    static = onnx_lrp.Explainer(_export(model, torch.from_numpy(x[:1]), dynamic=False), composite=composite)
+    got, ref = dyn.explain(x, target=[0, 3, 4]), static.explain(x, target=[0, 3, 4])  # static: item by item
+    with torch.no_grad():
+        np.testing.assert_allclose(got.outputs["y"], model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+    scale = np.abs(ref.relevance).max()
+    assert scale > 0
+    np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-4, atol=1e-5 * scale)

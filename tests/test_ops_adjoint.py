@@ -361,6 +361,12 @@ CASES += [
     one("dynT_avgpool_pads_exclude", "AveragePool", ["N", 2, "T"], kernel_shape=[3], strides=[2], pads=[1, 1]),
     one("dynT_reducemean_time", "ReduceMean", ["N", 3, "T"], ("axes", I(-1)), opset=18, keepdims=0),
     one("dynHW_global_avgpool", "GlobalAveragePool", ["N", 3, "H", "W"]),
+    Case("dynT_concat_time", [node("Concat", ["x", "u"], ["y"], axis=1)], {"x": ["N", "T", 4], "u": ["N", "S", 4]},
+         ["y"]),
+    one("dynT_slice_time_steps", "Slice", ["N", 3, "T"], ("st", I(-2, 1)), ("en", I(0, 9)), ("ax", I(2, 1)),
+        ("sp", I(-3, 1))),
+    one("dynT_slice_batch_uncut", "Slice", ["N", 3, "T"], ("st", I(0, 1)), ("en", I(2**62, 3)), ("ax", I(0, 1))),
+    one("dynT_expand_time", "Expand", ["N", 3, 1], ("shape", I(1, 3, 5))),
 ]
 
 # operands computed from the input's shape at run time (a dynamic axis): not parameters, not activations
