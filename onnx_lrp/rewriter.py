@@ -75,7 +75,12 @@ def explained_value(graph: ir.Graph, output: str | None, explain_logits: bool = 
         if logits is not None:
             y = logits
     if not carries(y):
-        why = "" if output is not None else "; no output is (name one with output=...)"
+        why = "" if output is not None else "; no output is"
+        if any(v.dtype is not None and not v.dtype.is_floating_point() for v in graph.inputs) and \
+                not any(carries(v) for v in graph.inputs):
+            why += (" (relevance starts at float inputs and at embedding lookups of token ids; values computed "
+                    "only from other integer inputs, such as masks or integer images, carry none: feed a float "
+                    "input)")
         raise InputError(f"output {out.name!r} is not a float tensor computed from the inputs; nothing to explain{why}")
     return y, out
 

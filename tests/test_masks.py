@@ -80,3 +80,15 @@ def test_default_output_is_the_first_float_output(ref):
     np.testing.assert_array_equal(res.outputs["n_tokens"], ref["mask_right"].sum(1))
     np.testing.assert_array_equal(res.target, ref["bert_pool_embedding"].argmax(-1))
     assert np.all(np.isfinite(res.relevance))
+
+
+def test_model_of_integer_inputs_only_is_refused_in_one_line():
+    """An integer image cast to float and no embedding lookup: nothing carries relevance; one line says why."""
+    from util import make_model, node
+    w = np.ones((2, 1, 3, 3), np.float32)
+    m = make_model([node("Cast", ["img"], "f", to=1), node("Conv", ["f", "w"], "c"),
+                    node("ReduceMean", ["c"], "y", axes=[2, 3], keepdims=0)],
+                   {"img": ([1, 1, 5, 5], np.int64)}, ["y"], {"w": w}, opset=17)
+    with pytest.raises(onnx_lrp.InputError, match="not a float tensor computed from the inputs.*integer") as err:
+        onnx_lrp.Explainer(m.SerializeToString())
+    assert "\n" not in str(err.value)
