@@ -78,6 +78,25 @@ def initializers_not_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
+def negative_dims_dynamic(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Some exporters (paddle2onnx) write a dynamic dimension as ``dim_value: -1``; make it a named dynamic one."""
+    def negative(vs):
+        return any(d.HasField("dim_value") and d.dim_value < 0 for v in vs if v.type.HasField("tensor_type")
+                   for d in v.type.tensor_type.shape.dim)
+
+    if not negative(list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info)):
+        return proto
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    values = list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info)
+    for v in values:
+        if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+            continue
+        for i, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.dim_param = f"{v.name}_dim{i}"  # dim_value and dim_param are one field: this clears the -1
+    return proto
+
+
 def _opset(proto: onnx.ModelProto) -> int:
     for imp in proto.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -215,7 +234,7 @@ def load(source, name: str | None = None) -> ir.Model:
     """Read, check, upgrade, shape-infer, fold constants and canonize a model."""
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
-    proto = prepare_proto(initializers_not_inputs(read_proto(source)), name)
+    proto = prepare_proto(negative_dims_dynamic(initializers_not_inputs(read_proto(source))), name)
     model = to_ir(proto)
     graph = model.graph
     _name_everything(graph)

@@ -98,3 +98,28 @@ def test_light_model_lrp0_is_gradient_times_input(name):
         fd = (f(x + h * x * u) - f(x - h * x * u)) / (2 * h)  # <grad f, x * u>
         lrp = float(np.sum(res.relevance.astype(np.float64) * u))
         assert abs(lrp - fd) <= 1e-2 * abs(fd) + 1e-3 * abs(f0), (k, lrp, fd, f0)
+
+
+def test_initializer_inputs_and_negative_dims_on_a_hand_made_ir3_model():
+    """The two input idioms of old and Paddle exporters on one small model: every initializer also listed as a
+    graph input (IR 3), and a dynamic batch written as dim_value -1. LRP-0 on the bias-free ReLU net is
+    gradient x input, computed here in numpy; a batch of 3 is explained at once."""
+    rng = np.random.default_rng(3)
+    w1, w2 = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32)
+    h = onnx.helper
+    x_info = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [-1, 4])
+    inits = [nh.from_array(np.ascontiguousarray(w1.T), "w1"), nh.from_array(np.ascontiguousarray(w2.T), "w2")]
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w1"], ["a"]), h.make_node("Relu", ["a"], ["r"]),
+                          h.make_node("MatMul", ["r", "w2"], ["y"])], "ir3", [x_info] + [
+        h.make_tensor_value_info(t.name, onnx.TensorProto.FLOAT, list(t.dims)) for t in inits],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [-1, 3])], initializer=inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 9)])
+    model.ir_version = 3
+    ex = onnx_lrp.Explainer(model.SerializeToString(), composite="epsilon", epsilon=1e-9)
+    assert [(i.name, i.dims) for i in ex.inputs] == [("x", (None, 4))]
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    res = ex.explain(x, target=[0, 1, 2])
+    a = x @ w1.T
+    grad = ((a > 0)[:, None, :] * w2[[0, 1, 2]][:, None, :] @ w1)[:, 0]  # d y_t / d x per item
+    np.testing.assert_allclose(res.relevance, x * grad, rtol=1e-4, atol=1e-6)
+    assert len(model.graph.input) == 3 and model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
