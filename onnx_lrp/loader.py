@@ -243,7 +243,9 @@ def load(source, name: str | None = None) -> ir.Model:
     canonize.canonize(model)
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
-    refresh_shapes(model)
+    for _ in range(16):  # refreshed shapes can make more Shape/Gather chains static (a channel split after a
+        if not refresh_shapes(model) or not fold_constants(model):  # shuffle's reshape), and those more shapes
+            break
     mark_shape_only(graph)
     return model
 

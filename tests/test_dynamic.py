@@ -117,3 +117,18 @@ def test_vit_with_dynamic_batch_matches_static_export(composite):
     scale = np.abs(ref.relevance).max()
     assert scale > 0
     np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_shufflenet_with_dynamic_batch_matches_static_export():
+    """torchvision's ShuffleNetV2 (tiny stages) with a dynamic batch axis: its channel split slices at bounds
+    computed from shapes that become static only after folding and re-inferring shapes stage by stage."""
+    from torchvision.models import ShuffleNetV2
+    torch.manual_seed(0)
+    model = ShuffleNetV2([2, 2, 1], [8, 16, 32, 48, 64], num_classes=6).eval()
+    x = np.random.default_rng(4).standard_normal((2, 3, 48, 48)).astype(np.float32)
+    dyn = onnx_lrp.Explainer(_export(model, torch.from_numpy(x[:1]), dynamic="batch"), composite="epsilon-plus-flat")
+    static = onnx_lrp.Explainer(_export(model, torch.from_numpy(x[:1]), dynamic=False), composite="epsilon-plus-flat")
+    got, ref = dyn.explain(x, target=2), static.explain(x, target=2)
+    scale = np.abs(ref.relevance).max()
+    assert scale > 0
+    np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-4, atol=1e-5 * scale)
