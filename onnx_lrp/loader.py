@@ -243,8 +243,10 @@ def load(source, name: str | None = None) -> ir.Model:
     canonize.canonize(model)
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
-    for _ in range(16):  # refreshed shapes can make more Shape/Gather chains static (a channel split after a
-        if not refresh_shapes(model) or not fold_constants(model):  # shuffle's reshape), and those more shapes
+    # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and
+    # folding them can fix more shapes: repeat while something changes
+    for _ in range(16):
+        if not refresh_shapes(model) or not fold_constants(model):
             break
     mark_shape_only(graph)
     return model
