@@ -275,7 +275,9 @@ def mark_shape_only(graph: ir.Graph) -> int:
     for node in graph:
         std = node.domain in ("", "ai.onnx")
         ins = [v for v in node.inputs if v is not None]
-        if std and node.op_type in ("Shape", "Size"):
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            flag = False  # If/Loop/Scan: their subgraphs read outer values that are not among the node's inputs
+        elif std and node.op_type in ("Shape", "Size"):
             flag = True
         elif std and node.op_type == "Gather" and len(ins) == 2 and id(node.inputs[1]) in ids and \
                 node.inputs[0].const_value is not None and node.attributes.get_int("axis", 0) == 0:

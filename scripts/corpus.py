@@ -21,7 +21,8 @@ shipped test_data_set_0; else generated: floats ~N(0, 1), token ids in [0, 10), 
 relevance is finite. It prints a table (model, family, status, seconds, composite, the one-line reason) and
 per-family counts, and writes DIR/results.json.
 Statuses: ``explained``; ``refused`` (an ``LrpError``: its one-line message); ``crash`` (anything else: a bug);
-``timeout``; ``nonfinite`` (relevance not finite: a bug).
+``timeout``; ``nonfinite`` (relevance not finite: a bug); ``no-input`` (the original model does not run on the
+generated inputs: the corpus script's limit, not onnx-lrp's).
 """
 from __future__ import annotations
 
@@ -250,7 +251,19 @@ def gather(out: Path, sources):
 
 
 # --------------------------------------------------------------------------------------------------- run
-def _inputs(ex, path):
+def _runs(path, feeds) -> bool:
+    """Whether the original model runs on these inputs in onnxruntime (some need a batch size such as 4)."""
+    import onnxruntime as ort
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+        return True
+    except Exception:
+        return False
+
+
+def _inputs(ex, path, batch=1):
     import numpy as np
     shipped = sorted(Path(path).parent.glob("test_data_set_0/input_*.pb"))
     if len(shipped) == len(ex.inputs):  # the onnx backend test models ship their inputs
@@ -268,7 +281,7 @@ def _inputs(ex, path):
             if d is not None:
                 shape.append(d)
             elif i == 0:
-                shape.append(1)
+                shape.append(batch)
             elif spec.dtype.kind in "iub" or rank == 2:
                 shape.append(8 if spec.dtype.kind in "iub" else 1600)
             else:
@@ -297,7 +310,12 @@ def run_one(path: str, family: str) -> dict:
         t0 = time.time()
         try:
             ex = onnx_lrp.Explainer(path, composite=composite)
-            res = ex.explain(_inputs(ex, path))
+            feeds = next((f for f in (_inputs(ex, path, b) for b in (1, 4)) if _runs(path, f)), None)
+            if feeds is None:
+                result = dict(status="no-input", composite=composite, seconds=round(time.time() - t0, 1),
+                              reason="the original model does not run on the generated inputs (batch 1 or 4)")
+                break
+            res = ex.explain(feeds)
             rel = res.relevance if isinstance(res.relevance, dict) else {"x": res.relevance}
             finite = all(np.all(np.isfinite(r)) for r in rel.values())
             result = dict(status="explained" if finite else "nonfinite", composite=composite,
@@ -340,7 +358,7 @@ def run(out: Path, timeout: int, only: str | None):
 
 def summary(results):
     fams = sorted({r["family"] for r in results})
-    statuses = ["explained", "refused", "crash", "timeout", "nonfinite"]
+    statuses = ["explained", "refused", "crash", "timeout", "nonfinite", "no-input"]
     print()
     print(f"{'family':<14}" + "".join(f"{s:>10}" for s in statuses) + f"{'total':>8}")
     for f in fams + ["all"]:

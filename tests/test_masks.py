@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import onnx_lrp
@@ -92,3 +93,26 @@ def test_model_of_integer_inputs_only_is_refused_in_one_line():
     with pytest.raises(onnx_lrp.InputError, match="not a float tensor computed from the inputs.*integer") as err:
         onnx_lrp.Explainer(m.SerializeToString())
     assert "\n" not in str(err.value)
+
+
+def test_control_flow_on_an_integer_input_is_not_taken_for_a_mask():
+    """An If whose condition comes from an integer input (silero-vad's sample rate) reads the float input inside
+    its branches: its output is not mask-only; the If is refused by name, not the model as having nothing to
+    explain."""
+    from onnx import TensorProto, helper
+    from util import IR_VERSION
+    branch = lambda k: helper.make_graph([helper.make_node("Mul", ["x", k], ["o" + k])], "b" + k, [],  # noqa: E731
+                                         [helper.make_tensor_value_info("o" + k, TensorProto.FLOAT, [1, 3])])
+    nodes = [helper.make_node("Equal", ["sr", "sr16k"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["y"], name="if_sr", then_branch=branch("two"),
+                              else_branch=branch("three"))]
+    g = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3]),
+                                         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+                          initializer=[onnx.numpy_helper.from_array(np.array(16000, np.int64), "sr16k"),
+                                       onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+                                       onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = IR_VERSION
+    with pytest.raises(onnx_lrp.UnsupportedError, match="if_sr"):
+        onnx_lrp.Explainer(m.SerializeToString())
