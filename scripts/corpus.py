@@ -263,14 +263,19 @@ def _runs(path, feeds) -> bool:
         return False
 
 
+def _shipped(ex, path):
+    """The inputs an onnx backend test model ships (test_data_set_0), or None."""
+    shipped = sorted(Path(path).parent.glob("test_data_set_0/input_*.pb"))
+    if not shipped or len(shipped) != len(ex.inputs):
+        return None
+    import onnx.numpy_helper
+    from onnx import TensorProto
+    arrays = [onnx.numpy_helper.to_array(TensorProto.FromString(p.read_bytes())) for p in shipped]
+    return {spec.name: a for spec, a in zip(ex.inputs, arrays)}
+
+
 def _inputs(ex, path, batch=1):
     import numpy as np
-    shipped = sorted(Path(path).parent.glob("test_data_set_0/input_*.pb"))
-    if len(shipped) == len(ex.inputs):  # the onnx backend test models ship their inputs
-        import onnx.numpy_helper
-        from onnx import TensorProto
-        arrays = [onnx.numpy_helper.to_array(TensorProto.FromString(p.read_bytes())) for p in shipped]
-        return {spec.name: a for spec, a in zip(ex.inputs, arrays)}
     rng = np.random.default_rng(0)
     feeds = {}
     for spec in ex.inputs:
@@ -310,7 +315,8 @@ def run_one(path: str, family: str) -> dict:
         t0 = time.time()
         try:
             ex = onnx_lrp.Explainer(path, composite=composite)
-            feeds = next((f for f in (_inputs(ex, path, b) for b in (1, 4)) if _runs(path, f)), None)
+            shipped = _shipped(ex, path)
+            feeds = shipped or next((f for f in (_inputs(ex, path, b) for b in (1, 4)) if _runs(path, f)), None)
             if feeds is None:
                 result = dict(status="no-input", composite=composite, seconds=round(time.time() - t0, 1),
                               reason="the original model does not run on the generated inputs (batch 1 or 4)")
