@@ -86,7 +86,7 @@ class Explainer:
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
         self.relevance_at = list(relevance_at)
-        y_value = rewriter.explained_value(graph, output, explain_logits)[0]
+        y_value, y_out = rewriter.explained_value(graph, output, explain_logits)
         y_dims = static_dims(y_value)
         self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
@@ -97,7 +97,7 @@ class Explainer:
         self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
         self.output_names = [o.name for o in graph.outputs
                              if not o.name.startswith("lrp/")]
-        self.explained_output = output or self.output_names[0]
+        self.explained_output = y_out.name
         self.explained_tensor = y_value.name  # what relevance starts from: the logits behind a softmax output
         produced = {o.name for o in graph.outputs}
         self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]

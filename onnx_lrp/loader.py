@@ -18,13 +18,14 @@ from onnx import shape_inference, version_converter
 
 from . import canonize, deployed
 from .errors import ModelError, UnsupportedError
-from .graph import captured_values, mark_presumed
+from .graph import mark_presumed
 
 MIN_OPSET = 17
 MAX_OPSET = 23
 # ops never folded: random or stateful, or whose value must stay an activation
 _NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 _FOLD_LIMIT = 1 << 26  # elements; larger constant results stay in the graph
+_FILL_LIMIT = 1 << 28  # ConstantOfShape: how IR <= 3 zoo models store weights (VGG19's fc6 has 103 M elements)
 
 
 def read_proto(source) -> onnx.ModelProto:
@@ -62,6 +63,41 @@ def read_proto(source) -> onnx.ModelProto:
         raise ModelError(f"model file {path}: its external data cannot be read "
                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); keep the data files "
                          "beside the model") from None
+    return proto
+
+
+def initializers_not_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """IR <= 3 exporters list every initializer among the graph inputs (an input with a default value): those are
+    parameters, taken with their stored value, so the only inputs left are the ones the caller must feed."""
+    inits = {t.name for t in proto.graph.initializer}
+    if not any(v.name in inits for v in proto.graph.input):
+        return proto
+    kept = [v for v in proto.graph.input if v.name not in inits]
+    if not kept:
+        return proto  # every input has a default: nothing would be left to explain; the plan says so
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.ir_version = max(proto.ir_version, 4)  # IR >= 4 lets initializers stand alone
+    return proto
+
+
+def negative_dims_dynamic(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Some exporters (paddle2onnx) write a dynamic dimension as ``dim_value: -1``; make it a named dynamic one."""
+    def negative(vs):
+        return any(d.HasField("dim_value") and d.dim_value < 0 for v in vs if v.type.HasField("tensor_type")
+                   for d in v.type.tensor_type.shape.dim)
+
+    if not negative(list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info)):
+        return proto
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    values = list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info)
+    for v in values:
+        if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+            continue
+        for i, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.dim_param = f"{v.name}_dim{i}"  # dim_value and dim_param are one field: this clears the -1
     return proto
 
 
@@ -384,7 +420,8 @@ def fold_constants(model: ir.Model) -> int:
         elif node.op_type in ("Gather", "Slice") and all(v is None or v.const_value is not None
                                                         for v in node.inputs[1:]):
             results = _static_part_of_shape(node, opset)
-        if results is None or any(r.size > _FOLD_LIMIT or r.dtype == object for r in results):
+        limit = _FILL_LIMIT if node.op_type == "ConstantOfShape" else _FOLD_LIMIT
+        if results is None or any(r.size > limit or r.dtype == object for r in results):
             continue
         for out, arr in zip(node.outputs, results):
             canonize.to_initializer(graph, out, arr)
@@ -462,7 +499,7 @@ def load(source, name: str | None = None) -> ir.Model:
     """Read, check, upgrade, shape-infer, fold constants and canonize a model."""
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
-    proto = prepare_proto(read_proto(source), name)
+    proto = prepare_proto(negative_dims_dynamic(initializers_not_inputs(read_proto(source))), name)
     try:
         model = to_ir(proto)
     except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
@@ -478,7 +515,11 @@ def load(source, name: str | None = None) -> ir.Model:
     canonize.canonize(model)
     fold_constants(model)  # canonization can expose new constant chains
     graph.sort()
-    refresh_shapes(model)
+    # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and
+    # folding them can fix more shapes: repeat while something changes
+    for _ in range(16):
+        if not refresh_shapes(model) or not fold_constants(model):
+            break
     _check_sizes(graph, name)
     mark_shape_only(graph)
     mark_presumed(graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
@@ -506,19 +547,42 @@ def _check_sizes(graph: ir.Graph, name: str) -> None:
                              "large")
 
 
+_ID_MOVES = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")  # token ids on their way to a lookup
+
+
+def _is_int(v: ir.Value) -> bool:
+    return v.dtype is not None and (v.dtype.is_integer() or v.dtype == ir.DataType.BOOL)
+
+
 def mark_shape_only(graph: ir.Graph) -> int:
-    """Mark values that depend on the inputs only through their shapes (causal masks and position ids built from a
-    dynamic sequence length): like parameters, they carry no relevance (``node.meta`` is not used; the value's
-    ``meta['lrp_shape_only']``)."""
+    """Mark values that carry no relevance although they are computed from the inputs: those computed only from
+    the inputs' shapes (causal masks and position ids built from a dynamic sequence length) and those computed only
+    from integer inputs (attention masks, lengths, positions counted from a mask), except embedding lookups of
+    token ids (a Gather from a constant table at indices that are an integer input, cast or reshaped). Like
+    parameters, marked values carry no relevance (the value's ``meta['lrp_shape_only']``)."""
     only: set[int] = set()
+    ids: set[int] = set()  # integer inputs, moved without arithmetic: a Gather of a table at them is a lookup
+    for v in graph.inputs:
+        if _is_int(v):
+            only.add(id(v))
+            ids.add(id(v))
     marked = 0
     for node in graph:
-        if node.op_type in ("Shape", "Size", "EyeLike", "ConstantOfShape") and node.domain in ("", "ai.onnx"):
+        std = node.domain in ("", "ai.onnx")
+        ins = [v for v in node.inputs if v is not None]
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            flag = False  # If/Loop/Scan: their subgraphs read outer values that are not among the node's inputs
+        elif std and node.op_type in ("Shape", "Size", "EyeLike", "ConstantOfShape"):
             flag = True
+        elif std and node.op_type == "Gather" and len(ins) == 2 and id(node.inputs[1]) in ids and \
+                node.inputs[0].const_value is not None and node.attributes.get_int("axis", 0) == 0:
+            flag = False  # an embedding lookup: the token's relevance arrives here
         else:
-            ins = [v for v in node.inputs if v is not None] + captured_values(node)
             flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
                 any(id(v) in only for v in ins)
+        if std and node.op_type in _ID_MOVES and node.inputs and node.inputs[0] is not None and \
+                id(node.inputs[0]) in ids and _is_int(node.outputs[0]):
+            ids.add(id(node.outputs[0]))
         if flag and node.op_type not in _NO_FOLD:
             for o in node.outputs:
                 only.add(id(o))

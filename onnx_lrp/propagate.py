@@ -52,9 +52,10 @@ class Layer:
             elif how == "constant":
                 dims = static_dims(x)
                 arr = np.asarray(value, dtype=em.np_dtype)
-                if dims is None or any(d is None for d in dims[1:]):
-                    raise ValueError(f"node {self.node.name}: a constant-input rule needs static input dims")
-                target = tuple(dims[1:])
+                if dims is None:
+                    raise ValueError(f"node {self.node.name}: a constant-input rule needs the input's rank")
+                dynamic = any(d is None for d in dims[1:])  # e.g. a dynamic time axis: expanded at run time
+                target = tuple(1 if d is None else d for d in dims[1:])
                 if arr.ndim == len(dims):
                     if arr.shape[0] != 1:
                         raise ValueError(f"node {self.node.name}: bounds have a batch dimension of {arr.shape[0]};"
@@ -66,6 +67,8 @@ class Layer:
                     raise ValueError(f"node {self.node.name}: bounds of shape {np.shape(value)} do not broadcast to "
                                      f"the input shape {target}") from None
                 self._mods[key] = em.const(arr[None], tag=f"x{i}_bound")
+                if dynamic:
+                    self._mods[key] = em.op("Expand", self._mods[key], em.shape_of(x), tag=f"x{i}_bound_full")
             else:
                 raise ValueError(f"unknown input modifier {how!r}")
         return self._mods[key]

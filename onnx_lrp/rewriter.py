@@ -72,20 +72,30 @@ _CONTROL_FLOW = {
 
 
 def explained_value(graph: ir.Graph, output: str | None, explain_logits: bool = True) -> tuple[ir.Value, ir.Value]:
+    """(the tensor explained, the output it belongs to). Default output: the first float output computed from the
+    inputs (an exporter may list an integer output, e.g. a token count, first). A softmax output is explained through
+    its logits, also when a reshape follows it (an opset < 13 Softmax upgraded to Flatten -> Softmax -> Reshape)."""
     outs = list(graph.outputs)
     if output is None:
-        out = outs[0]
+        out = next((o for o in outs if carries(o)), outs[0])
     else:
         match = [o for o in outs if o.name == output]
         if not match:
             raise InputError(f"model has no output {output!r}; its outputs are: {', '.join(o.name for o in outs)}")
         out = match[0]
     y = out
-    producer = y.producer()
-    if explain_logits and producer is not None and producer.op_type in _SOFTMAX and carries(producer.inputs[0]):
-        y = producer.inputs[0]
+    if explain_logits:
+        logits = _softmax_logits(out)
+        if logits is not None:
+            y = logits
     if not carries(y):
-        raise InputError(f"output {out.name!r} is not a float tensor computed from the inputs; nothing to explain")
+        why = "" if output is not None else "; no output is"
+        if any(v.dtype is not None and not v.dtype.is_floating_point() for v in graph.inputs) and \
+                not any(carries(v) for v in graph.inputs):
+            why += (" (relevance starts at float inputs and at embedding lookups of token ids; values computed "
+                    "only from other integer inputs, such as masks or integer images, carry none: feed a float "
+                    "input)")
+        raise InputError(f"output {out.name!r} is not a float tensor computed from the inputs; nothing to explain{why}")
     return y, out
 
 
@@ -113,6 +123,24 @@ def whole_output(graph: ir.Graph, y: ir.Value) -> bool:
     ins = [v for v in graph.inputs if carries(v)] or [v for v in graph.inputs if v.shape is not None and len(v.shape)]
     leads = [_leading(x) for x in ins if x.shape is not None and len(x.shape)]
     return bool(leads) and all(isinstance(d, int) for d in leads) and lead not in leads
+
+
+_RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def _softmax_logits(out: ir.Value) -> ir.Value | None:
+    """The input of the Softmax that produces ``out``, directly or through at most two reshapes."""
+    v = out
+    for _ in range(3):
+        producer = v.producer()
+        if producer is None:
+            return None
+        if producer.op_type in _SOFTMAX:
+            return producer.inputs[0] if carries(producer.inputs[0]) else None
+        if producer.op_type not in _RESHAPES or not carries(producer.inputs[0]):
+            return None
+        v = producer.inputs[0]
+    return None
 
 
 def _ancestors(y: ir.Value) -> set[int]:

@@ -428,6 +428,34 @@ CASES += [
         opset=21, jvp=_group_norm_jvp(1, _C6), num_groups=1),
 ]
 
+# dynamic spatial/time axes (variable-length EEG/audio, dynamic H x W): sizes read from the tensors at run time
+# (the symbolic sizes are fed as SYMBOLIC gives them: odd lengths leave inputs no strided window reaches)
+SYMBOLIC = {"T": 11, "H": 9, "W": 8}
+CASES += [
+    one("dynT_conv1d_stride_dil", "Conv", ["N", 2, "T"], ("w", W(3, 2, 3)), ("b", W(3)), strides=[2], dilations=[2],
+        pads=[1, 2]),
+    one("dynT_conv1d_stride1", "Conv", ["N", 2, "T"], ("w", W(3, 2, 5)), pads=[2, 2]),
+    one("dynHW_conv2d_stride_pads", "Conv", ["N", 2, "H", "W"], ("w", W(3, 2, 3, 3)), strides=[2, 2],
+        pads=[1, 0, 0, 1]),
+    one("dynHW_conv2d_1x1_s2", "Conv", ["N", 4, "H", "W"], ("w", W(3, 4, 1, 1)), strides=[2, 2]),
+    one("dynHW_convT2d_stride", "ConvTranspose", ["N", 3, "H", "W"], ("w", W(3, 2, 3, 3)), strides=[2, 2],
+        pads=[1, 0, 1, 0], output_padding=[1, 1]),
+    one("dynHW_avgpool", "AveragePool", ["N", 2, "H", "W"], kernel_shape=[2, 3], strides=[2, 2]),
+    one("dynHW_avgpool_ceil_pads_exclude", "AveragePool", ["N", 2, "H", "W"], kernel_shape=[3, 3], strides=[2, 2],
+        pads=[1, 1, 1, 1], ceil_mode=1),
+    one("dynHW_avgpool_ceil_pads_include", "AveragePool", ["N", 2, "H", "W"], kernel_shape=[3, 3], strides=[2, 2],
+        pads=[1, 0, 1, 1], ceil_mode=1, count_include_pad=1),
+    one("dynT_avgpool_pads_exclude", "AveragePool", ["N", 2, "T"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+    one("dynT_reducemean_time", "ReduceMean", ["N", 3, "T"], ("axes", I(-1)), opset=18, keepdims=0),
+    one("dynHW_global_avgpool", "GlobalAveragePool", ["N", 3, "H", "W"]),
+    Case("dynT_concat_time", [node("Concat", ["x", "u"], ["y"], axis=1)], {"x": ["N", "T", 4], "u": ["N", "S", 4]},
+         ["y"]),
+    one("dynT_slice_time_steps", "Slice", ["N", 3, "T"], ("st", I(-2, 1)), ("en", I(0, 9)), ("ax", I(2, 1)),
+        ("sp", I(-3, 1))),
+    one("dynT_slice_batch_uncut", "Slice", ["N", 3, "T"], ("st", I(0, 1)), ("en", I(2**62, 3)), ("ax", I(0, 1))),
+    one("dynT_expand_time", "Expand", ["N", 3, 1], ("shape", I(1, 3, 5))),
+]
+
 # operands computed from the input's shape at run time (a dynamic axis): not parameters, not activations
 # (loader.mark_shape_only); s = float(shape(x)) = [N, 2] broadcasts against x [N, 2]
 _SHAPE_F = [node("Shape", ["x"], ["shape_i"]), node("Cast", ["shape_i"], ["shape_f"], to=1)]
@@ -468,7 +496,7 @@ def _distinct(rng, shape):
 def _feeds(case: Case, rng):
     feeds = {}
     for name, shape in case.inputs.items():
-        shape = [2 if isinstance(d, str) else d for d in shape]
+        shape = [SYMBOLIC.get(d, 2) if isinstance(d, str) else d for d in shape]
         if case.distinct:
             feeds[name] = _distinct(rng, shape)
         else:

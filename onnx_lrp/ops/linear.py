@@ -30,6 +30,16 @@ def _wconst(em: Emitter, node: ir.Node, p: Params, arr: np.ndarray, tag: str) ->
     return em.const(arr, tag=tag, key=(node.name, tag, p.key))
 
 
+def fit_to(em: Emitter, t: ir.Value, x: ir.Value, tag: str) -> ir.Value:
+    """``t`` (N, C, spatial...) padded with zeros or cropped at the end of each spatial axis to ``x``'s shape, read at
+    run time: the transpose of a strided window op whose trailing inputs no window reached (or, with ceil_mode, whose
+    last window reached past them)."""
+    rank = len(x.shape)
+    diff = em.op("Sub", em.shape_of(x, tag=f"{tag}_x_shape"), em.shape_of(t, tag=f"{tag}_t_shape"), tag=f"{tag}_diff")
+    pads = em.op("Concat", em.ints([0] * rank), diff, axis=0, tag=f"{tag}_pads")
+    return em.op("Pad", t, pads, tag=tag)
+
+
 def _like(v: ir.Value, x: ir.Value) -> ir.Value:
     """Give J^T s the (known) type and shape of the input x it is the gradient for. onnxruntime's NCHWc layout
     pass runs an element-wise Mul/Add of two blocked tensors in the blocked layout only when it can prove their
@@ -65,10 +75,9 @@ class _Conv(LinearOp):
         bad = self.malformed(node)
         if bad:
             return "malformed: " + bad
-        g = self.geometry(node)
-        if g["x_sp"] is None or g["z_sp"] is None:
-            return "spatial dimensions must be static (run shape inference or export with a fixed image size)"
-        return None
+        if node.inputs[0].shape is None:
+            return "input rank unknown (run shape inference)"
+        return None  # dynamic spatial sizes: the transposes read them from the forward tensors at run time
 
     def malformed(self, node) -> str | None:
         """Attributes and parameter shapes that do not fit each other (the ONNX checker lets them pass)."""
@@ -151,6 +160,10 @@ class Conv(_Conv):
             return [em.op("Conv", s, _wconst(em, node, p, wt, "wT"), tag="JTs", pads=pads, dilations=g["dil"],
                           group=group)]
         st = g["strides"][0]
+        if g["x_sp"] is None or g["z_sp"] is None:  # dynamic spatial sizes: crop or pad to x's shape at run time
+            t = em.op("ConvTranspose", s, _wconst(em, node, p, w, "w"), tag="JTs_natural", strides=g["strides"],
+                      pads=g["pads"], dilations=g["dil"], group=group)
+            return [fit_to(em, t, node.inputs[0], tag="JTs")]
         if nd == 2 and max(g["k"]) == 1 and all(x == st for x in g["strides"]) and w.shape[1] > 1:
             return [self._pointwise_upsample(em, node, s, p, g)]
         # other strided transposes: onnxruntime's ConvTranspose (measured faster than a polyphase Conv, whose

@@ -6,6 +6,7 @@ import onnx_ir as ir
 
 from ..graph import static_dims
 from .base import LinearOp, Params, const, register, spatial_static
+from .linear import fit_to
 
 
 class _Pool(LinearOp):
@@ -77,13 +78,14 @@ class AveragePool(_Pool):
         if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
             return "auto_pad with unknown spatial input shape"
         dims = static_dims(node.inputs[0])
-        if dims is None or dims[1] is None or spatial_static(node.inputs[0]) is None or spatial_static(
-                node.outputs[0]) is None:
-            return "channels and spatial dimensions must be static"
+        if dims is None or dims[1] is None:
+            return "the channel count must be static (run shape inference)"
         return None
 
     def transpose(self, em, node, s, p):
         x_sp, z_sp = spatial_static(node.inputs[0]), spatial_static(node.outputs[0])
+        if x_sp is None or z_sp is None:
+            return [self._transpose_dynamic(em, node, s)]
         channels = static_dims(node.inputs[0])[1]
         k = list(node.attributes.get_ints("kernel_shape"))
         nd = len(k)
@@ -114,6 +116,42 @@ class AveragePool(_Pool):
                       output_padding=out_pad)]
 
 
+    def _transpose_dynamic(self, em, node, s):
+        """Spatial sizes known only at run time: the divisor of each window is counted by a convolution of ones
+        (over the input, or over the padded input with count_include_pad), the window sum transposed by a
+        ConvTranspose and padded or cropped to the input's shape."""
+        x = node.inputs[0]
+        channels = static_dims(x)[1]
+        k = list(node.attributes.get_ints("kernel_shape"))
+        nd = len(k)
+        st = list(node.attributes.get_ints("strides", [1] * nd))
+        pads = list(node.attributes.get_ints("pads", [0] * (2 * nd)))
+        include = node.attributes.get_int("count_include_pad", 0)
+        ceil = node.attributes.get_int("ceil_mode", 0)
+        if not ceil and (include or not any(pads)):
+            s = em.scale(s, 1.0 / float(np.prod(k)), tag="s_mean")  # every window holds prod(k) counted entries
+        else:
+            sp_shape = em.op("Shape", x, start=2, tag="x_spatial")
+            ones = em.op("ConstantOfShape", em.op("Concat", em.ints([1, 1]), sp_shape, axis=0, tag="ones_shape"),
+                         value=ir.tensor(np.ones(1, dtype=em.np_dtype)), tag="ones")
+            extra = [t - 1 if ceil else 0 for t in st]  # room for the last (partial) ceil_mode window
+            if include:  # windows count padding, but not what lies past it
+                ones = em.op("Pad", ones, em.ints([0, 0] + pads[:nd] + [0, 0] + pads[nd:]), em.scalar(1.0),
+                             tag="ones_padded")
+                conv_pads = [0] * nd + extra
+            else:
+                conv_pads = pads[:nd] + [pe + e for pe, e in zip(pads[nd:], extra)]
+            one_k = em.const(np.ones((1, 1) + tuple(k)), tag="count_kernel", key=(node.name, "count_kernel"))
+            count = em.op("Conv", ones, one_k, strides=st, pads=conv_pads, tag="count_all")
+            z_sp = em.op("Shape", node.outputs[0], start=2, tag="z_spatial")
+            count = em.op("Slice", count, em.ints([0] * nd), z_sp, em.ints(list(range(2, 2 + nd))), tag="count")
+            s = em.div(s, count, tag="s_mean")
+        kernel = em.const(np.ones((channels, 1) + tuple(k)), tag="ones_kernel", key=(node.name, "pool_kernel"))
+        t = em.op("ConvTranspose", s, kernel, strides=st, pads=pads[:nd] + [0] * nd, group=channels,
+                  tag="JTs_natural")
+        return fit_to(em, t, x, tag="JTs")
+
+
 class _Reduce(_Pool):
     """Global average pool / ReduceMean / ReduceSum: J^T s = expand(s) (divided by the count for means)."""
 
@@ -139,11 +177,6 @@ class _Reduce(_Pool):
             return "input rank unknown"
         if len(node.inputs) > 1 and node.inputs[1] is not None and const(node.inputs[1]) is None:
             return "axes are not constant"
-        if self.mean(node):
-            axes, _ = self.axes(node)
-            dims = static_dims(x)
-            if any(dims[a] is None for a in axes):
-                return "reduced dimensions must be static"
         return None
 
     def mean(self, node):
@@ -156,8 +189,13 @@ class _Reduce(_Pool):
             s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
         if self.mean(node):
             dims = static_dims(x)
-            count = int(np.prod([dims[a] for a in axes])) if axes else 1
-            s = em.scale(s, 1.0 / count, tag="s_mean")
+            if all(dims[a] is not None for a in axes):
+                count = int(np.prod([dims[a] for a in axes])) if axes else 1
+                s = em.scale(s, 1.0 / count, tag="s_mean")
+            else:  # reduced sizes known at run time: the count is size(x) / size(z)
+                sizes = [em.op("Cast", em.op("Size", v, tag=f"{t}_size"), to=em.dtype.value, tag=f"{t}_n")
+                         for v, t in ((x, "x"), (node.outputs[0], "z"))]
+                s = em.div(em.mul(s, sizes[1], tag="s_zn"), sizes[0], tag="s_mean")
         return [em.op("Expand", s, em.shape_of(x, tag="x_shape"), tag="JTs")]
 
 

@@ -85,18 +85,22 @@ class Concat(ShapeOp):
             return "malformed: an input is missing (empty name)"
         if x.shape is None or len(x.shape) == 0:
             return "rank unknown"
-        if any(v.shape is None or len(v.shape) != len(x.shape) for v in node.inputs):
+        if any(v is None or v.shape is None for v in node.inputs):
+            return "rank unknown"
+        if any(len(v.shape) != len(x.shape) for v in node.inputs):
             return "malformed: inputs of different ranks"
-        ax = _axis(node, len(x.shape))
-        if any(static_dims(v) is None or static_dims(v)[ax] is None for v in node.inputs):
-            return "sizes along the concat axis must be static"
         return None
 
     def transpose(self, em, node, r_outs):
         rank = len(node.inputs[0].shape)
         ax = _axis(node, rank)
         sizes = [static_dims(v)[ax] for v in node.inputs]
-        parts = em.op_multi("Split", [r_outs[0], em.ints(sizes)], len(sizes), axis=ax, tag="r_part")
+        if any(d is None for d in sizes):  # sizes known at run time (e.g. a class token expanded to a dynamic batch)
+            split = em.op("Concat", *[em.op("Shape", v, start=ax, end=ax + 1, tag="size") for v in node.inputs],
+                          axis=0, tag="sizes")
+        else:
+            split = em.ints(sizes)
+        parts = em.op_multi("Split", [r_outs[0], split], len(sizes), axis=ax, tag="r_part")
         return [p for p, v in zip(parts, node.inputs) if carries(v)]
 
 
@@ -158,6 +162,10 @@ class Slice(ShapeOp):
             n = dims[ax]
             if _keeps_all(st, en, sp):
                 continue
+            if n is None:  # a dynamic axis: the kept indices are found at run time (None), unless nothing is cut
+                if not (int(st) == 0 and int(sp) == 1 and int(en) >= np.iinfo(np.int32).max):
+                    plan.append((ax, None, (int(st), int(en), int(sp))))
+                continue
             idx = list(range(n)[int(st):int(en):int(sp)])  # Python's clamping is ONNX's
             if idx != list(range(n)):
                 plan.append((ax, idx, n))
@@ -170,15 +178,6 @@ class Slice(ShapeOp):
         dims = static_dims(node.inputs[0])
         if dims is None:
             return "rank unknown"
-        starts = const(node.inputs[1])
-        axes = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.arange(
-            len(starts))
-        ends = const(node.inputs[2])
-        steps = const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(
-            len(starts), dtype=np.int64)
-        if any(dims[int(a) % len(dims)] is None and not _keeps_all(st, en, sp)
-               for st, en, a, sp in zip(starts, ends, axes, steps)):
-            return "sliced dimensions must be static"
         return None
 
     def transpose(self, em, node, r_outs):
@@ -186,6 +185,21 @@ class Slice(ShapeOp):
         x = node.inputs[0]
         dims = static_dims(x)
         for ax, idx, n in reversed(self._plan(node)):
+            if idx is None:  # dynamic axis: the forward's own Slice of arange(size) gives the kept indices
+                size = em.op("Shape", x, start=ax, end=ax + 1, tag="x_size")
+                ramp = em.op("Range", em.scalar(0, np.int64), em.op("Squeeze", size, tag="x_size0"),
+                             em.scalar(1, np.int64), tag="ramp")
+                st, en, sp = n
+                kept = em.op("Slice", ramp, em.ints([st]), em.ints([en]), em.ints([0]), em.ints([sp]), tag="kept")
+                shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), size, axis=0,
+                              tag="full_shape")
+                ind = em.op("Reshape", kept, em.ints([-1 if a == ax else 1 for a in range(len(dims))]),
+                            tag="kept_axis")
+                ind = em.op("Expand", ind, em.shape_of(r, tag="r_shape_k"), tag="kept_full")
+                zeros = em.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)),
+                              tag="r_unslice_zeros")
+                r = em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag="r_unslice")
+                continue
             # the target shape: r's shape with this axis restored to n
             shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
                           tag="full_shape")
