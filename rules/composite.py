@@ -19,6 +19,7 @@ without ``match`` match everything. Extra keys of an entry are the rule's parame
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import fnmatch
 import tomllib
@@ -137,11 +138,15 @@ def _numbers(value) -> bool:
 
 def check_params(rule: str, params: dict) -> dict:
     """Rule parameters must be numbers (``low``/``high``: a number or one per channel), finite: one-line errors."""
-    import numpy as np
-
     for key, value in params.items():
         if value is None:
             continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # the common case, without numpy
+            if not math.isfinite(value):
+                raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+            continue
+        import numpy as np  # here, not at the top: `onnx-lrp composites` loads no numpy
+
         if key in ("low", "high"):
             if not _numbers(value):
                 raise ValueError(f"rule {rule!r}: {key} must be a number or a list of numbers (one per channel), "
@@ -151,7 +156,7 @@ def check_params(rule: str, params: dict) -> dict:
             except ValueError:
                 raise ValueError(f"rule {rule!r}: {key} must be a number or a flat list of numbers") from None
         else:
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or (
+            if isinstance(value, bool) or not isinstance(value, (np.integer, np.floating)) or (
                     isinstance(value, np.ndarray) and value.ndim):
                 raise ValueError(f"rule {rule!r}: {key} must be a number, not {_kind(value)}")
             arr = np.asarray(float(value))

@@ -421,11 +421,12 @@ def report(out_dir: Path = OUT) -> dict:
         x = g["x"]
         for comp in VARIANTS:
             c, params = (comp.split("@")[0], {"epsilon": float(comp.split("@")[1])}) if "@" in comp else (comp, {})
-            rt = onnx_lrp.Explainer(str(out_dir / f"{name}_torch.onnx"), composite=c, start="one-hot",
+            box = {"low": -3.0, "high": 3.0} if c == "epsilon-gamma-box" else {}  # the zennit references' bounds
+            rt = onnx_lrp.Explainer(str(out_dir / f"{name}_torch.onnx"), composite=c, start="one-hot", **box,
                                     **params).explain(x).relevance
-            rk = onnx_lrp.Explainer(str(out_dir / f"{name}_keras.onnx"), composite=c, start="one-hot",
+            rk = onnx_lrp.Explainer(str(out_dir / f"{name}_keras.onnx"), composite=c, start="one-hot", **box,
                                     **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
-            rf = onnx_lrp.Explainer(str(out_dir / f"{name}_flax.onnx"), composite=c, start="one-hot",
+            rf = onnx_lrp.Explainer(str(out_dir / f"{name}_flax.onnx"), composite=c, start="one-hot", **box,
                                     **params).explain(np.ascontiguousarray(x.transpose(0, 2, 3, 1))).relevance
             rk, rf = rk.transpose(0, 3, 1, 2), rf.transpose(0, 3, 1, 2)
             table[f"{name}/{comp}"] = {"keras_vs_torch": rel_l2(rk, rt), "flax_vs_torch": rel_l2(rf, rt),

@@ -399,7 +399,7 @@ BAD = {
     "unknown device": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--device", "tpu"], "'tpu' is not one"),
     # malformed models, inputs and composite files (issue 9, point 7): refused, never an internal error
     "custom-domain op": (lambda t: ["explain", _digits(t, _custom_op), SAMPLES / "batch.npy", "-o", t / "o.npy"],
-                         "/features/features.2/Relu (com.example::Foo, opset 1: no handler for this op)"),
+                         "com.example::Foo (opset 1) [/features/features.2/Relu]: no handler for this op"),
     "input rank changed": (lambda t: ["explain", _digits(t, _drop_input_axis), SAMPLES / "batch.npy", "-o",
                                       t / "o.npy"], "malformed: input of rank 3 for a weight of rank 4"),
     "conv strides 0": (lambda t: ["explain", _digits(t, _set_attr("/features/features.0/Conv", "strides", [0, 0])),
