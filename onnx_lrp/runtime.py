@@ -153,5 +153,12 @@ class Session:
         try:
             values = self.session.run(names, feeds)
         except Exception as exc:
-            raise InputError(f"onnxruntime failed to run the model: {str(exc).splitlines()[0]}") from None
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            node = re.search(r"running (\w+) node\. Name:'([^']*)'", msg)
+            if node and not node.group(2).startswith("lrp/"):  # a node of the model itself, not of the relevance
+                raise ModelError(f"onnxruntime cannot run node {node.group(2)} ({node.group(1)}) of the model "
+                                 f"itself: {msg.split('Status Message:')[-1].strip()[:200]}; check that the model "
+                                 "runs in plain onnxruntime (an old opset lifted to 17 can break, e.g. PRelu "
+                                 "slopes: re-export with opset >= 17)") from None
+            raise InputError(f"onnxruntime failed to run the model: {msg}") from None
         return dict(zip(names, values))

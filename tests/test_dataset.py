@@ -183,7 +183,7 @@ def test_non_finite_relevance_and_nan_inputs_are_errors_not_results(tmp_path):
     errors = {e["item"]: e["error"] for e in map(json.loads, (tmp_path / "out" / "errors.jsonl").read_text()
                                                  .splitlines())}
     assert set(errors) == {"x.npy[1]", "x.npy[2]"} and s["failed"] == 2
-    assert "not finite" in errors["x.npy[1]"] and "NaN" in errors["x.npy[2]"]
+    assert "non-finite" in errors["x.npy[1]"] and "NaN" in errors["x.npy[2]"]
     got = read_shards(tmp_path / "out")
     assert list(got["items"]) == ["x.npy[0]", "x.npy[3]"] and np.all(np.isfinite(got["relevance"]))
     ref = onnx_lrp.Explainer(model, composite="epsilon")
@@ -196,14 +196,15 @@ def test_manifest_mismatch_refuses_unless_overwrite(tmp_path, digits):
     np.save(tmp_path / "x.npy", digits[:6])
     args = ["explain", str(DIGITS), str(tmp_path / "x.npy"), "--out-dir", str(tmp_path / "out"), "--shard-size", "2"]
     assert CliRunner().invoke(main, args).exit_code == 0
-    for extra, what in ((["-c", "epsilon-gamma-box"], "composite"), (["--epsilon", "0.5"], "composite"),
+    box = ["-c", "epsilon-gamma-box", "--low", "0", "--high", "1"]  # digits pixels lie in [0, 1]
+    for extra, what in ((box, "composite"), (["--epsilon", "0.5"], "composite"),
                         (["--start", "one-hot"], "parameters")):
         r = CliRunner().invoke(main, args + extra)
         assert r.exit_code == 2 and what in r.stderr and "--overwrite" in r.stderr, r.output
     np.save(tmp_path / "x.npy", digits[:7])  # the source changed
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "source" in r.stderr
-    r = CliRunner().invoke(main, args + ["-c", "epsilon-gamma-box", "--overwrite", "--json"])
+    r = CliRunner().invoke(main, args + box + ["--overwrite", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["shards_written"] == 4
     assert json.loads((tmp_path / "out" / MANIFEST).read_text())["composite"]["name"] == "epsilon-gamma-box"
 
