@@ -373,7 +373,7 @@ def test_cli_epsilon_zero(tmp_path):
     """--epsilon 0 on the command line is the same LRP-0."""
     from click.testing import CliRunner
 
-    from cli.main import main
+    from onnx_lrp.cli.main import main
     net = _relu_resnet()
     import torch
     x = torch.randn(2, 3, 8, 8)
