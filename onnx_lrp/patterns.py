@@ -320,18 +320,46 @@ def sigmoid_gate(v: ir.Value) -> ir.Node | None:
     return None
 
 
+# ops a mixture-of-experts routing weight passes on its way from TopK to the expert product: renormalisation
+# (``w / sum(w)``, a normalising scale), Softmax over the top-k logits, scattering into a dense [tokens, experts] gate
+ROUTE_OPS = ("Softmax", "ScatterElements", "ScatterND")
+
+
+def routing_gate(v: ir.Value) -> ir.Node | None:
+    """The TopK node whose values ``v`` is computed from (Mixtral's router weights), or None: through moves, constant
+    rescalings, Softmax, renormalisation by their own sum, and scatters into a constant tensor."""
+    for _ in range(_MAX_DEPTH):
+        p = v.producer()
+        if p is None or p.domain not in ("", "ai.onnx"):
+            return None
+        if p.op_type == "TopK":
+            return p if v is p.outputs[0] else None
+        nxt = _through_const(p)
+        if nxt is None and (p.op_type in MOVES or p.op_type in ROUTE_OPS):
+            acts = _acts(p)
+            nxt = acts[0] if len(acts) == 1 else None
+        if nxt is None and p.op_type in ("Div", "Mul"):
+            m, _ = match_norm_scale(p)
+            nxt = m.source if m is not None else None
+        if nxt is None:
+            return None
+        v = nxt
+    return None
+
+
 def match_gate(node: ir.Node) -> tuple[Match | None, str]:
-    """``Mul(h, g)``: a signal ``h`` times a sigmoid / hard-sigmoid gate ``g`` of another tensor."""
+    """``Mul(h, g)``: a signal ``h`` times a sigmoid / hard-sigmoid gate ``g`` of another tensor, or times the
+    top-k routing weights ``g`` of a mixture of experts (TopK values, renormalised, scattered or gathered)."""
     if node.op_type != "Mul":
         return None, f"{node.op_type} is not a Mul"
     acts = _acts(node)
     if len(acts) != 2 or acts[0] is acts[1]:
         return None, "not a product of two activations"
-    gates = [sigmoid_gate(a) for a in acts]
+    gates = [g if (g := sigmoid_gate(a)) is not None else routing_gate(a) for a in acts]
     if gates[0] is not None and gates[1] is not None:
-        return None, "both factors are sigmoid gates"
+        return None, "both factors are gates"
     if gates[0] is None and gates[1] is None:
-        return None, "no factor is computed by a Sigmoid or HardSigmoid"
+        return None, "no factor is computed by a Sigmoid or HardSigmoid, or is TopK routing weights"
     i = 0 if gates[0] is not None else 1
     if elementwise_root(acts[0]) is elementwise_root(acts[1]):
         return None, "the factors are element-wise functions of one tensor (not a gate)"
