@@ -2,8 +2,8 @@
 
 The block (transformers' ``MixtralSparseMoeBlock`` semantics, written densely so that one trace is valid for every
 input): embeds [1, SEQ, D] -> router ``gate`` Linear -> softmax -> ``topk(k=2)`` -> weights renormalised to sum 1
--> experts ``w2(silu(w1 x) * w3 x)`` (Mixtral's SwiGLU) -> weighted sum of the selected experts -> residual -> last
-position -> linear head (5 classes). Two ways exporters and hand-written MoEs route, both exported:
+-> experts ``w2(silu(w1 x) * w3 x)`` (Mixtral's SwiGLU) -> weighted sum of the selected experts -> residual -> mean
+over the tokens -> linear head (5 classes). Two ways exporters and hand-written MoEs route, both exported:
 
 - ``scatter``: the top-k weights are scattered into a dense [T, E] gate (``ScatterElements``), every expert output
   is multiplied by its column (zero for unselected experts) and summed;
@@ -87,7 +87,7 @@ def build(routing: str, torch):
                 sel = torch.gather(outs, 1, idx[:, :, None].expand(-1, -1, D))  # [T, k, D]
                 moe = (sel * w[:, :, None]).sum(1)
             h = x + moe
-            return self.head(h[-1:])                                        # [1, CLASSES]
+            return self.head(h.mean(0, keepdim=True))                       # [1, CLASSES]
 
     torch.manual_seed(0)
     model = Moe().eval()
