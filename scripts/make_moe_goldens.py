@@ -22,6 +22,17 @@ constant. Only torch is needed::
 writes ``moe_<routing>_torchscript17.onnx`` and ``moe.npz`` with ``embeds``, ``target``, ``logits``,
 ``selected`` (the top-k expert indices per token) and per routing/composite ``<routing>_<composite>`` and
 ``<routing>_expert_<composite>`` (the relevance that reaches each expert's output, [SEQ, E]).
+
+``--mixtral`` also exports transformers' own ``MixtralForCausalLM`` (one layer, 4 experts, top-2, random weights,
+from ``inputs_embeds``, next-token logits; TorchScript opset 17: the MoE loop becomes OneHot/NonZero/Gather and
+``index_add_`` a ScatterElements with reduction add; the loop is unrolled over the experts the traced input hits, so
+the export is only valid for inputs that hit every expert, as the stored one does) and its references from LXT's
+efficient patches (``patch_attention`` / ``patch_cp_attention``, ``rms_norm_forward``) plus the MoE block above
+(routing weights detached, LXT's gated-MLP rules in the experts). LXT's own MoE patch (Qwen3-MoE) instead gives the
+routing product the uniform rule (half of the relevance to the router); its explicit Mixtral CP-LRP composite holds
+the weights. Needs ``pip install 'transformers==4.53.*'`` and ``pip install --no-deps lxt==2.1``; writes
+``mixtral_embeds_torchscript17.onnx`` and ``mixtral.npz`` (``embeds``, ``logits``, ``target``, ``attnlrp``,
+``cp-lrp``).
 """
 from __future__ import annotations
 
@@ -113,6 +124,7 @@ def relevance(model, embeds, target, mode, torch):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/goldens/moe")
+    ap.add_argument("--mixtral", action="store_true", help="also transformers' MixtralForCausalLM (needs lxt)")
     args = ap.parse_args(argv)
     import torch
 
@@ -138,7 +150,85 @@ def main(argv=None) -> int:
                               input_names=["embeds"], output_names=["logits"], opset_version=17)
     np.savez(out / "moe.npz", **data)
     print(f"wrote {out}: " + ", ".join(sorted(data)))
+    if args.mixtral:
+        mixtral(out, torch)
     return 0
+
+
+def mixtral(out: Path, torch) -> None:
+    from lxt.efficient.patches import patch_attention, patch_cp_attention, patch_method, rms_norm_forward
+    from lxt.efficient.rules import divide_gradient, identity_rule_implicit
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers.models.mixtral import modeling_mixtral as mm
+
+    cfg = MixtralConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                        max_position_embeddings=32, initializer_range=0.3, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(cfg).eval()
+
+    class FromEmbeds(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, embeds):  # a 4-d additive causal mask: transformers' mask builder does not trace
+            n = embeds.shape[1]
+            mask = torch.triu(torch.full((n, n), torch.finfo(torch.float32).min), 1)[None, None]
+            return self.m(inputs_embeds=embeds, attention_mask=mask, use_cache=False).logits[:, -1]
+
+    wrapper = FromEmbeds()
+    embeds = torch.randn(1, SEQ, 16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = wrapper(embeds)
+    target = int(logits[0].argmax())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapper, (embeds,), str(out / "mixtral_embeds_torchscript17.onnx"), dynamo=False,
+                          input_names=["embeds"], output_names=["logits"], opset_version=17)
+    data = {"embeds": embeds.numpy()[0], "logits": logits.numpy()[0], "target": np.array(target)}
+
+    def expert_forward(mode):  # MixtralBlockSparseTop2MLP: w2(silu(w1 x) * w3 x)
+        def forward(self, x):
+            if mode == "attnlrp":
+                h = divide_gradient(identity_rule_implicit(self.act_fn, self.w1(x)) * self.w3(x), 2)
+            else:
+                h = self.act_fn(self.w1(x)).detach() * self.w3(x)
+            return self.w2(h)
+        return forward
+
+    def moe_forward(self, hidden_states):  # MixtralSparseMoeBlock, the routing weights detached (gates)
+        b, s, d = hidden_states.shape
+        x = hidden_states.view(-1, d)
+        router_logits = self.gate(x)
+        w, idx = torch.topk(torch.softmax(router_logits, dim=1, dtype=torch.float), self.top_k, dim=-1)
+        w = (w / w.sum(dim=-1, keepdim=True)).detach()
+        moe = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            for k in range(self.top_k):
+                moe = moe + self.experts[e](x) * (w[:, k:k + 1] * (idx[:, k] == e).to(x.dtype)[:, None])
+        return moe.view(b, s, d), router_logits
+
+    classes = (mm.MixtralBlockSparseTop2MLP, mm.MixtralSparseMoeBlock, mm.MixtralRMSNorm)
+    saved = ({c: c.forward for c in classes}, mm.eager_attention_forward, dict(mm.ALL_ATTENTION_FUNCTIONS))
+    for mode in ("attnlrp", "cp-lrp"):
+        patch_method(expert_forward(mode), mm.MixtralBlockSparseTop2MLP)
+        patch_method(moe_forward, mm.MixtralSparseMoeBlock)
+        patch_method(rms_norm_forward, mm.MixtralRMSNorm)
+        (patch_attention if mode == "attnlrp" else patch_cp_attention)(mm)
+        try:
+            x = embeds.clone().requires_grad_(True)
+            y = wrapper(x)
+            assert torch.allclose(y, logits, atol=1e-5)
+            y[0, target].backward()
+            data[mode] = (x * x.grad).detach().numpy()[0]
+        finally:
+            for c, f in saved[0].items():
+                c.forward = f
+            mm.eager_attention_forward = saved[1]
+            mm.ALL_ATTENTION_FUNCTIONS = saved[2]
+    np.savez(out / "mixtral.npz", **data)
+    print(f"wrote {out}: mixtral_embeds_torchscript17.onnx, mixtral.npz")
 
 
 if __name__ == "__main__":
