@@ -21,7 +21,10 @@ constant. Only torch is needed::
 
 writes ``moe_<routing>_torchscript17.onnx`` and ``moe.npz`` with ``embeds``, ``target``, ``logits``,
 ``selected`` (the top-k expert indices per token) and per routing/composite ``<routing>_<composite>`` and
-``<routing>_expert_<composite>`` (the relevance that reaches each expert's output, [SEQ, E]).
+``<routing>_expert_<composite>`` (the relevance that reaches each expert's output, [SEQ, E]); and a pure-MLP MoE
+with ReLU experts ``w2(relu(w1 x))`` (scatter routing) for the CNN composites, ``moe_relu_scatter_torchscript17.onnx``
+with ``relu_target``, ``relu_logits``, ``relu_selected``, ``relu_lrp0`` and ``relu_expert_lrp0`` (gradient x input
+with the routing weights detached: LRP-0).
 
 ``--mixtral`` also exports transformers' own ``MixtralForCausalLM`` (one layer, 4 experts, top-2, random weights,
 from ``inputs_embeds``, next-token logits; TorchScript opset 17: the MoE loop becomes OneHot/NonZero/Gather and
@@ -45,7 +48,7 @@ import numpy as np
 SEQ, D, HIDDEN, EXPERTS, TOPK, CLASSES = 6, 8, 16, 4, 2, 5
 
 
-def build(routing: str, torch):
+def build(routing: str, torch, expert: str = "swiglu"):
     nn = torch.nn
 
     class Expert(nn.Module):  # MixtralBlockSparseTop2MLP
@@ -57,6 +60,8 @@ def build(routing: str, torch):
 
         def forward(self, x, mode=None):
             h = self.w1(x)
+            if expert == "relu":     # a plain MLP expert (LRP-0 on it is gradient x input)
+                return self.w2(torch.relu(h))
             if mode == "attnlrp":    # identity rule on SiLU, uniform halving on the product
                 act = h * torch.sigmoid(h).detach()
                 prod = act * self.w3(x)
@@ -148,6 +153,17 @@ def main(argv=None) -> int:
             warnings.simplefilter("ignore")
             torch.onnx.export(model, (embeds,), str(out / f"moe_{routing}_torchscript17.onnx"), dynamo=False,
                               input_names=["embeds"], output_names=["logits"], opset_version=17)
+    # a pure-MLP MoE (ReLU experts, scatter routing) for the CNN composites: epsilon at 0 is LRP-0 = gradient x input
+    model = build("scatter", torch, expert="relu")
+    with torch.no_grad():
+        logits = model(embeds)
+        _, idx = model.route(embeds[0])
+    data["relu_target"], data["relu_logits"], data["relu_selected"] = int(logits[0].argmax()), logits.numpy()[0], idx
+    data["relu_lrp0"], data["relu_expert_lrp0"] = relevance(model, embeds, int(data["relu_target"]), "lrp0", torch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (embeds,), str(out / "moe_relu_scatter_torchscript17.onnx"), dynamo=False,
+                          input_names=["embeds"], output_names=["logits"], opset_version=17)
     np.savez(out / "moe.npz", **data)
     print(f"wrote {out}: " + ", ".join(sorted(data)))
     if args.mixtral:

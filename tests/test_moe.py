@@ -84,3 +84,26 @@ def test_transformers_mixtral_matches_lxt_with_gated_routing(composite):
     want = d[composite].astype(np.float64)
     err = np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want)
     assert err <= 1e-4, err
+
+
+@pytest.mark.parametrize("composite", ["epsilon", "epsilon-plus-flat"])
+def test_pure_mlp_moe_under_cnn_composites(composite):
+    """A MoE with ReLU experts under the CNN composites: the router (Softmax, TopK, renormalisation, scatter) feeds
+    only the routing weights and is held (no rule needed, no relevance), the weights are gates. epsilon at 0 is
+    LRP-0 = gradient x input with the weights detached; every composite gives relevance only to selected experts."""
+    d = np.load(MOE / "moe.npz")
+    kw = {"epsilon": 0.0} if composite == "epsilon" else {}
+    ex = onnx_lrp.Explainer(str(MOE / "moe_relu_scatter_torchscript17.onnx"), composite=composite,
+                            relevance_at=EXPERT_OUT + ROUTER, **kw)
+    res = ex.explain(d["embeds"][None], target=int(d["relu_target"]))
+    np.testing.assert_allclose(res.outputs["logits"][0], d["relu_logits"], rtol=1e-5, atol=1e-5)
+    assert np.all(np.isfinite(res.relevance))
+    per_expert = np.stack([res.relevance_at[n].sum(-1) for n in EXPERT_OUT], -1)
+    selected = np.zeros_like(per_expert, dtype=bool)
+    np.put_along_axis(selected, d["relu_selected"], True, axis=1)
+    assert np.all(per_expert[~selected] == 0.0) and np.all(per_expert[selected] != 0.0)
+    for n in ROUTER:
+        assert np.all(res.relevance_at[n] == 0.0), n
+    if composite == "epsilon":
+        want = d["relu_lrp0"].astype(np.float64)
+        assert np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want) <= 1e-4
