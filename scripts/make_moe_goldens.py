@@ -8,7 +8,9 @@ over the tokens -> linear head (5 classes). Two ways exporters and hand-written 
 - ``scatter``: the top-k weights are scattered into a dense [T, E] gate (``ScatterElements``), every expert output
   is multiplied by its column (zero for unselected experts) and summed;
 - ``gather``: the expert outputs are stacked [T, E, D] and the selected ones gathered (``GatherElements``), then
-  multiplied by the top-k weights and summed over k.
+  multiplied by the top-k weights and summed over k;
+- ``topk_softmax``: as ``gather``, with the weights computed as in Mixtral's reference code: TopK of the router
+  logits, then softmax over those k (the same weights).
 
 References (relevance of the embeddings = embeds x gradient, seeded with 1 at the target, LXT's efficient mode):
 the routing weights act as gates: held constant (detached), so no relevance flows through the router and all of an
@@ -82,9 +84,13 @@ def build(routing: str, torch, expert: str = "swiglu"):
             self.expert_out = None  # [T, E, D] expert outputs of the last forward (for the per-expert relevance)
 
         def route(self, x):
-            probs = torch.softmax(self.gate(x), dim=-1)
-            w, idx = torch.topk(probs, TOPK, dim=-1)
-            w = w / w.sum(dim=-1, keepdim=True)
+            if routing == "topk_softmax":  # Mixtral's reference code: softmax over the top-k logits (same weights)
+                w, idx = torch.topk(self.gate(x), TOPK, dim=-1)
+                w = torch.softmax(w, dim=-1)
+            else:
+                probs = torch.softmax(self.gate(x), dim=-1)
+                w, idx = torch.topk(probs, TOPK, dim=-1)
+                w = w / w.sum(dim=-1, keepdim=True)
             if self.mode is not None:   # the router weights act as gates
                 w = w.detach()
             return w, idx
@@ -137,7 +143,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     embeds = torch.randn(1, SEQ, D, generator=torch.Generator().manual_seed(3))
     data = {"embeds": embeds.numpy()[0]}
-    for routing in ("scatter", "gather"):
+    for routing in ("scatter", "gather", "topk_softmax"):
         model = build(routing, torch)
         with torch.no_grad():
             logits = model(embeds)

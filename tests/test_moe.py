@@ -31,7 +31,7 @@ def _explain(routing, composite, relevance_at=()):
 
 
 @pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
-@pytest.mark.parametrize("routing", ["scatter", "gather"])
+@pytest.mark.parametrize("routing", ["scatter", "gather", "topk_softmax"])
 def test_moe_matches_torch_reference(routing, composite):
     d, res = _explain(routing, composite)
     want = d[f"{routing}_{composite}"].astype(np.float64)
@@ -39,7 +39,7 @@ def test_moe_matches_torch_reference(routing, composite):
     assert err <= 1e-4, err
 
 
-@pytest.mark.parametrize("routing", ["scatter", "gather"])
+@pytest.mark.parametrize("routing", ["scatter", "gather", "topk_softmax"])
 def test_moe_relevance_reaches_only_the_selected_experts(routing):
     """Per token, the relevance reaching each expert's output: zero (exactly) for the experts the router did not
     select, the reference's value for the two it selected; the router (logits, softmax, top-k weights) gets none."""
@@ -62,7 +62,7 @@ def test_routing_weights_are_matched_as_gates():
     no other Mul of the block is a routed product."""
     from onnx_lrp import loader, patterns
 
-    for routing in ("scatter", "gather"):
+    for routing in ("scatter", "gather", "topk_softmax"):
         graph = loader.load((MOE / f"moe_{routing}_torchscript17.onnx").read_bytes()).graph
         matches = [m for n in graph if n.op_type == "Mul" and (m := patterns.match_gate(n)[0]) is not None]
         routed = [m for m in matches if patterns.routing_gate(m.gate) is not None]
