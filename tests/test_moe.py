@@ -107,3 +107,22 @@ def test_pure_mlp_moe_under_cnn_composites(composite):
     if composite == "epsilon":
         want = d["relu_lrp0"].astype(np.float64)
         assert np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want) <= 1e-4
+
+
+def test_dense_softmax_weights_and_topk_indices_are_no_routing_gate():
+    """Only TopK's values route: a softmax-weighted (dense, every expert) mixture ``h * softmax(s)`` stays a product
+    of two activations (the uniform rule under attnlrp), and TopK's indices output is no routing weight."""
+    from util import make_model, node, to_bytes
+
+    from onnx_lrp import loader, patterns
+
+    nodes = [node("Softmax", ["s"], ["p"], axis=-1), node("Mul", ["h", "p"], ["y"], name="dense"),
+             node("TopK", ["s", "k"], ["v", "i"]), node("Cast", ["i"], ["fi"], to=1),
+             node("Mul", ["h2", "fi"], ["y2"], name="by_index")]
+    m = make_model(nodes, {"h": (2, 4), "s": (2, 4), "h2": (2, 2)}, ["y", "y2"],
+                   inits={"k": np.array([2], np.int64)})
+    graph = loader.load(to_bytes(m)).graph
+    dense = next(n for n in graph if n.name == "dense")
+    assert patterns.match_gate(dense)[0] is None
+    assert "TopK routing weights" in patterns.match_gate(dense)[1]
+    assert patterns.routing_gate(next(n for n in graph if n.name == "by_index").inputs[1]) is None
