@@ -320,28 +320,75 @@ def sigmoid_gate(v: ir.Value) -> ir.Node | None:
     return None
 
 
+# ops a mixture-of-experts routing weight passes on its way from TopK to the expert product: renormalisation
+# (``w / sum(w)``, a normalising scale), Softmax over the top-k logits, scattering into a dense [tokens, experts] gate
+ROUTE_OPS = ("Softmax", "ScatterElements", "ScatterND")
+
+
+def routing_path(v: ir.Value) -> list | None:
+    """The nodes ``v`` is computed by from a TopK's values (Mixtral's router weights), TopK and a Softmax right
+    before it included, or None: through moves, constant rescalings, Softmax, renormalisation by their own sum, and
+    scatters into a constant tensor."""
+    path = []
+    for _ in range(_MAX_DEPTH):
+        p = v.producer()
+        if p is None or p.domain not in ("", "ai.onnx"):
+            return None
+        if p.op_type == "TopK":
+            if v is not p.outputs[0]:
+                return None
+            path.append(p)
+            before = p.inputs[0].producer() if p.inputs and p.inputs[0] is not None else None
+            if before is not None and before.op_type == "Softmax" and len(_acts(before)) == 1:
+                path.append(before)  # the router's softmax: feeds only the routing weights (held if so)
+            return path
+        nxt = _through_const(p)
+        if nxt is None and (p.op_type in MOVES or p.op_type in ROUTE_OPS):
+            acts = _acts(p)
+            nxt = acts[0] if len(acts) == 1 else None
+        inside = []
+        if nxt is None and p.op_type in ("Div", "Mul"):
+            m, _ = match_norm_scale(p)
+            nxt, inside = (m.source, m.inside) if m is not None else (None, [])
+        if nxt is None:
+            return None
+        path += [p] + [n for n in inside if n is not p]
+        v = nxt
+    return None
+
+
+def routing_gate(v: ir.Value) -> ir.Node | None:
+    """The TopK node whose values ``v`` is computed from (Mixtral's router weights; ``routing_path``), or None."""
+    path = routing_path(v)
+    return next((n for n in path if n.op_type == "TopK"), None) if path else None
+
+
 def match_gate(node: ir.Node) -> tuple[Match | None, str]:
-    """``Mul(h, g)``: a signal ``h`` times a sigmoid / hard-sigmoid gate ``g`` of another tensor."""
+    """``Mul(h, g)``: a signal ``h`` times a sigmoid / hard-sigmoid gate ``g`` of another tensor, or times the
+    top-k routing weights ``g`` of a mixture of experts (TopK values, renormalised, scattered or gathered)."""
     if node.op_type != "Mul":
         return None, f"{node.op_type} is not a Mul"
     acts = _acts(node)
     if len(acts) != 2 or acts[0] is acts[1]:
         return None, "not a product of two activations"
-    gates = [sigmoid_gate(a) for a in acts]
+    gates = [g if (g := sigmoid_gate(a)) is not None else routing_gate(a) for a in acts]
     if gates[0] is not None and gates[1] is not None:
-        return None, "both factors are sigmoid gates"
+        return None, "both factors are gates"
     if gates[0] is None and gates[1] is None:
-        return None, "no factor is computed by a Sigmoid or HardSigmoid"
+        return None, "no factor is computed by a Sigmoid or HardSigmoid, or is TopK routing weights"
     i = 0 if gates[0] is not None else 1
     if elementwise_root(acts[0]) is elementwise_root(acts[1]):
         return None, "the factors are element-wise functions of one tensor (not a gate)"
-    return Match("gate", acts[1 - i], [], gate=acts[i]), ""
+    routed = routing_path(acts[i]) if gates[i].op_type == "TopK" else None
+    return Match("gate", acts[1 - i], routed or [], gate=acts[i]), ""
 
 
 def _uses_within(node: ir.Node, allowed: set) -> bool:
     for o in node.outputs:
         if o.is_graph_output():
             return False
+        if not carries(o):  # TopK's indices: they select, they carry no relevance
+            continue
         for use in o.uses():
             if id(use.node) not in allowed:
                 return False
@@ -350,7 +397,7 @@ def _uses_within(node: ir.Node, allowed: set) -> bool:
 
 def annotate(graph: ir.Graph) -> list[Match]:
     """Record every match in ``node.meta`` (idempotent); returns the matches."""
-    matches = []
+    matches, routers = [], []
     for node in graph:
         node.meta.pop("lrp_pattern", None)
         node.meta.pop("lrp_inside", None)
@@ -369,8 +416,10 @@ def annotate(graph: ir.Graph) -> list[Match]:
         node.meta["lrp_pattern"] = m
         if m.name != "gate":  # a gate's branch is not held: its nodes may feed other things
             matches.append(m)
+        elif m.inside:  # ... but a MoE router's is, as far as it feeds only the routing weights
+            routers.append(m)
     # inner nodes get no relevance when all their uses are inside their pattern (fixed point: inner-most first)
-    for m in matches:
+    for m in matches + routers:
         owner = next(n for n in graph if n.meta.get("lrp_pattern") is m)
         held = {id(owner)}
         changed = True
@@ -382,7 +431,7 @@ def annotate(graph: ir.Graph) -> list[Match]:
                     changed = True
         for n in m.inside:
             if id(n) in held and "lrp_pattern" not in n.meta:
-                n.meta["lrp_inside"] = m.name
+                n.meta["lrp_inside"] = "mixture-of-experts router" if m.name == "gate" else m.name
     return matches
 
 
