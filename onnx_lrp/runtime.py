@@ -122,7 +122,7 @@ class Session:
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
-        opts.log_severity_level = 4 if quiet else 3
+        opts.log_severity_level = 4  # fatal only: onnx-lrp reports every error itself, in one line
         try:
             with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
                 warnings.simplefilter("ignore")
