@@ -160,5 +160,11 @@ class Session:
                                  f"itself: {msg.split('Status Message:')[-1].strip()[:200]}; check that the model "
                                  "runs in plain onnxruntime (an old opset lifted to 17 can break, e.g. PRelu "
                                  "slopes: re-export with opset >= 17)") from None
+            if node and node.group(2).startswith("lrp/start/"):  # rows of the explained output are not the items
+                raise InputError("the explained output's first axis does not follow the inputs' batch axis at run "
+                                 "time (its rows are not the input items), so no target can be set per item: "
+                                 "explain another output (--output) or re-export the model so that its output "
+                                 f"keeps the batch axis (onnxruntime: {msg.split('Status Message:')[-1].strip()[:120]})"
+                                 ) from None
             raise InputError(f"onnxruntime failed to run the model: {msg}") from None
         return dict(zip(names, values))

@@ -254,3 +254,15 @@ def test_inspect_exits_1_when_no_path_reaches_an_input(tmp_path):
     onnx.save(m, str(tmp_path / "m.onnx"))
     res = CliRunner().invoke(main, ["inspect", str(tmp_path / "m.onnx"), "--composite", "epsilon"])
     assert res.exit_code == 1 and "no relevance path from any input to 'y'" in res.stderr, res.output
+
+
+def test_output_rows_that_are_not_the_items_are_refused_in_one_line():
+    """An output whose first axis is not the batch at run time (ICLabel: batch / 4; here a Reshape pairs items):
+    onnxruntime rejects the start of the relevance graph; the error says why instead of blaming the input."""
+    m = make_model([node("Reshape", ["x", "shape"], "pairs"), node("MatMul", ["pairs", "w"], "y")],
+                   {"x": ["N", 4]}, ["y"], {"shape": np.array([-1, 8], np.int64),
+                                             "w": np.ones((8, 3), np.float32)})
+    ex = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon")
+    with pytest.raises(InputError, match="first axis does not follow the inputs' batch axis") as err:
+        ex.explain(np.ones((4, 4), np.float32))
+    assert "\n" not in str(err.value)
