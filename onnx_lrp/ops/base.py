@@ -161,6 +161,20 @@ class Rel:
         return em.div(self.as_relevance(em, tag=f"{tag}_r"), stabilized(em, z, 0.0, tag=f"{tag}_guard"), tag=tag)
 
 
+def affine_out(em: Emitter, node: ir.Node, xhat: ir.Value, p: Params) -> ir.Value:
+    """z = xhat * w + b of a normalisation (its per-channel affine part; w, b from ``p``, either may be None)."""
+    if p.w is not None:
+        xhat = em.mul(xhat, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="xw")
+    if p.b is not None and np.any(p.b):
+        xhat = em.add(xhat, em.const(p.b, tag="b", key=(node.name, "b", p.key)), tag="z")
+    return xhat
+
+
+def affine_back(em: Emitter, node: ir.Node, s: ir.Value, p: Params) -> ir.Value:
+    """The transpose of ``affine_out`` in xhat: s * w."""
+    return s if p.w is None else em.mul(s, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="sw")
+
+
 REGISTRY: dict[str, Op] = {}
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import Emitter, static_dims
-from .base import LinearOp, Params, const, is_param, register
+from .base import LinearOp, Params, affine_back, affine_out, const, is_param, register
 
 
 def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
@@ -72,14 +72,9 @@ class GroupNorm(LinearOp):
     def forward(self, em, node, xs, p):
         xg = self._center(em, self._grouped(em, node, xs[0], "g"), "c")
         y = em.reshape_like(em.mul(xg, self.inv_scale(em, node), tag="xhat_g"), node.inputs[0], tag="xhat")
-        if p.w is not None:
-            y = em.mul(y, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="xw")
-        if p.b is not None and np.any(p.b):
-            y = em.add(y, em.const(p.b, tag="b", key=(node.name, "b", p.key)), tag="z")
-        return y
+        return affine_out(em, node, y, p)
 
     def transpose(self, em, node, s, p):
-        if p.w is not None:
-            s = em.mul(s, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="sw")
+        s = affine_back(em, node, s, p)
         sg = self._center(em, self._grouped(em, node, s, "sg"), "sc")
         return [em.reshape_like(em.mul(sg, self.inv_scale(em, node), tag="JTs_g"), node.inputs[0], tag="JTs")]

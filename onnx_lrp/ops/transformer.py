@@ -25,8 +25,8 @@ import onnx_ir as ir
 
 from .. import patterns
 from ..graph import Emitter, static_dims
-from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, carries, const, is_param,
-                   out_dims, register, stabilized)
+from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, affine_back, affine_out,
+                   carries, const, is_param, out_dims, register, stabilized)
 
 
 def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
@@ -420,15 +420,10 @@ class LayerNorm(LinearOp):
 
     def forward(self, em, node, xs, p):
         y = em.mul(self._center(em, node, xs[0], "c"), self.inv_scale(em, node), tag="xhat")
-        if p.w is not None:
-            y = em.mul(y, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="xw")
-        if p.b is not None and np.any(p.b):
-            y = em.add(y, em.const(p.b, tag="b", key=(node.name, "b", p.key)), tag="z")
-        return y
+        return affine_out(em, node, y, p)
 
     def transpose(self, em, node, s, p):
-        if p.w is not None:
-            s = em.mul(s, em.const(p.w, tag="w", key=(node.name, "w", p.key)), tag="sw")
+        s = affine_back(em, node, s, p)
         s = self._center(em, node, s, "sc")
         return [em.mul(s, self.inv_scale(em, node), tag="JTs")]
 
