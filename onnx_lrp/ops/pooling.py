@@ -155,6 +155,15 @@ class AveragePool(_Pool):
 class _Reduce(_Pool):
     """Global average pool / ReduceMean / ReduceSum: J^T s = expand(s) (divided by the count for means)."""
 
+    def kept(self, em, node, s):
+        """(x, axes, s, z) with s and the output z given back their reduced axes (size 1) when keepdims=0."""
+        axes, keep = self.axes(node)
+        z = node.outputs[0]
+        if not keep and axes:
+            s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
+            z = em.op("Unsqueeze", z, em.ints(axes), tag="z_kept")
+        return node.inputs[0], axes, s, z
+
     def axes(self, node):
         rank = len(node.inputs[0].shape)
         if node.op_type.startswith("Global"):
@@ -256,12 +265,7 @@ class GlobalMaxPool(_Reduce):
         return False
 
     def transpose(self, em, node, s, p):
-        x = node.inputs[0]
-        axes, keep = self.axes(node)
-        z = node.outputs[0]
-        if not keep and axes:
-            s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
-            z = em.op("Unsqueeze", z, em.ints(axes), tag="z_kept")
+        x, axes, s, z = self.kept(em, node, s)
         hit = em.op("Cast", em.op("Equal", x, z, tag="is_max"), to=em.dtype.value, tag="hit")
         ties = em.reduce_sum(hit, axes, keepdims=True, tag="ties")
         return [em.mul(hit, em.div(s, ties, tag="s_per_tie"), tag="JTs")]
@@ -279,12 +283,7 @@ class ReduceNorm(_Reduce):
         return False
 
     def transpose(self, em, node, s, p):
-        x = node.inputs[0]
-        axes, keep = self.axes(node)
-        z = node.outputs[0]
-        if not keep and axes:
-            s = em.op("Unsqueeze", s, em.ints(axes), tag="s_kept")
-            z = em.op("Unsqueeze", z, em.ints(axes), tag="z_kept")
+        x, axes, s, z = self.kept(em, node, s)
         if node.op_type == "ReduceL1":
             return [em.mul(em.op("Sign", x, tag="sign_x"), s, tag="JTs")]
         # x / z where z > 0; at z = 0 (all of x zero) the subgradient 0
