@@ -141,7 +141,13 @@ class Explainer:
                 if a.dtype.kind not in "f":
                     raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
                 if not np.all(np.isfinite(a)):
-                    raise InputError(f"input {spec.name!r} contains NaN or Inf; clean the data first")
+                    if np.isnan(a).any():
+                        raise InputError(f"input {spec.name!r} contains NaN or Inf ({int(np.isnan(a).sum())} NaN); "
+                                         "clean the data first")
+                    raise InputError(f"input {spec.name!r} contains NaN or Inf ({int(np.isinf(a).sum())} infinite "
+                                     "values): if it is an additive attention mask, give a large finite negative "
+                                     "value instead of -inf (e.g. -1e4 or numpy.finfo('float32').min: the same "
+                                     "attention, and relevance 0 at masked positions); else clean the data first")
                 a = a.astype(spec.dtype, copy=False)
             elif a.dtype.kind not in "iub" or (spec.dtype.kind == "b") != (a.dtype.kind == "b"):
                 raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")

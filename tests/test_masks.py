@@ -116,3 +116,39 @@ def test_control_flow_on_an_integer_input_is_not_taken_for_a_mask():
     m.ir_version = IR_VERSION
     with pytest.raises(onnx_lrp.UnsupportedError, match="if_sr"):
         onnx_lrp.Explainer(m.SerializeToString())
+
+
+def test_float_additive_mask_input(tmp_path):
+    """A float additive mask fed as an input: -1e4 and float32's min give the same attention, so the same relevance
+    (attnlrp and cp-lrp), and the mask itself gets none; -inf (NaN under the rules: -inf * 0) is refused in one line
+    that says what to give instead."""
+    torch = pytest.importorskip("torch")
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(8, n) for n in (8, 8, 8, 3))
+
+        def forward(self, x, mask):
+            a = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / 8 ** 0.5 + mask[:, None, :], -1)
+            return self.o((a @ self.v(x)).mean(1))
+
+    torch.manual_seed(0)
+    path = tmp_path / "mask.onnx"
+    torch.onnx.export(Attention().eval(), (torch.randn(2, 5, 8), torch.zeros(2, 5)), str(path), opset_version=17,
+                      dynamo=False, input_names=["x", "mask"], output_names=["y"])
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+    for composite in ("attnlrp", "cp-lrp"):
+        ex = onnx_lrp.Explainer(path, composite=composite)
+        rel = {}
+        for value in (-1e4, np.finfo(np.float32).min):
+            mask = np.zeros((2, 5), np.float32)
+            mask[0, 3:] = value
+            r = ex.explain({"x": x, "mask": mask}, target=0)
+            assert np.all(r.relevance["mask"] == 0)
+            rel[value] = r.relevance["x"]
+        assert np.abs(rel[-1e4]).sum() > 0
+        np.testing.assert_allclose(rel[-1e4], rel[np.finfo(np.float32).min], rtol=1e-5, atol=1e-7)
+        mask[0, 3:] = -np.inf
+        with pytest.raises(onnx_lrp.InputError, match=r"input 'mask' .*-1e4"):
+            ex.explain({"x": x, "mask": mask}, target=0)
