@@ -10,6 +10,8 @@
   ``node.meta['lrp_channel_affine']``: they get BatchNormalization's kind ("batchnorm"), not "affine".
 - An Add of a constant directly after a MatMul, a bias-less Gemm or a bias-less Conv is recorded as that layer's
   bias (``node.meta['lrp_bias_add']``), so that z+ / gamma / alpha-beta see one layer ``x W + b``.
+- ``Clip(x + 3, 0, 6) / 6`` (Keras' hard sigmoid written out) becomes ``HardSigmoid``, and ``x`` times it
+  ``HardSwish``, as a PyTorch export writes them.
 - ``ReduceSum(x) / n`` over n elements becomes ``ReduceMean(x)`` (jax2onnx's mean).
 - LayerNormalization gets its optional Mean and InvStdDev outputs: the relevance pass reads the scale the forward
   computed (and onnxruntime can still fuse the residual Add into SkipLayerNormalization).
@@ -388,6 +390,83 @@ def mean_from_sum(graph: ir.Graph) -> int:
     return done
 
 
+def _scalar(v: ir.Value | None) -> float | None:
+    k = const(v)
+    return float(k.reshape(())) if k is not None and k.size == 1 and k.dtype.kind == "f" else None
+
+
+def _clip_bounds(node: ir.Node) -> tuple[float, float] | None:
+    """(low, high) of a Clip with constant bounds (opset >= 11 inputs or opset 6 attributes), else None."""
+    if node.op_type != "Clip" or node.domain not in ("", "ai.onnx"):
+        return None
+    if len(node.inputs) > 1:
+        lo = _scalar(node.inputs[1]) if node.inputs[1] is not None else -math.inf
+        hi = _scalar(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else math.inf
+        return None if lo is None or hi is None else (lo, hi)
+    return node.attributes.get_float("min", -math.inf), node.attributes.get_float("max", math.inf)
+
+
+def hard_sigmoid_written_out(graph: ir.Graph) -> int:
+    """``Clip(x + b, 0, h) * s`` with ``h * s = 1`` (Keras' ``relu6(x + 3) / 6`` as tf2onnx writes it, also with Div
+    by ``1/s``, or without ``+ b``) becomes ``HardSigmoid(x, alpha=s, beta=b*s)``, and ``x * HardSigmoid(x)`` with
+    alpha 1/6, beta 1/2 becomes ``HardSwish(x)``: the ops a PyTorch export writes, so that a squeeze-excitation gate
+    is a gate and hard-swish an activation whoever exported it."""
+    done = 0
+    for node in list(graph):
+        if node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            continue
+        a, b = node.inputs
+        k = _scalar(b)
+        if k is None and node.op_type == "Mul":
+            a, k = b, _scalar(a)
+        if k is None or k == 0 or a is None or a.producer() is None:
+            continue
+        scale = k if node.op_type == "Mul" else 1.0 / k
+        clip = a.producer()
+        bounds = _clip_bounds(clip)
+        if bounds is None or bounds[0] != 0.0 or not math.isfinite(bounds[1]) or abs(bounds[1] * scale - 1) > 1e-6:
+            continue
+        x, shift = clip.inputs[0], 0.0
+        add = x.producer() if x is not None else None
+        if add is not None and add.op_type in ("Add", "Sub") and add.domain in ("", "ai.onnx"):
+            c = [_scalar(v) for v in add.inputs]
+            if add.op_type == "Add" and (c[0] is None) != (c[1] is None):
+                x, shift = (add.inputs[0], c[1]) if c[1] is not None else (add.inputs[1], c[0])
+            elif add.op_type == "Sub" and c[0] is None and c[1] is not None:
+                x, shift = add.inputs[0], -c[1]
+        if x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16):
+            continue
+        hs = ir.node("HardSigmoid", [x], {"alpha": float(scale), "beta": float(shift * scale)},
+                     name=f"{node.name}/hardsigmoid")
+        out = node.outputs[0]
+        hs.outputs[0].type, hs.outputs[0].shape = out.type, out.shape
+        graph.insert_before(node, hs)
+        bypass(out, hs.outputs[0])
+        if hs.outputs[0].name is None:
+            hs.outputs[0].name = f"{node.name}/hardsigmoid_out"
+        graph.remove(node, safe=True)
+        for dead in (clip, add):  # the written-out chain, where nothing else reads it
+            if dead is not None and dead.graph is graph and not any(o.uses() or o.is_graph_output()
+                                                                    for o in dead.outputs):
+                graph.remove(dead, safe=True)
+        done += 1
+        # x * HardSigmoid(x) with torch's constants is HardSwish
+        mul = _only_consumer(hs.outputs[0])
+        if (mul is None or mul.op_type != "Mul" or abs(scale - 1 / 6) > 1e-6 or abs(shift * scale - 0.5) > 1e-6
+                or {id(v) for v in mul.inputs} != {id(x), id(hs.outputs[0])}):
+            continue
+        swish = ir.node("HardSwish", [x], name=f"{mul.name}/hardswish")
+        out = mul.outputs[0]
+        swish.outputs[0].type, swish.outputs[0].shape = out.type, out.shape
+        graph.insert_before(mul, swish)
+        bypass(out, swish.outputs[0])
+        if swish.outputs[0].name is None:
+            swish.outputs[0].name = f"{mul.name}/hardswish_out"
+        graph.remove(mul, safe=True)
+        graph.remove(hs, safe=True)
+    return done
+
+
 def absorb_bias(graph: ir.Graph) -> None:
     """Record ``Add(layer(x), b)`` with constant b as the bias of MatMul / bias-less Gemm / bias-less Conv."""
     for node in graph:
@@ -497,6 +576,7 @@ def canonize(model: ir.Model) -> None:
     graph = model.graph
     recurrent_layout0(graph)
     drop_identities(graph)
+    hard_sigmoid_written_out(graph)
     layernorm_statistics(graph)
     explicit_pads(graph)
     fold_batchnorm(graph)

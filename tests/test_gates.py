@@ -199,6 +199,53 @@ def test_torchvision_squeeze_excitation_export(scale_activation, activation):
         assert np.any(r), comp
 
 
+def _written_out():
+    import torch
+
+    class HardSigmoid(torch.nn.Module):  # Keras' hard_sigmoid: relu6(x + 3) / 6 (tf2onnx: Add, Clip, Mul by 1/6)
+        def __init__(self, *_, div=False, **__):
+            super().__init__()
+            self.div = div
+
+        def forward(self, x):
+            return torch.nn.functional.relu6(x + 3) / 6 if self.div else torch.nn.functional.relu6(x + 3) * (1 / 6)
+
+    class HardSwish(torch.nn.Module):  # Keras' hard_swish: x * hard_sigmoid(x)
+        def __init__(self, *_, **__):
+            super().__init__()
+            self.gate = HardSigmoid(div=True)
+
+        def forward(self, x):
+            return x * self.gate(x)
+
+    return HardSigmoid, HardSwish
+
+
+def test_hard_sigmoid_written_out_is_the_op():
+    """A squeeze-excitation net whose hard sigmoid and hard swish are written out as Keras writes them
+    (``relu6(x + 3) * (1/6)``, ``x * (relu6(x + 3) / 6)``: Add, Clip, Mul/Div) gets the kinds and the relevance of
+    the same net with HardSigmoid / HardSwish ops, under every composite (before: the SE products were refused by
+    the CNN composites: no gate)."""
+    import onnx
+    import torch
+    hard_sigmoid, hard_swish = _written_out()
+    ops = _torch_se_net(torch.nn.Hardsigmoid, torch.nn.Hardswish, bias=True)
+    written = _torch_se_net(hard_sigmoid, hard_swish, bias=True)
+    written.load_state_dict(ops.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    data_ops, data_written = _export(ops, x), _export(written, x)
+    assert {"Clip"} <= {n.op_type for n in onnx.load_from_string(data_written).graph.node}
+    kinds = lambda d: sorted(v[:2] for v in _kinds(d).values())  # noqa: E731
+    assert kinds(data_written) == kinds(data_ops)
+    for comp in ALL:
+        a = onnx_lrp.Explainer(data_ops, composite=comp, **_kw(comp)).explain(x.numpy(), target=1)
+        b = onnx_lrp.Explainer(data_written, composite=comp, **_kw(comp)).explain(x.numpy(), target=1)
+        np.testing.assert_allclose(b.outputs["y"], a.outputs["y"], rtol=1e-5, atol=1e-6)
+        assert np.any(a.relevance), comp
+        err = np.linalg.norm(b.relevance - a.relevance) / np.linalg.norm(a.relevance)
+        assert err < 1e-5, (comp, err)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v3_small", "regnet_y_400mf", "convnext_tiny"])
 def test_torchvision_se_nets(name):
