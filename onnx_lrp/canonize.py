@@ -12,6 +12,7 @@
   bias (``node.meta['lrp_bias_add']``), so that z+ / gamma / alpha-beta see one layer ``x W + b``.
 - ``Clip(x + 3, 0, 6) / 6`` (Keras' hard sigmoid written out) becomes ``HardSigmoid``, and ``x`` times it
   ``HardSwish``, as a PyTorch export writes them.
+- Flax's fast variance ``max(mean(x * x) - mean(x) ** 2, 0)`` becomes ``mean((x - mean(x)) ** 2)``.
 - ``ReduceSum(x) / n`` over n elements becomes ``ReduceMean(x)`` (jax2onnx's mean).
 - LayerNormalization gets its optional Mean and InvStdDev outputs: the relevance pass reads the scale the forward
   computed (and onnxruntime can still fuse the residual Add into SkipLayerNormalization).
@@ -467,6 +468,88 @@ def hard_sigmoid_written_out(graph: ir.Graph) -> int:
     return done
 
 
+def _square_of(v: ir.Value | None) -> ir.Value | None:
+    """``x`` when ``v`` is ``x * x`` or ``x ** 2``, else None."""
+    p = v.producer() if v is not None else None
+    if p is None or p.domain not in ("", "ai.onnx") or len(p.inputs) != 2:
+        return None
+    if p.op_type == "Mul" and p.inputs[0] is p.inputs[1]:
+        return p.inputs[0]
+    if p.op_type == "Pow" and _scalar(p.inputs[1]) == 2.0:
+        return p.inputs[0]
+    return None
+
+
+def _reduce_spec(node: ir.Node | None):
+    """(input, axes, keepdims) of a ReduceMean with constant axes (input or attribute), else None."""
+    if node is None or node.op_type != "ReduceMean" or node.domain not in ("", "ai.onnx") or not node.inputs:
+        return None
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const(node.inputs[1])
+        if axes is None:
+            return None
+        axes = tuple(sorted(int(a) for a in np.asarray(axes).reshape(-1)))
+    else:
+        attr = node.attributes.get("axes")
+        axes = tuple(sorted(attr.value)) if attr is not None else None
+    return node.inputs[0], axes, node.attributes.get_int("keepdims", 1)
+
+
+def two_pass_variance(graph: ir.Graph) -> int:
+    """``max(mean(x * x) - mean(x) ** 2, 0)`` (Flax's fast variance in LayerNorm / GroupNorm, as jax2onnx writes it;
+    also without the clamp) becomes ``mean((x - mean(x)) ** 2)``, reading the centred ``x - mean(x)`` the norm
+    already computes: the statistic the norm-scale pattern knows (mathematically equal; no cancellation)."""
+    done = 0
+    for sub in list(graph):
+        if sub.op_type != "Sub" or sub.domain not in ("", "ai.onnx") or len(sub.inputs) != 2:
+            continue
+        second = _reduce_spec(sub.inputs[0].producer() if sub.inputs[0] is not None else None)
+        m = _square_of(sub.inputs[1])
+        first = _reduce_spec(m.producer() if m is not None else None)
+        if second is None or first is None or second[1:] != first[1:] or not first[2]:
+            continue
+        x = _square_of(second[0])
+        if x is None or x is not first[0]:
+            continue
+        out, clamp = sub.outputs[0], None
+        user = _only_consumer(out)
+        if user is not None and user.op_type in ("Max", "Relu", "Clip") and user.domain in ("", "ai.onnx"):
+            lows = [_scalar(v) for v in user.inputs if v is not out] if user.op_type == "Max" else (
+                [0.0] if user.op_type == "Relu" else [(_clip_bounds(user) or (None,))[0]])
+            if len(lows) == 1 and lows[0] == 0.0 and (user.op_type != "Clip" or _clip_bounds(user)[1] == math.inf):
+                out, clamp = user.outputs[0], user
+        centred = next((u.node.outputs[0] for u in x.uses() if u.node.op_type == "Sub" and u.idx == 0
+                        and len(u.node.inputs) == 2 and u.node.inputs[1] is m), None)
+        mean_node = m.producer()
+        new = []
+        if centred is None:
+            d = ir.node("Sub", [x, m], name=f"{sub.name}/centred")
+            new.append(d)
+            centred = d.outputs[0]
+            centred.name, centred.type, centred.shape = f"{sub.name}/centred_out", x.type, x.shape
+        sq = ir.node("Mul", [centred, centred], name=f"{sub.name}/square")
+        sq.outputs[0].name, sq.outputs[0].type, sq.outputs[0].shape = f"{sub.name}/square_out", x.type, x.shape
+        red_inputs = [sq.outputs[0]] + list(mean_node.inputs[1:])
+        red = ir.node("ReduceMean", red_inputs, {k: v for k, v in mean_node.attributes.items()},
+                      name=f"{sub.name}/variance")
+        red.outputs[0].type, red.outputs[0].shape = out.type, out.shape
+        new += [sq, red]
+        anchor = sub if centred.producer() is None or centred.producer() in new else sub
+        for n in new:
+            graph.insert_before(anchor, n)
+        bypass(out, red.outputs[0])
+        if red.outputs[0].name is None:
+            red.outputs[0].name = f"{sub.name}/variance_out"
+        dead = [clamp, sub, sub.inputs[1].producer(), sub.inputs[0].producer(), second[0].producer()]
+        for n in dead:
+            if n is not None and n.graph is graph and not any(o.uses() or o.is_graph_output() for o in n.outputs):
+                graph.remove(n, safe=True)
+        done += 1
+    if done:
+        graph.sort()
+    return done
+
+
 def absorb_bias(graph: ir.Graph) -> None:
     """Record ``Add(layer(x), b)`` with constant b as the bias of MatMul / bias-less Gemm / bias-less Conv."""
     for node in graph:
@@ -577,6 +660,7 @@ def canonize(model: ir.Model) -> None:
     recurrent_layout0(graph)
     drop_identities(graph)
     hard_sigmoid_written_out(graph)
+    two_pass_variance(graph)
     layernorm_statistics(graph)
     explicit_pads(graph)
     fold_batchnorm(graph)

@@ -368,3 +368,22 @@ def test_max_min_of_activations_route_to_the_winner(op):
     want[2] = want[2].sum(axis=2, keepdims=True)
     for name, exp in zip("abc", want):
         np.testing.assert_allclose(res.relevance[name], exp, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
+def test_flax_transformer_twin(composite):
+    """A pre-norm transformer in Flax (jax2onnx: LayerNorm written out with Flax's fast variance
+    ``max(mean(x*x) - mean(x)**2, 0)``, nnx.MultiHeadAttention) and its PyTorch twin with the same weights
+    (TorchScript: LayerNormalization ops): the same forward and the same relevance per sample (before: the Flax
+    export was refused, its normalisations not recognised). scripts/make_transformer_twins.py made the files."""
+    ref = np.load(TWINS / "transformer.npz")
+    x = ref["x"]
+    res = {fw: onnx_lrp.Explainer(TWINS / f"transformer_{fw}.onnx", composite=composite).explain(x, target=1)
+           for fw in ("flax", "torch")}
+    np.testing.assert_allclose(next(iter(res["flax"].outputs.values())), ref["y_flax"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res["torch"].outputs["y"], ref["y_torch"], rtol=1e-5, atol=1e-6)
+    assert np.all(np.abs(res["torch"].relevance).reshape(len(x), -1).sum(1) > 0)
+    assert np.all(rel_l2(res["flax"].relevance, res["torch"].relevance) < 1e-5)
+    from onnx_lrp import patterns
+    kinds = [m.name for m in patterns.annotate(loader.load(TWINS / "transformer_flax.onnx").graph)]
+    assert kinds.count("layernorm-scale") == 5, kinds
