@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
+import qop_models
 from onnx_lrp import loader
 from onnx_lrp.errors import UnsupportedError
 
@@ -127,24 +128,99 @@ def test_qdq_pair_relevance_is_identity(variants):
         np.testing.assert_allclose(r_in, r_out, rtol=1e-6, atol=1e-7)
 
 
-def test_qoperator_format_is_refused(tmp_path):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
-    if not DEMO.exists():
-        pytest.skip("demo model missing")
-    x = np.load(SAMPLES)
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"image": x}])
+def _step(path, out="y"):
+    """The quantization step of the model's output (the scale of the DequantizeLinear that writes it)."""
+    m = onnx.load(str(path))
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == out)
+    return float(inits[dq.input[1]])
 
-        def get_next(self):
-            return next(self.it, None)
 
-    out = tmp_path / "qop.onnx"
-    quantize_static(str(DEMO), str(out), Reader(), quant_format=QuantFormat.QOperator)
-    with pytest.raises(UnsupportedError, match="QLinearConv.*QuantFormat.QDQ"):
-        onnx_lrp.Explainer(out)
+_SOFTMAX_OUT = {"TensorQuantOverrides": {"a": [{"scale": np.array(1 / 256, np.float32),
+                                                "zero_point": np.array(-128, np.int8)}]}}
+
+
+@pytest.mark.parametrize("kind,per_channel", [("cnn", False), ("cnn", True), ("attention", False)])
+def test_qoperator_equals_qdq_and_onnxruntime(tmp_path, kind, per_channel):
+    """The same float model, calibration batch and options quantized by onnxruntime in the QOperator format
+    (QLinearConv, QGemm, QLinearAdd, QLinearGlobalAveragePool, QLinearMatMul, QLinearSoftmax, 8-bit MaxPool /
+    Flatten / Transpose) and in the QDQ format: after the rewrite both give the same relevance, and the forward pass
+    is onnxruntime's on the QOperator model (within one output quantization step; exact on the CPUs measured)."""
+    rng = np.random.default_rng(5)
+    shape = (3, 8, 8) if kind == "cnn" else (4, 8)
+    model = qop_models.cnn() if kind == "cnn" else qop_models.attention()
+    extra = {} if kind == "cnn" else dict(extra_options=_SOFTMAX_OUT)  # QLinearSoftmax's fixed 1/256 output scale
+    paths = qop_models.quantize(model, rng.standard_normal((16,) + shape).astype(np.float32), tmp_path, kind,
+                                per_channel=per_channel, **extra)
+    ops = {n.op_type for n in onnx.load(str(paths["QOperator"])).graph.node}
+    want = {"QLinearConv", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool", "MaxPool"} if kind == "cnn" else {
+        "QLinearMatMul", "QLinearSoftmax", "QLinearAdd", "Transpose"}
+    assert want <= ops, ops
+    assert not {n.op_type for n in loader.load(paths["QOperator"]).graph} & {"QLinearConv", "QLinearMatMul", "QGemm"}
+    x = rng.standard_normal((4,) + shape).astype(np.float32)
+    comps = ("epsilon-plus-flat", "epsilon") if kind == "cnn" else ("attnlrp",)
+    for comp in comps:
+        res = {f: onnx_lrp.Explainer(p, composite=comp).explain(x, target=[0, 1, 2, 0]) for f, p in paths.items()}
+        y = res["QOperator"].outputs["y"]
+        ref = _ort(paths["QOperator"], {"x": x})[0]
+        assert np.abs(y - ref).max() <= 1.001 * _step(paths["QOperator"])
+        np.testing.assert_array_equal(y, res["QDQ"].outputs["y"])
+        assert np.all(np.isfinite(res["QOperator"].relevance))
+        assert _rel(res["QOperator"].relevance, res["QDQ"].relevance) <= 1e-5
+        # the quantized model's explanation is near the float model's, not equal to it
+        assert 1e-4 < _rel(res["QOperator"].relevance, res["float"].relevance) < 1.0
+
+
+def test_qoperator_ops_match_onnxruntime(tmp_path):
+    """QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearMul, 8-bit Pad / Reshape /
+    Slice: the rewritten forward equals onnxruntime's on the QOperator model within one quantization step, and the
+    relevance is finite and reaches the input."""
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("LeakyRelu", ["c"], ["l"], alpha=0.1),
+             helper.make_node("Mul", ["s", "l"], ["m"]), helper.make_node("Concat", ["m", "c"], ["k"], axis=1),
+             helper.make_node("Pad", ["k", "pads"], ["pd"]),
+             helper.make_node("AveragePool", ["pd"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Reshape", ["p", "shape"], ["f"]), helper.make_node("Gemm", ["f", "w2"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                   dict(w=w, pads=np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), shape=np.array([-1, 72], np.int64),
+                        w2=(rng.standard_normal((72, 3)) * 0.2).astype(np.float32)))
+    paths = qop_models.quantize(model, rng.standard_normal((16, 3, 6, 6)).astype(np.float32), tmp_path, "ops",
+                                op_types_to_quantize=["Conv", "Sigmoid", "LeakyRelu", "Mul", "Concat", "Pad",
+                                                      "AveragePool", "Reshape", "Gemm"])
+    ops = {n.op_type for n in onnx.load(str(paths["QOperator"])).graph.node}
+    assert {"QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearMul", "Pad",
+            "Reshape"} <= ops, ops
+    x = rng.standard_normal((5, 3, 6, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(paths["QOperator"], composite="attnlrp").explain(x, target=1)  # Mul of two activations
+    ref = _ort(paths["QOperator"], {"x": x})[0]
+    assert np.abs(res.outputs["y"] - ref).max() <= 1.001 * _step(paths["QOperator"])
+    assert np.all(np.isfinite(res.relevance)) and np.abs(res.relevance).sum() > 0
+
+
+def test_qoperator_unsupported_forms_listed_at_once(tmp_path):
+    """QLinearAveragePool with channels_last=1 and a QAttention: one error naming both."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("QLinearAveragePool", ["xq", "s", "z", "s", "z"], ["pq"], domain="com.microsoft",
+                              kernel_shape=[2, 2], channels_last=1),
+             helper.make_node("QAttention", ["pq"], ["aq"], domain="com.microsoft", num_heads=1),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 2])],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])],
+                         initializer=[numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                                      numpy_helper.from_array(np.array(0, np.uint8), "z")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    with pytest.raises(UnsupportedError) as e:
+        onnx_lrp.Explainer(m.SerializeToString())
+    msg = str(e.value)
+    assert "channels_last" in msg and "QAttention" in msg and "\n" not in msg
 
 
 # ---------------------------------------------------------------------------------------------- dynamic
