@@ -318,6 +318,39 @@ def _only_consumer(v: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def _same_product(u: ir.Value, v: ir.Value) -> bool:
+    """``u`` and ``v`` are one value, or two Mul of the same two inputs (a value, or equal constants)."""
+    if u is v:
+        return True
+    pu, pv = u.producer(), v.producer()
+    if pu is None or pv is None or pu.op_type != "Mul" or pv.op_type != "Mul":
+        return False
+
+    def key(x):
+        c = const(x)
+        return ("c", c.dtype.str, c.shape, c.tobytes()) if c is not None else ("v", id(x))
+    return sorted(map(key, pu.inputs)) == sorted(map(key, pv.inputs))
+
+
+def _integer_bias(v: ir.Value | None, s: ir.Value) -> tuple[np.ndarray, list] | None:
+    """``Reshape(Cast(Floor(Div(b, s)), int32), shape)`` (quantize_dynamic's bias quantized with the dynamic scale
+    product ``s``) -> (the float bias ``b`` in the Reshape's shape, the chain's nodes from the last), or None."""
+    chain, shape = [], None
+    n = v.producer() if v is not None else None
+    while n is not None and n.op_type in ("Reshape", "Cast", "Floor", "Round"):
+        if n.op_type == "Reshape":
+            shape = const(n.inputs[1])
+            if shape is None:
+                return None
+        chain.append(n)
+        n = n.inputs[0].producer()
+    if n is None or n.op_type != "Div" or not _same_product(n.inputs[1], s) or const(n.inputs[0]) is None or not chain:
+        return None
+    chain.append(n)
+    b = np.asarray(const(n.inputs[0]), np.float32)
+    return (b.reshape([int(d) for d in shape]) if shape is not None else b), chain
+
+
 def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
     """quantize_dynamic's ConvInteger / MatMulInteger chains -> DequantizeLinear + float Conv / MatMul."""
     done, refused = 0, []
@@ -330,6 +363,11 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
         w, w_zp = const(node.inputs[1]), (const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None
                                           else np.zeros((), np.int32))
         cast = _only_consumer(node.outputs[0])
+        add, int_bias = None, None
+        if cast is not None and cast.op_type == "Add":  # older quantize_dynamic: + Cast(Floor(bias / scales))
+            add, int_bias = cast, [v for v in cast.inputs if v is not node.outputs[0]]
+            int_bias = int_bias[0] if len(int_bias) == 1 else None
+            cast = _only_consumer(add.outputs[0])
         mul = _only_consumer(cast.outputs[0]) if cast is not None and cast.op_type == "Cast" else None
         if qa is None or qa.op_type not in QUANTIZERS or qa.outputs[0] is not a:
             why = "its activation input is not produced by DynamicQuantizeLinear / QuantizeLinear"
@@ -350,6 +388,10 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
                     w_scale = const(others[0])
             if w_scale is None:
                 why = "the scale product is not Mul(activation scale, constant weight scale)"
+            elif add is not None:
+                bias = _integer_bias(int_bias, s)
+                if bias is None:
+                    why = "its int32 bias is not Cast(Floor(constant bias / scale product)) as quantize_dynamic writes it"
         if why is not None:
             refused.append((node, f"{node.op_type} outside quantize_dynamic's pattern: {why}"))
             continue
@@ -367,11 +409,24 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
         wv = b.const(wf, tag="weight")
         if node.op_type == "ConvInteger":
             attrs = {k: v.value for k, v in node.attributes.items()}
-            y = b.op("Conv", [deq, wv], like=mul.outputs[0], tag="conv", **attrs)
+            ins = [deq, wv]
+            if add is not None:
+                ins.append(b.const(bias[0].reshape(-1), tag="bias"))
+            y = b.op("Conv", ins, like=mul.outputs[0], tag="conv", **attrs)
         else:
             y = b.op("MatMul", [deq, wv], like=mul.outputs[0], tag="matmul")
+            if add is not None:
+                y = b.op("Add", [y, b.const(bias[0], tag="bias")], like=mul.outputs[0], tag="bias_add")
+        if add is not None:  # + (Floor(b / s) * s - b): the deployed bias exactly, the float bias in the layer
+            qb = b.op("Mul", [_float_value(b.op("Cast", [int_bias], tag="bias_int", to=ir.DataType.FLOAT.value),
+                                           int_bias.shape), s], tag="bias_quantized")
+            corr = b.op("Sub", [_float_value(qb, int_bias.shape), b.const(bias[0], tag="bias_float")],
+                        tag="bias_rounding")
+            for v in (qb, corr):  # a rounding of the bias, below one accumulator step: no relevance, like a bias
+                v.meta["lrp_shape_only"] = True
+            y = b.op("Add", [y, _float_value(corr, int_bias.shape)], like=mul.outputs[0], tag="bias_exact")
         _take_over(mul.outputs[0], y)
-        graph.remove([mul, cast, node], safe=False)
+        graph.remove([mul, cast] + ([add] if add is not None else []) + [node], safe=False)
         if sp is not None and not any(list(o.uses()) for o in sp.outputs) and not any(
                 o.is_graph_output() for o in sp.outputs):
             graph.remove(sp)
