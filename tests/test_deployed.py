@@ -257,6 +257,37 @@ def test_dynamic_quantization_numpy_oracle(tmp_path):
     np.testing.assert_allclose(res.relevance[0], xd[0] * wd[:, 2], rtol=1e-4, atol=1e-6)
 
 
+def test_dynamic_conv_with_integer_bias(tmp_path):
+    """Older quantize_dynamic (ddddocr's captcha CRNN): ConvInteger + Cast(Floor(bias / (x_scale * w_scale)))
+    -> Cast -> Mul(x_scale * w_scale). The forward is onnxruntime's (to float rounding); the relevance is that of the
+    float Conv with the dequantized weight and the float bias on the fake-quantized input (the bias's rounding,
+    below one accumulator step, takes no relevance)."""
+    rng = np.random.default_rng(9)
+    wq = rng.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)
+    ws, bias = np.float32(0.01), (rng.standard_normal(4) * 0.5).astype(np.float32)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("ConvInteger", ["xq", "wq", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["xs", "ws"], ["s_bias"]), helper.make_node("Div", ["b", "s_bias"], ["bd"]),
+             helper.make_node("Floor", ["bd"], ["bf"]), helper.make_node("Cast", ["bf"], ["bi"], to=TensorProto.INT32),
+             helper.make_node("Reshape", ["bi", "bshape"], ["br"]), helper.make_node("Add", ["acc", "br"], ["accb"]),
+             helper.make_node("Cast", ["accb"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xs", "ws"], ["s"]), helper.make_node("Mul", ["accf", "s"], ["c"])]
+    head = [helper.make_node("GlobalAveragePool", ["c"], ["p"]), helper.make_node("Flatten", ["p"], ["y"])]
+    m = _model(nodes + head, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+               dict(wq=wq, wz=np.array(0, np.int8), ws=ws, b=bias, bshape=np.array([1, 4, 1, 1], np.int64)))
+    x = rng.uniform(-1, 2, (1, 2, 5, 5)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(x, target=2)
+    np.testing.assert_allclose(res.outputs["y"], _ort(m.SerializeToString(), {"x": x})[0], rtol=1e-5, atol=1e-5)
+    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = np.float32((hi - lo) / 255)
+    xq = _fake_quant(x, scale, np.clip(np.round(-lo / scale), 0, 255)).astype(np.float32)
+    ref_m = _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])] + head, m.graph.input,
+                   m.graph.output, dict(w=(wq.astype(np.float32) * ws), b=bias))
+    ref = onnx_lrp.Explainer(ref_m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(xq, target=2)
+    assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-4
+
+
 def test_dynamic_demo_forward_matches_onnxruntime(variants):
     x = np.load(SAMPLES)
     ex = onnx_lrp.Explainer(variants["dynamic"])
