@@ -175,6 +175,48 @@ def test_qoperator_equals_qdq_and_onnxruntime(tmp_path, kind, per_channel):
         assert 1e-4 < _rel(res["QOperator"].relevance, res["float"].relevance) < 1.0
 
 
+def test_qoperator_mlp_numpy_oracle(tmp_path):
+    """QGemm -> (Relu folded into the output range) -> QGemm, per-channel int8: LRP-0 (epsilon -> 0) from a numpy
+    oracle built from the QOperator file's integers: weights (Wq - zp) * w_scale, int32 bias C * x_scale * w_scale,
+    fake-quantized activations, relevance passing each quantize/dequantize unchanged."""
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                   dict(w1=rng.standard_normal((5, 6)).astype(np.float32),
+                        b1=(rng.standard_normal(5) * 0.3).astype(np.float32),
+                        w2=rng.standard_normal((3, 5)).astype(np.float32),
+                        b2=(rng.standard_normal(3) * 0.3).astype(np.float32)))
+    paths = qop_models.quantize(model, rng.standard_normal((32, 6)).astype(np.float32), tmp_path, "mlp",
+                                per_channel=True)
+    q = onnx.load(str(paths["QOperator"]))
+    assert [n.op_type for n in q.graph.node] == ["QuantizeLinear", "QGemm", "QGemm", "DequantizeLinear"]
+    c = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in q.graph.initializer}
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(paths["QOperator"], composite="epsilon", epsilon=1e-9).explain(x, target=[0, 1, 2, 0])
+    np.testing.assert_array_equal(res.outputs["y"], _ort(paths["QOperator"], {"x": x})[0])
+
+    def fq(v, name):  # int8 fake quantization with the file's activation scale and zero point
+        s, z = c[f"{name}_scale"], c[f"{name}_zero_point"]
+        return (np.clip(np.round(v / s) + z, -128, 127) - z) * s
+
+    def layer(k, a, a_name):
+        w = (c[f"w{k}_quantized"] - c[f"w{k}_zero_point"][:, None]) * c[f"w{k}_scale"][:, None]
+        return w, a @ w.T + c[f"b{k}_quantized"] * c[f"{a_name}_scale"] * c[f"w{k}_scale"]
+
+    xd = fq(x.astype(np.float64), "x")
+    w1, h = layer(1, xd, "x")
+    hd = fq(h, "h")
+    w2, z2 = layer(2, hd, "h")
+    y = fq(z2, "y")
+    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-6, atol=1e-6)
+    for i, t in enumerate(res.target):
+        r_h = hd[i] * w2[t] / z2[i, t] * y[i, t]               # start at the output value; Q/DQ pass it unchanged
+        r_x = xd[i] * (w1.T @ np.where(h[i] != 0, r_h / h[i], 0))
+        np.testing.assert_allclose(res.relevance[i], r_x, rtol=1e-4, atol=1e-6)
+
+
 def test_qoperator_ops_match_onnxruntime(tmp_path):
     """QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearMul, 8-bit Pad / Reshape /
     Slice: the rewritten forward equals onnxruntime's on the QOperator model within one quantization step, and the
