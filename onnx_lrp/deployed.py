@@ -166,6 +166,14 @@ def _take_over(old: ir.Value, new: ir.Value) -> None:
     old.replace_all_uses_with(new, replace_graph_outputs=was_output)
 
 
+def _drop(graph: ir.Graph, nodes) -> None:
+    """Remove nodes whose outputs are no longer read, detaching their inputs (so those lose these uses)."""
+    for n in (nodes if isinstance(nodes, list) else [nodes]):
+        for i in range(len(n.inputs)):
+            n.replace_input_with(i, None)
+        graph.remove(n, safe=False)
+
+
 def _attr(node: ir.Node, key: str, default=None):
     a = node.attributes.get(key)
     return default if a is None else a.value
@@ -426,7 +434,7 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
                 v.meta["lrp_shape_only"] = True
             y = b.op("Add", [y, _float_value(corr, int_bias.shape)], like=mul.outputs[0], tag="bias_exact")
         _take_over(mul.outputs[0], y)
-        graph.remove([mul, cast] + ([add] if add is not None else []) + [node], safe=False)
+        _drop(graph, [mul, cast] + ([add] if add is not None else []) + [node])
         if sp is not None and not any(list(o.uses()) for o in sp.outputs) and not any(
                 o.is_graph_output() for o in sp.outputs):
             graph.remove(sp)
@@ -570,9 +578,10 @@ def _qop_rewrite(b: _Builder, node: ir.Node, opset: int) -> str | None:
     return None
 
 
-def _direct8_qparams(v: ir.Value, seen=None) -> tuple | None:
-    """(scale, zero point) of an 8-bit activation: from the QuantizeLinear that produced it, or (a quantized
-    constant, e.g. an embedding table read by Gather) from the DequantizeLinear(s) that read it."""
+def _direct8_qparams(v: ir.Value, node: ir.Node) -> tuple | None:
+    """(scale, zero point) of an 8-bit input ``v`` of ``node`` (an op of _DIRECT8): from the QuantizeLinear that
+    produced it, or for a quantized constant (an embedding table read by Gather) from the DequantizeLinear(s) that
+    read the op's output, through further _DIRECT8 ops."""
     p = v.producer()
     if p is not None and p.op_type == "QuantizeLinear" and p.domain in ("", "ai.onnx") and p.outputs[0] is v:
         if int(_attr(p, "block_size", 0) or 0) or not _scalar(p.inputs[1]):
@@ -580,13 +589,23 @@ def _direct8_qparams(v: ir.Value, seen=None) -> tuple | None:
         return p.inputs[1], (p.inputs[2] if len(p.inputs) > 2 else None)
     if const(v) is None:
         return None
-    found = []
-    for u in v.uses():
-        n = u.node
-        if n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") and u.idx == 0:
-            if not _scalar(n.inputs[1]):
-                return None
-            found.append((n.inputs[1], n.inputs[2] if len(n.inputs) > 2 else None))
+    found, todo, seen = [], [node], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        for o in n.outputs:
+            for u in o.uses():
+                c = u.node
+                if c.op_type == "DequantizeLinear" and c.domain in ("", "ai.onnx") and u.idx == 0:
+                    if not _scalar(c.inputs[1]):
+                        return None
+                    found.append((c.inputs[1], c.inputs[2] if len(c.inputs) > 2 else None))
+                elif c.op_type in _DIRECT8 and c.domain in ("", "ai.onnx"):
+                    todo.append(c)
+                else:
+                    return None
     if not found or any(not _same_qparams(found[0], f) for f in found[1:]):
         return None
     return found[0]
@@ -614,7 +633,7 @@ def _sandwich_direct8(graph: ir.Graph) -> tuple[int, list]:
         data = [node.inputs[i] for i in idx if i < len(node.inputs)]
         if not data or any(v is None or (v.dtype not in _INT8 and v.dtype is not None) for v in data):
             continue
-        qps = [_direct8_qparams(v) for v in data]
+        qps = [_direct8_qparams(v, node) for v in data]
         if all(q is None for q in qps):
             continue  # not a quantized activation (e.g. raw image bytes): integer arithmetic stays as it is
         if any(q is None for q in qps):
@@ -636,7 +655,7 @@ def _sandwich_direct8(graph: ir.Graph) -> tuple[int, list]:
             if c is None or sc is None or zc is None:
                 refused.append((node, "Pad of an 8-bit tensor with a non-constant pad value or scale"))
                 for n in b.nodes:
-                    graph.remove(n, safe=False)
+                    _drop(graph, n)
                 continue
             pad = ((np.float32(c.reshape(())) - np.float32(zc.reshape(()))) * np.float32(sc.reshape(())))
             ins = ins[:2] + [b.const(np.asarray(pad, np.float32), "pad_value")] + ins[3:]
@@ -650,7 +669,7 @@ def _sandwich_direct8(graph: ir.Graph) -> tuple[int, list]:
             else:
                 _float_value(new, old.shape)
                 _requant(b, new, s, z, old)
-        graph.remove(node, safe=False)
+        _drop(graph, node)
         done += 1
     return done, refused
 
@@ -668,10 +687,10 @@ def qoperator_to_qdq(graph: ir.Graph, opset: int) -> tuple[int, list]:
         why = _qop_rewrite(b, node, opset)
         if why is not None:
             for n in reversed(b.nodes):
-                graph.remove(n, safe=False)
+                _drop(graph, n)
             refused.append((node, f"{node.op_type}: {why}"))
             continue
-        graph.remove(node, safe=False)
+        _drop(graph, node)
         done += 1
     if done:
         n, r = _sandwich_direct8(graph)
@@ -727,7 +746,7 @@ def split_fused_dynamic_quant(graph: ir.Graph) -> tuple[int, list]:
             for old, new in zip(node.outputs, outs):
                 if list(old.uses()) or old.is_graph_output():
                     _take_over(old, new)
-            graph.remove(node, safe=False)
+            _drop(graph, node)
             done += 1
             continue
         if t == "MatMulIntegerToFloat":
@@ -745,7 +764,7 @@ def split_fused_dynamic_quant(graph: ir.Graph) -> tuple[int, list]:
         if bias is not None:
             y = _float_value(b.op("Add", [y, bias], tag="bias"), out.shape)
         _take_over(out, y)
-        graph.remove(node, safe=False)
+        _drop(graph, node)
         done += 1
     return done, refused
 

@@ -217,6 +217,45 @@ def test_qoperator_mlp_numpy_oracle(tmp_path):
         np.testing.assert_allclose(res.relevance[i], r_x, rtol=1e-4, atol=1e-6)
 
 
+def test_qoperator_quantized_embedding_table(tmp_path):
+    """QOperator Gather of an int8 embedding table at token ids -> QLinearMatMul -> ReduceMean: the table is
+    dequantized (scale from the DequantizeLinear that reads the Gather), relevance per token from the numpy oracle
+    R_i = (e_i . W[:, t]) / z_it * hq_it / T with e, W, hq from the file's integers (epsilon -> 0)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Gather", ["table", "x"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.INT64, ["N", 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+               dict(table=rng.standard_normal((10, 8)).astype(np.float32),
+                    w=rng.standard_normal((8, 3)).astype(np.float32)))
+    ids = rng.integers(0, 10, (16, 5)).astype(np.int64)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": ids}])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src, dst = tmp_path / "emb.onnx", tmp_path / "emb.qop.onnx"
+    onnx.save(m, str(src))
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator)
+    q = onnx.load(str(dst))
+    assert [n.op_type for n in q.graph.node][:2] == ["Gather", "QLinearMatMul"]
+    c = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in q.graph.initializer}
+    x = ids[:3]
+    res = onnx_lrp.Explainer(dst, composite="epsilon", epsilon=1e-9).explain(x, target=1)
+    np.testing.assert_array_equal(res.outputs["y"], _ort(dst, {"x": x})[0])
+    e = (c["table_quantized"] - c["table_zero_point"]) * c["table_scale"]
+    w = (c["w_quantized"] - c["w_zero_point"]) * c["w_scale"]
+    z = e[x] @ w
+    hq = (np.clip(np.round(z / c["h_scale"]) + c["h_zero_point"], -128, 127) - c["h_zero_point"]) * c["h_scale"]
+    oracle = (e[x] @ w[:, 1]) / z[..., 1] * hq[..., 1] / 5
+    np.testing.assert_allclose(res.relevance, oracle, rtol=1e-4, atol=1e-6)
+
+
 def test_qoperator_ops_match_onnxruntime(tmp_path):
     """QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearMul, 8-bit Pad / Reshape /
     Slice: the rewritten forward equals onnxruntime's on the QOperator model within one quantization step, and the
