@@ -47,7 +47,8 @@ def cnn(seed: int = 0, pool: str = "GlobalAveragePool") -> onnx.ModelProto:
 
 
 def attention(seed: int = 0, d: int = 8) -> onnx.ModelProto:
-    """One self-attention head with a residual and an MLP: MatMul, Transpose, Softmax, MatMul of two activations, Add residual, Relu MLP, ReduceMean over tokens, MatMul head."""
+    """One self-attention head with a residual and an MLP: MatMul, Transpose, Softmax, MatMul of two activations,
+    Add residual, Relu MLP, ReduceMean over tokens, MatMul head."""
     rng = np.random.default_rng(seed)
     w = lambda *s: (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)  # noqa: E731
     inits = dict(wq=w(d, d) / np.float32(np.sqrt(d)), wk=w(d, d), wv=w(d, d), w1=w(d, 2 * d), w2=w(2 * d, d),

@@ -369,6 +369,27 @@ def test_dynamic_conv_with_integer_bias(tmp_path):
     assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-4
 
 
+def test_matmul_integer_static_scale():
+    """MatMulInteger outside quantize_dynamic: a static QuantizeLinear input, the scale product folded to one
+    constant S. Weight S / x_scale * (Wq - zp); relevance from the numpy oracle xd * Wd[:, t]."""
+    rng = np.random.default_rng(12)
+    wq = rng.integers(-127, 128, (6, 3)).astype(np.int8)
+    sx, big_s = np.float32(0.02), np.float32(0.02 * 0.015)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("MatMulInteger", ["xq", "wq", "zx", "wz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "S"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+               dict(sx=sx, zx=np.uint8(100), wq=wq, wz=np.int8(3), S=big_s))
+    x = rng.uniform(-1, 1, (2, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(x, target=2)
+    np.testing.assert_allclose(res.outputs["y"], _ort(m.SerializeToString(), {"x": x})[0], rtol=1e-5, atol=1e-6)
+    xd = _fake_quant(x.astype(np.float64), sx, 100)
+    wd = (wq.astype(np.float64) - 3) * (big_s / sx)
+    np.testing.assert_allclose(res.relevance, xd * wd[:, 2], rtol=1e-4, atol=1e-7)
+
+
 def test_dynamic_demo_forward_matches_onnxruntime(variants):
     x = np.load(SAMPLES)
     ex = onnx_lrp.Explainer(variants["dynamic"])
