@@ -285,6 +285,42 @@ def test_qoperator_ops_match_onnxruntime(tmp_path):
     assert np.all(np.isfinite(res.relevance)) and np.abs(res.relevance).sum() > 0
 
 
+@pytest.mark.parametrize("opset", [17, 18])
+def test_qlinear_where_and_reduce_mean(opset):
+    """QLinearWhere (onnxruntime's kernel as reference) and QLinearReduceMean (no CPU kernel in onnxruntime: the
+    numpy formula of the contrib-op spec, mean of the dequantized input requantized), opset 17 (axes attribute) and
+    18 (axes input)."""
+    rng = np.random.default_rng(13)
+    ms = "com.microsoft"
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("Greater", ["x", "zero"], ["c"]),
+             helper.make_node("QLinearWhere", ["c", "xq", "s", "z", "kq", "s2", "z2", "s", "z"], ["wq"], domain=ms),
+             helper.make_node("QLinearReduceMean", ["wq", "s", "z", "s2", "z2"], ["rq"], domain=ms, axes=[1],
+                              keepdims=0),
+             helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"]),
+             helper.make_node("DequantizeLinear", ["rq", "s2", "z2"], ["y"])]
+    inits = dict(s=np.array(0.05, np.float32), z=np.array(128, np.uint8), s2=np.array(0.03, np.float32),
+                 z2=np.array(120, np.uint8), zero=np.array(0, np.float32),
+                 kq=rng.integers(0, 256, (3, 5, 4)).astype(np.uint8))
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 5, 4])],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(ms, 1)])
+    m.ir_version = 10
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", output="y").explain(x, target=1)
+    where_only = onnx.helper.make_model(helper.make_graph(
+        nodes[:3] + [nodes[4]], "w", g.input, [g.output[1]], initializer=g.initializer),
+        opset_imports=m.opset_import, ir_version=10)
+    w_ref = _ort(where_only.SerializeToString(), {"x": x})[0]
+    np.testing.assert_array_equal(res.outputs["w"], w_ref)
+    y_ref = (np.clip(np.round(w_ref.mean(axis=1) / np.float32(0.03)) + 120, 0, 255) - 120) * np.float32(0.03)
+    np.testing.assert_allclose(res.outputs["y"], y_ref, rtol=0, atol=1e-6)
+    # relevance reaches x only where the condition took x (the other branch is a constant)
+    assert np.all(res.relevance[x <= 0] == 0) and np.abs(res.relevance[x > 0]).sum() > 0
+
+
 def test_qoperator_unsupported_forms_listed_at_once(tmp_path):
     """QLinearAveragePool with channels_last=1 and a QAttention: one error naming both."""
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
