@@ -285,6 +285,33 @@ def test_qoperator_ops_match_onnxruntime(tmp_path):
     assert np.all(np.isfinite(res.relevance)) and np.abs(res.relevance).sum() > 0
 
 
+@pytest.mark.parametrize("float_out", [False, True])
+def test_qgemm_alpha_bias_and_float_output(float_out):
+    """QGemm with alpha != 1, an int32 bias C (added before the output scale alpha * a_scale * b_scale), per-column
+    weight scales, and without y_scale (float output): the rewritten forward equals onnxruntime's kernel."""
+    rng = np.random.default_rng(14)
+    ms = "com.microsoft"
+    ins = ["xq", "sx", "zx", "wq", "sw", "zw", "c"] + ([] if float_out else ["sy", "zy"])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("QGemm", ins, ["yq" if not float_out else "y"], domain=ms, alpha=0.5, transB=1)]
+    if not float_out:
+        nodes.append(helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]))
+    inits = dict(sx=np.array(0.02, np.float32), zx=np.array(7, np.uint8),
+                 wq=rng.integers(-127, 128, (4, 6)).astype(np.int8), sw=np.array([0.01, 0.02, 0.03, 0.015], np.float32),
+                 zw=np.zeros(4, np.int8), c=rng.integers(-2000, 2000, 4).astype(np.int32),
+                 sy=np.array(0.01, np.float32), zy=np.array(128, np.uint8))
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
+    m.ir_version = 10
+    x = rng.uniform(-1, 1, (3, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon").explain(x, target=1)
+    ref = _ort(m.SerializeToString(), {"x": x})[0]
+    np.testing.assert_allclose(res.outputs["y"], ref, rtol=1e-5, atol=1e-6 if float_out else 1.001 * 0.01)
+    assert np.all(np.isfinite(res.relevance)) and np.abs(res.relevance).sum() > 0
+
+
 @pytest.mark.parametrize("opset", [17, 18])
 def test_qlinear_where_and_reduce_mean(opset):
     """QLinearWhere (onnxruntime's kernel as reference) and QLinearReduceMean (no CPU kernel in onnxruntime: the
