@@ -10,6 +10,7 @@ one wherever the forward itself is what was deployed:
   (outputs, and the activations the rules see) is the quantized one; for relevance the pair is an identity: the
   ``DequantizeLinear`` handler registered here passes its output relevance unchanged to the float tensor the
   ``QuantizeLinear`` read (:func:`relay_sources`; the rewriter follows it when it looks for the nodes on the path).
+  com.microsoft QuantizeLinear / DequantizeLinear (``UseQDQContribOps``) on 8-bit types are read as the onnx ops.
 - **QOperator static quantization** (``quantize_static(..., quant_format=QuantFormat.QOperator)``; most int8 models
   of the ONNX model zoo): QLinearConv, QLinearMatMul, QGemm, QLinearAdd, QLinearMul, QLinearAveragePool,
   QLinearGlobalAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearReduceMean and
@@ -698,6 +699,26 @@ def _sandwich_direct8(graph: ir.Graph) -> tuple[int, list]:
     return done, refused
 
 
+def standard_qdq_domain(graph: ir.Graph, opset: int) -> int:
+    """com.microsoft QuantizeLinear / DequantizeLinear (quantize_static's ``UseQDQContribOps``) on 8-bit types (and
+    int32 biases) -> the onnx ops (the same semantics from opset 13 on, per-axis scales included)."""
+    done = 0
+    if opset < 13:
+        return 0
+    for node in graph:
+        if node.domain != MS or node.op_type not in ("QuantizeLinear", "DequantizeLinear") or \
+                int(_attr(node, "block_size", 0) or 0):
+            continue
+        q = node.outputs[0] if node.op_type == "QuantizeLinear" else node.inputs[0]
+        zp = node.inputs[2] if len(node.inputs) > 2 else None
+        dt = zp.dtype if zp is not None else q.dtype
+        ok = _INT8 + ((ir.DataType.INT32,) if node.op_type == "DequantizeLinear" else ())  # int32: biases
+        if dt in ok or (dt is None and zp is None):
+            node.domain = ""
+            done += 1
+    return done
+
+
 def qoperator_to_qdq(graph: ir.Graph, opset: int) -> tuple[int, list]:
     """QOperator quantization (QLinearConv, QGemm, QLinearAdd, ...) -> DequantizeLinear -> float op ->
     QuantizeLinear (constant weights and biases dequantized to float initializers); then the standard ops that run on
@@ -966,6 +987,9 @@ def canonize(model: ir.Model) -> list[str]:
         elif node.domain == MS and node.op_type in _REFUSED_MS:
             refused.append((node, _REFUSED_MS[node.op_type]))
     notes = []
+    n_std = standard_qdq_domain(graph, opset if isinstance(opset, int) else 0)
+    if n_std:
+        notes.append(f"read {n_std} com.microsoft QuantizeLinear/DequantizeLinear as the onnx ops")
     n_qop, r = qoperator_to_qdq(graph, opset if isinstance(opset, int) else 0)
     refused += r
     if n_qop:
@@ -976,7 +1000,7 @@ def canonize(model: ir.Model) -> list[str]:
         notes.append(f"split {n_dyn} onnxruntime fused dynamic-quantization op(s) into DynamicQuantizeLinear -> "
                      "DequantizeLinear -> float op")
     if not refused:
-        if n_qop or n_dyn:
+        if n_std or n_qop or n_dyn:
             _reinfer_shapes(model)
         n_fused, r = split_fused(graph, opset)
         refused += r
@@ -1010,5 +1034,5 @@ def canonize(model: ir.Model) -> list[str]:
 
 
 __all__ = ["canonize", "relay_sources", "fold_weight_dequantize", "upcast_low_precision", "dequantize_integer_ops",
-           "split_fused", "qoperator_to_qdq", "split_fused_dynamic_quant", "DequantizeRelay", "QuantizeEnd",
-           "FLOAT_TYPES"]
+           "split_fused", "qoperator_to_qdq", "split_fused_dynamic_quant", "standard_qdq_domain", "DequantizeRelay",
+           "QuantizeEnd", "FLOAT_TYPES"]

@@ -256,6 +256,25 @@ def test_qoperator_quantized_embedding_table(tmp_path):
     np.testing.assert_allclose(res.relevance, oracle, rtol=1e-4, atol=1e-6)
 
 
+def test_qdq_contrib_domain_ops(tmp_path):
+    """quantize_static(..., UseQDQContribOps=True) writes com.microsoft QuantizeLinear / DequantizeLinear: read as
+    the onnx ops, the model's relevance and outputs equal those of the same quantization with the onnx ops, and the
+    outputs are onnxruntime's."""
+    rng = np.random.default_rng(15)
+    calib = rng.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    std = qop_models.quantize(qop_models.cnn(), calib, tmp_path, "std")["QDQ"]
+    contrib = qop_models.quantize(qop_models.cnn(), calib, tmp_path, "ms",
+                                  extra_options={"UseQDQContribOps": True})["QDQ"]
+    assert {n.domain for n in onnx.load(str(contrib)).graph.node if n.op_type == "DequantizeLinear"} == {
+        "com.microsoft"}
+    x = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+    a = onnx_lrp.Explainer(std).explain(x)
+    b = onnx_lrp.Explainer(contrib).explain(x, target=a.target)
+    np.testing.assert_array_equal(b.outputs["y"], _ort(contrib, {"x": x})[0])
+    np.testing.assert_array_equal(b.outputs["y"], a.outputs["y"])
+    assert _rel(b.relevance, a.relevance) <= 1e-6
+
+
 def test_qoperator_ops_match_onnxruntime(tmp_path):
     """QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearMul, 8-bit Pad / Reshape /
     Slice: the rewritten forward equals onnxruntime's on the QOperator model within one quantization step, and the
