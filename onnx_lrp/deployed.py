@@ -473,7 +473,8 @@ _QOP_STD = ("QLinearConv", "QLinearMatMul")
 _QOP_MS = ("QGemm", "QLinearAdd", "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat",
            "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere")
 # standard ops that run directly on 8-bit tensors in the QOperator format (output quantized like the input): they
-# only select, move or compare elements, so DequantizeLinear -> op -> QuantizeLinear(same scale) is exact
+# select, move or compare elements, so DequantizeLinear -> op -> QuantizeLinear(same scale) is exact (Resize in a
+# linear mode interpolates: then up to a rounding tie)
 _DIRECT8 = {"Reshape": (0,), "Flatten": (0,), "Transpose": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
             "Identity": (0,), "MaxPool": (0,), "Split": (0,), "Slice": (0,), "Gather": (0,), "GatherElements": (0,),
             "GatherND": (0,), "Expand": (0,), "Tile": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,),
