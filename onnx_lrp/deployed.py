@@ -10,10 +10,28 @@ one wherever the forward itself is what was deployed:
   (outputs, and the activations the rules see) is the quantized one; for relevance the pair is an identity: the
   ``DequantizeLinear`` handler registered here passes its output relevance unchanged to the float tensor the
   ``QuantizeLinear`` read (:func:`relay_sources`; the rewriter follows it when it looks for the nodes on the path).
+  com.microsoft QuantizeLinear / DequantizeLinear (``UseQDQContribOps``) on 8-bit types are read as the onnx ops.
+- **QOperator static quantization** (``quantize_static(..., quant_format=QuantFormat.QOperator)``; most int8 models
+  of the ONNX model zoo): QLinearConv, QLinearMatMul, QGemm, QLinearAdd, QLinearMul, QLinearAveragePool,
+  QLinearGlobalAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearReduceMean and
+  QLinearWhere become ``DequantizeLinear -> float op -> QuantizeLinear(output scale, zero point)`` (constant weights
+  dequantized to float, int32 biases to ``C * x_scale * w_scale``, QGemm's also ``* alpha``); standard ops that
+  run on 8-bit tensors (MaxPool, Reshape, Transpose, Split, Gather of a quantized table, Pad, Resize, ...) are
+  wrapped the same way with their input's scale (exact: they only select or move values). The result is the QDQ
+  form: the forward pass is the quantized one (onnxruntime's outputs, up to a rounding tie in its integer kernels),
+  and the relevance equals that of the same model quantized with QuantFormat.QDQ where both choose the same scales.
 - **Dynamic quantization** (``quantize_dynamic``): ``DynamicQuantizeLinear -> ConvInteger / MatMulInteger -> Cast
   -> Mul(scales)`` becomes ``DequantizeLinear(DynamicQuantizeLinear(x)) -> Conv / MatMul`` with the weights
   dequantized to float. The activations stay dynamically quantized (the same uint8 values); the integer
-  accumulation becomes a float one (outputs agree to float rounding, ~1e-6 relative).
+  accumulation becomes a float one (outputs agree to float rounding, ~1e-6 relative per layer; in deep stacks a
+  rounding can move a later DynamicQuantizeLinear value by one step: 0.5 % of max |y| on ddddocr's 21-layer CRNN).
+  An int32 bias ``Cast(Floor(b / scales))`` (older quantize_dynamic) becomes the float bias plus its exact rounding,
+  which takes no relevance; a static activation scale (QuantizeLinear, the scale product folded) is accepted too.
+- **onnxruntime's fused dynamic quantization**: MatMulIntegerToFloat -> DequantizeLinear -> MatMul (+ bias);
+  DynamicQuantizeMatMul -> DynamicQuantizeLinear -> DequantizeLinear -> MatMul (+ bias); DynamicQuantizeLSTM ->
+  DynamicQuantizeLinear -> DequantizeLinear -> LSTM with the weights dequantized and transposed back to
+  ``[dirs, 4h, in]``. The fused LSTM also requantizes the hidden state at every step, which a standard LSTM cannot:
+  that state stays float (outputs within ~0.2 % of max |y| of onnxruntime's on the tested LSTM).
 - **float16 / bfloat16** models: the whole graph is upcast to float32 (initializers, Casts to float16, value types,
   graph inputs and outputs), so relevance is computed in float32 with the float16-rounded weights: no overflow to
   Inf, no NaN from float16 underflow in the stabilisers. Inputs are read as float32 (float16 arrays are upcast
@@ -25,12 +43,13 @@ one wherever the forward itself is what was deployed:
   the Erf / tanh GELU forms, Add + LayerNormalization).
 
 Not supported (load stops with one line listing every such node): onnxruntime's NCHWc layout
-(``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), the
-QOperator quantization format (QLinearConv, QLinearMatMul, QGemm, ...; quantize with QuantFormat.QDQ instead),
-ORT's fused dynamic-quantization ops (DynamicQuantizeMatMul, MatMulIntegerToFloat, MatMulNBits, DynamicQuantizeLSTM),
+(``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), QOperator
+forms with no float counterpart here (QAttention, QEmbedLayerNormalization, QOrderedMatMul, channels_last pools,
+non-constant weights or bias scales, 8-bit ops whose scale cannot be found or that mix scales; quantize with
+QuantFormat.QDQ instead), ORT's weight-only block quantization (MatMulNBits, MatMulBnb4, GatherBlockQuantized),
 ORT's fused attention/embedding ops (Attention, MultiHeadAttention, GroupQueryAttention, EmbedLayerNormalization,
-...), fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger outside the
-``quantize_dynamic`` pattern.
+...), fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger whose activation is not
+quantized by a (Dynamic)QuantizeLinear or whose output is not scaled by Cast -> Mul(scales).
 """
 from __future__ import annotations
 
@@ -49,20 +68,17 @@ _LOW_FLOATS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 # known deployed forms that cannot be brought back (op type -> why); matched in the com.microsoft domain
 _REFUSED_MS = {
-    **{t: "QOperator quantization format; quantize with QuantFormat.QDQ instead" for t in (
-        "QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearAveragePool",
-        "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
-        "QLinearReduceMean", "QLinearWhere", "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")},
-    **{t: "onnxruntime's fused dynamic quantization; quantize_dynamic's output before ORT optimisation is "
-          "supported" for t in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
-                                "DynamicQuantizeLSTM", "MatMulBnb4", "GatherBlockQuantized")},
+    **{t: "quantized fused transformer op with no float counterpart here; quantize the float model with "
+          "QuantFormat.QDQ instead" for t in ("QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")},
+    **{t: "onnxruntime's weight-only block quantization (int4 / blockwise); dequantize the weights to float or to "
+          "QDQ (DequantizeLinear with block_size) instead" for t in ("MatMulNBits", "MatMulBnb4",
+                                                                       "GatherBlockQuantized")},
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
        for t in ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
                  "PackedMultiHeadAttention", "DecoderAttention", "DecoderMaskedMultiHeadAttention",
                  "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization", "RotaryEmbedding",
                  "SparseAttention", "LongformerAttention")},
 }
-_REFUSED_DEFAULT = {"QLinearConv": _REFUSED_MS["QLinearConv"], "QLinearMatMul": _REFUSED_MS["QLinearConv"]}
 
 # activations a fused op may name, and how to build them (standard ONNX ops, all handled by the rules)
 _ACTIVATIONS = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip", "Elu", "Selu", "ThresholdedRelu",
@@ -167,6 +183,14 @@ def _take_over(old: ir.Value, new: ir.Value) -> None:
     old.name = None
     new.name = name
     old.replace_all_uses_with(new, replace_graph_outputs=was_output)
+
+
+def _drop(graph: ir.Graph, nodes) -> None:
+    """Remove nodes whose outputs are no longer read, detaching their inputs (so those lose these uses)."""
+    for n in (nodes if isinstance(nodes, list) else [nodes]):
+        for i in range(len(n.inputs)):
+            n.replace_input_with(i, None)
+        graph.remove(n, safe=False)
 
 
 def _attr(node: ir.Node, key: str, default=None):
@@ -321,6 +345,39 @@ def _only_consumer(v: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def _same_product(u: ir.Value, v: ir.Value) -> bool:
+    """``u`` and ``v`` are one value, or two Mul of the same two inputs (a value, or equal constants)."""
+    if u is v:
+        return True
+    pu, pv = u.producer(), v.producer()
+    if pu is None or pv is None or pu.op_type != "Mul" or pv.op_type != "Mul":
+        return False
+
+    def key(x):
+        c = const(x)
+        return ("c", c.dtype.str, c.shape, c.tobytes()) if c is not None else ("v", id(x))
+    return sorted(map(key, pu.inputs)) == sorted(map(key, pv.inputs))
+
+
+def _integer_bias(v: ir.Value | None, s: ir.Value) -> tuple[np.ndarray, list] | None:
+    """``Reshape(Cast(Floor(Div(b, s)), int32), shape)`` (quantize_dynamic's bias quantized with the dynamic scale
+    product ``s``) -> (the float bias ``b`` in the Reshape's shape, the chain's nodes from the last), or None."""
+    chain, shape = [], None
+    n = v.producer() if v is not None else None
+    while n is not None and n.op_type in ("Reshape", "Cast", "Floor", "Round"):
+        if n.op_type == "Reshape":
+            shape = const(n.inputs[1])
+            if shape is None:
+                return None
+        chain.append(n)
+        n = n.inputs[0].producer()
+    if n is None or n.op_type != "Div" or not _same_product(n.inputs[1], s) or const(n.inputs[0]) is None or not chain:
+        return None
+    chain.append(n)
+    b = np.asarray(const(n.inputs[0]), np.float32)
+    return (b.reshape([int(d) for d in shape]) if shape is not None else b), chain
+
+
 def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
     """quantize_dynamic's ConvInteger / MatMulInteger chains -> DequantizeLinear + float Conv / MatMul."""
     done, refused = 0, []
@@ -333,6 +390,11 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
         w, w_zp = const(node.inputs[1]), (const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None
                                           else np.zeros((), np.int32))
         cast = _only_consumer(node.outputs[0])
+        add, int_bias = None, None
+        if cast is not None and cast.op_type == "Add":  # older quantize_dynamic: + Cast(Floor(bias / scales))
+            add, int_bias = cast, [v for v in cast.inputs if v is not node.outputs[0]]
+            int_bias = int_bias[0] if len(int_bias) == 1 else None
+            cast = _only_consumer(add.outputs[0])
         mul = _only_consumer(cast.outputs[0]) if cast is not None and cast.op_type == "Cast" else None
         if qa is None or qa.op_type not in QUANTIZERS or qa.outputs[0] is not a:
             why = "its activation input is not produced by DynamicQuantizeLinear / QuantizeLinear"
@@ -351,8 +413,18 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
                 others = [v for v in sp.inputs if v is not a_scale]
                 if len(others) == 1 and any(v is a_scale for v in sp.inputs):
                     w_scale = const(others[0])
+            elif const(s) is not None and const(a_scale) is not None and const(a_scale).size == 1 and \
+                    float(const(a_scale).reshape(())) != 0:
+                # a static activation scale: the product was folded to one constant
+                w_scale = (np.asarray(const(s), np.float64) / np.asarray(const(a_scale), np.float64).reshape(())
+                           ).astype(np.float32)
             if w_scale is None:
                 why = "the scale product is not Mul(activation scale, constant weight scale)"
+            elif add is not None:
+                bias = _integer_bias(int_bias, s)
+                if bias is None:
+                    why = ("its int32 bias is not Cast(Floor(constant bias / scale product)) as quantize_dynamic "
+                           "writes it")
         if why is not None:
             refused.append((node, f"{node.op_type} outside quantize_dynamic's pattern: {why}"))
             continue
@@ -370,14 +442,375 @@ def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
         wv = b.const(wf, tag="weight")
         if node.op_type == "ConvInteger":
             attrs = {k: v.value for k, v in node.attributes.items()}
-            y = b.op("Conv", [deq, wv], like=mul.outputs[0], tag="conv", **attrs)
+            ins = [deq, wv]
+            if add is not None:
+                ins.append(b.const(bias[0].reshape(-1), tag="bias"))
+            y = b.op("Conv", ins, like=mul.outputs[0], tag="conv", **attrs)
         else:
             y = b.op("MatMul", [deq, wv], like=mul.outputs[0], tag="matmul")
+            if add is not None:
+                y = b.op("Add", [y, b.const(bias[0], tag="bias")], like=mul.outputs[0], tag="bias_add")
+        if add is not None:  # + (Floor(b / s) * s - b): the deployed bias exactly, the float bias in the layer
+            qb = b.op("Mul", [_float_value(b.op("Cast", [int_bias], tag="bias_int", to=ir.DataType.FLOAT.value),
+                                           int_bias.shape), s], tag="bias_quantized")
+            corr = b.op("Sub", [_float_value(qb, int_bias.shape), b.const(bias[0], tag="bias_float")],
+                        tag="bias_rounding")
+            for v in (qb, corr):  # a rounding of the bias, below one accumulator step: no relevance, like a bias
+                v.meta["lrp_shape_only"] = True
+            y = b.op("Add", [y, _float_value(corr, int_bias.shape)], like=mul.outputs[0], tag="bias_exact")
         _take_over(mul.outputs[0], y)
-        graph.remove([mul, cast, node], safe=False)
+        _drop(graph, [mul, cast] + ([add] if add is not None else []) + [node])
         if sp is not None and not any(list(o.uses()) for o in sp.outputs) and not any(
                 o.is_graph_output() for o in sp.outputs):
             graph.remove(sp)
+        done += 1
+    return done, refused
+
+
+# ---------------------------------------------------------------------------------------------- QOperator format
+# QLinearX ops (onnx domain: QLinearConv, QLinearMatMul; com.microsoft: the rest) -> DequantizeLinear -> X -> Quantize
+_QOP_STD = ("QLinearConv", "QLinearMatMul")
+_QOP_MS = ("QGemm", "QLinearAdd", "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat",
+           "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere")
+# standard ops that run directly on 8-bit tensors in the QOperator format (output quantized like the input): they
+# select, move or compare elements, so DequantizeLinear -> op -> QuantizeLinear(same scale) is exact (Resize in a
+# linear mode interpolates: then up to a rounding tie)
+_DIRECT8 = {"Reshape": (0,), "Flatten": (0,), "Transpose": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
+            "Identity": (0,), "MaxPool": (0,), "Split": (0,), "Slice": (0,), "Gather": (0,), "GatherElements": (0,),
+            "GatherND": (0,), "Expand": (0,), "Tile": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,),
+            "ReduceMax": (0,), "ReduceMin": (0,), "Pad": (0,), "Resize": (0,), "Concat": None}
+_INT8 = (ir.DataType.UINT8, ir.DataType.INT8)
+
+
+def _ins(node: ir.Node, n: int) -> list:
+    return list(node.inputs) + [None] * max(0, n - len(node.inputs))
+
+
+def _float_value(v: ir.Value, shape) -> ir.Value:
+    v.type = ir.TensorType(ir.DataType.FLOAT)
+    v.shape = shape
+    return v
+
+
+def _deq(b: _Builder, x: ir.Value, s: ir.Value, z: ir.Value | None, axis: int | None = None, tag: str = "x"):
+    """DequantizeLinear(x, s, z) as a node, or folded to a float initializer when x, s and z are constants."""
+    xc, sc, zc = const(x), const(s), const(z)
+    if xc is not None and sc is not None and (z is None or zc is not None):
+        ax = 1 if axis is None else axis
+        misfit = _qparams_misfit(xc, sc, zc, ax, 0)
+        if misfit:
+            raise ModelError(f"node {b.anchor.name} ({b.anchor.op_type}): {misfit}; the model is malformed "
+                             "(re-export it)")
+        return b.const(_dequantize(xc, sc, zc, ax, 0), tag=f"{tag}_dequantized")
+    attrs = {"axis": axis} if axis is not None and (sc is None or sc.size > 1) else {}
+    y = b.op("DequantizeLinear", [x, s] + ([z] if z is not None else []), tag=f"{tag}_dequantized", **attrs)
+    return _float_value(y, x.shape)
+
+
+def _requant(b: _Builder, y: ir.Value, s: ir.Value | None, z: ir.Value | None, out: ir.Value) -> None:
+    """``out`` (the QLinear op's integer output) becomes QuantizeLinear(y, s, z); without ``s`` y itself (QGemm's
+    float output)."""
+    if s is None:
+        _take_over(out, y)
+        return
+    if z is None:  # the default zero point 0 in the output's integer type
+        dt = out.dtype.numpy() if out.dtype is not None else np.dtype(np.uint8)
+        z = b.const(np.zeros((), dt), tag="zero_point")
+    q = b.op("QuantizeLinear", [y, s, z], tag="requantized")
+    if out.type is None:  # a com.microsoft op's output: onnx's shape inference left it untyped
+        zc = const(z)
+        q.type = ir.TensorType(ir.DataType.from_numpy(zc.dtype) if zc is not None else ir.DataType.UINT8)
+    _take_over(out, q)
+
+
+def _scalar(v: ir.Value | None) -> bool:
+    c = const(v)
+    return c is None or c.size == 1
+
+
+def _qop_rewrite(b: _Builder, node: ir.Node, opset: int) -> str | None:
+    """Rewrite one QLinearX node (see _QOP_STD/_QOP_MS); returns why not, or None when done."""
+    t, out = node.op_type, node.outputs[0]
+    attrs = {k: a.value for k, a in node.attributes.items()}
+    fl = lambda v, shape=out.shape: _float_value(v, shape)  # noqa: E731
+    if t == "QLinearConv":
+        x, xs, xz, w, ws, wz, ys, yz, bias = _ins(node, 9)
+        if const(w) is None or const(ws) is None or (bias is not None and (const(bias) is None or const(xs) is None)):
+            return "its weight, weight scale, bias or input scale is not a constant"
+        ins = [_deq(b, x, xs, xz), _deq(b, w, ws, wz, axis=0, tag="weight")]
+        if bias is not None:
+            s = (np.asarray(const(xs), np.float32).reshape(()) * np.asarray(const(ws), np.float32).reshape(-1))
+            ins.append(b.const((const(bias).astype(np.float64) * s).astype(np.float32), tag="bias"))
+        y = fl(b.op("Conv", ins, tag="conv", **attrs))
+    elif t == "QLinearMatMul":
+        a, as_, az, w, ws, wz, ys, yz = _ins(node, 8)
+        y = fl(b.op("MatMul", [_deq(b, a, as_, az, axis=-2 if not _scalar(as_) else None, tag="a"),
+                               _deq(b, w, ws, wz, axis=-1 if not _scalar(ws) else None, tag="b")], tag="matmul"))
+    elif t == "QGemm":
+        a, as_, az, w, ws, wz, c, ys, yz = _ins(node, 9)
+        alpha, trans_b = float(attrs.get("alpha", 1.0)), int(attrs.get("transB", 0))
+        ins = [_deq(b, a, as_, az, tag="a"), _deq(b, w, ws, wz, axis=0 if trans_b else 1, tag="b")]
+        if c is not None:  # int32 bias added before the output scale alpha * a_scale * b_scale
+            if const(c) is None or const(as_) is None or const(ws) is None:
+                return "its bias C, input scale or weight scale is not a constant"
+            s = alpha * np.asarray(const(as_), np.float64).reshape(()) * np.asarray(const(ws), np.float64).reshape(-1)
+            ins.append(b.const((const(c).astype(np.float64) * s).astype(np.float32), tag="bias"))
+        gattrs = {k: v for k, v in attrs.items() if k in ("alpha", "transA", "transB")}
+        y = fl(b.op("Gemm", ins, tag="gemm", beta=1.0, **gattrs))
+        _requant(b, y, ys, yz, out)
+        return None
+    elif t in ("QLinearAdd", "QLinearMul"):
+        a, as_, az, c, cs, cz, ys, yz = _ins(node, 8)
+        y = fl(b.op(t[7:], [_deq(b, a, as_, az, tag="a"), _deq(b, c, cs, cz, tag="b")], tag=t[7:].lower()))
+    elif t in ("QLinearAveragePool", "QLinearGlobalAveragePool"):
+        if int(attrs.pop("channels_last", 0)):
+            return "channels_last=1 (NHWC) is not supported"
+        x, xs, xz, ys, yz = _ins(node, 5)
+        y = fl(b.op(t[7:], [_deq(b, x, xs, xz)], tag="pool", **attrs))
+    elif t == "QLinearConcat":
+        ys, yz = node.inputs[0], node.inputs[1]
+        rest = list(node.inputs[2:])
+        if len(rest) % 3:
+            return "its inputs are not (tensor, scale, zero point) triples"
+        xs = [_deq(b, rest[i], rest[i + 1], rest[i + 2], tag=f"x{i // 3}") for i in range(0, len(rest), 3)]
+        y = fl(b.op("Concat", xs, tag="concat", axis=int(attrs.get("axis", 0))))
+    elif t in ("QLinearSigmoid", "QLinearLeakyRelu"):
+        x, xs, xz, ys, yz = _ins(node, 5)
+        extra = {"alpha": float(attrs.get("alpha", 0.01))} if t == "QLinearLeakyRelu" else {}
+        y = fl(b.op(t[7:], [_deq(b, x, xs, xz)], tag=t[7:].lower(), **extra))
+    elif t == "QLinearSoftmax":
+        x, xs, xz, ys, yz = _ins(node, 5)
+        axis = int(attrs.get("axis", -1))
+        rank = len(x.shape) if x.shape is not None else None
+        if int(attrs.get("opset", 13)) < 13 and axis != -1 and (rank is None or axis != rank - 1):
+            return (f"opset-{int(attrs.get('opset'))} softmax semantics over the flattened trailing axes "
+                    f"(axis {axis} is not the last)")
+        y = fl(b.op("Softmax", [_deq(b, x, xs, xz)], tag="softmax", axis=axis))
+    elif t == "QLinearReduceMean":
+        x, xs, xz, ys, yz = _ins(node, 5)
+        axes, keep = attrs.get("axes"), int(attrs.get("keepdims", 1))
+        xf = _deq(b, x, xs, xz)
+        if axes is not None and opset >= 18:
+            y = b.op("ReduceMean", [xf, b.const(np.asarray(list(axes), np.int64), "axes")], tag="mean", keepdims=keep)
+        else:
+            y = b.op("ReduceMean", [xf], tag="mean", keepdims=keep, **({"axes": list(axes)} if axes else {}))
+        y = fl(y)
+    elif t == "QLinearWhere":
+        cond, x, xs, xz, w, ws, wz, ys, yz = _ins(node, 9)
+        y = fl(b.op("Where", [cond, _deq(b, x, xs, xz, tag="x"), _deq(b, w, ws, wz, tag="y")], tag="where"))
+    else:
+        return "not a QOperator op"
+    _requant(b, y, ys, yz, out)
+    return None
+
+
+def _direct8_qparams(v: ir.Value, node: ir.Node) -> tuple | None:
+    """(scale, zero point) of an 8-bit input ``v`` of ``node`` (an op of _DIRECT8): from the QuantizeLinear that
+    produced it, or for a quantized constant (an embedding table read by Gather) from the DequantizeLinear(s) that
+    read the op's output, through further _DIRECT8 ops."""
+    p = v.producer()
+    if p is not None and p.op_type == "QuantizeLinear" and p.domain in ("", "ai.onnx") and p.outputs[0] is v:
+        if int(_attr(p, "block_size", 0) or 0) or not _scalar(p.inputs[1]):
+            return None
+        return p.inputs[1], (p.inputs[2] if len(p.inputs) > 2 else None)
+    if const(v) is None:
+        return None
+    found, todo, seen = [], [node], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        for o in n.outputs:
+            for u in o.uses():
+                c = u.node
+                if c.op_type == "DequantizeLinear" and c.domain in ("", "ai.onnx") and u.idx == 0:
+                    if not _scalar(c.inputs[1]):
+                        return None
+                    found.append((c.inputs[1], c.inputs[2] if len(c.inputs) > 2 else None))
+                elif c.op_type in _DIRECT8 and c.domain in ("", "ai.onnx"):
+                    todo.append(c)
+                else:
+                    return None
+    if not found or any(not _same_qparams(found[0], f) for f in found[1:]):
+        return None
+    return found[0]
+
+
+def _same_qparams(p: tuple, q: tuple) -> bool:
+    def same(a, b):
+        if a is b:
+            return True
+        ca, cb = const(a), const(b)
+        return ca is not None and cb is not None and ca.size == cb.size == 1 and float(ca.reshape(())) == float(
+            cb.reshape(())) and ca.dtype == cb.dtype
+    return same(p[0], q[0]) and (p[1] is q[1] or (p[1] is not None and q[1] is not None and same(p[1], q[1])))
+
+
+def _sandwich_direct8(graph: ir.Graph) -> tuple[int, list]:
+    """Standard ops on 8-bit activations (Reshape, MaxPool, Gather, ...) -> DequantizeLinear -> op (float) ->
+    QuantizeLinear with the input's scale and zero point: exact, and every DequantizeLinear then follows a
+    QuantizeLinear (the QDQ form whose pairs relay relevance)."""
+    done, refused = 0, []
+    for node in list(graph):
+        if node.op_type not in _DIRECT8 or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        idx = _DIRECT8[node.op_type] or tuple(range(len(node.inputs)))
+        data = [node.inputs[i] for i in idx if i < len(node.inputs)]
+        if not data or any(v is None or (v.dtype not in _INT8 and v.dtype is not None) for v in data):
+            continue
+        qps = [_direct8_qparams(v, node) for v in data]
+        if all(q is None for q in qps):
+            continue  # not a quantized activation (e.g. raw image bytes): integer arithmetic stays as it is
+        if any(q is None for q in qps):
+            refused.append((node, f"{node.op_type} on 8-bit tensors whose scale and zero point cannot be found"))
+            continue
+        if any(not _same_qparams(qps[0], q) for q in qps[1:]):
+            refused.append((node, f"{node.op_type} of 8-bit tensors with different scales; requantize them to one"))
+            continue
+        s, z = qps[0]
+        b = _Builder(graph, node)
+        ins = list(node.inputs)
+        for i in idx:
+            if i < len(ins):
+                ins[i] = _deq(b, ins[i], s, z, tag=f"in{i}")
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        if node.op_type == "Pad" and attrs.get("mode", "constant") in ("constant", b"constant"):
+            c = const(ins[2]) if len(ins) > 2 and ins[2] is not None else np.zeros((), np.float32)
+            sc, zc = const(s), const(z) if z is not None else np.zeros((), np.float32)
+            if c is None or sc is None or zc is None:
+                refused.append((node, "Pad of an 8-bit tensor with a non-constant pad value or scale"))
+                for n in b.nodes:
+                    _drop(graph, n)
+                continue
+            pad = ((np.float32(c.reshape(())) - np.float32(zc.reshape(()))) * np.float32(sc.reshape(())))
+            ins = ins[:2] + [b.const(np.asarray(pad, np.float32), "pad_value")] + ins[3:]
+        new_outs = b.op(node.op_type, ins, tag=node.op_type.lower(), num_outputs=len(node.outputs), **attrs)
+        new_outs = new_outs if isinstance(new_outs, list) else [new_outs]
+        for i, (old, new) in enumerate(zip(node.outputs, new_outs)):
+            if not list(old.uses()) and not old.is_graph_output():
+                continue
+            if node.op_type == "MaxPool" and i == 1:  # the indices
+                _take_over(old, new)
+            else:
+                _float_value(new, old.shape)
+                _requant(b, new, s, z, old)
+        _drop(graph, node)
+        done += 1
+    return done, refused
+
+
+def standard_qdq_domain(graph: ir.Graph, opset: int) -> int:
+    """com.microsoft QuantizeLinear / DequantizeLinear (quantize_static's ``UseQDQContribOps``) on 8-bit types (and
+    int32 biases) -> the onnx ops (the same semantics from opset 13 on, per-axis scales included)."""
+    done = 0
+    if opset < 13:
+        return 0
+    for node in graph:
+        if node.domain != MS or node.op_type not in ("QuantizeLinear", "DequantizeLinear") or \
+                int(_attr(node, "block_size", 0) or 0):
+            continue
+        q = node.outputs[0] if node.op_type == "QuantizeLinear" else node.inputs[0]
+        zp = node.inputs[2] if len(node.inputs) > 2 else None
+        dt = zp.dtype if zp is not None else q.dtype
+        ok = _INT8 + ((ir.DataType.INT32,) if node.op_type == "DequantizeLinear" else ())  # int32: biases
+        if dt in ok or (dt is None and zp is None):
+            node.domain = ""
+            done += 1
+    return done
+
+
+def qoperator_to_qdq(graph: ir.Graph, opset: int) -> tuple[int, list]:
+    """QOperator quantization (QLinearConv, QGemm, QLinearAdd, ...) -> DequantizeLinear -> float op ->
+    QuantizeLinear (constant weights and biases dequantized to float initializers); then the standard ops that run on
+    8-bit activations are wrapped the same way (exact)."""
+    done, refused = 0, []
+    for node in list(graph):
+        if not ((node.domain in ("", "ai.onnx") and node.op_type in _QOP_STD) or
+                (node.domain == MS and node.op_type in _QOP_MS)):
+            continue
+        b = _Builder(graph, node)
+        why = _qop_rewrite(b, node, opset)
+        if why is not None:
+            for n in reversed(b.nodes):
+                _drop(graph, n)
+            refused.append((node, f"{node.op_type}: {why}"))
+            continue
+        _drop(graph, node)
+        done += 1
+    if done:
+        n, r = _sandwich_direct8(graph)
+        done += n
+        refused += r
+    return done, refused
+
+
+# ---------------------------------------------------------------------------------------------- ORT fused dynamic q
+def _lstm_weight(w: np.ndarray, s: np.ndarray, z: np.ndarray | None) -> np.ndarray:
+    """DynamicQuantizeLSTM's [dirs, in, 4h] integer weight with per-direction ([dirs]) or per-channel ([dirs, 4h])
+    scale / zero point -> the float [dirs, 4h, in] weight of a standard LSTM."""
+    s = np.asarray(s, np.float32)
+    z = np.zeros_like(s) if z is None else np.asarray(z, np.float32)
+    shape = (-1, 1, 1) if s.ndim == 1 else (s.shape[0], 1, s.shape[1])
+    wf = (w.astype(np.float32) - z.reshape(shape)) * s.reshape(shape)
+    return np.ascontiguousarray(np.transpose(wf, (0, 2, 1))).astype(np.float32)
+
+
+def split_fused_dynamic_quant(graph: ir.Graph) -> tuple[int, list]:
+    """onnxruntime's fused dynamic quantization -> the quantize_dynamic form the rest handles: MatMulIntegerToFloat
+    -> DequantizeLinear + MatMul (+ Add bias); DynamicQuantizeMatMul -> DynamicQuantizeLinear -> DequantizeLinear
+    -> MatMul (+ Add bias); DynamicQuantizeLSTM -> DynamicQuantizeLinear -> DequantizeLinear -> LSTM with the
+    weights dequantized (the hidden state, which the fused op also requantizes every step, stays float)."""
+    done, refused = 0, []
+    for node in list(graph):
+        if node.domain != MS or node.op_type not in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+                                                      "DynamicQuantizeLSTM"):
+            continue
+        t, out = node.op_type, node.outputs[0]
+        b = _Builder(graph, node)
+        if t == "DynamicQuantizeLSTM":
+            x, w, r, bias, seq, h0, c0, peep, ws, wz, rs, rz = _ins(node, 12)
+            if any(const(v) is None for v in (w, r, ws, rs)) or any(
+                    v is not None and const(v) is None for v in (wz, rz)):
+                refused.append((node, f"{t}: its weights, scales or zero points are not constants"))
+                continue
+            if const(w).ndim != 3 or const(r).ndim != 3 or const(ws).ndim not in (1, 2) or const(rs).ndim not in (1, 2):
+                refused.append((node, f"{t}: weights of rank {const(w).ndim} / scales of rank {const(ws).ndim}"))
+                continue
+            q, s, z = b.op("DynamicQuantizeLinear", [x], tag="x_quantized", num_outputs=3)
+            q.type, q.shape = ir.TensorType(ir.DataType.UINT8), x.shape
+            s.type, z.type = ir.TensorType(ir.DataType.FLOAT), ir.TensorType(ir.DataType.UINT8)
+            s.shape = z.shape = ir.Shape([])
+            xf = _float_value(b.op("DequantizeLinear", [q, s, z], tag="x_dequantized"), x.shape)
+            ins = [xf, b.const(_lstm_weight(const(w), const(ws), const(wz)), "W"),
+                   b.const(_lstm_weight(const(r), const(rs), const(rz)), "R"), bias, seq, h0, c0, peep]
+            while ins and ins[-1] is None:
+                ins.pop()
+            attrs = {k: a.value for k, a in node.attributes.items()}
+            outs = b.op("LSTM", ins, tag="lstm", num_outputs=len(node.outputs), **attrs)
+            outs = outs if isinstance(outs, list) else [outs]
+            for old, new in zip(node.outputs, outs):
+                if list(old.uses()) or old.is_graph_output():
+                    _take_over(old, new)
+            _drop(graph, node)
+            done += 1
+            continue
+        if t == "MatMulIntegerToFloat":
+            a, w, as_, ws, az, wz, bias = _ins(node, 7)
+            af = _deq(b, a, as_, az, tag="a")
+        else:
+            a, w, ws, wz, bias = _ins(node, 5)
+            q, s, z = b.op("DynamicQuantizeLinear", [a], tag="a_quantized", num_outputs=3)
+            q.type, q.shape = ir.TensorType(ir.DataType.UINT8), a.shape
+            s.type, z.type = ir.TensorType(ir.DataType.FLOAT), ir.TensorType(ir.DataType.UINT8)
+            s.shape = z.shape = ir.Shape([])
+            af = _float_value(b.op("DequantizeLinear", [q, s, z], tag="a_dequantized"), a.shape)
+        wf = _deq(b, w, ws, wz, axis=-1 if not _scalar(ws) else None, tag="b")
+        y = _float_value(b.op("MatMul", [af, wf], tag="matmul"), out.shape)
+        if bias is not None:
+            y = _float_value(b.op("Add", [y, bias], tag="bias"), out.shape)
+        _take_over(out, y)
+        _drop(graph, node)
         done += 1
     return done, refused
 
@@ -554,10 +987,22 @@ def canonize(model: ir.Model) -> list[str]:
                                   "ORT_ENABLE_EXTENDED, or use the model before optimisation"))
         elif node.domain == MS and node.op_type in _REFUSED_MS:
             refused.append((node, _REFUSED_MS[node.op_type]))
-        elif node.domain in ("", "ai.onnx") and node.op_type in _REFUSED_DEFAULT:
-            refused.append((node, _REFUSED_DEFAULT[node.op_type]))
     notes = []
+    n_std = standard_qdq_domain(graph, opset if isinstance(opset, int) else 0)
+    if n_std:
+        notes.append(f"read {n_std} com.microsoft QuantizeLinear/DequantizeLinear as the onnx ops")
+    n_qop, r = qoperator_to_qdq(graph, opset if isinstance(opset, int) else 0)
+    refused += r
+    if n_qop:
+        notes.append(f"rewrote {n_qop} QOperator-format op(s) as DequantizeLinear -> float op -> QuantizeLinear")
+    n_dyn, r = split_fused_dynamic_quant(graph)
+    refused += r
+    if n_dyn:
+        notes.append(f"split {n_dyn} onnxruntime fused dynamic-quantization op(s) into DynamicQuantizeLinear -> "
+                     "DequantizeLinear -> float op")
     if not refused:
+        if n_std or n_qop or n_dyn:
+            _reinfer_shapes(model)
         n_fused, r = split_fused(graph, opset)
         refused += r
         if n_fused:
@@ -590,4 +1035,5 @@ def canonize(model: ir.Model) -> list[str]:
 
 
 __all__ = ["canonize", "relay_sources", "fold_weight_dequantize", "upcast_low_precision", "dequantize_integer_ops",
-           "split_fused", "DequantizeRelay", "QuantizeEnd", "FLOAT_TYPES"]
+           "split_fused", "qoperator_to_qdq", "split_fused_dynamic_quant", "standard_qdq_domain", "DequantizeRelay",
+           "QuantizeEnd", "FLOAT_TYPES"]

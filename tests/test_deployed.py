@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
+import qop_models
 from onnx_lrp import loader
 from onnx_lrp.errors import UnsupportedError
 
@@ -127,24 +128,262 @@ def test_qdq_pair_relevance_is_identity(variants):
         np.testing.assert_allclose(r_in, r_out, rtol=1e-6, atol=1e-7)
 
 
-def test_qoperator_format_is_refused(tmp_path):
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _step(path, out="y"):
+    """The quantization step of the model's output (the scale of the DequantizeLinear that writes it)."""
+    m = onnx.load(str(path))
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == out)
+    return float(inits[dq.input[1]])
+
+
+_SOFTMAX_OUT = {"TensorQuantOverrides": {"a": [{"scale": np.array(1 / 256, np.float32),
+                                                "zero_point": np.array(-128, np.int8)}]}}
+
+
+@pytest.mark.parametrize("kind,per_channel", [("cnn", False), ("cnn", True), ("attention", False)])
+def test_qoperator_equals_qdq_and_onnxruntime(tmp_path, kind, per_channel):
+    """The same float model, calibration batch and options quantized by onnxruntime in the QOperator format
+    (QLinearConv, QGemm, QLinearAdd, QLinearGlobalAveragePool, QLinearMatMul, QLinearSoftmax, 8-bit MaxPool /
+    Flatten / Transpose) and in the QDQ format: after the rewrite both give the same relevance, and the forward pass
+    is onnxruntime's on the QOperator model (within one output quantization step; exact on the CPUs measured)."""
+    rng = np.random.default_rng(5)
+    shape = (3, 8, 8) if kind == "cnn" else (4, 8)
+    model = qop_models.cnn() if kind == "cnn" else qop_models.attention()
+    extra = {} if kind == "cnn" else dict(extra_options=_SOFTMAX_OUT)  # QLinearSoftmax's fixed 1/256 output scale
+    paths = qop_models.quantize(model, rng.standard_normal((16,) + shape).astype(np.float32), tmp_path, kind,
+                                per_channel=per_channel, **extra)
+    ops = {n.op_type for n in onnx.load(str(paths["QOperator"])).graph.node}
+    want = {"QLinearConv", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool", "MaxPool"} if kind == "cnn" else {
+        "QLinearMatMul", "QLinearSoftmax", "QLinearAdd", "Transpose"}
+    assert want <= ops, ops
+    assert not {n.op_type for n in loader.load(paths["QOperator"]).graph} & {"QLinearConv", "QLinearMatMul", "QGemm"}
+    x = rng.standard_normal((4,) + shape).astype(np.float32)
+    comps = ("epsilon-plus-flat", "epsilon") if kind == "cnn" else ("attnlrp",)
+    for comp in comps:
+        res = {f: onnx_lrp.Explainer(p, composite=comp).explain(x, target=[0, 1, 2, 0]) for f, p in paths.items()}
+        y = res["QOperator"].outputs["y"]
+        ref = _ort(paths["QOperator"], {"x": x})[0]
+        assert np.abs(y - ref).max() <= 1.001 * _step(paths["QOperator"])
+        np.testing.assert_array_equal(y, res["QDQ"].outputs["y"])
+        assert np.all(np.isfinite(res["QOperator"].relevance))
+        assert _rel(res["QOperator"].relevance, res["QDQ"].relevance) <= 1e-5
+        # the quantized model's explanation is near the float model's, not equal to it
+        assert 1e-4 < _rel(res["QOperator"].relevance, res["float"].relevance) < 1.0
+
+
+def test_qoperator_mlp_numpy_oracle(tmp_path):
+    """QGemm -> (Relu folded into the output range) -> QGemm, per-channel int8: LRP-0 (epsilon -> 0) from a numpy
+    oracle built from the QOperator file's integers: weights (Wq - zp) * w_scale, int32 bias C * x_scale * w_scale,
+    fake-quantized activations, relevance passing each quantize/dequantize unchanged."""
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                   dict(w1=rng.standard_normal((5, 6)).astype(np.float32),
+                        b1=(rng.standard_normal(5) * 0.3).astype(np.float32),
+                        w2=rng.standard_normal((3, 5)).astype(np.float32),
+                        b2=(rng.standard_normal(3) * 0.3).astype(np.float32)))
+    paths = qop_models.quantize(model, rng.standard_normal((32, 6)).astype(np.float32), tmp_path, "mlp",
+                                per_channel=True)
+    q = onnx.load(str(paths["QOperator"]))
+    assert [n.op_type for n in q.graph.node] == ["QuantizeLinear", "QGemm", "QGemm", "DequantizeLinear"]
+    c = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in q.graph.initializer}
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(paths["QOperator"], composite="epsilon", epsilon=1e-9).explain(x, target=[0, 1, 2, 0])
+    np.testing.assert_array_equal(res.outputs["y"], _ort(paths["QOperator"], {"x": x})[0])
+
+    def fq(v, name):  # int8 fake quantization with the file's activation scale and zero point
+        s, z = c[f"{name}_scale"], c[f"{name}_zero_point"]
+        return (np.clip(np.round(v / s) + z, -128, 127) - z) * s
+
+    def layer(k, a, a_name):
+        w = (c[f"w{k}_quantized"] - c[f"w{k}_zero_point"][:, None]) * c[f"w{k}_scale"][:, None]
+        return w, a @ w.T + c[f"b{k}_quantized"] * c[f"{a_name}_scale"] * c[f"w{k}_scale"]
+
+    xd = fq(x.astype(np.float64), "x")
+    w1, h = layer(1, xd, "x")
+    hd = fq(h, "h")
+    w2, z2 = layer(2, hd, "h")
+    y = fq(z2, "y")
+    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-6, atol=1e-6)
+    for i, t in enumerate(res.target):
+        r_h = hd[i] * w2[t] / z2[i, t] * y[i, t]               # start at the output value; Q/DQ pass it unchanged
+        r_x = xd[i] * (w1.T @ np.where(h[i] != 0, r_h / h[i], 0))
+        np.testing.assert_allclose(res.relevance[i], r_x, rtol=1e-4, atol=1e-6)
+
+
+def test_qoperator_quantized_embedding_table(tmp_path):
+    """QOperator Gather of an int8 embedding table at token ids -> QLinearMatMul -> ReduceMean: the table is
+    dequantized (scale from the DequantizeLinear that reads the Gather), relevance per token from the numpy oracle
+    R_i = (e_i . W[:, t]) / z_it * hq_it / T with e, W, hq from the file's integers (epsilon -> 0)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
-    if not DEMO.exists():
-        pytest.skip("demo model missing")
-    x = np.load(SAMPLES)
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Gather", ["table", "x"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.INT64, ["N", 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+               dict(table=rng.standard_normal((10, 8)).astype(np.float32),
+                    w=rng.standard_normal((8, 3)).astype(np.float32)))
+    ids = rng.integers(0, 10, (16, 5)).astype(np.int64)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter([{"image": x}])
+            self.it = iter([{"x": ids}])
 
         def get_next(self):
             return next(self.it, None)
 
-    out = tmp_path / "qop.onnx"
-    quantize_static(str(DEMO), str(out), Reader(), quant_format=QuantFormat.QOperator)
-    with pytest.raises(UnsupportedError, match="QLinearConv.*QuantFormat.QDQ"):
-        onnx_lrp.Explainer(out)
+    src, dst = tmp_path / "emb.onnx", tmp_path / "emb.qop.onnx"
+    onnx.save(m, str(src))
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator)
+    q = onnx.load(str(dst))
+    assert [n.op_type for n in q.graph.node][:2] == ["Gather", "QLinearMatMul"]
+    c = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in q.graph.initializer}
+    x = ids[:3]
+    res = onnx_lrp.Explainer(dst, composite="epsilon", epsilon=1e-9).explain(x, target=1)
+    np.testing.assert_array_equal(res.outputs["y"], _ort(dst, {"x": x})[0])
+    e = (c["table_quantized"] - c["table_zero_point"]) * c["table_scale"]
+    w = (c["w_quantized"] - c["w_zero_point"]) * c["w_scale"]
+    z = e[x] @ w
+    hq = (np.clip(np.round(z / c["h_scale"]) + c["h_zero_point"], -128, 127) - c["h_zero_point"]) * c["h_scale"]
+    oracle = (e[x] @ w[:, 1]) / z[..., 1] * hq[..., 1] / 5
+    np.testing.assert_allclose(res.relevance, oracle, rtol=1e-4, atol=1e-6)
+
+
+def test_qdq_contrib_domain_ops(tmp_path):
+    """quantize_static(..., UseQDQContribOps=True) writes com.microsoft QuantizeLinear / DequantizeLinear: read as
+    the onnx ops, the model's relevance and outputs equal those of the same quantization with the onnx ops, and the
+    outputs are onnxruntime's."""
+    rng = np.random.default_rng(15)
+    calib = rng.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    std = qop_models.quantize(qop_models.cnn(), calib, tmp_path, "std")["QDQ"]
+    contrib = qop_models.quantize(qop_models.cnn(), calib, tmp_path, "ms",
+                                  extra_options={"UseQDQContribOps": True})["QDQ"]
+    assert {n.domain for n in onnx.load(str(contrib)).graph.node if n.op_type == "DequantizeLinear"} == {
+        "com.microsoft"}
+    x = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+    a = onnx_lrp.Explainer(std).explain(x)
+    b = onnx_lrp.Explainer(contrib).explain(x, target=a.target)
+    np.testing.assert_array_equal(b.outputs["y"], _ort(contrib, {"x": x})[0])
+    np.testing.assert_array_equal(b.outputs["y"], a.outputs["y"])
+    assert _rel(b.relevance, a.relevance) <= 1e-6
+
+
+def test_qoperator_ops_match_onnxruntime(tmp_path):
+    """QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearMul, 8-bit Pad / Reshape /
+    Slice: the rewritten forward equals onnxruntime's on the QOperator model within one quantization step, and the
+    relevance is finite and reaches the input."""
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("LeakyRelu", ["c"], ["l"], alpha=0.1),
+             helper.make_node("Mul", ["s", "l"], ["m"]), helper.make_node("Concat", ["m", "c"], ["k"], axis=1),
+             helper.make_node("Pad", ["k", "pads"], ["pd"]),
+             helper.make_node("AveragePool", ["pd"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Reshape", ["p", "shape"], ["f"]), helper.make_node("Gemm", ["f", "w2"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                   dict(w=w, pads=np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), shape=np.array([-1, 72], np.int64),
+                        w2=(rng.standard_normal((72, 3)) * 0.2).astype(np.float32)))
+    paths = qop_models.quantize(model, rng.standard_normal((16, 3, 6, 6)).astype(np.float32), tmp_path, "ops",
+                                op_types_to_quantize=["Conv", "Sigmoid", "LeakyRelu", "Mul", "Concat", "Pad",
+                                                      "AveragePool", "Reshape", "Gemm"])
+    ops = {n.op_type for n in onnx.load(str(paths["QOperator"])).graph.node}
+    assert {"QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearMul", "Pad",
+            "Reshape"} <= ops, ops
+    x = rng.standard_normal((5, 3, 6, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(paths["QOperator"], composite="attnlrp").explain(x, target=1)  # Mul of two activations
+    ref = _ort(paths["QOperator"], {"x": x})[0]
+    assert np.abs(res.outputs["y"] - ref).max() <= 1.001 * _step(paths["QOperator"])
+    assert np.all(np.isfinite(res.relevance)) and np.abs(res.relevance).sum() > 0
+
+
+@pytest.mark.parametrize("float_out", [False, True])
+def test_qgemm_alpha_bias_and_float_output(float_out):
+    """QGemm with alpha != 1, an int32 bias C (added before the output scale alpha * a_scale * b_scale), per-column
+    weight scales, and without y_scale (float output): the rewritten forward equals onnxruntime's kernel."""
+    rng = np.random.default_rng(14)
+    ms = "com.microsoft"
+    ins = ["xq", "sx", "zx", "wq", "sw", "zw", "c"] + ([] if float_out else ["sy", "zy"])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("QGemm", ins, ["yq" if not float_out else "y"], domain=ms, alpha=0.5, transB=1)]
+    if not float_out:
+        nodes.append(helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]))
+    inits = dict(sx=np.array(0.02, np.float32), zx=np.array(7, np.uint8),
+                 wq=rng.integers(-127, 128, (4, 6)).astype(np.int8), sw=np.array([0.01, 0.02, 0.03, 0.015], np.float32),
+                 zw=np.zeros(4, np.int8), c=rng.integers(-2000, 2000, 4).astype(np.int32),
+                 sy=np.array(0.01, np.float32), zy=np.array(128, np.uint8))
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
+    m.ir_version = 10
+    x = rng.uniform(-1, 1, (3, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon").explain(x, target=1)
+    ref = _ort(m.SerializeToString(), {"x": x})[0]
+    np.testing.assert_allclose(res.outputs["y"], ref, rtol=1e-5, atol=1e-6 if float_out else 1.001 * 0.01)
+    assert np.all(np.isfinite(res.relevance)) and np.abs(res.relevance).sum() > 0
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_qlinear_where_and_reduce_mean(opset):
+    """QLinearWhere (onnxruntime's kernel as reference) and QLinearReduceMean (no CPU kernel in onnxruntime: the
+    numpy formula of the contrib-op spec, mean of the dequantized input requantized), opset 17 (axes attribute) and
+    18 (axes input)."""
+    rng = np.random.default_rng(13)
+    ms = "com.microsoft"
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("Greater", ["x", "zero"], ["c"]),
+             helper.make_node("QLinearWhere", ["c", "xq", "s", "z", "kq", "s2", "z2", "s", "z"], ["wq"], domain=ms),
+             helper.make_node("QLinearReduceMean", ["wq", "s", "z", "s2", "z2"], ["rq"], domain=ms, axes=[1],
+                              keepdims=0),
+             helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"]),
+             helper.make_node("DequantizeLinear", ["rq", "s2", "z2"], ["y"])]
+    inits = dict(s=np.array(0.05, np.float32), z=np.array(128, np.uint8), s2=np.array(0.03, np.float32),
+                 z2=np.array(120, np.uint8), zero=np.array(0, np.float32),
+                 kq=rng.integers(0, 256, (3, 5, 4)).astype(np.uint8))
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 5, 4])],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(ms, 1)])
+    m.ir_version = 10
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", output="y").explain(x, target=1)
+    where_only = onnx.helper.make_model(helper.make_graph(
+        nodes[:3] + [nodes[4]], "w", g.input, [g.output[1]], initializer=g.initializer),
+        opset_imports=m.opset_import, ir_version=10)
+    w_ref = _ort(where_only.SerializeToString(), {"x": x})[0]
+    np.testing.assert_array_equal(res.outputs["w"], w_ref)
+    y_ref = (np.clip(np.round(w_ref.mean(axis=1) / np.float32(0.03)) + 120, 0, 255) - 120) * np.float32(0.03)
+    np.testing.assert_allclose(res.outputs["y"], y_ref, rtol=0, atol=1e-6)
+    # relevance reaches x only where the condition took x (the other branch is a constant)
+    assert np.all(res.relevance[x <= 0] == 0) and np.abs(res.relevance[x > 0]).sum() > 0
+
+
+def test_qoperator_unsupported_forms_listed_at_once(tmp_path):
+    """QLinearAveragePool with channels_last=1 and a QAttention: one error naming both."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("QLinearAveragePool", ["xq", "s", "z", "s", "z"], ["pq"], domain="com.microsoft",
+                              kernel_shape=[2, 2], channels_last=1),
+             helper.make_node("QAttention", ["pq"], ["aq"], domain="com.microsoft", num_heads=1),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 2])],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])],
+                         initializer=[numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                                      numpy_helper.from_array(np.array(0, np.uint8), "z")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    with pytest.raises(UnsupportedError) as e:
+        onnx_lrp.Explainer(m.SerializeToString())
+    msg = str(e.value)
+    assert "channels_last" in msg and "QAttention" in msg and "\n" not in msg
 
 
 # ---------------------------------------------------------------------------------------------- dynamic
@@ -181,6 +420,58 @@ def test_dynamic_quantization_numpy_oracle(tmp_path):
     np.testing.assert_allclose(res.relevance[0], xd[0] * wd[:, 2], rtol=1e-4, atol=1e-6)
 
 
+def test_dynamic_conv_with_integer_bias(tmp_path):
+    """Older quantize_dynamic (ddddocr's captcha CRNN): ConvInteger + Cast(Floor(bias / (x_scale * w_scale)))
+    -> Cast -> Mul(x_scale * w_scale). The forward is onnxruntime's (to float rounding); the relevance is that of the
+    float Conv with the dequantized weight and the float bias on the fake-quantized input (the bias's rounding,
+    below one accumulator step, takes no relevance)."""
+    rng = np.random.default_rng(9)
+    wq = rng.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)
+    ws, bias = np.float32(0.01), (rng.standard_normal(4) * 0.5).astype(np.float32)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("ConvInteger", ["xq", "wq", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["xs", "ws"], ["s_bias"]), helper.make_node("Div", ["b", "s_bias"], ["bd"]),
+             helper.make_node("Floor", ["bd"], ["bf"]), helper.make_node("Cast", ["bf"], ["bi"], to=TensorProto.INT32),
+             helper.make_node("Reshape", ["bi", "bshape"], ["br"]), helper.make_node("Add", ["acc", "br"], ["accb"]),
+             helper.make_node("Cast", ["accb"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xs", "ws"], ["s"]), helper.make_node("Mul", ["accf", "s"], ["c"])]
+    head = [helper.make_node("GlobalAveragePool", ["c"], ["p"]), helper.make_node("Flatten", ["p"], ["y"])]
+    m = _model(nodes + head, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+               dict(wq=wq, wz=np.array(0, np.int8), ws=ws, b=bias, bshape=np.array([1, 4, 1, 1], np.int64)))
+    x = rng.uniform(-1, 2, (1, 2, 5, 5)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(x, target=2)
+    np.testing.assert_allclose(res.outputs["y"], _ort(m.SerializeToString(), {"x": x})[0], rtol=1e-5, atol=1e-5)
+    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = np.float32((hi - lo) / 255)
+    xq = _fake_quant(x, scale, np.clip(np.round(-lo / scale), 0, 255)).astype(np.float32)
+    ref_m = _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])] + head, m.graph.input,
+                   m.graph.output, dict(w=(wq.astype(np.float32) * ws), b=bias))
+    ref = onnx_lrp.Explainer(ref_m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(xq, target=2)
+    assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-4
+
+
+def test_matmul_integer_static_scale():
+    """MatMulInteger outside quantize_dynamic: a static QuantizeLinear input, the scale product folded to one
+    constant S. Weight S / x_scale * (Wq - zp); relevance from the numpy oracle xd * Wd[:, t]."""
+    rng = np.random.default_rng(12)
+    wq = rng.integers(-127, 128, (6, 3)).astype(np.int8)
+    sx, big_s = np.float32(0.02), np.float32(0.02 * 0.015)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("MatMulInteger", ["xq", "wq", "zx", "wz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "S"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+               dict(sx=sx, zx=np.uint8(100), wq=wq, wz=np.int8(3), S=big_s))
+    x = rng.uniform(-1, 1, (2, 6)).astype(np.float32)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(x, target=2)
+    np.testing.assert_allclose(res.outputs["y"], _ort(m.SerializeToString(), {"x": x})[0], rtol=1e-5, atol=1e-6)
+    xd = _fake_quant(x.astype(np.float64), sx, 100)
+    wd = (wq.astype(np.float64) - 3) * (big_s / sx)
+    np.testing.assert_allclose(res.relevance, xd * wd[:, 2], rtol=1e-4, atol=1e-7)
+
+
 def test_dynamic_demo_forward_matches_onnxruntime(variants):
     x = np.load(SAMPLES)
     ex = onnx_lrp.Explainer(variants["dynamic"])
@@ -189,6 +480,72 @@ def test_dynamic_demo_forward_matches_onnxruntime(variants):
     np.testing.assert_allclose(res.outputs["logits"], ref, rtol=1e-5, atol=1e-4)
     names = {n.op_type for n in loader.load(variants["dynamic"]).graph}
     assert not names & {"ConvInteger", "MatMulInteger"} and "DynamicQuantizeLinear" in names
+
+
+def test_ort_fused_dynamic_quantization_split_back(tmp_path):
+    """quantize_dynamic's output optimised by onnxruntime (ORT_ENABLE_EXTENDED) holds MatMulIntegerToFloat and
+    DynamicQuantizeMatMul: split back, the forward is onnxruntime's and the relevance equals that of the same
+    quantize_dynamic model before the optimisation."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    src, dyn, fused = tmp_path / "f.onnx", tmp_path / "d.onnx", tmp_path / "d.ort.onnx"
+    onnx.save(qop_models.attention(), str(src))
+    quantize_dynamic(str(src), str(dyn))
+    _builder().build_ort_optimized(dyn, fused)
+    ops = {n.op_type for n in onnx.load(str(fused)).graph.node}
+    assert {"MatMulIntegerToFloat", "DynamicQuantizeMatMul"} <= ops, ops
+    x = np.random.default_rng(7).standard_normal((1, 4, 8)).astype(np.float32)  # one item: one dynamic range
+    ref = onnx_lrp.Explainer(dyn, composite="attnlrp").explain(x, target=2)
+    res = onnx_lrp.Explainer(fused, composite="attnlrp").explain(x, target=2)
+    np.testing.assert_allclose(res.outputs["y"], _ort(fused, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-5
+
+
+def test_dynamic_quantize_lstm(tmp_path):
+    """quantize_dynamic of a bidirectional LSTM writes DynamicQuantizeLSTM ([dirs, in, 4h] int8 weights): it becomes
+    DynamicQuantizeLinear -> DequantizeLinear -> LSTM. Reference: a float LSTM model holding the file's weights
+    dequantized and transposed in numpy, fed the input fake-quantized as DynamicQuantizeLinear does. The forward
+    differs from onnxruntime's by the fused op's per-step requantization of the hidden state (measured 0.16 % of
+    max |y|; the float model differs by 1 %)."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(8)
+    h, i, t = 6, 5, 7
+    inits = dict(W=(rng.standard_normal((2, 4 * h, i)) * 0.5).astype(np.float32),
+                 R=(rng.standard_normal((2, 4 * h, h)) * 0.5).astype(np.float32),
+                 B=(rng.standard_normal((2, 8 * h)) * 0.1).astype(np.float32),
+                 wo=rng.standard_normal((2 * h, 3)).astype(np.float32), sh=np.array([t, 1, 2 * h], np.int64))
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y", "Yh"], hidden_size=h, direction="bidirectional"),
+             helper.make_node("Transpose", ["Y"], ["Yt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["Yt", "sh"], ["Yr"]), helper.make_node("MatMul", ["Yr", "wo"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [t, 1, i])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [t, 1, 3])], inits)
+    src, dst = tmp_path / "lstm.onnx", tmp_path / "lstm.q.onnx"
+    onnx.save(m, str(src))
+    quantize_dynamic(str(src), str(dst), op_types_to_quantize=["LSTM"], per_channel=True)
+    q = onnx.load(str(dst))
+    lstm = next(n for n in q.graph.node if n.op_type == "DynamicQuantizeLSTM")
+    arr = {t_.name: numpy_helper.to_array(t_) for t_ in q.graph.initializer}
+    x = rng.standard_normal((t, 1, i)).astype(np.float32)
+    res = onnx_lrp.Explainer(dst, composite="epsilon").explain(x, target=1)
+    y_ort = _ort(dst, {"x": x})[0]
+    assert np.abs(res.outputs["y"] - y_ort).max() <= 5e-3 * np.abs(y_ort).max()
+    # reference float model: W = ((Wq - zp) * scale) transposed to [dirs, 4h, in]; x fake-quantized (uint8)
+
+    def deq(name_q, name_s, name_z):
+        s, z = arr[name_s].astype(np.float64), arr[name_z].astype(np.float64)
+        shape = (-1, 1, 1) if s.ndim == 1 else (s.shape[0], 1, s.shape[1])
+        return np.transpose((arr[name_q] - z.reshape(shape)) * s.reshape(shape), (0, 2, 1)).astype(np.float32)
+
+    ref_inits = dict(inits, W=deq(lstm.input[1], lstm.input[8], lstm.input[9]),
+                     R=deq(lstm.input[2], lstm.input[10], lstm.input[11]))
+    ref_model = _model(nodes, m.graph.input, m.graph.output, ref_inits)
+    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = np.float32((hi - lo) / 255)
+    xq = _fake_quant(x, scale, np.clip(np.round(-lo / scale), 0, 255)).astype(np.float32)
+    ref = onnx_lrp.Explainer(ref_model.SerializeToString(), composite="epsilon").explain(xq, target=1)
+    np.testing.assert_allclose(res.outputs["y"], ref.outputs["y"], rtol=1e-5, atol=1e-5)
+    assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-4
 
 
 # ---------------------------------------------------------------------------------------------- float16
