@@ -227,9 +227,12 @@ def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
     if bad and all(a.reason.startswith("malformed") for a in bad):
         return ("The model is malformed there (the ONNX checker lets it pass, onnxruntime would not run it): "
                 f"re-export it; {full}.")
-    attention = any(a.on_path and (a.node.op_type in _SOFTMAX or a.kind == "bilinear") for a in p.assignments)
-    if attention and composite.name not in ("attnlrp", "cp-lrp"):
-        return (f"The graph has softmax attention: explain transformers with --composite attnlrp (or cp-lrp); {full}.")
+    softmax = any(a.on_path and a.node.op_type in _SOFTMAX for a in p.assignments)
+    bilinear = any(a.on_path and a.kind == "bilinear" for a in p.assignments)
+    if (softmax or bilinear) and composite.name not in ("attnlrp", "cp-lrp"):
+        what = "softmax attention" if softmax else "products of two activations"
+        return (f"The graph has {what}: explain it with --composite attnlrp (or cp-lrp), whose rules cover them; "
+                f"{full}.")
     if bad and all(a.op is None and a.kind == "unknown" for a in bad):
         return f"{full}; add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "
