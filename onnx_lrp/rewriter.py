@@ -185,7 +185,7 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
             elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
                 a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
             elif dispatcher is None and node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
-                a.supported, a.reason = False, _CONTROL_FLOW[node.op_type]
+                a.supported, a.reason = False, node.meta.get("lrp_control", _CONTROL_FLOW[node.op_type])
             elif dispatcher is None:
                 a.supported, a.reason = False, "no handler for this op"
             else:
