@@ -309,33 +309,40 @@ def unroll_scan(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
     _sweep(graph, created)
 
 
-def _integer_inputs_behind(graph: ir.Graph, v: ir.Value) -> list[str]:
-    """Names of the graph inputs ``v`` is computed from (any depth)."""
-    found, seen, stack = [], set(), [v]
+def _sources(v: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The graph inputs ``v`` is computed from: (those whose values it reads, those whose shapes only it reads
+    through Shape/Size)."""
+    values, shapes, seen, stack = [], [], set(), [(v, False)]
     while stack:
-        u = stack.pop()
-        if u is None or id(u) in seen:
+        u, by_shape = stack.pop()
+        if u is None or (id(u), by_shape) in seen or u.const_value is not None:
             continue
-        seen.add(id(u))
+        seen.add((id(u), by_shape))
         if u.is_graph_input():
-            found.append(u.name)
+            (shapes if by_shape else values).append(u)
             continue
         p = u.producer()
-        if p is not None:
-            stack.extend(p.inputs)
-    return found
+        if p is None:
+            continue
+        shape_op = _std(p) and p.op_type in ("Shape", "Size")
+        stack.extend((i, by_shape or shape_op) for i in list(p.inputs) + captured_values(p))
+    return values, shapes
 
 
 def inline_if(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
     c = const(node.inputs[0])
     if c is None:
-        behind = _integer_inputs_behind(graph, node.inputs[0])
-        ints = [n for n in behind for v in graph.inputs if v.name == n and v.dtype is not None and
-                not v.dtype.is_floating_point()]
+        values, shapes = _sources(node.inputs[0])
+        ints = sorted({v.name for v in values if v.dtype is not None and not v.dtype.is_floating_point()})
         if ints:
             raise _Keep(f"control flow: the If's condition depends on the integer input(s) {', '.join(ints)}; bind "
                         f"them to constants (Explainer(..., constants={{{ints[0]!r}: VALUE}}), CLI --constant "
                         f"{ints[0]}=VALUE)")
+        if not values and shapes:
+            dyn = sorted({v.name for v in shapes})
+            raise _Keep(f"control flow: the If's condition depends on dynamic dimensions of {', '.join(dyn)} (a "
+                        "shape check such as x.dim() or x.shape[0] == 1); export the model with static input "
+                        "dimensions")
         raise _Keep("control flow: the If's condition depends on activations (a data-dependent branch); export "
                     "the model for one fixed branch")
     branch = node.attributes["then_branch" if bool(np.ravel(c)[0]) else "else_branch"].value
