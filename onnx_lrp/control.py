@@ -185,8 +185,7 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Name
     n_scan = len(body.outputs) - 1 - n_carried
     trip = const(m_in)
     if m_in is not None and trip is None:
-        raise _Keep("control flow: the Loop's trip count is not a constant (it depends on a dynamic sequence "
-                    f"length); {_WHAT_TO_DO}")
+        raise _Keep(f"control flow: the Loop's trip count is not a constant {_why_not_constant(m_in)}")
     limit = int(np.ravel(trip)[0]) if trip is not None else None
     size = max(_count_nodes(body), 1)
     bound = MAX_UNROLLED // size
@@ -198,8 +197,7 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Name
     if c_in is not None:
         c0 = const(c_in)
         if c0 is None:
-            raise _Keep("control flow: the Loop's initial condition depends on activations (a data-dependent while "
-                        f"loop); {_WHAT_TO_DO}")
+            raise _Keep(f"control flow: the Loop's initial condition is not a constant {_why_not_constant(c_in)}")
         sl = _cond_slice(body, n_carried)
         if isinstance(sl, str):
             raise _Keep(f"control flow: the Loop's condition depends on {sl} (a data-dependent while loop); "
@@ -327,6 +325,19 @@ def _sources(v: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
         shape_op = _std(p) and p.op_type in ("Shape", "Size")
         stack.extend((i, by_shape or shape_op) for i in list(p.inputs) + captured_values(p))
     return values, shapes
+
+
+def _why_not_constant(v: ir.Value) -> str:
+    """Why ``v`` (a trip count or condition) is not known at load time, and what to do."""
+    values, shapes = _sources(v)
+    ints = sorted({u.name for u in values if u.dtype is not None and not u.dtype.is_floating_point()})
+    if ints:
+        return (f"(it depends on the integer input(s) {', '.join(ints)}); bind them to constants (Explainer(..., "
+                f"constants={{{ints[0]!r}: VALUE}}), CLI --constant {ints[0]}=VALUE)")
+    if not values and shapes:
+        return (f"(it depends on a dynamic dimension of {', '.join(sorted({u.name for u in shapes}))}: a dynamic "
+                f"sequence length); {_WHAT_TO_DO}")
+    return f"(it is computed from activations: a data-dependent loop); {_WHAT_TO_DO}"
 
 
 def inline_if(graph: ir.Graph, node: ir.Node, names: _Names) -> None:

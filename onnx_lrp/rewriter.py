@@ -230,6 +230,8 @@ def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
     attention = any(a.on_path and (a.node.op_type in _SOFTMAX or a.kind == "bilinear") for a in p.assignments)
     if attention and composite.name not in ("attnlrp", "cp-lrp"):
         return (f"The graph has softmax attention: explain transformers with --composite attnlrp (or cp-lrp); {full}.")
+    if bad and all(a.reason.startswith("control flow:") for a in bad):
+        return f"{full}."  # the reason says what to do
     if bad and all(a.op is None and a.kind == "unknown" for a in bad):
         return f"{full}; add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "

@@ -354,3 +354,29 @@ def test_cli_constant_option(tmp_path):
     assert np.load(tmp_path / "r.npy").shape == (2, 4)
     wrong = runner.invoke(main, ["inspect", str(path), "--constant", "sr"])
     assert wrong.exit_code == 2 and "NAME=VALUE" in wrong.output
+
+
+def test_onnx_backend_loop_with_its_trip_count_bound(monkeypatch):
+    """onnx's own test_loop11 (trip count and condition are graph inputs; the body slices a constant by the
+    iteration number and accumulates into y): refused naming the input to bind; bound to the test's values, the
+    forward equals onnx's expected outputs, and the relevance of y is its own value (the rest is constants)."""
+    import onnx.backend.test.case.node.loop as backend_loop
+    got = {}
+    monkeypatch.setattr(backend_loop, "expect", lambda node, inputs, outputs, name, **kw: got.setdefault(
+        name, (node, inputs, outputs, kw)))
+    backend_loop.Loop.export_loop_11()
+    node, (trip, cond, y), expected, kw = got["test_loop11"]
+    info = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for n, a in zip(list(node.input) + list(node.output), [trip, cond, y] + list(expected))]
+    model = helper.make_model(helper.make_graph([node], "test_loop11", info[:3], info[3:]), **kw)
+    model.ir_version = IR_VERSION
+    with pytest.raises(UnsupportedError) as refused:
+        onnx_lrp.Explainer(to_bytes(model))
+    assert "integer input(s) trip_count" in str(refused.value) and "constants={'trip_count'" in str(refused.value)
+    ex = onnx_lrp.Explainer(to_bytes(model), composite="epsilon", epsilon=0.0,
+                            constants={"trip_count": int(trip), "cond": bool(cond)})
+    assert [i.name for i in ex.inputs] == ["y"]
+    res = ex.explain(y)
+    for out, want in zip(res.outputs.values(), expected):
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+    np.testing.assert_allclose(res.relevance, y, rtol=1e-5)
