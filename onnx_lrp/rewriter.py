@@ -167,8 +167,10 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     y, out = explained_value(graph, output, explain_logits)
     on_path = _ancestors(y)
     result = Plan(explained=y, output=out)
-    # linear layers reached from an input without crossing another linear layer are "first"
-    reached = {id(v) for v in graph.inputs}
+    # linear layers reached from an input without crossing another linear layer are "first"; only through values
+    # that carry relevance (a zero initial state built from the input's shape does not make the recurrent map that
+    # reads it a first layer)
+    reached = {id(v) for v in graph.inputs if carries(v)}
     node = None
     try:
         for node in graph:
@@ -178,7 +180,7 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
             feeds = any(id(v) in reached for v in node.inputs if v is not None)
             first = feeds and kind in ("convolution", "dense")
             if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
-                reached.update(id(o) for o in node.outputs)
+                reached.update(id(o) for o in node.outputs if carries(o))
             a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
             if "lrp_absorbed_by" in node.meta:
                 a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name

@@ -12,10 +12,13 @@ setting (``zb``: every bias zero, for conservation; ``b``: random biases), one n
   bias -> ``bias_hh``; reset_after=True is torch's GRU, ONNX ``linear_before_reset=1``), exported by torch.onnx
   (TorchScript, opset 17): one ONNX GRU / RNN / LSTM op.
 
+* ``<kind>_<bias>_flax.onnx``: the Flax (nnx) cell with the same weights run by ``jax.lax.scan``, exported by
+  jax2onnx (a ``Loop``; not for the GRU with biases: Flax's GRU has no bias on its hidden map).
+
 ``recurrent_twins.npz``: the input batch ``x`` [3, 7, 5] and Keras' logits per net (``<kind>_<bias>``).
 
-Needs tensorflow-cpu, keras, tf2onnx and torch (only to regenerate; the tests read the committed files). Made with
-tensorflow-cpu 2.21 / keras 3.15 / tf2onnx 1.17 / torch 2.14.
+Needs tensorflow-cpu, keras, tf2onnx, torch, jax, flax and jax2onnx (only to regenerate; the tests read the committed files). Made with
+tensorflow-cpu 2.21 / keras 3.15 / tf2onnx 1.17 / torch 2.14 / jax 0.10 / flax 0.12 / jax2onnx 0.17.
 """
 from __future__ import annotations
 
@@ -84,6 +87,50 @@ def torch_twin(kind: str, weights):
     return net
 
 
+def flax_twin(kind: str, weights):
+    """The Flax (nnx) cell with the Keras weights, run by ``jax.lax.scan`` (as ``nnx.RNN`` does), + Linear head, as a
+    function of x [N, T, F]. Flax's GRU has no bias on its hidden map (only zero-bias Keras weights are exact), its
+    LSTM no bias on the input maps (Keras' one bias goes to the hidden ones)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    kernel, rec, bias, dw, db = [np.asarray(w, np.float32) for w in weights]
+    rngs = nnx.Rngs(0)
+    cell = {"gru": nnx.GRUCell, "rnn": nnx.SimpleCell, "lstm": nnx.LSTMCell}[kind](F, H, rngs=rngs)
+    head = nnx.Linear(H, C, rngs=rngs)
+
+    def put(layer, k, b=None):
+        layer.kernel.value = jnp.asarray(k)
+        if b is not None:
+            layer.bias.value = jnp.asarray(b)
+
+    if kind == "gru":  # Keras z, r, h -> flax r, z, n
+        assert not np.any(bias[1]), "Flax's GRU has no hidden bias"
+        def order(m):
+            return np.concatenate([m[..., H:2 * H], m[..., :H], m[..., 2 * H:]], axis=-1)
+        put(cell.dense_i, order(kernel), order(bias[0]))
+        put(cell.dense_h, order(rec))
+    elif kind == "rnn":
+        put(cell.dense_i, kernel, bias)
+        put(cell.dense_h, rec)
+    else:  # Keras i, f, c, o
+        for g, (i_name, h_name) in enumerate((("ii", "hi"), ("if_", "hf"), ("ig", "hg"), ("io", "ho"))):
+            put(getattr(cell, i_name), kernel[:, g * H:(g + 1) * H])
+            put(getattr(cell, h_name), rec[:, g * H:(g + 1) * H], bias[g * H:(g + 1) * H])
+    put(head, dw, db)
+
+    def fn(x):
+        z = jnp.zeros((x.shape[0], H), x.dtype)
+        carry, ys = jax.lax.scan(lambda c, xt: cell(c, xt), (z, z) if kind == "lstm" else z, jnp.swapaxes(x, 0, 1))
+        return head(ys[-1])
+    return fn
+
+
+def export_flax(fn) -> bytes:
+    import jax2onnx
+    return jax2onnx.to_onnx(fn, [("N", T, F)], input_names=["x"], output_names=["y"]).SerializeToString()
+
+
 def export_torch(net) -> bytes:
     import torch
     buf = io.BytesIO()
@@ -112,15 +159,18 @@ def make(out_dir: Path = OUT) -> dict:
                 yt = net(torch.from_numpy(x)).numpy()
             assert np.abs(yu - y).max() < 1e-5 and np.abs(yt - y).max() < 1e-5, (kind, bias)
             arrays[f"{kind}_{bias}"] = y
-            for name, data in (("loop", export_keras(km)), ("unrolled", export_keras(ku)),
-                               ("torch", export_torch(net))):
+            exports = [("loop", export_keras(km)), ("unrolled", export_keras(ku)), ("torch", export_torch(net))]
+            if not (kind == "gru" and bias == "b"):
+                fx = flax_twin(kind, w)
+                assert np.abs(np.asarray(fx(x)) - y).max() < 1e-5, (kind, bias, "flax")
+                exports.append(("flax", export_flax(fx)))
+            for name, data in exports:
                 (out_dir / f"{kind}_{bias}_{name}.onnx").write_bytes(data)
                 import onnx
                 got = sorted({n.op_type for n in onnx.load_model_from_string(data).graph.node}
                              & {"Loop", "Scan", "LSTM", "GRU", "RNN"})
                 ops[f"{kind}_{bias}_{name}"] = got
-            print(f"{kind}/{bias}: written ({ops[f'{kind}_{bias}_loop']} / {ops[f'{kind}_{bias}_unrolled']} / "
-                  f"{ops[f'{kind}_{bias}_torch']})")
+            print(f"{kind}/{bias}: written", {n: ops[f"{kind}_{bias}_{n}"] for n, _ in exports})
     np.savez_compressed(out_dir / "recurrent_twins.npz", **arrays)
     return ops
 
