@@ -189,11 +189,22 @@ def written_out(reverse=False):
     return _model(nodes + _head(h, "stacked"), [X_IN], inits)
 
 
-def loop_model(trip=T, dynamic=False, cond_counter=False):
+def loop_model(trip=T, dynamic=False, cond_counter=False, nested_if=False):
     """The same recurrence as a Loop: the body reads x by name (outer scope) at the iteration number, h is carried,
     h is also a scan output (stacked on a new axis 0, then transposed to [N, T, H]). ``cond_counter``: a while
-    loop on a carried int counter (tf2onnx's form) with a trip count larger than needed."""
-    body_nodes = [helper.make_node("Gather", ["x", "it"], ["xt"], axis=1)] + _step(0, "h_in", "xt", "_b")
+    loop on a carried int counter (tf2onnx's form) with a trip count larger than needed. ``nested_if``: the carried
+    state starts as a zero constant and the body picks ``x_t P`` at iteration 0 by an If on the iteration number
+    (its branches read the body's ``xt`` and ``h_in``)."""
+    body_nodes = [helper.make_node("Gather", ["x", "it"], ["xt"], axis=1)]
+    if nested_if:
+        then_g = helper.make_graph([helper.make_node("MatMul", ["xt", "P"], ["first_h"])], "then", [],
+                                   [helper.make_tensor_value_info("first_h", TensorProto.FLOAT, ["N", H])])
+        else_g = helper.make_graph([helper.make_node("Identity", ["h_in"], ["same_h"])], "else", [],
+                                   [helper.make_tensor_value_info("same_h", TensorProto.FLOAT, ["N", H])])
+        body_nodes += [helper.make_node("Equal", ["it", "zero"], ["is_first"]),
+                       helper.make_node("If", ["is_first"], ["h_use"], name="pick", then_branch=then_g,
+                                        else_branch=else_g)]
+    body_nodes += _step(0, "h_use" if nested_if else "h_in", "xt", "_b")
     body_nodes += [helper.make_node("Identity", ["h_b"], ["h_out"]), helper.make_node("Identity", ["h_b"], ["h_scan"])]
     b_in = [helper.make_tensor_value_info("it", TensorProto.INT64, []),
             helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
@@ -222,6 +233,9 @@ def loop_model(trip=T, dynamic=False, cond_counter=False):
         inits["one64"] = np.array(1, np.int64)
     else:
         inits["M"] = np.array(trip, np.int64)
+    if nested_if:  # the initial state is a zero constant, replaced at iteration 0
+        loop_in[2] = "h_zero"
+        inits["h_zero"] = np.zeros((1, H), np.float32)
     outs = ["h_last"] + (["n_last"] if cond_counter else []) + ["scan"]
     nodes.append(helper.make_node("Loop", loop_in, outs, name="the_loop", body=body))
     nodes.append(helper.make_node("Transpose", ["scan"], ["stacked"], perm=[1, 0, 2]))
@@ -253,12 +267,12 @@ def _run(model, comp="epsilon", **kw):
     return res.relevance, res.outputs["y"]
 
 
-@pytest.mark.parametrize("make", (loop_model, lambda: loop_model(cond_counter=True), scan_model,
-                                  lambda: scan_model(reverse=True)),
-                         ids=("loop", "while-counter", "scan", "scan-reverse"))
+@pytest.mark.parametrize("make", (loop_model, lambda: loop_model(cond_counter=True),
+                                  lambda: loop_model(nested_if=True), scan_model, lambda: scan_model(reverse=True)),
+                         ids=("loop", "while-counter", "if-in-loop", "scan", "scan-reverse"))
 def test_unrolled_control_flow_equals_the_written_out_recurrence(make):
     """Loop (outer-scope read of x at the iteration number, carried h, scan output; also as a while loop on a
-    carried counter) and Scan (also reversed) explained = the recurrence written out by hand: same forward as
+    carried counter, and with an If on the iteration number inside) and Scan (also reversed) explained = the recurrence written out by hand: same forward as
     onnxruntime on the original model, same relevance (epsilon, LRP-0), and LRP-0 conserves (no biases)."""
     import onnxruntime as ort
     model = make()
