@@ -34,8 +34,9 @@ from .graph import captured_values
 MAX_UNROLLED = 20000  # body nodes x iterations written for one Loop/Scan
 REASON = "lrp_control"  # node meta: why this control-flow node stays (the rewriter's refusal)
 
-# evaluate(nodes, feeds, outputs) -> the outputs' values, or None when a node cannot be evaluated
-Evaluate = Callable[[list, dict, list], "list[np.ndarray] | None"]
+# evaluate(nodes, inputs, outputs) -> run(arrays for the inputs) -> the outputs' values; None when the nodes cannot
+# be evaluated (an input that is neither given nor a constant)
+Evaluate = Callable[[list, list, list], "Callable[[list], list[np.ndarray]] | None"]
 
 _WHAT_TO_DO = ("export with a fixed sequence length, or the recurrent layer unrolled (Keras: unroll=True) or as an "
                "ONNX LSTM/GRU/RNN op")
@@ -85,13 +86,13 @@ def _param(graph: ir.Graph, names: _Names, base: str, arr: np.ndarray | None = N
 
 
 def _inline(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, value_map: dict, prefix: str, names: _Names,
-            lifted: dict) -> tuple[list[ir.Value], list[ir.Node]]:
-    """Insert a copy of ``body``'s nodes before ``anchor`` (body inputs read ``value_map``); return the values its
-    outputs map to and the new nodes."""
+            lifted: dict, created: list) -> list[ir.Value]:
+    """Insert a copy of ``body``'s nodes before ``anchor`` (body inputs read ``value_map``; the new nodes are
+    appended to ``created``); return the values its outputs map to."""
     vm = dict(value_map)
     for init in body.initializers.values():  # body constants become main-graph initializers, once per body
         if id(init) not in lifted:
-            lifted[id(init)] = _param(graph, names, f"{prefix.rsplit('/', 2)[0]}/{init.name}", tensor=init.const_value)
+            lifted[id(init)] = _param(graph, names, f"{anchor.name}/{init.name}", tensor=init.const_value)
         vm[init] = lifted[id(init)]
     cloner = _cloner.Cloner(attr_map={}, value_map=vm, metadata_props={}, allow_outer_scope_values=True)
     nodes = []
@@ -103,29 +104,33 @@ def _inline(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, value_map: dict, p
         nodes.append(new)
     if nodes:
         graph.insert_before(anchor, nodes)
-    return [vm.get(v, v) for v in body.outputs], nodes
+        created += nodes
+    return [vm.get(v, v) for v in body.outputs]
 
 
 def _stack(graph: ir.Graph, anchor: ir.Node, values: list[ir.Value], axis: int, base: str, names: _Names,
-           like: ir.Value) -> ir.Value:
+           like: ir.Value, created: list) -> ir.Value:
     """Concat of the values each unsqueezed at ``axis`` (a new axis of the stacked result)."""
     axes = _param(graph, names, f"{base}/axes", np.array([axis], dtype=np.int64))
     parts = []
     for k, v in enumerate(values):
         u = ir.Value(name=names(f"{base}/{k}"), type=v.type)
-        graph.insert_before(anchor, ir.node("Unsqueeze", [v, axes], outputs=[u], name=names(f"{base}/unsqueeze{k}")))
+        created.append(ir.node("Unsqueeze", [v, axes], outputs=[u], name=names(f"{base}/unsqueeze{k}")))
+        graph.insert_before(anchor, created[-1])
         parts.append(u)
     out = ir.Value(name=names(base), type=like.type)
-    graph.insert_before(anchor, ir.node("Concat", parts, {"axis": axis}, outputs=[out], name=names(f"{base}/concat")))
+    created.append(ir.node("Concat", parts, {"axis": axis}, outputs=[out], name=names(f"{base}/concat")))
+    graph.insert_before(anchor, created[-1])
     return out
 
 
-def _replace_outputs(graph: ir.Graph, node: ir.Node, values: list[ir.Value], names: _Names) -> None:
+def _replace_outputs(graph: ir.Graph, node: ir.Node, values: list[ir.Value], names: _Names, created: list) -> None:
     for out, v in zip(node.outputs, values):
         if out.is_graph_output() and (v.is_graph_input() or v.is_graph_output() or v.const_value is not None):
             # a graph output that is an input or a parameter itself: computed by an Identity, keeping its name
             copy = ir.Value(name=names(f"{node.name}/out"), type=v.type, shape=v.shape)
-            graph.insert_before(node, ir.node("Identity", [v], outputs=[copy], name=copy.name))
+            created.append(ir.node("Identity", [v], outputs=[copy], name=copy.name))
+            graph.insert_before(node, created[-1])
             v = copy
         if list(out.uses()) or out.is_graph_output():
             bypass(out, v)
@@ -176,7 +181,7 @@ def _cond_slice(body: ir.Graph, n_carried: int) -> tuple[list[ir.Node], list[int
     return [n for n in body if id(n) in picked], sorted(carried)
 
 
-def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Names) -> None:
+def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Names, created: list) -> None:
     body = node.attributes["body"].value
     m_in = node.inputs[0] if len(node.inputs) > 0 else None
     c_in = node.inputs[1] if len(node.inputs) > 1 else None
@@ -189,10 +194,12 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Name
     limit = int(np.ravel(trip)[0]) if trip is not None else None
     size = max(_count_nodes(body), 1)
     bound = MAX_UNROLLED // size
-    if limit is not None and limit > bound:
-        raise _Keep(f"control flow: unrolling the Loop would write {limit} x {size} nodes (more than {MAX_UNROLLED})"
-                    f"; {_WHAT_TO_DO}")
-    # how many iterations run: the condition, evaluated per iteration where it matters
+    too_long = (f"control flow: unrolling the Loop would write more than {bound} x {size} nodes (more than "
+                f"{MAX_UNROLLED}); {_WHAT_TO_DO}")
+    if limit is not None and limit > bound and c_in is None:
+        raise _Keep(too_long)
+    # how many iterations run: the condition, evaluated per iteration where it matters (tf2onnx gives a while loop
+    # both a trip count and a counter condition)
     count = limit
     if c_in is not None:
         c0 = const(c_in)
@@ -212,20 +219,20 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Name
                             f"{_WHAT_TO_DO}")
             state[j] = v
         cond, k = bool(np.ravel(c0)[0]), 0
-        cap = limit if limit is not None else bound + 1
+        cap = min(limit, bound + 1) if limit is not None else bound + 1
+        run = evaluate(nodes, [body.inputs[0], body.inputs[1]] + [body.inputs[2 + j] for j in carried],
+                       [body.outputs[0]] + [body.outputs[1 + j] for j in carried])
+        if run is None:
+            raise _Keep("control flow: the Loop's condition cannot be evaluated at load time; " + _WHAT_TO_DO)
         while cond and k < cap:
-            feeds = {body.inputs[0]: np.array(k, dtype=np.int64), body.inputs[1]: np.array(cond)}
-            feeds.update({body.inputs[2 + j]: state[j] for j in carried})
-            outs = [body.outputs[0]] + [body.outputs[1 + j] for j in carried]
-            res = evaluate(nodes, feeds, outs)
+            res = run([np.array(k, dtype=np.int64), np.array(cond)] + [state[j] for j in carried])
             if res is None:
                 raise _Keep("control flow: the Loop's condition cannot be evaluated at load time; " + _WHAT_TO_DO)
             cond = bool(np.ravel(res[0])[0])
             state = {j: r for j, r in zip(carried, res[1:])}
             k += 1
-        if cond and limit is None:
-            raise _Keep(f"control flow: the Loop runs more than {bound} iterations (its body has {size} nodes); "
-                        f"{_WHAT_TO_DO}")
+        if k > bound:
+            raise _Keep(too_long)
         count = k
     if count is None:
         raise _Keep(f"control flow: the Loop has neither a trip count nor a condition; {_WHAT_TO_DO}")
@@ -236,24 +243,21 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Name
     lifted: dict = {}
     current = list(initial)
     scans: list[list[ir.Value]] = [[] for _ in range(n_scan)]
-    created: list[ir.Node] = []
     for k in range(count):
         vm = {body.inputs[0]: _param(graph, names, f"{base}/iteration{k}", np.array(k, dtype=np.int64)),
               body.inputs[1]: true}
         vm.update({body.inputs[2 + j]: current[j] for j in range(n_carried)})
-        outs, nodes = _inline(graph, node, body, vm, f"{base}/{k}", names, lifted)
-        created += nodes
+        outs = _inline(graph, node, body, vm, f"{base}/{k}", names, lifted, created)
         current = outs[1:1 + n_carried]
         for s in range(n_scan):
             scans[s].append(outs[1 + n_carried + s])
-    stacked = [_stack(graph, node, scans[s], 0, f"{base}/scan{s}", names, node.outputs[n_carried + s])
+    stacked = [_stack(graph, node, scans[s], 0, f"{base}/scan{s}", names, node.outputs[n_carried + s], created)
                for s in range(n_scan)]
-    _replace_outputs(graph, node, current + stacked, names)
+    _replace_outputs(graph, node, current + stacked, names, created)
     graph.remove(node, safe=True)
-    _sweep(graph, created)
 
 
-def unroll_scan(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
+def unroll_scan(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> None:
     body = node.attributes["body"].value
     n_in = node.attributes.get_int("num_scan_inputs", 0)
     states = list(node.inputs[:len(node.inputs) - n_in])
@@ -284,7 +288,6 @@ def unroll_scan(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
     lifted: dict = {}
     current = states
     scans: list[list[ir.Value]] = [[] for _ in range(n_out)]
-    created: list[ir.Node] = []
     for t in range(length):
         vm = {body.inputs[j]: current[j] for j in range(n_state)}
         for i, (x, ax, rev) in enumerate(zip(xs, in_axes, in_dirs)):
@@ -295,16 +298,14 @@ def unroll_scan(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
             graph.insert_before(node, g)
             created.append(g)
             vm[body.inputs[n_state + i]] = sl
-        outs, nodes = _inline(graph, node, body, vm, f"{base}/{t}", names, lifted)
-        created += nodes
+        outs = _inline(graph, node, body, vm, f"{base}/{t}", names, lifted, created)
         current = outs[:n_state]
         for s in range(n_out):
             scans[s].append(outs[n_state + s])
     stacked = [_stack(graph, node, scans[s][::-1] if out_dirs[s] else scans[s], out_axes[s], f"{base}/scan{s}",
-                      names, node.outputs[n_state + s]) for s in range(n_out)]
-    _replace_outputs(graph, node, current + stacked, names)
+                      names, node.outputs[n_state + s], created) for s in range(n_out)]
+    _replace_outputs(graph, node, current + stacked, names, created)
     graph.remove(node, safe=True)
-    _sweep(graph, created)
 
 
 def _sources(v: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
@@ -340,7 +341,7 @@ def _why_not_constant(v: ir.Value) -> str:
     return f"(it is computed from activations: a data-dependent loop); {_WHAT_TO_DO}"
 
 
-def inline_if(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
+def inline_if(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> None:
     c = const(node.inputs[0])
     if c is None:
         values, shapes = _sources(node.inputs[0])
@@ -358,11 +359,10 @@ def inline_if(graph: ir.Graph, node: ir.Node, names: _Names) -> None:
                     "the model for one fixed branch")
     branch = node.attributes["then_branch" if bool(np.ravel(c)[0]) else "else_branch"].value
     base = node.name or "If"
-    outs, nodes = _inline(graph, node, branch, {}, f"{base}/{'then' if bool(np.ravel(c)[0]) else 'else'}", names,
-                          {})
-    _replace_outputs(graph, node, outs, names)
+    outs = _inline(graph, node, branch, {}, f"{base}/{'then' if bool(np.ravel(c)[0]) else 'else'}", names, {},
+                   created)
+    _replace_outputs(graph, node, outs, names, created)
     graph.remove(node, safe=True)
-    _sweep(graph, nodes)
 
 
 def unroll(model: ir.Model, evaluate: Evaluate) -> int:
@@ -374,14 +374,19 @@ def unroll(model: ir.Model, evaluate: Evaluate) -> int:
     for node in list(graph):
         if not _std(node) or node.op_type not in ("Loop", "Scan", "If"):
             continue
+        created: list[ir.Node] = []
         try:
             if node.op_type == "Loop":
-                unroll_loop(graph, node, evaluate, names)
+                unroll_loop(graph, node, evaluate, names, created)
             elif node.op_type == "Scan":
-                unroll_scan(graph, node, names)
+                unroll_scan(graph, node, names, created)
             else:
-                inline_if(graph, node, names)
+                inline_if(graph, node, names, created)
             done += 1
         except _Keep as why:
             node.meta[REASON] = str(why)
+        except Exception as exc:  # noqa: BLE001 - a body this code did not foresee: the node stays, refused
+            node.meta[REASON] = (f"control flow: the {node.op_type} could not be unrolled ({type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())[:120]}); export it without control flow")
+        _sweep(graph, created)  # on success the copies nobody reads (the condition), else all of them
     return done

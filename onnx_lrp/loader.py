@@ -385,29 +385,38 @@ def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.
     return [np.asarray(r) for r in results]
 
 
-def _eval_nodes(nodes: list, feeds: dict, outputs: list, opset: int) -> list[np.ndarray] | None:
-    """Evaluate a few nodes of one graph (a control-flow body's condition) given arrays for some of their inputs
-    (``feeds``: value -> array); other inputs must be constants. ``control.unroll``'s evaluator."""
+def _eval_nodes(nodes: list, inputs: list, outputs: list, opset: int):
+    """A function evaluating a few nodes of one graph (a control-flow body's condition) from arrays for ``inputs``
+    (values read by the nodes; every other value they read must be a constant), returning ``outputs``' arrays or
+    None; None when some other input is not a constant. ``control.unroll``'s evaluator (built once per Loop, run
+    once per iteration)."""
     produced = {id(o) for n in nodes for o in n.outputs}
+    given = {id(v) for v in inputs}
     inits, seen = [], set()
     for n in nodes:
         for v in list(n.inputs) + captured_values(n):
-            if v is None or id(v) in produced or v in feeds or id(v) in seen:
+            if v is None or id(v) in produced or id(v) in given or id(v) in seen:
                 continue
             seen.add(id(v))
             if v.const_value is None:
                 return None
             inits.append(onnx.numpy_helper.from_array(v.const_value.numpy(), v.name))
-    inputs = [onnx.helper.make_tensor_value_info(v.name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-              for v, a in feeds.items()]
+    ins = [onnx.helper.make_empty_tensor_value_info(v.name) for v in inputs]
     outs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in outputs]
-    graph = onnx.helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "cond", inputs, outs, inits)
+    graph = onnx.helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "cond", ins, outs, inits)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
     try:
-        results = onnx.reference.ReferenceEvaluator(model).run(None, {v.name: a for v, a in feeds.items()})
+        evaluator = onnx.reference.ReferenceEvaluator(model)
     except Exception:
         return None
-    return [np.asarray(r) for r in results]
+    names = [v.name for v in inputs]
+
+    def run(arrays: list) -> list[np.ndarray] | None:
+        try:
+            return [np.asarray(r) for r in evaluator.run(None, dict(zip(names, arrays)))]
+        except Exception:
+            return None
+    return run
 
 
 def unroll_control_flow(model: ir.Model) -> int:
@@ -418,7 +427,7 @@ def unroll_control_flow(model: ir.Model) -> int:
     for _ in range(8):
         if not any(n.op_type in ("Loop", "Scan", "If") for n in model.graph):
             break
-        done = control.unroll(model, lambda nodes, feeds, outs: _eval_nodes(nodes, feeds, outs, opset))
+        done = control.unroll(model, lambda nodes, ins, outs: _eval_nodes(nodes, ins, outs, opset))
         if not done:
             break
         total += done
