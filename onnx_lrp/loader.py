@@ -2,7 +2,9 @@
 
 ``load(source)`` returns an ``onnx_ir.Model`` that is checked, at opset >= MIN_OPSET, shape-inferred, with every
 node named, every constant-foldable subgraph folded into initializers (so a value either has ``const_value``,
-a *parameter*, or carries an activation), and canonized (``onnx_lrp.canonize``).
+a *parameter*, or carries an activation), with static control flow unrolled (``onnx_lrp.control``: Loop/Scan with
+a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first), and canonized
+(``onnx_lrp.canonize``).
 """
 from __future__ import annotations
 

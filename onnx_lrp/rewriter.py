@@ -167,10 +167,10 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     y, out = explained_value(graph, output, explain_logits)
     on_path = _ancestors(y)
     result = Plan(explained=y, output=out)
-    # linear layers reached from an input without crossing another linear layer are "first"; only through values
-    # that carry relevance (a zero initial state built from the input's shape does not make the recurrent map that
-    # reads it a first layer)
-    reached = {id(v) for v in graph.inputs if carries(v)}
+    # linear layers reached from an input without crossing another linear layer are "first"; not through values
+    # computed from the input's shape only (a zero initial state built from the batch size does not make the
+    # recurrent map that reads it a first layer); int8 values of a QuantizeLinear -> DequantizeLinear pair do pass
+    reached = {id(v) for v in graph.inputs}
     node = None
     try:
         for node in graph:
@@ -180,7 +180,7 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
             feeds = any(id(v) in reached for v in node.inputs if v is not None)
             first = feeds and kind in ("convolution", "dense")
             if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
-                reached.update(id(o) for o in node.outputs if carries(o))
+                reached.update(id(o) for o in node.outputs if not o.meta.get("lrp_shape_only", False))
             a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
             if "lrp_absorbed_by" in node.meta:
                 a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
