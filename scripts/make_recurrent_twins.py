@@ -1,4 +1,4 @@
-"""Keras GRU / SimpleRNN / LSTM classifiers and their PyTorch twins, exported three ways (tests/goldens/recurrent_twins).
+"""Keras GRU / SimpleRNN / LSTM classifiers and their Flax and PyTorch twins (tests/goldens/recurrent_twins).
 
 Per recurrent kind (``gru``: Keras GRU with reset_after=True, the default; ``rnn``: SimpleRNN; ``lstm``) and bias
 setting (``zb``: every bias zero, for conservation; ``b``: random biases), one network
@@ -17,7 +17,8 @@ setting (``zb``: every bias zero, for conservation; ``b``: random biases), one n
 
 ``recurrent_twins.npz``: the input batch ``x`` [3, 7, 5] and Keras' logits per net (``<kind>_<bias>``).
 
-Needs tensorflow-cpu, keras, tf2onnx, torch, jax, flax and jax2onnx (only to regenerate; the tests read the committed files). Made with
+Needs tensorflow-cpu, keras, tf2onnx, torch, jax, flax and jax2onnx (only to regenerate; the tests read the
+committed files). Made with
 tensorflow-cpu 2.21 / keras 3.15 / tf2onnx 1.17 / torch 2.14 / jax 0.10 / flax 0.12 / jax2onnx 0.17.
 """
 from __future__ import annotations
