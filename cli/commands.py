@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .io import AtomicOutputs, OutputError, check_writable
-from .options import common, composite_with, rule_params
+from .options import bound_constants, common, composite_with, rule_params
 
 
 @click.command("rewrite")
@@ -41,7 +41,8 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
     if Path(model).exists() and out_path.exists() and out_path.resolve() == Path(model).resolve():
         raise OutputError(f"-o {out_path} is the input model; write the relevance model to another file")
     comp = composite_with(composite, rule_params(rule_kw))
-    ex = onnx_lrp.Explainer(model, composite=comp, output=output_name, relevance_at=tuple(relevance_at))
+    ex = onnx_lrp.Explainer(model, composite=comp, output=output_name, relevance_at=tuple(relevance_at),
+                            constants=bound_constants() or None)
     data = ex.model_bytes_computed() if computed_weights else ex.model_bytes
     with AtomicOutputs() as w:
         w.write_bytes(out_path, data)
@@ -76,7 +77,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
 
     comp = composite_with(composite, rule_params(rule_kw))
     try:
-        ir_model = loader.load(model)
+        ir_model = loader.load(model, constants=bound_constants() or None)
     except UnsupportedError as exc:  # refused while loading (deployed forms): still a failed check, listed whole
         if as_json:
             click.echo(json.dumps(dict(model=str(model), composite=comp.name, nodes=exc.nodes,

@@ -48,8 +48,44 @@ def bounds(text: str | None, what: str):
     return np.asarray(vals, dtype=np.float32).reshape(-1, 1, 1)
 
 
+def constant_option(f):
+    return click.option("--constant", "constants", multiple=True, metavar="NAME=VALUE",
+                        help="Bind the model input NAME to a fixed value (repeatable; a number or comma-separated "
+                             "numbers): an integer input that an If branches on, e.g. a sample rate "
+                             "(--constant sr=16000). The input is no longer fed.")(f)
+
+
+def parse_constants(items) -> dict:
+    """``NAME=VALUE`` strings (VALUE: numbers, comma-separated for a vector) as a dict of arrays."""
+    out = {}
+    for item in items or ():
+        name, eq, text = item.partition("=")
+        if not eq or not name.strip() or not text.strip():
+            raise InputError(f"--constant {item}: give NAME=VALUE (e.g. --constant sr=16000)")
+        try:
+            vals = [float(t) for t in text.split(",")]
+        except ValueError:
+            raise InputError(f"--constant {item}: VALUE must be a number or comma-separated numbers") from None
+        arr = np.asarray(vals if len(vals) > 1 else vals[0])
+        if np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        out[name.strip()] = arr
+    return out
+
+
+def bound_constants() -> dict:
+    """The --constant bindings of the running command (stored by :func:`rule_params`)."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get("onnx_lrp.constants", {})) if ctx is not None else {}
+
+
 def rule_params(kw: dict) -> dict:
-    """The rule parameters given on the command line (None = the composite's own), popped from ``kw``."""
+    """The rule parameters given on the command line (None = the composite's own), popped from ``kw``; the
+    --constant bindings are popped too and kept for the explainer (:func:`bound_constants`)."""
+    constants = parse_constants(kw.pop("constants", ()))
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta["onnx_lrp.constants"] = constants
     params = {k: kw.pop(k, None) for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer")}
     if params["alpha"] is not None and params["beta"] is None:
         params["beta"] = params["alpha"] - 1.0  # alpha - beta = 1
@@ -147,6 +183,8 @@ def build_explainer(model, composite: Composite, **kw):
         click.echo(f"onnx-lrp: building the relevance model of {model} ({size / 2**20:.0f} MB, composite "
                    f"{composite.name}) ...", err=True)
     t0 = time.perf_counter()
+    if bound_constants():
+        kw.setdefault("constants", bound_constants())
     ex = onnx_lrp.Explainer(model, composite=composite, **kw)
     if large:
         click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s ({ex.n_nodes} nodes)", err=True)
@@ -154,10 +192,11 @@ def build_explainer(model, composite: Composite, **kw):
 
 
 def common(f):
-    """--composite and the rule parameters."""
-    return composite_option(rule_options(f))
+    """--composite, the rule parameters and --constant."""
+    return composite_option(rule_options(constant_option(f)))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bounds", "build_explainer", "common", "composite_option", "composite_with",
+__all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bounds", "build_explainer", "common", "composite_option",
+           "composite_with", "constant_option", "parse_constants",
            "image_zbox",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

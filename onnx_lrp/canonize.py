@@ -336,7 +336,21 @@ def mark_channel_affine(graph: ir.Graph) -> None:
         axis = rank - k.ndim + int(np.argmax(k.shape))
         if axis not in (1, rank - 1) or _chain_step(node, acts[0], rank, axis, None) is None:
             continue
+        if node.op_type in ("Add", "Sub") and _sum_of_linear(acts[0]):
+            continue  # the bias of x W + h U (a Keras LSTM cell written out): its share is absorbed, as a bias's
         node.meta["lrp_channel_affine"] = axis
+
+
+def _sum_of_linear(v: ir.Value) -> bool:
+    """``v`` is a sum of outputs of linear layers with constant weights (MatMul/Gemm/Conv), e.g. ``x W + h U``."""
+    p = v.producer()
+    if p is None or p.op_type not in ("Add", "Sum") or p.domain not in ("", "ai.onnx"):
+        return False
+    for i in p.inputs:
+        q = i.producer() if i is not None else None
+        if q is None or q.op_type not in ("MatMul", "Gemm", "Conv") or len(q.inputs) < 2 or const(q.inputs[1]) is None:
+            return False
+    return True
 
 
 def mean_from_sum(graph: ir.Graph) -> int:

@@ -2,7 +2,9 @@
 
 ``load(source)`` returns an ``onnx_ir.Model`` that is checked, at opset >= MIN_OPSET, shape-inferred, with every
 node named, every constant-foldable subgraph folded into initializers (so a value either has ``const_value``,
-a *parameter*, or carries an activation), and canonized (``onnx_lrp.canonize``).
+a *parameter*, or carries an activation), with static control flow unrolled (``onnx_lrp.control``: Loop/Scan with
+a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first), and canonized
+(``onnx_lrp.canonize``).
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
-from . import canonize, deployed
-from .errors import ModelError, UnsupportedError
-from .graph import mark_presumed
+from . import canonize, control, deployed
+from .errors import InputError, ModelError, UnsupportedError
+from .graph import captured_values, mark_presumed
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -385,6 +387,103 @@ def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.
     return [np.asarray(r) for r in results]
 
 
+def _eval_nodes(nodes: list, inputs: list, outputs: list, opset: int):
+    """A function evaluating a few nodes of one graph (a control-flow body's condition) from arrays for ``inputs``
+    (values read by the nodes; every other value they read must be a constant), returning ``outputs``' arrays or
+    None; None when some other input is not a constant. ``control.unroll``'s evaluator (built once per Loop, run
+    once per iteration)."""
+    produced = {id(o) for n in nodes for o in n.outputs}
+    given = {id(v) for v in inputs}
+    inits, seen = [], set()
+    for n in nodes:
+        for v in list(n.inputs) + captured_values(n):
+            if v is None or id(v) in produced or id(v) in given or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if v.const_value is None:
+                return None
+            inits.append(onnx.numpy_helper.from_array(v.const_value.numpy(), v.name))
+    ins = [onnx.helper.make_empty_tensor_value_info(v.name) for v in inputs]
+    outs = [onnx.helper.make_empty_tensor_value_info(o.name) for o in outputs]
+    graph = onnx.helper.make_graph([ir.serde.serialize_node(n) for n in nodes], "cond", ins, outs, inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    try:
+        evaluator = onnx.reference.ReferenceEvaluator(model)
+    except Exception:
+        return None
+    names = [v.name for v in inputs]
+
+    def run(arrays: list) -> list[np.ndarray] | None:
+        try:
+            return [np.asarray(r) for r in evaluator.run(None, dict(zip(names, arrays)))]
+        except Exception:
+            return None
+    return run
+
+
+def unroll_control_flow(model: ir.Model) -> int:
+    """Unroll Loop/Scan and inline If where they are static (``onnx_lrp.control``), folding constants between
+    rounds (an unrolled loop can expose a nested one with a now-constant trip count)."""
+    opset = model.opset_imports.get("", MIN_OPSET)
+    total = 0
+    for _ in range(8):
+        if not any(n.op_type in ("Loop", "Scan", "If") for n in model.graph):
+            break
+        done = control.unroll(model, lambda nodes, ins, outs: _eval_nodes(nodes, ins, outs, opset))
+        if not done:
+            break
+        total += done
+        fold_constants(model)
+        refresh_shapes(model)
+        fold_constants(model)
+    return total
+
+
+def bind_constants(proto: onnx.ModelProto, constants: dict | None, name: str = "model") -> onnx.ModelProto:
+    """Graph inputs the caller fixes (``constants``: input name -> value), made initializers of the input's type:
+    a sample rate or a flag that an If branches on. The bound inputs are no longer inputs of the model."""
+    if not constants:
+        return proto
+    if not isinstance(constants, dict):
+        raise InputError(f"constants must be a dict of input name -> value, not {type(constants).__name__}")
+    by_name = {v.name: v for v in proto.graph.input}
+    unknown = [k for k in constants if k not in by_name]
+    if unknown:
+        raise InputError(f"{name}: cannot bind {', '.join(map(repr, unknown))} to a constant: the model's inputs are "
+                         f"{', '.join(by_name)}")
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    inits = {t.name for t in proto.graph.initializer}
+    for key, value in constants.items():
+        vi = by_name[key]
+        tt = vi.type.tensor_type
+        try:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            arr = np.asarray(value)
+            if arr.dtype == object or (arr.dtype.kind == "f" and dtype.kind in "iub" and
+                                       not np.all(arr == np.round(arr))):
+                raise ValueError
+            arr = arr.astype(dtype)
+        except (ValueError, TypeError):
+            raise InputError(f"{name}: constant for input {key!r} must be a number or array convertible to its type "
+                             f"{onnx.helper.tensor_dtype_to_string(tt.elem_type)}, not {value!r}") from None
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") \
+            else None
+        if dims is not None and arr.shape != tuple(dims):
+            if arr.size == int(np.prod([d or 1 for d in dims])) and len(dims) == len(dims) and None not in dims:
+                arr = arr.reshape(dims)
+            elif len(dims) != arr.ndim or any(d is not None and d != a for d, a in zip(dims, arr.shape)):
+                raise InputError(f"{name}: constant for input {key!r} has shape {list(arr.shape)}; the input's is "
+                                 f"{['?' if d is None else d for d in dims]}")
+        if key in inits:
+            raise InputError(f"{name}: input {key!r} already has a default value (an initializer); it is a parameter")
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(arr, key))
+    kept = [v for v in proto.graph.input if v.name not in constants]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.ir_version = max(proto.ir_version, 4)
+    return proto
+
+
 def fold_constants(model: ir.Model) -> int:
     """Replace every node whose inputs are all parameters (and Shape/Size of static shapes) by initializers."""
     graph = model.graph
@@ -495,11 +594,13 @@ def to_ir(proto: onnx.ModelProto) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def load(source, name: str | None = None) -> ir.Model:
-    """Read, check, upgrade, shape-infer, fold constants and canonize a model."""
+def load(source, name: str | None = None, constants: dict | None = None) -> ir.Model:
+    """Read, check, upgrade, shape-infer, fold constants, unroll static control flow and canonize a model.
+    ``constants`` binds graph inputs to fixed values (they stop being inputs)."""
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
-    proto = prepare_proto(negative_dims_dynamic(initializers_not_inputs(read_proto(source))), name)
+    proto = prepare_proto(bind_constants(negative_dims_dynamic(initializers_not_inputs(read_proto(source))),
+                                         constants, name), name)
     try:
         model = to_ir(proto)
     except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
@@ -511,6 +612,7 @@ def load(source, name: str | None = None) -> ir.Model:
     graph = model.graph
     _name_everything(graph)
     fold_constants(model)
+    unroll_control_flow(model)  # static Loop/Scan unrolled, If with a constant condition inlined
     deployed.canonize(model)  # deployed forms: Q/DQ, dynamic quant, float16, ORT fused ops
     canonize.canonize(model)
     fold_constants(model)  # canonization can expose new constant chains

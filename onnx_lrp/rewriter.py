@@ -167,7 +167,9 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     y, out = explained_value(graph, output, explain_logits)
     on_path = _ancestors(y)
     result = Plan(explained=y, output=out)
-    # linear layers reached from an input without crossing another linear layer are "first"
+    # linear layers reached from an input without crossing another linear layer are "first"; not through values
+    # computed from the input's shape only (a zero initial state built from the batch size does not make the
+    # recurrent map that reads it a first layer); int8 values of a QuantizeLinear -> DequantizeLinear pair do pass
     reached = {id(v) for v in graph.inputs}
     node = None
     try:
@@ -178,14 +180,14 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
             feeds = any(id(v) in reached for v in node.inputs if v is not None)
             first = feeds and kind in ("convolution", "dense")
             if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
-                reached.update(id(o) for o in node.outputs)
+                reached.update(id(o) for o in node.outputs if not o.meta.get("lrp_shape_only", False))
             a = Assignment(node, op, None, kind, True, on_path=id(node) in on_path, first_linear=first)
             if "lrp_absorbed_by" in node.meta:
                 a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + node.meta["lrp_absorbed_by"].name
             elif "lrp_inside" in node.meta:  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
                 a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + node.meta["lrp_inside"]
             elif dispatcher is None and node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
-                a.supported, a.reason = False, _CONTROL_FLOW[node.op_type]
+                a.supported, a.reason = False, node.meta.get("lrp_control", _CONTROL_FLOW[node.op_type])
             elif dispatcher is None:
                 a.supported, a.reason = False, "no handler for this op"
             else:
@@ -233,6 +235,8 @@ def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
         what = "softmax attention" if softmax else "products of two activations"
         return (f"The graph has {what}: explain it with --composite attnlrp (or cp-lrp), whose rules cover them; "
                 f"{full}.")
+    if bad and all(a.reason.startswith("control flow:") for a in bad):
+        return f"{full}."  # the reason says what to do
     if bad and all(a.op is None and a.kind == "unknown" for a in bad):
         return f"{full}; add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "

@@ -315,14 +315,15 @@ def test_unfoldable_channel_affine_is_batchnorm():
 
 
 # ------------------------------------------------------------------------------------- Keras recurrent layers
-def test_keras_gru_loop_is_refused_by_name():
-    """tf2onnx writes a Keras GRU as a Loop whose body reads the sequence by name: the refusal names the Loop and
-    says what to do (it used to say the output was not computed from the inputs)."""
-    from onnx_lrp.errors import UnsupportedError
-    with pytest.raises(UnsupportedError) as info:
-        onnx_lrp.Explainer(str(TWINS / "gru_keras.onnx"))
-    msg = str(info.value)
-    assert "x Loop (opset" in msg and "gru_1/while_loop" in msg and "unroll=True" in msg and "\n" not in msg
+def test_keras_gru_loop_is_unrolled_and_explained():
+    """tf2onnx writes a Keras GRU as a Loop whose body reads the sequence by name: the Loop is unrolled at load time
+    (onnx_lrp/control.py; its trip count is the static sequence length), the forward equals Keras' and LRP-0
+    conserves (Keras' default biases are zero). Parity with unroll=True and the torch GRU: tests/test_control_flow.py."""
+    g = np.load(TWINS / "recurrent.npz")
+    ex = onnx_lrp.Explainer(str(TWINS / "gru_keras.onnx"), composite="epsilon", epsilon=0.0)
+    res = ex.explain(g["x"], target=0)
+    np.testing.assert_allclose(res.outputs[next(iter(res.outputs))], g["gru/logits"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(res.relevance.sum(axis=(1, 2)), g["gru/logits"][:, 0], rtol=1e-5)
 
 
 def test_keras_lstm_is_refused_or_explained():
