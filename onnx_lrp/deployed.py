@@ -39,6 +39,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from . import fused
 from .canonize import to_initializer
 from .errors import ModelError, UnsupportedError
 from .ops.base import FLOAT_TYPES, ShapeOp, carries, const, register
@@ -57,10 +58,8 @@ _REFUSED_MS = {
           "supported" for t in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
                                 "DynamicQuantizeLSTM", "MatMulBnb4", "GatherBlockQuantized")},
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
-       for t in ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-                 "PackedMultiHeadAttention", "DecoderAttention", "DecoderMaskedMultiHeadAttention",
-                 "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization", "RotaryEmbedding",
-                 "SparseAttention", "LongformerAttention")},
+       for t in ("GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
+                 "DecoderMaskedMultiHeadAttention", "RotaryEmbedding", "SparseAttention", "LongformerAttention")},
 }
 _REFUSED_DEFAULT = {"QLinearConv": _REFUSED_MS["QLinearConv"], "QLinearMatMul": _REFUSED_MS["QLinearConv"]}
 
@@ -560,8 +559,10 @@ def canonize(model: ir.Model) -> list[str]:
     if not refused:
         n_fused, r = split_fused(graph, opset)
         refused += r
-        if n_fused:
-            notes.append(f"split {n_fused} onnxruntime fused op(s) into standard ops")
+        n_tf, r = fused.split_transformer_ops(model)  # Attention, EmbedLayerNormalization, ... (onnx_lrp/fused.py)
+        refused += r
+        if n_fused or n_tf:
+            notes.append(f"split {n_fused + n_tf} onnxruntime fused op(s) into standard ops")
             _reinfer_shapes(model)
         n_up = upcast_low_precision(model)
         if n_up:
