@@ -128,13 +128,20 @@ def _mask_bias(b, mask: ir.Value | None, causal: bool, q: ir.Value, kv: ir.Value
                            ir.DataType.BOOL)
         else:
             raise _Refuse(f"a mask of rank {r} (only (B), (2B), (B, T) and (B, S, T) are supported)")
-    if causal:
+    dt = ir.DataType.from_numpy(dtype)
+    bias = None
+    if allowed is not None:
+        bias = _set(b.op("Where", [allowed, b.const(np.array(0, dtype), "open"), b.const(np.array(filt, dtype),
+                                                                                          "filter")],
+                         tag="mask_bias"), dt)
+    if causal:  # onnxruntime sets the lowest float above the diagonal, whatever mask_filter_value is
         i = _positions(b, q, 1, "query_pos")
         i2 = _set(b.op("Unsqueeze", [i, _i64(b, [1], "axes")], tag="query_col"), _INT64)
         c = _set(b.op("LessOrEqual", [j, i2], tag="causal"), ir.DataType.BOOL)  # (S, T)
-        allowed = c if allowed is None else _set(b.op("And", [allowed, c], tag="allowed"), ir.DataType.BOOL)
-    return _set(b.op("Where", [allowed, b.const(np.array(0, dtype), "open"), b.const(np.array(filt, dtype), "filter")],
-                     tag="mask_bias"), ir.DataType.from_numpy(dtype))
+        open_ = bias if bias is not None else b.const(np.array(0, dtype), "open")
+        bias = _set(b.op("Where", [c, open_, b.const(np.array(np.finfo(dtype).min, dtype), "causal_filter")],
+                         tag="causal_bias"), dt)
+    return bias
 
 
 def _heads(b, v: ir.Value, n: int, h: int, perm, tag: str) -> ir.Value:
