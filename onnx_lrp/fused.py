@@ -33,7 +33,8 @@ import onnx_ir as ir
 from .ops.base import const
 
 MS = "com.microsoft"
-HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization")
+HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization",
+           "SimplifiedLayerNormalization")
 
 _INT64 = ir.DataType.INT64
 _PER_ROW = "lrp_mask_per_row"  # value meta: a 1-D mask of one entry per batch row
@@ -271,33 +272,48 @@ def _embed_layer_norm(b, node) -> ir.Value:
     return y
 
 
+def _rms_norm(b, s: ir.Value, gamma: ir.Value, axes: list, eps: float, out: ir.Value) -> ir.Value:
+    """``gamma * (s * (1 / sqrt(mean(s^2) + eps)))`` as a TorchScript export writes RMSNorm (LLaMA)."""
+    dt = _fdtype(s)
+    sq = b.op("Pow", [s, b.const(np.array(2.0, dt), "two")], like=s, tag="square")
+    if b.graph.opset_imports.get("", 17) >= 18:
+        ms = b.op("ReduceMean", [sq, _i64(b, axes, "axes")], keepdims=1, tag="mean_square")
+    else:
+        ms = b.op("ReduceMean", [sq], axes=list(axes), keepdims=1, tag="mean_square")
+    rms = b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(eps, dt), "eps")], tag="var_eps")], tag="rms")
+    inv = b.op("Div", [b.const(np.array(1.0, dt), "one"), rms], tag="inv_rms")
+    y = b.op("Mul", [s, inv], like=s, tag="normed")
+    return b.op("Mul", [gamma, y], like=out, tag="scaled")
+
+
 def _skip_simplified(b, node) -> ir.Value:
     from .deployed import _attr, _take_over
 
     x, skip, gamma, bias = (_opt(node, i) for i in range(4))
     if any(_used(o) for o in node.outputs[1:3]):
         raise _Refuse("its mean / inverse-std outputs are used")
-    out = node.outputs[0]
-    dt = _fdtype(x)
     s = b.op("Add", [x, skip], like=x, tag="skip_sum")
     if bias is not None:
         s = b.op("Add", [s, bias], like=x, tag="bias")
     if len(node.outputs) > 3 and _used(node.outputs[3]):
         _take_over(node.outputs[3], s)
-    sq = b.op("Pow", [s, b.const(np.array(2.0, dt), "two")], like=x, tag="square")
-    if b.graph.opset_imports.get("", 17) >= 18:
-        ms = b.op("ReduceMean", [sq, _i64(b, [-1], "axes")], keepdims=1, tag="mean_square")
-    else:
-        ms = b.op("ReduceMean", [sq], axes=[-1], keepdims=1, tag="mean_square")
-    rms = b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(float(_attr(node, "epsilon", 1e-12)), dt), "eps")],
-                             tag="var_eps")], tag="rms")
-    inv = b.op("Div", [b.const(np.array(1.0, dt), "one"), rms], tag="inv_rms")
-    y = b.op("Mul", [s, inv], like=x, tag="normed")
-    return b.op("Mul", [gamma, y], like=out, tag="scaled")
+    return _rms_norm(b, s, gamma, [-1], float(_attr(node, "epsilon", 1e-12)), node.outputs[0])
+
+
+def _simplified(b, node) -> ir.Value:
+    """SimplifiedLayerNormalization (written by the optimiser in the default domain; the loader moves it here)."""
+    from .deployed import _attr
+
+    x, gamma = node.inputs[0], node.inputs[1]
+    if any(_used(o) for o in node.outputs[1:]):
+        raise _Refuse("its inverse-std output is used")
+    axis = int(_attr(node, "axis", -1))
+    axes = [-1] if axis == -1 else list(range(axis % _rank(x), _rank(x)))
+    return _rms_norm(b, x, gamma, axes, float(_attr(node, "epsilon", 1e-5)), node.outputs[0])
 
 
 _SPLIT = {"Attention": _attention, "MultiHeadAttention": _mha, "EmbedLayerNormalization": _embed_layer_norm,
-          "SkipSimplifiedLayerNormalization": _skip_simplified}
+          "SkipSimplifiedLayerNormalization": _skip_simplified, "SimplifiedLayerNormalization": _simplified}
 
 
 def split_transformer_ops(model: ir.Model) -> tuple[int, list]:
