@@ -59,7 +59,7 @@ _REFUSED_MS = {
                                 "DynamicQuantizeLSTM", "MatMulBnb4", "GatherBlockQuantized")},
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
        for t in ("GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
-                 "DecoderMaskedMultiHeadAttention", "RotaryEmbedding", "SparseAttention", "LongformerAttention")},
+                 "DecoderMaskedMultiHeadAttention", "SparseAttention", "LongformerAttention")},
 }
 _REFUSED_DEFAULT = {"QLinearConv": _REFUSED_MS["QLinearConv"], "QLinearMatMul": _REFUSED_MS["QLinearConv"]}
 

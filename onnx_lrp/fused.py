@@ -34,7 +34,7 @@ from .ops.base import const
 
 MS = "com.microsoft"
 HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization",
-           "SimplifiedLayerNormalization")
+           "SimplifiedLayerNormalization", "RotaryEmbedding")
 
 _INT64 = ir.DataType.INT64
 _PER_ROW = "lrp_mask_per_row"  # value meta: a 1-D mask of one entry per batch row
@@ -312,8 +312,81 @@ def _simplified(b, node) -> ir.Value:
     return _rms_norm(b, x, gamma, axes, float(_attr(node, "epsilon", 1e-5)), node.outputs[0])
 
 
+def _rotary(b, node) -> ir.Value:
+    """RotaryEmbedding as HF's ``x * cos + rotate_half(x) * sin`` (pairs for ``interleaved``); cos and sin are
+    gathered from the caches at the position ids (no relevance: they come from shapes or integer inputs)."""
+    from .deployed import _attr
+
+    x, pos, cos_c, sin_c = (_opt(node, i) for i in range(4))
+    if int(_attr(node, "is_packed_batching", 0) or 0):
+        raise _Refuse("packed batching")
+    if float(_attr(node, "scale", 1.0) or 1.0) != 1.0:
+        raise _Refuse("a scale other than 1")
+    if cos_c is None or sin_c is None or cos_c.shape is None or not isinstance(cos_c.shape[-1], int):
+        raise _Refuse("cos/sin caches of unknown width")
+    half = cos_c.shape[-1]
+    rd = int(_attr(node, "rotary_embedding_dim", 0) or 0) or 2 * half
+    if rd != 2 * half:
+        raise _Refuse(f"rotary_embedding_dim {rd} for caches of width {half}")
+    r = _rank(x)
+    out = node.outputs[0]
+    n = int(_attr(node, "num_heads", 0) or 0)
+    if r == 3:  # (B, S, N*H) -> (B, S, N, H)
+        d = x.shape[2]
+        if not isinstance(d, int):
+            raise _Refuse("a 3-D input of unknown hidden size")
+        n = n or d // rd
+        if d % n:
+            raise _Refuse(f"hidden size {d} for {n} heads")
+        xh, head = b.op("Reshape", [x, _i64(b, [0, 0, n, d // n], "heads_shape")], tag="heads"), d // n
+    elif r == 4:  # (B, N, S, H)
+        xh, head = x, x.shape[3]
+        if not isinstance(head, int):
+            raise _Refuse("a 4-D input of unknown head size")
+    else:
+        raise _Refuse(f"an input of rank {r}")
+    if pos is None or pos.shape is None or len(pos.shape) not in (1, 2):
+        raise _Refuse("position_ids that are not (B, S) or (1)")
+    if len(pos.shape) == 1:  # an offset: positions offset + 0..S-1
+        seq = _positions(b, x, 1 if r == 3 else 2, "seq_pos")
+        pos = _set(b.op("Add", [seq, b.op("Cast", [pos], to=_INT64.value, tag="offset")], tag="positions"), _INT64)
+    cos = b.op("Gather", [cos_c, pos], axis=0, tag="cos")  # (B, S, rd/2) or (S, rd/2)
+    sin = b.op("Gather", [sin_c, pos], axis=0, tag="sin")
+    axis = -2 if r == 3 else -3  # the heads axis: (.., S, 1, rd) for (B, S, N, H); (.., 1, S, rd) for (B, N, S, H)
+    xr = xh if rd == head else b.op("Slice", [xh, _i64(b, [0], "start"), _i64(b, [rd], "end"), _i64(b, [-1], "axis")],
+                                    tag="x_rot")
+    if int(_attr(node, "interleaved", 0) or 0):  # pairs (2i, 2i+1) rotate by angle i
+        c = b.op("Unsqueeze", [cos, _i64(b, [axis - 1, -1], "axes")], tag="c")
+        sn = b.op("Unsqueeze", [sin, _i64(b, [axis - 1, -1], "axes")], tag="s")
+        pairs = b.op("Reshape", [xr, _i64(b, [0, 0, 0, half, 2], "pairs_shape")], tag="pairs")
+        e = b.op("Slice", [pairs, _i64(b, [0], "s0"), _i64(b, [1], "e0"), _i64(b, [-1], "ax")], tag="even")
+        o = b.op("Slice", [pairs, _i64(b, [1], "s1"), _i64(b, [2], "e1"), _i64(b, [-1], "ax")], tag="odd")
+        re = b.op("Sub", [b.op("Mul", [e, c], tag="ec"), b.op("Mul", [o, sn], tag="os")], tag="rot_even")
+        ro = b.op("Add", [b.op("Mul", [o, c], tag="oc"), b.op("Mul", [e, sn], tag="es")], tag="rot_odd")
+        y = b.op("Reshape", [b.op("Concat", [re, ro], axis=-1, tag="rot_pairs"), _i64(b, [0, 0, 0, rd], "rot_shape")],
+                 tag="rotated")
+    else:
+        c = b.op("Unsqueeze", [b.op("Concat", [cos, cos], axis=-1, tag="cos_full"), _i64(b, [axis], "axes")],
+                 tag="c")
+        sn = b.op("Unsqueeze", [b.op("Concat", [sin, sin], axis=-1, tag="sin_full"), _i64(b, [axis], "axes")],
+                  tag="s")
+        x1 = b.op("Slice", [xr, _i64(b, [0], "s0"), _i64(b, [half], "e0"), _i64(b, [-1], "ax")], tag="x1")
+        x2 = b.op("Slice", [xr, _i64(b, [half], "s1"), _i64(b, [rd], "e1"), _i64(b, [-1], "ax")], tag="x2")
+        rot = b.op("Concat", [b.op("Neg", [x2], tag="neg_x2"), x1], axis=-1, tag="rotate_half")
+        y = b.op("Add", [b.op("Mul", [xr, c], tag="x_cos"), b.op("Mul", [rot, sn], tag="rot_sin")], tag="rotated")
+    if rd != head:
+        rest = b.op("Slice", [xh, _i64(b, [rd], "start"), _i64(b, [head], "end"), _i64(b, [-1], "axis")],
+                    tag="x_pass")
+        y = b.op("Concat", [y, rest], axis=-1, tag="with_pass")
+    if r == 3:
+        y = b.op("Reshape", [y, _i64(b, [0, 0, -1], "merge_shape")], tag="merged")
+    y.type, y.shape = out.type, out.shape
+    return y
+
+
 _SPLIT = {"Attention": _attention, "MultiHeadAttention": _mha, "EmbedLayerNormalization": _embed_layer_norm,
-          "SkipSimplifiedLayerNormalization": _skip_simplified, "SimplifiedLayerNormalization": _simplified}
+          "SkipSimplifiedLayerNormalization": _skip_simplified, "SimplifiedLayerNormalization": _simplified,
+          "RotaryEmbedding": _rotary}
 
 
 def split_transformer_ops(model: ir.Model) -> tuple[int, list]:

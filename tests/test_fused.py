@@ -287,3 +287,24 @@ def test_optimized_bert_mask_index_is_the_deployed_forward(bert_reference, tmp_p
     assert np.abs(deployed - export).max() > 1e-2  # the optimised model itself differs on left padding
     res = onnx_lrp.Explainer(dst, composite="attnlrp").explain(left)
     np.testing.assert_allclose(res.outputs["logits"], deployed, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout,interleaved,positions,partial", [
+    ("4d", 0, "ids", False), ("4d", 1, "ids", False), ("3d", 0, "ids", False), ("3d", 1, "offset", False),
+    ("4d", 0, "offset", False), ("3d", 0, "ids", True), ("3d", 1, "ids", True)])
+def test_rotary_embedding_matches_onnxruntime(layout, interleaved, positions, partial):
+    """(B, N, S, H) and (B, S, N*H) inputs, half-rotation and interleaved pairs, position ids (B, S) or an offset (1),
+    rotary_embedding_dim below the head size (the rest passes)."""
+    rng = np.random.default_rng(8)
+    h, n, p = 8, 2, 16
+    rd = 4 if partial else h
+    ang = np.arange(p)[:, None] / (10000 ** (np.arange(0, rd, 2) / rd))[None]
+    inits = dict(cos=np.cos(ang).astype(np.float32), sin=np.sin(ang).astype(np.float32))
+    x = rng.standard_normal((B, n, S, h) if layout == "4d" else (B, S, n * h)).astype(np.float32)
+    pos = rng.integers(0, p, (B, S)).astype(np.int64) if positions == "ids" else np.array([3], np.int64)
+    attrs = dict(interleaved=interleaved) | (dict(num_heads=n, rotary_embedding_dim=rd) if partial else {})
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
+                            name="rot", **attrs)
+    m = _contrib([node], [_vi("x", TensorProto.FLOAT, x.shape), _vi("pos", TensorProto.INT64, pos.shape)],
+                 [_vi("y", TensorProto.FLOAT, x.shape)], inits)
+    _check(m, {"x": x, "pos": pos})
