@@ -201,12 +201,12 @@ def test_attention_with_past_state_is_refused_in_one_line():
 
 
 # ---------------------------------------------------------------------------------------------- real models
-def _optimized(tmp_path, case, tag, **opts):
+def _optimized(tmp_path, case, tag, model_type="bert", **opts):
     pytest.importorskip("onnxruntime.transformers.optimizer")
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    o = FusionOptions("bert")
+    o = FusionOptions(model_type)
     if opts.pop("raw_mask", False):
         o.use_raw_attention_mask(True)
     o.use_multi_head_attention = opts.pop("mha", False)
@@ -214,11 +214,12 @@ def _optimized(tmp_path, case, tag, **opts):
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = optimize_model(str(GOLDENS / f"{case}.onnx"), model_type="bert", num_heads=4, hidden_size=16,
+        m = optimize_model(str(GOLDENS / f"{case}.onnx"), model_type=model_type, num_heads=4, hidden_size=16,
                            opt_level=level, use_gpu=False, optimization_options=o)
     dst = tmp_path / f"{case}_{tag}.onnx"
     m.save_model_to_file(str(dst))
-    return dst, collections.Counter(n.op_type for n in onnx.load(str(dst)).graph.node if n.domain == "com.microsoft")
+    return dst, collections.Counter(n.op_type for n in onnx.load(str(dst)).graph.node
+                                    if n.domain == "com.microsoft" or n.op_type == "SimplifiedLayerNormalization")
 
 
 def _rel_l2(a, b):
@@ -308,3 +309,36 @@ def test_rotary_embedding_matches_onnxruntime(layout, interleaved, positions, pa
     m = _contrib([node], [_vi("x", TensorProto.FLOAT, x.shape), _vi("pos", TensorProto.INT64, pos.shape)],
                  [_vi("y", TensorProto.FLOAT, x.shape)], inits)
     _check(m, {"x": x, "pos": pos})
+
+
+_OTHERS = {  # export, optimiser model type, opt_level, (contrib) ops the optimiser must have written
+    "llama-level0": ("llama_ids_torchscriptdyn", "gpt2", 0, {"RotaryEmbedding", "SkipSimplifiedLayerNormalization",
+                                                             "SimplifiedLayerNormalization"}),
+    "llama-level1": ("llama_ids_torchscriptdyn", "gpt2", 1, {"SkipSimplifiedLayerNormalization",
+                                                             "SimplifiedLayerNormalization"}),
+    "gpt2-level1": ("gpt2_ids_torchscriptdyn", "gpt2", 1, {"SkipLayerNormalization", "FastGelu"}),
+    "vit-level2": ("vit_image_torchscript", "vit", 2, {"SkipLayerNormalization", "BiasGelu"}),
+}
+_REFS: dict = {}
+
+
+@pytest.mark.parametrize("variant", list(_OTHERS))
+def test_optimized_llama_gpt2_vit_explain_like_the_export(variant, tmp_path):
+    """LLaMA (RMS norms, rotary embeddings, grouped-query attention left unfused), GPT-2 and ViT: the optimiser
+    fuses their norms, GELUs and rotary embeddings (not their attention: these exports' attention patterns are not
+    the ones it matches); the relevance equals the export's."""
+    case, model_type, level, want = _OTHERS[variant]
+    if not (GOLDENS / f"{case}.onnx").exists():
+        pytest.skip("no golden export")
+    g = np.load(GOLDENS / f"{case.split('_')[0]}.npz")
+    feeds = {"image": g["image"]} if "image" in case else {"input_ids": g["input_ids"]}
+    dst, ops = _optimized(tmp_path, case, variant, model_type=model_type, opt_level=level)
+    assert want <= set(ops), ops
+    for comp in ("attnlrp", "cp-lrp"):
+        if (case, comp) not in _REFS:
+            _REFS[case, comp] = onnx_lrp.Explainer(GOLDENS / f"{case}.onnx", composite=comp).explain(feeds)
+        r0 = _REFS[case, comp]
+        res = onnx_lrp.Explainer(dst, composite=comp).explain(feeds)
+        name = list(r0.outputs)[0]
+        np.testing.assert_allclose(res.outputs[name], r0.outputs[name], rtol=1e-5, atol=1e-5)
+        assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
