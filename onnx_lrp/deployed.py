@@ -23,13 +23,17 @@ one wherever the forward itself is what was deployed:
   ``com.microsoft`` FusedConv, FusedGemm, FusedMatMul, Gelu, BiasGelu, FastGelu, QuickGelu and
   SkipLayerNormalization are split back into standard ops (Conv + activation, Gemm + activation, Transpose + MatMul,
   the Erf / tanh GELU forms, Add + LayerNormalization).
+- **onnxruntime's transformer optimiser** (``onnxruntime.transformers.optimizer.optimize_model``): Attention,
+  MultiHeadAttention, EmbedLayerNormalization, (Skip)SimplifiedLayerNormalization and RotaryEmbedding are split
+  into the ops a TorchScript export writes (:mod:`onnx_lrp.fused`), with the contrib kernels' exact semantics.
 
 Not supported (load stops with one line listing every such node): onnxruntime's NCHWc layout
 (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), the
 QOperator quantization format (QLinearConv, QLinearMatMul, QGemm, ...; quantize with QuantFormat.QDQ instead),
 ORT's fused dynamic-quantization ops (DynamicQuantizeMatMul, MatMulIntegerToFloat, MatMulNBits, DynamicQuantizeLSTM),
-ORT's fused attention/embedding ops (Attention, MultiHeadAttention, GroupQueryAttention, EmbedLayerNormalization,
-...), fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger outside the
+ORT's fused attention ops other than those above (GroupQueryAttention, PackedAttention, DecoderMaskedMultiHeadAttention,
+SparseAttention, ...) and the cases :mod:`onnx_lrp.fused` refuses (past/present key-value state, packed QKV layouts),
+fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger outside the
 ``quantize_dynamic`` pattern.
 """
 from __future__ import annotations
