@@ -561,6 +561,9 @@ def canonize(model: ir.Model) -> list[str]:
             refused.append((node, _REFUSED_DEFAULT[node.op_type]))
     notes = []
     if not refused:
+        n_up = upcast_low_precision(model)  # first: the splits below write float32 constants
+        if n_up:
+            notes.append(f"upcast float16/bfloat16 to float32 ({n_up} value(s))")
         n_fused, r = split_fused(graph, opset)
         refused += r
         n_tf, r = fused.split_transformer_ops(model)  # Attention, EmbedLayerNormalization, ... (onnx_lrp/fused.py)
@@ -568,9 +571,6 @@ def canonize(model: ir.Model) -> list[str]:
         if n_fused or n_tf:
             notes.append(f"split {n_fused + n_tf} onnxruntime fused op(s) into standard ops")
             _reinfer_shapes(model)
-        n_up = upcast_low_precision(model)
-        if n_up:
-            notes.append(f"upcast float16/bfloat16 to float32 ({n_up} value(s))")
         n_w = fold_weight_dequantize(graph)
         if n_w:
             notes.append(f"folded {n_w} DequantizeLinear of constants to float")

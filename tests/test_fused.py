@@ -342,3 +342,22 @@ def test_optimized_llama_gpt2_vit_explain_like_the_export(variant, tmp_path):
         name = list(r0.outputs)[0]
         np.testing.assert_allclose(res.outputs[name], r0.outputs[name], rtol=1e-5, atol=1e-5)
         assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
+
+
+def test_optimized_float16_bert_is_upcast_then_split(tmp_path, bert_reference):
+    """optimize_model -> convert_float_to_float16 (the usual GPU deployment): upcast before the split, so the split's
+    float32 constants fit; outputs equal onnxruntime's float16 run to float16 rounding, relevance the float32
+    export's to the float16 rounding of the weights (a wrong mask or scale would be off by O(1))."""
+    feeds, ref = bert_reference
+    dst, ops = _optimized(tmp_path, "bert_ids_torchscriptdyn", "fp32", opt_level=1)
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    m = OnnxModel(onnx.load(str(dst)))
+    m.convert_float_to_float16(keep_io_types=True)
+    half = tmp_path / "bert_fp16.onnx"
+    m.save_model_to_file(str(half))
+    assert "Attention" in ops and any(i.data_type == TensorProto.FLOAT16 for i in onnx.load(str(half)).graph.initializer)
+    res = onnx_lrp.Explainer(half, composite="attnlrp").explain(feeds)
+    np.testing.assert_allclose(res.outputs["logits"], _run(str(half), feeds)[0], rtol=1e-2, atol=1e-3)
+    assert np.all(np.isfinite(res.relevance))
+    assert _rel_l2(res.relevance, ref["attnlrp"].relevance) <= 5e-3
