@@ -16,8 +16,13 @@ Called from :func:`onnx_lrp.deployed.canonize`. Each op keeps the exact semantic
 - ``EmbedLayerNormalization``: Gathers of the word, position (``position_ids`` or 0..S-1) and segment embeddings,
   their sum, ``LayerNormalization``; its integer ``mask_index`` output is the number of ones per row of the mask
   (zeros without a mask), its ``embedding_sum`` output the sum before the norm.
-- ``SkipSimplifiedLayerNormalization``: ``Add`` (input + skip (+ bias)) and the RMS norm as a TorchScript export
-  writes it (``x * (1 / sqrt(mean(x^2) + eps)) * gamma``), whose scale the rules detach (LXT).
+- ``SkipSimplifiedLayerNormalization`` / ``SimplifiedLayerNormalization``: ``Add`` (input + skip (+ bias)) and the
+  RMS norm as a TorchScript export writes it (``gamma * (x * (1 / sqrt(mean(x^2) + eps)))``), whose scale the rules
+  detach (LXT). The optimiser writes SimplifiedLayerNormalization in the default domain; the loader moves it here.
+- ``RotaryEmbedding``: HF's ``x * cos + rotate_half(x) * sin`` (or interleaved pairs), cos/sin gathered from the
+  caches at the position ids.
+- ``BiasAdd`` and ``BiasSplitGelu`` (diffusion models): ``x + bias + skip``; ``left * gelu(right)`` of the halves
+  of ``x + bias``.
 
 Refused with one line naming the node: past/present key-value state, rotary attention (``do_rotary``), packed
 or 4-D/5-D query/key/value layouts of MultiHeadAttention, 4-D masks, non-constant projection weights or biases,
@@ -34,7 +39,7 @@ from .ops.base import const
 
 MS = "com.microsoft"
 HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization",
-           "SimplifiedLayerNormalization", "RotaryEmbedding")
+           "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasAdd", "BiasSplitGelu")
 
 _INT64 = ir.DataType.INT64
 _PER_ROW = "lrp_mask_per_row"  # value meta: a 1-D mask of one entry per batch row
@@ -384,9 +389,30 @@ def _rotary(b, node) -> ir.Value:
     return y
 
 
+def _bias_add(b, node) -> ir.Value:
+    """BiasAdd (diffusion models): ``x + bias + skip``."""
+    x, bias, skip = node.inputs[:3]
+    y = b.op("Add", [x, bias], like=x, tag="bias")
+    return b.op("Add", [y, skip], like=x, tag="skip_sum")
+
+
+def _bias_split_gelu(b, node) -> ir.Value:
+    """BiasSplitGelu (diffusion models' GEGLU): ``left * gelu(right)`` of the halves of ``x + bias`` (last axis)."""
+    from .deployed import _gelu_erf
+
+    x, bias = node.inputs[:2]
+    width = x.shape[-1] if _rank(x) else None
+    if not isinstance(width, int) or width % 2:
+        raise _Refuse(f"an input of last dimension {width} (want a known even size)")
+    h = b.op("Add", [x, bias], like=x, tag="bias")
+    left = b.op("Slice", [h, _i64(b, [0], "s0"), _i64(b, [width // 2], "e0"), _i64(b, [-1], "ax")], tag="left")
+    right = b.op("Slice", [h, _i64(b, [width // 2], "s1"), _i64(b, [width], "e1"), _i64(b, [-1], "ax")], tag="right")
+    return b.op("Mul", [left, _gelu_erf(b, right, node.outputs[0])], like=node.outputs[0], tag="geglu")
+
+
 _SPLIT = {"Attention": _attention, "MultiHeadAttention": _mha, "EmbedLayerNormalization": _embed_layer_norm,
           "SkipSimplifiedLayerNormalization": _skip_simplified, "SimplifiedLayerNormalization": _simplified,
-          "RotaryEmbedding": _rotary}
+          "RotaryEmbedding": _rotary, "BiasAdd": _bias_add, "BiasSplitGelu": _bias_split_gelu}
 
 
 def split_transformer_ops(model: ir.Model) -> tuple[int, list]:

@@ -361,3 +361,22 @@ def test_optimized_float16_bert_is_upcast_then_split(tmp_path, bert_reference):
     np.testing.assert_allclose(res.outputs["logits"], _run(str(half), feeds)[0], rtol=1e-2, atol=1e-3)
     assert np.all(np.isfinite(res.relevance))
     assert _rel_l2(res.relevance, ref["attnlrp"].relevance) <= 5e-3
+
+
+def test_bias_add_and_bias_split_gelu_numpy_oracle():
+    """BiasAdd and BiasSplitGelu (diffusion models; onnxruntime has CUDA kernels only): ContribOperators.md's
+    formulas in numpy, x + bias + skip and left * gelu(right) of the halves of x + bias."""
+    from math import erf
+
+    rng = np.random.default_rng(9)
+    x, skip = (rng.standard_normal((B, S, D)).astype(np.float32) for _ in range(2))
+    bias = rng.standard_normal(D).astype(np.float32)
+    nodes = [helper.make_node("BiasAdd", ["x", "bias", "skip"], ["a"], domain="com.microsoft", name="badd"),
+             helper.make_node("BiasSplitGelu", ["a", "bias"], ["y"], domain="com.microsoft", name="bsg")]
+    m = _contrib(nodes, [_vi("x", TensorProto.FLOAT, x.shape), _vi("skip", TensorProto.FLOAT, x.shape)],
+                 [_vi("y", TensorProto.FLOAT, [B, S, D // 2])], dict(bias=bias))
+    a = x.astype(np.float64) + bias + skip + bias
+    left, right = a[..., :D // 2], a[..., D // 2:]
+    ref = left * 0.5 * right * (1 + np.vectorize(erf)(right / np.sqrt(2)))
+    got = _run(_split(m), {"x": x, "skip": skip}, optimise=False)[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
