@@ -24,8 +24,9 @@ one wherever the forward itself is what was deployed:
   SkipLayerNormalization are split back into standard ops (Conv + activation, Gemm + activation, Transpose + MatMul,
   the Erf / tanh GELU forms, Add + LayerNormalization).
 - **onnxruntime's transformer optimiser** (``onnxruntime.transformers.optimizer.optimize_model``): Attention,
-  MultiHeadAttention, EmbedLayerNormalization, (Skip)SimplifiedLayerNormalization and RotaryEmbedding are split
-  into the ops a TorchScript export writes (:mod:`onnx_lrp.fused`), with the contrib kernels' exact semantics.
+  MultiHeadAttention, EmbedLayerNormalization, (Skip)SimplifiedLayerNormalization, RotaryEmbedding, BiasAdd and
+  BiasSplitGelu are split into the ops a TorchScript export writes (:mod:`onnx_lrp.fused`), with the contrib
+  kernels' exact semantics.
 
 Not supported (load stops with one line listing every such node): onnxruntime's NCHWc layout
 (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), the

@@ -3,14 +3,15 @@ standard ops a TorchScript export writes, so that the attnlrp / cp-lrp patterns 
 activations, detached norm scales) apply and the explanation is the unoptimised export's.
 
 Called from :func:`onnx_lrp.deployed.canonize`. Each op keeps the exact semantics of onnxruntime's CPU kernel
-(checked against it on random inputs in tests/test_fused.py):
+(checked against it on random inputs in tests/test_fused.py; BiasAdd / BiasSplitGelu, CUDA-only, against numpy):
 
 - ``Attention`` (packed QKV projection): ``MatMul(x, W_q) + b_q`` (likewise K, V, with the weight and bias sliced
   as constants; ``qkv_hidden_sizes`` honoured) -> Reshape/Transpose to heads -> ``MatMul(q, k^T)`` -> ``Div`` by
   sqrt(head size) (or ``Mul`` by ``scale``) -> ``Add`` of the mask bias and of ``attention_bias`` -> ``Softmax``
   -> ``MatMul(p, v)`` -> Transpose/Reshape. ``mask_index`` of shape (B) (end positions), (2B) (end and start),
-  (B, T) (0/1 mask) or (B, S, T), and ``unidirectional`` become one additive bias of 0 / ``mask_filter_value``
-  computed from the integer mask only (it carries no relevance).
+  (B, T) (0/1 mask) or (B, S, T) become an additive bias of 0 / ``mask_filter_value``, ``unidirectional`` puts
+  the lowest float above the diagonal (as the kernel does); computed from the integer mask and shapes only (it
+  carries no relevance).
 - ``MultiHeadAttention`` with separate 3-D query, key and value (optional bias, ``key_padding_mask`` as above,
   ``attention_bias``, ``unidirectional``): the same from the projections on.
 - ``EmbedLayerNormalization``: Gathers of the word, position (``position_ids`` or 0..S-1) and segment embeddings,
@@ -35,8 +36,6 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from .ops.base import const
-
 MS = "com.microsoft"
 HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization",
            "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasAdd", "BiasSplitGelu")
@@ -51,6 +50,10 @@ class _Refuse(Exception):
 
 class _Unknown(_Refuse):
     """A rank the split needs is not known yet (shapes are inferred again and the node retried)."""
+
+
+def const(v: ir.Value | None) -> np.ndarray | None:
+    return None if v is None or v.const_value is None else v.const_value.numpy()
 
 
 def _used(v: ir.Value | None) -> bool:
@@ -422,7 +425,7 @@ def split_transformer_ops(model: ir.Model) -> tuple[int, list]:
     is retried after shape inference over what was split so far."""
     from .deployed import _reinfer_shapes
 
-    done, pending = 0, []
+    done = 0
     while True:
         n, refused, unknown = _split_pass(model.graph)
         done += n
