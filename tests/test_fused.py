@@ -201,7 +201,7 @@ def test_attention_with_past_state_is_refused_in_one_line():
 
 
 # ---------------------------------------------------------------------------------------------- real models
-def _optimized(tmp_path, case, tag, model_type="bert", **opts):
+def _optimized(tmp_path, case, tag, model_type="bert", src=GOLDENS, **opts):
     pytest.importorskip("onnxruntime.transformers.optimizer")
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -214,7 +214,7 @@ def _optimized(tmp_path, case, tag, model_type="bert", **opts):
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = optimize_model(str(GOLDENS / f"{case}.onnx"), model_type=model_type, num_heads=4, hidden_size=16,
+        m = optimize_model(str(src / f"{case}.onnx"), model_type=model_type, num_heads=4, hidden_size=16,
                            opt_level=level, use_gpu=False, optimization_options=o)
     dst = tmp_path / f"{case}_{tag}.onnx"
     m.save_model_to_file(str(dst))
@@ -380,3 +380,19 @@ def test_bias_add_and_bias_split_gelu_numpy_oracle():
     ref = left * 0.5 * right * (1 + np.vectorize(erf)(right / np.sqrt(2)))
     got = _run(_split(m), {"x": x, "skip": skip}, optimise=False)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_optimized_hf_vit_attention_explains_like_the_export(tmp_path):
+    """transformers 4.26's ViT (scripts/make_fused_exports.py): the optimiser fuses its attention (no mask) into
+    Attention; the relevance equals the export's."""
+    src = Path(__file__).parent / "goldens" / "fused"
+    if not (src / "vit_hf426.onnx").exists():
+        pytest.skip("no vit_hf426.onnx (python scripts/make_fused_exports.py)")
+    dst, ops = _optimized(tmp_path, "vit_hf426", "opt", model_type="vit", src=src, opt_level=1)
+    assert {"Attention", "SkipLayerNormalization"} <= set(ops), ops
+    x = np.random.default_rng(10).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    for comp in ("attnlrp", "cp-lrp"):
+        r0 = onnx_lrp.Explainer(src / "vit_hf426.onnx", composite=comp).explain(x)
+        res = onnx_lrp.Explainer(dst, composite=comp).explain(x)
+        np.testing.assert_allclose(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
+        assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
