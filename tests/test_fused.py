@@ -396,3 +396,21 @@ def test_optimized_hf_vit_attention_explains_like_the_export(tmp_path):
         res = onnx_lrp.Explainer(dst, composite=comp).explain(x)
         np.testing.assert_allclose(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
         assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
+
+
+def test_attention_dynamic_batch_mask_forms():
+    """A 1-D mask whose length is the input's symbolic batch is (B); one of another symbolic length cannot be told
+    from (2B) when splitting: refused in one line naming the node."""
+    rng = np.random.default_rng(11)
+    w, b = rng.standard_normal((D, 3 * D)).astype(np.float32), rng.standard_normal(3 * D).astype(np.float32)
+    x = rng.standard_normal((3, S, D)).astype(np.float32)
+    for mask_dim, ok in (("batch", True), ("n", False)):
+        node = helper.make_node("Attention", ["x", "w", "b", "m"], ["y"], domain="com.microsoft", name="att_dyn",
+                                num_heads=N)
+        m = _contrib([node], [_vi("x", TensorProto.FLOAT, ["batch", S, D]), _vi("m", TensorProto.INT32, [mask_dim])],
+                     [_vi("y", TensorProto.FLOAT, ["batch", S, D])], dict(w=w, b=b))
+        if ok:
+            _check(m, {"x": x, "m": np.array([2, 5, 0], np.int32)})
+        else:
+            with pytest.raises(UnsupportedError, match="att_dyn.*1-D mask of length n"):
+                loader.load(m.SerializeToString())
