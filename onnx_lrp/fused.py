@@ -160,7 +160,7 @@ def _heads(b, v: ir.Value, n: int, h: int, perm, tag: str) -> ir.Value:
 
 def _attend(b, node, q, k, v, n, hq, hv, scale, bias, attn_bias, like) -> ir.Value:
     """softmax(q k^T * scale + bias) v over heads, as a TorchScript export writes it; q, k, v of shape (B, S, .)."""
-    dt = _fdtype(node.inputs[0])  # constants in the model's float type (float16 is upcast after the split)
+    dt = _fdtype(node.inputs[0])  # constants in the model's float type (float32 once float16 is upcast)
     qh = _heads(b, q, n, hq, (0, 2, 1, 3), "q")
     kt = _heads(b, k, n, hq, (0, 2, 3, 1), "k")
     vh = _heads(b, v, n, hv, (0, 2, 1, 3), "v")
