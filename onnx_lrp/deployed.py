@@ -24,16 +24,16 @@ one wherever the forward itself is what was deployed:
   SkipLayerNormalization are split back into standard ops (Conv + activation, Gemm + activation, Transpose + MatMul,
   the Erf / tanh GELU forms, Add + LayerNormalization).
 - **onnxruntime's transformer optimiser** (``onnxruntime.transformers.optimizer.optimize_model``): Attention,
-  MultiHeadAttention, EmbedLayerNormalization, (Skip)SimplifiedLayerNormalization, RotaryEmbedding, BiasAdd and
-  BiasSplitGelu are split into the ops a TorchScript export writes (:mod:`onnx_lrp.fused`), with the contrib
-  kernels' exact semantics.
+  MultiHeadAttention, GroupQueryAttention (prompt, no past), EmbedLayerNormalization,
+  (Skip)SimplifiedLayerNormalization, RotaryEmbedding, BiasAdd and BiasSplitGelu are split into the ops a
+  TorchScript export writes (:mod:`onnx_lrp.fused`), with the contrib kernels' exact semantics.
 
 Not supported (load stops with one line listing every such node): onnxruntime's NCHWc layout
 (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), the
 QOperator quantization format (QLinearConv, QLinearMatMul, QGemm, ...; quantize with QuantFormat.QDQ instead),
 ORT's fused dynamic-quantization ops (DynamicQuantizeMatMul, MatMulIntegerToFloat, MatMulNBits, DynamicQuantizeLSTM),
-ORT's fused attention ops other than those above (GroupQueryAttention, PackedAttention, DecoderMaskedMultiHeadAttention,
-SparseAttention, ...) and the cases :mod:`onnx_lrp.fused` refuses (past/present key-value state, packed QKV layouts),
+ORT's fused attention ops other than those above (PackedAttention, DecoderMaskedMultiHeadAttention, SparseAttention,
+...) and the cases :mod:`onnx_lrp.fused` refuses (past/present key-value state, packed QKV layouts),
 fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger outside the
 ``quantize_dynamic`` pattern.
 """
@@ -63,7 +63,7 @@ _REFUSED_MS = {
           "supported" for t in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
                                 "DynamicQuantizeLSTM", "MatMulBnb4", "GatherBlockQuantized")},
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
-       for t in ("GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
+       for t in ("PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
                  "DecoderMaskedMultiHeadAttention", "SparseAttention", "LongformerAttention")},
 }
 _REFUSED_DEFAULT = {"QLinearConv": _REFUSED_MS["QLinearConv"], "QLinearMatMul": _REFUSED_MS["QLinearConv"]}

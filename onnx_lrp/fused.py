@@ -14,6 +14,8 @@ Called from :func:`onnx_lrp.deployed.canonize`. Each op keeps the exact semantic
   carries no relevance).
 - ``MultiHeadAttention`` with separate 3-D query, key and value (optional bias, ``key_padding_mask`` as above,
   ``attention_bias``, ``unidirectional``): the same from the projections on.
+- ``GroupQueryAttention`` on a prompt without past state: the same, K/V heads repeated as LLaMA's ``repeat_kv``,
+  causal (within ``local_window_size``), keys after ``seqlens_k`` masked.
 - ``EmbedLayerNormalization``: Gathers of the word, position (``position_ids`` or 0..S-1) and segment embeddings,
   their sum, ``LayerNormalization``; its integer ``mask_index`` output is the number of ones per row of the mask
   (zeros without a mask), its ``embedding_sum`` output the sum before the norm.
@@ -38,7 +40,7 @@ import onnx_ir as ir
 
 MS = "com.microsoft"
 HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization",
-           "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasAdd", "BiasSplitGelu")
+           "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasAdd", "BiasSplitGelu", "GroupQueryAttention")
 
 _INT64 = ir.DataType.INT64
 _PER_ROW = "lrp_mask_per_row"  # value meta: a 1-D mask of one entry per batch row
@@ -246,6 +248,78 @@ def _mha(b, node) -> ir.Value:
     return _attend(b, node, q, k, v, n, dq // n, dv // n, scale, mb, attn_bias, node.outputs[0])
 
 
+def _gqa(b, node) -> ir.Value:
+    """GroupQueryAttention on a prompt without past state: causal (within ``local_window_size``), keys after
+    ``seqlens_k[b]`` (the last valid index) masked, K/V heads repeated to the query heads as LLaMA's ``repeat_kv``
+    (Expand + Reshape); present_key / present_value are K and V in (B, N_kv, S, H)."""
+    from .deployed import _attr, _take_over
+
+    n, nkv = int(_attr(node, "num_heads", 0) or 0), int(_attr(node, "kv_num_heads", 0) or 0)
+    if n <= 0 or nkv <= 0 or n % nkv:
+        raise _Refuse(f"num_heads {n} and kv_num_heads {nkv}")
+    q, k, v, past_k, past_v, seqlens = (_opt(node, i) for i in range(6))
+    if past_k is not None or past_v is not None:
+        raise _Refuse("past key/value state (KV cache); only a prompt without past inputs is supported")
+    if int(_attr(node, "do_rotary", 0) or 0):
+        raise _Refuse("rotary embedding inside the op (do_rotary=1)")
+    if float(_attr(node, "softcap", 0.0) or 0.0) or int(_attr(node, "smooth_softmax", 0) or 0) or \
+            _opt(node, 11) is not None or (len(node.outputs) > 3 and _used(node.outputs[3])):
+        raise _Refuse("softcap, smooth softmax, head sinks or the QK output")
+    if seqlens is None:
+        raise _Refuse("no seqlens_k input")
+    d = q.shape[-1] if _rank(q) == 3 else None
+    if not isinstance(d, int):
+        raise _Refuse("a query of unknown hidden size")
+    if k is None:  # packed (B, S, (N + 2 N_kv) H)
+        h = d // (n + 2 * nkv)
+        cuts = np.cumsum([0, n * h, nkv * h, nkv * h])
+        q, k, v = (b.op("Slice", [q, _i64(b, [cuts[i]], "start"), _i64(b, [cuts[i + 1]], "end"),
+                                  _i64(b, [-1], "axis")], tag=tag) for i, tag in enumerate("qkv"))
+    else:
+        h = d // n
+    dt = _fdtype(node.inputs[0])
+    qh = _heads(b, q, n, h, (0, 2, 1, 3), "q")
+    kh = _heads(b, k, nkv, h, (0, 2, 1, 3), "k")  # (B, N_kv, S, H): present_key
+    vh = _heads(b, v, nkv, h, (0, 2, 1, 3), "v")
+    for o, t in zip(node.outputs[1:3], (kh, vh)):
+        if _used(o):
+            _take_over(o, t)
+    g = n // nkv
+    if g > 1:
+        kh, vh = (b.op("Reshape", [b.op("Expand", [b.op("Unsqueeze", [t, _i64(b, [2], "axes")], tag=f"{tag}_5d"),
+                                                   _i64(b, [1, 1, g, 1, 1], "groups")], tag=f"{tag}_groups"),
+                                   _i64(b, [0, n, -1, h], "heads_shape")], tag=f"{tag}_repeated")
+                  for t, tag in ((kh, "k"), (vh, "v")))
+    kt = b.op("Transpose", [kh], perm=[0, 1, 3, 2], tag="k_t")
+    s = b.op("MatMul", [qh, kt], tag="scores")
+    scale = float(_attr(node, "scale", 0.0) or 0.0)
+    if scale:
+        s = b.op("Mul", [s, b.const(np.array(scale, dt), "scale")], tag="scaled")
+    else:
+        s = b.op("Div", [s, b.const(np.array(math.sqrt(h), dt), "sqrt_head")], tag="scaled")
+    if _opt(node, 10) is not None:
+        s = b.op("Add", [s, node.inputs[10]], tag="attention_bias")
+    # the mask, from shapes and the integer seqlens_k only: causal, in the window, not after the last valid key
+    j = _positions(b, q, 1, "key_pos")
+    i2 = _set(b.op("Unsqueeze", [_positions(b, q, 1, "query_pos"), _i64(b, [1], "axes")], tag="query_col"), _INT64)
+    allowed = _set(b.op("LessOrEqual", [j, i2], tag="causal"), ir.DataType.BOOL)
+    window = int(_attr(node, "local_window_size", -1))
+    if window > 0:
+        lo = _set(b.op("Sub", [i2, b.const(np.array(window, np.int64), "window")], tag="window_start"), _INT64)
+        allowed = _set(b.op("And", [allowed, _set(b.op("Greater", [j, lo], tag="in_window"), ir.DataType.BOOL)],
+                            tag="allowed"), ir.DataType.BOOL)
+    last = _set(b.op("Reshape", [b.op("Cast", [seqlens], to=_INT64.value, tag="seqlens"),
+                                 _i64(b, [-1, 1, 1, 1], "mask_shape")], tag="last_key"), _INT64)
+    valid = _set(b.op("LessOrEqual", [j, last], tag="valid_key"), ir.DataType.BOOL)
+    allowed = _set(b.op("And", [allowed, valid], tag="allowed"), ir.DataType.BOOL)
+    bias = b.op("Where", [allowed, b.const(np.array(0, dt), "open"), b.const(np.array(np.finfo(dt).min, dt),
+                                                                               "filter")], tag="mask_bias")
+    s = b.op("Add", [s, bias], tag="masked")
+    p = b.op("Softmax", [s], axis=-1, tag="probs")
+    ctx = b.op("Transpose", [b.op("MatMul", [p, vh], tag="context")], perm=[0, 2, 1, 3], tag="context_t")
+    return b.op("Reshape", [ctx, _i64(b, [0, 0, n * h], "merge_shape")], like=node.outputs[0], tag="merged")
+
+
 def _embed_layer_norm(b, node) -> ir.Value:
     from .deployed import _attr, _take_over
 
@@ -415,7 +489,8 @@ def _bias_split_gelu(b, node) -> ir.Value:
 
 _SPLIT = {"Attention": _attention, "MultiHeadAttention": _mha, "EmbedLayerNormalization": _embed_layer_norm,
           "SkipSimplifiedLayerNormalization": _skip_simplified, "SimplifiedLayerNormalization": _simplified,
-          "RotaryEmbedding": _rotary, "BiasAdd": _bias_add, "BiasSplitGelu": _bias_split_gelu}
+          "RotaryEmbedding": _rotary, "BiasAdd": _bias_add, "BiasSplitGelu": _bias_split_gelu,
+          "GroupQueryAttention": _gqa}
 
 
 def split_transformer_ops(model: ir.Model) -> tuple[int, list]:

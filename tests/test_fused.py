@@ -356,7 +356,8 @@ def test_optimized_float16_bert_is_upcast_then_split(tmp_path, bert_reference):
     m.convert_float_to_float16(keep_io_types=True)
     half = tmp_path / "bert_fp16.onnx"
     m.save_model_to_file(str(half))
-    assert "Attention" in ops and any(i.data_type == TensorProto.FLOAT16 for i in onnx.load(str(half)).graph.initializer)
+    inits = onnx.load(str(half)).graph.initializer
+    assert "Attention" in ops and any(i.data_type == TensorProto.FLOAT16 for i in inits)
     res = onnx_lrp.Explainer(half, composite="attnlrp").explain(feeds)
     np.testing.assert_allclose(res.outputs["logits"], _run(str(half), feeds)[0], rtol=1e-2, atol=1e-3)
     assert np.all(np.isfinite(res.relevance))
@@ -414,3 +415,42 @@ def test_attention_dynamic_batch_mask_forms():
         else:
             with pytest.raises(UnsupportedError, match="att_dyn.*1-D mask of length n"):
                 loader.load(m.SerializeToString())
+
+
+@pytest.mark.parametrize("case", ["full", "padded", "window", "packed", "mqa"])
+def test_group_query_attention_prompt_matches_onnxruntime(case):
+    """A prompt without past state: causal, keys after seqlens_k masked (right padding), local window, packed QKV,
+    one KV head; output and present_key / present_value against the kernel."""
+    rng = np.random.default_rng(12)
+    n, nkv, h = 4, (1 if case == "mqa" else 2), 8
+    q = (2 * rng.standard_normal((B, S, n * h))).astype(np.float32)
+    k = (2 * rng.standard_normal((B, S, nkv * h))).astype(np.float32)
+    v = rng.standard_normal((B, S, nkv * h)).astype(np.float32)
+    seqlens = np.array([S - 1, 2 if case == "padded" else S - 1], np.int32)
+    feeds = {"sl": seqlens, "tot": np.array(S, np.int32)}
+    if case == "packed":
+        feeds["q"] = np.concatenate([q, k, v], -1)
+        ins, names = [_vi("q", TensorProto.FLOAT, feeds["q"].shape)], ["q", "", ""]
+    else:
+        feeds.update(q=q, k=k, v=v)
+        ins, names = [_vi(x, TensorProto.FLOAT, feeds[x].shape) for x in "qkv"], ["q", "k", "v"]
+    ins += [_vi("sl", TensorProto.INT32, [B]), _vi("tot", TensorProto.INT32, [])]
+    node = helper.make_node("GroupQueryAttention", names + ["", "", "sl", "tot"], ["y", "pk", "pv"],
+                            domain="com.microsoft", name="gqa", num_heads=n, kv_num_heads=nkv,
+                            local_window_size=2 if case == "window" else -1)
+    outs = [_vi("y", TensorProto.FLOAT, [B, S, n * h]), _vi("pk", TensorProto.FLOAT, [B, nkv, S, h]),
+            _vi("pv", TensorProto.FLOAT, [B, nkv, S, h])]
+    _check(_contrib([node], ins, outs, {}), feeds)
+
+
+def test_group_query_attention_with_past_is_refused_in_one_line():
+    n, nkv, h = 4, 2, 8
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tot"], ["y", "k2", "v2"],
+                            domain="com.microsoft", name="gqa_kv", num_heads=n, kv_num_heads=nkv)
+    ins = [_vi("q", TensorProto.FLOAT, [B, 1, n * h])] + [_vi(x, TensorProto.FLOAT, [B, 1, nkv * h]) for x in "kv"]
+    ins += [_vi(x, TensorProto.FLOAT, [B, nkv, "past", h]) for x in ("pk", "pv")]
+    ins += [_vi("sl", TensorProto.INT32, [B]), _vi("tot", TensorProto.INT32, [])]
+    m = _contrib([node], ins, [_vi("y", TensorProto.FLOAT, [B, 1, n * h])], {})
+    with pytest.raises(UnsupportedError, match="gqa_kv.*KV cache") as info:
+        loader.load(m.SerializeToString())
+    assert "\n" not in str(info.value)
