@@ -41,15 +41,20 @@ one wherever the forward itself is what was deployed:
   ``com.microsoft`` FusedConv, FusedGemm, FusedMatMul, Gelu, BiasGelu, FastGelu, QuickGelu and
   SkipLayerNormalization are split back into standard ops (Conv + activation, Gemm + activation, Transpose + MatMul,
   the Erf / tanh GELU forms, Add + LayerNormalization).
+- **onnxruntime's transformer optimiser** (``onnxruntime.transformers.optimizer.optimize_model``): Attention,
+  MultiHeadAttention, GroupQueryAttention (prompt, no past), EmbedLayerNormalization,
+  (Skip)SimplifiedLayerNormalization, RotaryEmbedding, BiasAdd and BiasSplitGelu are split into the ops a
+  TorchScript export writes (:mod:`onnx_lrp.fused`), with the contrib kernels' exact semantics.
 
 Not supported (load stops with one line listing every such node): onnxruntime's NCHWc layout
 (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), QOperator
 forms with no float counterpart here (QAttention, QEmbedLayerNormalization, QOrderedMatMul, channels_last pools,
 non-constant weights or bias scales, 8-bit ops whose scale cannot be found or that mix scales; quantize with
 QuantFormat.QDQ instead), ORT's weight-only block quantization (MatMulNBits, MatMulBnb4, GatherBlockQuantized),
-ORT's fused attention/embedding ops (Attention, MultiHeadAttention, GroupQueryAttention, EmbedLayerNormalization,
-...), fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger whose activation is not
-quantized by a (Dynamic)QuantizeLinear or whose output is not scaled by Cast -> Mul(scales).
+ORT's fused attention ops other than those :mod:`onnx_lrp.fused` splits (PackedAttention,
+DecoderMaskedMultiHeadAttention, SparseAttention, ...) and the cases it refuses (past/present key-value state,
+packed QKV layouts), fused activations other than the standard ONNX ones, and ConvInteger / MatMulInteger whose
+activation is not quantized by a (Dynamic)QuantizeLinear or whose output is not scaled by Cast -> Mul(scales).
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from . import fused
 from .canonize import to_initializer
 from .errors import ModelError, UnsupportedError
 from .ops.base import FLOAT_TYPES, ShapeOp, carries, const, register
@@ -74,10 +80,8 @@ _REFUSED_MS = {
           "QDQ (DequantizeLinear with block_size) instead" for t in ("MatMulNBits", "MatMulBnb4",
                                                                        "GatherBlockQuantized")},
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
-       for t in ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-                 "PackedMultiHeadAttention", "DecoderAttention", "DecoderMaskedMultiHeadAttention",
-                 "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization", "RotaryEmbedding",
-                 "SparseAttention", "LongformerAttention")},
+       for t in ("PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
+                 "DecoderMaskedMultiHeadAttention", "SparseAttention", "LongformerAttention")},
 }
 
 # activations a fused op may name, and how to build them (standard ONNX ops, all handled by the rules)
@@ -1003,14 +1007,16 @@ def canonize(model: ir.Model) -> list[str]:
     if not refused:
         if n_std or n_qop or n_dyn:
             _reinfer_shapes(model)
-        n_fused, r = split_fused(graph, opset)
-        refused += r
-        if n_fused:
-            notes.append(f"split {n_fused} onnxruntime fused op(s) into standard ops")
-            _reinfer_shapes(model)
-        n_up = upcast_low_precision(model)
+        n_up = upcast_low_precision(model)  # first: the splits below write float32 constants
         if n_up:
             notes.append(f"upcast float16/bfloat16 to float32 ({n_up} value(s))")
+        n_fused, r = split_fused(graph, opset)
+        refused += r
+        n_tf, r = fused.split_transformer_ops(model)  # Attention, EmbedLayerNormalization, ... (onnx_lrp/fused.py)
+        refused += r
+        if n_fused or n_tf:
+            notes.append(f"split {n_fused + n_tf} onnxruntime fused op(s) into standard ops")
+            _reinfer_shapes(model)
         n_w = fold_weight_dequantize(graph)
         if n_w:
             notes.append(f"folded {n_w} DequantizeLinear of constants to float")

@@ -168,6 +168,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     if len(proto.graph.node) == 0:
         raise ModelError(f"{name}: the graph has no nodes; is this the right file?")
     _check_text(proto, name)
+    proto = contrib_to_ms_domain(proto)
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:
@@ -198,6 +199,25 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         raise ModelError(f"{name}: shape inference failed ({str(exc).splitlines()[0]})") from None
     _check_types(proto, name)
     return _fill_same_shape(proto)
+
+
+# onnxruntime contrib ops that its transformer optimiser writes in the default domain, where the ONNX checker rejects
+# them: moved to com.microsoft, where onnx_lrp.fused splits them into standard ops
+DEFAULT_DOMAIN_CONTRIB = ("SimplifiedLayerNormalization",)
+
+
+def contrib_to_ms_domain(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` with :data:`DEFAULT_DOMAIN_CONTRIB` nodes of the main graph in com.microsoft (or
+    ``proto`` itself when it has none)."""
+    if not any(n.op_type in DEFAULT_DOMAIN_CONTRIB and n.domain in ("", "ai.onnx") for n in proto.graph.node):
+        return proto
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    for n in proto.graph.node:
+        if n.op_type in DEFAULT_DOMAIN_CONTRIB and n.domain in ("", "ai.onnx"):
+            n.domain = "com.microsoft"
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return proto
 
 
 def _all_nodes(proto: onnx.ModelProto):
@@ -529,16 +549,34 @@ def fold_constants(model: ir.Model) -> int:
     return folded
 
 
+def _shape_dims(v: ir.Value | None, opset: int, depth: int = 0) -> list | None:
+    """The dimensions (ints or symbols) a 1-D int64 value holds when it is a Shape, or a Gather/Slice with constant
+    indices of one (onnxruntime's transpose optimiser writes ``Gather(Shape(x), perm)`` for ``Shape(Transpose(x))``)."""
+    p = v.producer() if v is not None else None
+    if p is None or depth > 8:
+        return None
+    if p.op_type == "Shape":
+        if p.inputs[0] is None or p.inputs[0].shape is None:
+            return None
+        dims = list(p.inputs[0].shape)
+        return dims[p.attributes.get_int("start", 0):p.attributes.get_int("end", len(dims))]
+    if p.op_type in ("Gather", "Slice") and all(x is None or x.const_value is not None for x in p.inputs[1:]):
+        dims = _shape_dims(p.inputs[0], opset, depth + 1)
+        if dims is None:
+            return None
+        picked = _eval_node(p, opset, {0: np.arange(len(dims), dtype=np.int64)})
+        if picked is None or np.ndim(picked[0]) != 1:
+            return None
+        return [dims[int(i)] for i in picked[0]]
+    return None
+
+
 def _static_part_of_shape(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     """Gather/Slice of a Shape whose selected dimensions are static (dynamic batch or sequence axes elsewhere):
     e.g. the head size GPT-2 reads from ``value.size(-1)``."""
-    src = node.inputs[0]
-    shape_node = src.producer() if src is not None else None
-    if shape_node is None or shape_node.op_type != "Shape" or shape_node.inputs[0] is None or \
-            shape_node.inputs[0].shape is None:
+    dims = _shape_dims(node.inputs[0], opset)
+    if dims is None:
         return None
-    dims = list(shape_node.inputs[0].shape)
-    dims = dims[shape_node.attributes.get_int("start", 0):shape_node.attributes.get_int("end", len(dims))]
     picked = _eval_node(node, opset, {0: np.arange(len(dims), dtype=np.int64)})
     if picked is None:
         return None
