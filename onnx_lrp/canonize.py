@@ -614,7 +614,8 @@ def layernorm_statistics(graph: ir.Graph) -> None:
         axis = node.attributes.get_int("axis", -1) % rank
         stash = ir.DataType(node.attributes.get_int("stash_type", 1))
         stat_shape = ir.Shape([x.shape[i] if i < axis else 1 for i in range(rank)])
-        names = [o.name for o in node.outputs] + [f"{node.name or 'layernorm'}/mean", f"{node.name or 'layernorm'}/inv_std"][len(node.outputs) - 1:]
+        base = node.name or "layernorm"
+        names = [o.name for o in node.outputs] + [f"{base}/mean", f"{base}/inv_std"][len(node.outputs) - 1:]
         inputs = list(node.inputs)
         while inputs and inputs[-1] is None:  # an empty optional bias ("") with the statistics outputs crashes
             inputs.pop()                      # onnxruntime 1.32's extended optimisations (segfault): drop it

@@ -157,9 +157,9 @@ class Session:
             node = re.search(r"running (\w+) node\. Name:'([^']*)'", msg)
             if node and not node.group(2).startswith("lrp/"):  # a node of the model itself, not of the relevance
                 raise ModelError(f"onnxruntime cannot run node {node.group(2)} ({node.group(1)}) of the model "
-                                 f"itself on this input: {msg.split('Status Message:')[-1].strip()[:200]}; check that the "
-                                 "model runs in plain onnxruntime on this input (a model traced for one input, e.g. "
-                                 "a MoE export's unrolled expert loop, fails on others; an old opset lifted to 17 "
+                                 f"itself on this input: {msg.split('Status Message:')[-1].strip()[:200]}; check that "
+                                 "the model runs in plain onnxruntime on this input (a model traced for one input, "
+                                 "e.g. a MoE export's unrolled expert loop, fails on others; an old opset lifted to 17 "
                                  "can break, e.g. PRelu slopes: re-export with opset >= 17)") from None
             if node and node.group(2).startswith("lrp/start/"):  # rows of the explained output are not the items
                 raise InputError("the explained output's first axis does not follow the inputs' batch axis at run "
