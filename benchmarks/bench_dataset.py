@@ -1,7 +1,7 @@
 """Items per second when explaining a dataset of image files: a plain loop vs the local engine vs Ray.
 
 For each model it prints, in one run on this machine:
-  decode     reading + decoding + preprocessing the files alone (cli/io.py's load_image, one thread)
+  decode     reading + decoding + preprocessing the files alone (onnx_lrp/inputs.py's load_image, one thread)
   explain    Explainer.explain alone on the decoded batches
   loop       a plain loop: per batch decode the files, Explainer.explain, np.savez the result
   local      onnx_lrp.explain_dataset(engine="local") (decode and write overlap with the onnxruntime run)
@@ -77,7 +77,7 @@ def make_pngs(folder: Path, n: int) -> Path:
 
 def run(name, model, folder, batch, shard, pre, engines, workers):
     import onnx_lrp
-    from onnx_lrp.cli.io import Preprocess, image_layout, input_infos, load_image
+    from onnx_lrp.inputs import Preprocess, image_layout, input_infos, load_image
 
     ex = onnx_lrp.Explainer(model)
     files = sorted(folder.iterdir())

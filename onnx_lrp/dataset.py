@@ -36,10 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-# the readers of the command line (cli/io.py holds no click code): images with --size/--mean/--std, .npy, .npz
-from .cli.io import (ARRAY_SUFFIXES, IMAGE_SUFFIXES, OutputError, Preprocess, image_layout, input_infos,
-                     load_image, load_npy, load_npz)
-from .errors import InputError, LrpError
+from .errors import InputError, LrpError, OutputError
+from .inputs import (ARRAY_SUFFIXES, IMAGE_SUFFIXES, Preprocess, image_layout, input_infos, load_image, load_npy,
+                     load_npz)
 
 FORMAT = 1
 MANIFEST = "manifest.json"

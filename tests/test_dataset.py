@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import onnx_lrp
-from onnx_lrp.cli.io import Preprocess, image_layout, input_infos, load_image
+from onnx_lrp.inputs import Preprocess, image_layout, input_infos, load_image
 from onnx_lrp.cli.main import main
 from onnx_lrp.dataset import MANIFEST, SHARD_DIR, explain_dataset, read_shards
 
@@ -380,3 +380,24 @@ def test_check_engine_ray_recomputes_a_snapshot(tmp_path, digits, ray_cluster):
                                   "2", "--batch-size", "5", "--max-rel-l2", "1e-6", "--max-output-diff", "1e-6",
                                   "--min-cosine", "0.999999"])
     assert r.exit_code == 0 and "OK: all 24 sample(s)" in r.stdout, r.output
+
+
+def test_the_package_never_imports_the_command_line():
+    """Imports run cli -> API -> ...: no module of onnx_lrp (outside cli/) imports onnx_lrp.cli (the dataset
+    engines read inputs through onnx_lrp.inputs, which cli/io.py re-exports)."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "onnx_lrp").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [("onnx_lrp." if node.level else "") + (node.module or "")]
+            else:
+                continue
+            offenders += [f"{path.name}: {n}" for n in names if n == "onnx_lrp.cli" or n.startswith("onnx_lrp.cli.")]
+    assert not offenders, offenders
+    import onnx_lrp.cli.io as cli_io
+    import onnx_lrp.inputs as inputs
+    assert cli_io.load_image is inputs.load_image and cli_io.Preprocess is inputs.Preprocess
