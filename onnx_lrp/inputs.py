@@ -3,8 +3,8 @@
 (cli/io.py re-exports these names).
 
 * :func:`load_inputs` reads a file or a directory of files of one kind into one :class:`Batch`.
-* :func:`load_image` decodes one image; :func:`decode_images` decodes many into one batch array (the dataset
-  engines: one normalisation per batch, not per image).
+* :func:`load_image` decodes one image; :func:`decode_pixels` + :func:`normalise_pixels` are its two halves, so
+  that the dataset engines decode many images and normalise them as one batch (the same numbers).
 
 Every problem raises :class:`onnx_lrp.LrpError` (one line naming the file and what to do).
 """
@@ -178,14 +178,29 @@ def load_image(path: Path, layout: ImageLayout, pre: Preprocess, data: bytes | N
         -> tuple[np.ndarray, np.ndarray]:
     """(model input [C,H,W] or [H,W,C] float32, display image uint8 [H,W,3]) from an image file (or from its
     encoded bytes ``data``, e.g. a Parquet column; ``path`` then only names it in messages)."""
-    from PIL import Image, UnidentifiedImageError
+    pixels = decode_pixels(path, layout, pre, data)
+    x = normalise_pixels(pixels[None], layout, pre)[0]
+    hwc = pixels.astype(np.float32) / 255.0
+    display = np.repeat(hwc, 3, axis=2) if layout.channels == 1 else hwc
+    return x, (display * 255 + 0.5).astype(np.uint8)
 
-    path = Path(path)
-    if data is None:
-        _check_file(path)
+
+def image_size(layout: ImageLayout, pre: Preprocess, path) -> tuple[int, int]:
+    """(H, W) images are resized to: --size, else the model's input size."""
     size = pre.size or ((layout.height, layout.width) if layout.height and layout.width else None)
     if size is None:
-        raise InputError(f"the model's input size is dynamic; give --size H,W to resize {path.name}")
+        raise InputError(f"the model's input size is dynamic; give --size H,W to resize {Path(path).name}")
+    return size
+
+
+def decode_pixels(path, layout: ImageLayout, pre: Preprocess, data: bytes | None = None) -> np.ndarray:
+    """The pixels [H,W,C] uint8 of an image file (or of its encoded bytes ``data``), converted to the model's
+    channels and resized as ``pre`` says; :func:`normalise_pixels` makes model input of them."""
+    from PIL import Image, UnidentifiedImageError
+
+    if data is None:
+        _check_file(Path(path))
+    size = image_size(layout, pre, path)
     try:
         with Image.open(path if data is None else io.BytesIO(data)) as im:
             im.load()
@@ -203,12 +218,15 @@ def load_image(path: Path, layout: ImageLayout, pre: Preprocess, data: bytes | N
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InputError(f"input {path} is not a readable image ({type(exc).__name__}: {_first_line(exc)}); give "
                          "a PNG or JPEG file") from None
+    return pixels.reshape(size[0], size[1], layout.channels)
+
+
+def normalise_pixels(pixels: np.ndarray, layout: ImageLayout, pre: Preprocess) -> np.ndarray:
+    """Model input float32 [N,C,H,W] (or [N,H,W,C]) of pixels [N,H,W,C] uint8: (pixels / 255 - mean) / std, the
+    same numbers per image whether one image or a batch is normalised (element-wise operations only)."""
     mean, std = pre.per_channel(layout.channels)
-    hwc = pixels.reshape(size[0], size[1], layout.channels).astype(np.float32) / 255.0
-    x = (hwc - mean) / std
-    x = x if layout.channels_last else np.transpose(x, (2, 0, 1))
-    display = np.repeat(hwc, 3, axis=2) if layout.channels == 1 else hwc
-    return np.ascontiguousarray(x, dtype=np.float32), (display * 255 + 0.5).astype(np.uint8)
+    x = (pixels.astype(np.float32) / 255.0 - mean) / std
+    return np.ascontiguousarray(x if layout.channels_last else np.transpose(x, (0, 3, 1, 2)), dtype=np.float32)
 
 
 @dataclass
@@ -345,5 +363,5 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = ["ARRAY_SUFFIXES", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo",
-           "Preprocess", "directory_files", "image_layout", "input_infos", "input_kind", "load_image", "load_inputs",
-           "load_npy", "load_npz", "model_channel_axis", "model_input_dims"]
+           "Preprocess", "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind", "load_image",
+           "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims", "normalise_pixels"]
