@@ -670,6 +670,7 @@ class Output:
                 p.unlink()
         self.resumed = len(self.done)
         self.saved_at = -float("inf")
+        self.first_at = None  # perf_counter when this run's first shard was recorded
 
     def _read(self):
         p = self.dir / MANIFEST
@@ -685,6 +686,8 @@ class Output:
         end), so its cost stays small for many shards: a killed run redoes at most that much work."""
         with self.lock:
             self.done[int(rec["index"])] = rec
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
             now = time.monotonic()
             if now - self.saved_at >= MANIFEST_EVERY_S:
                 self.save()
@@ -774,6 +777,13 @@ def run_local(ex, source: Source, todo: list[tuple[int, int, int]], out: Output,
             raise
 
 
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def explainer_payload(ex) -> dict:
     """What rebuilds an Explainer in another process without loading or rewriting the model again: the relevance
     model's bytes and the Explainer's settings (everything but its onnxruntime session)."""
@@ -816,7 +826,8 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     ``explainer_options`` go to :class:`onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
     parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
     (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer built by the caller.
-    A summary: item count, explained, failed, shards (written now / resumed), seconds, items/s.
+    A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
+    shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
     """
     from . import __version__
     from .explainer import Explainer
@@ -862,8 +873,7 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     t0 = time.perf_counter()
     try:
         if todo and engine == "local":
-            run_local(ex, src, todo, out, int(batch_size), workers or min(4, os.cpu_count() or 1), target, start,
-                      prog)
+            run_local(ex, src, todo, out, int(batch_size), workers or min(4, cpu_cores()), target, start, prog)
         elif todo:
             from .ray import run_ray
             run_ray(ex, src, todo, out, int(batch_size), workers, target, start, prog, ray_address)
@@ -877,7 +887,8 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     done_items = sum(hi - lo for _, lo, hi in todo)
     return dict(out_dir=str(out.dir), engine=engine, items=n, explained=m["explained"], failed=len(m["failed"]),
                 shards=len(all_shards), shards_written=len(todo), shards_resumed=out.resumed,
-                seconds=round(seconds, 3), items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
+                seconds=round(seconds, 3),
+                first_shard_s=round(out.first_at - t0, 3) if out.first_at is not None else None, items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
                 manifest=str(out.dir / MANIFEST), errors=str(out.dir / ERRORS))
 
 
