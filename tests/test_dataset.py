@@ -120,6 +120,33 @@ def test_shard_with_decoding_threads_equals_sequential(tmp_path, ex, digits):
     np.testing.assert_array_equal(a.arrays["targets"], tgt)
 
 
+def test_images_and_arrays_in_one_directory_and_a_size_that_does_not_fit(tmp_path, ex, digits):
+    """Images are decoded per file and normalised per shard: mixed with .npy items they keep the source order and
+    equal load_image + a single explain; a --size the model cannot take fails every image under its own id, and
+    the .npy items of the same shards are still explained."""
+    src = tmp_path / "mixed"
+    src.mkdir()
+    pixels = (digits[:6, 0] * 255).round().astype(np.uint8)
+    for i in range(6):
+        if i % 2:
+            np.save(src / f"i{i}.npy", pixels[i][None].astype(np.float32) / 255)
+        else:
+            Image.fromarray(pixels[i]).save(src / f"i{i}.png")
+    ids = [f"i{i}.{'npy' if i % 2 else 'png'}" for i in range(6)]
+    s = explain_dataset(DIGITS, src, tmp_path / "out", shard_size=4, batch_size=3, workers=2)
+    assert (s["explained"], s["failed"]) == (6, 0) and s["first_shard_s"] <= s["seconds"]
+    layout = image_layout(input_infos(ex.inputs)[0])
+    x = np.stack([load_image(src / i, layout, Preprocess())[0] if i.endswith(".png") else np.load(src / i)
+                  for i in ids])
+    rel, tgt = single(ex, x)
+    assert_same(tmp_path / "out", ids, rel, tgt)
+    s = explain_dataset(DIGITS, src, tmp_path / "small", shard_size=4, batch_size=3, size=(8, 8))
+    errors = [json.loads(line) for line in (tmp_path / "small" / "errors.jsonl").read_text().splitlines()]
+    assert [e["item"] for e in errors] == ids[0::2] and s["explained"] == 3
+    assert all(f"item {e['item']} " in e["error"] and "1x8x8" in e["error"] for e in errors)
+    assert_same(tmp_path / "small", ids[1::2], rel[1::2], tgt[1::2])
+
+
 def test_glob_and_npz_and_target_list(tmp_path, ex, digits):
     x = digits[:12]
     for i in range(6):
