@@ -223,10 +223,19 @@ def decode_pixels(path, layout: ImageLayout, pre: Preprocess, data: bytes | None
 
 def normalise_pixels(pixels: np.ndarray, layout: ImageLayout, pre: Preprocess) -> np.ndarray:
     """Model input float32 [N,C,H,W] (or [N,H,W,C]) of pixels [N,H,W,C] uint8: (pixels / 255 - mean) / std, the
-    same numbers per image whether one image or a batch is normalised (element-wise operations only)."""
+    same numbers per image whether one image or a batch is normalised (element-wise operations only). Computed in
+    place, written straight into the channels-first layout, ~1 MB at a time (it stays in the CPU cache)."""
     mean, std = pre.per_channel(layout.channels)
-    x = (pixels.astype(np.float32) / 255.0 - mean) / std
-    return np.ascontiguousarray(x if layout.channels_last else np.transpose(x, (0, 3, 1, 2)), dtype=np.float32)
+    n, h, w, c = pixels.shape
+    out = np.empty((n, h, w, c) if layout.channels_last else (n, c, h, w), np.float32)
+    view = out if layout.channels_last else out.transpose(0, 2, 3, 1)
+    step = max(1, (1 << 20) // max(1, 4 * h * w * c))
+    for lo in range(0, n, step):
+        v = view[lo:lo + step]
+        np.divide(pixels[lo:lo + step], np.float32(255.0), out=v)
+        np.subtract(v, mean, out=v)
+        np.divide(v, std, out=v)
+    return out
 
 
 @dataclass
