@@ -428,3 +428,19 @@ def test_the_package_never_imports_the_command_line():
     import onnx_lrp.cli.io as cli_io
     import onnx_lrp.inputs as inputs
     assert cli_io.load_image is inputs.load_image and cli_io.Preprocess is inputs.Preprocess
+
+
+def test_directory_listing_equals_pathlib(tmp_path):
+    """list_files (one scandir per directory) = the pathlib definition: every file below the root, sorted by relative
+    POSIX path, hidden entries skipped, symbolic links to files kept and to directories not followed."""
+    from onnx_lrp.dataset import list_files
+    root = tmp_path / "src"
+    for p in ["a/b/x.png", "a/.h/y.png", ".z.png", "b.npy", "a/c.jpg", "a/b/.q.npy", "A/d.png", "a b/é.png", "a.b/e.png"]:
+        (root / p).parent.mkdir(parents=True, exist_ok=True)
+        (root / p).write_bytes(b"x")
+    os.symlink(root / "a", root / "link_dir")
+    os.symlink(root / "b.npy", root / "link.npy")
+    os.symlink(root / "missing", root / "broken.png")
+    want = sorted(Path(os.path.relpath(p, root)).as_posix() for p in root.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(root).parts) and "link_dir" not in p.parts)
+    assert list_files(root) == want and "link.npy" in want and "a/c.jpg" in want and len(want) == 7
