@@ -888,7 +888,8 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     return dict(out_dir=str(out.dir), engine=engine, items=n, explained=m["explained"], failed=len(m["failed"]),
                 shards=len(all_shards), shards_written=len(todo), shards_resumed=out.resumed,
                 seconds=round(seconds, 3),
-                first_shard_s=round(out.first_at - t0, 3) if out.first_at is not None else None, items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
+                first_shard_s=round(out.first_at - t0, 3) if out.first_at is not None else None,
+                items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
                 manifest=str(out.dir / MANIFEST), errors=str(out.dir / ERRORS))
 
 

@@ -372,5 +372,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = ["ARRAY_SUFFIXES", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo",
-           "Preprocess", "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind", "load_image",
-           "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims", "normalise_pixels"]
+           "Preprocess", "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind",
+           "load_image", "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims",
+           "normalise_pixels"]

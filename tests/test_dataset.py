@@ -435,7 +435,8 @@ def test_directory_listing_equals_pathlib(tmp_path):
     POSIX path, hidden entries skipped, symbolic links to files kept and to directories not followed."""
     from onnx_lrp.dataset import list_files
     root = tmp_path / "src"
-    for p in ["a/b/x.png", "a/.h/y.png", ".z.png", "b.npy", "a/c.jpg", "a/b/.q.npy", "A/d.png", "a b/é.png", "a.b/e.png"]:
+    for p in ["a/b/x.png", "a/.h/y.png", ".z.png", "b.npy", "a/c.jpg", "a/b/.q.npy", "A/d.png", "a b/é.png",
+              "a.b/e.png"]:
         (root / p).parent.mkdir(parents=True, exist_ok=True)
         (root / p).write_bytes(b"x")
     os.symlink(root / "a", root / "link_dir")
