@@ -1,20 +1,22 @@
 """Items per second when explaining a dataset of image files: a plain loop vs the local engine vs Ray.
 
-For each model it prints, in one run on this machine:
-  decode     reading + decoding + preprocessing the files alone (cli/io.py's load_image, one thread)
-  explain    Explainer.explain alone on the decoded batches
-  loop       a plain loop: per batch decode the files, Explainer.explain, np.savez the result
-  local      onnx_lrp.explain_dataset(engine="local") (decode and write overlap with the onnxruntime run)
-  ray        onnx_lrp.explain_dataset(engine="ray") on a local Ray cluster (ray.init(num_cpus=CPUs)), the
-             cluster already started; the time includes starting the actors, which "ray 1 item" (a one-file
-             source) measures alone, and "ray - fixed" takes off
-and the ratios engine/loop (goal: >= 0.9). Overlap shows as local ~ max(decode, explain) rather than the sum.
+For each model it prints, on this machine, the best of --repeat interleaved rounds (the machine is shared: the
+best round is the least disturbed one; the load average is printed before and after):
+  decode        reading + decoding + preprocessing the files alone (onnx_lrp/inputs.py's load_image, one thread)
+  explain       Explainer.explain alone on the decoded batches
+  loop          a plain loop: per batch decode the files (load_image), Explainer.explain, np.savez the result
+  local         onnx_lrp.explain_dataset(engine="local") (decode and write overlap with the onnxruntime run)
+  ray (start)   engine="ray" on a local Ray cluster (ray.init(num_cpus=CPUs) before timing): seconds until the
+                first shard is written (actor processes, imports, sessions, the first shard)
+  ray (steady)  the items after the first shard over the time after it: the engine's throughput
+  ray (total)   the whole run, start included
+and the ratios to the loop (goal: >= 0.9). Overlap shows as local ~ max(decode, explain) rather than the sum.
 
-    python benchmarks/bench_dataset.py [--models resnet18,digits] [--items 96,2000] [--no-ray]
+    python benchmarks/bench_dataset.py [--models resnet18,digits] [--items 96,2000] [--repeat 3] [--no-ray]
 
 Models: ResNet18 (torchvision, random weights, exported to ONNX; needs torch + torchvision) on 224x224 JPEG files
 generated into /tmp (smooth random images, 256x256, resized by the reader), and models/digits_cnn.onnx on its
-held-out images written as PNG files. The machine is shared: run it when it is quiet and say so with the numbers.
+held-out images written as PNG files. Run it when the machine is quiet and say so (and the load) with the numbers.
 """
 from __future__ import annotations
 
@@ -75,9 +77,9 @@ def make_pngs(folder: Path, n: int) -> Path:
     return folder
 
 
-def run(name, model, folder, batch, shard, pre, engines, workers):
+def run(name, model, folder, batch, shard, pre, engines, workers, repeat):
     import onnx_lrp
-    from onnx_lrp.cli.io import Preprocess, image_layout, input_infos, load_image
+    from onnx_lrp.inputs import Preprocess, image_layout, input_infos, load_image
 
     ex = onnx_lrp.Explainer(model)
     files = sorted(folder.iterdir())
@@ -85,49 +87,51 @@ def run(name, model, folder, batch, shard, pre, engines, workers):
     prep = Preprocess(None, pre["mean"], pre["std"])
     layout = image_layout(input_infos(ex.inputs)[0])
     ex.explain(np.stack([load_image(f, layout, prep)[0] for f in files[:batch]]))  # warm-up
-
-    t0 = time.perf_counter()
-    decoded = [np.stack([load_image(f, layout, prep)[0] for f in files[lo:lo + batch]]) for lo in range(0, n, batch)]
-    t_decode = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for x in decoded:
-        ex.explain(x)
-    t_explain = time.perf_counter() - t0
-    del decoded
-
     out = Path(tempfile.mkdtemp(prefix="bench_dataset_"))
-    t0 = time.perf_counter()
-    for k, lo in enumerate(range(0, n, batch)):
-        x = np.stack([load_image(f, layout, prep)[0] for f in files[lo:lo + batch]])
-        e = ex.explain(x)
-        np.savez(out / f"loop{k:05d}.npz", relevance=e.relevance, targets=e.target)
-    t_loop = time.perf_counter() - t0
-    rows = [("decode", t_decode), ("explain", t_explain), ("loop", t_loop)]
-    for engine in engines:
-        if engine == "ray":  # the fixed cost: actors start (processes, imports, sessions) for every run
-            one = out / "one"
-            one.mkdir()
-            shutil.copy(files[0], one / files[0].name)
-            t0 = time.perf_counter()
-            onnx_lrp.explain_dataset(model, one, out / "ray-one", engine="ray", batch_size=batch, workers=workers,
-                                     mean=pre["mean"], std=pre["std"])
-            t_fixed = time.perf_counter() - t0
-            rows.append(("ray 1 item", t_fixed))
+    times: dict[str, list[float]] = {}
+
+    def note(label, t):
+        times.setdefault(label, []).append(t)
+
+    for r in range(repeat):
         t0 = time.perf_counter()
-        s = onnx_lrp.explain_dataset(model, folder, out / engine, engine=engine, batch_size=batch, shard_size=shard,
-                                     workers=workers, mean=pre["mean"], std=pre["std"],
-                                     explainer=ex if engine == "local" else None)
-        rows.append((engine, time.perf_counter() - t0))
-        assert s["explained"] == n, s
-        if engine == "ray":
-            rows.append(("ray - fixed", rows[-1][1] - t_fixed))
+        decoded = [np.stack([load_image(f, layout, prep)[0] for f in files[lo:lo + batch]])
+                   for lo in range(0, n, batch)]
+        note("decode", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for x in decoded:
+            ex.explain(x)
+        note("explain", time.perf_counter() - t0)
+        del decoded
+        t0 = time.perf_counter()
+        for k, lo in enumerate(range(0, n, batch)):
+            x = np.stack([load_image(f, layout, prep)[0] for f in files[lo:lo + batch]])
+            e = ex.explain(x)
+            np.savez(out / f"loop{k:05d}.npz", relevance=e.relevance, targets=e.target)
+        note("loop", time.perf_counter() - t0)
+        for engine in engines:
+            t0 = time.perf_counter()
+            s = onnx_lrp.explain_dataset(model, folder, out / f"{engine}{r}", engine=engine, batch_size=batch,
+                                         shard_size=shard, workers=workers, mean=pre["mean"], std=pre["std"],
+                                         explainer=ex if engine == "local" else None)
+            t = time.perf_counter() - t0
+            assert s["explained"] == n, s
+            shutil.rmtree(out / f"{engine}{r}")
+            if engine == "local":
+                note("local", t)
+            else:  # steady state: the items after the first shard over the time after it
+                note("ray (start)", s["first_shard_s"])
+                note("ray (steady)", (t - s["first_shard_s"]) * n / (n - min(shard, n)) if n > shard else t)
+                note("ray (total)", t)
     shutil.rmtree(out, ignore_errors=True)
-    print(f"\n{name}: {n} files, batch {batch}, shard {shard}, {os.cpu_count()} CPUs")
-    print(f"{'':10s} {'seconds':>8s} {'items/s':>8s} {'ms/item':>8s} {'vs loop':>8s}")
-    for label, t in rows:
-        ratio = f"{t_loop / t:8.2f}" if label not in ("decode", "explain", "loop", "ray 1 item") else ""
-        print(f"{label:10s} {t:8.2f} {n / t:8.1f} {1000 * t / n:8.2f} {ratio}")
-    return rows
+    best = {k: min(v) for k, v in times.items()}
+    print(f"\n{name}: {n} files, batch {batch}, shard {shard}, {os.cpu_count()} CPUs, best of {repeat}")
+    print(f"{'':13s} {'seconds':>8s} {'items/s':>8s} {'ms/item':>8s} {'vs loop':>8s}   all rounds (s)")
+    for label, t in best.items():
+        ratio = f"{best['loop'] / t:8.2f}" if label in ("local", "ray (steady)", "ray (total)") else " " * 8
+        per = "" if label == "ray (start)" else f"{n / t:8.1f} {1000 * t / n:8.2f}"
+        print(f"{label:13s} {t:8.2f} {per or ' ' * 17} {ratio}   {' '.join(f'{v:.2f}' for v in times[label])}")
+    return best
 
 
 def main(argv=None):
@@ -136,6 +140,7 @@ def main(argv=None):
     ap.add_argument("--items", default="96,2000", help="files per model, in --models order")
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds; the best is printed")
     args = ap.parse_args(argv)
     engines = ["local"] + ([] if args.no_ray else ["ray"])
     if "ray" in engines:
@@ -143,17 +148,19 @@ def main(argv=None):
         t0 = time.perf_counter()
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         print(f"ray.init (local cluster): {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     tmp = Path(tempfile.gettempdir()) / "onnx_lrp_bench_dataset"
     tmp.mkdir(exist_ok=True)
     for name, n in zip(args.models.split(","), map(int, args.items.split(","))):
         if name == "resnet18":
             model = build_resnet18(tmp / "resnet18.onnx")
-            run(name, model, make_jpegs(tmp / f"jpeg{n}", n), 16, 16, IMAGENET, engines, args.workers)
+            run(name, model, make_jpegs(tmp / f"jpeg{n}", n), 16, 16, IMAGENET, engines, args.workers, args.repeat)
         elif name == "digits":
             run(name, ROOT / "models" / "digits_cnn.onnx", make_pngs(tmp / f"png{n}", n), 64, 128,
-                dict(mean=(0.0,), std=(1.0,)), engines, args.workers)
+                dict(mean=(0.0,), std=(1.0,)), engines, args.workers, args.repeat)
         else:
             raise SystemExit(f"unknown model {name}")
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -36,10 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-# the readers of the command line (cli/io.py holds no click code): images with --size/--mean/--std, .npy, .npz
-from .cli.io import (ARRAY_SUFFIXES, IMAGE_SUFFIXES, OutputError, Preprocess, image_layout, input_infos,
-                     load_image, load_npy, load_npz)
-from .errors import InputError, LrpError
+from .errors import InputError, LrpError, OutputError
+from .inputs import (ARRAY_SUFFIXES, IMAGE_SUFFIXES, Preprocess, decode_pixels, image_layout, input_infos, load_image,
+                     load_npy, load_npz, normalise_pixels)
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -74,8 +73,7 @@ class Source:
 
     def fingerprint(self) -> str:
         h = hashlib.sha256(self.kind.encode())
-        for i in self.ids:
-            h.update(i.encode() + b"\n")
+        h.update("".join(f"{i}\n" for i in self.ids).encode())  # = one update per id
         return h.hexdigest()
 
     def read_item(self, i: int) -> dict:
@@ -127,11 +125,40 @@ class FileSource(Source):
 
     kind = "files"
 
-    def __init__(self, path, files: list[Path], root: Path, infos, pre):
+    def __init__(self, path, files: list, root, infos, pre, ids: list[str] | None = None):
         super().__init__(path, infos, pre)
         self.root = str(root)
-        self.ids = [Path(os.path.relpath(f, root)).as_posix() if root else str(f) for f in files]
+        self.ids = ids if ids is not None else [
+            Path(os.path.relpath(f, root)).as_posix() if root else str(f) for f in files]
         self.files = [str(f) for f in files]
+
+    def read(self, lo, hi):
+        """Images are decoded one by one and normalised together (one array operation per shard, the same numbers
+        as :func:`onnx_lrp.inputs.load_image`); other files are read as by :meth:`read_item`."""
+        ok, bad, images = [], [], []
+        for i in range(lo, hi):
+            try:
+                if self.files[i].lower().endswith(IMAGE_SUFFIXES):
+                    info = self._single("an image")
+                    images.append((i, decode_pixels(self.files[i], image_layout(info), self.pre)))
+                    continue
+                arrays = self.read_item(i)
+                _check_item(arrays, self.infos, self.ids[i])
+                ok.append((i, arrays))
+            except ITEM_ERRORS as exc:
+                bad.append((i, _item_message(exc, self.ids[i])))
+        if images:
+            info, first = self.infos[0], self.ids[images[0][0]]
+            try:
+                block = normalise_pixels(np.stack([p for _, p in images]), image_layout(info), self.pre)
+                _check_item({info.name: block[0]}, self.infos, first)  # all images have its shape
+            except ITEM_ERRORS as exc:  # e.g. --size against the model's fixed input size: every image fails
+                msg = _item_message(exc, first)
+                bad += [(i, msg.replace(first, self.ids[i], 1)) for i, _ in images]
+            else:
+                ok += [(i, {info.name: block[j]}) for j, (i, _) in enumerate(images)]
+                ok.sort(key=lambda t: t[0])
+        return ok, bad
 
     def read_item(self, i: int) -> dict:
         path = Path(self.files[i])
@@ -376,6 +403,25 @@ class ParquetSource(Source):
         return ok, bad
 
 
+def list_files(root) -> list[str]:
+    """The files below ``root`` as sorted relative POSIX paths; hidden entries are skipped and symbolic links to
+    directories not followed (one scandir per directory: a million files cost seconds, not minutes)."""
+    out, stack = [], [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel)) as entries:
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                r = f"{rel}/{e.name}" if rel else e.name
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(r)
+                elif e.is_file():
+                    out.append(r)
+    out.sort()
+    return out
+
+
 def open_source(source, infos, pre: Preprocess = Preprocess(), column: str | None = None) -> Source:
     """A directory (searched recursively, sorted), a glob, a .npy/.npz with a batch axis, a Parquet file or
     directory, or one image."""
@@ -391,14 +437,13 @@ def open_source(source, infos, pre: Preprocess = Preprocess(), column: str | Non
     if not path.exists():
         raise InputError(f"source {path} not found; give a directory, a glob, a .npy/.npz or a Parquet dataset")
     if path.is_dir():
-        files = sorted((p for p in path.rglob("*") if p.is_file() and not any(
-            part.startswith(".") for part in p.relative_to(path).parts)), key=lambda p: p.relative_to(path).as_posix())
-        if files and all(p.suffix.lower() == ".parquet" for p in files):
+        rel = list_files(path)
+        if rel and all(r.lower().endswith(".parquet") for r in rel):
             return ParquetSource(path, infos, pre, column)
-        files = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES + ARRAY_SUFFIXES]
-        if not files:
+        rel = [r for r in rel if r.lower().endswith(IMAGE_SUFFIXES + ARRAY_SUFFIXES)]
+        if not rel:
             raise InputError(f"directory {path} holds no image, .npy, .npz or .parquet files")
-        return FileSource(path, files, path, infos, pre)
+        return FileSource(path, [os.path.join(path, r) for r in rel], path, infos, pre, ids=rel)
     suffix = path.suffix.lower()
     if suffix in ARRAY_SUFFIXES:
         return ArraySource(path, infos, pre)
@@ -441,7 +486,7 @@ def _target_for(targets, idx: list[int]):
 
 
 def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None = None):
-    """Explain (index, arrays) items in batches: (index, per-item result dict) and (index, message) of failures.
+    """Explain (index, arrays) items in batches: ([(indices, result arrays with a batch axis)], [(index, message)]).
 
     A batch that fails (e.g. one item onnxruntime cannot run) is retried item by item, so one bad item costs only
     itself; an item whose relevance is not finite is a failure, never returned."""
@@ -460,21 +505,23 @@ def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None
             bad += b
             continue
         rel = res.relevance if isinstance(res.relevance, dict) else {None: res.relevance}
-        explained = res.outputs[ex.explained_output]
-        for j, i in enumerate(idx):
-            item = {("relevance" if k is None else f"relevance/{k}"): v[j] for k, v in rel.items()}
-            item["targets"] = np.int64(res.target[j])
-            item["outputs"] = explained[j]
-            if res.position is not None:
-                item["positions"] = np.int64(np.asarray(res.position).reshape(-1)[j])
-            for k, v in res.relevance_at.items():
-                item[f"relevance_at/{k}"] = v[j]
-            bad_keys = [k for k, v in item.items() if k.startswith("relevance") and not np.all(np.isfinite(v))]
-            if bad_keys:
-                bad.append((i, f"the relevance ({', '.join(bad_keys)}) is not finite (NaN or Inf); try a larger "
-                               "--epsilon or another composite"))
-            else:
-                done.append((i, item))
+        arrays = {("relevance" if k is None else f"relevance/{k}"): v for k, v in rel.items()}
+        arrays["targets"] = np.asarray(res.target, np.int64).reshape(-1)
+        arrays["outputs"] = res.outputs[ex.explained_output]
+        if res.position is not None:
+            arrays["positions"] = np.asarray(res.position, np.int64).reshape(-1)
+        arrays.update({f"relevance_at/{k}": v for k, v in res.relevance_at.items()})
+        finite = {k: np.isfinite(v.reshape(len(idx), -1)).all(axis=1) for k, v in arrays.items()
+                  if k.startswith("relevance")}
+        keep = np.logical_and.reduce(list(finite.values())) if finite else np.ones(len(idx), bool)
+        for j in np.flatnonzero(~keep):
+            bad_keys = [k for k, f in finite.items() if not f[j]]
+            bad.append((idx[j], f"the relevance ({', '.join(bad_keys)}) is not finite (NaN or Inf); try a larger "
+                                "--epsilon or another composite"))
+        if keep.all():
+            done.append((idx, arrays))
+        elif keep.any():
+            done.append(([i for i, k in zip(idx, keep) if k], {k: v[keep] for k, v in arrays.items()}))
     return done, bad
 
 
@@ -507,14 +554,15 @@ def compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets=None, 
 
 
 def _assemble(source, index, lo, hi, done, bad) -> ShardResult:
+    """One shard's result from explain_items' chunks (disjoint, each in item order): concatenated in item order."""
     bad = sorted(bad)
-    done.sort(key=lambda t: t[0])
+    done.sort(key=lambda t: t[0][0])
     keys = list(done[0][1]) if done else []
-    arrays = {k: np.stack([d[k] for _, d in done]) for k in keys}
+    arrays = {k: done[0][1][k] if len(done) == 1 else np.concatenate([d[k] for _, d in done]) for k in keys}
     if not done:
         arrays = {"relevance": np.zeros((0,), np.float32), "targets": np.zeros((0,), np.int64),
                   "outputs": np.zeros((0,), np.float32)}
-    return ShardResult(index, lo, hi, [source.ids[i] for i, _ in done], arrays,
+    return ShardResult(index, lo, hi, [source.ids[i] for idx, _ in done for i in idx], arrays,
                        [dict(item=source.ids[i], error=msg) for i, msg in bad])
 
 
@@ -622,6 +670,7 @@ class Output:
                 p.unlink()
         self.resumed = len(self.done)
         self.saved_at = -float("inf")
+        self.first_at = None  # perf_counter when this run's first shard was recorded
 
     def _read(self):
         p = self.dir / MANIFEST
@@ -637,6 +686,8 @@ class Output:
         end), so its cost stays small for many shards: a killed run redoes at most that much work."""
         with self.lock:
             self.done[int(rec["index"])] = rec
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
             now = time.monotonic()
             if now - self.saved_at >= MANIFEST_EVERY_S:
                 self.save()
@@ -726,6 +777,13 @@ def run_local(ex, source: Source, todo: list[tuple[int, int, int]], out: Output,
             raise
 
 
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def explainer_payload(ex) -> dict:
     """What rebuilds an Explainer in another process without loading or rewriting the model again: the relevance
     model's bytes and the Explainer's settings (everything but its onnxruntime session)."""
@@ -768,7 +826,8 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     ``explainer_options`` go to :class:`onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
     parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
     (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer built by the caller.
-    A summary: item count, explained, failed, shards (written now / resumed), seconds, items/s.
+    A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
+    shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
     """
     from . import __version__
     from .explainer import Explainer
@@ -814,8 +873,7 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     t0 = time.perf_counter()
     try:
         if todo and engine == "local":
-            run_local(ex, src, todo, out, int(batch_size), workers or min(4, os.cpu_count() or 1), target, start,
-                      prog)
+            run_local(ex, src, todo, out, int(batch_size), workers or min(4, cpu_cores()), target, start, prog)
         elif todo:
             from .ray import run_ray
             run_ray(ex, src, todo, out, int(batch_size), workers, target, start, prog, ray_address)
@@ -829,7 +887,9 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     done_items = sum(hi - lo for _, lo, hi in todo)
     return dict(out_dir=str(out.dir), engine=engine, items=n, explained=m["explained"], failed=len(m["failed"]),
                 shards=len(all_shards), shards_written=len(todo), shards_resumed=out.resumed,
-                seconds=round(seconds, 3), items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
+                seconds=round(seconds, 3),
+                first_shard_s=round(out.first_at - t0, 3) if out.first_at is not None else None,
+                items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
                 manifest=str(out.dir / MANIFEST), errors=str(out.dir / ERRORS))
 
 

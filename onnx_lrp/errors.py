@@ -49,6 +49,10 @@ class InternalError(LrpError):
     """An unexpected failure inside onnx-lrp while building the relevance model (a bug: please report it)."""
 
 
+class OutputError(LrpError):
+    """An output file or directory cannot be written."""
+
+
 class DeviceError(LrpError):
     """The requested execution device is not available."""
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import onnx_lrp
-from onnx_lrp.cli.io import Preprocess, image_layout, input_infos, load_image
+from onnx_lrp.inputs import Preprocess, image_layout, input_infos, load_image
 from onnx_lrp.cli.main import main
 from onnx_lrp.dataset import MANIFEST, SHARD_DIR, explain_dataset, read_shards
 
@@ -118,6 +118,33 @@ def test_shard_with_decoding_threads_equals_sequential(tmp_path, ex, digits):
     rel, tgt = single(ex, x)
     np.testing.assert_allclose(a.arrays["relevance"], rel, rtol=0, atol=TOL)
     np.testing.assert_array_equal(a.arrays["targets"], tgt)
+
+
+def test_images_and_arrays_in_one_directory_and_a_size_that_does_not_fit(tmp_path, ex, digits):
+    """Images are decoded per file and normalised per shard: mixed with .npy items they keep the source order and
+    equal load_image + a single explain; a --size the model cannot take fails every image under its own id, and
+    the .npy items of the same shards are still explained."""
+    src = tmp_path / "mixed"
+    src.mkdir()
+    pixels = (digits[:6, 0] * 255).round().astype(np.uint8)
+    for i in range(6):
+        if i % 2:
+            np.save(src / f"i{i}.npy", pixels[i][None].astype(np.float32) / 255)
+        else:
+            Image.fromarray(pixels[i]).save(src / f"i{i}.png")
+    ids = [f"i{i}.{'npy' if i % 2 else 'png'}" for i in range(6)]
+    s = explain_dataset(DIGITS, src, tmp_path / "out", shard_size=4, batch_size=3, workers=2)
+    assert (s["explained"], s["failed"]) == (6, 0) and s["first_shard_s"] <= s["seconds"]
+    layout = image_layout(input_infos(ex.inputs)[0])
+    x = np.stack([load_image(src / i, layout, Preprocess())[0] if i.endswith(".png") else np.load(src / i)
+                  for i in ids])
+    rel, tgt = single(ex, x)
+    assert_same(tmp_path / "out", ids, rel, tgt)
+    s = explain_dataset(DIGITS, src, tmp_path / "small", shard_size=4, batch_size=3, size=(8, 8))
+    errors = [json.loads(line) for line in (tmp_path / "small" / "errors.jsonl").read_text().splitlines()]
+    assert [e["item"] for e in errors] == ids[0::2] and s["explained"] == 3
+    assert all(f"item {e['item']} " in e["error"] and "1x8x8" in e["error"] for e in errors)
+    assert_same(tmp_path / "small", ids[1::2], rel[1::2], tgt[1::2])
 
 
 def test_glob_and_npz_and_target_list(tmp_path, ex, digits):
@@ -380,3 +407,41 @@ def test_check_engine_ray_recomputes_a_snapshot(tmp_path, digits, ray_cluster):
                                   "2", "--batch-size", "5", "--max-rel-l2", "1e-6", "--max-output-diff", "1e-6",
                                   "--min-cosine", "0.999999"])
     assert r.exit_code == 0 and "OK: all 24 sample(s)" in r.stdout, r.output
+
+
+def test_the_package_never_imports_the_command_line():
+    """Imports run cli -> API -> ...: no module of onnx_lrp (outside cli/) imports onnx_lrp.cli (the dataset
+    engines read inputs through onnx_lrp.inputs, which cli/io.py re-exports)."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "onnx_lrp").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [("onnx_lrp." if node.level else "") + (node.module or "")]
+            else:
+                continue
+            offenders += [f"{path.name}: {n}" for n in names if n == "onnx_lrp.cli" or n.startswith("onnx_lrp.cli.")]
+    assert not offenders, offenders
+    import onnx_lrp.cli.io as cli_io
+    import onnx_lrp.inputs as inputs
+    assert cli_io.load_image is inputs.load_image and cli_io.Preprocess is inputs.Preprocess
+
+
+def test_directory_listing_equals_pathlib(tmp_path):
+    """list_files (one scandir per directory) = the pathlib definition: every file below the root, sorted by relative
+    POSIX path, hidden entries skipped, symbolic links to files kept and to directories not followed."""
+    from onnx_lrp.dataset import list_files
+    root = tmp_path / "src"
+    for p in ["a/b/x.png", "a/.h/y.png", ".z.png", "b.npy", "a/c.jpg", "a/b/.q.npy", "A/d.png", "a b/é.png",
+              "a.b/e.png"]:
+        (root / p).parent.mkdir(parents=True, exist_ok=True)
+        (root / p).write_bytes(b"x")
+    os.symlink(root / "a", root / "link_dir")
+    os.symlink(root / "b.npy", root / "link.npy")
+    os.symlink(root / "missing", root / "broken.png")
+    want = sorted(Path(os.path.relpath(p, root)).as_posix() for p in root.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(root).parts) and "link_dir" not in p.parts)
+    assert list_files(root) == want and "link.npy" in want and "a/c.jpg" in want and len(want) == 7
