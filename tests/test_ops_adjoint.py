@@ -64,8 +64,11 @@ class Case:
 
 
 def one(id, op, x_shape, *const_inputs, mode="linear", opset=17, distinct=False, keep_outputs=False, inits=None,
-        jvp=None, **attrs):
-    """A one-node case: input x, then named constants (name, array) or None for an empty input."""
+        jvp=None, op_mode=None, **attrs):
+    """A one-node case: input x, then named constants (name, array) or None for an empty input. ``mode`` is the
+    test's mode; ``op_mode`` the node's ``mode`` attribute (Pad, Resize)."""
+    if op_mode is not None:
+        attrs["mode"] = op_mode
     inits = dict(inits or {})
     names = ["x"]
     for c in const_inputs:
@@ -338,6 +341,12 @@ CASES = [
     one("dyn_gather_2d", "Gather", ["N", 5, 3], ("i", np.array([[4, 0], [-1, 0]], dtype=np.int64)), axis=1),
     one("dyn_pad_negative", "Pad", ["N", 3, 5], ("p", I(0, 1, -1, 0, -1, 2))),
     one("dyn_expand", "Expand", ["N", 1, 4], ("shape", I(1, 3, 4))),
+    # reflect / edge / wrap copy border elements: the transpose scatter-adds every copy back to its source
+    one("pad_reflect_2d", "Pad", [2, 2, 4, 5], ("p", I(0, 0, 2, 1, 0, 0, 3, 4)), op_mode="reflect"),
+    one("pad_edge_2d", "Pad", [2, 2, 3, 4], ("p", I(0, 0, 1, 5, 0, 0, 3, 0)), op_mode="edge"),
+    one("pad_wrap_2d", "Pad", [2, 2, 3, 4], ("p", I(0, 0, 2, 3, 0, 0, 1, 4)), op_mode="wrap", opset=19),
+    one("pad_reflect_axes_input", "Pad", [2, 3, 6], ("p", I(3, 2)), None, ("ax", I(-1)), op_mode="reflect", opset=18),
+    one("dyn_pad_reflect_batch", "Pad", ["N", 3, 5], ("p", I(0, 1, 2, 0, 2, 3)), op_mode="reflect"),
     one("dyn_tile", "Tile", ["N", 3], ("reps", I(1, 2))),
     Case("dyn_add_acts_bcast", [node("Add", ["x", "u"], ["y"])], {"x": ["N", 3, 4], "u": ["N", 1, 4]}, ["y"]),
     one("dyn_mul_const", "Mul", ["N", 3, 4], ("c", W(3, 1))),
@@ -411,13 +420,13 @@ CASES += [
     one("resize_nearest_ceil_up", "Resize", [2, 1, 3, 5], None, ("sc", np.array([1, 1, 1.5, 2.5], np.float32)),
         nearest_mode="round_prefer_ceil"),
     one("resize_linear_half_pixel_up2", "Resize", [2, 2, 3, 4], None, ("sc", np.array([1, 1, 2, 2], np.float32)),
-        mode="linear"),
+        op_mode="linear"),
     one("resize_linear_align_corners_sizes", "Resize", [2, 2, 4, 5], None, None, ("sz", I(2, 2, 7, 3)),
-        mode="linear", coordinate_transformation_mode="align_corners"),
+        op_mode="linear", coordinate_transformation_mode="align_corners"),
     one("resize_linear_pytorch_half_pixel_down", "Resize", [2, 1, 8, 6], None, ("sc", np.array([1, 1, 0.5, 0.75],
                                                                                                   np.float32)),
-        mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
-    one("resize_linear_1d_axes_attr", "Resize", [2, 3, 5], None, ("sc", np.array([1.6], np.float32)), mode="linear",
+        op_mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+    one("resize_linear_1d_axes_attr", "Resize", [2, 3, 5], None, ("sc", np.array([1.6], np.float32)), op_mode="linear",
         axes=[2], opset=18),
     # --------------------------------------- InstanceNormalization / GroupNormalization (onnx_lrp/ops/norms.py)
     one("instancenorm_detached", "InstanceNormalization", [2, 3, 4, 5], ("s", _G3), ("bb", W(3)), mode="detached",
@@ -454,6 +463,22 @@ CASES += [
         ("sp", I(-3, 1))),
     one("dynT_slice_batch_uncut", "Slice", ["N", 3, "T"], ("st", I(0, 1)), ("en", I(2**62, 3)), ("ax", I(0, 1))),
     one("dynT_expand_time", "Expand", ["N", 3, 1], ("shape", I(1, 3, 5))),
+    # Resize of a dynamic axis: the interpolation matrix is the forward Resize of an identity at run time
+    one("dynHW_resize_nearest_asym_floor_up2", "Resize", ["N", 2, "H", "W"], None,
+        ("sc", np.array([1, 1, 2, 2], np.float32)), coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    one("dynHW_resize_nearest_down", "Resize", ["N", 2, "H", "W"], None, ("sc", np.array([1, 1, 0.5, 0.7], np.float32))),
+    one("dynHW_resize_linear_half_pixel_up", "Resize", ["N", 2, "H", "W"], None,
+        ("sc", np.array([1, 1, 2, 1.5], np.float32)), op_mode="linear"),
+    one("dynT_resize_linear_align_corners_sizes", "Resize", ["N", 2, "T"], None, None, ("sz", I(2, 2, 17)),
+        op_mode="linear", coordinate_transformation_mode="align_corners"),
+    one("dynT_resize_linear_axes_attr", "Resize", ["N", 3, "T"], None, ("sc", np.array([0.6], np.float32)),
+        op_mode="linear", coordinate_transformation_mode="pytorch_half_pixel", axes=[2], opset=18),
+    Case("dynHW_resize_runtime_sizes", [node("Shape", ["x"], ["shp"]), node("Mul", ["shp", "twice"], ["sizes"]),
+                                        node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")],
+         {"x": ["N", 2, "H", "W"]}, ["y"], {"twice": I(1, 1, 2, 3)}),
+    one("dynT_pad_reflect_time", "Pad", ["N", 2, "T"], ("p", I(0, 0, 4, 0, 0, 3)), op_mode="reflect"),
+    one("dynHW_pad_edge", "Pad", ["N", 2, "H", "W"], ("p", I(0, 0, 1, 2, 0, 0, 3, 1)), op_mode="edge"),
+    one("dynHW_pad_wrap", "Pad", ["N", 1, "H", "W"], ("p", I(0, 0, 2, 1, 0, 0, 1, 3)), op_mode="wrap", opset=19),
 ]
 
 # operands computed from the input's shape at run time (a dynamic axis): not parameters, not activations

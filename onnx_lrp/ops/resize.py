@@ -1,12 +1,18 @@
-"""Resize (nearest and linear modes, constant scales or sizes): linear in x and separable, y = x x_1 A_1 ... x_k A_k
-with one interpolation matrix A_ax (out x in) per resized axis, built here from the ONNX formulas; J^T s applies
-each A_ax^T along its axis (a MatMul). Kind ``avgpool``: nearest copies, linear averages with weights >= 0.
+"""Resize (nearest and linear modes): linear in x and separable, y = x x_1 A_1 ... x_k A_k with one interpolation
+matrix A_ax (out x in) per resized axis; J^T s applies each A_ax^T along its axis (a MatMul). Kind ``avgpool``:
+nearest copies, linear averages with weights >= 0.
+
+A static axis with constant scales or sizes gets A_ax built here from the ONNX formulas. A dynamic axis (its length
+known only at run time: YOLO / PP-OCR FPNs exported with dynamic H x W), or scales / sizes computed at run time, get
+A_ax at run time from the forward op itself: the same Resize applied to the identity matrix I_n (n = the axis length
+read from the input) along its second axis gives A_ax^T, column by column, exactly as onnxruntime interpolates.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import onnx_ir as ir
 
 from ..graph import static_dims
 from .base import LinearOp, Params, const, register
@@ -67,7 +73,8 @@ class Resize(LinearOp):
     data_inputs = (0,)
 
     def _plan(self, node):
-        """[(axis, A)] for every axis that changes, or a reason (str) why not."""
+        """[(axis, A)] for every axis that changes, or a reason (str) why not. A is a numpy matrix (static axis,
+        constant scales or sizes) or ``("scales" | "sizes", k)``: built at run time from entry k of that input."""
         attrs = node.attributes
         mode = attrs.get_string("mode", "nearest")
         transform = attrs.get_string("coordinate_transformation_mode", "half_pixel")
@@ -85,21 +92,29 @@ class Resize(LinearOp):
         rank = len(dims)
         axes = [int(a) % rank for a in attrs.get_ints("axes", list(range(rank)))]
         ins = list(node.inputs) + [None] * (4 - len(node.inputs))
-        scales = const(ins[2]) if ins[2] is not None else None
-        sizes = const(ins[3]) if ins[3] is not None else None
-        if (ins[2] is not None and scales is None) or (ins[3] is not None and sizes is None):
-            return "scales or sizes are not constants"
-        scales = None if scales is None or scales.size == 0 else [float(s) for s in scales.reshape(-1)]
-        sizes = None if sizes is None or sizes.size == 0 else [int(s) for s in sizes.reshape(-1)]
-        if (scales is None) == (sizes is None) or len(scales or sizes) != len(axes):
-            return "needs scales or sizes, one per resized axis"
+        given = [(i, v) for i, v in ((2, ins[2]), (3, ins[3])) if v is not None and not _empty(v)]
+        if len(given) != 1:
+            return "needs scales or sizes (exactly one of them)"
+        which, v = given[0]
+        kind = "scales" if which == 2 else "sizes"
+        values = const(v)
+        if values is None:  # computed at run time: every listed axis gets its matrix at run time
+            if v.shape is None or len(v.shape) != 1 or v.shape[0] not in (len(axes), None):
+                return f"{kind} computed at run time must be 1-D with one entry per resized axis"
+            return [(ax, (kind, k)) for k, ax in enumerate(axes)]
+        values = [float(x) for x in values.reshape(-1)]
+        if len(values) != len(axes):
+            return f"needs {kind}, one per resized axis"
+        scales = values if kind == "scales" else None
+        sizes = [int(x) for x in values] if kind == "sizes" else None
         plan = []
         for k, ax in enumerate(axes):
             n_in = dims[ax]
             if scales is not None and scales[k] == 1.0:
                 continue
-            if n_in is None:
-                return f"resized axis {ax} must be static"
+            if n_in is None:  # the length is known at run time only
+                plan.append((ax, (kind, k)))
+                continue
             out = static_dims(node.outputs[0])
             n_out = out[ax] if out is not None and out[ax] is not None else (
                 int(math.floor(n_in * scales[k])) if scales is not None else sizes[k])
@@ -123,10 +138,32 @@ class Resize(LinearOp):
         attrs = {k: a.value for k, a in node.attributes.items()}
         return em.op("Resize", xs[0], *node.inputs[1:], tag="z", **attrs)
 
+    def _runtime_matrix(self, em, node, ax, kind, k):
+        """A_ax (out x in) at run time: the node's own Resize of I_n along its second axis is A_ax^T."""
+        x = node.inputs[0]
+        n = em.op("Shape", x, start=ax, end=ax + 1, tag=f"n{ax}")
+        eye = em.op("EyeLike", em.op("ConstantOfShape", em.op("Concat", n, n, axis=0, tag=f"nn{ax}"),
+                                     value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag=f"zeros{ax}"),
+                    tag=f"eye{ax}")
+        entry = em.op("Slice", node.inputs[2 if kind == "scales" else 3], em.ints([k]), em.ints([k + 1]),
+                      tag=f"{kind}{ax}")
+        attrs = {key: a.value for key, a in node.attributes.items() if key != "axes"}
+        if kind == "scales":
+            one = em.const(np.ones(1, dtype=np.float32), tag="one", key=("resize_one",))
+            scales = em.op("Concat", one, entry, axis=0, tag=f"scales{ax}")
+            at = em.op("Resize", eye, None, scales, tag=f"interpT{ax}", **attrs)
+        else:
+            at = em.op("Resize", eye, None, None, em.op("Concat", n, entry, axis=0, tag=f"sizes{ax}"),
+                       tag=f"interpT{ax}", **attrs)
+        return em.op("Transpose", at, perm=[1, 0], tag=f"interp{ax}")
+
     def transpose(self, em, node, s, p):
         rank = len(node.inputs[0].shape)
         for ax, a in self._plan(node):
-            m = em.const(a, tag=f"interp{ax}", key=(node.name, "interp", ax))  # [out, in]: s_last @ A
+            if isinstance(a, tuple):
+                m = self._runtime_matrix(em, node, ax, *a)
+            else:
+                m = em.const(a, tag=f"interp{ax}", key=(node.name, "interp", ax))  # [out, in]: s_last @ A
             if ax == rank - 1:
                 s = em.op("MatMul", s, m, tag=f"JTs{ax}")
                 continue
@@ -135,3 +172,11 @@ class Resize(LinearOp):
             t = em.op("Transpose", s, perm=perm, tag=f"s_swap{ax}")
             s = em.op("Transpose", em.op("MatMul", t, m, tag=f"JTs{ax}_last"), perm=perm, tag=f"JTs{ax}")
         return [s]
+
+
+def _empty(v) -> bool:
+    """An input given as a tensor with no elements (exporters write empty scales next to sizes)."""
+    c = const(v)
+    if c is not None:
+        return c.size == 0
+    return v.shape is not None and len(v.shape) == 1 and v.shape[0] == 0

@@ -1,7 +1,8 @@
 """Ops that move, select or copy elements; relevance follows their transpose (always conservative for moves).
 
 Reshape-like -> Reshape back; Transpose -> inverse permutation; Concat <-> Split; Slice/Gather -> scatter-add
-into zeros; Pad -> Slice; Expand -> sum over the broadcast axes; Cast -> Cast back.
+into zeros; Pad -> Slice (reflect/edge/wrap: scatter-add of the copies); Expand -> sum over the broadcast axes;
+Cast -> Cast back.
 """
 from __future__ import annotations
 
@@ -241,31 +242,60 @@ class Gather(ShapeOp):
         return [_scatter_axis(em, r, {"rank": len(dims), "value": x_shape}, ax, list(flat), tag="r_in")]
 
 
+_COPY_PADS = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}  # ONNX mode -> numpy.pad mode (same indices)
+
+
+def _scatter_runtime(em, r, x, ax, idx, tag):
+    """Scatter-add r's slices along ``ax`` into zeros shaped like ``x`` at positions ``idx`` (a 1-D int64 value
+    computed at run time)."""
+    rank = len(x.shape)
+    ind = em.op("Reshape", idx, em.ints([-1 if a == ax else 1 for a in range(rank)]), tag=f"{tag}_idx_axis")
+    ind = em.op("Expand", ind, em.shape_of(r, tag=f"{tag}_rshape"), tag=f"{tag}_idx_full")
+    shape = em.op("ScatterElements", em.shape_of(r, tag=f"{tag}_rshape2"), em.ints([ax]),
+                  em.op("Shape", x, start=ax, end=ax + 1, tag=f"{tag}_n"), axis=0, tag=f"{tag}_shape")
+    zeros = em.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag=f"{tag}_zeros")
+    return em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag=tag)
+
+
 @register
 class Pad(ShapeOp):
-    """Constant-mode Pad: J^T r = r with the padding sliced off."""
+    """Pad. Constant mode: J^T r = r with the padding sliced off. Modes reflect / edge / wrap copy input elements
+    into the border (separably per axis, output j <- input idx(j)): J^T r scatter-adds r back along each padded axis,
+    every input element receiving the relevance of all its copies (zennit: the gradient of ReflectionPad2d)."""
 
     op_types = ("Pad",)
 
     data_inputs = (0,)
 
-    def check(self, node):
-        if node.attributes.get_string("mode", "constant") != "constant":
-            return f"mode={node.attributes.get_string('mode')} (only constant padding)"
-        if const(node.inputs[1]) is None:
-            return "pads are not constant"
-        if len(node.inputs) > 3 and node.inputs[3] is not None and const(node.inputs[3]) is None:
-            return "axes are not constant"
-        return None
-
-    def transpose(self, em, node, r_outs):
+    def _pads(self, node):
+        """(axes, begin, end) of the constant pads input."""
         rank = len(node.inputs[0].shape)
-        pads = const(node.inputs[1]).astype(np.int64)
+        pads = const(node.inputs[1]).astype(np.int64).reshape(-1)
         axes = list(range(rank))
         if len(node.inputs) > 3 and node.inputs[3] is not None:
             axes = [int(a) % rank for a in const(node.inputs[3])]
         k = len(axes)
-        begin, end = pads[:k], pads[k:]
+        return axes, pads[:k], pads[k:]
+
+    def check(self, node):
+        mode = node.attributes.get_string("mode", "constant")
+        if mode != "constant" and mode not in _COPY_PADS:
+            return f"mode={mode} (only constant, reflect, edge and wrap)"
+        if const(node.inputs[1]) is None:
+            return "pads are not constant"
+        if len(node.inputs) > 3 and node.inputs[3] is not None and const(node.inputs[3]) is None:
+            return "axes are not constant"
+        if node.inputs[0].shape is None:
+            return "rank unknown"
+        if mode != "constant" and np.any(const(node.inputs[1]) < 0):
+            return f"negative pads with mode={mode}"
+        return None
+
+    def transpose(self, em, node, r_outs):
+        if node.attributes.get_string("mode", "constant") != "constant":
+            return [self._unpad_copies(em, node, r_outs[0])]
+        rank = len(node.inputs[0].shape)
+        axes, begin, end = self._pads(node)
         r = r_outs[0]
         if np.any(begin < 0) or np.any(end < 0):  # negative pads crop: their transpose pads with zeros
             neg = np.zeros(2 * rank, dtype=np.int64)  # full-rank pads: the axes input needs opset 18
@@ -276,6 +306,30 @@ class Pad(ShapeOp):
         starts = [int(b) for b in begin]
         ends = [-int(e) if e > 0 else np.iinfo(np.int64).max for e in end]
         return [em.op("Slice", r, em.ints(starts), em.ints(ends), em.ints(axes), tag="r_in")]
+
+    def _unpad_copies(self, em, node, r):
+        """reflect / edge / wrap: per padded axis, scatter-add r at the source index of every output position
+        (numpy.pad of arange(n) for a static axis; the same Pad run on arange(n) at run time for a dynamic one)."""
+        x = node.inputs[0]
+        mode = node.attributes.get_string("mode")
+        dims = static_dims(x)
+        axes, begin, end = self._pads(node)
+        for ax, b, e in reversed(list(zip(axes, begin, end))):
+            if b == 0 and e == 0:
+                continue
+            n = dims[ax]
+            if n is not None:
+                idx = np.pad(np.arange(n), (int(b), int(e)), mode=_COPY_PADS[mode])
+                shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
+                              tag="full_shape")
+                r = _scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, list(idx), tag="r_unpad")
+                continue
+            size = em.op("Shape", x, start=ax, end=ax + 1, tag="x_size")
+            ramp = em.op("Range", em.scalar(0, np.int64), em.op("Squeeze", size, tag="x_size0"),
+                         em.scalar(1, np.int64), tag="ramp")
+            idx = em.op("Pad", ramp, em.ints([int(b), int(e)]), mode=mode, tag="src_idx")
+            r = _scatter_runtime(em, r, x, ax, idx, tag="r_unpad")
+        return r
 
 
 @register
