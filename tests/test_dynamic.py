@@ -58,6 +58,26 @@ class Net2d(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
 
 
+class NetUp(nn.Module):
+    """Dynamic H x W through copy paddings and upsampling (super-resolution / FPN style): reflection and replication
+    padding (ONNX Pad reflect / edge), nearest upsampling (Resize asymmetric floor, as YOLO and PP-OCR), bilinear
+    interpolation (half_pixel and align_corners)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.rp, self.c2 = nn.Conv2d(3, 6, 3, padding=1), nn.ReflectionPad2d((2, 1, 1, 2)), nn.Conv2d(6, 6, 3)
+        self.up, self.ep = nn.Upsample(scale_factor=2, mode="nearest"), nn.ReplicationPad2d(1)
+        self.c3, self.c4, self.fc = nn.Conv2d(6, 8, 3, stride=2), nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.c2(self.rp(torch.relu(self.c1(x)))))
+        h = torch.relu(self.c3(self.ep(self.up(h))))
+        h = nn.functional.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
+        h = torch.relu(self.c4(h))
+        h = nn.functional.interpolate(h, scale_factor=1.5, mode="bilinear", align_corners=True)
+        return self.fc(h.mean((2, 3)))
+
+
 def _export(model, x, dynamic):
     f = io.BytesIO()
     axes = {"x": {0: "batch", **{i: f"s{i}" for i in range(2, x.ndim) if dynamic != "batch"}}} if dynamic else None
@@ -77,7 +97,8 @@ def _model(cls):
     return m
 
 
-@pytest.mark.parametrize("cls, sizes", [(Net1d, [(51,), (36,)]), (Net2d, [(20, 23), (17, 16)])])
+@pytest.mark.parametrize("cls, sizes", [(Net1d, [(51,), (36,)]), (Net2d, [(20, 23), (17, 16)]),
+                                        (NetUp, [(10, 13), (9, 8)])])
 def test_dynamic_axes_match_static_exports(cls, sizes):
     model = _model(cls)
     channels = 4 if cls is Net1d else 3
@@ -132,3 +153,33 @@ def test_shufflenet_with_dynamic_batch_matches_static_export():
     scale = np.abs(ref.relevance).max()
     assert scale > 0
     np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_copy_pads_and_upsampling_match_zennit():
+    """Reflection / replication padding and nearest upsampling are linear copy maps: zennit passes relevance through
+    them as the gradient (each input element gets the relevance of all its copies). The dynamic H x W export matches
+    zennit (float64 reference, relative L2) for the CNN composites."""
+    pytest.importorskip("zennit")
+    from test_zennit_parity import TOL, load_script, rel_errors
+
+    class Net(NetUp):  # modules, not functions, for zennit's rules (ReLU: pass; the pool: norm)
+        def __init__(self):
+            super().__init__()
+            self.relu, self.pool = nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+
+        def forward(self, x):
+            h = self.relu(self.c2(self.rp(self.relu(self.c1(x)))))
+            h = self.relu(self.c3(self.ep(self.up(h))))
+            return self.fc(torch.flatten(self.pool(h), 1))
+
+    script = load_script()
+    torch.manual_seed(3)
+    model = Net().eval()
+    x = torch.randn(2, 3, 11, 9, generator=torch.Generator().manual_seed(5))
+    data = _export(model, x[:1], dynamic=True)
+    for comp in ("epsilon-plus-flat", "epsilon-alpha2-beta1", "epsilon@0.01"):
+        name, params = (comp.split("@")[0], {"epsilon": 0.01}) if "@" in comp else (comp, {})
+        ref, target, _ = script.zennit_relevance(script.as_float64(model), x, comp, [])
+        got = onnx_lrp.Explainer(data, composite=name, start="one-hot", **params).explain(x.numpy(), target=target)
+        err = rel_errors(got.relevance, ref)
+        assert np.all(err <= TOL), f"{comp}: relative L2 error {err}"
