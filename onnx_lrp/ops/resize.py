@@ -18,6 +18,7 @@ from ..graph import static_dims
 from .base import LinearOp, Params, const, register
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+_RUNTIME_ONLY = ("half_pixel_symmetric",)  # transforms whose matrix is only built at run time (by the op itself)
 
 
 def _source(o: int, n_in: int, n_out: int, scale: float, mode: str) -> float:
@@ -80,10 +81,11 @@ class Resize(LinearOp):
         transform = attrs.get_string("coordinate_transformation_mode", "half_pixel")
         if mode not in ("nearest", "linear"):
             return f"mode={mode} (only nearest and linear)"
-        if transform not in _TRANSFORMS:
+        if transform not in _TRANSFORMS + _RUNTIME_ONLY:
             return f"coordinate_transformation_mode={transform}"
-        if attrs.get_int("antialias", 0):
-            return "antialias=1"
+        # antialias (linear: a wider triangle filter, weights >= 0) and half_pixel_symmetric: no numpy formula
+        # here, the matrix is the op's own response to I_n
+        runtime = bool(attrs.get_int("antialias", 0)) or transform in _RUNTIME_ONLY
         if attrs.get_string("keep_aspect_ratio_policy", "stretch") != "stretch":
             return "keep_aspect_ratio_policy other than stretch"
         dims = static_dims(node.inputs[0])
@@ -112,8 +114,9 @@ class Resize(LinearOp):
             n_in = dims[ax]
             if scales is not None and scales[k] == 1.0:
                 continue
-            if n_in is None:  # the length is known at run time only
-                plan.append((ax, (kind, k)))
+            if n_in is None or runtime:  # the length is known at run time only, or no formula here
+                if not (sizes is not None and n_in is not None and sizes[k] == n_in):
+                    plan.append((ax, (kind, k)))
                 continue
             out = static_dims(node.outputs[0])
             n_out = out[ax] if out is not None and out[ax] is not None else (
