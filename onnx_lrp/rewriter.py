@@ -318,8 +318,6 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         # entries per position (axis 1) of a sequence output; read from y's shape where the trailing axes are dynamic
         static_chunk = all(d is not None for d in dims[2:])
         chunk = int(np.prod(dims[2:])) if static_chunk else None
-        chunk_v = em.scalar(chunk, np.int64) if static_chunk else em.op(
-            "ReduceProd", em.op("Shape", y, start=2, tag="trailing"), keepdims=0, tag="chunk")
         # a dynamic sequence length or trailing axes: the one-hot's width (and each entry's position) come from y
         width_v = em.ints([dims[1] * chunk]) if dims[1] is not None and static_chunk else em.op(
             "Shape", flat, start=1, end=2, tag="width")
@@ -331,6 +329,8 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
             position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]),
                                 type=ir.TensorType(ir.DataType.INT64))
             graph.inputs.append(position)
+            chunk_v = em.scalar(chunk, np.int64) if static_chunk else em.op(
+                "ReduceProd", em.op("Shape", y, start=2, tag="trailing"), keepdims=0, tag="chunk")
             if dims[1] is not None and static_chunk:
                 rows = em.scalar(dims[1], np.int64)
                 row_of = em.const(np.arange(dims[1] * chunk, dtype=np.int64)[None] // chunk, tag="row_of",
