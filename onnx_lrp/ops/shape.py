@@ -267,27 +267,37 @@ class Pad(ShapeOp):
 
     data_inputs = (0,)
 
-    def _pads(self, node):
-        """(axes, begin, end) of the constant pads input."""
+    def _axes(self, node):
         rank = len(node.inputs[0].shape)
-        pads = const(node.inputs[1]).astype(np.int64).reshape(-1)
-        axes = list(range(rank))
         if len(node.inputs) > 3 and node.inputs[3] is not None:
-            axes = [int(a) % rank for a in const(node.inputs[3])]
-        k = len(axes)
-        return axes, pads[:k], pads[k:]
+            return [int(a) % rank for a in const(node.inputs[3])]
+        return list(range(rank))
+
+    def _pads(self, node):
+        """(axes, begin, end) of a constant pads input; begin and end are None when the pads are computed at run
+        time (torch's pad-to-a-multiple on a dynamic size)."""
+        axes = self._axes(node)
+        pads = const(node.inputs[1])
+        if pads is None:
+            return axes, None, None
+        pads = pads.astype(np.int64).reshape(-1)
+        return axes, pads[:len(axes)], pads[len(axes):]
 
     def check(self, node):
         mode = node.attributes.get_string("mode", "constant")
         if mode != "constant" and mode not in _COPY_PADS:
             return f"mode={mode} (only constant, reflect, edge and wrap)"
-        if const(node.inputs[1]) is None:
-            return "pads are not constant"
         if len(node.inputs) > 3 and node.inputs[3] is not None and const(node.inputs[3]) is None:
             return "axes are not constant"
         if node.inputs[0].shape is None:
             return "rank unknown"
-        if mode != "constant" and np.any(const(node.inputs[1]) < 0):
+        pads = const(node.inputs[1])
+        if pads is None:
+            shape = node.inputs[1].shape
+            if shape is None or len(shape) != 1 or shape[0] not in (2 * len(self._axes(node)), None) and not \
+                    isinstance(shape[0], str):
+                return "pads computed at run time must be a 1-D tensor of 2 values per padded axis"
+        elif mode != "constant" and np.any(pads < 0):
             return f"negative pads with mode={mode}"
         return None
 
@@ -297,6 +307,8 @@ class Pad(ShapeOp):
         rank = len(node.inputs[0].shape)
         axes, begin, end = self._pads(node)
         r = r_outs[0]
+        if begin is None:
+            return [self._unpad_runtime(em, node, r, rank, axes)]
         if np.any(begin < 0) or np.any(end < 0):  # negative pads crop: their transpose pads with zeros
             neg = np.zeros(2 * rank, dtype=np.int64)  # full-rank pads: the axes input needs opset 18
             for a, b, e in zip(axes, begin, end):
@@ -307,27 +319,52 @@ class Pad(ShapeOp):
         ends = [-int(e) if e > 0 else np.iinfo(np.int64).max for e in end]
         return [em.op("Slice", r, em.ints(starts), em.ints(ends), em.ints(axes), tag="r_in")]
 
+    def _unpad_runtime(self, em, node, r, rank, axes):
+        """Constant mode with pads known at run time: zeros where the forward cropped (negative pads), then the
+        padding sliced off."""
+        k = len(axes)
+        pads = em.op("Cast", node.inputs[1], to=ir.DataType.INT64.value, tag="pads")
+        zero = em.scalar(0, np.int64)
+        neg = em.op("Max", em.op("Neg", pads, tag="pads_neg"), zero, tag="crop")
+        if axes != list(range(rank)):  # full-rank pads for the uncrop (the axes input needs opset 18)
+            neg = em.op("ScatterElements", em.ints([0] * (2 * rank)), em.ints(axes + [rank + a for a in axes]), neg,
+                        axis=0, tag="crop_full")
+        r = em.op("Pad", r, neg, tag="r_uncrop")
+        pos = em.op("Max", pads, zero, tag="pad")
+        starts = em.op("Slice", pos, em.ints([0]), em.ints([k]), tag="starts")
+        sizes = em.op("Gather", em.shape_of(r, tag="r_shape"), em.ints(axes), axis=0, tag="sizes")
+        ends = em.op("Sub", sizes, em.op("Slice", pos, em.ints([k]), em.ints([2 * k]), tag="pad_end"), tag="ends")
+        return em.op("Slice", r, starts, ends, em.ints(axes), tag="r_in")
+
     def _unpad_copies(self, em, node, r):
         """reflect / edge / wrap: per padded axis, scatter-add r at the source index of every output position
-        (numpy.pad of arange(n) for a static axis; the same Pad run on arange(n) at run time for a dynamic one)."""
+        (numpy.pad of arange(n) for a static axis and constant pads; else the same Pad run on arange(n) at run
+        time)."""
         x = node.inputs[0]
         mode = node.attributes.get_string("mode")
         dims = static_dims(x)
         axes, begin, end = self._pads(node)
-        for ax, b, e in reversed(list(zip(axes, begin, end))):
-            if b == 0 and e == 0:
+        for i in reversed(range(len(axes))):
+            ax = axes[i]
+            if begin is not None and begin[i] == 0 and end[i] == 0:
                 continue
             n = dims[ax]
-            if n is not None:
-                idx = np.pad(np.arange(n), (int(b), int(e)), mode=_COPY_PADS[mode])
+            if n is not None and begin is not None:
+                idx = np.pad(np.arange(n), (int(begin[i]), int(end[i])), mode=_COPY_PADS[mode])
                 shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
                               tag="full_shape")
                 r = _scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, list(idx), tag="r_unpad")
                 continue
-            size = em.op("Shape", x, start=ax, end=ax + 1, tag="x_size")
-            ramp = em.op("Range", em.scalar(0, np.int64), em.op("Squeeze", size, tag="x_size0"),
-                         em.scalar(1, np.int64), tag="ramp")
-            idx = em.op("Pad", ramp, em.ints([int(b), int(e)]), mode=mode, tag="src_idx")
+            if begin is not None:
+                be = em.ints([int(begin[i]), int(end[i])])
+            else:
+                pads = em.op("Cast", node.inputs[1], to=ir.DataType.INT64.value, tag="pads")
+                be = em.op("Gather", pads, em.ints([i, len(axes) + i]), axis=0, tag=f"pads{ax}")
+            # the length as a scalar by Gather (onnxruntime's shape inference rejects Squeeze(Shape(...)) as Range's
+            # limit where the length is static)
+            size = em.op("Gather", em.shape_of(x, tag="x_shape"), em.scalar(ax, np.int64), axis=0, tag="x_size")
+            ramp = em.op("Range", em.scalar(0, np.int64), size, em.scalar(1, np.int64), tag="ramp")
+            idx = em.op("Pad", ramp, be, mode=mode, tag="src_idx")
             r = _scatter_runtime(em, r, x, ax, idx, tag="r_unpad")
         return r
 
