@@ -53,8 +53,10 @@ MUST_EXPLAIN = ["test_concat_2d_axis_0", "test_concat_3d_axis_negative_3", "test
                 "test_softsign_expanded_ver18", "test_resize_upsample_scales_linear",
                 "test_resize_upsample_sizes_nearest", "test_resize_downsample_scales_linear_antialias",
                 "test_resize_upsample_scales_linear_half_pixel_symmetric", "test_constant_pad"]
-# once refused (reflect / edge Pad, Softsign written out as x / (1 + |x|)): now explained
-MUST_EXPLAIN_CONVERTED = ["test_ReflectionPad2d", "test_ReplicationPad2d", "test_Softsign"]
+# once refused (reflect / edge Pad, Softsign written out as x / (1 + |x|), opset-6 per-channel PReLU slopes that the
+# opset converter left 1-D): now explained, forward equal to the shipped expected output
+MUST_EXPLAIN_CONVERTED = ["test_ReflectionPad2d", "test_ReplicationPad2d", "test_Softsign", "test_PReLU_1d_multiparam",
+                          "test_PReLU_2d_multiparam", "test_PReLU_3d_multiparam"]
 # explained with attnlrp only (products of activations): Attention / RotaryEmbedding / Swish nodes, inlined as
 # their ONNX function by the loader
 MUST_EXPLAIN_ATTNLRP = ["test_attention_4d", "test_attention_4d_gqa", "test_attention_3d_with_past_and_present",
