@@ -101,7 +101,8 @@ class Resize(LinearOp):
         kind = "scales" if which == 2 else "sizes"
         values = const(v)
         if values is None:  # computed at run time: every listed axis gets its matrix at run time
-            if v.shape is None or len(v.shape) != 1 or v.shape[0] not in (len(axes), None):
+            vd = static_dims(v)
+            if vd is None or len(vd) != 1 or vd[0] not in (len(axes), None):
                 return f"{kind} computed at run time must be 1-D with one entry per resized axis"
             return [(ax, (kind, k)) for k, ax in enumerate(axes)]
         values = [float(x) for x in values.reshape(-1)]
@@ -182,4 +183,4 @@ def _empty(v) -> bool:
     c = const(v)
     if c is not None:
         return c.size == 0
-    return v.shape is not None and len(v.shape) == 1 and v.shape[0] == 0
+    return static_dims(v) == [0]

@@ -293,9 +293,8 @@ class Pad(ShapeOp):
             return "rank unknown"
         pads = const(node.inputs[1])
         if pads is None:
-            shape = node.inputs[1].shape
-            if shape is None or len(shape) != 1 or shape[0] not in (2 * len(self._axes(node)), None) and not \
-                    isinstance(shape[0], str):
+            dims = static_dims(node.inputs[1])
+            if dims is None or len(dims) != 1 or dims[0] not in (2 * len(self._axes(node)), None):
                 return "pads computed at run time must be a 1-D tensor of 2 values per padded axis"
         elif mode != "constant" and np.any(pads < 0):
             return f"negative pads with mode={mode}"
