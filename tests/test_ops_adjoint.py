@@ -428,6 +428,9 @@ CASES += [
         op_mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
     one("resize_linear_1d_axes_attr", "Resize", [2, 3, 5], None, ("sc", np.array([1.6], np.float32)), op_mode="linear",
         axes=[2], opset=18),
+    # a long axis (2100 -> 4200: an n x n_out matrix of 8.8 M entries): nearest scatter-adds by source index instead
+    one("resize_nearest_long_axis_scatter", "Resize", [2, 1, 2100], None, ("sc", np.array([1, 1, 2], np.float32)),
+        nearest_mode="round_prefer_ceil"),
     # no numpy formula for these: the matrix is the op's response to an identity (at run time)
     one("resize_linear_antialias_down", "Resize", [2, 2, 9, 8], None, ("sc", np.array([1, 1, 0.5, 0.6], np.float32)),
         op_mode="linear", antialias=1, opset=18),

@@ -6,6 +6,8 @@ A static axis with constant scales or sizes gets A_ax built here from the ONNX f
 known only at run time: YOLO / PP-OCR FPNs exported with dynamic H x W), or scales / sizes computed at run time, get
 A_ax at run time from the forward op itself: the same Resize applied to the identity matrix I_n (n = the axis length
 read from the input) along its second axis gives A_ax^T, column by column, exactly as onnxruntime interpolates.
+Nearest needs no matrix there: the same Resize of arange(n) gives the source index of every output position and
+J^T scatter-adds by it (O(n)); so does a static nearest axis whose matrix would be large (audio lengths).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import onnx_ir as ir
 
 from ..graph import static_dims
 from .base import LinearOp, Params, const, register
+from .shape import _scatter_axis, _scatter_runtime
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 _RUNTIME_ONLY = ("half_pixel_symmetric",)  # transforms whose matrix is only built at run time (by the op itself)
@@ -46,21 +49,30 @@ def _nearest(xf: float, rounding: str) -> int:
     return int(math.floor(xf + 0.5))
 
 
+# nearest along an axis whose matrix would hold more entries than this scatter-adds by source index instead (O(n))
+_MATRIX_LIMIT = 1 << 22
+
+
+def nearest_indices(n_in: int, n_out: int, scale: float, transform: str, rounding: str) -> np.ndarray:
+    """The input index each output position of a nearest Resize copies, along one axis."""
+    return np.array([min(max(_nearest(_source(o, n_in, n_out, scale, transform), rounding), 0), n_in - 1)
+                     for o in range(n_out)], dtype=np.int64)
+
+
 def interpolation_matrix(n_in: int, n_out: int, scale: float, mode: str, transform: str,
                          rounding: str) -> np.ndarray:
     """A (n_out x n_in): y[o] = sum_i A[o, i] x[i] along one axis, as onnxruntime computes it."""
     a = np.zeros((n_out, n_in))
+    if mode == "nearest":
+        a[np.arange(n_out), nearest_indices(n_in, n_out, scale, transform, rounding)] = 1.0
+        return a
     for o in range(n_out):
-        xf = _source(o, n_in, n_out, scale, transform)
-        if mode == "nearest":
-            a[o, min(max(_nearest(xf, rounding), 0), n_in - 1)] = 1.0
-        else:
-            xf = min(max(xf, 0.0), n_in - 1.0)
-            i0 = min(int(xf), n_in - 1)
-            i1 = min(i0 + 1, n_in - 1)
-            w1 = xf - i0
-            a[o, i0] += 1.0 - w1
-            a[o, i1] += w1
+        xf = min(max(_source(o, n_in, n_out, scale, transform), 0.0), n_in - 1.0)
+        i0 = min(int(xf), n_in - 1)
+        i1 = min(i0 + 1, n_in - 1)
+        w1 = xf - i0
+        a[o, i0] += 1.0 - w1
+        a[o, i1] += w1
     return a
 
 
@@ -127,8 +139,11 @@ class Resize(LinearOp):
             if n_out < 1:
                 return f"axis {ax} resized to nothing"
             scale = scales[k] if scales is not None else n_out / n_in
-            plan.append((ax, interpolation_matrix(n_in, n_out, scale, mode, transform,
-                                                  attrs.get_string("nearest_mode", "round_prefer_floor"))))
+            rounding = attrs.get_string("nearest_mode", "round_prefer_floor")
+            if mode == "nearest" and n_in * n_out > _MATRIX_LIMIT:
+                plan.append((ax, ("index", nearest_indices(n_in, n_out, scale, transform, rounding))))
+                continue
+            plan.append((ax, interpolation_matrix(n_in, n_out, scale, mode, transform, rounding)))
         return plan
 
     def check(self, node):
@@ -161,9 +176,40 @@ class Resize(LinearOp):
                        tag=f"interpT{ax}", **attrs)
         return em.op("Transpose", at, perm=[1, 0], tag=f"interp{ax}")
 
+    def _runtime_indices(self, em, node, ax, kind, k):
+        """Nearest: the source index of every output position, from the node's own Resize of arange(n) (as floats,
+        exact below 2^24) along the second axis of a [1, n] tensor."""
+        x = node.inputs[0]
+        n = em.op("Gather", em.shape_of(x, tag=f"x_shape{ax}"), em.scalar(ax, np.int64), axis=0, tag=f"n{ax}")
+        ramp = em.op("Cast", em.op("Range", em.scalar(0, np.int64), n, em.scalar(1, np.int64), tag=f"ramp{ax}"),
+                     to=em.dtype.value, tag=f"ramp{ax}_f")
+        ramp = em.op("Unsqueeze", ramp, em.ints([0]), tag=f"ramp{ax}_2d")
+        entry = em.op("Slice", node.inputs[2 if kind == "scales" else 3], em.ints([k]), em.ints([k + 1]),
+                      tag=f"{kind}{ax}")
+        attrs = {key: a.value for key, a in node.attributes.items() if key != "axes"}
+        if kind == "scales":
+            one = em.const(np.ones(1, dtype=np.float32), tag="one", key=("resize_one",))
+            src = em.op("Resize", ramp, None, em.op("Concat", one, entry, axis=0, tag=f"scales{ax}"),
+                        tag=f"src{ax}_f", **attrs)
+        else:
+            src = em.op("Resize", ramp, None, None, em.op("Concat", em.ints([1]), entry, axis=0, tag=f"sizes{ax}"),
+                        tag=f"src{ax}_f", **attrs)
+        return em.op("Cast", em.op("Reshape", src, em.ints([-1]), tag=f"src{ax}_flat"), to=ir.DataType.INT64.value,
+                     tag=f"src{ax}")
+
     def transpose(self, em, node, s, p):
         rank = len(node.inputs[0].shape)
+        nearest = node.attributes.get_string("mode", "nearest") == "nearest"
         for ax, a in self._plan(node):
+            if isinstance(a, tuple) and a[0] == "index":  # a large static axis: scatter-add by source index
+                shape = em.op("ScatterElements", em.shape_of(s, tag=f"s_shape{ax}"), em.ints([ax]),
+                              em.ints([int(static_dims(node.inputs[0])[ax])]), axis=0, tag=f"in_shape{ax}")
+                s = _scatter_axis(em, s, {"rank": rank, "value": shape}, ax, list(a[1]), tag=f"JTs{ax}")
+                continue
+            if isinstance(a, tuple) and nearest:  # a dynamic axis: O(n) scatter-add, no n x n_out matrix
+                s = _scatter_runtime(em, s, node.inputs[0], ax, self._runtime_indices(em, node, ax, *a),
+                                     tag=f"JTs{ax}")
+                continue
             if isinstance(a, tuple):
                 m = self._runtime_matrix(em, node, ax, *a)
             else:
