@@ -177,12 +177,12 @@ class Resize(LinearOp):
         return em.op("Transpose", at, perm=[1, 0], tag=f"interp{ax}")
 
     def _runtime_indices(self, em, node, ax, kind, k):
-        """Nearest: the source index of every output position, from the node's own Resize of arange(n) (as floats,
+        """Nearest: the source index of every output position, from the node's own Resize of arange(n) (as float32,
         exact below 2^24) along the second axis of a [1, n] tensor."""
         x = node.inputs[0]
         n = em.op("Gather", em.shape_of(x, tag=f"x_shape{ax}"), em.scalar(ax, np.int64), axis=0, tag=f"n{ax}")
         ramp = em.op("Cast", em.op("Range", em.scalar(0, np.int64), n, em.scalar(1, np.int64), tag=f"ramp{ax}"),
-                     to=em.dtype.value, tag=f"ramp{ax}_f")
+                     to=ir.DataType.FLOAT.value, tag=f"ramp{ax}_f")  # float32 whatever the model's type
         ramp = em.op("Unsqueeze", ramp, em.ints([0]), tag=f"ramp{ax}_2d")
         entry = em.op("Slice", node.inputs[2 if kind == "scales" else 3], em.ints([k]), em.ints([k + 1]),
                       tag=f"{kind}{ax}")
