@@ -431,6 +431,11 @@ CASES += [
     # a long axis (2100 -> 4200: an n x n_out matrix of 8.8 M entries): nearest scatter-adds by source index instead
     one("resize_nearest_long_axis_scatter", "Resize", [2, 1, 2100], None, ("sc", np.array([1, 1, 2], np.float32)),
         nearest_mode="round_prefer_ceil"),
+    # scales computed at run time on a static input (onnxruntime's data propagation sees the static shape)
+    Case("resize_nearest_runtime_scales_static_x", [node("Shape", ["x"], ["s"]), node("Cast", ["s"], ["sf"], to=1),
+                                                    node("Div", ["sf", "sf"], ["o"]), node("Mul", ["o", "c"], ["sc"]),
+                                                    node("Resize", ["x", "", "sc"], ["y"])],
+         {"x": [2, 2, 3, 4]}, ["y"], {"c": np.array([1, 1, 2, 1.5], np.float32)}),
     # no numpy formula for these: the matrix is the op's response to an identity (at run time)
     one("resize_linear_antialias_down", "Resize", [2, 2, 9, 8], None, ("sc", np.array([1, 1, 0.5, 0.6], np.float32)),
         op_mode="linear", antialias=1, opset=18),

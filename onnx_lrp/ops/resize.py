@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from ..graph import static_dims
 from .base import LinearOp, Params, const, register
-from .shape import _scatter_axis, _scatter_runtime
+from .shape import _ramp, _scatter_axis, _scatter_runtime
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 _RUNTIME_ONLY = ("half_pixel_symmetric",)  # transforms whose matrix is only built at run time (by the op itself)
@@ -180,9 +180,8 @@ class Resize(LinearOp):
         """Nearest: the source index of every output position, from the node's own Resize of arange(n) (as float32,
         exact below 2^24) along the second axis of a [1, n] tensor."""
         x = node.inputs[0]
-        n = em.op("Gather", em.shape_of(x, tag=f"x_shape{ax}"), em.scalar(ax, np.int64), axis=0, tag=f"n{ax}")
-        ramp = em.op("Cast", em.op("Range", em.scalar(0, np.int64), n, em.scalar(1, np.int64), tag=f"ramp{ax}"),
-                     to=ir.DataType.FLOAT.value, tag=f"ramp{ax}_f")  # float32 whatever the model's type
+        ramp = em.op("Cast", _ramp(em, x, ax, tag=f"ramp{ax}"), to=ir.DataType.FLOAT.value,
+                     tag=f"ramp{ax}_f")  # float32 whatever the model's type
         ramp = em.op("Unsqueeze", ramp, em.ints([0]), tag=f"ramp{ax}_2d")
         entry = em.op("Slice", node.inputs[2 if kind == "scales" else 3], em.ints([k]), em.ints([k + 1]),
                       tag=f"{kind}{ax}")

@@ -245,6 +245,16 @@ class Gather(ShapeOp):
 _COPY_PADS = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}  # ONNX mode -> numpy.pad mode (same indices)
 
 
+def _ramp(em, x, ax, tag):
+    """arange(n) (int64) with n the length of ``x`` along ``ax`` at run time, as CumSum of ones: a Range would need
+    n as a scalar, and onnxruntime's shape inference (data propagation) sees Gather/Squeeze of a static Shape as a
+    1-D tensor and rejects it as Range's limit."""
+    ones = em.op("ConstantOfShape", em.op("Shape", x, start=ax, end=ax + 1, tag=f"{tag}_n"),
+                 value=ir.tensor(np.ones(1, dtype=np.int64)), tag=f"{tag}_ones")
+    return em.op("Sub", em.op("CumSum", ones, em.scalar(0, np.int64), tag=f"{tag}_cumsum"), em.scalar(1, np.int64),
+                 tag=tag)
+
+
 def _scatter_runtime(em, r, x, ax, idx, tag):
     """Scatter-add r's slices along ``ax`` into zeros shaped like ``x`` at positions ``idx`` (a 1-D int64 value
     computed at run time)."""
@@ -359,11 +369,7 @@ class Pad(ShapeOp):
             else:
                 pads = em.op("Cast", node.inputs[1], to=ir.DataType.INT64.value, tag="pads")
                 be = em.op("Gather", pads, em.ints([i, len(axes) + i]), axis=0, tag=f"pads{ax}")
-            # the length as a scalar by Gather (onnxruntime's shape inference rejects Squeeze(Shape(...)) as Range's
-            # limit where the length is static)
-            size = em.op("Gather", em.shape_of(x, tag="x_shape"), em.scalar(ax, np.int64), axis=0, tag="x_size")
-            ramp = em.op("Range", em.scalar(0, np.int64), size, em.scalar(1, np.int64), tag="ramp")
-            idx = em.op("Pad", ramp, be, mode=mode, tag="src_idx")
+            idx = em.op("Pad", _ramp(em, x, ax, tag="ramp"), be, mode=mode, tag="src_idx")
             r = _scatter_runtime(em, r, x, ax, idx, tag="r_unpad")
         return r
 
