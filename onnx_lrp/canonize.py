@@ -1,7 +1,7 @@
 """Canonizers: rewrite a loaded graph into the form the rules expect (cf. zennit.canonizers).
 
 - Identity and Dropout are dropped.
-- ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed).
+- ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed, or stride 1 along a dynamic axis).
 - BatchNormalization directly after a Conv/Gemm (its only consumer) is folded into that layer's parameters.
 - Per-channel constant scale/shift chains (Mul/Add/Sub/Div by a constant that varies along the layer's output
   channel axis only, in any order, also across a Transpose after a Conv: tf2onnx writes Keras BatchNormalization
@@ -102,9 +102,9 @@ def explicit_pads(graph: ir.Graph) -> None:
             node.attributes["pads"] = ir.AttrInt64s("pads", [0] * (2 * nd))
             node.attributes.pop("auto_pad")
             continue
-        if x.shape is None or any(not isinstance(d, int) for d in list(x.shape)[2:]):
+        if x.shape is None:
             continue  # left as is; the op handler reports it
-        spatial = [int(d) for d in list(x.shape)[2:]]
+        spatial = [d if isinstance(d, int) else None for d in list(x.shape)[2:]]
         nd = len(spatial)
         if node.op_type in ("Conv", "ConvTranspose"):
             w = const(node.inputs[1])
@@ -115,10 +115,13 @@ def explicit_pads(graph: ir.Graph) -> None:
         dil = list(node.attributes.get_ints("dilations", [1] * nd))
         if node.op_type == "ConvTranspose":
             continue  # ConvTranspose's auto_pad refers to its output; handled by its op
+        if any(size is None and s != 1 for size, s in zip(spatial, strides)):
+            continue  # a dynamic axis with stride > 1: its padding depends on the length; the op handler reports it
         begins, ends = [], []
         for size, k, s, d in zip(spatial, kernel, strides, dil):
-            out = math.ceil(size / s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            # stride 1: the output keeps the length and the total padding is (k - 1) d whatever the length
+            out = math.ceil(size / s) if size is not None else None
+            total = (k - 1) * d if size is None else max(0, (out - 1) * s + (k - 1) * d + 1 - size)
             small = total // 2
             if auto == "SAME_UPPER":
                 begins.append(small)

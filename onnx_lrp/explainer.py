@@ -104,7 +104,9 @@ class Explainer:
         self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3
         if rewriter.POSITION_INPUT in {v.name for v in graph.inputs} and y_dims is not None:
             # a dynamic sequence length (None) is read from the input axis with the same symbolic dimension
-            self.sequence_rows = (y_dims[1], int(np.prod(y_dims[2:])))
+            # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
+            trailing = y_dims[2:]
+            self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
         self.model_bytes = loader.serialize(ir_model)
         self.session = runtime.Session(self.model_bytes, device, threads)
         self.device = self.session.device  # "auto" may fall back to the CPU when CUDA cannot start
@@ -213,7 +215,7 @@ class Explainer:
         if t.dtype.kind not in "iu":
             raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
         t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
-        if t.shape != (batch,) or np.any(t < 0) or np.any(t >= per_row):
+        if t.shape != (batch,) or np.any(t < 0) or (per_row is not None and np.any(t >= per_row)):
             raise InputError(f"target {_brief(t)} out of range: each position of the explained output has "
                              f"{per_row} entries")
         return np.ascontiguousarray(t), np.ascontiguousarray(pos)
@@ -250,13 +252,14 @@ class Explainer:
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
             merged = self._run(feeds, targets, start, positions)
+        per_row = self._check_width(merged, targets)
         self._check_finite(merged, feeds, targets, start, positions)
         rel = {n: merged[rewriter.RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[rewriter.TARGET_OUTPUT]
         pos_used = None
         if self.sequence_rows is not None:
-            pos_used, used = used // self.sequence_rows[1], used % self.sequence_rows[1]
+            pos_used, used = used // per_row, used % per_row
         return Explanation(relevance=relevance,
                            outputs={n: merged[n] for n in self.output_names},
                            target=used,
@@ -266,6 +269,22 @@ class Explainer:
                            ledger=None if self.ledger_rows is None else
                            {"entering": merged[ledger_mod.ENTERING_OUTPUT],
                             "leaving": merged[ledger_mod.LEAVING_OUTPUT]})
+
+    def _check_width(self, merged: dict, targets) -> int | None:
+        """Given targets against the explained output's width as it came out of this run (outputs with dynamic
+        trailing axes: a target past the end would select nothing, an all-zero relevance); returns the entries
+        per position of a sequence output."""
+        y = merged[self.explained_output]
+        if self.sequence_rows is not None:
+            width = self.sequence_rows[1] if self.sequence_rows[1] is not None else int(np.prod(y.shape[2:]))
+        else:
+            width = int(y.size if self.whole else np.prod(y.shape[1:]))
+        if np.any(np.asarray(targets) >= width):
+            per = "at each position" if self.sequence_rows is not None else "per item"
+            raise InputError(f"target {_brief(np.asarray(targets))} out of range: the explained output "
+                             f"{self.explained_output!r} has {width} entries {per} for this input; nothing was "
+                             "returned")
+        return width
 
     def _run(self, feeds, targets, start, positions=None):
         feeds = dict(feeds)

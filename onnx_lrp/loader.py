@@ -179,6 +179,8 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     proto = expand_function_ops(proto, opset)
     if opset > MAX_OPSET:
         proto = relabel_newer_opset(proto, opset, name)
+    if opset < 7:
+        proto = _legacy_prelu_slopes(proto)
     if opset < MIN_OPSET:
         try:
             proto = version_converter.convert_version(proto, MIN_OPSET)
@@ -217,6 +219,29 @@ def contrib_to_ms_domain(proto: onnx.ModelProto) -> onnx.ModelProto:
             n.domain = "com.microsoft"
     if not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return proto
+
+
+def _legacy_prelu_slopes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Opset <= 6 PRelu took a 1-D slope of C values per channel (axis 1, legacy broadcasting); from opset 7 it
+    broadcasts from the last axis, so the converted model would apply it along W (or fail). Such slopes become
+    [C, 1, ...] (the pytorch-converted PReLU models of the onnx wheel)."""
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in list(proto.graph.input) + list(proto.graph.value_info)
+             if v.type.tensor_type.HasField("shape")}
+    inits = {t.name: t for t in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type != "PRelu" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        slope, rank = inits.get(node.input[1]), ranks.get(node.input[0])
+        if slope is None or len(slope.dims) != 1 or slope.dims[0] <= 1 or rank is None or rank < 3:
+            continue
+        arr = onnx.numpy_helper.to_array(slope)
+        per_channel = onnx.numpy_helper.from_array(arr.reshape((-1,) + (1,) * (rank - 2)),
+                                                   name=slope.name + "/per_channel")
+        if per_channel.name not in inits:
+            proto.graph.initializer.append(per_channel)
+            inits[per_channel.name] = per_channel
+        node.input[1] = per_channel.name
     return proto
 
 

@@ -6,9 +6,9 @@ Exporters write the same function in many ways: SiLU as ``x * Sigmoid(x)``, GELU
 
 - **element-wise function of one tensor** (``elementwise_root``): a value computed from a single activation ``x``
   through element-wise ops only (unary ops, and binary ops whose other operand is a constant or another element-wise
-  function of the same ``x``). A ``Mul`` whose two factors are both element-wise functions of the same ``x`` is a
-  non-linearity of ``x`` (SiLU, GELU, x^2, ...), not a bilinear product: it gets the identity rule, relevance goes
-  straight to ``x``.
+  function of the same ``x``). A ``Mul`` (or ``Div``) whose two operands are both element-wise functions of the
+  same ``x`` is a non-linearity of ``x`` (SiLU, GELU, x^2, softsign ``x / (1 + |x|)``, ...), not a bilinear product
+  or a quotient of two activations: it gets the identity rule, relevance goes straight to ``x``.
 - **normalising scale** (``match_norm_scale``): ``Div(n, s)`` or ``Mul(n, r)`` where ``s`` (``1/r``) is computed by
   element-wise ops with constants from a reduction (``ReduceMean``, ``ReduceSum``, ``ReduceSumSquare``,
   ``ReduceL2``) of an element-wise function of ``n`` itself: the std of LayerNorm (``n = x - mean(x)``) or the root
@@ -110,9 +110,10 @@ def _chain_nodes(v: ir.Value, *stops: ir.Value) -> list:
 
 
 def match_self_product(node: ir.Node) -> tuple[Match | None, str]:
-    """``Mul(f(x), g(x))``: a product of a tensor with a function of itself (SiLU, GELU, x^2, ...)."""
-    if node.op_type != "Mul":
-        return None, f"{node.op_type} is not a Mul"
+    """``Mul(f(x), g(x))`` / ``Div(f(x), g(x))``: a product or quotient of a tensor with a function of itself (SiLU,
+    GELU, x^2, softsign ``x / (1 + |x|)`` as exporters write it out)."""
+    if node.op_type not in ("Mul", "Div"):
+        return None, f"{node.op_type} is neither Mul nor Div"
     acts = _acts(node)
     if len(acts) != 2:
         return None, "not a product of two activations"
@@ -151,14 +152,33 @@ def vanishes_at_zero(v: ir.Value, root: ir.Value, _depth: int = 0) -> bool:
         return vanishes_at_zero(acts[0], root, _depth + 1)
     if p.op_type == "Mul":
         return any(vanishes_at_zero(a, root, _depth + 1) for a in acts)
-    if p.op_type == "Div":
+    if p.op_type == "Div":  # n / c, or n / d(x) with d(0) != 0 (softsign: x / (1 + |x|))
         return bool(acts) and p.inputs[0] is acts[0] and vanishes_at_zero(acts[0], root, _depth + 1) and (
-            len(acts) == 1)
+            len(acts) == 1 or nonzero_at_zero(p.inputs[1], root, _depth + 1))
     if p.op_type in ("Add", "Sub"):
         return bool(acts) and zero_consts() and all(vanishes_at_zero(a, root, _depth + 1) for a in acts)
     if p.op_type == "Pow" and len(acts) == 1 and p.inputs[0] is acts[0]:
         e = const(p.inputs[1])
         return e is not None and bool(np.all(e > 0)) and vanishes_at_zero(acts[0], root, _depth + 1)
+    return False
+
+
+# element-wise ops whose value is never 0
+_POSITIVE = {"Exp", "Sigmoid", "Softplus"}
+
+
+def nonzero_at_zero(v: ir.Value, root: ir.Value, _depth: int = 0) -> bool:
+    """Whether ``v``, an element-wise function of ``root``, is provably non-zero where ``root`` is 0: ``c + f(x)``
+    with c != 0 and f(0) = 0 (softsign's 1 + |x|), exp, sigmoid. False when unsure."""
+    p = v.producer()
+    if p is None or _depth > _MAX_DEPTH or v is root:
+        return False
+    acts = _acts(p)
+    if p.op_type in _POSITIVE and len(acts) == 1:
+        return True
+    if p.op_type in ("Add", "Sub") and len(acts) == 1 and len(p.inputs) == 2:
+        c = const(p.inputs[1] if p.inputs[0] is acts[0] else p.inputs[0])
+        return c is not None and bool(np.all(c != 0)) and vanishes_at_zero(acts[0], root, _depth + 1)
     return False
 
 
@@ -407,7 +427,7 @@ def annotate(graph: ir.Graph) -> list[Match]:
         if len(_acts(node)) != 2:
             continue
         m, _ = match_norm_scale(node)
-        if m is None and node.op_type == "Mul":
+        if m is None:
             m, _ = match_self_product(node)
         if m is None and node.op_type == "Mul":
             m, _ = match_gate(node)
@@ -468,14 +488,12 @@ def why(node: ir.Node) -> str:
     m, r1 = match_norm_scale(node)
     if m is not None:
         return f"matches {m.name}"
-    if node.op_type == "Mul":
-        m, r2 = match_self_product(node)
-        if m is not None:
-            return f"matches {m.name}"
-        return f"no normalising scale ({r1}); not a self-product ({r2})"
-    return f"no normalising scale ({r1})"
+    m, r2 = match_self_product(node)
+    if m is not None:
+        return f"matches {m.name}"
+    return f"no normalising scale ({r1}); not a function of one tensor ({r2})"
 
 
-__all__ = ["Match", "annotate", "elementwise_root", "vanishes_at_zero", "function_argument",
+__all__ = ["Match", "annotate", "elementwise_root", "vanishes_at_zero", "function_argument", "nonzero_at_zero",
            "match_self_product", "match_norm_scale", "match_gate",
            "sigmoid_gate", "gate_source", "why"]

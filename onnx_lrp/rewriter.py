@@ -310,22 +310,24 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         dims = static_dims(y)
         if dims is not None and 0 in dims:
             raise InputError(f"explained tensor {y.name!r} has no elements (shape {dims}); nothing to explain")
-        if whole:  # one item: the whole tensor as [1, size]
-            if dims is None or any(d is None for d in dims):
+        if whole:  # one item: the whole tensor as [1, size] (size read at run time where dimensions are dynamic)
+            if dims is None:
                 raise InputError(f"explained tensor {y.name!r} has no batch axis (its leading axis is not the "
-                                 "inputs' batch axis) and is explained as one item, which needs a static shape; "
-                                 "give the model static input shapes or explain an output with a batch axis")
-            dims = [1, int(np.prod(dims))]
-            flat = em.op("Reshape", y, em.ints(dims), tag="y_flat")
+                                 "inputs' batch axis) and is explained as one item, which needs a known rank; "
+                                 "run shape inference or explain an output with a batch axis")
+            dims = [1, int(np.prod(dims)) if all(d is not None for d in dims) else None]
+            flat = em.op("Reshape", y, em.ints([1, -1]), tag="y_flat")
         else:
             flat = em.op("Flatten", y, axis=1, tag="y_flat")
-        if dims is None or len(dims) < 2 or any(d is None for d in dims[2:]) or (len(dims) == 2 and dims[1] is None):
-            raise InputError(f"explained tensor {y.name!r} needs static dimensions after the first two (the batch "
-                             "and, for sequence outputs, the sequence length may be dynamic)")
-        chunk = int(np.prod(dims[2:]))  # entries per position (axis 1) of a sequence output
-        # a dynamic sequence length: the one-hot's width (and each entry's position) come from y's shape
-        width_v = em.ints([dims[1] * chunk]) if dims[1] is not None else em.op("Shape", flat, start=1, end=2,
-                                                                                tag="width")
+        if dims is None or len(dims) < 2:
+            raise InputError(f"explained tensor {y.name!r} needs a known rank of at least 2 (the batch, then the "
+                             "classes or the sequence positions); run shape inference")
+        # entries per position (axis 1) of a sequence output; read from y's shape where the trailing axes are dynamic
+        static_chunk = all(d is not None for d in dims[2:])
+        chunk = int(np.prod(dims[2:])) if static_chunk else None
+        # a dynamic sequence length or trailing axes: the one-hot's width (and each entry's position) come from y
+        width_v = em.ints([dims[1] * chunk]) if dims[1] is not None and static_chunk else em.op(
+            "Shape", flat, start=1, end=2, tag="width")
         use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
         if len(dims) < 3:
             argmax = em.op("ArgMax", flat, axis=1, keepdims=0, tag="argmax")
@@ -334,22 +336,24 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
             position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]),
                                 type=ir.TensorType(ir.DataType.INT64))
             graph.inputs.append(position)
-            if dims[1] is not None:
+            chunk_v = em.scalar(chunk, np.int64) if static_chunk else em.op(
+                "ReduceProd", em.op("Shape", y, start=2, tag="trailing"), keepdims=0, tag="chunk")
+            if dims[1] is not None and static_chunk:
                 rows = em.scalar(dims[1], np.int64)
                 row_of = em.const(np.arange(dims[1] * chunk, dtype=np.int64)[None] // chunk, tag="row_of",
                                   dtype=np.int64)
             else:
                 width_n = em.op("Squeeze", width_v, tag="width_n")
-                rows = em.op("Div", width_n, em.scalar(chunk, np.int64), tag="rows")
+                rows = em.scalar(dims[1], np.int64) if dims[1] is not None else em.op("Div", width_n, chunk_v,
+                                                                                       tag="rows")
                 index = em.op("Range", em.scalar(0, np.int64), width_n, em.scalar(1, np.int64), tag="flat_index")
-                row_of = em.op("Unsqueeze", em.op("Div", index, em.scalar(chunk, np.int64), tag="row"),
-                               em.ints([0]), tag="row_of")
+                row_of = em.op("Unsqueeze", em.op("Div", index, chunk_v, tag="row"), em.ints([0]), tag="row_of")
             from_end = em.op("Less", position, em.scalar(0, np.int64), tag="from_end")
             row = em.op("Where", from_end, em.add(position, rows, tag="position_wrapped"), position, tag="row")
             in_row = em.op("Equal", row_of, em.op("Unsqueeze", row, em.ints([1]), tag="row_1"), tag="in_row")
             argmax = em.op("ArgMax", em.op("Where", in_row, flat, em.scalar(-np.inf), tag="y_row"), axis=1,
                            keepdims=0, tag="argmax")
-            given = em.add(em.op("Mul", row, em.scalar(chunk, np.int64), tag="row_start"), target, tag="given")
+            given = em.add(em.op("Mul", row, chunk_v, tag="row_start"), target, tag="given")
             chosen = em.op("Where", use_argmax, argmax, given, tag="target")
         hot = em.op("OneHot", chosen, width_v, em.const(np.array([0, 1], dtype=np.int64),
                                                                  tag="onehot_values", dtype=np.int64),
@@ -359,7 +363,7 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
         r0 = em.mul(hot, scale, tag="r0_flat")
         picked = em.op("ReduceSum", em.mul(hot, flat, tag="y_at_target"), em.ints([1]), keepdims=0,
                        tag="explained_value")
-        r0 = em.op("Reshape", r0, em.ints(static_dims(y)), tag="r0") if whole else em.reshape_like(r0, y, tag="r0")
+        r0 = em.reshape_like(r0, y, tag="r0")
     batch_shape = ir.Shape([1] if whole else ["lrp_batch"])
     picked.name = VALUE_OUTPUT
     picked.type = ir.TensorType(em.dtype)

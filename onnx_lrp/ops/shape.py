@@ -1,7 +1,8 @@
 """Ops that move, select or copy elements; relevance follows their transpose (always conservative for moves).
 
 Reshape-like -> Reshape back; Transpose -> inverse permutation; Concat <-> Split; Slice/Gather -> scatter-add
-into zeros; Pad -> Slice; Expand -> sum over the broadcast axes; Cast -> Cast back.
+into zeros; Pad -> Slice (reflect/edge/wrap: scatter-add of the copies); Expand -> sum over the broadcast axes;
+Cast -> Cast back.
 """
 from __future__ import annotations
 
@@ -241,32 +242,82 @@ class Gather(ShapeOp):
         return [_scatter_axis(em, r, {"rank": len(dims), "value": x_shape}, ax, list(flat), tag="r_in")]
 
 
+_COPY_PADS = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}  # ONNX mode -> numpy.pad mode (same indices)
+
+
+def _ramp(em, x, ax, tag):
+    """arange(n) (int64) with n the length of ``x`` along ``ax`` at run time, as CumSum of ones: a Range would need
+    n as a scalar, and onnxruntime's shape inference (data propagation) sees Gather/Squeeze of a static Shape as a
+    1-D tensor and rejects it as Range's limit."""
+    ones = em.op("ConstantOfShape", em.op("Shape", x, start=ax, end=ax + 1, tag=f"{tag}_n"),
+                 value=ir.tensor(np.ones(1, dtype=np.int64)), tag=f"{tag}_ones")
+    return em.op("Sub", em.op("CumSum", ones, em.scalar(0, np.int64), tag=f"{tag}_cumsum"), em.scalar(1, np.int64),
+                 tag=tag)
+
+
+def _scatter_runtime(em, r, x, ax, idx, tag):
+    """Scatter-add r's slices along ``ax`` into zeros shaped like ``x`` at positions ``idx`` (a 1-D int64 value
+    computed at run time)."""
+    rank = len(x.shape)
+    ind = em.op("Reshape", idx, em.ints([-1 if a == ax else 1 for a in range(rank)]), tag=f"{tag}_idx_axis")
+    ind = em.op("Expand", ind, em.shape_of(r, tag=f"{tag}_rshape"), tag=f"{tag}_idx_full")
+    shape = em.op("ScatterElements", em.shape_of(r, tag=f"{tag}_rshape2"), em.ints([ax]),
+                  em.op("Shape", x, start=ax, end=ax + 1, tag=f"{tag}_n"), axis=0, tag=f"{tag}_shape")
+    zeros = em.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag=f"{tag}_zeros")
+    return em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag=tag)
+
+
 @register
 class Pad(ShapeOp):
-    """Constant-mode Pad: J^T r = r with the padding sliced off."""
+    """Pad. Constant mode: J^T r = r with the padding sliced off. Modes reflect / edge / wrap copy input elements
+    into the border (separably per axis, output j <- input idx(j)): J^T r scatter-adds r back along each padded axis,
+    every input element receiving the relevance of all its copies (zennit: the gradient of ReflectionPad2d)."""
 
     op_types = ("Pad",)
 
     data_inputs = (0,)
 
+    def _axes(self, node):
+        rank = len(node.inputs[0].shape)
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return [int(a) % rank for a in const(node.inputs[3])]
+        return list(range(rank))
+
+    def _pads(self, node):
+        """(axes, begin, end) of a constant pads input; begin and end are None when the pads are computed at run
+        time (torch's pad-to-a-multiple on a dynamic size)."""
+        axes = self._axes(node)
+        pads = const(node.inputs[1])
+        if pads is None:
+            return axes, None, None
+        pads = pads.astype(np.int64).reshape(-1)
+        return axes, pads[:len(axes)], pads[len(axes):]
+
     def check(self, node):
-        if node.attributes.get_string("mode", "constant") != "constant":
-            return f"mode={node.attributes.get_string('mode')} (only constant padding)"
-        if const(node.inputs[1]) is None:
-            return "pads are not constant"
+        mode = node.attributes.get_string("mode", "constant")
+        if mode != "constant" and mode not in _COPY_PADS:
+            return f"mode={mode} (only constant, reflect, edge and wrap)"
         if len(node.inputs) > 3 and node.inputs[3] is not None and const(node.inputs[3]) is None:
             return "axes are not constant"
+        if node.inputs[0].shape is None:
+            return "rank unknown"
+        pads = const(node.inputs[1])
+        if pads is None:
+            dims = static_dims(node.inputs[1])
+            if dims is None or len(dims) != 1 or dims[0] not in (2 * len(self._axes(node)), None):
+                return "pads computed at run time must be a 1-D tensor of 2 values per padded axis"
+        elif mode != "constant" and np.any(pads < 0):
+            return f"negative pads with mode={mode}"
         return None
 
     def transpose(self, em, node, r_outs):
+        if node.attributes.get_string("mode", "constant") != "constant":
+            return [self._unpad_copies(em, node, r_outs[0])]
         rank = len(node.inputs[0].shape)
-        pads = const(node.inputs[1]).astype(np.int64)
-        axes = list(range(rank))
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
-            axes = [int(a) % rank for a in const(node.inputs[3])]
-        k = len(axes)
-        begin, end = pads[:k], pads[k:]
+        axes, begin, end = self._pads(node)
         r = r_outs[0]
+        if begin is None:
+            return [self._unpad_runtime(em, node, r, rank, axes)]
         if np.any(begin < 0) or np.any(end < 0):  # negative pads crop: their transpose pads with zeros
             neg = np.zeros(2 * rank, dtype=np.int64)  # full-rank pads: the axes input needs opset 18
             for a, b, e in zip(axes, begin, end):
@@ -276,6 +327,51 @@ class Pad(ShapeOp):
         starts = [int(b) for b in begin]
         ends = [-int(e) if e > 0 else np.iinfo(np.int64).max for e in end]
         return [em.op("Slice", r, em.ints(starts), em.ints(ends), em.ints(axes), tag="r_in")]
+
+    def _unpad_runtime(self, em, node, r, rank, axes):
+        """Constant mode with pads known at run time: zeros where the forward cropped (negative pads), then the
+        padding sliced off."""
+        k = len(axes)
+        pads = em.op("Cast", node.inputs[1], to=ir.DataType.INT64.value, tag="pads")
+        zero = em.scalar(0, np.int64)
+        neg = em.op("Max", em.op("Neg", pads, tag="pads_neg"), zero, tag="crop")
+        if axes != list(range(rank)):  # full-rank pads for the uncrop (the axes input needs opset 18)
+            neg = em.op("ScatterElements", em.ints([0] * (2 * rank)), em.ints(axes + [rank + a for a in axes]), neg,
+                        axis=0, tag="crop_full")
+        r = em.op("Pad", r, neg, tag="r_uncrop")
+        pos = em.op("Max", pads, zero, tag="pad")
+        starts = em.op("Slice", pos, em.ints([0]), em.ints([k]), tag="starts")
+        sizes = em.op("Gather", em.shape_of(r, tag="r_shape"), em.ints(axes), axis=0, tag="sizes")
+        ends = em.op("Sub", sizes, em.op("Slice", pos, em.ints([k]), em.ints([2 * k]), tag="pad_end"), tag="ends")
+        return em.op("Slice", r, starts, ends, em.ints(axes), tag="r_in")
+
+    def _unpad_copies(self, em, node, r):
+        """reflect / edge / wrap: per padded axis, scatter-add r at the source index of every output position
+        (numpy.pad of arange(n) for a static axis and constant pads; else the same Pad run on arange(n) at run
+        time)."""
+        x = node.inputs[0]
+        mode = node.attributes.get_string("mode")
+        dims = static_dims(x)
+        axes, begin, end = self._pads(node)
+        for i in reversed(range(len(axes))):
+            ax = axes[i]
+            if begin is not None and begin[i] == 0 and end[i] == 0:
+                continue
+            n = dims[ax]
+            if n is not None and begin is not None:
+                idx = np.pad(np.arange(n), (int(begin[i]), int(end[i])), mode=_COPY_PADS[mode])
+                shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
+                              tag="full_shape")
+                r = _scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, list(idx), tag="r_unpad")
+                continue
+            if begin is not None:
+                be = em.ints([int(begin[i]), int(end[i])])
+            else:
+                pads = em.op("Cast", node.inputs[1], to=ir.DataType.INT64.value, tag="pads")
+                be = em.op("Gather", pads, em.ints([i, len(axes) + i]), axis=0, tag=f"pads{ax}")
+            idx = em.op("Pad", _ramp(em, x, ax, tag="ramp"), be, mode=mode, tag="src_idx")
+            r = _scatter_runtime(em, r, x, ax, idx, tag="r_unpad")
+        return r
 
 
 @register

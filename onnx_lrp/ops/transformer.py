@@ -233,7 +233,8 @@ class Gate(RuleOp):
 
 
 class ElementwiseOfOne(ActivationOp):
-    """A Mul that computes a non-linearity of one tensor (x * Sigmoid(x), GELU subgraphs): relevance goes to x."""
+    """A Mul or Div that computes a non-linearity of one tensor (x * Sigmoid(x), GELU subgraphs, x / (1 + |x|)):
+    relevance goes to x."""
 
     op_types = ()
 
@@ -251,9 +252,12 @@ class ElementwiseOfOne(ActivationOp):
         return 0.0 if arg is not None and patterns.vanishes_at_zero(node.outputs[0], arg) else float("nan")
 
     def pass_grad(self, em, node, g):
-        """y = a * h with ``a`` an affine function of x (x + b, 0.5 x: SiLU, GELU as exported): R = y ⊙ g =
-        a ⊙ (h ⊙ g), so (h ⊙ g, a) is the gradient form relative to ``a`` (the layer output below, bias included)."""
+        """y = a * h (or a / h) with ``a`` an affine function of x (x + b, 0.5 x: SiLU, GELU, softsign as exported):
+        R = y ⊙ g = a ⊙ (h ⊙ g), so (h ⊙ g, a) is the gradient form relative to ``a`` (the layer output below, bias
+        included); a / h gives (g / h, a)."""
         x = node.meta["lrp_pattern"].source
+        if node.op_type == "Div":
+            return (em.div(g, node.inputs[1], tag="g_in"), node.inputs[0]) if _affine_of(node.inputs[0], x) else None
         for a, h in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
             if _affine_of(a, x):
                 return em.mul(g, h, tag="g_in"), a
