@@ -367,7 +367,7 @@ def test_if_on_an_integer_input_needs_a_constant():
 def test_cli_constant_option(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import main
+    from onnx_lrp.cli.main import main
     sr = helper.make_tensor_value_info("sr", TensorProto.INT64, [])
     m, _ = _if_model([helper.make_node("Equal", ["sr", "rate"], ["cond"])], [sr],
                      inits={"rate": np.array(16000, np.int64)})
