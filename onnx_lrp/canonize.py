@@ -75,6 +75,18 @@ def bypass(out: ir.Value, src: ir.Value) -> None:
         out.replace_all_uses_with(src)
 
 
+def substitute(graph: ir.Graph, new: ir.Node, out: ir.Value, before: ir.Node, name: str) -> ir.Value:
+    """Insert ``new`` before ``before`` and let it produce what ``out`` held (type, shape, consumers, a graph
+    output's name; else ``name``); returns the new value. The old producer is left to the caller to remove."""
+    v = new.outputs[0]
+    v.type, v.shape = out.type, out.shape
+    graph.insert_before(before, new)
+    bypass(out, v)
+    if v.name is None:
+        v.name = name
+    return v
+
+
 def drop_identities(graph: ir.Graph) -> None:
     for node in list(graph):
         if node.op_type not in ("Identity", "Dropout") or node.domain not in ("", "ai.onnx"):
@@ -396,12 +408,7 @@ def mean_from_sum(graph: ir.Graph) -> int:
         else:
             mean = ir.node("ReduceMean", [x], {"keepdims": keep, "axes": ir.AttrInt64s("axes", axes)},
                            name=f"{red.name}/mean")
-        out = nxt.outputs[0]
-        mean.outputs[0].type, mean.outputs[0].shape = out.type, out.shape
-        graph.insert_before(red, mean)
-        bypass(out, mean.outputs[0])
-        if mean.outputs[0].name is None:
-            mean.outputs[0].name = f"{red.name}/mean_out"
+        substitute(graph, mean, nxt.outputs[0], red, f"{red.name}/mean_out")
         graph.remove(nxt)
         graph.remove(red)
         done += 1
@@ -456,12 +463,7 @@ def hard_sigmoid_written_out(graph: ir.Graph) -> int:
             continue
         hs = ir.node("HardSigmoid", [x], {"alpha": float(scale), "beta": float(shift * scale)},
                      name=f"{node.name}/hardsigmoid")
-        out = node.outputs[0]
-        hs.outputs[0].type, hs.outputs[0].shape = out.type, out.shape
-        graph.insert_before(node, hs)
-        bypass(out, hs.outputs[0])
-        if hs.outputs[0].name is None:
-            hs.outputs[0].name = f"{node.name}/hardsigmoid_out"
+        substitute(graph, hs, node.outputs[0], node, f"{node.name}/hardsigmoid_out")
         graph.remove(node, safe=True)
         for dead in (clip, add):  # the written-out chain, where nothing else reads it
             if dead is not None and dead.graph is graph and not any(o.uses() or o.is_graph_output()
@@ -474,12 +476,7 @@ def hard_sigmoid_written_out(graph: ir.Graph) -> int:
                 or {id(v) for v in mul.inputs} != {id(x), id(hs.outputs[0])}):
             continue
         swish = ir.node("HardSwish", [x], name=f"{mul.name}/hardswish")
-        out = mul.outputs[0]
-        swish.outputs[0].type, swish.outputs[0].shape = out.type, out.shape
-        graph.insert_before(mul, swish)
-        bypass(out, swish.outputs[0])
-        if swish.outputs[0].name is None:
-            swish.outputs[0].name = f"{mul.name}/hardswish_out"
+        substitute(graph, swish, mul.outputs[0], mul, f"{mul.name}/hardswish_out")
         graph.remove(mul, safe=True)
         graph.remove(hs, safe=True)
     return done
@@ -549,14 +546,9 @@ def two_pass_variance(graph: ir.Graph) -> int:
         red_inputs = [sq.outputs[0]] + list(mean_node.inputs[1:])
         red = ir.node("ReduceMean", red_inputs, {k: v for k, v in mean_node.attributes.items()},
                       name=f"{sub.name}/variance")
-        red.outputs[0].type, red.outputs[0].shape = out.type, out.shape
-        new += [sq, red]
-        anchor = sub if centred.producer() is None or centred.producer() in new else sub
-        for n in new:
-            graph.insert_before(anchor, n)
-        bypass(out, red.outputs[0])
-        if red.outputs[0].name is None:
-            red.outputs[0].name = f"{sub.name}/variance_out"
+        for n in new + [sq]:
+            graph.insert_before(sub, n)
+        substitute(graph, red, out, sub, f"{sub.name}/variance_out")  # graph.sort() below puts them in order
         dead = [clamp, sub, sub.inputs[1].producer(), sub.inputs[0].producer(), second[0].producer()]
         for n in dead:
             if n is not None and n.graph is graph and not any(o.uses() or o.is_graph_output() for o in n.outputs):

@@ -29,7 +29,7 @@ import onnx_ir as ir
 from onnx_ir import _cloner
 
 from .canonize import bypass, const
-from .graph import captured_values
+from .graph import captured_values, subgraphs, unique_name
 
 MAX_UNROLLED = 20000  # body nodes x iterations written for one Loop/Scan
 REASON = "lrp_control"  # node meta: why this control-flow node stays (the rewriter's refusal)
@@ -46,18 +46,8 @@ def _std(node: ir.Node) -> bool:
     return node.domain in ("", "ai.onnx")
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    out = []
-    for a in node.attributes.values():
-        if a.type == ir.AttributeType.GRAPH:
-            out.append(a.value)
-        elif a.type == ir.AttributeType.GRAPHS:
-            out.extend(a.value)
-    return out
-
-
 def _count_nodes(g: ir.Graph) -> int:
-    return sum(1 + sum(_count_nodes(s) for s in _subgraphs(n)) for n in g)
+    return sum(1 + sum(_count_nodes(s) for s in subgraphs(n)) for n in g)
 
 
 class _Names:
@@ -68,12 +58,7 @@ class _Names:
             o.name for n in graph for o in n.outputs if o.name} | {n.name for n in graph if n.name}
 
     def __call__(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        return unique_name(base, self.taken)
 
 
 def _param(graph: ir.Graph, names: _Names, base: str, arr: np.ndarray | None = None,

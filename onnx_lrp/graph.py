@@ -58,7 +58,7 @@ def captured_values(node: ir.Node) -> list[ir.Value]:
     the node as much as its listed ones (a Keras GRU exported by tf2onnx reads the sequence so)."""
     defined: set[int] = set()
     used: list[ir.Value] = []
-    stack = _subgraphs(node)
+    stack = subgraphs(node)
     while stack:
         g = stack.pop()
         defined.update(id(v) for v in g.inputs)
@@ -66,7 +66,7 @@ def captured_values(node: ir.Node) -> list[ir.Value]:
         for n in g:
             defined.update(id(o) for o in n.outputs)
             used.extend(v for v in n.inputs if v is not None)
-            stack.extend(_subgraphs(n))
+            stack.extend(subgraphs(n))
     out, seen = [], set()
     for v in used:
         if id(v) not in defined and id(v) not in seen:
@@ -75,7 +75,18 @@ def captured_values(node: ir.Node) -> list[ir.Value]:
     return out
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+def unique_name(base: str, taken: set) -> str:
+    """``base``, or ``base_k`` with the smallest k that is not in ``taken``; added to ``taken``."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs held by ``node``'s attributes (If branches, Loop/Scan bodies)."""
     subs = []
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
@@ -110,13 +121,7 @@ class Emitter:
             self._prefix = old
 
     def name(self, tag: str) -> str:
-        base = f"{self._prefix}/{tag}"
-        name, k = base, 0
-        while name in self._names:
-            k += 1
-            name = f"{base}_{k}"
-        self._names.add(name)
-        return name
+        return unique_name(f"{self._prefix}/{tag}", self._names)
 
     # ---------------------------------------------------------------- nodes
     def op(self, op_type: str, *inputs: ir.Value | None, tag: str | None = None, **attrs) -> ir.Value:

@@ -49,12 +49,7 @@ def _ort(path_or_bytes, feeds, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def _model(nodes, inputs, outputs, inits, opset=17):
-    g = helper.make_graph(nodes, "t", inputs, outputs,
-                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+_model = qop_models._model  # an onnx.helper model, ir_version 10
 
 
 def _fake_quant(x, scale, zp, lo=0, hi=255):
