@@ -11,7 +11,7 @@ import os
 
 from setuptools import setup
 
-BASE = ["numpy>=1.24", "onnx>=1.16", "onnx-ir>=0.1.12", "click>=8.1", "pillow>=10"]
+BASE = ["numpy>=1.24", "onnx>=1.16", "onnx-ir>=0.1.16", "click>=8.1", "pillow>=10"]
 RUNTIMES = {"cpu": ["onnxruntime>=1.18"], "cuda": ["onnxruntime-gpu>=1.18"], "gpu": ["onnxruntime-gpu>=1.18"],
             "none": []}
 choice = os.environ.get("ONNX_LRP_RUNTIME", "cpu").strip().lower() or "cpu"

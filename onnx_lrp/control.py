@@ -26,7 +26,8 @@ from typing import Callable
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir import _cloner
+from onnx_ir import _cloner  # private, but onnx_ir's own subgraph copier (allow_outer_scope_values: >= 0.1.16,
+#                                the floor in setup.py); a public ir.Graph.clone lacks the value map we need
 
 from .canonize import bypass, const
 from .graph import captured_values, subgraphs, unique_name
