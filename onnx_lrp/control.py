@@ -26,8 +26,8 @@ from typing import Callable
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir import _cloner  # private, but onnx_ir's own subgraph copier (allow_outer_scope_values: >= 0.1.16,
-#                                the floor in setup.py); a public ir.Graph.clone lacks the value map we need
+from onnx_ir import _cloner  # private: onnx_ir's node copier with a value map (body inputs ->
+#   this iteration's values; allow_outer_scope_values needs onnx-ir >= 0.1.16, the floor in setup.py)
 
 from .canonize import bypass, const
 from .graph import captured_values, subgraphs, unique_name
