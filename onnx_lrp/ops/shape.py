@@ -392,6 +392,21 @@ class Expand(ShapeOp):
 
 
 @register
+class ReverseSequence(ShapeOp):
+    """Reverses the first ``sequence_lens[b]`` steps of each batch row (tf2onnx's backward LSTM direction): a
+    permutation that is its own inverse, so J^T r = ReverseSequence(r) with the same lengths."""
+
+    op_types = ("ReverseSequence",)
+
+    data_inputs = (0,)
+
+    def transpose(self, em, node, r_outs):
+        return [em.op("ReverseSequence", r_outs[0], node.inputs[1], tag="r_in",
+                      batch_axis=node.attributes.get_int("batch_axis", 1),
+                      time_axis=node.attributes.get_int("time_axis", 0))]
+
+
+@register
 class DepthSpace(ShapeOp):
     """DepthToSpace (DCR, CRD) and SpaceToDepth: a reshape, a transpose and a reshape; J^T r undoes them
     (reshape r to the transposed shape, inverse permutation, reshape to x)."""
