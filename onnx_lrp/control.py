@@ -321,8 +321,10 @@ def _why_not_constant(v: ir.Value) -> str:
         return (f"(it depends on the integer input(s) {', '.join(ints)}); bind them to constants (Explainer(..., "
                 f"constants={{{ints[0]!r}: VALUE}}), CLI --constant {ints[0]}=VALUE)")
     if not values and shapes:
-        return (f"(it depends on a dynamic dimension of {', '.join(sorted({u.name for u in shapes}))}: a dynamic "
-                f"sequence length); {_WHAT_TO_DO}")
+        dyn = sorted({u.name for u in shapes})
+        return (f"(it depends on a dynamic dimension of {', '.join(dyn)}: a dynamic sequence length); fix it "
+                f"(Explainer(..., input_shapes={{{dyn[0]!r}: (1, ...)}}), CLI --input-shape {dyn[0]}=1x...) or "
+                f"{_WHAT_TO_DO}")
     return f"(it is computed from activations: a data-dependent loop); {_WHAT_TO_DO}"
 
 
@@ -338,8 +340,8 @@ def inline_if(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> N
         if not values and shapes:
             dyn = sorted({v.name for v in shapes})
             raise _Keep(f"control flow: the If's condition depends on dynamic dimensions of {', '.join(dyn)} (a "
-                        "shape check such as x.dim() or x.shape[0] == 1); export the model with static input "
-                        "dimensions")
+                        f"shape check such as x.shape[0] == 1); fix them (Explainer(..., input_shapes={{{dyn[0]!r}: "
+                        f"(1, ...)}}), CLI --input-shape {dyn[0]}=1x...)")
         raise _Keep("control flow: the If's condition depends on activations (a data-dependent branch); export "
                     "the model for one fixed branch")
     branch = node.attributes["then_branch" if bool(np.ravel(c)[0]) else "else_branch"].value
