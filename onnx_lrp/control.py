@@ -313,6 +313,13 @@ def _sources(v: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
     return values, shapes
 
 
+def _fix_shapes(names: list[str]) -> str:
+    """What to do about a shape check on dynamic input dimensions: fix them at load."""
+    given = ", ".join(f"{n!r}: (SIZES)" for n in names)
+    flags = " ".join(f"--input-shape {n}=AxB..." for n in names)
+    return f"fix the input shapes (Explainer(..., input_shapes={{{given}}}), CLI {flags})"
+
+
 def _why_not_constant(v: ir.Value) -> str:
     """Why ``v`` (a trip count or condition) is not known at load time, and what to do."""
     values, shapes = _sources(v)
@@ -322,9 +329,8 @@ def _why_not_constant(v: ir.Value) -> str:
                 f"constants={{{ints[0]!r}: VALUE}}), CLI --constant {ints[0]}=VALUE)")
     if not values and shapes:
         dyn = sorted({u.name for u in shapes})
-        return (f"(it depends on a dynamic dimension of {', '.join(dyn)}: a dynamic sequence length); fix it "
-                f"(Explainer(..., input_shapes={{{dyn[0]!r}: (1, ...)}}), CLI --input-shape {dyn[0]}=1x...) or "
-                f"{_WHAT_TO_DO}")
+        return (f"(it depends on a dynamic dimension of {', '.join(dyn)}: a dynamic sequence length); "
+                f"{_fix_shapes(dyn)}, or {_WHAT_TO_DO}")
     return f"(it is computed from activations: a data-dependent loop); {_WHAT_TO_DO}"
 
 
@@ -340,8 +346,7 @@ def inline_if(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> N
         if not values and shapes:
             dyn = sorted({v.name for v in shapes})
             raise _Keep(f"control flow: the If's condition depends on dynamic dimensions of {', '.join(dyn)} (a "
-                        f"shape check such as x.shape[0] == 1); fix them (Explainer(..., input_shapes={{{dyn[0]!r}: "
-                        f"(1, ...)}}), CLI --input-shape {dyn[0]}=1x...)")
+                        f"shape check such as x.shape[0] == 1); {_fix_shapes(dyn)}")
         raise _Keep("control flow: the If's condition depends on activations (a data-dependent branch); export "
                     "the model for one fixed branch")
     branch = node.attributes["then_branch" if bool(np.ravel(c)[0]) else "else_branch"].value

@@ -411,3 +411,106 @@ def test_onnx_backend_loop_with_its_trip_count_bound(monkeypatch):
     for out, want in zip(res.outputs.values(), expected):
         np.testing.assert_allclose(out, want, rtol=1e-6)
     np.testing.assert_allclose(res.relevance, y, rtol=1e-5)
+
+
+def _batch_check_model(batch="N"):
+    """`if x.shape[0] == 1`: relu(x) @ A for a single sample, else x @ B; ``batch`` the declared size of axis 0."""
+    m, p = _if_model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
+                      helper.make_node("Equal", ["n", "one"], ["cond"])],
+                     inits={"zero": np.array(0, np.int64), "one": np.array(1, np.int64)})
+    m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
+    if isinstance(batch, int):
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    else:
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = batch
+    return m, p
+
+
+def test_if_on_a_dynamic_dimension_is_folded_with_input_shapes():
+    """silero-vad's decoder `if x.shape[0] == 1` on a dynamic batch: refused naming x and --input-shape; with
+    input_shapes the branch folds, and relevance equals the model exported with the static shape directly and the
+    branch's oracle (relu(x) @ A with LRP-0: gradient x input; x @ B for a batch of 3)."""
+    m, p = _batch_check_model()
+    with pytest.raises(UnsupportedError) as info:
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon")
+    msg = str(info.value)
+    assert "\n" not in msg and "the_if" in msg and "dynamic dimensions of x" in msg
+    assert "input_shapes={'x'" in msg and "--input-shape x=" in msg
+    x = np.random.default_rng(4).normal(size=(1, 4)).astype(np.float32)
+    for n, want in ((1, np.maximum(x, 0) * p["A"][:, 1]), (3, None)):
+        xs = np.concatenate([x] + [x * (k + 2) for k in range(n - 1)]) if n > 1 else x
+        fixed = onnx_lrp.Explainer(to_bytes(m), composite="epsilon", epsilon=0.0, input_shapes={"x": (n, 4)})
+        static = onnx_lrp.Explainer(to_bytes(_batch_check_model(n)[0]), composite="epsilon", epsilon=0.0)
+        assert fixed.inputs[0].dims == static.inputs[0].dims == (n, 4)
+        res, ref = fixed.explain(xs, target=1), static.explain(xs, target=1)
+        np.testing.assert_array_equal(res.relevance, ref.relevance)
+        np.testing.assert_allclose(res.outputs["y"], (np.maximum(xs, 0) @ p["A"]) if n == 1 else xs @ p["B"],
+                                   rtol=1e-5)
+        np.testing.assert_allclose(res.relevance, want if want is not None else xs * p["B"][:, 1], rtol=1e-5,
+                                   atol=1e-7)
+    with pytest.raises(InputError, match="input 'x' has shape 1x5"):  # fed inputs are checked against the fixed dims
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4)}).explain(
+            np.ones((1, 5), np.float32))
+
+
+def test_dynamic_trip_count_is_unrolled_with_input_shapes():
+    """A Loop over a dynamic sequence length: with input_shapes fixing it, the same relevance as the Loop exported
+    with the static length (and the refusal suggests --input-shape)."""
+    with pytest.raises(UnsupportedError, match="--input-shape x="):
+        onnx_lrp.Explainer(to_bytes(loop_model(dynamic=True)), composite="epsilon")
+    r, y = _run(loop_model(dynamic=True), input_shapes={"x": (3, T, F)})
+    r_ref, y_ref = _run(loop_model(dynamic=False))
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6)
+    assert rel_l2(r, r_ref).max() <= 1e-6
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ({"y": (1, 4)}, "cannot fix the shape of 'y': the model's inputs are x"),
+    ({"x": (1, 5)}, "input 'x' has the static size 4 on axis 1, not 5; only its dynamic dimensions"),
+    ({"x": (1,)}, "for input 'x' has rank 1; the input's is Nx4 \\(rank 2\\)"),
+    ({"x": (1.5, 4)}, "shape for input 'x' must be positive integer sizes"),
+    ({"x": (0, 4)}, "shape for input 'x' must be positive integer sizes"),
+    ({"x": "1x4"}, "shape for input 'x' must be positive integer sizes"),
+    ([("x", (1, 4))], "input_shapes must be a dict"),
+])
+def test_input_shapes_refusals(shapes, match):
+    m, _ = _batch_check_model()
+    with pytest.raises(InputError, match=match) as info:
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes=shapes)
+    assert "\n" not in str(info.value)
+
+
+def test_input_shapes_shared_symbol_must_agree():
+    """Two inputs with the same symbolic dimension (silero's input [batch, T] and state [2, batch, 128]) cannot get
+    two sizes for it."""
+    m, _ = _batch_check_model()
+    m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, "N"]))
+    with pytest.raises(InputError, match="inputs 'x' and 'w' share the dimension 'N'; it was fixed to 1 and 3"):
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4), "w": (2, 3)})
+
+
+def test_cli_input_shape_option(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+    m, p = _batch_check_model()
+    path = tmp_path / "m.onnx"
+    path.write_bytes(to_bytes(m))
+    runner = CliRunner()
+    bad = runner.invoke(main, ["inspect", str(path), "-c", "epsilon"])
+    assert bad.exit_code == 1 and "--input-shape x=" in bad.output
+    ok = runner.invoke(main, ["inspect", str(path), "-c", "epsilon", "--input-shape", "x=1x4"])
+    assert ok.exit_code == 0, ok.output
+    x = np.random.default_rng(6).normal(size=(1, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = runner.invoke(main, ["explain", str(path), str(tmp_path / "x.npy"), "-c", "epsilon", "--epsilon", "0",
+                               "--input-shape", "x=1x4", "-t", "1", "-o", str(tmp_path / "r.npy")])
+    assert out.exit_code == 0, out.output
+    np.testing.assert_allclose(np.load(tmp_path / "r.npy"), np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
+    rw = runner.invoke(main, ["rewrite", str(path), "-c", "epsilon", "--input-shape", "x=1x4",
+                              "-o", str(tmp_path / "lrp.onnx")])
+    assert rw.exit_code == 0, rw.output
+    for args, match in ((["--input-shape", "x"], "NAME=SIZES"), (["--input-shape", "x=1xfour"], "integers joined"),
+                        (["--input-shape", "x=2x5"], "static size 4 on axis 1")):
+        wrong = runner.invoke(main, ["inspect", str(path), *args])
+        assert wrong.exit_code == 2 and match in wrong.output, wrong.output
