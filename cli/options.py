@@ -229,7 +229,7 @@ def common(f):
     return composite_option(rule_options(constant_option(input_shape_option(f))))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bound_input_shapes", "input_shape_option", "parse_input_shapes", "bounds", "build_explainer", "common", "composite_option",
-           "composite_with", "constant_option", "parse_constants",
-           "image_zbox",
+__all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bound_input_shapes", "bounds", "build_explainer", "common",
+           "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
+           "parse_input_shapes", "image_zbox",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]
