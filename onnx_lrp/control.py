@@ -13,7 +13,8 @@ time are unrolled, ``If`` with a constant condition is replaced by the branch it
   constant index (reversed for ``scan_input_directions`` 1), scan outputs are stacked along their output axis
   (reversed for ``scan_output_directions`` 1).
 * ``If``: a constant condition (after folding; an integer input such as a sample rate can be bound to a constant,
-  ``Explainer(..., constants={"sr": 16000})``) inlines the taken branch.
+  ``Explainer(..., constants={"sr": 16000})``, and a shape check on a dynamic dimension folds once the input's
+  shape is fixed, ``Explainer(..., input_shapes={"x": (1, 512)})``) inlines the taken branch.
 
 Unrolling is bounded (``MAX_UNROLLED`` body nodes times iterations per node). A node that stays (dynamic trip
 count, data-dependent condition, too large) gets ``node.meta['lrp_control']``: the one-line reason the rewriter

@@ -3,7 +3,8 @@
 ``load(source)`` returns an ``onnx_ir.Model`` that is checked, at opset >= MIN_OPSET, shape-inferred, with every
 node named, every constant-foldable subgraph folded into initializers (so a value either has ``const_value``,
 a *parameter*, or carries an activation), with static control flow unrolled (``onnx_lrp.control``: Loop/Scan with
-a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first), and canonized
+a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first and
+``input_shapes=`` fixes dynamic input dimensions), and canonized
 (``onnx_lrp.canonize``).
 """
 from __future__ import annotations
