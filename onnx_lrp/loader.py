@@ -534,7 +534,7 @@ def fix_input_shapes(proto: onnx.ModelProto, shapes: dict | None, name: str = "m
     """Dynamic dimensions of graph inputs fixed by the caller (``shapes``: input name -> sizes, one per axis) before
     shape inference, so that shape checks (an ``If`` on ``x.shape[0] == 1``) fold. A static dimension keeps its size:
     giving it another one, an unknown input or another rank is refused. Two inputs sharing a symbolic dimension
-    (``batch``) must get the same size for it."""
+    (``batch``) must get the same size for it; inputs not given take the sizes of the symbolic dimensions fixed."""
     if not shapes:
         return proto
     if not isinstance(shapes, dict):
@@ -578,6 +578,13 @@ def fix_input_shapes(proto: onnx.ModelProto, shapes: dict | None, name: str = "m
                                      f"it was fixed to {prev[0]} and {s}")
             d.Clear()
             d.dim_value = s
+    for vi in proto.graph.input:  # the inputs not given that share a fixed symbolic dimension take its size
+        if vi.name not in shapes and vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value") and d.dim_param in symbols:
+                    size = symbols[d.dim_param][0]
+                    d.Clear()
+                    d.dim_value = size
     return proto
 
 

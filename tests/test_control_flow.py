@@ -10,6 +10,7 @@ out step by step.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -480,13 +481,67 @@ def test_input_shapes_refusals(shapes, match):
     assert "\n" not in str(info.value)
 
 
-def test_input_shapes_shared_symbol_must_agree():
+def test_input_shapes_shared_symbol():
     """Two inputs with the same symbolic dimension (silero's input [batch, T] and state [2, batch, 128]) cannot get
-    two sizes for it."""
+    two sizes for it; an input not given takes the size fixed for the symbol on another."""
     m, _ = _batch_check_model()
-    m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, "N"]))
+    m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, "N", "K"]))
     with pytest.raises(InputError, match="inputs 'x' and 'w' share the dimension 'N'; it was fixed to 1 and 3"):
-        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4), "w": (2, 3)})
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4), "w": (2, 3, 5)})
+    from onnx_lrp.loader import fix_input_shapes
+    fixed = fix_input_shapes(m, {"x": (1, 4)})
+    dims = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in fixed.graph.input}
+    assert dims == {"x": [1, 4], "w": [2, 1, "K"]}
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"  # the caller's model is left as it was
+
+
+def test_torchscript_if_on_the_batch_size():
+    """A real export: TorchScript keeps `if x.shape[0] == 1` as an If on Shape -> Gather -> Equal. Dynamic batch:
+    refused naming x; with input_shapes: the relevance of the export with a static batch and LRP-0 = gradient x
+    input from torch autograd, for either branch (batch 1: relu then Linear a, batch 3: Linear b)."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    class Guarded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            if x.shape[0] == 1:
+                return self.a(torch.relu(x))
+            return self.b(x)
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script is deprecated; the TorchScript exporter needs it for the If
+        module = torch.jit.script(Guarded().eval())
+
+    def export(batch, dynamic):
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, (torch.randn(batch, 4),), f, input_names=["x"], output_names=["y"],
+                              opset_version=17, dynamo=False,
+                              dynamic_axes={"x": {0: "N"}, "y": {0: "N"}} if dynamic else None)
+        return f.getvalue()
+
+    dyn = export(1, True)
+    assert "If" in [n.op_type for n in onnx.load_from_string(dyn).graph.node]
+    with pytest.raises(UnsupportedError, match="dynamic dimensions of x .*--input-shape x="):
+        onnx_lrp.Explainer(dyn, composite="epsilon")
+    rng = np.random.default_rng(7)
+    for batch in (1, 3):
+        x = rng.normal(size=(batch, 4)).astype(np.float32)
+        res = onnx_lrp.Explainer(dyn, composite="epsilon", epsilon=0.0,
+                                 input_shapes={"x": (batch, 4)}).explain(x, target=2)
+        ref = onnx_lrp.Explainer(export(batch, False), composite="epsilon", epsilon=0.0).explain(x, target=2)
+        xt = torch.tensor(x, requires_grad=True)
+        y = module(xt)
+        y[:, 2].sum().backward()
+        np.testing.assert_allclose(res.outputs["y"], y.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res.relevance, ref.relevance, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(res.relevance, (xt.grad * xt).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_cli_input_shape_option(tmp_path):
