@@ -551,7 +551,7 @@ def fix_input_shapes(proto: onnx.ModelProto, shapes: dict | None, name: str = "m
         given = sizes
         try:
             arr = np.asarray(given, dtype=np.float64)
-            if isinstance(given, (str, bytes)) or arr.ndim != 1 or not np.all((arr >= 1) & (arr == np.round(arr))):
+            if isinstance(given, (str, bytes)) or arr.ndim != 1 or not np.all((arr >= 1) & (arr <= 2 ** 62) & (arr == np.round(arr))):
                 raise ValueError
             sizes = [int(a) for a in arr]
         except (ValueError, TypeError, OverflowError):

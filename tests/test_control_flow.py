@@ -471,6 +471,7 @@ def test_dynamic_trip_count_is_unrolled_with_input_shapes():
     ({"x": (1,)}, "for input 'x' has rank 1; the input's is Nx4 \\(rank 2\\)"),
     ({"x": (1.5, 4)}, "shape for input 'x' must be positive integer sizes"),
     ({"x": (0, 4)}, "shape for input 'x' must be positive integer sizes"),
+    ({"x": (1e30, 4)}, "shape for input 'x' must be positive integer sizes"),
     ({"x": "1x4"}, "shape for input 'x' must be positive integer sizes"),
     ([("x", (1, 4))], "input_shapes must be a dict"),
 ])
