@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .io import AtomicOutputs, OutputError, check_writable
-from .options import bound_constants, common, composite_with, rule_params
+from .options import bound_constants, bound_input_shapes, common, composite_with, rule_params
 
 
 @click.command("rewrite")
@@ -42,7 +42,8 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
         raise OutputError(f"-o {out_path} is the input model; write the relevance model to another file")
     comp = composite_with(composite, rule_params(rule_kw))
     ex = onnx_lrp.Explainer(model, composite=comp, output=output_name, relevance_at=tuple(relevance_at),
-                            constants=bound_constants() or None)
+                            constants=bound_constants() or None,
+                            input_shapes=bound_input_shapes() or None)
     data = ex.model_bytes_computed() if computed_weights else ex.model_bytes
     with AtomicOutputs() as w:
         w.write_bytes(out_path, data)
@@ -77,7 +78,8 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
 
     comp = composite_with(composite, rule_params(rule_kw))
     try:
-        ir_model = loader.load(model, constants=bound_constants() or None)
+        ir_model = loader.load(model, constants=bound_constants() or None,
+                               input_shapes=bound_input_shapes() or None)
     except UnsupportedError as exc:  # refused while loading (deployed forms): still a failed check, listed whole
         if as_json:
             click.echo(json.dumps(dict(model=str(model), composite=comp.name, nodes=exc.nodes,

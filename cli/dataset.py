@@ -10,7 +10,7 @@ import click
 from onnx_lrp.errors import InputError
 
 from .io import IMAGE_SUFFIXES, image_layout, model_input_dims
-from .options import bound_constants, composite_with, rule_params, takes
+from .options import bound_constants, bound_input_shapes, composite_with, rule_params, takes
 
 DATASET_KEYS = ("out_dir", "engine", "ray_address", "workers", "shard_size", "overwrite", "column")
 
@@ -84,7 +84,8 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
         overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean, std=pre.std, crop=pre.crop,
         column=ds["column"], composite=comp, device=device, output=output_name, start=start,
-        relevance_at=tuple(relevance_at), **({"constants": bound_constants()} if bound_constants() else {}))
+        relevance_at=tuple(relevance_at), **({"constants": bound_constants()} if bound_constants() else {}),
+        **({"input_shapes": bound_input_shapes()} if bound_input_shapes() else {}))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

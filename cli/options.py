@@ -73,6 +73,34 @@ def parse_constants(items) -> dict:
     return out
 
 
+def input_shape_option(f):
+    return click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=DxDx...",
+                        help="Fix the dynamic dimensions of the model input NAME (repeatable; sizes joined by x, "
+                             "static ones as they are): a shape check that an If branches on then folds, e.g. "
+                             "--input-shape input=1x512 --input-shape state=2x1x128.")(f)
+
+
+def parse_input_shapes(items) -> dict:
+    """``NAME=1x512`` strings as a dict of input name -> tuple of sizes."""
+    out = {}
+    for item in items or ():
+        name, eq, text = item.partition("=")
+        if not eq or not name.strip() or not text.strip():
+            raise InputError(f"--input-shape {item}: give NAME=SIZES (e.g. --input-shape input=1x512)")
+        try:
+            sizes = tuple(int(t) for t in text.lower().replace(",", "x").split("x"))
+        except ValueError:
+            raise InputError(f"--input-shape {item}: SIZES must be integers joined by x (e.g. 1x512)") from None
+        out[name.strip()] = sizes
+    return out
+
+
+def bound_input_shapes() -> dict:
+    """The --input-shape sizes of the running command (stored by :func:`rule_params`)."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get("onnx_lrp.input_shapes", {})) if ctx is not None else {}
+
+
 def bound_constants() -> dict:
     """The --constant bindings of the running command (stored by :func:`rule_params`)."""
     ctx = click.get_current_context(silent=True)
@@ -81,11 +109,14 @@ def bound_constants() -> dict:
 
 def rule_params(kw: dict) -> dict:
     """The rule parameters given on the command line (None = the composite's own), popped from ``kw``; the
-    --constant bindings are popped too and kept for the explainer (:func:`bound_constants`)."""
+    --constant bindings and --input-shape sizes are popped too and kept for the explainer (:func:`bound_constants`,
+    :func:`bound_input_shapes`)."""
     constants = parse_constants(kw.pop("constants", ()))
+    input_shapes = parse_input_shapes(kw.pop("input_shapes", ()))
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta["onnx_lrp.constants"] = constants
+        ctx.meta["onnx_lrp.input_shapes"] = input_shapes
     params = {k: kw.pop(k, None) for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer")}
     if params["alpha"] is not None and params["beta"] is None:
         params["beta"] = params["alpha"] - 1.0  # alpha - beta = 1
@@ -185,6 +216,8 @@ def build_explainer(model, composite: Composite, **kw):
     t0 = time.perf_counter()
     if bound_constants():
         kw.setdefault("constants", bound_constants())
+    if bound_input_shapes():
+        kw.setdefault("input_shapes", bound_input_shapes())
     ex = onnx_lrp.Explainer(model, composite=composite, **kw)
     if large:
         click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s ({ex.n_nodes} nodes)", err=True)
@@ -192,11 +225,11 @@ def build_explainer(model, composite: Composite, **kw):
 
 
 def common(f):
-    """--composite, the rule parameters and --constant."""
-    return composite_option(rule_options(constant_option(f)))
+    """--composite, the rule parameters, --constant and --input-shape."""
+    return composite_option(rule_options(constant_option(input_shape_option(f))))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bounds", "build_explainer", "common", "composite_option",
-           "composite_with", "constant_option", "parse_constants",
-           "image_zbox",
+__all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bound_input_shapes", "bounds", "build_explainer", "common",
+           "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
+           "parse_input_shapes", "image_zbox",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -13,7 +13,8 @@ time are unrolled, ``If`` with a constant condition is replaced by the branch it
   constant index (reversed for ``scan_input_directions`` 1), scan outputs are stacked along their output axis
   (reversed for ``scan_output_directions`` 1).
 * ``If``: a constant condition (after folding; an integer input such as a sample rate can be bound to a constant,
-  ``Explainer(..., constants={"sr": 16000})``) inlines the taken branch.
+  ``Explainer(..., constants={"sr": 16000})``, and a shape check on a dynamic dimension folds once the input's
+  shape is fixed, ``Explainer(..., input_shapes={"x": (1, 512)})``) inlines the taken branch.
 
 Unrolling is bounded (``MAX_UNROLLED`` body nodes times iterations per node). A node that stays (dynamic trip
 count, data-dependent condition, too large) gets ``node.meta['lrp_control']``: the one-line reason the rewriter
@@ -314,6 +315,13 @@ def _sources(v: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
     return values, shapes
 
 
+def _fix_shapes(names: list[str]) -> str:
+    """What to do about a shape check on dynamic input dimensions: fix them at load."""
+    given = ", ".join(f"{n!r}: (SIZES)" for n in names)
+    flags = " ".join(f"--input-shape {n}=AxB..." for n in names)
+    return f"fix the input shapes (Explainer(..., input_shapes={{{given}}}), CLI {flags})"
+
+
 def _why_not_constant(v: ir.Value) -> str:
     """Why ``v`` (a trip count or condition) is not known at load time, and what to do."""
     values, shapes = _sources(v)
@@ -322,8 +330,9 @@ def _why_not_constant(v: ir.Value) -> str:
         return (f"(it depends on the integer input(s) {', '.join(ints)}); bind them to constants (Explainer(..., "
                 f"constants={{{ints[0]!r}: VALUE}}), CLI --constant {ints[0]}=VALUE)")
     if not values and shapes:
-        return (f"(it depends on a dynamic dimension of {', '.join(sorted({u.name for u in shapes}))}: a dynamic "
-                f"sequence length); {_WHAT_TO_DO}")
+        dyn = sorted({u.name for u in shapes})
+        return (f"(it depends on a dynamic dimension of {', '.join(dyn)}: a dynamic sequence length); "
+                f"{_fix_shapes(dyn)}, or {_WHAT_TO_DO}")
     return f"(it is computed from activations: a data-dependent loop); {_WHAT_TO_DO}"
 
 
@@ -339,8 +348,7 @@ def inline_if(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> N
         if not values and shapes:
             dyn = sorted({v.name for v in shapes})
             raise _Keep(f"control flow: the If's condition depends on dynamic dimensions of {', '.join(dyn)} (a "
-                        "shape check such as x.dim() or x.shape[0] == 1); export the model with static input "
-                        "dimensions")
+                        f"shape check such as x.shape[0] == 1); {_fix_shapes(dyn)}")
         raise _Keep("control flow: the If's condition depends on activations (a data-dependent branch); export "
                     "the model for one fixed branch")
     branch = node.attributes["then_branch" if bool(np.ravel(c)[0]) else "else_branch"].value

@@ -49,7 +49,8 @@ class Explainer:
 
     def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
-                 threads: int | None = None, ledger: bool = False, constants: dict | None = None, **rule_params):
+                 threads: int | None = None, ledger: bool = False, constants: dict | None = None,
+                 input_shapes: dict | None = None, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -69,7 +70,8 @@ class Explainer:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
             raise InputError(f"threads must be a non-negative int (0: onnxruntime's default), not {threads!r}")
         try:
-            self._build(model, output, relevance_at, explain_logits, threads, ledger, device, constants)
+            self._build(model, output, relevance_at, explain_logits, threads, ledger, device, constants,
+                        input_shapes)
         except LrpError:
             raise
         except MemoryError:
@@ -78,8 +80,9 @@ class Explainer:
         except Exception as exc:  # a bug (or a malformed model no check foresaw): one line, counted by the fuzzer
             raise internal_error(None, exc) from exc
 
-    def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device, constants=None) -> None:
-        ir_model = loader.load(model, constants=constants)
+    def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device, constants=None,
+               input_shapes=None) -> None:
+        ir_model = loader.load(model, constants=constants, input_shapes=input_shapes)
         graph = ir_model.graph
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))

@@ -3,7 +3,8 @@
 ``load(source)`` returns an ``onnx_ir.Model`` that is checked, at opset >= MIN_OPSET, shape-inferred, with every
 node named, every constant-foldable subgraph folded into initializers (so a value either has ``const_value``,
 a *parameter*, or carries an activation), with static control flow unrolled (``onnx_lrp.control``: Loop/Scan with
-a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first), and canonized
+a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first and
+``input_shapes=`` fixes dynamic input dimensions), and canonized
 (``onnx_lrp.canonize``).
 """
 from __future__ import annotations
@@ -529,6 +530,64 @@ def bind_constants(proto: onnx.ModelProto, constants: dict | None, name: str = "
     return proto
 
 
+def fix_input_shapes(proto: onnx.ModelProto, shapes: dict | None, name: str = "model") -> onnx.ModelProto:
+    """Dynamic dimensions of graph inputs fixed by the caller (``shapes``: input name -> sizes, one per axis) before
+    shape inference, so that shape checks (an ``If`` on ``x.shape[0] == 1``) fold. A static dimension keeps its size:
+    giving it another one, an unknown input or another rank is refused. Two inputs sharing a symbolic dimension
+    (``batch``) must get the same size for it; inputs not given take the sizes of the symbolic dimensions fixed."""
+    if not shapes:
+        return proto
+    if not isinstance(shapes, dict):
+        raise InputError(f"input_shapes must be a dict of input name -> sizes, not {type(shapes).__name__}")
+    by_name = {v.name: v for v in proto.graph.input}
+    unknown = [k for k in shapes if k not in by_name]
+    if unknown:
+        raise InputError(f"{name}: cannot fix the shape of {', '.join(map(repr, unknown))}: the model's inputs are "
+                         f"{', '.join(by_name)}")
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    by_name = {v.name: v for v in proto.graph.input}
+    symbols: dict[str, tuple[int, str]] = {}
+    for key, sizes in shapes.items():
+        given = sizes
+        try:
+            arr = np.asarray(given, dtype=np.float64)
+            if isinstance(given, (str, bytes)) or arr.ndim != 1 or not np.all((arr >= 1) & (arr <= 2 ** 62) & (arr == np.round(arr))):
+                raise ValueError
+            sizes = [int(a) for a in arr]
+        except (ValueError, TypeError, OverflowError):
+            raise InputError(f"{name}: the shape for input {key!r} must be positive integer sizes, one per axis "
+                             f"(e.g. (1, 512)), not {given!r}") from None
+        vi = by_name[key]
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            raise InputError(f"{name}: input {key!r} has no declared rank; its shape cannot be fixed")
+        dims = vi.type.tensor_type.shape.dim
+        have = "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
+        if len(dims) != len(sizes):
+            raise InputError(f"{name}: the shape {'x'.join(map(str, sizes))} for input {key!r} has rank {len(sizes)}; "
+                             f"the input's is {have or '(a scalar)'} (rank {len(dims)})")
+        for axis, (d, s) in enumerate(zip(dims, sizes)):
+            if d.HasField("dim_value"):
+                if d.dim_value != s:
+                    raise InputError(f"{name}: input {key!r} has the static size {d.dim_value} on axis {axis}, not "
+                                     f"{s}; only its dynamic dimensions ({have}) can be fixed")
+                continue
+            if d.dim_param:
+                prev = symbols.setdefault(d.dim_param, (s, key))
+                if prev[0] != s:
+                    raise InputError(f"{name}: inputs {prev[1]!r} and {key!r} share the dimension {d.dim_param!r}; "
+                                     f"it was fixed to {prev[0]} and {s}")
+            d.Clear()
+            d.dim_value = s
+    for vi in proto.graph.input:  # the inputs not given that share a fixed symbolic dimension take its size
+        if vi.name not in shapes and vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value") and d.dim_param in symbols:
+                    size = symbols[d.dim_param][0]
+                    d.Clear()
+                    d.dim_value = size
+    return proto
+
+
 def fold_constants(model: ir.Model) -> int:
     """Replace every node whose inputs are all parameters (and Shape/Size of static shapes) by initializers."""
     graph = model.graph
@@ -657,13 +716,15 @@ def to_ir(proto: onnx.ModelProto) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def load(source, name: str | None = None, constants: dict | None = None) -> ir.Model:
+def load(source, name: str | None = None, constants: dict | None = None,
+         input_shapes: dict | None = None) -> ir.Model:
     """Read, check, upgrade, shape-infer, fold constants, unroll static control flow and canonize a model.
-    ``constants`` binds graph inputs to fixed values (they stop being inputs)."""
+    ``constants`` binds graph inputs to fixed values (they stop being inputs); ``input_shapes`` fixes dynamic
+    dimensions of graph inputs (input name -> sizes)."""
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
-    proto = prepare_proto(bind_constants(negative_dims_dynamic(initializers_not_inputs(read_proto(source))),
-                                         constants, name), name)
+    proto = negative_dims_dynamic(initializers_not_inputs(read_proto(source)))
+    proto = prepare_proto(fix_input_shapes(bind_constants(proto, constants, name), input_shapes, name), name)
     try:
         model = to_ir(proto)
     except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)

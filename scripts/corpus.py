@@ -330,6 +330,28 @@ def _inputs(ex, path, batch=1):
     return feeds
 
 
+# what a user of a family gives at load (Explainer constants= / input_shapes=, CLI --constant / --input-shape): the
+# sample rate silero-vad's If branches on, and the chunk / state shapes its decoder's batch-size checks need; each
+# only where the model has that input (a shape only where it fits the declared one and leaves a dimension dynamic)
+LOAD_OPTIONS = {"audio-vad": dict(constants={"sr": 16000}, input_shapes={"input": (1, 512), "state": (2, 1, 128)})}
+
+
+def _load_options(path: str, family: str) -> dict:
+    import onnx
+    opts = LOAD_OPTIONS.get(family)
+    if not opts:
+        return {}
+    graph = onnx.load(path, load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    declared = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+                for v in graph.input if v.name not in inits}
+    constants = {k: v for k, v in opts.get("constants", {}).items() if k in declared}
+    shapes = {k: v for k, v in opts.get("input_shapes", {}).items()
+              if k in declared and len(declared[k]) == len(v) and None in declared[k]
+              and all(d in (None, s) for d, s in zip(declared[k], v))}
+    return {**({"constants": constants} if constants else {}), **({"input_shapes": shapes} if shapes else {})}
+
+
 def run_one(path: str, family: str) -> dict:
     import numpy as np
 
@@ -338,12 +360,15 @@ def run_one(path: str, family: str) -> dict:
     first = "attnlrp" if family in TRANSFORMER_FAMILIES else "epsilon-plus-flat"
     composites = [first, "epsilon-plus-flat" if first == "attnlrp" else "attnlrp"]
     result = {}
+    load = _load_options(path, family)
     for composite in composites:
         t0 = time.time()
         try:
-            ex = onnx_lrp.Explainer(path, composite=composite)
+            ex = onnx_lrp.Explainer(path, composite=composite, **load)
             shipped = _shipped(ex, path)
-            feeds = shipped or next((f for f in (_inputs(ex, path, b) for b in (1, 4)) if _runs(path, f)), None)
+            bound = {k: np.asarray(v) for k, v in load.get("constants", {}).items()}  # the original still takes them
+            feeds = shipped or next((f for f in (_inputs(ex, path, b) for b in (1, 4)) if _runs(path, {**f, **bound})),
+                                    None)
             if feeds is None:
                 result = dict(status="no-input", composite=composite, seconds=round(time.time() - t0, 1),
                               reason="the original model does not run on the generated inputs (batch 1 or 4)")
@@ -362,6 +387,8 @@ def run_one(path: str, family: str) -> dict:
             result = dict(status="crash", composite=composite, seconds=round(time.time() - t0, 1),
                           reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         break
+    if load:
+        result["load"] = load  # the constants / input shapes given (JSON: ints and lists)
     return result
 
 

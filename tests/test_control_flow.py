@@ -10,6 +10,7 @@ out step by step.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -411,3 +412,161 @@ def test_onnx_backend_loop_with_its_trip_count_bound(monkeypatch):
     for out, want in zip(res.outputs.values(), expected):
         np.testing.assert_allclose(out, want, rtol=1e-6)
     np.testing.assert_allclose(res.relevance, y, rtol=1e-5)
+
+
+def _batch_check_model(batch="N"):
+    """`if x.shape[0] == 1`: relu(x) @ A for a single sample, else x @ B; ``batch`` the declared size of axis 0."""
+    m, p = _if_model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
+                      helper.make_node("Equal", ["n", "one"], ["cond"])],
+                     inits={"zero": np.array(0, np.int64), "one": np.array(1, np.int64)})
+    m.graph.input[0].type.tensor_type.shape.dim[0].Clear()
+    if isinstance(batch, int):
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    else:
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = batch
+    return m, p
+
+
+def test_if_on_a_dynamic_dimension_is_folded_with_input_shapes():
+    """silero-vad's decoder `if x.shape[0] == 1` on a dynamic batch: refused naming x and --input-shape; with
+    input_shapes the branch folds, and relevance equals the model exported with the static shape directly and the
+    branch's oracle (relu(x) @ A with LRP-0: gradient x input; x @ B for a batch of 3)."""
+    m, p = _batch_check_model()
+    with pytest.raises(UnsupportedError) as info:
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon")
+    msg = str(info.value)
+    assert "\n" not in msg and "the_if" in msg and "dynamic dimensions of x" in msg
+    assert "input_shapes={'x'" in msg and "--input-shape x=" in msg
+    x = np.random.default_rng(4).normal(size=(1, 4)).astype(np.float32)
+    for n, want in ((1, np.maximum(x, 0) * p["A"][:, 1]), (3, None)):
+        xs = np.concatenate([x] + [x * (k + 2) for k in range(n - 1)]) if n > 1 else x
+        fixed = onnx_lrp.Explainer(to_bytes(m), composite="epsilon", epsilon=0.0, input_shapes={"x": (n, 4)})
+        static = onnx_lrp.Explainer(to_bytes(_batch_check_model(n)[0]), composite="epsilon", epsilon=0.0)
+        assert fixed.inputs[0].dims == static.inputs[0].dims == (n, 4)
+        res, ref = fixed.explain(xs, target=1), static.explain(xs, target=1)
+        np.testing.assert_array_equal(res.relevance, ref.relevance)
+        np.testing.assert_allclose(res.outputs["y"], (np.maximum(xs, 0) @ p["A"]) if n == 1 else xs @ p["B"],
+                                   rtol=1e-5)
+        np.testing.assert_allclose(res.relevance, want if want is not None else xs * p["B"][:, 1], rtol=1e-5,
+                                   atol=1e-7)
+    with pytest.raises(InputError, match="input 'x' has shape 1x5"):  # fed inputs are checked against the fixed dims
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4)}).explain(
+            np.ones((1, 5), np.float32))
+
+
+def test_dynamic_trip_count_is_unrolled_with_input_shapes():
+    """A Loop over a dynamic sequence length: with input_shapes fixing it, the same relevance as the Loop exported
+    with the static length (and the refusal suggests --input-shape)."""
+    with pytest.raises(UnsupportedError, match="--input-shape x="):
+        onnx_lrp.Explainer(to_bytes(loop_model(dynamic=True)), composite="epsilon")
+    r, y = _run(loop_model(dynamic=True), input_shapes={"x": (3, T, F)})
+    r_ref, y_ref = _run(loop_model(dynamic=False))
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6)
+    assert rel_l2(r, r_ref).max() <= 1e-6
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ({"y": (1, 4)}, "cannot fix the shape of 'y': the model's inputs are x"),
+    ({"x": (1, 5)}, "input 'x' has the static size 4 on axis 1, not 5; only its dynamic dimensions"),
+    ({"x": (1,)}, "for input 'x' has rank 1; the input's is Nx4 \\(rank 2\\)"),
+    ({"x": (1.5, 4)}, "shape for input 'x' must be positive integer sizes"),
+    ({"x": (0, 4)}, "shape for input 'x' must be positive integer sizes"),
+    ({"x": (1e30, 4)}, "shape for input 'x' must be positive integer sizes"),
+    ({"x": "1x4"}, "shape for input 'x' must be positive integer sizes"),
+    ([("x", (1, 4))], "input_shapes must be a dict"),
+])
+def test_input_shapes_refusals(shapes, match):
+    m, _ = _batch_check_model()
+    with pytest.raises(InputError, match=match) as info:
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes=shapes)
+    assert "\n" not in str(info.value)
+
+
+def test_input_shapes_shared_symbol():
+    """Two inputs with the same symbolic dimension (silero's input [batch, T] and state [2, batch, 128]) cannot get
+    two sizes for it; an input not given takes the size fixed for the symbol on another."""
+    m, _ = _batch_check_model()
+    m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, "N", "K"]))
+    with pytest.raises(InputError, match="inputs 'x' and 'w' share the dimension 'N'; it was fixed to 1 and 3"):
+        onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4), "w": (2, 3, 5)})
+    from onnx_lrp.loader import fix_input_shapes
+    fixed = fix_input_shapes(m, {"x": (1, 4)})
+    dims = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in fixed.graph.input}
+    assert dims == {"x": [1, 4], "w": [2, 1, "K"]}
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"  # the caller's model is left as it was
+
+
+def test_torchscript_if_on_the_batch_size():
+    """A real export: TorchScript keeps `if x.shape[0] == 1` as an If on Shape -> Gather -> Equal. Dynamic batch:
+    refused naming x; with input_shapes: the relevance of the export with a static batch and LRP-0 = gradient x
+    input from torch autograd, for either branch (batch 1: relu then Linear a, batch 3: Linear b)."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    class Guarded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            if x.shape[0] == 1:
+                return self.a(torch.relu(x))
+            return self.b(x)
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script is deprecated; the TorchScript exporter needs it for the If
+        module = torch.jit.script(Guarded().eval())
+
+    def export(batch, dynamic):
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, (torch.randn(batch, 4),), f, input_names=["x"], output_names=["y"],
+                              opset_version=17, dynamo=False,
+                              dynamic_axes={"x": {0: "N"}, "y": {0: "N"}} if dynamic else None)
+        return f.getvalue()
+
+    dyn = export(1, True)
+    assert "If" in [n.op_type for n in onnx.load_from_string(dyn).graph.node]
+    with pytest.raises(UnsupportedError, match="dynamic dimensions of x .*--input-shape x="):
+        onnx_lrp.Explainer(dyn, composite="epsilon")
+    rng = np.random.default_rng(7)
+    for batch in (1, 3):
+        x = rng.normal(size=(batch, 4)).astype(np.float32)
+        res = onnx_lrp.Explainer(dyn, composite="epsilon", epsilon=0.0,
+                                 input_shapes={"x": (batch, 4)}).explain(x, target=2)
+        ref = onnx_lrp.Explainer(export(batch, False), composite="epsilon", epsilon=0.0).explain(x, target=2)
+        xt = torch.tensor(x, requires_grad=True)
+        y = module(xt)
+        y[:, 2].sum().backward()
+        np.testing.assert_allclose(res.outputs["y"], y.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res.relevance, ref.relevance, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(res.relevance, (xt.grad * xt).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_cli_input_shape_option(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+    m, p = _batch_check_model()
+    path = tmp_path / "m.onnx"
+    path.write_bytes(to_bytes(m))
+    runner = CliRunner()
+    bad = runner.invoke(main, ["inspect", str(path), "-c", "epsilon"])
+    assert bad.exit_code == 1 and "--input-shape x=" in bad.output
+    ok = runner.invoke(main, ["inspect", str(path), "-c", "epsilon", "--input-shape", "x=1x4"])
+    assert ok.exit_code == 0, ok.output
+    x = np.random.default_rng(6).normal(size=(1, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = runner.invoke(main, ["explain", str(path), str(tmp_path / "x.npy"), "-c", "epsilon", "--epsilon", "0",
+                               "--input-shape", "x=1x4", "-t", "1", "-o", str(tmp_path / "r.npy")])
+    assert out.exit_code == 0, out.output
+    np.testing.assert_allclose(np.load(tmp_path / "r.npy"), np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
+    rw = runner.invoke(main, ["rewrite", str(path), "-c", "epsilon", "--input-shape", "x=1x4",
+                              "-o", str(tmp_path / "lrp.onnx")])
+    assert rw.exit_code == 0, rw.output
+    for args, match in ((["--input-shape", "x"], "NAME=SIZES"), (["--input-shape", "x=1xfour"], "integers joined"),
+                        (["--input-shape", "x=2x5"], "static size 4 on axis 1")):
+        wrong = runner.invoke(main, ["inspect", str(path), *args])
+        assert wrong.exit_code == 2 and match in wrong.output, wrong.output
