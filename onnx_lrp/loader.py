@@ -783,8 +783,8 @@ def _is_int(v: ir.Value) -> bool:
 def mark_shape_only(graph: ir.Graph) -> int:
     """Mark values that carry no relevance although they are computed from the inputs: those computed only from
     the inputs' shapes (causal masks and position ids built from a dynamic sequence length) and those computed only
-    from integer inputs (attention masks, lengths, positions counted from a mask), except embedding lookups of
-    token ids (a Gather from a constant table at indices that are an integer input, cast or reshaped). Like
+    from integer inputs (attention masks, lengths, positions counted from a mask) or from bool values (the output
+    of a comparison, e.g. Keras' Masking), except embedding lookups of token ids (a Gather from a constant table at indices that are an integer input, cast or reshaped). Like
     parameters, marked values carry no relevance (the value's ``meta['lrp_shape_only']``)."""
     only: set[int] = set()
     ids: set[int] = set()  # integer inputs, moved without arithmetic: a Gather of a table at them is a lookup
@@ -809,7 +809,10 @@ def mark_shape_only(graph: ir.Graph) -> int:
         if std and node.op_type in _ID_MOVES and node.inputs and node.inputs[0] is not None and \
                 id(node.inputs[0]) in ids and _is_int(node.outputs[0]):
             ids.add(id(node.outputs[0]))
-        if flag and node.op_type not in _NO_FOLD:
+        # a comparison's or logic op's bool output (Keras' Masking: Cast(Not(Equal(x, 0)))) is piecewise constant:
+        # it carries no relevance, nor do the floats computed from it alone
+        logic = std and bool(node.outputs) and all(o.dtype == ir.DataType.BOOL for o in node.outputs)
+        if (flag or logic) and node.op_type not in _NO_FOLD:
             for o in node.outputs:
                 only.add(id(o))
                 if o.dtype is not None and o.dtype.is_floating_point():

@@ -152,3 +152,34 @@ def test_float_additive_mask_input(tmp_path):
         mask[0, 3:] = -np.inf
         with pytest.raises(onnx_lrp.InputError, match=r"input 'mask' .*-1e4"):
             ex.explain({"x": x, "mask": mask}, target=0)
+
+
+def test_mask_from_a_comparison_of_the_input_carries_no_relevance(tmp_path):
+    """Keras' Masking written by hand: ``m = (x != 0).any(-1)`` cast to float multiplies the hidden state. The bool
+    comparison is piecewise constant, so the product is a scaling by a mask, not a product of two activations: the
+    CNN composites explain it (before: refused as 'bilinear'), and LRP-0 equals gradient x input of the ReLU net
+    with the mask held (zero rows, the padding, get none)."""
+    torch = pytest.importorskip("torch")
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 3, bias=False)
+
+        def forward(self, x):
+            m = (x != 0).any(-1, keepdim=True).float()
+            return self.b(torch.relu(self.a(x)) * m).sum(1)
+
+    torch.manual_seed(0)
+    net = Masked().eval()
+    x = torch.randn(2, 5, 4)
+    x[0, 3:] = 0
+    path = tmp_path / "masked.onnx"
+    torch.onnx.export(net, (x,), str(path), opset_version=17, dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "N"}})
+    onnx_lrp.Explainer(path, composite="epsilon-plus-flat").explain(x.numpy(), target=1)  # no bilinear refusal
+    r = onnx_lrp.Explainer(path, composite="epsilon", epsilon=0.0).explain(x.numpy(), target=1).relevance
+    xg = x.clone().requires_grad_(True)
+    net(xg)[:, 1].sum().backward()
+    np.testing.assert_allclose(r, (xg.grad * x).numpy(), rtol=1e-5, atol=1e-6)
+    assert np.all(r[0, 3:] == 0) and np.abs(r).sum() > 0
