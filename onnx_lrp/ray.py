@@ -19,6 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from onnx_lrp.errors import InputError, LrpError
+from onnx_lrp.runner import Runner
+
+# ship onnxruntime's optimised relevance model (level "extended", made once in the driver) to CPU actors, so that
+# each skips the graph optimisation
+OPTIMIZED = os.environ.get("ONNX_LRP_RAY_OPTIMIZED", "1") == "1"
 
 INSTALL = "pip install 'onnx-lrp[ray]'"
 
@@ -38,26 +43,26 @@ def relevance_model(model, **explainer_options):
 
     Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: each actor then only opens an
     onnxruntime session on the shared bytes."""
-    from onnx_lrp.dataset import explainer_payload
     from onnx_lrp.explainer import Explainer
 
     ray = require_ray()
-    return ray.put(explainer_payload(Explainer(model, **explainer_options)))
+    return ray.put(Explainer(model, **explainer_options).payload(OPTIMIZED))
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
-    from onnx_lrp.dataset import explainer_from_payload
-    from onnx_lrp.explainer import Explainer
-
+    """The actor's runner: from a payload (plain data; imports only numpy, onnxruntime and onnx_lrp.runner) or, given
+    a model file, a whole Explainer (load, canonize, rewrite in the actor)."""
     if relevance_model is not None:
         payload = relevance_model
         ray = require_ray()
         if isinstance(payload, ray.ObjectRef):
             payload = ray.get(payload)
-        return explainer_from_payload(payload, device, threads)
+        return Runner.from_payload(payload, device, threads)
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "
                          "onnx_lrp.ray.relevance_model)")
+    from onnx_lrp.explainer import Explainer
+
     return Explainer(model, device=device or "cpu", threads=threads, **explainer_options)
 
 
@@ -203,12 +208,10 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
 
     Actors are restarted and their tasks retried when a worker dies; a shard explained twice (a retry after its
     file was written) is written with the same content and counted once."""
-    from onnx_lrp.dataset import explainer_payload
-
     ray, started = _connect(address)
     try:
         n, res_args, threads, readers = _actor_options(ray, ex, workers)
-        ref = ray.put(explainer_payload(ex))
+        ref = ray.put(ex.payload(OPTIMIZED))
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         # Ray Data's actors restart and retry their tasks when a worker dies (max_restarts=-1,
@@ -244,8 +247,6 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
 
 def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None, address=None):
     """(relevance by input, outputs {explained output}, targets used) of in-memory arrays, on Ray actors."""
-    from onnx_lrp.dataset import explainer_payload
-
     ray, started = _connect(address)
     try:
         nw, res_args, threads, _ = _actor_options(ray, ex, workers)
@@ -253,7 +254,7 @@ def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None,
         # from_numpy makes its blocks in the driver: no read task competes with the actors for the CPUs
         ds = ray.data.from_numpy(np.array_split(np.arange(n), max(1, min(n, nw * 4))))
         ds = ds.map_batches(_RowsTask, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=nw),
-                            fn_constructor_kwargs=dict(relevance_model=ray.put(explainer_payload(ex)),
+                            fn_constructor_kwargs=dict(relevance_model=ray.put(ex.payload(OPTIMIZED)),
                                                        arrays=ray.put(dict(arrays)), targets=targets,
                                                        device=ex.device, threads=threads), **res_args)
         parts = list(ds.iter_batches(batch_size=None, batch_format="numpy"))
