@@ -784,10 +784,10 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def explainer_payload(ex, optimized: bool = False) -> dict:
+def explainer_payload(ex) -> dict:
     """What runs an Explainer's relevance model in another process without loading or rewriting the model again:
     plain data (see :meth:`onnx_lrp.runner.Runner.payload`)."""
-    return ex.payload(optimized)
+    return ex.payload()
 
 
 def explainer_from_payload(payload: dict, device: str | None = None, threads: int | None = None):

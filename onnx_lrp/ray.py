@@ -21,10 +21,6 @@ import numpy as np
 from onnx_lrp.errors import InputError, LrpError
 from onnx_lrp.runner import Runner
 
-# ship onnxruntime's optimised relevance model (level "extended", made once in the driver) to CPU actors, so that
-# each skips the graph optimisation
-OPTIMIZED = os.environ.get("ONNX_LRP_RAY_OPTIMIZED", "1") == "1"
-
 INSTALL = "pip install 'onnx-lrp[ray]'"
 
 
@@ -46,7 +42,7 @@ def relevance_model(model, **explainer_options):
     from onnx_lrp.explainer import Explainer
 
     ray = require_ray()
-    return ray.put(Explainer(model, **explainer_options).payload(OPTIMIZED))
+    return ray.put(Explainer(model, **explainer_options).payload())
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
@@ -211,7 +207,7 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
     ray, started = _connect(address)
     try:
         n, res_args, threads, readers = _actor_options(ray, ex, workers)
-        ref = ray.put(ex.payload(OPTIMIZED))
+        ref = ray.put(ex.payload())
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         # Ray Data's actors restart and retry their tasks when a worker dies (max_restarts=-1,
@@ -254,7 +250,7 @@ def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None,
         # from_numpy makes its blocks in the driver: no read task competes with the actors for the CPUs
         ds = ray.data.from_numpy(np.array_split(np.arange(n), max(1, min(n, nw * 4))))
         ds = ds.map_batches(_RowsTask, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=nw),
-                            fn_constructor_kwargs=dict(relevance_model=ray.put(ex.payload(OPTIMIZED)),
+                            fn_constructor_kwargs=dict(relevance_model=ray.put(ex.payload()),
                                                        arrays=ray.put(dict(arrays)), targets=targets,
                                                        device=ex.device, threads=threads), **res_args)
         parts = list(ds.iter_batches(batch_size=None, batch_format="numpy"))

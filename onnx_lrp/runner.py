@@ -59,17 +59,13 @@ class Runner:
     PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
                "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
 
-    def payload(self, optimized: bool = False) -> dict:
+    def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
-        plain data, so that unpickling it imports nothing beyond this module. ``optimized``: ship onnxruntime's
-        optimised model (graph optimisation level "extended", saved here) so that the other process opens it with
-        graph optimisation off (see :func:`onnx_lrp.runtime.optimized_bytes`)."""
+        plain data, so that unpickling it imports nothing beyond this module. (Shipping onnxruntime's optimised
+        model instead was measured and dropped: docs/dataset.md, "Speed".)"""
         p = {k: getattr(self, k) for k in self.PAYLOAD}
         p["inputs"] = [InputSpec(s.name, np.dtype(s.dtype), tuple(s.dims)) for s in self.inputs]
         p["_trace"] = list(self._trace)
-        p["optimized"] = None
-        if optimized and self.device == "cpu":
-            p["optimized"] = runtime.optimized_bytes(self.model_bytes)
         return p
 
     @classmethod
@@ -80,9 +76,7 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        opt = payload.get("optimized") if self.device == "cpu" else None
-        self.session = runtime.Session(opt or self.model_bytes, self.device, threads, optimized=opt is not None)
-        self._started(self.session)
+        self._started(runtime.Session(self.model_bytes, self.device, threads))
         return self
 
     def _started(self, session) -> None:

@@ -90,38 +90,11 @@ def resolve_device(device: str) -> str:
     return device
 
 
-LEVELS = {"all": lambda: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-          "extended": lambda: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-          "basic": lambda: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-          "off": lambda: ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
-# what a session over an already optimised model (optimized_bytes) still runs
-OPTIMIZED_LEVEL = os.environ.get("ONNX_LRP_OPTIMIZED_LEVEL", "all")
-
-
-def optimized_bytes(model_bytes: bytes) -> bytes:
-    """The model after onnxruntime's basic and extended graph optimisations on the CPU (constant folding, fusions;
-    not the layout changes of level "all", which depend on the CPU's instruction set), as onnxruntime saves it: a
-    session opened on it (``Session(..., optimized=True)``) skips that work."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="onnx_lrp_opt_") as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
-        Session(model_bytes, "cpu", 1, save_optimized=path)
-        with open(path, "rb") as f:
-            return f.read()
-
-
 class Session:
     """An onnxruntime session built once and reused."""
 
-    def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None, optimized: bool = False,
-                 save_optimized: str | None = None):
-        """``optimized``: ``model_bytes`` is onnxruntime's own optimised model (:func:`optimized_bytes`): opened
-        with the remaining (layout) optimisations only. ``save_optimized``: a path to write the model to after
-        onnxruntime's basic and extended graph optimisations (then only those run)."""
+    def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None):
         check_install()
-        self._level = (OPTIMIZED_LEVEL if optimized else "extended" if save_optimized else "all")
-        self._save = save_optimized
         self.device = resolve_device(device)
         self.fallback = None  # why device "auto" fell back to the CPU, if it did
         trying = device == "auto" and self.device == "cuda"
@@ -141,9 +114,7 @@ class Session:
 
     def _start(self, model_bytes: bytes, threads: int | None, quiet: bool = False) -> None:
         opts = ort.SessionOptions()
-        opts.graph_optimization_level = LEVELS[self._level]()
-        if self._save:
-            opts.optimized_model_filepath = self._save
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # QDQ models: run Q/DQ pairs as written, so a relevance model's outputs equal the deployed model's
         # (ORT's QDQ fusions otherwise regroup them around the float weights onnx_lrp.deployed folds)
         opts.add_session_config_entry("session.disable_quant_qdq", "1")

@@ -224,39 +224,36 @@ import numpy as np
 import onnx_lrp.ray, onnx_lrp.dataset  # what a Ray actor of the dataset engine imports
 from onnx_lrp.runner import Runner
 payload, x = pickle.loads(sys.stdin.buffer.read())
-runs = [Runner.from_payload(payload, threads=1)]
-runs.append(Runner.from_payload(dict(payload, optimized=None), threads=1))
-out = [(r.explain(x).relevance, r.explain(x).target) for r in runs]
+run = Runner.from_payload(payload, threads=1)
+e = run.explain(x)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnx_ir", "sympy", "onnxscript")
                or m in ("onnx_lrp.explainer", "onnx_lrp.loader", "onnx_lrp.rewriter", "onnx_lrp.ops"))
-sys.stdout.buffer.write(pickle.dumps((heavy, out)))
+sys.stdout.buffer.write(pickle.dumps((heavy, e.relevance, e.target)))
 """
 
 
 def test_an_actor_runs_the_payload_without_onnx_ir_or_onnx(ex, digits):
-    """A Ray actor's imports: the runner and the plain-data payload (optimised by onnxruntime or not) in a fresh
-    process give Explainer.explain's numbers without importing onnx_ir, onnx, sympy, the loader or the rewriter."""
+    """A Ray actor's imports: the runner and the plain-data payload in a fresh process give Explainer.explain's
+    numbers without importing onnx_ir, onnx, sympy, the loader or the rewriter."""
     import pickle
 
     x = digits[:5]
-    payload = ex.payload(optimized=True)
-    assert payload["optimized"] and payload["optimized"] != payload["model_bytes"]
+    payload = ex.payload()
     proc = subprocess.run([sys.executable, "-c", _ACTOR], input=pickle.dumps((payload, x)), capture_output=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    heavy, out = pickle.loads(proc.stdout)
+    heavy, rel, tgt = pickle.loads(proc.stdout)
     assert heavy == []
     ref = ex.explain(x)
-    for rel, tgt in out:
-        np.testing.assert_allclose(rel, ref.relevance, rtol=0, atol=TOL)
-        np.testing.assert_array_equal(tgt, ref.target)
+    np.testing.assert_allclose(rel, ref.relevance, rtol=0, atol=TOL)
+    np.testing.assert_array_equal(tgt, ref.target)
 
 
 def test_a_runner_from_a_payload_still_names_where_relevance_became_non_finite(tmp_path):
     from onnx_lrp.runner import Runner
 
     model = _overflow_model(tmp_path / "m.onnx")
-    run = Runner.from_payload(onnx_lrp.Explainer(model, composite="epsilon").payload(optimized=True))
+    run = Runner.from_payload(onnx_lrp.Explainer(model, composite="epsilon").payload())
     np.testing.assert_allclose(run.explain(np.array([[1e-3, 1.0]], np.float32)).relevance,
                                onnx_lrp.Explainer(model, composite="epsilon").explain(
                                    np.array([[1e-3, 1.0]], np.float32)).relevance, rtol=1e-6, atol=0)
