@@ -37,8 +37,9 @@ def require_ray():
 def relevance_model(model, **explainer_options):
     """Build the relevance model once (load, canonize, rewrite) and put it in Ray's object store.
 
-    Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: each actor then only opens an
-    onnxruntime session on the shared bytes."""
+    Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: plain data (the relevance model's bytes and
+    what running it needs, :meth:`onnx_lrp.runner.Runner.payload`); each actor then imports only numpy, onnxruntime
+    and :mod:`onnx_lrp.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
     from onnx_lrp.explainer import Explainer
 
     ray = require_ray()
@@ -63,7 +64,8 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
 
 
 class ExplainBatch:
-    """A callable class for ``Dataset.map_batches``: one Explainer (one onnxruntime session) per actor.
+    """A callable class for ``Dataset.map_batches``: one :class:`onnx_lrp.runner.Runner` (one onnxruntime session)
+    per actor; ``explain`` as :meth:`onnx_lrp.Explainer.explain`.
 
     Input batches (numpy format) hold one column per model input; a ``target`` column, when present, gives each
     row's class (else ``target``: None = arg-max, or an int). Output: every other input column unchanged (ids
