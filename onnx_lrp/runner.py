@@ -16,6 +16,7 @@ from .errors import InputError, NumericError
 from .names import (LEDGER_ENTERING, LEDGER_LEAVING, ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,
                     TARGET_OUTPUT, VALUE_OUTPUT)
 
+
 @dataclass
 class Explanation:
     """What one ``explain`` call returns.
@@ -36,13 +37,6 @@ class Explanation:
     position: object = None
     explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
     ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    dtype: np.dtype
-    dims: tuple  # ints and None
 
 
 @dataclass(frozen=True)
