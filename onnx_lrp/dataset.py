@@ -785,21 +785,17 @@ def cpu_cores() -> int:
 
 
 def explainer_payload(ex) -> dict:
-    """What rebuilds an Explainer in another process without loading or rewriting the model again: the relevance
-    model's bytes and the Explainer's settings (everything but its onnxruntime session)."""
-    return {k: v for k, v in ex.__dict__.items() if k != "session"}
+    """What runs an Explainer's relevance model in another process without loading or rewriting the model again:
+    plain data (see :meth:`onnx_lrp.runner.Runner.payload`)."""
+    return ex.payload()
 
 
 def explainer_from_payload(payload: dict, device: str | None = None, threads: int | None = None):
-    from . import runtime
-    from .explainer import Explainer
+    """A :class:`onnx_lrp.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
+    neither onnx_ir nor onnx."""
+    from .runner import Runner
 
-    ex = Explainer.__new__(Explainer)
-    ex.__dict__.update(payload)
-    if device is not None:
-        ex.device = runtime.resolve_device(device)
-    ex.session = runtime.Session(ex.model_bytes, ex.device, threads)
-    return ex
+    return Runner.from_payload(payload, device, threads)
 
 
 # ---------------------------------------------------------------------------------------------- the API

@@ -16,10 +16,11 @@ import numpy as np
 import onnx_ir as ir
 
 from .graph import Emitter
+from .names import LEDGER_ENTERING, LEDGER_LEAVING
 from .ops import carries, is_param
 
-ENTERING_OUTPUT = "lrp/ledger/entering"
-LEAVING_OUTPUT = "lrp/ledger/leaving"
+ENTERING_OUTPUT = LEDGER_ENTERING
+LEAVING_OUTPUT = LEDGER_LEAVING
 
 
 @dataclass

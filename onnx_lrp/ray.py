@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx_lrp.errors import InputError, LrpError
+from onnx_lrp.runner import Runner
 
 INSTALL = "pip install 'onnx-lrp[ray]'"
 
@@ -36,33 +37,35 @@ def require_ray():
 def relevance_model(model, **explainer_options):
     """Build the relevance model once (load, canonize, rewrite) and put it in Ray's object store.
 
-    Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: each actor then only opens an
-    onnxruntime session on the shared bytes."""
-    from onnx_lrp.dataset import explainer_payload
+    Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: plain data (the relevance model's bytes and
+    what running it needs, :meth:`onnx_lrp.runner.Runner.payload`); each actor then imports only numpy, onnxruntime
+    and :mod:`onnx_lrp.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
     from onnx_lrp.explainer import Explainer
 
     ray = require_ray()
-    return ray.put(explainer_payload(Explainer(model, **explainer_options)))
+    return ray.put(Explainer(model, **explainer_options).payload())
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
-    from onnx_lrp.dataset import explainer_from_payload
-    from onnx_lrp.explainer import Explainer
-
+    """The actor's runner: from a payload (plain data; imports only numpy, onnxruntime and onnx_lrp.runner) or, given
+    a model file, a whole Explainer (load, canonize, rewrite in the actor)."""
     if relevance_model is not None:
         payload = relevance_model
         ray = require_ray()
         if isinstance(payload, ray.ObjectRef):
             payload = ray.get(payload)
-        return explainer_from_payload(payload, device, threads)
+        return Runner.from_payload(payload, device, threads)
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "
                          "onnx_lrp.ray.relevance_model)")
+    from onnx_lrp.explainer import Explainer
+
     return Explainer(model, device=device or "cpu", threads=threads, **explainer_options)
 
 
 class ExplainBatch:
-    """A callable class for ``Dataset.map_batches``: one Explainer (one onnxruntime session) per actor.
+    """A callable class for ``Dataset.map_batches``: one :class:`onnx_lrp.runner.Runner` (one onnxruntime session)
+    per actor; ``explain`` as :meth:`onnx_lrp.Explainer.explain`.
 
     Input batches (numpy format) hold one column per model input; a ``target`` column, when present, gives each
     row's class (else ``target``: None = arg-max, or an int). Output: every other input column unchanged (ids
@@ -203,12 +206,10 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
 
     Actors are restarted and their tasks retried when a worker dies; a shard explained twice (a retry after its
     file was written) is written with the same content and counted once."""
-    from onnx_lrp.dataset import explainer_payload
-
     ray, started = _connect(address)
     try:
         n, res_args, threads, readers = _actor_options(ray, ex, workers)
-        ref = ray.put(explainer_payload(ex))
+        ref = ray.put(ex.payload())
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         # Ray Data's actors restart and retry their tasks when a worker dies (max_restarts=-1,
@@ -244,8 +245,6 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
 
 def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None, address=None):
     """(relevance by input, outputs {explained output}, targets used) of in-memory arrays, on Ray actors."""
-    from onnx_lrp.dataset import explainer_payload
-
     ray, started = _connect(address)
     try:
         nw, res_args, threads, _ = _actor_options(ray, ex, workers)
@@ -253,7 +252,7 @@ def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None,
         # from_numpy makes its blocks in the driver: no read task competes with the actors for the CPUs
         ds = ray.data.from_numpy(np.array_split(np.arange(n), max(1, min(n, nw * 4))))
         ds = ds.map_batches(_RowsTask, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=nw),
-                            fn_constructor_kwargs=dict(relevance_model=ray.put(explainer_payload(ex)),
+                            fn_constructor_kwargs=dict(relevance_model=ray.put(ex.payload()),
                                                        arrays=ray.put(dict(arrays)), targets=targets,
                                                        device=ex.device, threads=threads), **res_args)
         parts = list(ds.iter_batches(batch_size=None, batch_format="numpy"))

@@ -22,6 +22,8 @@ from .deployed import relay_sources
 from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, captured_values, static_dims
 from .ledger import Ledger
+from .names import (ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,  # noqa: F401 (re-exported)
+                    TARGET_OUTPUT, VALUE_OUTPUT, Step)
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
@@ -29,12 +31,6 @@ from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, r
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule, ZBox
 
-TARGET_INPUT = "lrp/target"
-POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
-ONE_HOT_INPUT = "lrp/one_hot"
-TARGET_OUTPUT = "lrp/target_used"
-VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the logit, also behind a softmax), [N]
-RELEVANCE_PREFIX = "lrp/relevance/"
 _SOFTMAX = ("Softmax", "LogSoftmax")
 
 
@@ -372,17 +368,6 @@ def _start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Valu
     chosen.type = ir.TensorType(ir.DataType.INT64)
     chosen.shape = batch_shape
     return r0, chosen, picked
-
-
-@dataclass(frozen=True)
-class Step:
-    """One node of the relevance walk, for locating where relevance first became non-finite: the relevance values
-    it emitted for its inputs (in walk order: the output's side first)."""
-
-    node: str
-    op_type: str
-    rule: str
-    values: tuple  # names of emitted relevance tensors (gradient-form factors included)
 
 
 def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),

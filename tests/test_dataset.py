@@ -218,6 +218,49 @@ def test_non_finite_relevance_and_nan_inputs_are_errors_not_results(tmp_path):
         np.testing.assert_allclose(row, ref.explain(x[i:i + 1]).relevance[0], rtol=1e-6, atol=0)
 
 
+_ACTOR = """
+import pickle, sys
+import numpy as np
+import onnx_lrp.ray, onnx_lrp.dataset  # what a Ray actor of the dataset engine imports
+from onnx_lrp.runner import Runner
+payload, x = pickle.loads(sys.stdin.buffer.read())
+run = Runner.from_payload(payload, threads=1)
+e = run.explain(x)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnx_ir", "sympy", "onnxscript")
+               or m in ("onnx_lrp.explainer", "onnx_lrp.loader", "onnx_lrp.rewriter", "onnx_lrp.ops"))
+sys.stdout.buffer.write(pickle.dumps((heavy, e.relevance, e.target)))
+"""
+
+
+def test_an_actor_runs_the_payload_without_onnx_ir_or_onnx(ex, digits):
+    """A Ray actor's imports: the runner and the plain-data payload in a fresh process give Explainer.explain's
+    numbers without importing onnx_ir, onnx, sympy, the loader or the rewriter."""
+    import pickle
+
+    x = digits[:5]
+    payload = ex.payload()
+    proc = subprocess.run([sys.executable, "-c", _ACTOR], input=pickle.dumps((payload, x)), capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    heavy, rel, tgt = pickle.loads(proc.stdout)
+    assert heavy == []
+    ref = ex.explain(x)
+    np.testing.assert_allclose(rel, ref.relevance, rtol=0, atol=TOL)
+    np.testing.assert_array_equal(tgt, ref.target)
+
+
+def test_a_runner_from_a_payload_still_names_where_relevance_became_non_finite(tmp_path):
+    from onnx_lrp.runner import Runner
+
+    model = _overflow_model(tmp_path / "m.onnx")
+    run = Runner.from_payload(onnx_lrp.Explainer(model, composite="epsilon").payload())
+    np.testing.assert_allclose(run.explain(np.array([[1e-3, 1.0]], np.float32)).relevance,
+                               onnx_lrp.Explainer(model, composite="epsilon").explain(
+                                   np.array([[1e-3, 1.0]], np.float32)).relevance, rtol=1e-6, atol=0)
+    with pytest.raises(onnx_lrp.NumericError, match="non-finite.*node mm"):
+        run.explain(np.array([[10.0, 1.0]], np.float32))
+
+
 # ---------------------------------------------------------------------------------------------- resuming
 def test_manifest_mismatch_refuses_unless_overwrite(tmp_path, digits):
     np.save(tmp_path / "x.npy", digits[:6])
