@@ -485,19 +485,26 @@ def unroll_control_flow(model: ir.Model) -> int:
     return total
 
 
+def _copy_for_inputs(proto: onnx.ModelProto, given, arg: str, what: str, verb: str, name: str):
+    """A copy of ``proto`` to change some graph inputs of, and its inputs by name; ``given`` (input name -> ``what``)
+    must be a dict naming only inputs of the model (else one line, ``verb`` saying what could not be done)."""
+    if not isinstance(given, dict):
+        raise InputError(f"{arg} must be a dict of input name -> {what}, not {type(given).__name__}")
+    names = [v.name for v in proto.graph.input]
+    unknown = [k for k in given if k not in names]
+    if unknown:
+        raise InputError(f"{name}: cannot {verb.format(', '.join(map(repr, unknown)))}: the model's inputs are "
+                         f"{', '.join(names)}")
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    return proto, {v.name: v for v in proto.graph.input}
+
+
 def bind_constants(proto: onnx.ModelProto, constants: dict | None, name: str = "model") -> onnx.ModelProto:
     """Graph inputs the caller fixes (``constants``: input name -> value), made initializers of the input's type:
     a sample rate or a flag that an If branches on. The bound inputs are no longer inputs of the model."""
     if not constants:
         return proto
-    if not isinstance(constants, dict):
-        raise InputError(f"constants must be a dict of input name -> value, not {type(constants).__name__}")
-    by_name = {v.name: v for v in proto.graph.input}
-    unknown = [k for k in constants if k not in by_name]
-    if unknown:
-        raise InputError(f"{name}: cannot bind {', '.join(map(repr, unknown))} to a constant: the model's inputs are "
-                         f"{', '.join(by_name)}")
-    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
+    proto, by_name = _copy_for_inputs(proto, constants, "constants", "value", "bind {} to a constant", name)
     inits = {t.name for t in proto.graph.initializer}
     for key, value in constants.items():
         vi = by_name[key]
@@ -537,15 +544,7 @@ def fix_input_shapes(proto: onnx.ModelProto, shapes: dict | None, name: str = "m
     (``batch``) must get the same size for it; inputs not given take the sizes of the symbolic dimensions fixed."""
     if not shapes:
         return proto
-    if not isinstance(shapes, dict):
-        raise InputError(f"input_shapes must be a dict of input name -> sizes, not {type(shapes).__name__}")
-    by_name = {v.name: v for v in proto.graph.input}
-    unknown = [k for k in shapes if k not in by_name]
-    if unknown:
-        raise InputError(f"{name}: cannot fix the shape of {', '.join(map(repr, unknown))}: the model's inputs are "
-                         f"{', '.join(by_name)}")
-    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if proto.ByteSize() < (1 << 31) - 1 else proto
-    by_name = {v.name: v for v in proto.graph.input}
+    proto, by_name = _copy_for_inputs(proto, shapes, "input_shapes", "sizes", "fix the shape of {}", name)
     symbols: dict[str, tuple[int, str]] = {}
     for key, sizes in shapes.items():
         given = sizes
