@@ -77,6 +77,11 @@ class LinearOp(Op):
         return em.const(b, tag=tag)
 
 
+def rank_known(self, node: ir.Node) -> str | None:
+    """An op check (``check = rank_known``) for ops whose transpose needs the rank of their data input."""
+    return "rank unknown" if node.inputs[0].shape is None else None
+
+
 class ShapeOp(Op):
     kind = "shape"
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import static_dims
-from .base import ActivationOp, LinearOp, Op, Params, ShapeOp, carries, const, is_param, out_dims, register
+from .base import ActivationOp, LinearOp, Op, Params, ShapeOp, carries, const, is_param, out_dims, rank_known, register
 
 
 def _indices_wrapped(em, idx: ir.Value, sizes: ir.Value, tag: str) -> ir.Value:
@@ -32,10 +32,7 @@ class GatherElements(ShapeOp):
     op_types = ("GatherElements",)
     data_inputs = (0,)
 
-    def check(self, node):
-        if node.inputs[0].shape is None:
-            return "rank unknown"
-        return None
+    check = rank_known
 
     def transpose(self, em, node, r_outs):
         x, idx = node.inputs[0], node.inputs[1]
@@ -140,10 +137,7 @@ class TopK(ShapeOp):
     op_types = ("TopK",)
     data_inputs = (0,)
 
-    def check(self, node):
-        if node.inputs[0].shape is None:
-            return "rank unknown"
-        return None
+    check = rank_known
 
     def transpose(self, em, node, r_outs):
         x = node.inputs[0]

@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import static_dims
-from .base import ShapeOp, carries, const, register
+from .base import ShapeOp, carries, const, rank_known, register
 
 
 @register
@@ -113,10 +113,7 @@ class Split(ShapeOp):
 
     data_inputs = (0,)
 
-    def check(self, node):
-        if node.inputs[0].shape is None:
-            return "rank unknown"
-        return None
+    check = rank_known
 
     def transpose(self, em, node, r_outs):
         ax = _axis(node, len(node.inputs[0].shape))
