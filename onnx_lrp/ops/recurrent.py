@@ -233,13 +233,16 @@ def _input_proj(em, xd, w, bias):
     return em.add(xw, em.const(bias, tag="b_in"), tag="xw_b") if np.any(bias) else xw
 
 
-def _step_inputs(ry, mask):
-    scans = []
+def _backward_step(sub, rh, sc, ry, mask):
+    """One step of a backward scan: the hidden state's relevance plus the relevance of this step's output Y (masked
+    past the sequence's length), the step's mask (or None), and the remaining scanned forward values."""
+    k = 0
     if ry is not None:
-        scans.append(ry)
-    if mask is not None:
-        scans.append(mask)
-    return scans
+        m_ry = sc[0] if mask is None else sub.op("Where", sc[1], sc[0], sub.scalar(0.0), tag="r_y_valid")
+        rh = sub.add(rh, m_ry, tag="r_h")
+        k = 1
+    m = sc[k] if mask is not None else None
+    return rh, m, sc[k + (1 if mask is not None else 0):]
 
 
 def _lstm(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, hid):
@@ -277,13 +280,7 @@ def _lstm(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps,
 
     def bwd(sub, st, sc):
         rh, rc = st
-        k = 0
-        if ry is not None:
-            m_ry = sc[0] if mask is None else sub.op("Where", sc[1], sc[0], sub.scalar(0.0), tag="r_y_valid")
-            rh = sub.add(rh, m_ry, tag="r_h")
-            k = 1
-        m = sc[k] if mask is not None else None
-        hp, cp, ii, ff, gv, a, cn = sc[k + (1 if mask is not None else 0):]
+        rh, m, (hp, cp, ii, ff, gv, a, cn) = _backward_step(sub, rh, sc, ry, mask)
         rc_t = sub.add(rc, rh, tag="r_c")               # o ⊙ tanh(c): all relevance to c
         s_c = sub.div(rc_t, stabilized(sub, cn, eps, tag="c_stab"), tag="s_c")
         r_cp = sub.mul(sub.mul(ff, cp, tag="fc"), s_c, tag="r_c_prev")
@@ -336,13 +333,7 @@ def _gru(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, 
 
     def bwd(sub, st, sc):
         (rh,) = st
-        k = 0
-        if ry is not None:
-            m_ry = sc[0] if mask is None else sub.op("Where", sc[1], sc[0], sub.scalar(0.0), tag="r_y_valid")
-            rh = sub.add(rh, m_ry, tag="r_h")
-            k = 1
-        m = sc[k] if mask is not None else None
-        hp, zv, rv, nv, av, hn = sc[k + (1 if mask is not None else 0):]
+        rh, m, (hp, zv, rv, nv, av, hn) = _backward_step(sub, rh, sc, ry, mask)
         s = sub.div(rh, stabilized(sub, hn, eps, tag="h_stab"), tag="s_h")
         r_n_rel = sub.mul(sub.mul(sub.sub(sub.scalar(1.0), zv, tag="1-z"), nv, tag="zn"), s, tag="r_n")
         r_direct = sub.mul(sub.mul(zv, hp, tag="zh"), s, tag="r_h_direct")
@@ -379,13 +370,7 @@ def _rnn(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, 
 
     def bwd(sub, st, sc):
         (rh,) = st
-        k = 0
-        if ry is not None:
-            m_ry = sc[0] if mask is None else sub.op("Where", sc[1], sc[0], sub.scalar(0.0), tag="r_y_valid")
-            rh = sub.add(rh, m_ry, tag="r_h")
-            k = 1
-        m = sc[k] if mask is not None else None
-        hp, av = sc[k + (1 if mask is not None else 0):]
+        rh, m, (hp, av) = _backward_step(sub, rh, sc, ry, mask)
         s_a = sub.div(rh, stabilized(sub, av, eps, tag="a_stab"), tag="s_a")   # f(a): identity
         r_hp = sub.mul(hp, sub.op("MatMul", s_a, sub.const(r, tag="r_signal"), tag="JTs_h"), tag="r_h_prev")
         return [_masked(sub, m, r_hp, rh, "r_h_next"), _masked(sub, m, s_a, sub.scalar(0.0), "s_a_valid")]
