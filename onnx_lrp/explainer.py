@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import loader, rewriter, runtime
+from . import conservation, loader, rewriter, runtime
 from .errors import InputError, LrpError, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
@@ -20,7 +20,7 @@ class Explainer(Runner):
     def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, **rule_params):
+                 input_shapes: dict | None = None, strict: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -28,6 +28,9 @@ class Explainer(Runner):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.start = start
+        self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.conservation): an error, not a warning
+        self.composite_name = self.composite.name
+        self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
         if isinstance(relevance_at, str):
             relevance_at = [relevance_at]  # one tensor name
@@ -82,6 +85,21 @@ class Explainer(Runner):
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
         self.model_bytes = loader.serialize(ir_model)
         self._started(runtime.Session(self.model_bytes, device, threads))
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        model, output, explain_logits, constants, input_shapes = self._source
+        book = self if self.ledger else Explainer(model, self.composite, output=output, explain_logits=explain_logits,
+                                                  start=start, ledger=True, constants=constants,
+                                                  input_shapes=input_shapes)
+        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
+        extra = {} if positions is None else {"position": positions}
+        book._reading_ledger = True  # this run only reads the ledger: no check of its own
+        try:
+            res = book.explain(one, target=target if self.sequence_rows is None else target % (
+                self.sequence_rows[1] or 1 << 62), start=start, **extra)
+        finally:
+            book._reading_ledger = False
+        return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import warnings
+
 import numpy as np
 
-from . import runtime
-from .errors import InputError, NumericError
+from . import conservation, runtime
+from .errors import InputError, LrpWarning, NumericError
 from .names import (LEDGER_ENTERING, LEDGER_LEAVING, ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,
                     TARGET_OUTPUT, VALUE_OUTPUT)
 
@@ -51,7 +53,8 @@ class Runner:
 
     #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes)
     PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
-               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
+               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace",
+               "strict", "composite_name")
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
@@ -222,6 +225,7 @@ class Runner:
         per_row = self._check_width(merged, targets)
         self._check_finite(merged, feeds, targets, start, positions)
         rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
+        self._check_conserved(merged, list(rel.values()), feeds, start, positions)
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[TARGET_OUTPUT]
         pos_used = None
@@ -260,6 +264,39 @@ class Runner:
         feeds[TARGET_INPUT] = targets
         feeds[ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)
+
+    def _check_conserved(self, merged: dict, relevance: list, feeds, start, positions) -> None:
+        """Warn (``strict``: raise) when the input relevance of an item is far from its start relevance
+        (:mod:`onnx_lrp.conservation`); the ledger that names the nodes is built only then."""
+        if not relevance or VALUE_OUTPUT not in merged or getattr(self, "_reading_ledger", False):
+            return
+        values = np.asarray(merged[VALUE_OUTPUT], np.float64).reshape(-1)
+        starts = values if start == "logit" else np.ones_like(values)
+        got = conservation.per_item(relevance, len(starts))
+        if got is None:
+            return
+        sums, peaks = got
+        bad = np.flatnonzero(conservation.far(sums, peaks, starts))
+        if not len(bad):
+            return
+        ratio = np.abs(np.log10(np.maximum(np.abs(sums[bad]), 1e-300) / np.abs(starts[bad])))
+        item = int(bad[np.argmax(np.maximum(ratio, np.log10(np.maximum(peaks[bad], 1e-300) / np.abs(starts[bad]))))])
+        found = None
+        try:
+            found = self._culprits(feeds, item, int(np.asarray(merged[TARGET_OUTPUT]).reshape(-1)[item]), start,
+                                   None if positions is None else positions[item:item + 1])
+        except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
+            found = None
+        text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
+                                    float(starts[item]), start, found, getattr(self, "composite_name", "?"))
+        if getattr(self, "strict", False):
+            raise NumericError(text + "; nothing was returned (strict)")
+        warnings.warn(text, LrpWarning, stacklevel=3)
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model;
+        a bare Runner, e.g. in a Ray actor, has no model to build it from)."""
+        return None
 
     def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
         """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then

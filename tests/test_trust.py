@@ -1,0 +1,81 @@
+"""The last line of defence (onnx_lrp/conservation.py): relevance that vanished or exploded is never returned
+quietly. Each case is a small MLP whose relevance sum is known in closed form (numpy), so the trip points are
+checked against the definition: below 1 % or above 100 x the start relevance, or one input entry above 1e6 x it.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import onnx_lrp
+from onnx_lrp import conservation
+from onnx_lrp.errors import LrpWarning, NumericError
+
+from util import make_model, node, to_bytes
+
+
+def mlp(bias: float, w2_scale: float = 1.0) -> bytes:
+    """x (4) -> Gemm (3, bias ``bias``) -> Relu -> Gemm (2, no bias): with epsilon, the bias absorbs its share."""
+    w1 = np.array([[1.0, 0.5, -0.25], [0.5, 1.0, 0.25], [0.25, -0.5, 1.0], [1.0, 1.0, 1.0]], np.float32)
+    w2 = (np.array([[1.0, -1.0], [0.5, 0.25], [0.25, 1.0]]) * w2_scale).astype(np.float32)
+    return to_bytes(make_model(
+        [node("Gemm", ["x", "w1", "b1"], "h", name="dense1"), node("Relu", ["h"], "a", name="relu"),
+         node("Gemm", ["a", "w2"], "y", name="dense2")],
+        {"x": ["N", 4]}, ["y"], {"w1": w1, "b1": np.full(3, bias, np.float32), "w2": w2}))
+
+
+X = np.array([[0.5, 0.25, 0.75, 0.125]], np.float32)
+
+
+def explain(model, **kw):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = onnx_lrp.Explainer(model, composite="epsilon", **kw).explain(X, target=0)
+    return res, [str(w.message) for w in seen if issubclass(w.category, LrpWarning)]
+
+
+def test_conserving_explanation_is_silent():
+    res, seen = explain(mlp(0.0))
+    assert abs(res.relevance.sum() / res.explained_value[0] - 1) < 1e-5  # no bias: epsilon conserves
+    assert seen == []
+
+
+def test_bias_that_absorbs_nearly_all_warns_and_names_the_node():
+    # the bias (100) dwarfs w1 x (~1): the Gemm's epsilon rule hands x only x w / (x w + b) of its relevance
+    res, seen = explain(mlp(100.0))
+    ratio = res.relevance.sum() / res.explained_value[0]
+    assert ratio < conservation.FLOOR
+    assert len(seen) == 1 and "\n" not in seen[0]
+    assert "item 0" in seen[0] and "dense1" in seen[0] and "onnx-lrp trace" in seen[0]
+    assert "composite 'epsilon'" in seen[0]
+
+
+def test_strict_refuses():
+    with pytest.raises(NumericError, match="relevance not conserved.*dense1.*strict"):
+        onnx_lrp.Explainer(mlp(100.0), composite="epsilon", strict=True).explain(X, target=0)
+    res = onnx_lrp.Explainer(mlp(0.0), composite="epsilon", strict=True).explain(X, target=0)
+    assert np.isfinite(res.relevance).all()
+
+
+def test_trip_points_follow_the_definition():
+    starts = np.array([2.0, 2.0, 2.0, 2.0, 2.0, 0.0])
+    sums = np.array([2.0, 0.019, 0.021, 201.0, 199.0, 5.0])
+    peaks = np.array([2.1e6, 1.0, 1.0, 1.0, 1.0, 1e9])
+    assert conservation.far(sums, peaks, starts).tolist() == [True, True, False, True, False, False]
+
+
+def test_exploding_entries_warn_even_when_the_sum_is_fine():
+    # one sample: relevance +-1e7 that cancels in the sum (the sum is 1 x the start)
+    rel = [np.array([[1e7, -1e7, 1.0]])]
+    sums, peaks = conservation.per_item(rel, 1)
+    assert conservation.far(sums, peaks, np.array([1.0])).tolist() == [True]
+    text = conservation.message(0, 1, 1, float(sums[0]), float(peaks[0]), 1.0, "logit", None, "epsilon")
+    assert "1e+07" in text and "\n" not in text
+
+
+def test_ledger_explainer_names_culprits_without_a_second_build():
+    ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon", ledger=True)
+    with pytest.warns(LrpWarning, match="dense1 \\(Gemm, epsilon: \\+"):
+        ex.explain(X, target=0)
