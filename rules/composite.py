@@ -26,7 +26,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rules import RULE_ALIASES, RULES, Norm, Rule, make_rule
+from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, make_rule
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
@@ -82,7 +82,8 @@ class Composite:
         """Override rule parameters (``epsilon``, ``gamma``, ``low``, ...) in every rule that has them.
 
         ``epsilon=0`` is LRP-0: it also sets the ``norm`` rule's stabiliser to 0 (sums, average pools), unless
-        ``stabilizer`` is given too or the composite sets a non-default one."""
+        ``stabilizer`` is given too or the composite sets a non-default one, and BatchNorms that could not be
+        folded get LRP-0 instead of ``pass`` (see :func:`lrp0_batchnorm`)."""
         params = {k: v for k, v in params.items() if v is not None}
         if not params:
             return self
@@ -100,6 +101,8 @@ class Composite:
                 mine["stabilizer"] = 0.0
             used |= set(mine)
             entries.append(Entry(entry.match, dataclasses.replace(entry.rule, **mine)) if mine else entry)
+        if isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps == 0 and not params.get("stabilizer"):
+            entries = lrp0_batchnorm(entries)
         unused = set(params) - used
         if unused:
             known = sorted({f.name for e in self.entries for f in dataclasses.fields(e.rule)})  # type: ignore
@@ -115,6 +118,21 @@ class Composite:
                                for k, v in e.rule.params().items())
             lines.append(f"{what} -> {e.rule.name}" + (f"({params})" if params else ""))
         return lines
+
+
+def lrp0_batchnorm(entries: list) -> list:
+    """At epsilon = 0 (and no stabiliser), an unfolded BatchNorm that the composite passes (zennit's BatchNorm ->
+    Pass) gets LRP-0 too. Passed, its relevance ``z g`` is no longer proportional to the layer below's output, and
+    LRP-0 there divides it by that output where it is near zero (Keras DenseNet121, whose BatchNorms follow
+    concatenations: relevance 1e30); with LRP-0 every affine layer stays in gradient form (``R = x g``, no division)
+    and the whole is gradient x input. Only in composites whose linear rules are all epsilon/norm (LRP-0 now)."""
+    if any(isinstance(e.rule, LinearRule) and not isinstance(e.rule, (Epsilon, Norm)) for e in entries):
+        return entries  # z+, gamma, flat, ...: not gradient form below the BatchNorm, so LRP-0 there would divide
+    passes = any(isinstance(e.rule, Pass) and "batchnorm" in (e.match.get("kind") if isinstance(
+        e.match.get("kind"), list) else [e.match.get("kind")]) for e in entries)
+    if not passes:
+        return entries
+    return [Entry({"kind": "batchnorm"}, Epsilon(epsilon=0.0))] + entries
 
 
 def _kind(value) -> str:

@@ -405,6 +405,98 @@ def make_recurrent(out_dir: Path = OUT) -> dict:
     return emitted
 
 
+# ------------------------------------------------------------------- Keras-only twins: reference = TF's gradient
+def _keras_conv1d(name: str):
+    """Keras 1-D CNNs (input 32 steps x 4 features) as tf2onnx writes them: Conv1D as Unsqueeze -> Conv -> Squeeze,
+    MaxPooling1D as Unsqueeze -> MaxPool -> Squeeze, the BatchNorms as Mul -> Add after the Squeeze."""
+    import keras
+    L = keras.layers
+    layers = {
+        # the issue's net: "same" padding, BN, ReLU, MaxPooling1D, a "valid" Conv1D with its activation, GAP
+        "conv1d": [L.Conv1D(16, 5, padding="same"), L.BatchNormalization(), L.ReLU(), L.MaxPooling1D(2),
+                   L.Conv1D(16, 3, activation="relu"), L.GlobalAveragePooling1D(), L.Dense(5)],
+        # dilation, a strided "valid" convolution, a pool with "same" padding, Flatten
+        "conv1d_dilated": [L.Conv1D(8, 3, dilation_rate=2, padding="same"), L.BatchNormalization(), L.ReLU(),
+                           L.Conv1D(8, 3, strides=2), L.BatchNormalization(), L.ReLU(),
+                           L.MaxPooling1D(3, strides=2, padding="same"), L.Flatten(), L.Dense(4)],
+        # "causal" padding (a Pad), a BatchNorm after the activation (not foldable), average and max pools
+        "conv1d_causal": [L.Conv1D(8, 4, padding="causal", activation="relu"), L.BatchNormalization(),
+                          L.Conv1D(6, 1), L.ReLU(), L.AveragePooling1D(2), L.GlobalMaxPooling1D(), L.Dense(3)],
+    }[name]
+    return keras.Sequential([keras.Input((32, 4))] + layers)
+
+
+def _keras_densenet():
+    """A DenseNet-like Keras CNN (input 16 x 16 x 3): dense blocks whose BatchNorms follow concatenations (not
+    foldable), BN-ReLU-Conv, a transition, GAP, Dense."""
+    import keras
+    L = keras.layers
+    inp = keras.Input((16, 16, 3))
+    h = L.Conv2D(8, 3, padding="same")(inp)
+    for block in range(2):
+        for _ in range(2):
+            b = L.ReLU()(L.BatchNormalization()(h))
+            h = L.Concatenate()([h, L.Conv2D(4, 3, padding="same")(b)])
+        if block == 0:  # transition: BN-ReLU-1x1 conv-average pool
+            h = L.AveragePooling2D(2)(L.Conv2D(8, 1)(L.ReLU()(L.BatchNormalization()(h))))
+    h = L.GlobalAveragePooling2D()(L.ReLU()(L.BatchNormalization()(h)))
+    return keras.Model(inp, L.Dense(5)(h))
+
+
+KERAS_EXTRA = {"conv1d": ((32, 4), lambda: _keras_conv1d("conv1d")),
+               "conv1d_dilated": ((32, 4), lambda: _keras_conv1d("conv1d_dilated")),
+               "conv1d_causal": ((32, 4), lambda: _keras_conv1d("conv1d_causal")),
+               "densenet": ((16, 16, 3), _keras_densenet)}
+KERAS_EXTRA_OPSETS = {"conv1d": (13, 17), "conv1d_dilated": (13, 17), "conv1d_causal": (17,), "densenet": (17,)}
+
+
+def _randomize(km, rng) -> None:
+    """Non-zero biases and BatchNorm statistics (Keras initialises them to 0/1, which would hide bias errors)."""
+    import keras
+    for layer in km.layers:
+        ws = layer.get_weights()
+        if isinstance(layer, keras.layers.BatchNormalization):
+            g, b, m, v = ws
+            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.2, b.shape),
+                               rng.normal(0, 0.3, m.shape), rng.uniform(0.5, 2.0, v.shape)])
+        elif len(ws) == 2:
+            layer.set_weights([ws[0], rng.normal(0, 0.1, ws[1].shape).astype(ws[1].dtype)])
+
+
+def make_keras_extra(out_dir: Path = OUT) -> dict:
+    """Keras-only twins whose reference is TensorFlow's own float64 gradient x input (LRP-0's value): the 1-D CNNs
+    (opsets 13 and 17), a DenseNet-like CNN. Writes ``<net>_keras_op<opset>.onnx`` and ``keras_extra.npz`` (per net:
+    ``<net>/x``, ``<net>/logits``, ``<net>/gxi`` of the arg-max logit)."""
+    import keras
+    import tensorflow as tf
+    import tf2onnx
+    arrays, meta = {}, {}
+    for k, (name, (shape, build)) in enumerate(KERAS_EXTRA.items()):
+        keras.config.set_floatx("float32")
+        keras.utils.set_random_seed(10 + k)
+        km = build()
+        km.output_names = ["output"]  # tf2onnx 1.17 with a Keras 3 Sequential needs the output named
+        _randomize(km, np.random.default_rng(20 + k))
+        x = np.random.default_rng(30 + k).normal(size=(3,) + shape).astype(np.float32)
+        for opset in KERAS_EXTRA_OPSETS[name]:
+            spec = (tf.TensorSpec((None,) + shape, tf.float32, name="x"),)
+            proto, _ = tf2onnx.convert.from_keras(km, input_signature=spec, opset=opset)
+            (out_dir / f"{name}_keras_op{opset}.onnx").write_bytes(proto.SerializeToString())
+            meta[f"{name}_op{opset}"] = sorted({n.op_type for n in proto.graph.node})
+        keras.config.set_floatx("float64")
+        k64 = build()
+        k64.set_weights([w.astype(np.float64) for w in km.get_weights()])
+        xv = tf.Variable(x.astype(np.float64))
+        with tf.GradientTape() as tape:
+            y = k64(xv)
+            picked = tf.reduce_sum(tf.gather(y, tf.argmax(y, 1), batch_dims=1))
+        arrays[f"{name}/x"], arrays[f"{name}/logits"] = x, np.asarray(km(x)).astype(np.float32)
+        arrays[f"{name}/gxi"] = tape.gradient(picked, xv).numpy() * x.astype(np.float64)
+    keras.config.set_floatx("float32")
+    np.savez_compressed(out_dir / "keras_extra.npz", **arrays)
+    return meta
+
+
 def rel_l2(a, b) -> float:
     a = np.asarray(a, np.float64).reshape(len(a), -1)
     b = np.asarray(b, np.float64).reshape(len(b), -1)
@@ -439,9 +531,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--report", action="store_true", help="only compare the committed twins (needs onnx-lrp only)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--keras-extra", action="store_true",
+                    help="only the Keras-only twins (1-D CNNs, DenseNet-like; needs tensorflow-cpu and tf2onnx)")
     args = ap.parse_args(argv)
     if args.report:
         report(args.out)
+        return 0
+    if args.keras_extra:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        print(json.dumps(make_keras_extra(args.out), indent=1))
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import torch

@@ -388,3 +388,39 @@ def test_flax_transformer_twin(composite):
     from onnx_lrp import patterns
     kinds = [m.name for m in patterns.annotate(loader.load(TWINS / "transformer_flax.onnx").graph)]
     assert kinds.count("layernorm-scale") == 5, kinds
+
+
+# ------------------------------------------------- Keras-only twins: LRP-0 against TensorFlow's gradient x input
+EXTRA = {"conv1d": (13, 17), "conv1d_dilated": (13, 17), "conv1d_causal": (17,), "densenet": (17,)}
+LRP0_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def keras_extra():
+    with np.load(TWINS / "keras_extra.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("name,opset", [(n, o) for n, opsets in EXTRA.items() for o in opsets])
+@pytest.mark.parametrize("composite", ["lrp0", "epsilon@0"])
+def test_keras_lrp0_is_tensorflow_gradient_times_input(keras_extra, name, opset, composite):
+    """Keras Conv1D nets (tf2onnx: Unsqueeze -> Conv -> Squeeze, then the BatchNorm's Mul -> Add; before: not folded
+    across the Squeeze, so the epsilon composite passed the BatchNorm: rel-L2 2.4-18) and a DenseNet-like net
+    (BatchNorms after concatenations; before, at epsilon = 0: rel-L2 1.5e3) equal TF's float64 gradient x input
+    under LRP-0: the twins' LRP-0 composite, and the epsilon composite at epsilon = 0."""
+    x, gxi = keras_extra[f"{name}/x"], keras_extra[f"{name}/gxi"]
+    comp, params = (LRP0, {}) if composite == "lrp0" else ("epsilon", {"epsilon": 0.0})
+    ex = onnx_lrp.Explainer(str(TWINS / f"{name}_keras_op{opset}.onnx"), composite=comp, start="logit", **params)
+    res = ex.explain(x)
+    np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"{name}/logits"], rtol=1e-4,
+                               atol=1e-5)
+    assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL
+
+
+@pytest.mark.parametrize("name", ["conv1d", "conv1d_dilated"])
+def test_keras_conv1d_batchnorm_is_folded(name):
+    """The Mul -> Add of a BatchNormalization after tf2onnx's Conv -> Squeeze is folded into the Conv, as after a
+    2-D convolution: no node of kind batchnorm/affine is left."""
+    p = rewriter.plan(loader.load(str(TWINS / f"{name}_keras_op17.onnx")), load_composite("epsilon"))
+    kinds = [a.kind for a in p.assignments if a.on_path]
+    assert "batchnorm" not in kinds and "affine" not in kinds and kinds.count("convolution") == 2
