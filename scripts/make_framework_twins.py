@@ -465,7 +465,7 @@ def _randomize(km, rng) -> None:
 
 def make_keras_extra(out_dir: Path = OUT) -> dict:
     """Keras-only twins whose reference is TensorFlow's own float64 gradient x input (LRP-0's value): the 1-D CNNs
-    (opsets 13 and 17), a DenseNet-like CNN. Writes ``<net>_keras_op<opset>.onnx`` and ``keras_extra.npz`` (per net:
+    (opsets 13 and 17), a DenseNet-like CNN; and Keras text classifiers (token-id input, :func:`_keras_text`). Writes ``<net>_keras_op<opset>.onnx`` and ``keras_extra.npz`` (per net:
     ``<net>/x``, ``<net>/logits``, ``<net>/gxi`` of the arg-max logit)."""
     import keras
     import tensorflow as tf
@@ -493,7 +493,41 @@ def make_keras_extra(out_dir: Path = OUT) -> dict:
         arrays[f"{name}/x"], arrays[f"{name}/logits"] = x, np.asarray(km(x)).astype(np.float32)
         arrays[f"{name}/gxi"] = tape.gradient(picked, xv).numpy() * x.astype(np.float64)
     keras.config.set_floatx("float32")
+    meta.update(_keras_text(out_dir, arrays))
     np.savez_compressed(out_dir / "keras_extra.npz", **arrays)
+    return meta
+
+
+def _keras_text(out_dir: Path, arrays: dict) -> dict:
+    """Keras text classifiers ``Input((20,), int32) -> Embedding(100, 16) -> LSTM(24) | GRU(24) -> Dense(4)``
+    (tf2onnx: the ids cast, compared and wrapped before a Gather of the table), and the same layers after the
+    embedding as a second model with a float input (``text_<kind>_embedded_keras.onnx``): the reference for the
+    per-token relevance (``text/ids``, ``text_<kind>/embedded`` = table[ids], ``text_<kind>/logits``)."""
+    import keras
+    import tensorflow as tf
+    import tf2onnx
+    L = keras.layers
+    ids = np.random.default_rng(40).integers(0, 100, size=(3, 20)).astype(np.int32)
+    arrays["text/ids"] = ids
+    meta = {}
+    for k, kind in enumerate(("LSTM", "GRU")):
+        keras.utils.set_random_seed(50 + k)
+        km = keras.Sequential([keras.Input((20,), dtype="int32"), L.Embedding(100, 16), getattr(L, kind)(24),
+                               L.Dense(4)])
+        km.output_names = ["output"]
+        _randomize(km, np.random.default_rng(60 + k))
+        tail = keras.Sequential([keras.Input((20, 16)), getattr(L, kind)(24), L.Dense(4)])
+        tail.output_names = ["output"]
+        tail.set_weights(km.get_weights()[1:])
+        table = km.get_weights()[0]
+        arrays[f"text_{kind.lower()}/embedded"] = table[ids].astype(np.float32)
+        arrays[f"text_{kind.lower()}/logits"] = np.asarray(km(ids)).astype(np.float32)
+        for model, shape, dtype, suffix in ((km, (None, 20), tf.int32, ""), (tail, (None, 20, 16), tf.float32,
+                                                                              "_embedded")):
+            spec = (tf.TensorSpec(shape, dtype, name="x"),)
+            proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+            (out_dir / f"text_{kind.lower()}{suffix}_keras.onnx").write_bytes(proto.SerializeToString())
+            meta[f"text_{kind.lower()}{suffix}"] = sorted({n.op_type for n in proto.graph.node})
     return meta
 
 

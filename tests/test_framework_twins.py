@@ -424,3 +424,22 @@ def test_keras_conv1d_batchnorm_is_folded(name):
     p = rewriter.plan(loader.load(str(TWINS / f"{name}_keras_op17.onnx")), load_composite("epsilon"))
     kinds = [a.kind for a in p.assignments if a.on_path]
     assert "batchnorm" not in kinds and "affine" not in kinds and kinds.count("convolution") == 2
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("composite", ["epsilon", "epsilon-plus-flat"])
+def test_keras_text_model_token_relevance(keras_extra, kind, composite):
+    """Keras Embedding -> LSTM | GRU -> Dense on int32 token ids (tf2onnx casts the ids, wraps negative ones with
+    Less/Not/Cast/Mul/Add, then Gathers the table; before: refused, "output 'output' is not a float tensor computed
+    from the inputs") is explained per token: the relevance at the lookup, summed over the embedding dimension,
+    equals that of the same layers exported with the embedded sequence as a float input."""
+    ids = keras_extra["text/ids"]
+    ex = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_keras.onnx"), composite=composite)
+    res = ex.explain(ids)
+    np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"text_{kind}/logits"], rtol=1e-4,
+                               atol=1e-5)
+    assert res.relevance.shape == ids.shape and np.isfinite(res.relevance).all()
+    ref = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_embedded_keras.onnx"), composite=composite).explain(
+        keras_extra[f"text_{kind}/embedded"], target=res.target)
+    np.testing.assert_array_equal(res.target, ref.target)
+    assert rel_l2(res.relevance, ref.relevance.sum(-1)).max() < 1e-5
