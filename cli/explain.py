@@ -243,7 +243,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
             it["position"] = int(pos_used[i])
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
-    summary = dict(model=str(model), input=str(input_path), composite=comp.name, start=start, device=ex.device,
+    summary = dict(model=str(model), input=str(input_path), composite=ex.composite_name, start=start,
+                   device=ex.device,
                    explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
                    heatmap_file=str(heat_path) if heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
@@ -315,7 +316,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     if behind:
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if start == "one-hot" else ""))
-    click.echo(f"{n} item(s), composite {comp.name}, start {start}, device {ex.device}: explained in "
+    chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
+    click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {start}, device {ex.device}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s)")
     if token_rows is not None:
         from onnx_lrp.tokens import terminal

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import conservation, loader, rewriter, runtime
+from . import choice, conservation, loader, rewriter, runtime
 from .errors import InputError, LrpError, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
@@ -17,7 +17,7 @@ class Explainer(Runner):
     """Builds the relevance model once (load, canonize, rewrite) and one onnxruntime session for it; running it
     (``explain``) is :class:`onnx_lrp.runner.Runner`'s."""
 
-    def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
+    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
                  input_shapes: dict | None = None, strict: bool = False, **rule_params):
@@ -29,7 +29,6 @@ class Explainer(Runner):
             raise InputError(str(exc)) from None
         self.start = start
         self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.conservation): an error, not a warning
-        self.composite_name = self.composite.name
         self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
         if isinstance(relevance_at, str):
@@ -56,6 +55,11 @@ class Explainer(Runner):
     def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device, constants=None,
                input_shapes=None) -> None:
         ir_model = loader.load(model, constants=constants, input_shapes=input_shapes)
+        try:  # "auto": the composite that fits the network (onnx_lrp/choice.py)
+            self.composite, self.composite_reason = choice.resolve(self.composite, ir_model, output, explain_logits)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self.composite_name = self.composite.name
         graph = ir_model.graph
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))

@@ -30,6 +30,9 @@ from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, m
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
+AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
+AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
+                    "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Composite:
     entries: tuple[Entry, ...]
     description: str = ""
     source: str = ""
+    pending: tuple = ()  # "auto" only: the rule parameters to apply to the composite chosen for the network
 
     def rule_for(self, info: NodeInfo) -> Rule | None:
         for entry in self.entries:
@@ -87,6 +91,9 @@ class Composite:
         params = {k: v for k, v in params.items() if v is not None}
         if not params:
             return self
+        if self.source == AUTO and not self.entries:  # applied once the network's composite is chosen
+            check_params(AUTO, params)
+            return dataclasses.replace(self, pending=tuple({**dict(self.pending), **params}.items()))
         # epsilon = 0 means LRP-0 on every linear, sum and pooling node: the Norm rule's stabiliser (sums, average
         # pools) goes to 0 with it unless a stabiliser is given here or set in the composite to another value than
         # the default (exact zeros of a denominator stay guarded)
@@ -245,9 +252,11 @@ def load_composite(spec: "str | Path | Composite") -> Composite:
                              " or the path of a TOML file")
         return parse_composite(path.read_text(encoding="utf-8"), source=str(path))
     key = text.replace("_", "-").lower()
+    if key == AUTO:
+        return Composite(name=AUTO, entries=(), source=AUTO, description=AUTO_DESCRIPTION)
     builtin = BUILTIN_DIR / f"{key}.toml"
     if not builtin.is_file():
-        raise ValueError(f"unknown composite {text!r}; built-in composites: {', '.join(builtin_names())}"
+        raise ValueError(f"unknown composite {text!r}; built-in composites: {AUTO}, {', '.join(builtin_names())}"
                          " (or give the path of a TOML file)")
     return parse_composite(builtin.read_text(encoding="utf-8"), source=key)
 

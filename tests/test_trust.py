@@ -79,3 +79,61 @@ def test_ledger_explainer_names_culprits_without_a_second_build():
     ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon", ledger=True)
     with pytest.warns(LrpWarning, match="dense1 \\(Gemm, epsilon: \\+"):
         ex.explain(X, target=0)
+
+
+# ------------------------------------------------------------ the default composite fits the network ("auto")
+def _act_net(act: str) -> bytes:
+    """x (N x 4) -> Gemm -> activation -> Gemm (no biases): ``act`` is Relu, Clip (ReLU6), SiLU (Sigmoid * x),
+    HardSwish, Gelu (opset 20) or Mish (x * tanh(softplus(x)))."""
+    w1 = np.array([[1.0, -0.5, 0.25], [0.5, 1.0, -0.75], [-0.25, 0.5, 1.0], [1.0, 1.0, -1.0]], np.float32)
+    w2 = np.array([[1.0, -1.0], [0.5, 0.25], [-0.25, 1.0]], np.float32)
+    nodes = [node("Gemm", ["x", "w1"], "h", name="dense1")]
+    inits = {"w1": w1, "w2": w2}
+    if act == "Clip":
+        nodes.append(node("Clip", ["h", "lo", "hi"], "a", name="act"))
+        inits.update(lo=np.array(0.0, np.float32), hi=np.array(6.0, np.float32))
+    elif act == "SiLU":
+        nodes += [node("Sigmoid", ["h"], "s", name="sig"), node("Mul", ["h", "s"], "a", name="act")]
+    elif act == "Mish":
+        nodes += [node("Softplus", ["h"], "sp", name="sp"), node("Tanh", ["sp"], "t", name="tanh"),
+                  node("Mul", ["h", "t"], "a", name="act")]
+    else:
+        nodes.append(node(act, ["h"], "a", name="act"))
+    nodes.append(node("Gemm", ["a", "w2"], "y", name="dense2"))
+    return to_bytes(make_model(nodes, {"x": ["N", 4]}, ["y"], inits, opset=20 if act == "Gelu" else 17))
+
+
+@pytest.mark.parametrize("act,chosen", [("Relu", "epsilon-plus-flat"), ("Clip", "epsilon-plus-flat"),
+                                        ("SiLU", "attnlrp"), ("HardSwish", "attnlrp"), ("Gelu", "attnlrp"),
+                                        ("Mish", "attnlrp")])
+def test_default_composite_fits_the_activations(act, chosen):
+    ex = onnx_lrp.Explainer(_act_net(act))
+    assert ex.composite_name == chosen and "auto" in ex.composite_reason
+    x = np.array([[0.5, -0.25, 0.75, 0.125], [-1.0, 0.5, 0.25, 1.5]], np.float32)
+    res = ex.explain(x, target=0)
+    if chosen == "attnlrp" and act != "Mish":  # bias-free, identity rule on f(0) = 0: it conserves exactly
+        np.testing.assert_allclose(res.relevance.sum(1), res.explained_value, rtol=1e-5, atol=1e-6)
+    assert onnx_lrp.Explainer(_act_net(act), composite="epsilon").composite_name == "epsilon"  # overridden
+    assert onnx_lrp.Explainer(_act_net(act), composite="epsilon").composite_reason == ""
+
+
+def test_auto_takes_the_rule_parameters_of_its_choice():
+    ex = onnx_lrp.Explainer(_act_net("Relu"), epsilon=0.25)
+    assert ex.composite_name == "epsilon-plus-flat"
+    assert any(getattr(e.rule, "epsilon", None) == 0.25 for e in ex.composite.entries)
+    with pytest.raises(onnx_lrp.InputError, match="chose composite attnlrp.*gamma"):
+        onnx_lrp.Explainer(_act_net("SiLU"), gamma=0.5)
+
+
+def test_cli_summary_names_the_chosen_composite(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+
+    (tmp_path / "m.onnx").write_bytes(_act_net("SiLU"))
+    np.save(tmp_path / "x.npy", X)
+    r = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")])
+    assert r.exit_code == 0, r.output
+    assert "composite attnlrp (auto: non-ReLU non-linearities" in r.output and "--composite overrides" in r.output
+    r = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "x.npy"), "-c", "epsilon"])
+    assert r.exit_code == 0 and "composite epsilon," in r.output
