@@ -30,6 +30,7 @@ from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, m
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
+NON_NEGATIVE = ("epsilon", "stabilizer", "gamma")  # stabilisers and the gamma weight share
 AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
 AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
                     "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
@@ -169,6 +170,9 @@ def check_params(rule: str, params: dict) -> dict:
         if isinstance(value, (int, float)) and not isinstance(value, bool):  # the common case, without numpy
             if not math.isfinite(value):
                 raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+            if key in NON_NEGATIVE and value < 0:
+                raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value} (a negative {key} can cancel "
+                                 "the denominator it stabilises)")
             continue
         import numpy as np  # here, not at the top: `onnx-lrp composites` loads no numpy
 
@@ -187,6 +191,8 @@ def check_params(rule: str, params: dict) -> dict:
             arr = np.asarray(float(value))
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+        if key in NON_NEGATIVE and np.any(arr < 0):
+            raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value}")
     return params
 
 
@@ -250,7 +256,14 @@ def load_composite(spec: "str | Path | Composite") -> Composite:
         if not path.is_file():
             raise ValueError(f"composite file {text} not found; give a built-in name ({', '.join(builtin_names())})"
                              " or the path of a TOML file")
-        return parse_composite(path.read_text(encoding="utf-8"), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"composite file {path} is not a text (TOML) file: byte {exc.start} is not UTF-8; "
+                             "give a composite TOML file (`onnx-lrp composites` shows the format)") from None
+        except OSError as exc:
+            raise ValueError(f"composite file {path} cannot be read ({exc.strerror or exc})") from None
+        return parse_composite(text, source=str(path))
     key = text.replace("_", "-").lower()
     if key == AUTO:
         return Composite(name=AUTO, entries=(), source=AUTO, description=AUTO_DESCRIPTION)

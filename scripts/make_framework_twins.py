@@ -465,7 +465,8 @@ def _randomize(km, rng) -> None:
 
 def make_keras_extra(out_dir: Path = OUT) -> dict:
     """Keras-only twins whose reference is TensorFlow's own float64 gradient x input (LRP-0's value): the 1-D CNNs
-    (opsets 13 and 17), a DenseNet-like CNN; and Keras text classifiers (token-id input, :func:`_keras_text`). Writes ``<net>_keras_op<opset>.onnx`` and ``keras_extra.npz`` (per net:
+    (opsets 13 and 17), a DenseNet-like CNN; and Keras text classifiers (token-id input, :func:`_keras_text`).
+    Writes ``<net>_keras_op<opset>.onnx`` and ``keras_extra.npz`` (per net:
     ``<net>/x``, ``<net>/logits``, ``<net>/gxi`` of the arg-max logit)."""
     import keras
     import tensorflow as tf
@@ -531,6 +532,66 @@ def _keras_text(out_dir: Path, arrays: dict) -> dict:
     return meta
 
 
+# ------------------------------------------------------------------- Flax-only twin: reference = JAX's gradient
+def make_flax_extra(out_dir: Path = OUT) -> dict:
+    """A Flax (nnx) CNN with pooling, a crop and residual blocks (input 16 x 16 x 3): Conv-ReLU, max pool, two
+    residual blocks Conv-BN-ReLU-Conv-BN + skip with a BatchNorm after the sum (not foldable), a crop between them,
+    a 3 x 3 "SAME" average pool, mean, Linear; random biases and BatchNorm statistics. Exported by jax2onnx at opsets
+    17 and 23 (``resflax_flax_op<opset>.onnx``); ``flax_extra.npz`` holds ``x``, the logits and JAX's float64
+    gradient x input of the arg-max logit (``gxi``)."""
+    import jax
+    import jax.numpy as jnp
+    import jax2onnx
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, c, rngs):
+            self.c1 = nnx.Conv(c, c, (3, 3), padding="SAME", rngs=rngs)
+            self.c2 = nnx.Conv(c, c, (3, 3), padding="SAME", rngs=rngs)
+            self.n1, self.n2, self.n3 = (nnx.BatchNorm(c, use_running_average=True, rngs=rngs) for _ in range(3))
+
+        def __call__(self, x):
+            return nnx.relu(self.n3(x + self.n2(self.c2(nnx.relu(self.n1(self.c1(x)))))))
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.stem = nnx.Conv(3, 8, (3, 3), padding="SAME", rngs=rngs)
+            self.b1, self.b2 = Block(8, rngs), Block(8, rngs)
+            self.fc = nnx.Linear(8, 5, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.max_pool(nnx.relu(self.stem(x)), window_shape=(2, 2), strides=(2, 2))
+            x = self.b1(x)[:, 1:-1, 1:-1, :]
+            x = nnx.avg_pool(self.b2(x), window_shape=(3, 3), strides=(1, 1), padding="SAME")
+            return self.fc(x.mean(axis=(1, 2)))
+
+    jax.config.update("jax_enable_x64", False)
+    net = Net(nnx.Rngs(0))
+    rng = np.random.default_rng(70)
+    for kind, draw in ((nnx.Param, lambda a: a if a.ndim > 1 else rng.normal(0, 0.1, a.shape)),
+                       (nnx.BatchStat, lambda a: rng.uniform(0.5, 1.5, a.shape))):
+        leaves, tree = jax.tree_util.tree_flatten(nnx.state(net, kind))
+        nnx.update(net, jax.tree_util.tree_unflatten(tree, [jnp.asarray(np.asarray(draw(np.asarray(a))),
+                                                                           jnp.float32) for a in leaves]))
+    x = np.random.default_rng(71).normal(size=(3, SIZE, SIZE, 3)).astype(np.float32)
+    meta = {}
+    for opset in (17, 23):
+        proto = jax2onnx.to_onnx(lambda v: net(v), [("N", SIZE, SIZE, 3)], input_names=["x"], output_names=["y"],
+                                 opset=opset)
+        (out_dir / f"resflax_flax_op{opset}.onnx").write_bytes(proto.SerializeToString())
+        meta[f"resflax_op{opset}"] = sorted({n.op_type for n in proto.graph.node})
+    logits = np.asarray(net(x))
+    jax.config.update("jax_enable_x64", True)
+    net64 = nnx.merge(nnx.graphdef(net), jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.float64) if getattr(a, "dtype", None) == jnp.float32 else a, nnx.state(net)))
+    x64 = jnp.asarray(x, jnp.float64)
+    t = jnp.argmax(net64(x64), 1)
+    g = jax.grad(lambda v: jnp.sum(net64(v)[jnp.arange(len(x)), t]))(x64)
+    jax.config.update("jax_enable_x64", False)
+    np.savez_compressed(out_dir / "flax_extra.npz", x=x, logits=logits, gxi=np.asarray(g * x64))
+    return meta
+
+
 def rel_l2(a, b) -> float:
     a = np.asarray(a, np.float64).reshape(len(a), -1)
     b = np.asarray(b, np.float64).reshape(len(b), -1)
@@ -567,9 +628,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keras-extra", action="store_true",
                     help="only the Keras-only twins (1-D CNNs, DenseNet-like; needs tensorflow-cpu and tf2onnx)")
+    ap.add_argument("--flax-extra", action="store_true",
+                    help="only the Flax-only twin (pooling, crop, residual blocks; needs jax, flax, jax2onnx)")
     args = ap.parse_args(argv)
     if args.report:
         report(args.out)
+        return 0
+    if args.flax_extra:
+        print(json.dumps(make_flax_extra(args.out), indent=1))
         return 0
     if args.keras_extra:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

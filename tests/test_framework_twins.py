@@ -443,3 +443,19 @@ def test_keras_text_model_token_relevance(keras_extra, kind, composite):
         keras_extra[f"text_{kind}/embedded"], target=res.target)
     np.testing.assert_array_equal(res.target, ref.target)
     assert rel_l2(res.relevance, ref.relevance.sum(-1)).max() < 1e-5
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("composite", ["lrp0", "epsilon@0"])
+def test_flax_resblock_lrp0_is_jax_gradient_times_input(opset, composite):
+    """A Flax (nnx) CNN with max/average pooling, a crop and residual blocks whose sum is followed by a BatchNorm
+    (jax2onnx: a BatchNormalization op that cannot be folded; opset 23 writes the crop as GatherND). Before: the
+    epsilon composite at epsilon = 0 passed that BatchNorm (zennit's Pass), rel-L2 61 to JAX's gradient x input;
+    now LRP-0 reaches it too (rules/composite.py: lrp0_batchnorm)."""
+    with np.load(TWINS / "flax_extra.npz") as g:
+        x, logits, gxi = g["x"], g["logits"], g["gxi"]
+    comp, params = (LRP0, {}) if composite == "lrp0" else ("epsilon", {"epsilon": 0.0, "stabilizer": 0.0})
+    ex = onnx_lrp.Explainer(str(TWINS / f"resflax_flax_op{opset}.onnx"), composite=comp, start="logit", **params)
+    res = ex.explain(x)
+    np.testing.assert_allclose(res.outputs[ex.explained_output], logits, rtol=1e-4, atol=1e-5)
+    assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL

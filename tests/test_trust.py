@@ -137,3 +137,33 @@ def test_cli_summary_names_the_chosen_composite(tmp_path):
     assert "composite attnlrp (auto: non-ReLU non-linearities" in r.output and "--composite overrides" in r.output
     r = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "x.npy"), "-c", "epsilon"])
     assert r.exit_code == 0 and "composite epsilon," in r.output
+
+
+# ------------------------------------------------------------------------------ refused in one line (issue 17)
+def test_negative_stabilisers_are_refused(tmp_path):
+    bad = tmp_path / "neg.toml"
+    bad.write_text('name = "neg"\n[[rules]]\nrule = "epsilon"\nepsilon = -1.0\n')
+    with pytest.raises(onnx_lrp.InputError, match=f"composite {bad}: entry 1: .*epsilon must be >= 0"):
+        onnx_lrp.Explainer(mlp(0.0), composite=str(bad))
+    for params in ({"stabilizer": -1.0}, {"epsilon": -1.0}, {"gamma": -0.5}):
+        with pytest.raises(onnx_lrp.InputError, match=f"{next(iter(params))} must be >= 0"):
+            onnx_lrp.Explainer(mlp(0.0), composite="epsilon-gamma-box", low=-3.0, high=3.0, **params)
+
+
+def test_binary_composite_file_is_named(tmp_path):
+    bad = tmp_path / "garbage.toml"
+    bad.write_bytes(b"\xff\xfe\x00garbage\x80")
+    with pytest.raises(onnx_lrp.InputError, match=f"composite file {bad} is not a text"):
+        onnx_lrp.Explainer(mlp(0.0), composite=str(bad))
+
+
+@pytest.mark.parametrize("content,message", [(b"1.0 2.0 3.0\n", "is a text file, not a NumPy .npy array"),
+                                             (b"\x80\x04K\x01.", "is a Python pickle"),
+                                             (b"PK\x03\x04rest", "is an .npz archive")])
+def test_npy_that_is_not_npy_says_what_it_is(tmp_path, content, message):
+    from onnx_lrp.inputs import load_npy
+
+    path = tmp_path / "x.npy"
+    path.write_bytes(content)
+    with pytest.raises(onnx_lrp.InputError, match=message):
+        load_npy(path)
