@@ -30,7 +30,7 @@ from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, m
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
-NON_NEGATIVE = ("epsilon", "stabilizer", "gamma")  # stabilisers and the gamma weight share
+NON_NEGATIVE = ("epsilon", "stabilizer")  # stabilisers (gamma: the gamma rule checks its own)
 AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
 AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
                     "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
