@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
 import qop_models
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.errors import UnsupportedError
 
 ROOT = Path(__file__).resolve().parents[1]

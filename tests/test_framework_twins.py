@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from onnx_lrp import loader, rewriter
+from onnx_lrp import load as loader, rewriter
 from onnx_lrp.rules.composite import load_composite, parse_composite
 
 from util import make_model, node, run, to_bytes

@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.errors import UnsupportedError
 
 GOLDENS = Path(__file__).parent / "goldens" / "transformers"

@@ -22,7 +22,7 @@ from util import add_probe, dyadic, make_model, node, run, to_bytes
 
 import onnx_lrp
 import onnx_lrp.ops
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.rules import parse_composite
 
 GRADIENT = parse_composite('[[rules]]\nrule = "gradient"\n', source="gradient-everywhere")

@@ -8,16 +8,18 @@ the ``engine="ray"`` of :func:`onnx_lrp.explain_dataset`.
                          compute=ray.data.ActorPoolStrategy(size=4), batch_size=64)
     # on GPU nodes: num_gpus=1 and fn_constructor_kwargs={"relevance_model": ref, "device": "cuda"}
 
-This module is ``onnx_lrp.ray``; every import below is absolute, so ``import ray`` is always the real Ray.
+This module is ``onnx_lrp.dataset.ray`` (public as ``onnx_lrp.ray``); of the dataset package it imports only
+:mod:`onnx_lrp.dataset.shards` (the shard task). Every import below is absolute, so ``import ray`` is always the real
+Ray.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from onnx_lrp.dataset.shards import explain_shard, write_shard
 from onnx_lrp.errors import InputError, LrpError
 from onnx_lrp.runner import Runner
 
@@ -127,11 +129,8 @@ class _ShardTask(ExplainBatch):
         self.readers = readers
 
     def __call__(self, batch: dict) -> dict:
-        from onnx_lrp.dataset import explain_shard, write_shard
-
         records = []
         for index, lo, hi in zip(batch["index"], batch["lo"], batch["hi"]):
-            _fault_hook(int(index))
             res = explain_shard(self.explainer, self.source, int(index), int(lo), int(hi), self.batch_size,
                                 self.targets, self.start, self.readers)
             records.append(json.dumps(write_shard(self.out_dir, res)))
@@ -156,17 +155,6 @@ class _RowsTask(ExplainBatch):
             self.target = int(self.targets)
         rows["id"] = idx
         return super().__call__(rows)
-
-
-def _fault_hook(index: int) -> None:
-    """Tests only: ONNX_LRP_TEST_KILL_SHARD=K:MARKER kills the worker process on shard K once (MARKER records it)."""
-    spec = os.environ.get("ONNX_LRP_TEST_KILL_SHARD")
-    if not spec:
-        return
-    k, marker = spec.split(":", 1)
-    if int(k) == index and not os.path.exists(marker):
-        Path(marker).write_text(str(os.getpid()))
-        os._exit(1)
 
 
 def _connect(address):
