@@ -1,4 +1,4 @@
-"""Control flow made static (onnx_lrp/control.py): Loop/Scan with a static trip count unrolled, If with a constant
+"""Control flow made static (onnx_lrp/load/passes/control_flow.py): Loop/Scan with a static trip count unrolled, If with a constant
 condition inlined, inputs bound to constants.
 
 Real exports (tests/goldens/recurrent_twins, scripts/make_recurrent_twins.py): Keras GRU (reset_after=True) and

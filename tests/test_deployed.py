@@ -1,4 +1,4 @@
-"""Deployed model forms (onnx_lrp.deployed): QDQ / dynamic quantization, float16, onnxruntime-optimised graphs.
+"""Deployed model forms (onnx_lrp/load/passes/): QDQ / dynamic quantization, float16, onnxruntime-optimised graphs.
 
 References: numpy oracles of the epsilon rule on fake-quantized activations (QDQ pairs pass relevance unchanged),
 onnxruntime's own forward pass of the deployed model, and the relevance of the equivalent float32 model.

@@ -197,7 +197,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
 
 
 # onnxruntime contrib ops that its transformer optimiser writes in the default domain, where the ONNX checker rejects
-# them: moved to com.microsoft, where onnx_lrp.fused splits them into standard ops
+# them: moved to com.microsoft, where the ort_fused pass splits them into standard ops
 DEFAULT_DOMAIN_CONTRIB = ("SimplifiedLayerNormalization",)
 
 
