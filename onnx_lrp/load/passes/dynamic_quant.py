@@ -19,6 +19,8 @@ is not scaled by Cast -> Mul(scales).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -82,91 +84,125 @@ def _integer_bias(v: ir.Value | None, s: ir.Value) -> tuple[np.ndarray, list] | 
     return (b.reshape([int(d) for d in shape]) if shape is not None else b), chain
 
 
+@dataclass
+class _IntegerChain:
+    """quantize_dynamic's chain around one ConvInteger / MatMulInteger: the quantized activation ``a`` (its scale and
+    zero point), the constant weight ``w`` (zero point ``w_zp``, scale ``w_scale``), ``Cast -> Mul(s)`` after it
+    (``sp``: the Mul that forms the scale product ``s``) and, from older quantize_dynamic, ``Add(int_bias)`` before
+    the Cast with the float ``bias`` it quantizes."""
+
+    a: ir.Value
+    a_scale: ir.Value
+    a_zp: ir.Value | None
+    w: np.ndarray
+    w_zp: np.ndarray
+    w_scale: np.ndarray
+    cast: ir.Node
+    mul: ir.Node
+    s: ir.Value
+    sp: ir.Node | None
+    add: ir.Node | None = None
+    int_bias: ir.Value | None = None
+    bias: np.ndarray | None = None
+
+
+def _integer_chain(node: ir.Node) -> _IntegerChain | str:
+    """The chain around ``node`` (a ConvInteger / MatMulInteger), or why it is not quantize_dynamic's."""
+    a = node.inputs[0]
+    qa = a.producer() if a is not None else None
+    w, w_zp = const(node.inputs[1]), (const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None
+                                      else np.zeros((), np.int32))
+    cast = only_consumer(node.outputs[0])
+    add, int_bias = None, None
+    if cast is not None and cast.op_type == "Add":  # older quantize_dynamic: + Cast(Floor(bias / scales))
+        add, int_bias = cast, [v for v in cast.inputs if v is not node.outputs[0]]
+        int_bias = int_bias[0] if len(int_bias) == 1 else None
+        cast = only_consumer(add.outputs[0])
+    mul = only_consumer(cast.outputs[0]) if cast is not None and cast.op_type == "Cast" else None
+    if qa is None or qa.op_type not in QUANTIZERS or qa.outputs[0] is not a:
+        return "its activation input is not produced by DynamicQuantizeLinear / QuantizeLinear"
+    if w is None or w_zp is None:
+        return "its weight or weight zero point is not a constant"
+    if mul is None or mul.op_type != "Mul":
+        return "its output does not go through Cast -> Mul(scales) as quantize_dynamic writes it"
+    a_scale = qa.outputs[1] if qa.op_type == "DynamicQuantizeLinear" else qa.inputs[1]
+    a_zp = qa.outputs[2] if qa.op_type == "DynamicQuantizeLinear" else (qa.inputs[2] if len(qa.inputs) > 2 else None)
+    s = mul.inputs[1] if mul.inputs[0] is cast.outputs[0] else mul.inputs[0]
+    sp = s.producer()
+    w_scale = None
+    if sp is not None and sp.op_type == "Mul":
+        others = [v for v in sp.inputs if v is not a_scale]
+        if len(others) == 1 and any(v is a_scale for v in sp.inputs):
+            w_scale = const(others[0])
+    elif const(s) is not None and const(a_scale) is not None and const(a_scale).size == 1 and \
+            float(const(a_scale).reshape(())) != 0:
+        # a static activation scale: the product was folded to one constant
+        w_scale = (np.asarray(const(s), np.float64) / np.asarray(const(a_scale), np.float64).reshape(())
+                   ).astype(np.float32)
+    if w_scale is None:
+        return "the scale product is not Mul(activation scale, constant weight scale)"
+    chain = _IntegerChain(a, a_scale, a_zp, w, w_zp, w_scale, cast, mul, s, sp, add, int_bias)
+    if add is not None:
+        bias = _integer_bias(int_bias, s)
+        if bias is None:
+            return "its int32 bias is not Cast(Floor(constant bias / scale product)) as quantize_dynamic writes it"
+        chain.bias = bias[0]
+    return chain
+
+
+def _float_layer(graph: ir.Graph, node: ir.Node, c: _IntegerChain) -> None:
+    """Replace the chain by DequantizeLinear(a) -> Conv / MatMul with the float weight (+ the bias, exactly)."""
+    w = c.w
+    wf = w.astype(np.float32) - np.asarray(c.w_zp, np.float32).reshape(
+        (-1,) + (1,) * (w.ndim - 1) if node.op_type == "ConvInteger" and np.asarray(c.w_zp).size > 1 else
+        np.asarray(c.w_zp).shape)
+    ws = np.asarray(c.w_scale, np.float32)
+    if node.op_type == "ConvInteger" and ws.size > 1:
+        ws = ws.reshape((-1,) + (1,) * (w.ndim - 1))
+    wf = (wf * ws).astype(np.float32)
+    out = c.mul.outputs[0]
+    b = Builder(graph, node)
+    deq = b.op("DequantizeLinear", [c.a, c.a_scale, c.a_zp], tag="x_dequantized")
+    deq.type = ir.TensorType(ir.DataType.FLOAT)
+    deq.shape = c.a.shape
+    wv = b.const(wf, tag="weight")
+    if node.op_type == "ConvInteger":
+        attrs = {k: v.value for k, v in node.attributes.items()}
+        ins = [deq, wv]
+        if c.add is not None:
+            ins.append(b.const(c.bias.reshape(-1), tag="bias"))
+        y = b.op("Conv", ins, like=out, tag="conv", **attrs)
+    else:
+        y = b.op("MatMul", [deq, wv], like=out, tag="matmul")
+        if c.add is not None:
+            y = b.op("Add", [y, b.const(c.bias, tag="bias")], like=out, tag="bias_add")
+    if c.add is not None:  # + (Floor(b / s) * s - b): the deployed bias exactly, the float bias in the layer
+        shape = c.int_bias.shape
+        qb = b.op("Mul", [as_float(b.op("Cast", [c.int_bias], tag="bias_int", to=ir.DataType.FLOAT.value), shape),
+                          c.s], tag="bias_quantized")
+        corr = b.op("Sub", [as_float(qb, shape), b.const(c.bias, tag="bias_float")], tag="bias_rounding")
+        for v in (qb, corr):  # a rounding of the bias, below one accumulator step: no relevance, like a bias
+            v.meta["lrp_shape_only"] = True
+        y = b.op("Add", [y, as_float(corr, shape)], like=out, tag="bias_exact")
+    take_over(out, y)
+    drop(graph, [c.mul, c.cast] + ([c.add] if c.add is not None else []) + [node])
+    sp = c.sp
+    if sp is not None and not any(list(o.uses()) for o in sp.outputs) and not any(
+            o.is_graph_output() for o in sp.outputs):
+        graph.remove(sp)
+
+
 def dequantize_integer_ops(graph: ir.Graph) -> tuple[int, list]:
     """quantize_dynamic's ConvInteger / MatMulInteger chains -> DequantizeLinear + float Conv / MatMul."""
     done, refused = 0, []
     for node in list(graph):
         if node.op_type not in ("ConvInteger", "MatMulInteger") or node.domain not in ("", "ai.onnx"):
             continue
-        why = None
-        a = node.inputs[0]
-        qa = a.producer() if a is not None else None
-        w, w_zp = const(node.inputs[1]), (const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None
-                                          else np.zeros((), np.int32))
-        cast = only_consumer(node.outputs[0])
-        add, int_bias = None, None
-        if cast is not None and cast.op_type == "Add":  # older quantize_dynamic: + Cast(Floor(bias / scales))
-            add, int_bias = cast, [v for v in cast.inputs if v is not node.outputs[0]]
-            int_bias = int_bias[0] if len(int_bias) == 1 else None
-            cast = only_consumer(add.outputs[0])
-        mul = only_consumer(cast.outputs[0]) if cast is not None and cast.op_type == "Cast" else None
-        if qa is None or qa.op_type not in QUANTIZERS or qa.outputs[0] is not a:
-            why = "its activation input is not produced by DynamicQuantizeLinear / QuantizeLinear"
-        elif w is None or w_zp is None:
-            why = "its weight or weight zero point is not a constant"
-        elif mul is None or mul.op_type != "Mul":
-            why = "its output does not go through Cast -> Mul(scales) as quantize_dynamic writes it"
-        if why is None:
-            a_scale = qa.outputs[1] if qa.op_type == "DynamicQuantizeLinear" else qa.inputs[1]
-            a_zp = qa.outputs[2] if qa.op_type == "DynamicQuantizeLinear" else (
-                qa.inputs[2] if len(qa.inputs) > 2 else None)
-            s = mul.inputs[1] if mul.inputs[0] is cast.outputs[0] else mul.inputs[0]
-            sp = s.producer()
-            w_scale = None
-            if sp is not None and sp.op_type == "Mul":
-                others = [v for v in sp.inputs if v is not a_scale]
-                if len(others) == 1 and any(v is a_scale for v in sp.inputs):
-                    w_scale = const(others[0])
-            elif const(s) is not None and const(a_scale) is not None and const(a_scale).size == 1 and \
-                    float(const(a_scale).reshape(())) != 0:
-                # a static activation scale: the product was folded to one constant
-                w_scale = (np.asarray(const(s), np.float64) / np.asarray(const(a_scale), np.float64).reshape(())
-                           ).astype(np.float32)
-            if w_scale is None:
-                why = "the scale product is not Mul(activation scale, constant weight scale)"
-            elif add is not None:
-                bias = _integer_bias(int_bias, s)
-                if bias is None:
-                    why = ("its int32 bias is not Cast(Floor(constant bias / scale product)) as quantize_dynamic "
-                           "writes it")
-        if why is not None:
-            refused.append((node, f"{node.op_type} outside quantize_dynamic's pattern: {why}"))
+        chain = _integer_chain(node)
+        if isinstance(chain, str):
+            refused.append((node, f"{node.op_type} outside quantize_dynamic's pattern: {chain}"))
             continue
-        wf = w.astype(np.float32) - np.asarray(w_zp, np.float32).reshape(
-            (-1,) + (1,) * (w.ndim - 1) if node.op_type == "ConvInteger" and np.asarray(w_zp).size > 1 else
-            np.asarray(w_zp).shape)
-        ws = np.asarray(w_scale, np.float32)
-        if node.op_type == "ConvInteger" and ws.size > 1:
-            ws = ws.reshape((-1,) + (1,) * (w.ndim - 1))
-        wf = (wf * ws).astype(np.float32)
-        b = Builder(graph, node)
-        deq = b.op("DequantizeLinear", [a, a_scale, a_zp], tag="x_dequantized")
-        deq.type = ir.TensorType(ir.DataType.FLOAT)
-        deq.shape = a.shape
-        wv = b.const(wf, tag="weight")
-        if node.op_type == "ConvInteger":
-            attrs = {k: v.value for k, v in node.attributes.items()}
-            ins = [deq, wv]
-            if add is not None:
-                ins.append(b.const(bias[0].reshape(-1), tag="bias"))
-            y = b.op("Conv", ins, like=mul.outputs[0], tag="conv", **attrs)
-        else:
-            y = b.op("MatMul", [deq, wv], like=mul.outputs[0], tag="matmul")
-            if add is not None:
-                y = b.op("Add", [y, b.const(bias[0], tag="bias")], like=mul.outputs[0], tag="bias_add")
-        if add is not None:  # + (Floor(b / s) * s - b): the deployed bias exactly, the float bias in the layer
-            qb = b.op("Mul", [as_float(b.op("Cast", [int_bias], tag="bias_int", to=ir.DataType.FLOAT.value),
-                                           int_bias.shape), s], tag="bias_quantized")
-            corr = b.op("Sub", [as_float(qb, int_bias.shape), b.const(bias[0], tag="bias_float")],
-                        tag="bias_rounding")
-            for v in (qb, corr):  # a rounding of the bias, below one accumulator step: no relevance, like a bias
-                v.meta["lrp_shape_only"] = True
-            y = b.op("Add", [y, as_float(corr, int_bias.shape)], like=mul.outputs[0], tag="bias_exact")
-        take_over(mul.outputs[0], y)
-        drop(graph, [mul, cast] + ([add] if add is not None else []) + [node])
-        if sp is not None and not any(list(o.uses()) for o in sp.outputs) and not any(
-                o.is_graph_output() for o in sp.outputs):
-            graph.remove(sp)
+        _float_layer(graph, node, chain)
         done += 1
     return done, refused
 
