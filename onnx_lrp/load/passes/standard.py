@@ -27,7 +27,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from ..build import LoadPass, Report, bypass, const, new_param, only_consumer, substitute, to_initializer
+from ..build import LoadPass, Report, bypass, const, new_param, only_consumer, substitute
 
 _SPATIAL_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
 
