@@ -5,7 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import choice, conservation, loader, rewriter, runtime
+from . import choice, conservation, rewriter, runtime
+from . import load as loader
 from .errors import InputError, LrpError, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries

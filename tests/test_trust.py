@@ -167,3 +167,14 @@ def test_npy_that_is_not_npy_says_what_it_is(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(onnx_lrp.InputError, match=message):
         load_npy(path)
+
+
+def test_unknown_future_opset_is_refused():
+    import onnx
+
+    known = onnx.defs.onnx_opset_version()
+    model = make_model([node("Relu", ["x"], "y")], {"x": ["N", 4]}, ["y"], opset=99)
+    with pytest.raises(onnx_lrp.ModelError, match=f"imports opset 99, which .* does not know: .*<= {known}"):
+        onnx_lrp.Explainer(to_bytes(model))
+    ok = make_model([node("Relu", ["x"], "y")], {"x": ["N", 4]}, ["y"], opset=known)  # known, Relu unchanged
+    assert onnx_lrp.Explainer(to_bytes(ok)).explain(X).relevance.shape == X.shape
