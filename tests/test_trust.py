@@ -178,3 +178,34 @@ def test_unknown_future_opset_is_refused():
         onnx_lrp.Explainer(to_bytes(model))
     ok = make_model([node("Relu", ["x"], "y")], {"x": ["N", 4]}, ["y"], opset=known)  # known, Relu unchanged
     assert onnx_lrp.Explainer(to_bytes(ok)).explain(X).relevance.shape == X.shape
+
+
+@pytest.mark.parametrize("graph", ["add", "matmul"])
+def test_declared_input_the_graph_does_not_fit_is_refused(tmp_path, graph):
+    """An input declared 17 x 17 where a constant of the graph needs 16 x 16: shape inference says so at load, so
+    inspect and rewrite refuse (exit 2, one line) instead of writing a relevance model that cannot run."""
+    import onnx
+    from click.testing import CliRunner
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_lrp.cli.main import main
+
+    if graph == "add":
+        nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Flatten", ["a"], ["f"], axis=1),
+                 helper.make_node("Gemm", ["f", "w"], ["y"])]
+        inits, out = {"b": np.ones((1, 1, 16, 16), np.float32), "w": np.ones((256, 10), np.float32)}, ["N", 10]
+    else:
+        nodes, inits, out = [helper.make_node("MatMul", ["x", "w"], ["y"])], {"w": np.ones((16, 10), np.float32)}, \
+            ["N", 1, 17, 10]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 17, 17])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    for args in (["inspect", str(path)], ["rewrite", str(path), "-o", str(tmp_path / "r.onnx")]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, r.output
+        assert "shape inference finds the graph inconsistent" in r.output and "Incompatible dimensions" in r.output
+    assert not (tmp_path / "r.onnx").exists()

@@ -7,6 +7,7 @@ shapes, lift to MIN_OPSET, infer shapes, and serialise back. Also onnx's referen
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,13 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
             # pass made NCHW): drop the intermediate shapes and infer them from the ops
             proto = onnx.ModelProto.FromString(proto.SerializeToString())
             del proto.graph.value_info[:]
+        elif "Incompatible dimensions" in str(exc):  # e.g. a declared input size the graph's weights do not fit
+            where = " ".join(str(exc).split())
+            first = re.search(r"\(op_type:[^)]*\): \[ShapeInferenceError\] Incompatible dimensions[^(]*", where)
+            where = first.group(0).strip() if first else where
+            raise ModelError(f"{name}: shape inference finds the graph inconsistent ({where[:200]}); the declared "
+                             "input shapes do not fit the rest of the graph: fix them (--input-shape) or re-export "
+                             "the model") from None
     try:
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
