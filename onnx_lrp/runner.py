@@ -134,7 +134,7 @@ class Runner:
                     want = "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(spec.dims))
                     raise InputError(f"input {spec.name!r} has shape {'x'.join(map(str, a.shape))}; the model "
                                      f"wants {want}")
-            feeds[spec.name] = np.ascontiguousarray(a)
+            feeds[spec.name] = np.asarray(a, order="C")  # not ascontiguousarray: it makes a scalar (1,)
         return feeds
 
     def _targets(self, target, batch: int) -> np.ndarray:
@@ -201,7 +201,7 @@ class Runner:
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
-        batch = next(iter(feeds.values())).shape[0]
+        batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)  # scalar inputs only: one item
         if batch == 0:
             raise InputError("the batch is empty (0 items); give at least one item")
         positions = None

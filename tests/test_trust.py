@@ -209,3 +209,40 @@ def test_declared_input_the_graph_does_not_fit_is_refused(tmp_path, graph):
         assert r.exit_code == 2, r.output
         assert "shape inference finds the graph inconsistent" in r.output and "Incompatible dimensions" in r.output
     assert not (tmp_path / "r.onnx").exists()
+
+
+def _scan_model() -> bytes:
+    """s = s0 + sum_t x_t (a scalar state), y_t = 2 s_t (scalar scan outputs, stacked to (5,))."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_out", "two"], ["y_t"])],
+        "body", [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, []),
+                 helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("s_out", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    g = helper.make_graph([helper.make_node("Scan", ["s0", "x"], ["s", "y"], body=body, num_scan_inputs=1)], "g",
+                          [helper.make_tensor_value_info("s0", TensorProto.FLOAT, []),
+                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])],
+                          [helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, [5])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("output", ["s", "y"])
+def test_scan_with_scalar_outputs_keeps_their_shapes(output):
+    """Before: the explained forward returned (1,) and (5, 1) for the model's () and (5,) (a scalar input fed as
+    (1,)), and the scalar input's relevance had shape (1,)."""
+    feeds = {"s0": np.array(1.0, np.float32), "x": np.arange(1, 6, dtype=np.float32)}
+    res = onnx_lrp.Explainer(_scan_model(), output=output, composite="epsilon", epsilon=0.0).explain(feeds)
+    s = 1.0 + np.cumsum(feeds["x"])
+    np.testing.assert_allclose(res.outputs["s"], np.float32(s[-1]))
+    np.testing.assert_allclose(res.outputs["y"], 2 * s)
+    assert res.outputs["s"].shape == () and res.outputs["y"].shape == (5,)
+    assert res.relevance["s0"].shape == () and res.relevance["x"].shape == (5,)
+    # sums are linear: LRP-0 gives each addend its share of the explained value
+    value = float(res.explained_value[0])
+    assert abs(float(res.relevance["s0"]) + float(res.relevance["x"].sum()) - value) <= 1e-5 * abs(value)
