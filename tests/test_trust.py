@@ -94,6 +94,10 @@ def _act_net(act: str) -> bytes:
         inits.update(lo=np.array(0.0, np.float32), hi=np.array(6.0, np.float32))
     elif act == "SiLU":
         nodes += [node("Sigmoid", ["h"], "s", name="sig"), node("Mul", ["h", "s"], "a", name="act")]
+    elif act == "ReluSE":  # ReLU, then a squeeze-excitation-like sigmoid gate (RegNetY)
+        nodes += [node("Relu", ["h"], "r", name="relu"), node("Gemm", ["r", "wse"], "e", name="se"),
+                  node("Sigmoid", ["e"], "g", name="sig"), node("Mul", ["r", "g"], "a", name="gate")]
+        inits["wse"] = np.eye(3, dtype=np.float32)
     elif act == "Mish":
         nodes += [node("Softplus", ["h"], "sp", name="sp"), node("Tanh", ["sp"], "t", name="tanh"),
                   node("Mul", ["h", "t"], "a", name="act")]
@@ -104,6 +108,7 @@ def _act_net(act: str) -> bytes:
 
 
 @pytest.mark.parametrize("act,chosen", [("Relu", "epsilon-plus-flat"), ("Clip", "epsilon-plus-flat"),
+                                        ("ReluSE", "epsilon-plus-flat"),
                                         ("SiLU", "attnlrp"), ("HardSwish", "attnlrp"), ("Gelu", "attnlrp"),
                                         ("Mish", "attnlrp")])
 def test_default_composite_fits_the_activations(act, chosen):
@@ -111,7 +116,7 @@ def test_default_composite_fits_the_activations(act, chosen):
     assert ex.composite_name == chosen and "auto" in ex.composite_reason
     x = np.array([[0.5, -0.25, 0.75, 0.125], [-1.0, 0.5, 0.25, 1.5]], np.float32)
     res = ex.explain(x, target=0)
-    if chosen == "attnlrp" and act != "Mish":  # bias-free, identity rule on f(0) = 0: it conserves exactly
+    if act not in ("Mish", "ReluSE"):  # bias-free, identity rule on f(0) = 0: it conserves exactly
         np.testing.assert_allclose(res.relevance.sum(1), res.explained_value, rtol=1e-5, atol=1e-6)
     assert onnx_lrp.Explainer(_act_net(act), composite="epsilon").composite_name == "epsilon"  # overridden
     assert onnx_lrp.Explainer(_act_net(act), composite="epsilon").composite_reason == ""
