@@ -21,7 +21,7 @@ class Explainer(Runner):
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, strict: bool = False, **rule_params):
+                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -30,6 +30,7 @@ class Explainer(Runner):
             raise InputError(str(exc)) from None
         self.start = start
         self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.conservation): an error, not a warning
+        self.precise = bool(precise)  # onnxruntime without layout optimisations (runtime.Session)
         self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
         if isinstance(relevance_at, str):
@@ -89,7 +90,7 @@ class Explainer(Runner):
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
         self.model_bytes = loader.serialize(ir_model)
-        self._started(runtime.Session(self.model_bytes, device, threads))
+        self._started(runtime.Session(self.model_bytes, device, threads, precise=self.precise))
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
         model, output, explain_logits, constants, input_shapes = self._source
