@@ -428,8 +428,8 @@ def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_p
     groups = parse_concepts(concepts, channel_shares, rel.shape[axis])
     masks = channel_masks(groups, rel.shape, axis, rel.dtype)
     below = tuple(r for r in record if r != layer)
+    base = act if init == "activation" else rel
     if init == "activation" or exclude_parallel:
-        base = act if init == "activation" else rel
         out = run_seeded(ex, layer, up["x"], up["input"], base * masks, below, batch_size)
     else:
         out = run_masked(ex, {layer: masks}, up["x"], up["input"], int(up["target"][0]), len(groups), below,
@@ -439,7 +439,7 @@ def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_p
             out = {k: v * sign for k, v in out.items()}
     relevance_at = {r: out[RELEVANCE_PREFIX + r] for r in below}
     if layer in record:
-        relevance_at[layer] = rel * masks
+        relevance_at[layer] = base * masks
     relevance_at = {r: relevance_at[r] for r in record}
     heat = out[RELEVANCE_PREFIX + up["input"]]
     return ConceptExplanation(layer=layer, concepts=groups, heatmaps=heat, relevance_at=relevance_at,

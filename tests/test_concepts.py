@@ -113,3 +113,175 @@ def test_crp_parity_relmax(crp_case):
     heat = rm.reference_heatmaps(xs, [int(c) for c in gold["relmax/show"]], count=1)
     for c, ref in zip(gold["relmax/show"], gold["relmax/heatmaps"]):
         assert rel_l2(heat[int(c)][:1].sum(1), ref[None])[0] <= TOL
+
+
+# ------------------------------------------------------------------------------ properties on the digits model
+LAYER = "/features/features.6/Conv_output_0"  # 32 channels; the graph is a chain (no skip connection)
+BELOW = "/features/features.3/Conv_output_0"
+
+
+@pytest.fixture(scope="module")
+def digits():
+    ex = onnx_lrp.Explainer(str(DIGITS))
+    x = np.load(ROOT / "models" / "samples" / "npy" / "digit_3.npy")[None]
+    return ex, x
+
+
+@pytest.mark.parametrize("exclude_parallel", [True, False])
+def test_concepts_partition_sums_to_plain_relevance(digits, exclude_parallel):
+    """Every rule is linear in the relevance from above: the heatmaps of all 32 single-channel concepts add up to
+    the plain explanation, at the input and at a recorded layer below."""
+    ex, x = digits
+    res = ex.explain_concepts(x, 3, LAYER, concepts=[[c] for c in range(32)], exclude_parallel=exclude_parallel,
+                              record=[BELOW, LAYER], batch_size=10)
+    plain = onnx_lrp.Explainer(str(DIGITS), relevance_at=[BELOW, LAYER]).explain(x, target=3)
+    assert res.heatmaps.shape == (32,) + x.shape[1:]
+    assert np.allclose(res.heatmaps.sum(0), plain.relevance[0], rtol=1e-4, atol=1e-6 * np.abs(plain.relevance).max())
+    for name in (BELOW, LAYER):
+        assert res.relevance_at[name].shape == (32,) + plain.relevance_at[name].shape[1:]
+        got, want = res.relevance_at[name].sum(0), plain.relevance_at[name][0]
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
+    shares = plain.relevance_at[LAYER][0].reshape(32, -1).sum(1)
+    assert np.allclose(res.channel_shares, shares / np.abs(shares).sum(), atol=1e-6)
+    assert np.isclose(res.logit, plain.explained_value[0])
+
+
+def test_seeded_equals_masked_without_skip_connections(digits):
+    """On a chain, starting below the layer from its masked relevance (exclude_parallel=True) is the same
+    computation as masking it inside the whole relevance model (False): two differently built graphs agree."""
+    ex, x = digits
+    a = ex.explain_concepts(x, None, LAYER, concepts="top:3", exclude_parallel=True, record=[BELOW])
+    b = ex.explain_concepts(x, None, LAYER, concepts="top:3", exclude_parallel=False, record=[BELOW])
+    assert a.concepts == b.concepts and len(a.concepts) == 3
+    assert np.max(rel_l2(a.heatmaps, b.heatmaps)) < 1e-5
+    assert np.max(rel_l2(a.relevance_at[BELOW], b.relevance_at[BELOW])) < 1e-5
+    # top:3 are the three largest shares, in order
+    assert a.concepts == [[int(c)] for c in np.argsort(-a.channel_shares)[:3]]
+
+
+def test_mask_input_defaults_to_ones(digits):
+    """The masked relevance model runs without its mask input and then gives the plain relevance."""
+    from onnx_lrp import concepts as crp
+
+    ex, x = digits
+    sess = crp.models_of(ex).masked((LAYER,), ())
+    # an input with a default (onnxruntime lists it among the overridable initializers, not the required inputs)
+    assert crp.MASK_PREFIX + LAYER in [i.name for i in sess.session.get_overridable_initializers()]
+    out = sess.run({"image": x, "lrp/target": np.array([3]), "lrp/one_hot": np.array(False)})
+    plain = ex.explain(x, target=3).relevance
+    assert np.allclose(out["lrp/relevance/image"], plain, rtol=1e-5, atol=1e-7)
+
+
+def test_init_abs_and_one_hot_scale_the_logit_start(digits):
+    ex, x = digits
+    logit = ex.explain(x, target=5).explained_value[0]
+    assert logit < 0  # a class the model votes against: |logit| flips the sign
+    base = ex.explain_concepts(x, 5, LAYER, concepts=[[1], [2, 3]])
+    for init, factor in (("abs", -1.0), ("one-hot", 1.0 / logit)):
+        other = ex.explain_concepts(x, 5, LAYER, concepts=[[1], [2, 3]], init=init)
+        assert np.allclose(other.heatmaps, factor * base.heatmaps, rtol=1e-4, atol=1e-8)
+
+
+def test_init_activation_starts_at_the_layer(digits):
+    """init='activation': the relevance below the layer starts from its activation (no target): the relevance at
+    the layer equals the activation times the mask."""
+    from onnx_lrp import concepts as crp
+
+    ex, x = digits
+    res = ex.explain_concepts(x, None, LAYER, concepts=[[4]], init="activation", record=[LAYER])
+    act = crp.upper_pass(ex, x, None, LAYER)["activation"]
+    want = np.zeros_like(act)
+    want[:, 4] = act[:, 4]
+    assert np.allclose(res.relevance_at[LAYER], want)
+    assert np.abs(res.heatmaps).sum() > 0
+
+
+def test_concept_graph_edges_are_conditional_shares(digits):
+    """Each edge's share is the share of the lower channel in the relevance conditioned on its parent concept
+    (and the root), recomputed here with explain_concepts."""
+    from onnx_lrp import concepts as crp
+
+    ex, x = digits
+    g = ex.concept_graph(x, 3, LAYER, 7, width=[3, 2])
+    assert g.root == (LAYER, 7) and set(g.edges) >= {(LAYER, 7)}
+    lower = g.edges[(LAYER, 7)]
+    assert [d[0] for d in lower] == [BELOW] * 3
+    cond = ex.explain_concepts(x, 3, LAYER, concepts=[[7]], exclude_parallel=False, record=[BELOW])
+    shares = crp.shares_of(cond.relevance_at[BELOW])[0]
+    assert [d[1] for d in lower] == [int(c) for c in np.argsort(-shares)[:3]]
+    assert np.allclose([d[2] for d in lower], np.sort(shares)[::-1][:3], atol=1e-6)
+    assert len(g.edges) == 4 and all(len(v) == 2 for k, v in g.edges.items() if k != (LAYER, 7))
+
+
+def test_relmax_resumes_and_matches_the_shares(digits, tmp_path):
+    from onnx_lrp.concepts import relmax_build
+    from onnx_lrp.dataset import open_source
+    from onnx_lrp.inputs import input_infos
+
+    ex, _ = digits
+    images = np.load(ROOT / "models" / "digits_heldout.npz")["images"][:20].astype(np.float32) / 255
+    np.save(tmp_path / "set.npy", images)
+    src = open_source(tmp_path / "set.npy", input_infos(ex.inputs))
+    logs = []
+    rm = relmax_build(ex, src, tmp_path / "out", LAYER, samples=5, shard_size=8, batch_size=4, log=logs.append)
+    assert len(logs) == 3
+    shares = ex.concept_relevance(images, None, LAYER)  # oracle: 20 x 32
+    want = np.argsort(-shares, axis=0, kind="stable")[:5]
+    assert np.array_equal(rm.indices, want)
+    assert np.allclose(rm.scores, np.take_along_axis(shares, want, 0), atol=1e-6)
+    logs.clear()
+    again = relmax_build(ex, src, tmp_path / "out", LAYER, samples=5, shard_size=8, batch_size=4, log=logs.append)
+    assert logs == [] and np.array_equal(again.indices, rm.indices)
+    with pytest.raises(InputError, match="another run"):
+        relmax_build(ex, src, tmp_path / "out", BELOW, samples=5, shard_size=8)
+    heat = rm.reference_heatmaps(images, [0], count=2)[0]
+    assert heat.shape == (2, 1, 16, 16) and np.abs(heat).sum() > 0
+
+
+def test_bad_input_refused_in_one_line(digits):
+    ex, x = digits
+    cases = [
+        (dict(layer="nope"), "no tensor named 'nope'.*features.6/Conv_output_0"),
+        (dict(layer=LAYER, concepts=[[32]]), "channel 32 out of range: the layer has 32 channels"),
+        (dict(layer=LAYER, concepts="best:3"), "top:K"),
+        (dict(layer=LAYER, init="zero"), "init must be one of"),
+        (dict(layer=LAYER, record=["nope"]), "no tensor named 'nope'"),
+        (dict(layer=LAYER, channel_axis=4), "channel_axis 4 does not fit"),
+    ]
+    for kw, msg in cases:
+        with pytest.raises(InputError, match=msg) as info:
+            ex.explain_concepts(x, None, **kw)
+        assert "\n" not in str(info.value)
+    with pytest.raises(InputError, match="one item"):
+        ex.explain_concepts(np.concatenate([x, x]), None, LAYER)
+
+
+def test_cli_concepts(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+
+    sample = str(ROOT / "models" / "samples" / "npy" / "digit_3.npy")
+    run = CliRunner().invoke
+    r = run(main, ["concepts", str(DIGITS), sample, "--layer", LAYER, "--top", "3", "--heatmap",
+                   str(tmp_path / "c.png"), "-o", str(tmp_path / "c.npz"), "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    assert len(got["concepts"]) == 3 and (tmp_path / "c.png").stat().st_size > 0
+    assert np.load(tmp_path / "c.npz")["heatmaps"].shape == (3, 1, 16, 16)
+    for args, msg in ((["--layer", "nope"], "no tensor named"), (["--layer", LAYER, "--concepts", "3;99"],
+                                                                   "channel 99 out of range")):
+        r = run(main, ["concepts", str(DIGITS), sample] + args)
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+    r = run(main, ["concept-graph", str(DIGITS), sample, "--layer", LAYER, "--width", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.output)["edges"]) == 2
+    images = np.load(ROOT / "models" / "digits_heldout.npz")["images"][:12].astype(np.float32) / 255
+    np.save(tmp_path / "set.npy", images)
+    r = run(main, ["relmax", "build", str(DIGITS), str(tmp_path / "set.npy"), "--layer", LAYER, "--out-dir",
+                   str(tmp_path / "rm"), "--samples", "4", "--shard-size", "6"])
+    assert r.exit_code == 0, r.output
+    r = run(main, ["relmax", "show", str(DIGITS), str(tmp_path / "set.npy"), "--out-dir", str(tmp_path / "rm"),
+                   "--channels", "0,5", "--count", "3", "--heatmap", str(tmp_path / "rm.png")])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("channel ") == 2 and (tmp_path / "rm.png").exists()
