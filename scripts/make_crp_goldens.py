@@ -38,7 +38,7 @@ OUT = ROOT / "tests" / "goldens" / "crp"
 SIZE = 64
 MODELS = {
     # name: (torch seed, conditioned layer, recorded layers below it, graph root layer)
-    "vgg16_bn": (11, "features.24", ("features.17", "features.7"), "features.34"),
+    "vgg16_bn": (11, "features.37", ("features.34", "features.27"), "features.34"),
     "resnet18": (12, "layer2.1.conv1", ("layer2.0.conv2", "layer1.1.conv1"), "layer2.0.conv2"),
 }
 N_DATA, DATA_BATCH, RELMAX_SHOW = 24, 8, 3
