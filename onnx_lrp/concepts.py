@@ -354,6 +354,17 @@ def channel_masks(groups: list[list[int]], shape: tuple, axis: int, dtype=np.flo
     return masks
 
 
+def _given_masks(masks: np.ndarray, shape: tuple, layer: str) -> np.ndarray:
+    """Float masks K x (the layer's item shape, any axis 1 to broadcast): single neurons, regions, weights."""
+    item = tuple(shape[1:])
+    if masks.ndim != len(shape) or len(masks) < 1 or any(m not in (1, d) for m, d in zip(masks.shape[1:], item)):
+        raise InputError(f"concept masks of shape {list(masks.shape)} do not fit {layer!r} (one item "
+                         f"{'x'.join(map(str, item))}): give K x {'x'.join(map(str, item))}, axes of size 1 broadcast")
+    if not np.all(np.isfinite(masks)):
+        raise InputError("concept masks contain NaN or Inf")
+    return masks
+
+
 def _batched(n: int, batch_size: int):
     for lo in range(0, n, batch_size):
         yield lo, min(n, lo + batch_size)
@@ -392,8 +403,9 @@ class ConceptExplanation:
 
     ``heatmaps``: K x the input item's shape (the relevance at the input conditioned on each concept);
     ``relevance_at``: by tensor name, K x that tensor's item shape (the conditioned layer itself: its relevance
-    times each concept's mask); ``concepts``: the channels of each concept; ``shares``: each concept's share of the
-    relevance at the layer (its channels' shares summed); ``channel_shares``: every channel's share (C);
+    times each concept's mask); ``concepts``: the channels of each concept (None for masks given as an array);
+    ``shares``: each concept's share of the relevance at the layer (its channels' shares summed; for given masks
+    the masked relevance's sum over the absolute channel sums); ``channel_shares``: every channel's share (C);
     ``target``, ``logit``: the explained class and its value.
     """
 
@@ -412,7 +424,10 @@ class ConceptExplanation:
 
 def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_parallel: bool = True, record=(),
                      init: str = "logit", channel_axis: int = 1, batch_size: int = 16) -> ConceptExplanation:
-    """Conditional heatmaps of one item for K concepts at ``layer`` (see :class:`ConceptExplanation`)."""
+    """Conditional heatmaps of one item for K concepts at ``layer`` (see :class:`ConceptExplanation`).
+
+    ``concepts``: ``"top:K"``, channel lists (``[[35], [71, 2]]``), or a float array of K masks shaped like one item
+    of the layer (axes of size 1 broadcast: ``K x C x 1 x 1`` per channel, ``K x C x H x W`` single neurons)."""
     if isinstance(record, str):
         record = [record]
     record = tuple(dict.fromkeys(record))
@@ -425,8 +440,15 @@ def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_p
     rel, act = up["relevance"], up["activation"]
     axis = _axis(channel_axis, rel.ndim)
     channel_shares = shares_of(rel, axis)[0]
-    groups = parse_concepts(concepts, channel_shares, rel.shape[axis])
-    masks = channel_masks(groups, rel.shape, axis, rel.dtype)
+    if isinstance(concepts, np.ndarray) and concepts.dtype.kind == "f":  # masks given: K x (broadcast) layer item
+        masks = _given_masks(concepts, rel.shape, layer).astype(rel.dtype)
+        groups = [None] * len(masks)
+        per = np.moveaxis(rel.astype(np.float64), axis, 1).reshape(1, rel.shape[axis], -1).sum(-1)
+        shares = (rel * masks).reshape(len(masks), -1).sum(1) / (np.abs(per).sum() + 1e-10)
+    else:
+        groups = parse_concepts(concepts, channel_shares, rel.shape[axis])
+        masks = channel_masks(groups, rel.shape, axis, rel.dtype)
+        shares = np.array([channel_shares[g].sum() for g in groups])
     below = tuple(r for r in record if r != layer)
     base = act if init == "activation" else rel
     if init == "activation" or exclude_parallel:
@@ -443,7 +465,7 @@ def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_p
     relevance_at = {r: relevance_at[r] for r in record}
     heat = out[RELEVANCE_PREFIX + up["input"]]
     return ConceptExplanation(layer=layer, concepts=groups, heatmaps=heat, relevance_at=relevance_at,
-                              shares=np.array([channel_shares[g].sum() for g in groups]),
+                              shares=shares,
                               channel_shares=channel_shares, target=int(up["target"][0]),
                               logit=float(up["logit"][0]), exclude_parallel=bool(exclude_parallel), init=init,
                               x=up["x"][0])

@@ -162,6 +162,20 @@ def test_seeded_equals_masked_without_skip_connections(digits):
     assert a.concepts == [[int(c)] for c in np.argsort(-a.channel_shares)[:3]]
 
 
+def test_neuron_masks_add_up_to_their_channel(digits):
+    """Full-shape masks, one per neuron of channel 25 (8 x 8): their heatmaps add up to the channel's."""
+    ex, x = digits
+    masks = np.zeros((64, 32, 8, 8), np.float32)
+    masks[np.arange(64), 25, np.arange(64) // 8, np.arange(64) % 8] = 1
+    neurons = ex.explain_concepts(x, 3, LAYER, concepts=masks, batch_size=32)
+    channel = ex.explain_concepts(x, 3, LAYER, concepts=[[25]])
+    assert neurons.heatmaps.shape == (64, 1, 16, 16)
+    assert rel_l2(neurons.heatmaps.sum(0, keepdims=True), channel.heatmaps)[0] < 1e-5
+    assert np.isclose(neurons.shares.sum(), channel.shares[0], atol=1e-6)
+    with pytest.raises(InputError, match="do not fit"):
+        ex.explain_concepts(x, 3, LAYER, concepts=np.ones((2, 16, 1, 1), np.float32))
+
+
 def test_mask_input_defaults_to_ones(digits):
     """The masked relevance model runs without its mask input and then gives the plain relevance."""
     from onnx_lrp import concepts as crp
