@@ -7,9 +7,10 @@ batches of 16 on both sides.
 onnx-lrp: one forward + the relevance down to the layer (batch 1), then K passes below it (batched, the forward
 below the layer repeated per concept). zennit-crp: one forward of a batch of 16 copies, then one backward per batch
 of 16 concepts (retain_graph). Times are the best of ``--repeat`` calls after one warm-up (the models' build is
-timed separately). The machine is shared: the figures are indicative.
+timed separately). One thread each by default: on a shared, oversubscribed machine torch's OpenMP threads spin
+(a 3x3 Conv measured 16x slower with 2 threads than with 1 here). The figures are indicative.
 
-Usage: ``python benchmarks/bench_crp.py [--size 224] [--ks 1,8,64] [--threads 2]`` (needs torch, torchvision,
+Usage: ``python benchmarks/bench_crp.py [--size 224] [--ks 1,8,64] [--threads 1]`` (needs torch, torchvision,
 zennit and zennit-crp).
 """
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--ks", default="1,8,64")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torchvision

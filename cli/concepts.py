@@ -51,7 +51,7 @@ def _layer_help(ex) -> None:
 
 def concept_picture(res, x: np.ndarray, full: np.ndarray, scale: int | None = None):
     """The input, the full heatmap and one tile per concept (its channels and share), side by side."""
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
 
     maps = np.concatenate([hm.relevance_maps(full[None] if full.ndim == x.ndim - 1 else full),
                            hm.relevance_maps(res.heatmaps)])
@@ -67,7 +67,7 @@ def concept_picture(res, x: np.ndarray, full: np.ndarray, scale: int | None = No
                        (200, 200, 200))
     canvas.paste(tile, (4, 4))
     canvas.paste(grid, (tile.width + 4, 0))
-    ImageDraw.Draw(canvas).text((4, tile.height + 5), "input", fill=(0, 0, 0), font=hm._font())
+    ImageDraw.Draw(canvas).text((4, tile.height + 5), "input", fill=(0, 0, 0), font=ImageFont.load_default())
     return canvas
 
 

@@ -190,7 +190,8 @@ def build_seeded(model: ir.Model, composite, layer: str, record) -> None:
     start = trace[0].values[0]
     r0 = next(o for n in graph for o in n.outputs if o.name == start)
     dims = list(v.shape)
-    seed = ir.Value(name=SEED_PREFIX + layer, shape=ir.Shape(["lrp_batch"] + dims[1:]), type=ir.TensorType(r0.dtype or v.dtype))
+    seed = ir.Value(name=SEED_PREFIX + layer, shape=ir.Shape(["lrp_batch"] + dims[1:]),
+                    type=ir.TensorType(r0.dtype or v.dtype))
     graph.inputs.append(seed)
     ir.convenience.replace_all_uses_with(r0, seed)
     _prune(model, [o.name for o in graph.outputs if o.name.startswith(RELEVANCE_PREFIX)])
@@ -246,14 +247,14 @@ class Models:
 
 
 def models_of(explainer) -> Models:
-    if getattr(explainer, "_concept_models", None) is None:
-        explainer._concept_models = Models(explainer)
-    return explainer._concept_models
+    if getattr(explainer, "concept_models", None) is None:
+        explainer.concept_models = Models(explainer)
+    return explainer.concept_models
 
 
 # ------------------------------------------------------------------------------------------------ running
 def _feeds(ex, x) -> tuple[str, np.ndarray]:
-    feeds = ex._feeds(x)
+    feeds = ex.checked_feeds(x)
     if len(feeds) != 1:
         raise InputError("concepts need a model with one input; this one has "
                          f"{len(feeds)} ({', '.join(feeds)})")
@@ -268,7 +269,7 @@ def _finite(out: dict, what: str) -> dict:
     return out
 
 
-def _start_feeds(sess, ex, targets, init: str) -> dict:
+def _start_feeds(sess, targets, init: str) -> dict:
     feeds = {TARGET_INPUT: targets.astype(np.int64), ONE_HOT_INPUT: np.array(init == "one-hot")}
     if POSITION_INPUT in sess.input_names:
         feeds[POSITION_INPUT] = np.full(len(targets), -1, dtype=np.int64)
@@ -282,8 +283,8 @@ def upper_pass(ex, x, target, layer: str, init: str = "logit") -> dict:
         raise InputError(f"init must be one of {', '.join(INITS)}, not {init!r}")
     sess = models_of(ex).upper(layer)
     name, arr = _feeds(ex, x)
-    targets = ex._targets(target, len(arr))
-    out = _finite(sess.run({name: arr, **_start_feeds(sess, ex, targets, init)}), "relevance down to " + layer)
+    targets = ex.checked_targets(target, len(arr))
+    out = _finite(sess.run({name: arr, **_start_feeds(sess, targets, init)}), "relevance down to " + layer)
     rel = out[RELEVANCE_PREFIX + layer]
     logit = out[VALUE_OUTPUT]
     if init == "abs":  # start from |logit|: every rule is linear, so the relevance only flips its sign
@@ -390,7 +391,7 @@ def run_masked(ex, masks: dict, x1: np.ndarray, name: str, target: int, count: i
     parts = []
     for lo, hi in _batched(count, batch_size):
         feeds = {name: np.repeat(x1, hi - lo, axis=0)}
-        feeds.update(_start_feeds(sess, ex, np.full(hi - lo, target, dtype=np.int64), init))
+        feeds.update(_start_feeds(sess, np.full(hi - lo, target, dtype=np.int64), init))
         for n, m in masks.items():
             feeds[MASK_PREFIX + n] = m[lo:hi] if len(m) > 1 else m
         parts.append(_finite(sess.run(feeds), "masked relevance"))
@@ -694,4 +695,5 @@ def relmax_load(explainer, out_dir) -> RelMax:
 
 
 __all__ = ["ConceptExplanation", "ConceptGraph", "concept_relevance", "explain_concepts", "concept_graph",
-           "layer_names", "input_layers", "shares_of", "RelMax", "relmax_build", "relmax_load", "MASK_PREFIX", "SEED_PREFIX"]
+           "layer_names", "input_layers", "shares_of", "RelMax", "relmax_build", "relmax_load", "MASK_PREFIX",
+           "SEED_PREFIX"]

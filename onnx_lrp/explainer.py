@@ -55,7 +55,7 @@ class Explainer(Runner):
         ir_model = loader.load(model, constants=constants, input_shapes=input_shapes)
         self.concept_source = dict(model=model, constants=constants, input_shapes=input_shapes, output=output,
                                    explain_logits=explain_logits, threads=threads)  # onnx_lrp.concepts rebuilds
-        self._concept_models = None
+        self.concept_models = None  # onnx_lrp.concepts.Models, made on the first concept call
         graph = ir_model.graph
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
