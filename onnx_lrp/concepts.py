@@ -29,7 +29,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from . import loader, rewriter, runtime
+from . import load as loader, rewriter, runtime
 from .errors import InputError, LrpError, NumericError, internal_error
 from .graph import static_dims
 from .names import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT, VALUE_OUTPUT
@@ -623,7 +623,7 @@ def relmax_build(explainer, source, out_dir, layer: str, targets=None, samples: 
     import json
     from pathlib import Path
 
-    from .dataset import atomic_write
+    from .dataset.shards import atomic_write
 
     out = Path(out_dir)
     (out / "relmax-shards").mkdir(parents=True, exist_ok=True)
