@@ -205,6 +205,7 @@ class Models:
         self.ex = explainer
         self.sessions: dict = {}
         self._graph = None
+        self._below = None  # (explained tensor's name, ids of the values it is computed from)
 
     def graph(self) -> ir.Graph:
         """The canonized forward graph (for names and the layer structure)."""
@@ -232,17 +233,46 @@ class Models:
             self.sessions[key] = runtime.Session(data, self.ex.device, src["threads"])
         return self.sessions[key]
 
+    def check_below(self, names) -> None:
+        """Every tensor in ``names`` exists and lies on the way to the explained tensor (or is it)."""
+        graph = self.graph()
+        if self._below is None:
+            src = self.ex.concept_source
+            y, _ = rewriter.explained_value(graph, src["output"], src["explain_logits"])
+            below, seen = {id(y)}, set()
+            stack = [y.producer()] if y.producer() is not None else []
+            while stack:
+                node = stack.pop()
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                for v in node.inputs:
+                    if v is not None and carries(v):
+                        below.add(id(v))
+                        if v.producer() is not None:
+                            stack.append(v.producer())
+            self._below = (y.name, below)
+        y_name, below = self._below
+        for name in names:
+            if id(find_tensor(graph, name)) not in below:
+                layers = [n for n in layer_names(graph) if id(find_tensor(graph, n)) in below]
+                raise InputError(f"tensor {name!r} is not on the way to the explained tensor {y_name!r} (no relevance "
+                                 f"reaches it); name one below it: {_listing(layers)}")
+
     def upper(self, layer: str):
+        self.check_below([layer])
         src = self.ex.concept_source
         return self._session(("upper", layer), lambda m: build_upper(
             m, self.ex.composite, layer, src["output"], src["explain_logits"]))
 
     def masked(self, masks: tuple, record: tuple):
+        self.check_below(masks + record)
         src = self.ex.concept_source
         return self._session(("masked", masks, record), lambda m: build_masked(
             m, self.ex.composite, masks, record, src["output"], src["explain_logits"]))
 
     def seeded(self, layer: str, record: tuple):
+        self.check_below((layer,) + record)
         return self._session(("seeded", layer, record), lambda m: build_seeded(m, self.ex.composite, layer, record))
 
 

@@ -264,6 +264,7 @@ def test_bad_input_refused_in_one_line(digits):
         (dict(layer=LAYER, init="zero"), "init must be one of"),
         (dict(layer=LAYER, record=["nope"]), "no tensor named 'nope'"),
         (dict(layer=LAYER, channel_axis=4), "channel_axis 4 does not fit"),
+        (dict(layer="probabilities"), "not on the way to the explained tensor 'logits'"),
     ]
     for kw, msg in cases:
         with pytest.raises(InputError, match=msg) as info:
