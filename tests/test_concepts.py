@@ -118,6 +118,23 @@ def test_crp_parity_relmax(crp_case):
         assert rel_l2(heat[int(c)][:1].sum(1), ref[None])[0] <= TOL
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("crp") is None or not HAVE_TORCH, reason="zennit-crp not installed")
+def test_crp_goldens_reproduce_live():
+    """zennit-crp, run now on ResNet18 (~1.5 min), gives the committed goldens (the script is deterministic)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_crp_goldens import reference
+
+    live = reference("resnet18")
+    gold = dict(np.load(GOLD / "resnet18.npz"))
+    assert set(live) == set(gold)
+    for k in gold:
+        if k == "meta":
+            assert json.loads(str(live[k]))["edges"] == json.loads(str(gold[k]))["edges"]
+        else:
+            assert np.allclose(live[k], gold[k], rtol=1e-6, atol=1e-9), k
+
+
 # ------------------------------------------------------------------------------ properties on the digits model
 LAYER = "/features/features.6/Conv_output_0"  # 32 channels; the graph is a chain (no skip connection)
 BELOW = "/features/features.3/Conv_output_0"
