@@ -272,3 +272,39 @@ def test_randomisation_check_on_the_demo_model(digits):
     np.testing.assert_allclose(ev.scores["emprt"], (h1 - h0) / h0)
     again = onnx_lrp.evaluate(MODEL, digits[:4], metric="randomisation", seed=3)
     np.testing.assert_array_equal(again.scores["spearman/last"], ev.scores["spearman/last"])  # seeded
+
+
+# ------------------------------------------------------------------------------------------ command line
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from cli.main import main
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_evaluate_json_matches_the_api_and_plots(tmp_path):
+    batch = ROOT / "models" / "samples" / "batch.npy"
+    r = _cli("evaluate", MODEL, batch, "--patch", 2, "--steps", 20, "--json", "--plot", tmp_path / "c.png")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    ev = onnx_lrp.evaluate(MODEL, np.load(batch), patch=2, steps=20)
+    for k, v in ev.summary().items():
+        assert out["summary"][k] == pytest.approx(v, abs=1e-12)
+    from PIL import Image
+    assert Image.open(tmp_path / "c.png").size[0] == 720
+    r = _cli("evaluate", MODEL, batch, "-m", "relevance-mass")
+    assert r.exit_code == 2 and "mask" in r.output and r.output.count("\n") == 1
+    np.save(tmp_path / "m.npy", np.load(batch) > 0.5)
+    r = _cli("evaluate", MODEL, batch, "-m", "relevance-mass", "--mask", tmp_path / "m.npy")
+    assert r.exit_code == 0 and "relevance mass accuracy on 10 item(s)" in r.output
+
+
+def test_cli_evaluate_exits_1_below_the_random_floor(tmp_path):
+    """A model whose prediction ignores its input: every order gives the same curve, nothing beats random."""
+    W = np.zeros((10, 256), np.float32)
+    nodes = [node("Flatten", ["image"], "f"), node("Gemm", ["f", "W", "b"], "logits", transB=1)]
+    m = tmp_path / "flat.onnx"
+    m.write_bytes(to_bytes(make_model(nodes, {"image": ["N", 1, 16, 16]}, ["logits"],
+                                      {"W": W, "b": np.arange(10, dtype=np.float32)})))
+    r = _cli("evaluate", m, ROOT / "models" / "samples" / "batch.npy", "--patch", 4, "-c", "epsilon")
+    assert r.exit_code == 1 and "does NOT beat" in r.output, r.output
