@@ -84,6 +84,8 @@ def perturbation_series(curves: dict, prefix: str = "", dashed: bool = False, ao
         label = f"{prefix}{order.upper() if order != 'random' else 'random order'}"
         if aopc and order in aopc:
             label += f"  (AOPC {aopc[order]:.3f})"
-        out.append(dict(y=np.nanmean(np.asarray(curve, np.float64), axis=0), label=label,
-                        color=COLORS.get(order), dashed=dashed))
+        color = COLORS.get(order, PALETTE[len(out) % len(PALETTE)])
+        if dashed:  # the baseline, lighter
+            color = tuple(int(c + (255 - c) * 0.45) for c in color)
+        out.append(dict(y=np.nanmean(np.asarray(curve, np.float64), axis=0), label=label, color=color, dashed=dashed))
     return out

@@ -308,3 +308,64 @@ def test_cli_evaluate_exits_1_below_the_random_floor(tmp_path):
                                       {"W": W, "b": np.arange(10, dtype=np.float32)})))
     r = _cli("evaluate", m, ROOT / "models" / "samples" / "batch.npy", "--patch", 4, "-c", "epsilon")
     assert r.exit_code == 1 and "does NOT beat" in r.output, r.output
+
+
+# ------------------------------------------------------------------------------------------ regression checks
+def _damaged_model(path):
+    """The demo model with its two dense layers randomised (top-down cascade, 2 steps)."""
+    import onnx_lrp.loader as loader
+    gen = randomisation.cascade(MODEL, seed=1)
+    next(gen)
+    _, ir_model = next(gen)
+    path.write_bytes(loader.serialize(ir_model))
+    return path
+
+
+def test_snapshot_metrics_and_check_metric_tol(tmp_path):
+    batch = ROOT / "models" / "samples" / "batch.npy"
+    base = tmp_path / "base.npz"
+    r = _cli("snapshot", MODEL, batch, "-o", base, "--metrics", "aopc,abpc", "--metric-patch", 2, "--metric-steps", 24)
+    assert r.exit_code == 0, r.output
+    z = np.load(base, allow_pickle=False)
+    meta = json.loads(str(z["meta"]))["faithfulness"]
+    assert meta["metrics"] == ["aopc", "abpc"] and meta["patch"] == 2 and meta["steps"] == 24
+    ev = onnx_lrp.evaluate(MODEL, np.load(batch), patch=2, steps=24)  # the stored figures are the API's
+    np.testing.assert_allclose(z["faithfulness/aopc"], ev.scores["aopc/morf"], atol=1e-12)
+    np.testing.assert_allclose(z["faithfulness/abpc"], ev.scores["abpc"], atol=1e-12)
+    assert z["faithfulness/curve_morf"].shape == (10, 25)
+    # the same model passes; JSON and JUnit carry the figures, the PNG report plots the curves
+    r = _cli("check", MODEL, base, "--metric-tol", "aopc=0.05", "--report-json", tmp_path / "r.json",
+             "--junit-xml", tmp_path / "j.xml", "--heatmap-dir", tmp_path / "hd")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "r.json").read_text())["faithfulness"]
+    assert rep["passed"] and rep["metrics"][0]["change"] == pytest.approx(0, abs=1e-9)
+    xml = (tmp_path / "j.xml").read_text()
+    assert 'name="faithfulness.aopc"' in xml and 'name="faithfulness.random_floor"' in xml and 'failures="0"' in xml
+    assert (tmp_path / "hd" / "faithfulness_curves.png").is_file()
+    # a damaged model: the paired AOPC drops, the check fails and says so, JUnit has the failing case
+    bad = _damaged_model(tmp_path / "bad.onnx")
+    r = _cli("check", bad, base, "--metric-tol", "aopc=0.05", "--max-output-diff", "off", "--min-cosine", "off",
+             "--max-rel-l2", "off", "--min-spearman", "off", "--min-topk-iou", "off", "--junit-xml", tmp_path / "b.xml")
+    assert r.exit_code == 1 and "FAITHFULNESS: aopc mean dropped" in r.output, r.output
+    assert "OK: all 10 sample(s)" in r.output  # the relevance thresholds are off: only faithfulness failed
+    cur = onnx_lrp.evaluate(str(bad), np.load(batch), patch=2, steps=24, target=z["targets"])
+    drop = float(np.mean(cur.scores["aopc/morf"] - z["faithfulness/aopc"]))
+    assert drop < -0.05 and f"change {drop:+.4f}" in r.output
+    assert 'type="FaithfulnessDrop"' in (tmp_path / "b.xml").read_text()
+    # a tolerance that accepts the drop passes the metric (the random floor still decides on its own)
+    r = _cli("check", bad, base, "--metric-tol", f"aopc={-drop + 0.01:.4f},abpc=off", "--max-output-diff", "off",
+             "--min-cosine", "off", "--max-rel-l2", "off", "--min-spearman", "off", "--min-topk-iou", "off")
+    assert ("aopc mean dropped" not in r.output) and (r.exit_code == 0) == cur.summary()["beats_random"], r.output
+
+
+def test_check_metric_tol_refusals(tmp_path):
+    batch = ROOT / "models" / "samples" / "batch.npy"
+    plain = tmp_path / "plain.npz"
+    assert _cli("snapshot", MODEL, batch, "-o", plain).exit_code == 0
+    for args, words in (((plain, "--metric-tol", "aopc=0.05"), "holds no faithfulness"),
+                        ((plain, "--metric-tol", "auc=0.05"), "NAME=DROP"),
+                        ((plain, "--metric-tol", "aopc=-1"), ">= 0")):
+        r = _cli("check", MODEL, *args)
+        assert r.exit_code == 2 and words in r.output and r.output.count("\n") == 1, r.output
+    r = _cli("snapshot", MODEL, batch, "-o", tmp_path / "x.npz", "--metrics", "aopc,iou")
+    assert r.exit_code == 2 and "--metrics" in r.output and not (tmp_path / "x.npz").exists()

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError, LrpError, internal_error
-from . import correlation, perturbation, randomisation, similarity
-from .forward import Forward
+from . import correlation, perturbation, similarity
 
 METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
 PERTURBATION = ("region-perturbation", "pixel-flipping")
@@ -132,9 +131,13 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
     ex = explainer or Explainer(model, composite=composite, device=device, **explainer_kwargs)
     name = _one_input(ex)
     x = _batch(x, ex.inputs[0])
-    res = ex.explain(x, target=target)
-    target = np.asarray(res.target, np.int64)
-    a = res.relevance if relevance is None else np.asarray(relevance, dtype=x.dtype)
+    a = None if relevance is None else np.asarray(relevance, dtype=x.dtype)
+    if a is None or target is None or np.ndim(target) == 0:  # both given per item: nothing to explain
+        res = ex.explain(x, target=target)
+        target, a = res.target, (res.relevance if a is None else a)
+    target = np.asarray(target, np.int64)
+    if target.shape != (len(x),):
+        raise InputError(f"{target.size} targets for {len(x)} item(s); give one per item")
     if a.shape != x.shape:
         raise InputError(f"relevance has shape {'x'.join(map(str, a.shape))}; the input has "
                          f"{'x'.join(map(str, x.shape))}")
@@ -159,6 +162,8 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
         ev.scores["mass"] = correlation.relevance_mass(perturbation.normalise_by_max(a), s)
         ev.scores["mass/random"] = s.reshape(len(x), -1).mean(axis=1)  # what relevance spread evenly puts inside
         return ev
+    from .forward import Forward  # loads the model with onnx: imported when a metric runs
+
     predict = Forward(model, ex.explained_tensor, name, ex.inputs[0].dims[0] if ex.inputs[0].dims else None,
                       prob=prob, device=ex.device)
     a_n = perturbation.normalise_by_max(a)
@@ -200,6 +205,7 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
 
 def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs):
     from ..explainer import Explainer
+    from . import randomisation
 
     if model is None or isinstance(model, Explainer):
         raise InputError("the randomisation check rebuilds the relevance model: give the model (path or bytes)")
