@@ -369,3 +369,13 @@ def test_check_metric_tol_refusals(tmp_path):
         assert r.exit_code == 2 and words in r.output and r.output.count("\n") == 1, r.output
     r = _cli("snapshot", MODEL, batch, "-o", tmp_path / "x.npz", "--metrics", "aopc,iou")
     assert r.exit_code == 2 and "--metrics" in r.output and not (tmp_path / "x.npz").exists()
+
+
+def test_cli_randomisation_table_and_plot(tmp_path):
+    r = _cli("evaluate", MODEL, ROOT / "models" / "samples" / "batch.npy", "-m", "randomisation", "--seed", 3,
+             "--plot", tmp_path / "r.png")
+    assert r.exit_code == 0, r.output
+    ev = onnx_lrp.evaluate(MODEL, np.load(ROOT / "models" / "samples" / "batch.npy"), metric="randomisation", seed=3)
+    for row in ev.layers:  # one line per layer, with the API's mean Spearman
+        assert f"{row['layer']}" in r.output and f"{np.mean(row['spearman']):.4f}" in r.output
+    assert f"{ev.mean('emprt'):.4f}" in r.output and (tmp_path / "r.png").is_file()

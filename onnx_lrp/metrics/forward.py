@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import loader, runtime
-from ..errors import InputError
+from ..errors import InputError, NumericError
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -51,6 +51,10 @@ class Forward:
             y = self.session.run({self.input_name: np.ascontiguousarray(part)}, [self.tensor])[self.tensor]
             parts.append(np.asarray(y))
         y = np.concatenate(parts, axis=0)
+        if not np.all(np.isfinite(y)):
+            bad = int((~np.isfinite(y)).any(axis=tuple(range(1, y.ndim))).sum())
+            raise NumericError(f"the model's output {self.tensor!r} is NaN or Inf for {bad} perturbed input(s); the "
+                               "metric cannot score them (try another --baseline)")
         if y.ndim != 2:
             raise InputError(f"the explained output {self.tensor!r} has shape {'x'.join(map(str, y.shape))}; the "
                              "faithfulness metrics need N x classes scores")
