@@ -130,13 +130,16 @@ def plot(ev):
 @click.option("--subset-size", type=click.IntRange(min=1), default=224, show_default=True,
               help="faithfulness-correlation: features per subset.")
 @click.option("--mask", default=None, metavar="MASK.npy", help="relevance-mass: 1 inside the region.")
+@click.option("--layout", type=click.Choice(["auto", "channels-first", "channels-last"]), default="auto",
+              show_default=True, help="Images are perturbed channel-first, as Quantus does; auto: channels last "
+                                      "when the last axis is the smallest (Quantus' rule).")
 @click.option("--json", "as_json", is_flag=True, help="Print every figure (per item too) as JSON.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               help="Draw the perturbation curves (mean over items) or the per-layer similarity.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="onnxruntime device.")
 def evaluate(model, input_path, metric, target, patch, steps, order, baseline, prob, seed, runs, subset_size, mask,
-             as_json, plot_path, device, composite, **rule_kw):
+             layout, as_json, plot_path, device, composite, **rule_kw):
     """Is the explanation faithful? Score MODEL's LRP explanations of INPUT with a Quantus 0.6 metric.
 
     \b
@@ -173,7 +176,8 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
     m = _mask(mask, len(x), x.shape) if mask is not None else None
     ev = onnx_lrp.evaluate(model, batch.arrays, metric=metric, target=targets, patch=patch, steps=steps,
                            orders=orders, baseline=baseline, prob=prob, seed=seed, runs=runs, subset_size=subset_size,
-                           mask=m, device=device, explainer=ex, composite=comp)
+                           mask=m, device=device, explainer=ex, composite=comp,
+                           channels_last={"auto": None, "channels-first": False, "channels-last": True}[layout])
     if plot_path is not None:
         with AtomicOutputs() as w:
             w.save_png(Path(plot_path), plot(ev))

@@ -379,3 +379,27 @@ def test_cli_randomisation_table_and_plot(tmp_path):
     for row in ev.layers:  # one line per layer, with the API's mean Spearman
         assert f"{row['layer']}" in r.output and f"{np.mean(row['spearman']):.4f}" in r.output
     assert f"{ev.mean('emprt'):.4f}" in r.output and (tmp_path / "r.png").is_file()
+
+
+def test_channels_last_models_are_perturbed_channel_first(tmp_path, digits):
+    """A model taking N x H x W x C (a Transpose in front) scores exactly as the same network taking N x C x H x W:
+    Quantus perturbs channel-first, whatever the model's layout."""
+    rng = np.random.default_rng(2)
+    inits = {"W": rng.standard_normal((4, 1, 3, 3)).astype(np.float32),
+             "W2": (rng.standard_normal((10, 1024)) / 30).astype(np.float32), "b2": np.zeros(10, np.float32)}
+    body = [node("Conv", ["xc", "W"], "c", pads=[1, 1, 1, 1]), node("Relu", ["c"], "r"), node("Flatten", ["r"], "f"),
+            node("Gemm", ["f", "W2", "b2"], "y", transB=1)]
+    first = tmp_path / "nchw.onnx"
+    first.write_bytes(to_bytes(make_model([node("Identity", ["x"], "xc")] + body, {"x": ["N", 1, 16, 16]}, ["y"],
+                                          inits)))
+    last = tmp_path / "nhwc.onnx"
+    last.write_bytes(to_bytes(make_model([node("Transpose", ["x"], "xc", perm=[0, 3, 1, 2])] + body,
+                                         {"x": ["N", 16, 16, 1]}, ["y"], inits)))
+    x = digits * 2 - 1
+    for metric, kw in (("region-perturbation", dict(patch=4, steps=8)), ("pixel-flipping", dict(steps=32)),
+                       ("faithfulness-correlation", dict(subset_size=40, runs=10))):
+        a = onnx_lrp.evaluate(str(first), x, metric=metric, composite="epsilon", **kw)
+        b = onnx_lrp.evaluate(str(last), x.transpose(0, 2, 3, 1), metric=metric, composite="epsilon", **kw)
+        assert b.params.get("channels_last") and not a.params.get("channels_last")
+        for k in a.scores:
+            np.testing.assert_allclose(b.scores[k], a.scores[k], atol=1e-6)

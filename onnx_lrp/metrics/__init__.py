@@ -99,7 +99,8 @@ def evaluate(model, x, metric: str = "region-perturbation", target=None, relevan
              composite="epsilon-plus-flat", patch: int = 8, steps: int = 50, orders=("morf", "lerf"),
              baseline: str = "black", prob: str | None = None, seed: int = 0, features_in_step: int | None = None,
              runs: int = 100, subset_size: int = 224, mask=None, layer_order: str = "top_down", bins: int = 100,
-             device: str = "cpu", explainer=None, **explainer_kwargs) -> Evaluation:
+             channels_last: bool | None = None, device: str = "cpu", explainer=None, **explainer_kwargs
+             ) -> Evaluation:
     """Score the explanations of ``x`` (N items of the model's one float input) with a Quantus 0.6 metric.
 
     ``relevance``: the explanation to score (default: computed with ``composite`` and ``explainer_kwargs``, or by
@@ -109,6 +110,8 @@ def evaluate(model, x, metric: str = "region-perturbation", target=None, relevan
     metrics: ``patch`` (region side), ``steps`` (regions replaced; for pixel flipping ``features_in_step`` defaults
     to features / steps), ``orders`` (the random order is always added), ``baseline`` (black = the item's minimum,
     white, mean, uniform in [0, 1)). ``mask``: the relevance-mass region (N x the input's shape, or broadcastable).
+    ``channels_last``: images N x H x W x C are perturbed channel-first, as Quantus does (None: Quantus'
+    ``infer_channel_first`` rule, channels last when the last axis is the smallest).
     """
     _check_choice("metric", metric, METRICS)
     _check_choice("baseline", baseline, perturbation.BASELINES)
@@ -116,16 +119,26 @@ def evaluate(model, x, metric: str = "region-perturbation", target=None, relevan
     _check_choice("prob", prob, ("softmax", "logit"))
     try:
         return _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
-                         features_in_step, runs, subset_size, mask, layer_order, bins, device, explainer,
-                         explainer_kwargs)
+                         features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device,
+                         explainer, explainer_kwargs)
     except LrpError:
         raise
     except Exception as exc:  # a bug: one line, as everywhere in the API
         raise internal_error(None, exc) from exc
 
 
+def _channels_last(x: np.ndarray, given: bool | None) -> bool:
+    """Quantus' ``infer_channel_first`` for images: channels last when the last axis is the smallest."""
+    if x.ndim != 4:
+        return False
+    if given is not None:
+        return bool(given)
+    return x.shape[3] < x.shape[1] and x.shape[3] < x.shape[2]
+
+
 def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
-              features_in_step, runs, subset_size, mask, layer_order, bins, device, explainer, explainer_kwargs):
+              features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device, explainer,
+              explainer_kwargs):
     from ..explainer import Explainer
 
     ex = explainer or Explainer(model, composite=composite, device=device, **explainer_kwargs)
@@ -166,6 +179,11 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
 
     predict = Forward(model, ex.explained_tensor, name, ex.inputs[0].dims[0] if ex.inputs[0].dims else None,
                       prob=prob, device=ex.device)
+    if _channels_last(x, channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
+        x, a = x.transpose(0, 3, 1, 2), a.transpose(0, 3, 1, 2)
+        ev.params["channels_last"] = True
+        forward = predict
+        predict = _Transposed(forward)
     a_n = perturbation.normalise_by_max(a)
     if metric == "faithfulness-correlation":
         ev.params.update(runs=runs, subset_size=subset_size)
@@ -201,6 +219,20 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
         ev.scores["abpc"] = ev.scores["aopc/morf"] - ev.scores["aopc/lerf"]
     ev.calls = predict.calls
     return ev
+
+
+class _Transposed:
+    """A channels-last model's forward pass fed channel-first arrays."""
+
+    def __init__(self, forward):
+        self.forward = forward
+
+    @property
+    def calls(self) -> int:
+        return self.forward.calls
+
+    def __call__(self, x):
+        return self.forward(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
 
 
 def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs):
