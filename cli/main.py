@@ -87,7 +87,7 @@ COMMANDS = {
     "inspect": (".commands", "inspect", "The rule for every node of MODEL; exit 1 if any is unsupported."),
     "rewrite": (".commands", "rewrite", "Write MODEL's relevance model for plain onnxruntime."),
     "composites": (".composites", "composites", "List the built-in composites and their rules."),
-    "evaluate": (".evaluate", "evaluate", "Is the explanation faithful? Quantus metrics beside a random floor."),
+    "evaluate": (".evaluate", "evaluate", "Is the explanation faithful? Quantus metrics against a random floor."),
     "snapshot": (".regress", "snapshot", "Store MODEL's explanations of INPUTS as a regression baseline."),
     "check": (".regress", "check", "Recompute MODEL's explanations and compare them with a baseline."),
     "diff": (".regress", "diff", "Compare the explanations of two model versions on INPUTS."),

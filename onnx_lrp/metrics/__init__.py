@@ -45,7 +45,9 @@ class Evaluation:
     calls: int = 0  # onnxruntime runs of the model's forward pass
 
     def mean(self, name: str) -> float:
-        return float(np.nanmean(self.scores[name]))
+        """The mean over the items (NaN items left out; NaN when all are)."""
+        v = np.asarray(self.scores[name], np.float64)
+        return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
 
     def summary(self) -> dict:
         """The mean of every score over the items, and whether the explanation beats its random floor."""
@@ -59,7 +61,8 @@ class Evaluation:
 
     def as_dict(self) -> dict:
         return {"metric": self.metric, "params": self.params, "target": self.target.tolist(),
-                "summary": self.summary(), "scores": {k: _listed(v) for k, v in self.scores.items()},
+                "summary": {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                            for k, v in self.summary().items()}, "scores": {k: _listed(v) for k, v in self.scores.items()},
                 "curves": {k: _listed(v) for k, v in self.curves.items()},
                 "layers": [{k: _listed(v) for k, v in row.items()} for row in self.layers]}
 
