@@ -108,7 +108,8 @@ def evaluate(model, x, metric: str = "region-perturbation", target=None, relevan
 
     ``relevance``: the explanation to score (default: computed with ``composite`` and ``explainer_kwargs``, or by
     ``explainer``); ``target``: the class per item (default: arg-max). ``prob``: ``softmax`` or ``logit`` scores
-    (default: Quantus' for the metric: softmax for the perturbation curves, logit for faithfulness correlation). ``seed`` seeds the random ordering, the random subsets and the uniform baseline: a
+    (default: Quantus' for the metric: softmax for the perturbation curves, logit for faithfulness correlation).
+    ``seed`` seeds the random ordering, the random subsets and the uniform baseline: a
     ``numpy.random.RandomState(seed)`` per order, the stream ``np.random.seed(seed)`` gives Quantus. Perturbation
     metrics: ``patch`` (region side), ``steps`` (regions replaced; for pixel flipping ``features_in_step`` defaults
     to features / steps), ``orders`` (the random order is always added), ``baseline`` (black = the item's minimum,
@@ -164,7 +165,8 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
     ev = Evaluation(metric, params, target)
     if metric == "randomisation":
         ev.params.update(layer_order=layer_order, bins=bins)
-        _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs)
+        _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
+                       3 if _channels_last(x, channels_last) else 1)
         return ev
     if metric == "relevance-mass":
         if mask is None:
@@ -185,8 +187,7 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
     if _channels_last(x, channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
         x, a = x.transpose(0, 3, 1, 2), a.transpose(0, 3, 1, 2)
         ev.params["channels_last"] = True
-        forward = predict
-        predict = _Transposed(forward)
+        predict = _Transposed(predict)
     a_n = perturbation.normalise_by_max(a)
     if metric == "faithfulness-correlation":
         ev.params.update(runs=runs, subset_size=subset_size)
@@ -238,14 +239,15 @@ class _Transposed:
         return self.forward(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
 
 
-def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs):
+def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
+                   channel_axis: int = 1):
     from ..explainer import Explainer
     from . import randomisation
 
     if model is None or isinstance(model, Explainer):
         raise InputError("the randomisation check rebuilds the relevance model: give the model (path or bytes)")
     spatial = x.ndim == 4
-    maps0 = a.sum(axis=1) if spatial else None
+    maps0 = a.sum(axis=channel_axis) if spatial else None
     h0 = np.array([similarity.discrete_entropy(ai, bins) for ai in a])
     ev.layers.append(dict(layer="original", spearman=np.ones(len(x)), ssim=np.ones(len(x)), entropy=h0))
     comp = ex.composite
@@ -255,7 +257,7 @@ def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device,
         ar = rex.explain(x, target=target).relevance
         row = dict(layer=layer,
                    spearman=np.array([similarity.spearman(np.abs(a0), np.abs(a1)) for a0, a1 in zip(a, ar)]),
-                   ssim=np.array([similarity.ssim(m0, m1) for m0, m1 in zip(maps0, ar.sum(axis=1))])
+                   ssim=np.array([similarity.ssim(m0, m1) for m0, m1 in zip(maps0, ar.sum(axis=channel_axis))])
                    if spatial else np.full(len(x), np.nan),
                    entropy=np.array([similarity.discrete_entropy(ai, bins) for ai in ar]))
         ev.layers.append(row)
