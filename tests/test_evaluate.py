@@ -403,3 +403,19 @@ def test_channels_last_models_are_perturbed_channel_first(tmp_path, digits):
         assert b.params.get("channels_last") and not a.params.get("channels_last")
         for k in a.scores:
             np.testing.assert_allclose(b.scores[k], a.scores[k], atol=1e-6)
+
+
+def test_randomisation_measures_match_quantus_functions():
+    """The randomisation check's measures against Quantus' own functions (EfficientMPRT's discrete_entropy,
+    MPRT's correlation_spearman and ssim), where quantus is installed."""
+    pytest.importorskip("quantus")
+    from quantus.functions.complexity_func import discrete_entropy
+    from quantus.functions.similarity_func import correlation_spearman
+    from quantus.functions.similarity_func import ssim as q_ssim
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((16, 16))
+    b = a + rng.standard_normal((16, 16))
+    assert similarity.discrete_entropy(a) == pytest.approx(discrete_entropy(a=a, x=a, n_bins=100), abs=1e-12)
+    assert similarity.spearman(a, b) == pytest.approx(correlation_spearman(a.ravel(), b.ravel()), abs=1e-12)
+    assert similarity.ssim(a, b) == pytest.approx(q_ssim(a, b), abs=1e-10)
