@@ -129,8 +129,8 @@ class FaithCheck:
         out = [f"{r['metric']} mean dropped by {-r['change']:.4f} (> {r['tolerance']:g})" for r in self.rows
                if not r["passed"]]
         if not self.floor.get("passed", True):
-            out.append(f"the explanation no longer beats the random order (AOPC {self.floor['aopc']:.4f} <= "
-                       f"{self.floor['aopc_random']:.4f})")
+            out.append(f"the explanation no longer beats the random order (AOPC {self.floor['aopc']:.4g} <= "
+                       f"{self.floor['aopc_random']:.4g})")
         return out
 
     @property
@@ -165,8 +165,9 @@ def format_lines(fc: FaithCheck, settings: dict) -> list[str]:
         lines.append(f"  {r['metric']:<5} baseline {r['baseline']:.4f}  current {r['current']:.4f}  change "
                      f"{r['change']:+.4f} ({tol})  {'ok' if r['passed'] else 'FAIL'}")
     f = fc.floor
-    lines.append(f"  random order: AOPC {f['aopc_random']:.4f} (baseline {f['baseline_aopc_random']:.4f}); the "
-                 f"explanation {'beats' if f['passed'] else 'does NOT beat'} it  {'ok' if f['passed'] else 'FAIL'}")
+    lines.append(f"  random order: AOPC {f['aopc_random']:.4g} (baseline {f['baseline_aopc_random']:.4g}); the "
+                 f"explanation's {f['aopc']:.4g} {'beats' if f['passed'] else 'does NOT beat'} it  "
+                 f"{'ok' if f['passed'] else 'FAIL'}")
     return lines
 
 
