@@ -66,7 +66,8 @@ def summary_lines(ev) -> list[str]:
                      f"{s['correlation/random']:.4f} ({'beaten' if s['beats_random'] else 'NOT beaten'})")
     elif ev.metric == "relevance-mass":
         lines.append(f"relevance mass accuracy on {n} item(s): {s['mass']:.4f} inside the mask; the mask's area "
-                     f"(evenly spread relevance) {s['mass/random']:.4f} ({'beaten' if s['beats_random'] else 'NOT beaten'})")
+                     f"(evenly spread relevance) {s['mass/random']:.4f} "
+                     f"({'beaten' if s['beats_random'] else 'NOT beaten'})")
     else:
         lines.append(f"randomisation (cascading {ev.params['layer_order'].replace('_', '-')}, seed "
                      f"{ev.params['seed']}) on {n} item(s): similarity to the original explanation per layer")

@@ -209,7 +209,8 @@ def faith_options(f):
                      help="--metrics: regions replaced."),
         click.option("--metric-baseline", type=click.Choice(["black", "white", "mean", "uniform"]), default="black",
                      show_default=True, help="--metrics: the replacement value."),
-        click.option("--metric-seed", type=int, default=0, show_default=True, help="--metrics: seeds the random order."),
+        click.option("--metric-seed", type=int, default=0, show_default=True,
+                     help="--metrics: seeds the random order."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -327,8 +328,9 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
                          "`onnx-lrp snapshot --metrics aopc,abpc`")
     missing = [n for n in tolerances if stored is not None and n not in stored.settings["metrics"]]
     if missing:
-        raise InputError(f"--metric-tol {missing[0]}: baseline {baseline} stores {', '.join(stored.settings['metrics'])}"
-                         f" only; take it with `onnx-lrp snapshot --metrics {','.join(tracking.TRACKED)}`")
+        raise InputError(f"--metric-tol {missing[0]}: baseline {baseline} stores "
+                         f"{', '.join(stored.settings['metrics'])} only; take it with `onnx-lrp snapshot --metrics "
+                         f"{','.join(tracking.TRACKED)}`")
     t0 = time.perf_counter()
     ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")

@@ -62,7 +62,8 @@ class Evaluation:
     def as_dict(self) -> dict:
         return {"metric": self.metric, "params": self.params, "target": self.target.tolist(),
                 "summary": {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
-                            for k, v in self.summary().items()}, "scores": {k: _listed(v) for k, v in self.scores.items()},
+                            for k, v in self.summary().items()},
+                "scores": {k: _listed(v) for k, v in self.scores.items()},
                 "curves": {k: _listed(v) for k, v in self.curves.items()},
                 "layers": [{k: _listed(v) for k, v in row.items()} for row in self.layers]}
 

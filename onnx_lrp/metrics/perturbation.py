@@ -116,7 +116,8 @@ def region_perturbation(predict, x: np.ndarray, a: np.ndarray, target: np.ndarra
                         patch: int = 8, steps: int = 100, baseline: str = "black",
                         rngs: dict | None = None) -> dict:
     """Quantus' RegionPerturbation: patches ordered by their summed relevance (all channels), replaced one per step;
-    returns ``{order: scores [N, steps + 1]}`` with the unperturbed score first (Quantus returns score[0] - score[1:])."""
+    returns ``{order: scores [N, steps + 1]}`` with the unperturbed score first (Quantus returns
+    score[0] - score[1:])."""
     if x.ndim != 4:
         raise InputError(f"region perturbation needs images N x C x H x W; this input has shape "
                          f"{'x'.join(map(str, x.shape))} (use --metric pixel-flipping)")
