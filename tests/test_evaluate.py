@@ -419,3 +419,21 @@ def test_randomisation_measures_match_quantus_functions():
     assert similarity.discrete_entropy(a) == pytest.approx(discrete_entropy(a=a, x=a, n_bins=100), abs=1e-12)
     assert similarity.spearman(a, b) == pytest.approx(correlation_spearman(a.ravel(), b.ravel()), abs=1e-12)
     assert similarity.ssim(a, b) == pytest.approx(q_ssim(a, b), abs=1e-10)
+
+
+def test_models_the_metrics_cannot_score_are_refused(tmp_path):
+    """Two float inputs, or a sequence output (N x T x C): one line each, never a wrong number."""
+    two = tmp_path / "two.onnx"
+    two.write_bytes(to_bytes(make_model([node("Add", ["a", "b"], "s"), node("Flatten", ["s"], "y")],
+                                        {"a": ["N", 1, 4, 4], "b": ["N", 1, 4, 4]}, ["y"])))
+    x = np.ones((2, 1, 4, 4), np.float32)
+    with pytest.raises(InputError, match="one float input") as err:
+        onnx_lrp.evaluate(str(two), {"a": x, "b": x}, patch=2)
+    assert "\n" not in str(err.value)
+    seq = tmp_path / "seq.onnx"
+    W = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    seq.write_bytes(to_bytes(make_model([node("MatMul", ["x", "W"], "y")], {"x": ["N", 5, 4]}, ["y"], {"W": W})))
+    with pytest.raises(InputError, match="N x classes") as err:
+        onnx_lrp.evaluate(str(seq), np.ones((2, 5, 4), np.float32), metric="pixel-flipping", steps=4,
+                          composite="epsilon")
+    assert "\n" not in str(err.value)
