@@ -313,11 +313,11 @@ def test_cli_evaluate_exits_1_below_the_random_floor(tmp_path):
 # ------------------------------------------------------------------------------------------ regression checks
 def _damaged_model(path):
     """The demo model with its two dense layers randomised (top-down cascade, 2 steps)."""
-    import onnx_lrp.loader as loader
+    from onnx_lrp import load
     gen = randomisation.cascade(MODEL, seed=1)
     next(gen)
     _, ir_model = next(gen)
-    path.write_bytes(loader.serialize(ir_model))
+    path.write_bytes(load.serialize(ir_model))
     return path
 
 

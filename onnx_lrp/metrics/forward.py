@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import loader, runtime
+from .. import load, runtime
 from ..errors import InputError, NumericError
 
 
@@ -23,7 +23,7 @@ class Forward:
                  batch_size: int = 256):
         if prob not in ("softmax", "logit"):
             raise InputError(f"prob must be 'softmax' or 'logit', not {prob!r}")
-        ir_model = loader.to_ir(loader.read_proto(model))
+        ir_model = load.to_ir(load.read_proto(model))
         graph = ir_model.graph
         value = next((o for n in graph for o in n.outputs if o.name == tensor), None)
         value = value or next((v for v in graph.inputs if v.name == tensor), None)
@@ -32,7 +32,7 @@ class Forward:
                              "own output (explain an output of the model with --output)")
         graph.outputs.clear()
         graph.outputs.append(value)
-        self.session = runtime.Session(loader.serialize(ir_model), device)
+        self.session = runtime.Session(load.serialize(ir_model), device)
         self.input_name = input_name
         self.tensor = tensor
         self.prob = prob

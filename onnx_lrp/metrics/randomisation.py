@@ -1,7 +1,7 @@
 """Model parameter randomisation (Adebayo et al. 2018; Quantus' MPRT and EfficientMPRT): the ORIGINAL model's
 parameters are re-drawn layer by layer, top-down and cascading, and the relevance model is rebuilt from the
-randomised model through the loader, so that every weight the rules derive (W+, |W|, BatchNorm folded into a
-convolution, ...) follows the randomised ones.
+randomised model through the loader (``onnx_lrp.load``), so that every weight the rules derive (W+, |W|, BatchNorm
+folded into a convolution, ...) follows the randomised ones.
 
 A layer is a node with parameters: Conv, ConvTranspose, Gemm, MatMul (with the bias Add after it),
 BatchNormalization, InstanceNormalization, LayerNormalization. Values are drawn as PyTorch's ``reset_parameters``
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .. import loader
+from .. import load
 from ..errors import InputError
 
 LINEAR = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -94,7 +94,7 @@ def cascade(model, seed: int = 42, order: str = "top_down"):
     asking for the next."""
     if order not in ("top_down", "bottom_up"):
         raise InputError(f"unknown layer order {order!r}; use top_down or bottom_up")
-    ir_model = loader.to_ir(loader.read_proto(model))
+    ir_model = load.to_ir(load.read_proto(model))
     layers = parameter_layers(ir_model.graph)
     if not layers:
         raise InputError("the model has no layers with parameters (Conv, Gemm, MatMul, normalisations with "
