@@ -546,6 +546,9 @@ def concept_graph(ex, x, target=None, layer=None, concept: int = 0, width=(5, 2)
         for name in names:
             shape = find_tensor(graph, name).shape
             chans = static_dims(find_tensor(graph, name))[1]
+            if chans is None:
+                raise InputError(f"layer {name!r} has a dynamic channel count; the attribution graph needs static "
+                                 "channels (fix the input shape: input_shapes= / --input-shape)")
             m = np.ones([len(level), chans] + [1] * (len(shape) - 2), dtype=up["relevance"].dtype)
             for i, (n, c) in enumerate(level):  # every item: the root concept, and its own concept at its layer
                 if name == layer or name == n:
