@@ -60,7 +60,8 @@ def message(item: int, n_far: int, batch: int, total: float, peak: float, start:
     if peak > PEAK * abs(start) or ratio > CEILING:
         hint = "give a larger epsilon/stabilizer or another composite"
     else:
-        hint = "try another composite (`onnx-lrp composites` lists them; epsilon-gamma-box, attnlrp)"
+        others = ", ".join(c for c in ("epsilon-gamma-box", "attnlrp") if c != composite)
+        hint = f"try another composite (`onnx-lrp composites` lists them; {others})"
     return (f"relevance not conserved under composite {composite!r} for {items}: {off}{where}; {hint}, or run "
             "`onnx-lrp trace MODEL INPUT` for the whole ledger")
 
@@ -68,7 +69,8 @@ def message(item: int, n_far: int, batch: int, total: float, peak: float, start:
 def culprits(rows, entering, leaving, n: int = 3) -> list[tuple[str, str, str, float]]:
     """The ``n`` ledger rows that absorb (or create: negative) the most relevance, largest magnitude first."""
     absorbed = np.asarray(entering, np.float64) - np.asarray(leaving, np.float64)
-    absorbed = np.where(np.isfinite(absorbed), absorbed, np.inf)
+    # a row summed over a masked tensor (-inf * 0 in an attention mask) is not finite: no number to report there
+    absorbed = np.where(np.isfinite(absorbed), absorbed, 0.0)
     order = np.argsort(-np.abs(absorbed), kind="stable")[:n]
     return [(rows[i].name, rows[i].op_type, rows[i].rule, float(absorbed[i])) for i in order if absorbed[i] != 0]
 
