@@ -397,10 +397,7 @@ def zero_preserving(op, rule: Rule, node: ir.Node):
         return True  # R_x = x ...
     if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
         return "inherit"
-    if isinstance(rule, Pass) and (node.op_type == "Relu" or (node.op_type == "Clip" and len(node.inputs) > 1 and
-                                                                node.inputs[1] is not None and
-                                                                node.inputs[1].const_value is not None and
-                                                                float(node.inputs[1].const_value.numpy()) == 0.0)):
+    if isinstance(rule, Pass) and op.zero_below_zero(node):
         return "inherit"  # zero exactly where the input is <= 0
     return False
 

@@ -17,15 +17,14 @@ import numpy as np
 import onnx_ir as ir
 
 from . import patterns
+from . import deployed  # noqa: F401  (registers the Q/DQ handlers; they move to onnx_lrp/ops/quantize.py)
 from .composite_check import check_composite
-from .deployed import relay_sources
 from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, captured_values, static_dims
 from .ledger import Ledger
 from .names import (ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,  # noqa: F401 (re-exported)
                     TARGET_OUTPUT, VALUE_OUTPUT, Step)
-from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
-from .ops.elementwise import nonneg_output
+from .ops import REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.transformer import token_relevance
 from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
 from .rules.composite import Composite, NodeInfo
@@ -149,10 +148,15 @@ def _ancestors(y: ir.Value) -> set[int]:
             continue
         seen.add(id(n))
         # relay: DequantizeLinear -> its QuantizeLinear's input; captured: what a Loop/Scan/If body reads by name
-        for v in list(n.inputs) + relay_sources(n) + captured_values(n):
+        for v in list(n.inputs) + _relay_sources(n) + captured_values(n):
             if v is not None and v.producer() is not None and carries(v):
                 stack.append(v.producer())
     return seen
+
+
+def _relay_sources(node: ir.Node) -> list:
+    op = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    return op.relay_sources(node) if op is not None else []
 
 
 def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
@@ -282,12 +286,8 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
         return known.get(id(v), False)
 
     for node in graph:
-        ins = [nonneg(v) for v in node.inputs]
-        if node.op_type in PRESERVES_NONNEG:
-            flag = all(ins[:1]) if node.op_type in ("Reshape", "Gather", "Slice", "Expand", "Squeeze",
-                                                    "Unsqueeze", "Pad") else all(ins)
-        else:
-            flag = nonneg_output(node, ins)
+        op = REGISTRY.get(node.op_type)
+        flag = op is not None and op.nonneg_output(node, [nonneg(v) for v in node.inputs])
         for o in node.outputs:
             known[id(o)] = bool(flag)
     return known
@@ -577,22 +577,13 @@ def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value |
         return None
     relu = uses[0].node
     a = by_node.get(id(relu))
-    if not _is_rectifier(relu) or a is None or not isinstance(a.rule, Pass):
+    rectifier = REGISTRY.get(relu.op_type)
+    if rectifier is None or not rectifier.zero_below_zero(relu) or a is None or not isinstance(a.rule, Pass):
         return None
     out = relu.outputs[0]
     if not zero_where_zero.get(id(out), False):
         return None
     return out if relu.op_type == "Relu" else z  # a Clip(0, max): the caller takes relu(z) itself
-
-
-def _is_rectifier(node: ir.Node) -> bool:
-    """Relu, or Clip with min exactly 0 (ReLU6): zero exactly where its input is <= 0."""
-    if node.op_type == "Relu":
-        return True
-    if node.op_type != "Clip" or len(node.inputs) < 2 or node.inputs[1] is None:
-        return False
-    lo = node.inputs[1].const_value
-    return lo is not None and float(lo.numpy()) == 0.0
 
 
 def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:

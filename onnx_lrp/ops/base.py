@@ -36,6 +36,9 @@ class Op:
 
     data_inputs: tuple[int, ...] | None = None  # the inputs that can carry relevance (None: every input)
     multi_output: bool = False  # relevance may reach any output, not only the first (e.g. LSTM's Y_h alone)
+    # when the output is known to be >= 0: "always", "inputs" (when every input is), "first" (when the data input
+    # is; the others are shapes, indices or axes), None (never known)
+    nonneg: str | None = None
 
     def relevance_inputs(self, node: ir.Node) -> list[int]:
         """Indices of the inputs relevance flows into (float activations among ``data_inputs``)."""
@@ -54,6 +57,25 @@ class Op:
         """The op that handles this node (an op type can hold several kinds, e.g. Add of a constant or of two
         activations)."""
         return self
+
+    def nonneg_output(self, node: ir.Node, inputs_nonneg: list[bool]) -> bool:
+        """Whether the output is known to be >= 0, given which inputs are (see ``nonneg``)."""
+        if self.nonneg == "always":
+            return True
+        if self.nonneg == "inputs":
+            return all(inputs_nonneg)
+        if self.nonneg == "first":
+            return all(inputs_nonneg[:1])
+        return False
+
+    def zero_below_zero(self, node: ir.Node) -> bool:
+        """Whether the output is zero exactly where the input is <= 0 (Relu, Clip with min 0)."""
+        return False
+
+    def relay_sources(self, node: ir.Node) -> list:
+        """Values that relevance relays to past this node's own inputs (DequantizeLinear of a QuantizeLinear: the
+        float input of the pair); [] for most ops."""
+        return []
 
 
 class LinearOp(Op):
@@ -187,6 +209,8 @@ def register(op):
     """Register an op (a class, instantiated here, or an instance) under each of its op types."""
     inst = op() if isinstance(op, type) else op
     for t in inst.op_types:
+        if t in REGISTRY:  # one handler per op type: where it means several things, one dispatcher resolves
+            raise ValueError(f"op type {t} registered twice ({type(REGISTRY[t]).__name__}, {type(inst).__name__})")
         REGISTRY[t] = inst
     return op
 

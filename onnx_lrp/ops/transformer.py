@@ -25,8 +25,10 @@ import onnx_ir as ir
 
 from .. import patterns
 from ..graph import Emitter, static_dims
-from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, affine_back, affine_out,
-                   carries, const, is_param, out_dims, register, stabilized)
+from .base import (ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, affine_back, affine_out, carries, const,
+                   is_param, out_dims, register, stabilized)
+from .linear import ElementwiseBinary, MatMul
+from .shape import Gather
 
 
 def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
@@ -319,13 +321,16 @@ class NormScale(RuleOp):
 
 
 # ------------------------------------------------------------------------------------------ dispatchers
-class _Dispatch(Op):
-    """Chooses between the handler already registered for an op type and the transformer handlers."""
+class Products(Op):
+    """MatMul / Mul / Div, one handler for what they can mean: a linear map of one activation (``base``: MatMul or
+    an element-wise affine op with a constant), a product of two activations (``product``; a Div of two activations
+    has none), or a pattern ``onnx_lrp.patterns`` recognised (a normalisation's scale, a gate, a non-linearity of one
+    tensor)."""
 
-    def __init__(self, base: Op, product: Product | None, op_type: str):
+    def __init__(self, base: Op, product: Product | None):
         self.base = base
         self.product = product
-        self.op_types = (op_type,)
+        self.op_types = base.op_types
         self.kind = getattr(base, "kind", "")
 
     def resolve(self, node):
@@ -349,14 +354,17 @@ class _Dispatch(Op):
             return None
         return self.base.check(node)
 
+    def nonneg_output(self, node, inputs_nonneg):
+        return self.base.nonneg_output(node, inputs_nonneg)
+
 
 ELEMENTWISE_OF_ONE = ElementwiseOfOne()
 NORM_SCALE = NormScale()
 GATE = Gate()
 PRODUCT_MUL = Product("Mul")
-REGISTRY["MatMul"] = _Dispatch(REGISTRY["MatMul"], Product("MatMul"), "MatMul")
-REGISTRY["Mul"] = _Dispatch(REGISTRY["Mul"], PRODUCT_MUL, "Mul")
-REGISTRY["Div"] = _Dispatch(REGISTRY["Div"], None, "Div")
+register(Products(MatMul(), Product("MatMul")))
+register(Products(ElementwiseBinary("Mul"), PRODUCT_MUL))
+register(Products(ElementwiseBinary("Div"), None))
 
 
 @register
@@ -442,6 +450,7 @@ class Softmax(RuleOp):
 
     kind = "softmax"
     op_types = ("Softmax",)
+    nonneg = "always"
 
     data_inputs = (0,)
 
@@ -578,11 +587,15 @@ class Leaf(ShapeOp):
 
 class Lookup(ShapeOp):
     """Gather with computed indices: from a constant table (embedding lookup: the path ends, relevance is
-    reported per token) or from an activation (J^T r = scatter-add r at the indices)."""
+    reported per token) or from an activation (J^T r = scatter-add r at the indices); with constant indices the
+    move ``base`` (``onnx_lrp.ops.shape.Gather``)."""
 
     def __init__(self, base):
         self.base = base
         self.op_types = ("Gather",)
+
+    def nonneg_output(self, node, inputs_nonneg):
+        return self.base.nonneg_output(node, inputs_nonneg)
 
     def resolve(self, node):
         if const(node.inputs[1]) is None:
@@ -626,7 +639,7 @@ class Lookup(ShapeOp):
         return [em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag="r_in")]
 
 
-REGISTRY["Gather"] = Lookup(REGISTRY["Gather"])
+register(Lookup(Gather()))
 
 
 # ------------------------------------------------------------------------------------------ element-wise
