@@ -33,6 +33,9 @@ class Params:
 class Op:
     kind: str = ""
     op_types: tuple[str, ...] = ()
+    # how rules see the op (they dispatch on it, ``onnx_lrp.rules.Rule``): "linear", "move", "activation", or
+    # "own" (the op applies its rules itself)
+    category: str = ""
 
     data_inputs: tuple[int, ...] | None = None  # the inputs that can carry relevance (None: every input)
     multi_output: bool = False  # relevance may reach any output, not only the first (e.g. LSTM's Y_h alone)
@@ -81,6 +84,7 @@ class Op:
 class LinearOp(Op):
     """z = f(x; w, b), linear in x (one or more activation inputs) for fixed parameters."""
 
+    category = "linear"
     has_params: bool = True
 
     def params(self, node: ir.Node) -> Params:
@@ -106,6 +110,7 @@ def rank_known(self, node: ir.Node) -> str | None:
 
 class ShapeOp(Op):
     kind = "shape"
+    category = "move"
 
     def transpose(self, em: Emitter, node: ir.Node, r_outs: list) -> list:
         raise NotImplementedError
@@ -117,6 +122,7 @@ class ActivationOp(Op):
     not vanish with x, and the next LRP-0/epsilon step divides it by x (f(x)/x is unbounded near x = 0)."""
 
     kind = "activation"
+    category = "activation"
     variant_kinds = ("offset-activation",)  # kinds ``resolve`` can give a node (composites may match them)
 
     data_inputs = (0,)
@@ -139,6 +145,12 @@ class ActivationOp(Op):
         """f'(x) for the Gradient rule, or None when not provided."""
         return None
 
+    def has_derivative(self) -> bool:
+        return type(self).derivative is not ActivationOp.derivative
+
+    def has_pass_grad(self) -> bool:
+        return type(self).pass_grad is not ActivationOp.pass_grad
+
     def pass_grad(self, em: Emitter, node: ir.Node, g: ir.Value):
         """The identity rule (Pass) in gradient form, R_x = f(x) ⊙ g = ref ⊙ g_x: ``(g_x, ref)`` when that needs no
         division (e.g. ``(g ⊙ [x > 0], x)`` for Relu), else None (then R = f(x) ⊙ g passes as it is)."""
@@ -146,22 +158,20 @@ class ActivationOp(Op):
 
 
 class RuleOp(Op):
-    """An op that applies its rules itself (products of activations, softmax, ...): ``fits`` says why a rule
-    cannot apply, ``propagate`` emits the relevance of ``layer.xs`` (None where an input gets none).
-    ``gradient_form`` says whether the rule is exact in gradient form; then ``propagate_grad`` maps the ``Rel`` of
-    the output to the ``Rel`` of each input (see ``onnx_lrp.propagate.Rel``)."""
+    """An op whose rules are written for it alone (products of activations, softmax, recurrent cells, ...): a rule
+    that applies to it implements ``propagate_<family>(em, layer, r_outs)`` (the emitted relevance of ``layer.xs``,
+    None where an input gets none) and, where it is exact in gradient form, ``gradient_form_<family>(op)`` and
+    ``propagate_grad_<family>`` (mapping the ``Rel`` of the output to the ``Rel`` of each input; see
+    ``onnx_lrp.propagate.Rel``), calling the op's own steps. ``refusal`` names the op for the rules that do not."""
+
+    category = "own"
+    family: str = ""
+    refusal: str = ""
 
     def fits(self, rule) -> str | None:
-        raise NotImplementedError
-
-    def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
-        raise NotImplementedError
-
-    def gradient_form(self, rule) -> bool:
-        return False
-
-    def propagate_grad(self, em: Emitter, layer, rule, r_outs: list) -> list:
-        raise NotImplementedError
+        if hasattr(rule, "propagate_" + self.family):
+            return None
+        return f"rule {rule.name} on {self.refusal}"
 
 
 def stabilized(em: Emitter, z: ir.Value, eps: float, tag: str = "stab") -> ir.Value:

@@ -81,6 +81,8 @@ class Recurrent(RuleOp):
     """LSTM / GRU / RNN with constant weights: LRP for LSTMs (``rules.recurrent.Recurrent``)."""
 
     kind = "recurrent"
+    family = "recurrent"
+    refusal = "a recurrent layer (use recurrent)"
     op_types = ("LSTM", "GRU", "RNN")
     multi_output = True  # relevance may arrive at Y_h / Y_c alone
 
@@ -118,10 +120,6 @@ class Recurrent(RuleOp):
             return "X is not of rank 3"
         return None
 
-    def fits(self, rule):
-        if getattr(rule, "name", "") == "recurrent":
-            return None
-        return f"rule {getattr(rule, 'name', rule)} on a recurrent layer (use recurrent)"
 
     # ------------------------------------------------------------------------------------------ emission
     def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
