@@ -9,6 +9,11 @@ Relevance travels in one of two forms (``Rel``): as itself, or in *gradient form
 efficient mode). Rules that are exact in gradient form (LRP-0 on linear ops, moves, AttnLRP's uniform and softmax
 rules) take and give ``g``: ``g_in = J^T g_out`` needs no division and no multiplication by the input, so chains
 of them cost one transpose per layer. Any other rule reads ``R`` (one multiply converts).
+
+The rules themselves (``onnx_lrp.rules``) decide what applies to an op and call the steps here: ``linear_rule``
+(the engine of every rule given as groups of terms: ``collect``, ``normalise`` by the denominator, ``transposes``),
+``linear_grad``, ``move`` / ``move_grad``, ``gradient``, ``gradient_x_input`` and ``pass_grad``. This module does
+not import the rules.
 """
 from __future__ import annotations
 

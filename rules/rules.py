@@ -111,6 +111,7 @@ class Rule:
 
     name: ClassVar[str] = ""
     needs_params: ClassVar[bool] = False
+    explodes_at_offset: ClassVar[bool] = False  # pass and gradient-x-input: refused together on f(0) != 0 with no f'
 
     def params(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
@@ -138,8 +139,6 @@ class Rule:
             return ("element-wise function with f(0) != 0 (or not provably 0) and no known derivative: neither the "
                     "identity rule (it would explode) nor gradient-x-input applies; write it with ops onnx-lrp knows")
         return self.fits_linear(op)
-
-    explodes_at_offset: ClassVar[bool] = False  # pass and gradient-x-input: refused together on f(0) != 0 with no f'
 
     # ---------------------------------------------------------------------------------------------- emission
     def propagate(self, em, layer, r_outs: list) -> list:
