@@ -17,7 +17,6 @@ import numpy as np
 import onnx_ir as ir
 
 from . import patterns
-from . import deployed  # noqa: F401  (registers the Q/DQ handlers; they move to onnx_lrp/ops/quantize.py)
 from .composite_check import check_composite
 from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, captured_values, static_dims
