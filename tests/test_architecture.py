@@ -161,3 +161,13 @@ def test_only_load_proto_imports_onnx():
             if any(n == "onnx" or n.startswith("onnx.") for n in names) and m != "onnx_lrp.load.proto":
                 offenders.append(f"{m}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists every package folder (setuptools installs only those listed: a package left out works in
+    an editable install and is missing from a wheel)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
