@@ -169,6 +169,7 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     ex = build_explainer(model, comp, device=device, output=output_name, relevance_at=tuple(relevance_at),
                          start=start)
     t_build = time.perf_counter() - t0
+    ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
@@ -224,6 +225,7 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     start_values = (np.concatenate([np.asarray(r.explained_value).reshape(-1) for r in results])
                     if getattr(results[0], "explained_value", None) is not None else None)
     behind = getattr(ex, "explained_tensor", ex.explained_output) != ex.explained_output and start_values is not None
+    gap = worst_gap(results, [0] + list(np.cumsum([len(r.target) for r in results])[:-1]))
 
     # ---- summary
     if pos_used is not None:  # the explained row of each item
@@ -245,6 +247,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
                    explain_s=round(t_explain, 4))
     if behind:
         summary["logits"] = ex.explained_tensor
+    if gap is not None:
+        summary["deployed_gap"] = gap.as_dict()
     token_rows = None
     if tokens is not None:
         from onnx_lrp.tokens import tokens_for
@@ -285,6 +289,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     if len(heat_files) > 1:
         summary["heatmap_files"] = [str(p) for p in heat_files]
 
+    if gap is not None and gap.beyond:
+        _say("warning: " + gap.message())
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -324,6 +330,15 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \
             f"; heatmaps -> {heat_files[0]} ... {heat_files[-1]} ({len(heat_files)} files, 48 items each)"
     click.echo(f"relevance -> {out_path}" + heat_text + (f"; tokens -> {html_out}" if html_out else ""))
+
+
+def worst_gap(results, offsets):
+    """The gap between deployed outputs and the explained forward to report for a run of several chunks (items
+    counted over the whole run), or None without a deployed run."""
+    from onnx_lrp.gap import worst
+
+    return worst([r.deployed_gap.shifted(int(o)) for r, o in zip(results, offsets)
+                  if getattr(r, "deployed_gap", None) is not None])
 
 
 def _tile_label(it: dict, ex, start: str) -> list[str]:

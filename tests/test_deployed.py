@@ -5,8 +5,13 @@ onnxruntime's own forward pass of the deployed model, and the relevance of the e
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import logging
+import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -714,3 +719,72 @@ def test_fake_quantized_float_weights_fold(tmp_path):
     np.testing.assert_allclose(res.outputs["y"], ref, rtol=1e-6, atol=1e-6)
     wq = np.clip(np.round(w / ws), -128, 127) * ws
     np.testing.assert_allclose(res.relevance, x * wq[:, 1], rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- deployed gap
+def test_gap_cause_is_the_onnxruntime_path_that_closes_it(monkeypatch):
+    """onnx_lrp.gap.cause runs the deployed model again with onnxruntime's exact int8 sums, with Q/DQ as written, and
+    with both; the first that brings it within the tolerance names the cause (a fake session stands for a CPU whose
+    int8 kernels saturate: on a VNNI CPU no real model can show it)."""
+    from onnx_lrp import gap as gaps
+
+    forward = np.array([[14.81, -4.0, -2.6]])
+
+    class FakeSession:
+        def __init__(self, model, device, deployed=False, config=None):
+            self.config = config or {}
+
+    class FakeRunner:
+        deployed, device = b"model", "cpu"
+
+        def __init__(self, kinds, closes):
+            self.deployed_kinds, self.closes = kinds, closes
+
+        def deployed_outputs(self, feeds, session):
+            exact = all(session.config.get(k) == "1" for k in self.closes)
+            return {"y": forward + (0 if exact else 0.2 * np.array([[-1, 1, 1]]))}
+
+    monkeypatch.setattr(gaps.runtime, "Session", FakeSession)
+    g = gaps.measure("y", forward + 0.2 * np.array([[-1, 1, 1]]), forward, 0.05, 1)
+    assert g.beyond and g.max_abs == pytest.approx(0.2) and g.tolerance == pytest.approx(1.001 * 0.05)
+    assert gaps.cause(FakeRunner(("int8",), ["session.x64quantprecision"]), {}, forward, g) == gaps.SATURATE
+    assert gaps.cause(FakeRunner(("int8",), ["session.disable_quant_qdq"]), {}, forward, g) == gaps.QDQ_FUSED
+    assert gaps.cause(FakeRunner(("int8",), ["session.x64quantprecision", "session.disable_quant_qdq"]), {},
+                      forward, g) == gaps.BOTH
+    assert gaps.cause(FakeRunner(("int8",), ["never"]), {}, forward, g) == gaps.ROUNDING
+    assert gaps.cause(FakeRunner(("float16",), []), {}, forward, g) == gaps.FLOAT16
+    msg = dataclasses.replace(g, reason=gaps.SATURATE).message()
+    assert msg.startswith("int8 kernels of this CPU saturate") and re.search(r"by up to 0\.2 on y\[\d\] of item 0 ", msg)
+    assert "one output quantization step, 0.05" in msg and "\n" not in msg
+
+
+def test_cli_says_the_gap_once_in_explain_trace_and_snapshot(variants, tmp_path):
+    """float16 deployed outputs differ from the float32 explained forward beyond 1e-4 of max |y| on every CPU: explain
+    prints one warning line (the largest gap of the run) and the JSON summary holds it; trace and snapshot say it in
+    their report."""
+    def run(*args):
+        p = subprocess.run([sys.executable, "-c", "from onnx_lrp.cli.main import main; main()", *map(str, args)],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        return p.returncode, p.stdout, p.stderr
+
+    x = np.load(SAMPLES)
+    ex = onnx_lrp.Explainer(variants["fp16io"])
+    parts = [ex.explain(x[lo:lo + 4]) for lo in range(0, len(x), 4)]  # the CLI's chunks, float32 as it reads them
+    deployed = np.concatenate([r.outputs["logits"] for r in parts])
+    gap = np.abs(deployed.astype(np.float64) - np.concatenate([r.forward["logits"] for r in parts]))
+    assert gap.max() > 1e-4 * np.abs(deployed.astype(np.float64)).max()
+    code, out, err = run("explain", variants["fp16io"], SAMPLES, "-o", tmp_path / "r.npz", "--batch-size", "4",
+                         "--json")
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "differs from the deployed one" in line]
+    assert len(said) == 1 and said[0].startswith("onnx-lrp: warning: the deployed model computes in float16")
+    summary = json.loads(out)
+    assert summary["deployed_gap"]["max_abs"] == pytest.approx(gap.max()) and summary["deployed_gap"]["beyond"]
+    assert f"of item {int(np.argmax(gap.max(axis=1)))} " in said[0]  # counted over the whole run, not per chunk
+    with np.load(tmp_path / "r.npz") as z:  # the written outputs are the deployed model's
+        np.testing.assert_array_equal(z["outputs"], deployed)
+    code, out, err = run("trace", variants["fp16io"], SAMPLES, "--item", "3")
+    assert code == 0 and sum("differs from the deployed one" in line for line in out.splitlines()) == 1, out + err
+    code, out, err = run("snapshot", variants["fp16io"], SAMPLES, "-o", tmp_path / "b.npz")
+    assert code == 0 and sum(line.startswith("note: the deployed model computes in float16")
+                             for line in out.splitlines()) == 1, out + err
