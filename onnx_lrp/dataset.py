@@ -3,7 +3,8 @@
 ``explain_dataset(model, source, out_dir, engine="local")`` writes ``out_dir``:
 
 * ``shards/part-NNNNN.npz``: per shard ``items`` (source id of each explained item), ``relevance`` (or
-  ``relevance/<input>`` for several float inputs), ``targets``, ``outputs`` (the explained output);
+  ``relevance/<input>`` for several float inputs), ``targets``, ``outputs`` (the explained output; quantized and
+  float16 models: the deployed model's, and ``forward`` the explained forward's);
 * ``manifest.json``: model SHA-256, composite and parameters, onnx-lrp version, engine, item count, the shards done
   (item range, checksum, failed items);
 * ``errors.jsonl``: one line per item that could not be read or explained (``{"item": id, "error": message}``).
@@ -508,6 +509,8 @@ def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None
         arrays = {("relevance" if k is None else f"relevance/{k}"): v for k, v in rel.items()}
         arrays["targets"] = np.asarray(res.target, np.int64).reshape(-1)
         arrays["outputs"] = res.outputs[ex.explained_output]
+        if res.forward is not None and res.forward is not res.outputs:  # quantized / float16: the explained forward
+            arrays["forward"] = res.forward[ex.explained_output]
         if res.position is not None:
             arrays["positions"] = np.asarray(res.position, np.int64).reshape(-1)
         arrays.update({f"relevance_at/{k}": v for k, v in res.relevance_at.items()})
