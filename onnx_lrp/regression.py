@@ -408,7 +408,7 @@ def deployed_difference_message(d: dict, output: str) -> str:
     return (f"the deployed outputs differ from the baseline's by up to {d['max_abs']:.3g} on {output}[{d['index']}] "
             f"of {d['item']} (tolerance {d['tolerance']:.3g}): onnxruntime's int8 kernels compute differently on the "
             f"baseline's machine ({fact(m.get('baseline'))}) and this one ({fact(m.get('current'))}); the "
-            "explanations are compared on the explained forward, which does not depend on the CPU")
+            "explanations are compared on the explained forward, which does not depend on the int8 kernels")
 
 
 # ---------------------------------------------------------------------------------------------- snapshot file

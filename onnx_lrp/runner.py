@@ -104,7 +104,8 @@ class Runner:
         self.deployed_note = None  # why the deployed model does not run beside the relevance model, if it does not
         if self.deployed is not None:
             try:
-                self.deployed_session = runtime.Session(self.deployed, session.device, deployed=True)
+                self.deployed_session = runtime.Session(self.deployed, session.device, getattr(session, "threads", None),
+                                                        deployed=True)
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
@@ -241,7 +242,7 @@ class Runner:
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
         if static_one and batch > 1 and self.ledger:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
-        deployed = self.deployed_outputs(feeds) if self.deployed_session is not None else None
+        deployed = self._deployed_run(feeds)
         if deployed is not None and self.sequence_rows is None and not self.whole and np.all(targets < 0) and \
                 self.explained_output in deployed and deployed[self.explained_output].shape[:1] == (batch,):
             # arg-max: the deployed model's prediction (the explained forward's can differ where they disagree)
@@ -275,6 +276,19 @@ class Runner:
                            ledger=None if not self.ledger else
                            {"entering": merged[LEDGER_ENTERING],
                             "leaving": merged[LEDGER_LEAVING]})
+
+    def _deployed_run(self, feeds: dict) -> dict | None:
+        """The deployed model's outputs, or None (a float model; or it fails on this input: said once, and the
+        outputs are the explained forward's)."""
+        if self.deployed_session is None:
+            return None
+        try:
+            return self.deployed_outputs(feeds)
+        except LrpError as exc:
+            if self.deployed_note is None:
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
+            return None
 
     def deployed_outputs(self, feeds: dict, session=None) -> dict:
         """The deployed model's outputs on ``feeds`` (the relevance model's inputs), run as written by onnxruntime

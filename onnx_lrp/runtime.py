@@ -132,6 +132,7 @@ class Session:
         check_install()
         self.deployed = deployed
         self.config = dict(config or {})
+        self.threads = threads
         self.device = resolve_device(device)
         self.fallback = None  # why device "auto" fell back to the CPU, if it did
         trying = device == "auto" and self.device == "cuda"
