@@ -29,8 +29,8 @@ from . import runtime
 
 RELATIVE = 1e-4  # of max |y|: the tolerance of float outputs (and the floor of quantized ones)
 
-SATURATE = "int8 kernels of this CPU saturate (onnxruntime's u8s8 kernels without VNNI add 8-bit products in 16 bits; " \
-           "session.x64quantprecision=1 computes them exactly)"
+SATURATE = ("int8 kernels of this CPU saturate (onnxruntime's u8s8 kernels without VNNI add 8-bit products in 16 "
+            "bits; session.x64quantprecision=1 computes them exactly)")
 QDQ_FUSED = "onnxruntime runs the Q/DQ pairs through fused integer kernels that round differently from the graph " \
             "as written (session.disable_quant_qdq=1 runs the explained forward)"
 BOTH = "int8 kernels of this CPU saturate (no VNNI) and onnxruntime's fused Q/DQ kernels round differently " \

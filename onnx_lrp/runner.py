@@ -104,8 +104,8 @@ class Runner:
         self.deployed_note = None  # why the deployed model does not run beside the relevance model, if it does not
         if self.deployed is not None:
             try:
-                self.deployed_session = runtime.Session(self.deployed, session.device, getattr(session, "threads", None),
-                                                        deployed=True)
+                threads = getattr(session, "threads", None)
+                self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True)
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
@@ -299,7 +299,7 @@ class Runner:
         feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
                  for k, v in feeds.items() if k in types}
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
-        batch = next(iter(feeds.values())).shape[0] if feeds else 1
+        batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
         if static_one and batch > 1 and not self.whole:
             parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
                                   for k, v in feeds.items()}) for i in range(batch)]

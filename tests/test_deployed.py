@@ -754,7 +754,8 @@ def test_gap_cause_is_the_onnxruntime_path_that_closes_it(monkeypatch):
     assert gaps.cause(FakeRunner(("int8",), ["never"]), {}, forward, g) == gaps.ROUNDING
     assert gaps.cause(FakeRunner(("float16",), []), {}, forward, g) == gaps.FLOAT16
     msg = dataclasses.replace(g, reason=gaps.SATURATE).message()
-    assert msg.startswith("int8 kernels of this CPU saturate") and re.search(r"by up to 0\.2 on y\[\d\] of item 0 ", msg)
+    assert msg.startswith("int8 kernels of this CPU saturate")
+    assert re.search(r"by up to 0\.2 on y\[\d\] of item 0 ", msg)
     assert "one output quantization step, 0.05" in msg and "\n" not in msg
 
 
