@@ -69,8 +69,8 @@ def _ort(path_or_bytes, feeds, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL, 
     except ort.capi.onnxruntime_pybind11_state.NotImplemented:
         if config is not EXACT_INT8:
             raise
-        # com.microsoft QGemm has no kernel for the u8 weights EXACT_INT8 converts its s8 weights to: the plain
-        # session, whose u8s8 sums stay below 32767 for these tests' data on AVX2 too (checked under qemu -cpu Haswell)
+        # com.microsoft QGemm has no kernel for the u8 weights EXACT_INT8 converts its s8 weights to (seen on this
+        # VNNI CPU): the plain session; the QGemm tests hold on the AVX2 path too (run under qemu -cpu Haswell)
         return _ort(path_or_bytes, feeds, level)
 
 
