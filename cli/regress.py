@@ -349,11 +349,12 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
     n = len(batch)
+    gap_list = []  # MODEL_B's deployed outputs against its explained forward
     with Progress("explaining") as bar:
         rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size,
                                              progress=lambda d, t: bar.update(d, 2 * t))
         rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size,
-                                          progress=lambda d, t: bar.update(n + d, 2 * t))
+                                          progress=lambda d, t: bar.update(n + d, 2 * t), gaps_out=gap_list)
     base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a,
                      outs_a.get(FORWARD_PREFIX + ex_a.explained_output))
     cur = rg.Result(rel_b, outs_b[ex_b.explained_output], used, batch.names, outs_b,
@@ -365,6 +366,9 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
                    model_sha256=dict(a=rg.sha256_file(model_a), b=rg.sha256_file(model_b)))
     click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
                + (f", thresholds from {config_used}" if config_used else ""))
+    gap_b = _gap_note(gap_list)
+    if gap_b is not None:
+        context["deployed_gap"] = gap_b
     code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, batch.arrays, ex_b, max_rows,
                    "onnx-lrp diff", time.perf_counter() - t0)
     raise SystemExit(code)
