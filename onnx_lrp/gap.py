@@ -1,7 +1,7 @@
 """The explained forward beside the deployed one: how far apart their outputs are, and why.
 
 onnx-lrp computes relevance on the *explained forward*: the deployed graph with its integer kernels rewritten as
-``DequantizeLinear -> float op`` and float16 upcast to float32 (:mod:`onnx_lrp.deployed`), run by onnxruntime with
+``DequantizeLinear -> float op`` and float16 upcast to float32 (:mod:`onnx_lrp.load.passes`), run by onnxruntime with
 its Q/DQ pairs as written. The deployed model, run as written by onnxruntime on the same machine, can compute other
 outputs:
 
@@ -132,7 +132,7 @@ def int8_saturates(device: str = "cpu") -> bool | None:
     try:
         import onnx_ir as ir
 
-        from . import loader  # serialising needs onnx: only here, in the builder process
+        from . import load as loader  # serialising needs onnx: only here, in the builder process
 
         a = ir.Value(name="a", type=ir.TensorType(ir.DataType.UINT8), shape=ir.Shape([1, 64]))
         b = ir.Value(name="b", const_value=ir.tensor(np.full((64, 1), 127, np.int8), name="b"))

@@ -156,7 +156,7 @@ class Session:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if not self.deployed:
             # relevance models: run Q/DQ pairs as written (the float path the relevance is computed on); ORT's QDQ
-            # fusions would regroup them around the float weights onnx_lrp.deployed folds
+            # fusions would regroup them around the float weights the qdq loading pass folds
             opts.add_session_config_entry("session.disable_quant_qdq", "1")
         for key, value in self.config.items():
             opts.add_session_config_entry(key, value)
