@@ -789,3 +789,20 @@ def test_cli_says_the_gap_once_in_explain_trace_and_snapshot(variants, tmp_path)
     code, out, err = run("snapshot", variants["fp16io"], SAMPLES, "-o", tmp_path / "b.npz")
     assert code == 0 and sum(line.startswith("note: the deployed model computes in float16")
                              for line in out.splitlines()) == 1, out + err
+
+
+def test_payload_carries_the_deployed_model(variants):
+    """A Runner from an Explainer's payload (a Ray actor's) runs the deployed model too: the same outputs, explained
+    forward and gap as the Explainer; float models carry none."""
+    from onnx_lrp.runner import Runner
+
+    x = np.load(SAMPLES)[:4]
+    ex = onnx_lrp.Explainer(variants["dynamic"])
+    run = Runner.from_payload(ex.payload(), threads=1)
+    a, b = ex.explain(x), run.explain(x)
+    np.testing.assert_array_equal(b.outputs["logits"], _ort(variants["dynamic"], {"image": x})[0])
+    np.testing.assert_array_equal(b.forward["logits"], a.forward["logits"])
+    np.testing.assert_array_equal(b.relevance, a.relevance)
+    assert b.deployed_gap.max_abs == a.deployed_gap.max_abs
+    plain = onnx_lrp.Explainer(DEMO)
+    assert plain.deployed is None and Runner.from_payload(plain.payload()).explain(x).deployed_gap is None
