@@ -290,7 +290,7 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         summary["heatmap_files"] = [str(p) for p in heat_files]
 
     if gap is not None and gap.beyond:
-        _say("warning: " + gap.message())
+        _say("warning: " + gap.message(batch.names))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return

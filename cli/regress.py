@@ -178,11 +178,11 @@ def _explainer(model, comp, output_name, start):
     return ex
 
 
-def _gap_note(gap_list: list) -> dict | None:
+def _gap_note(gap_list: list, names: list) -> dict | None:
     """The largest gap between deployed outputs and explained forward of a run (printed when beyond its tolerance)."""
     gap = gaps.worst(gap_list)
     if gap is not None and gap.beyond:
-        click.echo(f"note: {gap.message()}")
+        click.echo(f"note: {gap.message(names)}")
     return gap.as_dict() if gap is not None else None
 
 
@@ -304,7 +304,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
         w.save_npz(out_path, arrays, compressed=True)
     click.echo(f"snapshot of {len(batch)} item(s) -> {out_path} (composite {comp_name}, start {start}, explained "
                f"output {ex.explained_output}, {time.perf_counter() - t0:.2f} s)")
-    _gap_note(gap_list)
+    _gap_note(gap_list, batch.names)
 
 
 # ---------------------------------------------------------------------------------------------- check
@@ -387,7 +387,7 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
                f"(sha256 {sha[:12]})" + (f", thresholds from {config_used}" if config_used else ""))
     if deployed_diff is not None and deployed_diff["differ"]:
         click.echo(f"note: {rg.deployed_difference_message(deployed_diff, ex.explained_output)}")
-    gap_now = _gap_note(gap_list)
+    gap_now = _gap_note(gap_list, base.items)
     if gap_now is not None:
         context["deployed_gap"] = gap_now
     faith, lines = None, ()
@@ -455,7 +455,7 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
                    model_sha256=dict(a=rg.sha256_file(model_a), b=rg.sha256_file(model_b)))
     click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
                + (f", thresholds from {config_used}" if config_used else ""))
-    gap_b = _gap_note(gap_list)
+    gap_b = _gap_note(gap_list, batch.names)
     if gap_b is not None:
         context["deployed_gap"] = gap_b
     code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, batch.arrays, ex_b, max_rows,

@@ -128,7 +128,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
                + (f" at position {summary['position']}" if "position" in summary else "")
                + f", composite {comp.name}, start {start}: relevance {start_value:.6g} enters at the output")
     if gap is not None and gap.beyond:
-        click.echo(f"note: {gap.message()}")
+        click.echo(f"note: {gap.message([batch.names[item]])}")
     click.echo(f"  {'node':<{width}}  {'op':<{opw}}  {'rule':<{rw}}  {'entering':>11}  {'leaving':>11}  "
                f"{'absorbed':>11}  {'running':>11}  absorbed by")
     for r in rows:

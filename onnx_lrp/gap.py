@@ -57,12 +57,14 @@ class Gap:
     def beyond(self) -> bool:
         return not self.max_abs <= self.tolerance  # NaN counts as beyond
 
-    def message(self) -> str:
-        """One line: why, by how much, where, against which criterion, and what is returned."""
+    def message(self, names=None) -> str:
+        """One line: why, by how much, where, against which criterion, and what is returned (``names``: the items'
+        names, for the command line)."""
         crit = f"one output quantization step, {self.step:.3g}" if self.step and self.tolerance <= self.step * 1.01 \
             else f"1e-4 of max |{self.output}|"
+        where = names[self.item] if names is not None and 0 <= self.item < len(names) else f"item {self.item}"
         return (f"{self.reason or OTHER}: the explained forward differs from the deployed one by up to "
-                f"{self.max_abs:.3g} on {self.output}[{self.index}] of item {self.item} (tolerance {self.tolerance:.3g}"
+                f"{self.max_abs:.3g} on {self.output}[{self.index}] of {where} (tolerance {self.tolerance:.3g}"
                 f": {crit}); outputs are the deployed model's, the relevance is the explained forward's")
 
     def as_dict(self) -> dict:

@@ -781,7 +781,7 @@ def test_cli_says_the_gap_once_in_explain_trace_and_snapshot(variants, tmp_path)
     assert len(said) == 1 and said[0].startswith("onnx-lrp: warning: the deployed model computes in float16")
     summary = json.loads(out)
     assert summary["deployed_gap"]["max_abs"] == pytest.approx(gap.max()) and summary["deployed_gap"]["beyond"]
-    assert f"of item {int(np.argmax(gap.max(axis=1)))} " in said[0]  # counted over the whole run, not per chunk
+    assert f"of batch.npy[{int(np.argmax(gap.max(axis=1)))}] " in said[0]  # counted over the whole run, not per chunk
     with np.load(tmp_path / "r.npz") as z:  # the written outputs are the deployed model's
         np.testing.assert_array_equal(z["outputs"], deployed)
     code, out, err = run("trace", variants["fp16io"], SAMPLES, "--item", "3")
