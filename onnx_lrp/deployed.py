@@ -962,10 +962,11 @@ def split_fused(graph: ir.Graph, opset) -> tuple[int, list]:
 # ---------------------------------------------------------------------------------------------- entry point
 def _reinfer_shapes(model: ir.Model) -> None:
     """Shape inference again after splitting ops that onnx's inference did not know (types copied by name)."""
-    from . import loader  # only the loader touches onnx
+    from . import external, loader  # only the loader touches onnx
 
     try:
-        proto = loader.prepare_proto(ir.serde.serialize_model(model), "model")
+        with external.weightless(model):  # shapes only: no weight serialised
+            proto = loader.prepare_proto(ir.serde.serialize_model(model), "model")
     except Exception:
         return
     inferred = loader.to_ir(proto)

@@ -1,9 +1,11 @@
 """The Python API: ``Explainer(model, composite=...).explain(x, target=...)``."""
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
 from . import loader, rewriter, runtime
 from .errors import InputError, LrpError, ModelError, internal_error
@@ -80,8 +82,12 @@ class Explainer(Runner):
             # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
-        self.model_bytes = loader.serialize(ir_model)
-        self._started(runtime.Session(self.model_bytes, device, threads))
+        parts = loader.serialize_parts(ir_model)  # a large model: its weights stay in their files
+        del ir_model, graph, y_value, y_out  # nothing of the onnx_ir graph outlives this
+        if parts.folder is not None:
+            gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
+        self.model_bytes, self.model_folder, self.model_arrays = parts.model_bytes, parts.folder, parts.arrays
+        self._started(runtime.Session(self.model_bytes, device, threads, self.model_folder, self.model_arrays))
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
@@ -90,20 +96,28 @@ class Explainer(Runner):
         that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
         the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.weights.compute_in_graph`.
         """
-        data = self.model_bytes_computed() if computed_weights else self.model_bytes
         try:
-            loader.save_bytes(data, path)
+            loader.save_parts(self.model_parts(computed_weights), path)
         except OSError as exc:
             raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         return self._computed_counts if computed_weights else None
 
     def model_bytes_computed(self) -> bytes:
         """The relevance model with modified weights computed in the graph (see :meth:`save`)."""
-        from . import weights
+        return self.model_parts(True).model_bytes
 
-        model = loader.to_ir(loader.read_proto(self.model_bytes))
+    def model_parts(self, computed_weights: bool = False):
+        """The relevance model as :class:`onnx_lrp.external.Parts` (bytes alone for a small model)."""
+        from . import external, weights
+
+        if not computed_weights:
+            return external.Parts(self.model_bytes, self.model_folder, self.model_arrays)
+        model = loader.deserialize(self.model_bytes, self.model_folder)
+        for v in model.graph.initializers.values():  # the tensors onnx-lrp handed over from memory
+            if v.name in self.model_arrays:
+                v.const_value = ir.tensor(self.model_arrays[v.name], name=v.name)
         self._computed_counts = weights.compute_in_graph(model)
-        return loader.serialize(model)
+        return loader.serialize_parts(model)
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

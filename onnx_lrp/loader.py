@@ -19,7 +19,7 @@ import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
-from . import canonize, control, deployed
+from . import canonize, control, deployed, external
 from .errors import InputError, ModelError, UnsupportedError
 from .graph import captured_values, mark_presumed
 
@@ -60,13 +60,24 @@ def read_proto(source) -> onnx.ModelProto:
         raise ModelError(f"model file {path} is not a valid ONNX model ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else 'cannot parse'}); it may be truncated or "
                          "not an ONNX file") from None
-    try:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except Exception as exc:  # OSError, ValueError, onnx.checker.ValidationError (a missing data file)
-        raise ModelError(f"model file {path}: its external data cannot be read "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); keep the data files "
-                         "beside the model") from None
+    # external data stays in its files (memory-mapped by the onnx_ir model, read by onnxruntime): checked, not loaded
+    external.check_files(proto, path.parent, f"model file {path}")
     return proto
+
+
+def data_files(path) -> list[Path]:
+    """The external data files a model file names (each once)."""
+    path = Path(path)
+    proto = read_proto(path)
+    names = {e.value for t in external.external_tensors(proto) for e in t.external_data if e.key == "location"}
+    return [path.parent / n for n in sorted(names)]
+
+
+def data_folder(source) -> Path | None:
+    """The folder a model file's external data paths are relative to (None for bytes and protos)."""
+    if isinstance(source, (str, os.PathLike)):
+        return Path(os.fspath(source)).resolve().parent
+    return None
 
 
 def initializers_not_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -171,7 +182,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     _check_text(proto, name)
     proto = contrib_to_ms_domain(proto)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(external.light_proto(proto))  # weights by type and shape: no 2 GiB limit
     except Exception as exc:
         raise ModelError(f"{name} fails the ONNX checker: {str(exc).splitlines()[0]}") from None
     opset = _opset(proto)
@@ -711,8 +722,9 @@ def _fill_same_shape(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
 
 
-def to_ir(proto: onnx.ModelProto) -> ir.Model:
-    return ir.serde.deserialize_model(proto)
+def to_ir(proto: onnx.ModelProto, folder=None) -> ir.Model:
+    """The onnx_ir model; external tensors read their files in ``folder`` (memory-mapped, when first used)."""
+    return external.attach(ir.serde.deserialize_model(proto), folder)
 
 
 def load(source, name: str | None = None, constants: dict | None = None,
@@ -725,7 +737,7 @@ def load(source, name: str | None = None, constants: dict | None = None,
     proto = negative_dims_dynamic(initializers_not_inputs(read_proto(source)))
     proto = prepare_proto(fix_input_shapes(bind_constants(proto, constants, name), input_shapes, name), name)
     try:
-        model = to_ir(proto)
+        model = to_ir(proto, data_folder(source))
     except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
         cause = exc
         while cause.__cause__ is not None:
@@ -830,11 +842,12 @@ def refresh_shapes(model: ir.Model) -> int:
     todo = {o.name: o for n in model.graph for o in n.outputs if o.name and _incomplete(o)}
     if not todo:
         return 0
-    proto = ir.serde.serialize_model(model)
+    with external.weightless(model):  # large parameters matter by type and shape: no data serialised
+        proto = ir.serde.serialize_model(model)
     # large parameters only matter by their type and shape: pass them as typed inputs, not as data
     keep = []
     for init in proto.graph.initializer:
-        if int(np.prod(init.dims)) > 4096:
+        if int(np.prod(init.dims)) > 4096 or init.data_location == onnx.TensorProto.EXTERNAL:
             proto.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
         else:
             keep.append(init)
@@ -859,9 +872,10 @@ def refresh_shapes(model: ir.Model) -> int:
     return changed
 
 
-def deserialize(model_bytes: bytes) -> ir.Model:
-    """An ``onnx_ir`` model from bytes written by :func:`serialize` (no checks, no canonization)."""
-    return to_ir(onnx.load_model_from_string(model_bytes))
+def deserialize(model_bytes: bytes, folder=None) -> ir.Model:
+    """An ``onnx_ir`` model from bytes written by :func:`serialize` (no checks, no canonization); ``folder``: where
+    its external data is (:attr:`external.Parts.folder`)."""
+    return to_ir(onnx.load_model_from_string(model_bytes), folder)
 
 
 def min_ir_version(model_proto: onnx.ModelProto) -> int:
@@ -869,10 +883,31 @@ def min_ir_version(model_proto: onnx.ModelProto) -> int:
 
 
 def serialize(model: ir.Model) -> bytes:
-    """The model as bytes, IR version set explicitly (onnxruntime 1.31 reads IR <= 13)."""
-    proto = ir.serde.serialize_model(model)
+    """The model as bytes, IR version set explicitly (onnxruntime 1.31 reads IR <= 13); external tensors stay
+    references to their files."""
+    return serialize_proto(ir.serde.serialize_model(model))
+
+
+def serialize_proto(proto: onnx.ModelProto) -> bytes:
     proto.ir_version = min(min_ir_version(proto), 13)
     return proto.SerializeToString()
+
+
+def serialize_parts(model: ir.Model) -> external.Parts:
+    """The model as onnxruntime receives it: bytes alone for a small model; for one with external data or over
+    1 GiB of weights, the graph, the folder of its data files and its large in-memory tensors (never one protobuf
+    of every weight)."""
+    if not external.is_large(model):
+        return external.Parts(serialize(model))
+    return external.split(model, serialize)
+
+
+def save_parts(parts: external.Parts, path) -> None:
+    """Write ``path`` (and ``path.data`` for a large model) atomically."""
+    if parts.large:
+        external.save(parts, path, serialize_proto)
+    else:
+        save_bytes(parts.model_bytes, path)
 
 
 def check(model_bytes: bytes) -> None:

@@ -27,7 +27,7 @@ from .names import (ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPU
 from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
 from .ops.elementwise import nonneg_output
 from .ops.transformer import token_relevance
-from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
+from .propagate import Layer, Rel, all_chunks, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule, ZBox
 
@@ -278,7 +278,7 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
             return True
         if is_param(v):
             arr = v.const_value.numpy()
-            return arr.dtype.kind in "biu" or bool(np.all(arr >= 0))
+            return arr.dtype.kind in "biu" or all_chunks(arr, lambda a: np.all(a >= 0))
         return known.get(id(v), False)
 
     for node in graph:

@@ -49,8 +49,11 @@ class InputSpec:
 class Runner:
     """Runs a relevance model built by :class:`onnx_lrp.Explainer`: ``explain(x, target=...)``."""
 
-    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes)
-    PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
+    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
+    #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
+    #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
+    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "inputs", "relevance_inputs", "relevance_at",
+               "explained_output", "explained_tensor",
                "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
 
     def payload(self) -> dict:
@@ -70,7 +73,7 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads))
+        self._started(runtime.Session(self.model_bytes, self.device, threads, self.model_folder, self.model_arrays))
         return self
 
     def _started(self, session) -> None:
