@@ -318,9 +318,10 @@ def upcast_low_precision(model: ir.Model) -> int:
         if v is None or v.type is None or not isinstance(v.type, ir.TensorType) or v.dtype not in _LOW_FLOATS:
             return
         v.type = ir.TensorType(ir.DataType.FLOAT)
-        if v.const_value is not None:
-            arr = v.const_value.numpy().astype(np.float32)
-            v.const_value = ir.tensor(arr, name=v.name)
+        if v.const_value is not None:  # read as float32 where used; kept in its type (onnx_lrp.external.Upcast)
+            from .external import Upcast
+
+            v.const_value = Upcast(v.const_value)
         changed += 1
 
     for v in list(graph.inputs) + list(graph.outputs) + list(graph.initializers.values()):

@@ -134,6 +134,44 @@ def weightless(model: ir.Model, min_elements: int = LIGHT):
             v.const_value = t
 
 
+class Upcast(ir.LazyTensor):
+    """A float16 / bfloat16 weight read as float32 where it is used (each use converts it: nothing holds a float32
+    copy of every weight); :func:`lower_upcasts` hands the weight over in its own type, with a Cast per use."""
+
+    def __init__(self, source):
+        super().__init__(lambda: ir.tensor(np.asarray(source.numpy()).astype(np.float32)), ir.DataType.FLOAT,
+                         source.shape, name=source.name)
+        self.source = source
+
+
+def lower_upcasts(model: ir.Model) -> int:
+    """Every :class:`Upcast` initializer of the main graph back in its own type, read through one Cast to float32
+    per use (inserted before the node using it: onnxruntime frees each float32 copy after its one use, when its
+    constant folding and common-subexpression elimination are off, see ``runtime``). Initializers that are graph
+    outputs or read inside subgraphs become float32 tensors. Returns the Casts inserted."""
+    graph, casts = model.graph, 0
+    for v in list(graph.initializers.values()):
+        t = v.const_value
+        if not isinstance(t, Upcast):
+            continue
+        uses = list(v.uses())
+        if v.is_graph_output() or any(node.graph is not graph for node, _ in uses):
+            v.const_value = ir.tensor(np.asarray(t.numpy()), name=v.name)
+            continue
+        low = ir.Value(name=f"{v.name}/{t.source.dtype.name.lower()}", shape=v.shape,
+                       type=ir.TensorType(t.source.dtype), const_value=t.source)
+        graph.register_initializer(low)
+        for k, (node, index) in enumerate(uses):
+            cast = ir.node("Cast", [low], attributes={"to": ir.DataType.FLOAT}, name=f"lrp/upcast/{v.name}/{k}")
+            cast.outputs[0].name = f"lrp/upcast/{v.name}/{k}"
+            cast.outputs[0].type, cast.outputs[0].shape = ir.TensorType(ir.DataType.FLOAT), v.shape
+            graph.insert_before(node, cast)
+            node.replace_input_with(index, cast.outputs[0])
+            casts += 1
+        graph.initializers.pop(v.name)
+    return casts
+
+
 @dataclass
 class Parts:
     """A model as onnxruntime receives it: the graph (``model_bytes``), the folder its external data files are in
@@ -141,6 +179,7 @@ class Parts:
     model_bytes: bytes
     folder: str | None = None
     arrays: dict = field(default_factory=dict)
+    keep_casts: bool = False  # low-precision weights cast per use: onnxruntime must not fold the casts
 
     @property
     def large(self) -> bool:
