@@ -135,40 +135,58 @@ def weightless(model: ir.Model, min_elements: int = LIGHT):
 
 
 class Upcast(ir.LazyTensor):
-    """A float16 / bfloat16 weight read as float32 where it is used (each use converts it: nothing holds a float32
-    copy of every weight); :func:`lower_upcasts` hands the weight over in its own type, with a Cast per use."""
+    """A float16 / bfloat16 weight read as float32 where it is used (converted when read; only the last one read is
+    kept: nothing holds a float32 copy of every weight); :func:`lower_upcasts` hands the weight over in its type."""
+
+    _last: list = [None, None]  # (tensor, float32 array) of the last conversion: the checks of one node share it
 
     def __init__(self, source):
-        super().__init__(lambda: ir.tensor(np.asarray(source.numpy()).astype(np.float32)), ir.DataType.FLOAT,
-                         source.shape, name=source.name)
+        super().__init__(self._convert, ir.DataType.FLOAT, source.shape, name=source.name)
         self.source = source
+
+    def _convert(self):
+        if Upcast._last[0] is not self:
+            Upcast._last[:] = [None, None]  # the previous weight's copy goes before this one is made
+            Upcast._last[:] = [self, np.asarray(self.source.numpy()).astype(np.float32)]
+        return ir.tensor(Upcast._last[1])
+
+    @staticmethod
+    def forget() -> None:
+        """Drop the last converted weight (the model is built)."""
+        Upcast._last[:] = [None, None]
 
 
 def lower_upcasts(model: ir.Model) -> int:
     """Every :class:`Upcast` initializer of the main graph back in its own type, read through one Cast to float32
-    per use (inserted before the node using it: onnxruntime frees each float32 copy after its one use, when its
-    constant folding and common-subexpression elimination are off, see ``runtime``). Initializers that are graph
-    outputs or read inside subgraphs become float32 tensors. Returns the Casts inserted."""
+    (placed before its first use). onnxruntime's CPU provider has no float16 kernels for most ops: its constant
+    folding turns the Cast into a float32 initializer at session creation and releases the float16 one (measured
+    alternatives, a Cast per use with folding off, peak higher: README, "float16 / bfloat16"). Initializers that
+    are graph outputs or read inside subgraphs become float32 tensors. Returns the Casts inserted."""
     graph, casts = model.graph, 0
+    Upcast.forget()
+    order = {id(node): k for k, node in enumerate(graph)}
     for v in list(graph.initializers.values()):
         t = v.const_value
         if not isinstance(t, Upcast):
             continue
         uses = list(v.uses())
         if v.is_graph_output() or any(node.graph is not graph for node, _ in uses):
-            v.const_value = ir.tensor(np.asarray(t.numpy()), name=v.name)
+            v.const_value = ir.tensor(np.array(t.numpy()), name=v.name)
+            Upcast.forget()
+            continue
+        graph.initializers.pop(v.name)
+        if not uses:
             continue
         low = ir.Value(name=f"{v.name}/{t.source.dtype.name.lower()}", shape=v.shape,
                        type=ir.TensorType(t.source.dtype), const_value=t.source)
         graph.register_initializer(low)
-        for k, (node, index) in enumerate(uses):
-            cast = ir.node("Cast", [low], attributes={"to": ir.DataType.FLOAT}, name=f"lrp/upcast/{v.name}/{k}")
-            cast.outputs[0].name = f"lrp/upcast/{v.name}/{k}"
-            cast.outputs[0].type, cast.outputs[0].shape = ir.TensorType(ir.DataType.FLOAT), v.shape
-            graph.insert_before(node, cast)
-            node.replace_input_with(index, cast.outputs[0])
-            casts += 1
-        graph.initializers.pop(v.name)
+        cast = ir.node("Cast", [low], attributes={"to": ir.DataType.FLOAT}, name=f"lrp/upcast/{v.name}")
+        graph.insert_before(min((node for node, _ in uses), key=lambda n: order[id(n)]), cast)
+        out = cast.outputs[0]
+        out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), v.shape
+        v.replace_all_uses_with(out)
+        out.name = v.name  # the weight's name (tensor names the user gives, --relevance-at) stays
+        casts += 1
     return casts
 
 
@@ -179,7 +197,6 @@ class Parts:
     model_bytes: bytes
     folder: str | None = None
     arrays: dict = field(default_factory=dict)
-    keep_casts: bool = False  # low-precision weights cast per use: onnxruntime must not fold the casts
 
     @property
     def large(self) -> bool:

@@ -897,10 +897,8 @@ def serialize_parts(model: ir.Model) -> external.Parts:
     """The model as onnxruntime receives it: bytes alone for a small model; for one with external data or over
     1 GiB of weights, the graph, the folder of its data files and its large in-memory tensors (never one protobuf
     of every weight)."""
-    keep_casts = external.lower_upcasts(model) > 0  # float16 / bfloat16 weights handed over in their type
-    parts = external.split(model, serialize) if external.is_large(model) else external.Parts(serialize(model))
-    parts.keep_casts = keep_casts
-    return parts
+    external.lower_upcasts(model)  # float16 / bfloat16 weights handed over in their type
+    return external.split(model, serialize) if external.is_large(model) else external.Parts(serialize(model))
 
 
 def save_parts(parts: external.Parts, path) -> None:

@@ -103,21 +103,12 @@ def _external_data(opts, folder: str | None, arrays: dict) -> None:
     opts.add_session_config_entry("session.disable_prepacking", "1")
 
 
-def _disabled_optimizers(keep_casts: bool) -> list[str]:
-    """A model whose float16 / bfloat16 weights are cast to float32 per use (onnx_lrp.external.lower_upcasts):
-    constant folding would store every cast weight in float32 and CSE would merge the casts of one weight (its
-    float32 copy then lives from the forward pass to the relevance pass); both off keep one weight's float32 copy
-    at a time (the graph has no other constants to fold: onnx-lrp folded them)."""
-    return ["ConstantFolding", "CommonSubexpressionElimination"] if keep_casts else []
-
-
 class Session:
     """An onnxruntime session built once and reused."""
 
     def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None,
-                 data_folder: str | None = None, arrays: dict | None = None, keep_casts: bool = False):
+                 data_folder: str | None = None, arrays: dict | None = None):
         check_install()
-        self.keep_casts = keep_casts
         # a large model (onnx_lrp.external.Parts): external data read from its folder, onnx-lrp's own large tensors
         # handed over from memory; the arrays stay referenced as long as the session (onnxruntime uses them in place)
         self.data_folder, self.arrays = data_folder, dict(arrays or {})
@@ -153,8 +144,7 @@ class Session:
         try:
             with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
                 warnings.simplefilter("ignore")
-                self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device],
-                                                    disabled_optimizers=_disabled_optimizers(self.keep_casts))
+                self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=PROVIDERS[self.device])
         except Exception as exc:  # onnxruntime raises its own exception types
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if self.device == "cuda":
