@@ -256,6 +256,7 @@ def save(parts: Parts, path, serialize_proto) -> None:
                     _copy_range(Path(parts.folder) / info["location"], int(info.get("offset", 0)),
                                 int(info["length"]), out)
                 del t.external_data[:]
+                out.truncate()  # a trailing hole becomes part of the file
                 for k, val in (("location", data_name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
                     e = t.external_data.add()
                     e.key, e.value = k, val
@@ -269,6 +270,9 @@ def save(parts: Parts, path, serialize_proto) -> None:
 
 
 def _copy_range(src: Path, offset: int, length: int, out) -> None:
+    """Copy ``length`` bytes of ``src`` from ``offset`` to ``out`` in chunks; all-zero chunks become holes of the
+    file (sparse weights, e.g. pruned ones, take no disk)."""
+    zeros = bytes(_COPY_CHUNK)
     with open(src, "rb") as f:
         f.seek(offset)
         left = length
@@ -276,5 +280,8 @@ def _copy_range(src: Path, offset: int, length: int, out) -> None:
             chunk = f.read(min(_COPY_CHUNK, left))
             if not chunk:
                 raise ModelError(f"external data file {src} ended early; copy it again")
-            out.write(chunk)
+            if chunk == zeros[:len(chunk)]:
+                out.seek(len(chunk), 1)
+            else:
+                out.write(chunk)
             left -= len(chunk)

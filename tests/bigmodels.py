@@ -37,15 +37,19 @@ def _encode(a: np.ndarray, dtype: str) -> np.ndarray:
     return to_bfloat16_bits(a)
 
 
-def _write_tensor(f, rng, shape, scale, dtype) -> tuple[int, int]:
+def _write_tensor(f, rng, shape, scale, dtype, sparse: bool = False) -> tuple[int, int]:
     """Append one random tensor to the open file ``f``; returns (offset, length). Tensors above one chunk repeat
-    one random chunk, each time with another random scale per element block (fast: a > 2 GiB weight in seconds)."""
+    one random chunk, each time with another random scale per element block; ``sparse``: only the first chunk is
+    written, the rest is a hole of the file (zeros on disk for free: a > 2 GiB weight in a second)."""
     offset = f.tell()
     n = int(np.prod(shape))
     base = rng.standard_normal(min(_CHUNK, n), dtype=np.float32) * np.float32(scale)
     done = 0
     while done < n:
         k = min(_CHUNK, n - done)
+        if done and sparse:
+            f.seek((n - done) * np.dtype(np.float32 if dtype == "float32" else np.float16).itemsize, 1)
+            break
         a = base[:k] if done == 0 else base[:k] * rng.uniform(0.5, 1.5, size=(k + 4095) // 4096).astype(
             np.float32).repeat(4096)[:k]
         f.write(_encode(a, dtype).tobytes())
@@ -63,8 +67,9 @@ def _external(name, dims, dtype, location, offset, length) -> TensorProto:
 
 
 def write_mlp(folder, widths=(64, 128, 10), dtype: str = "float32", files: int = 1, seed: int = 0,
-              batch=None) -> Path:
-    """``mlp.onnx`` in ``folder``: len(widths) - 1 layers, input ``x`` [batch, widths[0]] of ``dtype``."""
+              batch=None, sparse: bool = False) -> Path:
+    """``mlp.onnx`` in ``folder``: len(widths) - 1 layers, input ``x`` [batch, widths[0]] of ``dtype``; ``sparse``:
+    weights above one chunk (2**24 elements) are random in their first chunk only, zero (a file hole) after it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -74,7 +79,7 @@ def write_mlp(folder, widths=(64, 128, 10), dtype: str = "float32", files: int =
         for i, (m, n) in enumerate(zip(widths[:-1], widths[1:])):
             location = "mlp.data" if files == 1 or i > 0 else "mlp.w0.data"
             f = handles.get(location) or handles.setdefault(location, open(folder / location, "wb"))
-            off, ln = _write_tensor(f, rng, (m, n), 1.0 / np.sqrt(m), dtype)
+            off, ln = _write_tensor(f, rng, (m, n), 1.0 / np.sqrt(m), dtype, sparse)
             inits.append(_external(f"w{i}", (m, n), dtype, location, off, ln))
             off, ln = _write_tensor(f, rng, (n,), 0.1, dtype)
             inits.append(_external(f"b{i}", (n,), dtype, location, off, ln))
@@ -86,6 +91,7 @@ def write_mlp(folder, widths=(64, 128, 10), dtype: str = "float32", files: int =
                 nodes.append(helper.make_node("Relu", [f"z{i}"], [f"h{i}"], name=f"relu{i}"))
     finally:
         for f in handles.values():
+            f.truncate()  # a trailing hole becomes part of the file
             f.close()
     t = ONNX_TYPE[dtype]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", t, [batch or "batch", widths[0]])],

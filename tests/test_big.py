@@ -54,7 +54,7 @@ def oracle32(path, x, target):
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     folder = tmp_path_factory.mktemp("big")
-    path = bigmodels.write_mlp(folder, BIG_WIDTHS, files=2)
+    path = bigmodels.write_mlp(folder, BIG_WIDTHS, files=2, sparse=True)  # w1: random first 64 MB, then a hole
     assert bigmodels.weights(path)[1][0].nbytes > 2 ** 31
     x = np.random.default_rng(3).standard_normal((2, BIG_WIDTHS[0])).astype(np.float32)
     return path, x
