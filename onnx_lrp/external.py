@@ -156,6 +156,19 @@ class Upcast(ir.LazyTensor):
         Upcast._last[:] = [None, None]
 
 
+def drop_unused(model: ir.Model) -> int:
+    """Remove initializers of the main graph that nothing reads any more (a bias folded into another, a weight
+    replaced by its folded copy): not written, not loaded. Returns how many."""
+    graph, dropped = model.graph, 0
+    for v in list(graph.initializers.values()):
+        # (a removed node may still list the value among its inputs: only nodes in a graph count)
+        if not any(node.graph is not None for node, _ in v.uses()) and not v.is_graph_output() \
+                and v not in graph.inputs:
+            graph.initializers.pop(v.name)
+            dropped += 1
+    return dropped
+
+
 def lower_upcasts(model: ir.Model) -> int:
     """Every :class:`Upcast` initializer of the main graph back in its own type, read through one Cast to float32
     (placed before its first use). onnxruntime's CPU provider has no float16 kernels for most ops: its constant

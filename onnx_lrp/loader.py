@@ -897,6 +897,7 @@ def serialize_parts(model: ir.Model) -> external.Parts:
     """The model as onnxruntime receives it: bytes alone for a small model; for one with external data or over
     1 GiB of weights, the graph, the folder of its data files and its large in-memory tensors (never one protobuf
     of every weight)."""
+    external.drop_unused(model)
     external.lower_upcasts(model)  # float16 / bfloat16 weights handed over in their type
     return external.split(model, serialize) if external.is_large(model) else external.Parts(serialize(model))
 
