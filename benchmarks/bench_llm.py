@@ -53,7 +53,7 @@ torch.manual_seed(0)
 t0 = time.perf_counter()
 with torch.device("meta"):
     model = modeling_llama.LlamaForCausalLM(cfg)
-model = model.to_empty(device="cpu").to(dt)
+model = model.to_empty(device="cpu")
 g = torch.Generator().manual_seed(0)
 with torch.no_grad():
     for name, p in model.named_parameters():
@@ -63,18 +63,26 @@ with torch.no_grad():
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[-1] ** 0.5))
     model.model.rotary_emb.inv_freq.copy_(1.0 / (cfg.rope_theta ** (torch.arange(0, hidden // heads, 2).float() / (hidden // heads))))
 model.eval()
+twin = sys.argv[7] if len(sys.argv) > 7 else ""
 n_params = sum(p.numel() for p in model.parameters())
 ids = torch.randint(0, vocab, (1, seq), generator=g)
+class FromEmbeds(torch.nn.Module):
+    def __init__(s, mask):
+        super().__init__(); s.m = model; s.mask = mask
+    def forward(s, e):
+        return s.m(inputs_embeds=e, attention_mask=s.mask, use_cache=False).logits
+def causal(dtype):  # a 4-D additive mask: transformers' own mask builder (vmap) does not trace
+    return torch.full((1, 1, seq, seq), torch.finfo(dtype).min, dtype=dtype).triu(1)
+if twin:  # the float32 model with the same (unrounded) weights, for the low-precision run's relevance difference
+    with torch.no_grad():
+        emb32 = model.get_input_embeddings()(ids)
+    torch.onnx.export(FromEmbeds(causal(torch.float32)), (emb32,), twin, dynamo=False, input_names=["embeds"],
+                      output_names=["logits"], opset_version=17)
+model = model.to(dt)
 with torch.no_grad():
     emb = model.get_input_embeddings()(ids)
-# the causal mask as a 4-D additive tensor: transformers' own mask builder (vmap) does not trace
-mask = torch.full((1, 1, seq, seq), torch.finfo(dt).min, dtype=dt).triu(1)
-class FromEmbeds(torch.nn.Module):
-    def __init__(s):
-        super().__init__(); s.m = model
-    def forward(s, e):
-        return s.m(inputs_embeds=e, attention_mask=mask, use_cache=False).logits
-torch.onnx.export(FromEmbeds(), (emb,), out, dynamo=False, input_names=["embeds"], output_names=["logits"],
+mask = causal(dt)
+torch.onnx.export(FromEmbeds(mask), (emb,), out, dynamo=False, input_names=["embeds"], output_names=["logits"],
                   opset_version=17)
 np.save(out + ".x.npy", emb.float().numpy() if dtype == "bfloat16" else emb.numpy())
 res = {"params": n_params, "export_s": time.perf_counter() - t0}
@@ -194,8 +202,12 @@ def main(argv=None):
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "llama.onnx"
     t0 = time.perf_counter()
+    twin = tmp / "float32" / "llama.onnx" if args.dtype != "float32" else None
+    if twin:
+        twin.parent.mkdir(exist_ok=True)
     ref = subprocess.run([args.ref_python, "-c", _REF, json.dumps(SIZES[args.size]), str(args.seq), str(path),
-                          args.dtype, args.device, str(args.threads)], capture_output=True, text=True)
+                          args.dtype, args.device, str(args.threads), str(twin or "")], capture_output=True,
+                         text=True)
     if ref.returncode != 0 or not ref.stdout.strip():
         sys.exit(f"export failed:\n{ref.stderr[:2500]}")
     info = json.loads(ref.stdout.strip().splitlines()[-1])
@@ -229,7 +241,16 @@ def main(argv=None):
     if args.threads:
         opts.intra_op_num_threads = args.threads
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else None
-    sess = ort.InferenceSession(str(path), opts, providers=providers)
+    forward_of = args.dtype
+    try:
+        sess = ort.InferenceSession(str(path), opts, providers=providers)
+    except Exception as exc:  # onnxruntime's CPU provider has no bfloat16 kernels: the float32 twin's forward
+        if twin is None:
+            raise
+        print(f"plain onnxruntime cannot run the {args.dtype} model ({str(exc).splitlines()[0][:120]}); forward "
+              "timed on the float32 model of the same weights")
+        sess, forward_of, feed = ort.InferenceSession(str(twin), opts, providers=providers), "float32", \
+            x.astype(np.float32)
     forward_s = best(lambda: sess.run(None, {"embeds": feed}), args.repeat)
     rss_forward = vm_hwm()
     gpu_forward = gpu.stop() if gpu else 0
@@ -237,11 +258,21 @@ def main(argv=None):
 
     res = dict(size=args.size, dtype=args.dtype, device=args.device, seq=args.seq, params=info["params"],
                weights_bytes=w_bytes, build_s=build_s, explain_s=explain_s, forward_s=forward_s,
-               explain_over_forward=explain_s / forward_s, peak_rss_bytes=rss_explain,
+               explain_over_forward=explain_s / forward_s, forward_dtype=forward_of, peak_rss_bytes=rss_explain,
                peak_rss_over_weights=rss_explain / w_bytes, forward_peak_rss_bytes=rss_forward)
     if args.device == "cuda":
         res.update(gpu_peak_bytes=gpu_explain, forward_gpu_peak_bytes=gpu_forward,
                    lxt_gpu_peak_bytes=info.get("lxt_gpu_peak_bytes"))
+    if twin:  # the float32 model of the same weights, explained the same way
+        ex32 = onnx_lrp.Explainer(str(twin), composite="attnlrp", device=args.device, threads=args.threads or None)
+        r32 = np.asarray(ex32.explain(x.astype(np.float32), target=target, position=-1).relevance)
+        del ex32
+        tok, tok32 = relevance.sum(-1)[0], r32.sum(-1)[0]
+        res.update(rel_l2_vs_float32=rel_l2(relevance, r32), rel_l2_tokens_vs_float32=rel_l2(tok, tok32),
+                   top10_tokens_same_as_float32=bool(np.array_equal(np.argsort(-tok)[:10], np.argsort(-tok32)[:10])))
+        print(f"vs the float32 model of the same weights: rel-L2 {res['rel_l2_vs_float32']:.2e} (per token "
+              f"{res['rel_l2_tokens_vs_float32']:.2e}), top-10 tokens in the same order: "
+              f"{res['top10_tokens_same_as_float32']}")
     lxt_path = Path(str(path) + ".lxt.npy")
     if lxt_path.exists():
         lxt = np.load(lxt_path)
@@ -252,7 +283,7 @@ def main(argv=None):
     else:
         res["lxt"] = info.get("lxt_error", "not run")
     print(f"build {build_s:.1f} s | explain {explain_s * 1e3:.0f} ms | forward {forward_s * 1e3:.0f} ms | "
-          f"explain/forward {explain_s / forward_s:.2f} | peak RSS build+explain {rss_explain / 1e9:.2f} GB "
+          f"explain/forward {explain_s / forward_s:.2f}{'' if forward_of == args.dtype else ' (float32 forward)'} | peak RSS build+explain {rss_explain / 1e9:.2f} GB "
           f"({rss_explain / w_bytes:.2f}x the weights) | forward alone {rss_forward / 1e9:.2f} GB")
     if args.device == "cuda":
         print(f"GPU peak: explain {gpu_explain / 1e9:.2f} GB, forward {gpu_forward / 1e9:.2f} GB, LXT "
