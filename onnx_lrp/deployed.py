@@ -32,8 +32,9 @@ one wherever the forward itself is what was deployed:
   DynamicQuantizeLinear -> DequantizeLinear -> LSTM with the weights dequantized and transposed back to
   ``[dirs, 4h, in]``. The fused LSTM also requantizes the hidden state at every step, which a standard LSTM cannot:
   that state stays float (outputs within ~0.2 % of max |y| of onnxruntime's on the tested LSTM).
-- **float16 / bfloat16** models: the whole graph is upcast to float32 (initializers, Casts to float16, value types,
-  graph inputs and outputs), so relevance is computed in float32 with the float16-rounded weights: no overflow to
+- **float16 / bfloat16** models: the whole graph is computed in float32 (Casts to float16, value types, graph inputs
+  and outputs; initializers are read as float32 where used and stay in their type, ``onnx_lrp.external.Upcast``),
+  so relevance is computed in float32 with the float16-rounded weights: no overflow to
   Inf, no NaN from float16 underflow in the stabilisers. Inputs are read as float32 (float16 arrays are upcast
   exactly); outputs are float32 and can differ from onnxruntime's float16 inference by float16 rounding of the
   activations.
@@ -309,7 +310,8 @@ def fold_weight_dequantize(graph: ir.Graph) -> int:
 
 # ---------------------------------------------------------------------------------------------- float16
 def upcast_low_precision(model: ir.Model) -> int:
-    """float16 / bfloat16 everywhere -> float32 (values, initializers, Cast targets, ConstantOfShape values)."""
+    """float16 / bfloat16 everywhere -> float32 (values, Cast targets, ConstantOfShape values; initializers read as
+    float32 where used, kept in their type)."""
     graph = model.graph
     changed = 0
 
