@@ -97,6 +97,20 @@ def test_several_data_files_and_inspect(tmp_path):
     res = CliRunner().invoke(cli, ["inspect", str(path), "-c", "epsilon"])
     assert res.exit_code == 0, res.output
     assert "mm1" in res.output
+    # what a Ray actor receives: the graph and the data files' folder, not the weights
+    import pickle
+    from onnx_lrp.runner import Runner
+    payload = ex.payload()
+    assert len(pickle.dumps(payload)) < sum(f.stat().st_size for f in tmp_path.glob("*.data")) / 4
+    np.testing.assert_array_equal(Runner.from_payload(pickle.loads(pickle.dumps(payload))).explain(x, 4).relevance,
+                                  ex.explain(x, 4).relevance)
+    res = CliRunner().invoke(cli, ["trace", str(path), str(_npy(tmp_path, x)), "-c", "epsilon", "--target", "4"])
+    assert res.exit_code == 0, res.output
+
+
+def _npy(folder, x):
+    np.save(folder / "x.npy", x)
+    return folder / "x.npy"
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated", "outside"])
