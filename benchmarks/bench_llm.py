@@ -61,7 +61,8 @@ with torch.no_grad():
             p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
         else:
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[-1] ** 0.5))
-    model.model.rotary_emb.inv_freq.copy_(1.0 / (cfg.rope_theta ** (torch.arange(0, hidden // heads, 2).float() / (hidden // heads))))
+    dh = hidden // heads
+    model.model.rotary_emb.inv_freq.copy_(1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2).float() / dh)))
 model.eval()
 twin = sys.argv[7] if len(sys.argv) > 7 else ""
 n_params = sum(p.numel() for p in model.parameters())
@@ -283,7 +284,8 @@ def main(argv=None):
     else:
         res["lxt"] = info.get("lxt_error", "not run")
     print(f"build {build_s:.1f} s | explain {explain_s * 1e3:.0f} ms | forward {forward_s * 1e3:.0f} ms | "
-          f"explain/forward {explain_s / forward_s:.2f}{'' if forward_of == args.dtype else ' (float32 forward)'} | peak RSS build+explain {rss_explain / 1e9:.2f} GB "
+          f"explain/forward {explain_s / forward_s:.2f}{'' if forward_of == args.dtype else ' (float32 forward)'} | "
+          f"peak RSS build+explain {rss_explain / 1e9:.2f} GB "
           f"({rss_explain / w_bytes:.2f}x the weights) | forward alone {rss_forward / 1e9:.2f} GB")
     if args.device == "cuda":
         print(f"GPU peak: explain {gpu_explain / 1e9:.2f} GB, forward {gpu_forward / 1e9:.2f} GB, LXT "

@@ -71,7 +71,7 @@ def model_bytes_on_disk(model) -> int:
     path = Path(model)
     if not path.is_file():
         return 0
-    from onnx_lrp import loader
+    from onnx_lrp import load as loader
 
     return path.stat().st_size + sum(f.stat().st_size for f in loader.data_files(path))
 
@@ -91,7 +91,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     weights), the rule, and whether onnx-lrp supports it. The output tensor of each node is the name to give
     --relevance-at. Nodes off the path to the explained output need no rule.
     """
-    from onnx_lrp import loader, rewriter
+    from onnx_lrp import load as loader, rewriter
     from onnx_lrp.errors import UnsupportedError
 
     comp = composite_with(composite, rule_params(rule_kw))

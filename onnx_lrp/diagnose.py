@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from . import loader, runtime
+from . import load as loader, runtime
 from .names import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
 from .ops import carries
 
@@ -15,7 +15,8 @@ def diagnostic_session(run):
     """A session over the relevance model that also returns every forward activation and every relevance
     tensor of the walk (built once, only when needed)."""
     if run._diag is None:
-        model = loader.deserialize(run.model_bytes, run.model_folder)  # not kept alive beside the session: rebuilt on failure
+        # not kept alive beside the session: rebuilt on failure
+        model = loader.deserialize(run.model_bytes, run.model_folder)
         graph = model.graph
         have = {id(v) for v in graph.outputs}
         rel_type = next((o.type for o in graph.outputs if o.name.startswith(RELEVANCE_PREFIX)

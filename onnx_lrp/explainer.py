@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from . import loader, rewriter, runtime
+from . import load as loader, rewriter, runtime
 from .errors import InputError, LrpError, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
@@ -107,8 +107,9 @@ class Explainer(Runner):
         return self.model_parts(True).model_bytes
 
     def model_parts(self, computed_weights: bool = False):
-        """The relevance model as :class:`onnx_lrp.external.Parts` (bytes alone for a small model)."""
-        from . import external, weights
+        """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
+        from . import weights
+        from .load import external
 
         if not computed_weights:
             return external.Parts(self.model_bytes, self.model_folder, self.model_arrays)

@@ -109,7 +109,7 @@ class Session:
     def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None,
                  data_folder: str | None = None, arrays: dict | None = None):
         check_install()
-        # a large model (onnx_lrp.external.Parts): external data read from its folder, onnx-lrp's own large tensors
+        # a large model (onnx_lrp.load.external.Parts): external data read from its folder, onnx-lrp's own large tensors
         # handed over from memory; the arrays stay referenced as long as the session (onnxruntime uses them in place)
         self.data_folder, self.arrays = data_folder, dict(arrays or {})
         self.device = resolve_device(device)
@@ -133,7 +133,7 @@ class Session:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # QDQ models: run Q/DQ pairs as written, so a relevance model's outputs equal the deployed model's
-        # (ORT's QDQ fusions otherwise regroup them around the float weights onnx_lrp.deployed folds)
+        # (ORT's QDQ fusions otherwise regroup them around the float weights the qdq loading pass folds)
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
         threads = threads if threads is not None else int(os.environ.get("ONNX_LRP_THREADS", "0"))
         if threads:

@@ -143,7 +143,7 @@ ex.explain(x.astype(ex.inputs[0].dtype), target=0)
 print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 '''
 _BASE = r'''
-import json, resource, numpy as np, onnxruntime, onnx_lrp, onnx_lrp.explainer, onnx_lrp.loader, onnx_lrp.rewriter
+import json, resource, numpy as np, onnxruntime, onnx_lrp, onnx_lrp.explainer, onnx_lrp.load, onnx_lrp.rewriter
 print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 '''
 
