@@ -90,7 +90,9 @@ class Explainer(Runner):
         if parts.folder is not None:
             gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
         self.model_bytes, self.model_folder, self.model_arrays = parts.model_bytes, parts.folder, parts.arrays
-        self._started(runtime.Session(self.model_bytes, device, threads, self.model_folder, self.model_arrays))
+        self.model_prepack = parts.prepack
+        self._started(runtime.Session(self.model_bytes, device, threads, self.model_folder, self.model_arrays,
+                                      self.model_prepack))
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
@@ -140,7 +142,7 @@ class Explainer(Runner):
         from .load import external
 
         if not computed_weights:
-            return external.Parts(self.model_bytes, self.model_folder, self.model_arrays)
+            return external.Parts(self.model_bytes, self.model_folder, self.model_arrays, self.model_prepack)
         model = loader.deserialize(self.model_bytes, self.model_folder)
         for v in model.graph.initializers.values():  # the tensors onnx-lrp handed over from memory
             if v.name in self.model_arrays:

@@ -52,9 +52,8 @@ class Runner:
     #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
     #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
     #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
-    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "inputs", "relevance_inputs", "relevance_at",
-               "explained_output", "explained_tensor",
-               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
+    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
+               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
@@ -73,7 +72,8 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads, self.model_folder, self.model_arrays))
+        self._started(runtime.Session(self.model_bytes, self.device, threads, self.model_folder, self.model_arrays,
+                                      self.model_prepack))
         return self
 
     def _started(self, session) -> None:

@@ -90,28 +90,27 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _external_data(opts, folder: str | None, arrays: dict) -> None:
-    """Session options for a large model: its data files' folder (onnxruntime maps them itself), the in-memory
-    tensors as external initializers (no copy), and no pre-packing of weights (pre-packed copies of every MatMul
-    weight would double the memory; measured: README, "Models of any size")."""
-    if folder is None and not arrays:
-        return
+def _external_data(opts, folder: str | None, arrays: dict, prepack: bool) -> None:
+    """Session options for a model with external data: its data files' folder (onnxruntime maps them itself), the
+    in-memory tensors as external initializers (no copy), and, for a model over 1 GiB of weights, no pre-packing
+    (a packed copy of every MatMul weight doubles the memory: README, "Large models, float16 and bfloat16")."""
     if folder is not None:
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
     if arrays:
         opts.add_external_initializers(list(arrays), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays.values()])
-    opts.add_session_config_entry("session.disable_prepacking", "1")
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
 
 
 class Session:
     """An onnxruntime session built once and reused."""
 
     def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None,
-                 data_folder: str | None = None, arrays: dict | None = None):
+                 data_folder: str | None = None, arrays: dict | None = None, prepack: bool = True):
         check_install()
-        # a large model (onnx_lrp.load.external.Parts): external data read from its folder, onnx-lrp's own large tensors
-        # handed over from memory; the arrays stay referenced as long as the session (onnxruntime uses them in place)
-        self.data_folder, self.arrays = data_folder, dict(arrays or {})
+        # a model with external data (onnx_lrp.load.external.Parts): read from its folder, onnx-lrp's own large
+        # tensors handed over from memory; the arrays stay referenced as long as the session (used in place)
+        self.data_folder, self.arrays, self.prepack = data_folder, dict(arrays or {}), prepack
         self.device = resolve_device(device)
         self.fallback = None  # why device "auto" fell back to the CPU, if it did
         trying = device == "auto" and self.device == "cuda"
@@ -140,7 +139,7 @@ class Session:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 4  # fatal only: onnx-lrp reports every error itself, in one line
-        _external_data(opts, self.data_folder, self.arrays)
+        _external_data(opts, self.data_folder, self.arrays, self.prepack)
         try:
             with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
                 warnings.simplefilter("ignore")
