@@ -53,7 +53,8 @@ class Runner:
     #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
     #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
     PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
-               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
+               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
+               "sequence_rows", "start", "device", "ledger", "_trace")
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
