@@ -246,6 +246,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     ex = build_explainer(o.model, comp, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
                          start=o.start)
     t_build = time.perf_counter() - t0
+    ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
@@ -284,6 +285,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     start_values = (np.concatenate([np.asarray(r.explained_value).reshape(-1) for r in results])
                     if getattr(results[0], "explained_value", None) is not None else None)
     behind = getattr(ex, "explained_tensor", ex.explained_output) != ex.explained_output and start_values is not None
+    gap = worst_gap(results, [0] + list(np.cumsum([len(r.target) for r in results])[:-1]))
 
     # ---- summary
     if pos_used is not None:  # the explained row of each item
@@ -305,6 +307,10 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
                    explain_s=round(t_explain, 4))
     if behind:
         summary["logits"] = ex.explained_tensor
+    if gap is not None:
+        summary["deployed_gap"] = gap.as_dict()
+        if gap.beyond:  # once, for the whole run
+            _say("warning: " + gap.message(batch.names))
     res = _Result(ex, comp, batch, n, relevance, outputs, explained, target_used, rel_at, pos_used, behind, items,
                   summary, t_build, t_explain)
     if dest.tokens is not None:
@@ -421,6 +427,15 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \
             f"; heatmaps -> {heat_files[0]} ... {heat_files[-1]} ({len(heat_files)} files, 48 items each)"
     click.echo(f"relevance -> {dest.out_path}" + heat_text + (f"; tokens -> {dest.html_out}" if dest.html_out else ""))
+
+
+def worst_gap(results, offsets):
+    """The gap between deployed outputs and the explained forward to report for a run of several chunks (items
+    counted over the whole run), or None without a deployed run."""
+    from onnx_lrp.gap import worst
+
+    return worst([r.deployed_gap.shifted(int(o)) for r, o in zip(results, offsets)
+                  if getattr(r, "deployed_gap", None) is not None])
 
 
 def _tile_label(it: dict, ex, start: str) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import numpy as np
@@ -59,12 +60,17 @@ class Explainer(Runner):
                                    explain_logits=explain_logits, threads=threads)  # onnx_lrp.concepts rebuilds
         self.concept_models = None  # onnx_lrp.concepts.Models, made on the first concept call
         graph = ir_model.graph
+        self.deployed_kinds = _deployed_kinds(ir_model)
+        if self.deployed_kinds:  # quantized or float16: run the deployed model as written beside the relevance model
+            self.deployed = _deployed_source(model)
+            self.deployed_constants = {k: np.asarray(v) for k, v in (constants or {}).items()}
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
         self.relevance_at = list(relevance_at)
         y_value, y_out = rewriter.explained_value(graph, output, explain_logits)
+        self.output_step = _quantization_step(y_out)
         y_dims = static_dims(y_value)
         self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
@@ -91,8 +97,8 @@ class Explainer(Runner):
             gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
         self.model_bytes, self.model_folder, self.model_arrays = parts.model_bytes, parts.folder, parts.arrays
         self.model_prepack = parts.prepack
-        self._started(runtime.Session(self.model_bytes, device, threads, self.model_folder, self.model_arrays,
-                                      self.model_prepack))
+        self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack))
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
@@ -149,6 +155,39 @@ class Explainer(Runner):
                 v.const_value = ir.tensor(self.model_arrays[v.name], name=v.name)
         self._computed_counts = weights.compute_in_graph(model)
         return loader.serialize_parts(model)
+
+
+def _deployed_kinds(ir_model) -> tuple:
+    """What makes the deployed model's forward differ from the explained one: "int8" (quantized: Q/DQ pairs or
+    dynamic quantization stay in the canonized graph) and "float16" (upcast by the loader)."""
+    kinds = []
+    if any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in ir_model.graph):
+        kinds.append("int8")
+    if any("float16" in note for note in ir_model.meta.get("lrp_deployed") or ()):
+        kinds.append("float16")
+    return tuple(kinds)
+
+
+def _deployed_source(model):
+    """The deployed model as onnxruntime loads it: a path as given (external data beside it), bytes as given, an
+    in-memory model serialised (None when it cannot be: no deployed run)."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model)
+    try:
+        return loader.read_proto(model).SerializeToString()
+    except Exception:  # noqa: BLE001 - e.g. over protobuf's 2 GiB: the outputs are then the explained forward's
+        return None
+
+
+def _quantization_step(y) -> float | None:
+    """The quantization step of the explained output: the largest scale of the DequantizeLinear that writes it."""
+    node = y.producer()
+    if node is None or node.op_type != "DequantizeLinear" or len(node.inputs) < 2 or node.inputs[1] is None \
+            or node.inputs[1].const_value is None:
+        return None
+    return float(np.max(np.abs(node.inputs[1].const_value.numpy())))
 
 
 def _layer(layer) -> str:
