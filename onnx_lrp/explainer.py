@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
 from . import load as loader, rewriter, runtime
-from .errors import InputError, LrpError, ModelError, internal_error
+from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
@@ -97,6 +98,11 @@ class Explainer(Runner):
             gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
         self.model_bytes, self.model_folder, self.model_arrays = parts.model_bytes, parts.folder, parts.arrays
         self.model_prepack = parts.prepack
+        if self.deployed is not None and not parts.prepack:  # over 1 GiB of weights: a second full-size session
+            warnings.warn(f"the deployed model ({', '.join(self.deployed_kinds)}) is not run beside the relevance "
+                          "model: it has over 1 GiB of weights and would double the memory; outputs are the "
+                          "explained forward's (float32)", LrpWarning, stacklevel=3)
+            self.deployed = None
         self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
                                       arrays=self.model_arrays, prepack=self.model_prepack))
 
