@@ -1,14 +1,17 @@
 """The Python API: ``Explainer(model, composite=...).explain(x, target=...)``."""
 from __future__ import annotations
 
+import gc
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
 from . import choice, conservation, rewriter, runtime
 from . import load as loader
-from .errors import InputError, LrpError, ModelError, internal_error
+from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
@@ -98,8 +101,19 @@ class Explainer(Runner):
             # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
-        self.model_bytes = loader.serialize(ir_model)
-        self._started(runtime.Session(self.model_bytes, device, threads, precise=self.precise))
+        parts = loader.serialize_parts(ir_model)  # a large model: its weights stay in their files
+        del ir_model, graph, y_value, y_out  # nothing of the onnx_ir graph outlives this
+        if parts.folder is not None:
+            gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
+        self.model_bytes, self.model_folder, self.model_arrays = parts.model_bytes, parts.folder, parts.arrays
+        self.model_prepack = parts.prepack
+        if self.deployed is not None and not parts.prepack:  # over 1 GiB of weights: a second full-size session
+            warnings.warn(f"the deployed model ({', '.join(self.deployed_kinds)}) is not run beside the relevance "
+                          "model: it has over 1 GiB of weights and would double the memory; outputs are the "
+                          "explained forward's (float32)", LrpWarning, stacklevel=3)
+            self.deployed = None
+        self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise))
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
         model, output, explain_logits, constants, input_shapes = self._source
@@ -123,9 +137,8 @@ class Explainer(Runner):
         that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
         the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.weights.compute_in_graph`.
         """
-        data = self.model_bytes_computed() if computed_weights else self.model_bytes
         try:
-            loader.save_bytes(data, path)
+            loader.save_parts(self.model_parts(computed_weights), path)
         except OSError as exc:
             raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         return self._computed_counts if computed_weights else None
@@ -157,11 +170,21 @@ class Explainer(Runner):
 
     def model_bytes_computed(self) -> bytes:
         """The relevance model with modified weights computed in the graph (see :meth:`save`)."""
-        from . import weights
+        return self.model_parts(True).model_bytes
 
-        model = loader.to_ir(loader.read_proto(self.model_bytes))
+    def model_parts(self, computed_weights: bool = False):
+        """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
+        from . import weights
+        from .load import external
+
+        if not computed_weights:
+            return external.Parts(self.model_bytes, self.model_folder, self.model_arrays, self.model_prepack)
+        model = loader.deserialize(self.model_bytes, self.model_folder)
+        for v in model.graph.initializers.values():  # the tensors onnx-lrp handed over from memory
+            if v.name in self.model_arrays:
+                v.const_value = ir.tensor(self.model_arrays[v.name], name=v.name)
         self._computed_counts = weights.compute_in_graph(model)
-        return loader.serialize(model)
+        return loader.serialize_parts(model)
 
 
 def _deployed_kinds(ir_model) -> tuple:

@@ -25,7 +25,7 @@ from .names import (ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPU
                     TARGET_OUTPUT, VALUE_OUTPUT, Step)
 from .ops import REGISTRY, ActivationOp, carries, is_param  # noqa: F401 (ActivationOp: re-exported)
 from .ops.transformer import token_relevance
-from .propagate import Layer, Rel
+from .propagate import Layer, Rel, all_chunks
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule, ZBox
 
@@ -281,7 +281,7 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
             return True
         if is_param(v):
             arr = v.const_value.numpy()
-            return arr.dtype.kind in "biu" or bool(np.all(arr >= 0))
+            return arr.dtype.kind in "biu" or all_chunks(arr, lambda a: np.all(a >= 0))
         return known.get(id(v), False)
 
     for node in graph:

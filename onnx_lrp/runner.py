@@ -59,11 +59,13 @@ class InputSpec:
 class Runner:
     """Runs a relevance model built by :class:`onnx_lrp.Explainer`: ``explain(x, target=...)``."""
 
-    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes)
-    PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
-               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace",
-               "deployed", "deployed_kinds", "deployed_constants", "output_step", "strict", "composite_name",
-               "precise")
+    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
+    #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
+    #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
+    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
+               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
+               "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
+               "deployed_constants", "output_step", "strict", "composite_name", "precise")
 
     #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
     #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
@@ -90,7 +92,8 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads, precise=self.precise))
+        self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise))
         return self
 
     def _started(self, session) -> None:

@@ -119,6 +119,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _external_data(opts, folder: str | None, arrays: dict, prepack: bool) -> None:
+    """Session options for a model with external data: its data files' folder (onnxruntime maps them itself), the
+    in-memory tensors as external initializers (no copy), and, for a model over 1 GiB of weights, no pre-packing
+    (a packed copy of every MatMul weight doubles the memory: README, "Large models, float16 and bfloat16")."""
+    if folder is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    if arrays:
+        opts.add_external_initializers(list(arrays), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays.values()])
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+
+
 class Session:
     """An onnxruntime session built once and reused.
 
@@ -126,13 +138,18 @@ class Session:
     it). A relevance model runs its Q/DQ pairs as written (``session.disable_quant_qdq``); a ``deployed`` model runs
     with onnxruntime's defaults, as a user's plain ``InferenceSession`` does (its integer kernels, its QDQ fusions).
     ``config``: further session config entries (the gap diagnosis of :mod:`onnx_lrp.gap` sets
-    ``session.x64quantprecision`` and ``session.disable_quant_qdq``). ``precise``: no layout optimisations (see
-    ``_start``)."""
+    ``session.x64quantprecision`` and ``session.disable_quant_qdq``).
+
+    ``data_folder``, ``arrays``, ``prepack``: a model with external data (:class:`onnx_lrp.load.external.Parts`): read
+    from its folder, onnx-lrp's own large tensors handed over from memory (referenced as long as the session: used
+    in place), no weight pre-packing over 1 GiB of weights. ``precise``: no layout optimisations (see ``_start``)."""
 
     def __init__(self, model_bytes, device: str = "cpu", threads: int | None = None, deployed: bool = False,
-                 config: dict | None = None, precise: bool = False):
+                 config: dict | None = None, data_folder: str | None = None, arrays: dict | None = None,
+                 prepack: bool = True, precise: bool = False):
         check_install()
         self.precise = precise
+        self.data_folder, self.arrays, self.prepack = data_folder, dict(arrays or {}), prepack
         self.deployed = deployed
         self.config = dict(config or {})
         self.threads = threads
@@ -170,6 +187,7 @@ class Session:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 4  # fatal only: onnx-lrp reports every error itself, in one line
+        _external_data(opts, self.data_folder, self.arrays, self.prepack)
         try:
             with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
                 warnings.simplefilter("ignore")
