@@ -136,14 +136,21 @@ def _numbers(value) -> bool:
     return False
 
 
+# stabilisers: each denominator z becomes z + s * sign(z); a negative s cancels it where |z| = |s| (and flips its
+# sign below), so the relevance blows up or changes sign: only s >= 0 (0 is LRP-0, exact zeros stay guarded)
+NON_NEGATIVE = ("epsilon", "stabilizer")
+
+
 def check_params(rule: str, params: dict) -> dict:
-    """Rule parameters must be numbers (``low``/``high``: a number or one per channel), finite: one-line errors."""
+    """Rule parameters must be numbers (``low``/``high``: a number or one per channel), finite, stabilisers >= 0:
+    one-line errors."""
     for key, value in params.items():
         if value is None:
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):  # the common case, without numpy
             if not math.isfinite(value):
                 raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+            _check_sign(rule, key, value)
             continue
         import numpy as np  # here, not at the top: `onnx-lrp composites` loads no numpy
 
@@ -162,7 +169,16 @@ def check_params(rule: str, params: dict) -> dict:
             arr = np.asarray(float(value))
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+        if arr.ndim == 0:
+            _check_sign(rule, key, float(arr))
     return params
+
+
+def _check_sign(rule: str, key: str, value: float) -> None:
+    if key in NON_NEGATIVE and value < 0:
+        raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value:g} (it is added to each denominator with "
+                         "the denominator's sign; a negative one cancels denominators of that size and blows the "
+                         "relevance up; 0 is LRP-0)")
 
 
 def builtin_names() -> list[str]:
@@ -225,7 +241,14 @@ def load_composite(spec: "str | Path | Composite") -> Composite:
         if not path.is_file():
             raise ValueError(f"composite file {text} not found; give a built-in name ({', '.join(builtin_names())})"
                              " or the path of a TOML file")
-        return parse_composite(path.read_text(encoding="utf-8"), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"composite file {path} is not a UTF-8 TOML composite (byte {exc.start} is "
+                             f"{exc.object[exc.start:exc.start + 1]!r}); give a TOML text file") from None
+        except OSError as exc:
+            raise ValueError(f"composite file {path} cannot be read ({exc.strerror or type(exc).__name__})") from None
+        return parse_composite(text, source=str(path))
     key = text.replace("_", "-").lower()
     builtin = BUILTIN_DIR / f"{key}.toml"
     if not builtin.is_file():

@@ -180,6 +180,18 @@ def test_newer_opset_new_type_refused():
     assert "float8e8m0" in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("opset", [onnx.defs.onnx_opset_version() + 1, 99])
+def test_opset_that_does_not_exist_yet_is_refused(opset):
+    """Opsets above the installed onnx's highest are not read as opset 23 (nobody knows what their ops mean): one
+    line naming the opset and the known ones; the highest known one is still read (test_newer_opset_relabelled)."""
+    m = _at_opset([node("Relu", ["x"], ["y"])], opset)
+    with pytest.raises(onnx_lrp.ModelError) as info:
+        onnx_lrp.Explainer(m.SerializeToString())
+    msg = str(info.value)
+    assert f"imports opset {opset}, which does not exist yet" in msg and "\n" not in msg
+    assert f"knows opsets up to {onnx.defs.onnx_opset_version()}" in msg and "opset 23 or lower" in msg
+
+
 # ------------------------------------------------------------------------------ outputs without a batch axis
 def test_output_without_batch_axis_is_one_item():
     """Concat along axis 0 of two [2, 3] inputs: the [4, 3] output has no batch axis; it is explained as one item:
