@@ -519,7 +519,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
             r = r if r is not None else em.zeros_like(x)
             if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
                 r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
-            r = em.op("Identity", r, tag="relevance")
+            r = em.op("Identity", _rank0_like(em, r, x), tag="relevance")
         _name_output(r, RELEVANCE_PREFIX + x.name, x)
         outputs.append(r)
     if not reached:
@@ -537,7 +537,7 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
         produced.add(RELEVANCE_PREFIX + name)
         r = total(v, f"at/{name}")
         with em.scope(f"at/{name}"):
-            r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
+            r = em.op("Identity", _rank0_like(em, r if r is not None else em.zeros_like(v), v), tag="relevance")
         _name_output(r, RELEVANCE_PREFIX + name, v)
         outputs.append(r)
     outputs.append(target_used)
@@ -593,6 +593,14 @@ def _is_rectifier(node: ir.Node) -> bool:
         return False
     lo = node.inputs[1].const_value
     return lo is not None and float(lo.numpy()) == 0.0
+
+
+def _rank0_like(em: Emitter, r: ir.Value, like: ir.Value) -> ir.Value:
+    """The relevance of a scalar (rank-0) tensor as a scalar: the emitted constants are [1]-shaped, and broadcasting
+    with them makes a rank-0 relevance [1]."""
+    if like.shape is None or len(like.shape) != 0:
+        return r
+    return em.op("Reshape", r, em.ints([], tag="scalar_shape"), tag="r_scalar")
 
 
 def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:

@@ -131,7 +131,7 @@ class Runner:
                     want = "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(spec.dims))
                     raise InputError(f"input {spec.name!r} has shape {'x'.join(map(str, a.shape))}; the model "
                                      f"wants {want}")
-            feeds[spec.name] = np.ascontiguousarray(a)
+            feeds[spec.name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)  # (which makes a scalar [1])
         return feeds
 
     def _targets(self, target, batch: int) -> np.ndarray:
@@ -198,7 +198,8 @@ class Runner:
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
-        batch = next(iter(feeds.values())).shape[0]
+        # the batch: the leading axis of the inputs that have one (a model of scalar inputs only: one item)
+        batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)
         if batch == 0:
             raise InputError("the batch is empty (0 items); give at least one item")
         positions = None
