@@ -14,6 +14,7 @@ ResNet18 epsilon-plus-flat 1.07e-5 vs zennit 1.16e-5, epsilon@0.01 1.68e-4 vs 1.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import onnx_lrp
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_zennit_goldens.py"
 
 
+@functools.cache
 def _script():
     for name in ("torch", "torchvision", "zennit"):
         pytest.importorskip(name, reason=f"{name} is not installed (pip install onnx-lrp[reference])")
