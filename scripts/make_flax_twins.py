@@ -14,6 +14,8 @@ Writes ``tests/goldens/flax_twins/``: ``<net>_op<opset>.onnx`` and ``<net>.npz``
   3x3 conv + BN, strided 1x1 conv), a crop, global mean, Dense.
 * ``max_res_crop``: Conv-ReLU, 3x3 max pool stride 1 "SAME" then 2x2 max pool (ties between the two pools), two
   identity residual blocks with biases, a crop, global mean, Dense.
+* ``preact_res``: Conv-ReLU, 2x2 max pool, two pre-activation residual blocks (x + Conv(ReLU(BN(x)))), BN-ReLU, a
+  crop, global mean, Dense: its BatchNorms follow residual sums and cannot be folded (kind "batchnorm").
 
 Needs jax, flax 0.12 (nnx) and jax2onnx 0.17 (only to regenerate; tests/test_flax_twins.py reads the files).
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "goldens" / "flax_twins"
-NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop")
+NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop", "preact_res")
 SIZE, C, N_CLASSES = 16, 8, 5
 
 
@@ -77,6 +79,14 @@ def build(name: str, seed: int = 0):
             x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
             x = relu(x + c[1](relu(c[0](x))))
             return relu(x + c[3](relu(c[2](x))))
+    elif name == "preact_res":
+        c, b = [conv(bias=False) for _ in range(2)], [bn() for _ in range(3)]
+
+        def body(x):
+            x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+            x = x + c[0](relu(b[0](x)))
+            x = x + c[1](relu(b[1](x)))
+            return relu(b[2](x))
     else:
         raise ValueError(name)
 

@@ -12,9 +12,24 @@ import onnx
 import pytest
 
 import onnx_lrp
+from onnx_lrp.rules.composite import parse_composite
 
 TWINS = Path(__file__).parent / "goldens" / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop")
+# LRP-0 on every linear layer, the unfoldable BatchNorms included (the built-in composites give kind "batchnorm"
+# zennit's Pass, which is not gradient x input: preact_res is 32x off with `epsilon` at epsilon = 0)
+LRP0_ALL = parse_composite("""
+name = "lrp0-all"
+[[rules]]
+match = { kind = "activation" }
+rule = "pass"
+[[rules]]
+match = { kind = ["maxpool", "shape"] }
+rule = "gradient"
+[[rules]]
+rule = "epsilon"
+epsilon = 0.0
+""")
 
 
 def rel_l2(a, b) -> np.ndarray:
@@ -23,13 +38,28 @@ def rel_l2(a, b) -> np.ndarray:
     return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
 
 
-@pytest.mark.parametrize("opset", [17, 23])
-@pytest.mark.parametrize("net", NETS)
-def test_flax_cnn_lrp0_equals_float64_gradient_x_input(net, opset):
+def _explain(net, opset, composite, **params):
     path = TWINS / f"{net}_op{opset}.onnx"
     assert onnx.load(str(path), load_external_data=False).opset_import[0].version == opset
     golden = np.load(TWINS / f"{net}.npz")
-    res = onnx_lrp.Explainer(str(path), composite="epsilon", epsilon=0.0, stabilizer=0.0,
-                             start="logit").explain(golden["x"], target=golden["target"])
+    res = onnx_lrp.Explainer(str(path), composite=composite, start="logit", **params).explain(
+        golden["x"], target=golden["target"])
+    return res, golden
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("net", NETS)
+def test_flax_cnn_lrp0_equals_float64_gradient_x_input(net, opset):
+    """The built-in ``epsilon`` composite at epsilon = 0, stabilizer 0 (every BatchNorm here is folded)."""
+    res, golden = _explain(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
+    assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+def test_flax_preactivation_resnet_lrp0_on_its_batchnorms_equals_gradient_x_input(opset):
+    """Pre-activation blocks: the BatchNorms after the residual sums cannot be folded; LRP-0 on them too (LRP0_ALL)
+    is gradient x input."""
+    res, golden = _explain("preact_res", opset, LRP0_ALL)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
