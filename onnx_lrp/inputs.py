@@ -179,6 +179,7 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
     """Arrays by name from a .npz file; pickled objects are refused."""
     path = Path(path)
     _check_file(path)
+    _check_magic(path, ZIP_MAGIC, ".npz", "np.savez")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
@@ -375,6 +376,20 @@ def _check_file(path: Path) -> None:
         raise InputError(f"input {path} is not a regular file")
     if path.stat().st_size == 0:
         raise InputError(f"input {path} is empty; write the array or image again")
+
+
+# the first bytes of a .npy file and of a .npz (a zip) file: without them np.load would try to unpickle the file
+# and say "pickled data" of a text file
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_magic(path: Path, magic: bytes, kind: str, how: str) -> None:
+    with open(path, "rb") as f:
+        head = f.read(len(magic))
+    if head != magic:
+        raise InputError(f"input {path} is not a {kind} file (it starts with {head!r}, not {magic!r}); write it "
+                         f"with {how}")
 
 
 def _shape(shape) -> str:

@@ -551,7 +551,7 @@ class _Walk:
                     r = em.op("Reshape", r, em.ints([]), tag="r_scalar")
                 if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
                     r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
-                r = em.op("Identity", r, tag="relevance")
+                r = em.op("Identity", _rank0_like(em, r, x), tag="relevance")
             _name_output(r, RELEVANCE_PREFIX + x.name, x)
             outputs.append(r)
         if not self.reached:
@@ -575,7 +575,7 @@ class _Walk:
             produced.add(RELEVANCE_PREFIX + name)
             r = self.total(v, f"at/{name}")
             with em.scope(f"at/{name}"):
-                r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
+                r = em.op("Identity", _rank0_like(em, r if r is not None else em.zeros_like(v), v), tag="relevance")
             _name_output(r, RELEVANCE_PREFIX + name, v)
             outputs.append(r)
         return outputs
@@ -623,6 +623,14 @@ def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value |
     if not zero_where_zero.get(id(out), False):
         return None
     return out if relu.op_type == "Relu" else z  # a Clip(0, max): the caller takes relu(z) itself
+
+
+def _rank0_like(em: Emitter, r: ir.Value, like: ir.Value) -> ir.Value:
+    """The relevance of a scalar (rank-0) tensor as a scalar: the emitted constants are [1]-shaped, and broadcasting
+    with them makes a rank-0 relevance [1]."""
+    if like.shape is None or len(like.shape) != 0:
+        return r
+    return em.op("Reshape", r, em.ints([], tag="scalar_shape"), tag="r_scalar")
 
 
 def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:

@@ -31,7 +31,6 @@ from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, m
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 BASE_DIR = BUILTIN_DIR / "base"  # shared blocks that composites can `extends`
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
-NON_NEGATIVE = ("epsilon", "stabilizer")  # stabilisers (gamma: the gamma rule checks its own)
 AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
 AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
                     "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
@@ -163,17 +162,21 @@ def _numbers(value) -> bool:
     return False
 
 
+# stabilisers: each denominator z becomes z + s * sign(z); a negative s cancels it where |z| = |s| (and flips its
+# sign below), so the relevance blows up or changes sign: only s >= 0 (0 is LRP-0, exact zeros stay guarded)
+NON_NEGATIVE = ("epsilon", "stabilizer")
+
+
 def check_params(rule: str, params: dict) -> dict:
-    """Rule parameters must be numbers (``low``/``high``: a number or one per channel), finite: one-line errors."""
+    """Rule parameters must be numbers (``low``/``high``: a number or one per channel), finite, stabilisers >= 0:
+    one-line errors."""
     for key, value in params.items():
         if value is None:
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):  # the common case, without numpy
             if not math.isfinite(value):
                 raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
-            if key in NON_NEGATIVE and value < 0:
-                raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value} (a negative {key} can cancel "
-                                 "the denominator it stabilises)")
+            _check_sign(rule, key, value)
             continue
         import numpy as np  # here, not at the top: `onnx-lrp composites` loads no numpy
 
@@ -193,8 +196,15 @@ def check_params(rule: str, params: dict) -> dict:
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
         if key in NON_NEGATIVE and np.any(arr < 0):
-            raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value}")
+            _check_sign(rule, key, float(arr.min()))
     return params
+
+
+def _check_sign(rule: str, key: str, value: float) -> None:
+    if key in NON_NEGATIVE and value < 0:
+        raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value:g} (it is added to each denominator with "
+                         "the denominator's sign; a negative one cancels denominators of that size and blows the "
+                         "relevance up; 0 is LRP-0)")
 
 
 def builtin_names() -> list[str]:
@@ -281,10 +291,10 @@ def load_composite(spec: "str | Path | Composite") -> Composite:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"composite file {path} is not a text (TOML) file: byte {exc.start} is not UTF-8; "
-                             "give a composite TOML file (`onnx-lrp composites` shows the format)") from None
+            raise ValueError(f"composite file {path} is not a UTF-8 TOML composite (byte {exc.start} is "
+                             f"{exc.object[exc.start:exc.start + 1]!r}); give a TOML text file") from None
         except OSError as exc:
-            raise ValueError(f"composite file {path} cannot be read ({exc.strerror or exc})") from None
+            raise ValueError(f"composite file {path} cannot be read ({exc.strerror or type(exc).__name__})") from None
         return parse_composite(text, source=str(path))
     key = text.replace("_", "-").lower()
     if key == AUTO:

@@ -100,7 +100,12 @@ def zennit_composite(name: str, canonizers):
 # references are made with the merged BN computing the exact identity (eps = 0 while merged, restored afterwards).
 # Set EXACT_BN_MERGE = False to reproduce stock zennit.
 EXACT_BN_MERGE = True
-_stock_register, _stock_remove = MergeBatchNorm.register, MergeBatchNorm.remove
+# the stock methods kept on the class: loading this script twice (two test modules) must not wrap the patch in itself
+# (the outer wrapper would then save the eps the inner one had already set to 0, and restore 0: the model's BNs would
+# lose their eps for good)
+_stock_register = MergeBatchNorm.__dict__.get("_stock_register", MergeBatchNorm.register)
+_stock_remove = MergeBatchNorm.__dict__.get("_stock_remove", MergeBatchNorm.remove)
+MergeBatchNorm._stock_register, MergeBatchNorm._stock_remove = _stock_register, _stock_remove
 
 
 def _exact_register(self, linears, batch_norm):

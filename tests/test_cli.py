@@ -410,7 +410,8 @@ BAD = {
                                                                  float("nan"))), SAMPLES / "batch.npy", "-o",
                                  t / "o.npy"], "alpha or beta is not finite"),
     "dimension 2**30": (lambda t: ["rewrite", _digits(t, _huge_axis), "-o", t / "o.onnx"],
-                        "more than 1073741824 elements per item"),
+                        # (the size check itself: tests/test_honesty.py, on a net whose shapes still fit)
+                        "(Gemm: Dimension mismatch in unification between 512 and 34359738368)"),
     "empty batch": (lambda t: [np.save(t / "x.npy", np.zeros((0, 1, 16, 16), np.float32)), "explain", DIGITS,
                                t / "x.npy", "-o", t / "o.npy"][1:], "holds no items (an empty batch)"),
     "empty batch snapshot": (lambda t: [np.save(t / "x.npy", np.zeros((0, 1, 16, 16), np.float32)), "snapshot",
@@ -433,7 +434,45 @@ BAD = {
                                                 t / "o.onnx"], "has no input bounds"),
     "zbox without bounds, snapshot": (lambda t: ["snapshot", DIGITS, SAMPLES / "batch.npy", "--composite",
                                                  "epsilon-gamma-box", "-o", t / "s.npz"], "--low/--high"),
+    # issue 17: opsets that do not exist yet, negative stabilisers, files of the wrong kind, a declared input size
+    # the graph was not exported for
+    **{f"opset 99, {cmd}": (lambda t, cmd=cmd: [cmd, _digits(t, _opset(99))] + (
+        [SAMPLES / "batch.npy", "-o", t / "o.npy"] if cmd == "explain" else ["-o", t / "o.onnx"] if cmd == "rewrite"
+        else []), f"imports opset 99, which does not exist yet: the installed onnx {onnx.__version__} knows opsets up "
+                  f"to {onnx.defs.onnx_opset_version()}") for cmd in ("explain", "inspect", "rewrite")},
+    "composite epsilon -1": (lambda t: _bad_toml(t, "[[rules]]\nrule = 'epsilon'\nepsilon = -1"),
+                             "entry 1: rule 'epsilon': epsilon must be >= 0, not -1"),
+    "--stabilizer -1": (lambda t: ["explain", DIGITS, SAMPLES / "batch.npy", "--stabilizer", "-1", "-o", t / "o.npy"],
+                        "stabilizer must be >= 0, not -1"),
+    "--epsilon -1": (lambda t: ["rewrite", DIGITS, "--epsilon", "-1", "-o", t / "o.onnx"],
+                     "epsilon must be >= 0, not -1 (it is added to each denominator"),
+    "binary composite file": (lambda t: [_write(t / "c.toml", bytes(range(255, -1, -1))), "explain", DIGITS,
+                                         SAMPLES / "batch.npy", "--composite", t / "c.toml", "-o", t / "o.npy"][1:],
+                              "c.toml is not a UTF-8 TOML composite"),
+    "text named .npy": (lambda t: [_write(t / "x.npy", b"1 2 3\n4 5 6\n"), "explain", DIGITS, t / "x.npy", "-o",
+                                   t / "o.npy"][1:], "x.npy is a text file, not a NumPy .npy array"),
+    "text named .npz": (lambda t: [_write(t / "x.npz", b"1 2 3\n"), "explain", DIGITS, t / "x.npz", "-o",
+                                   t / "o.npz"][1:], "x.npz is not a .npz file"),
+    **{f"input 15x15 for 16x16, {cmd}": (lambda t, cmd=cmd: [cmd, _digits(t, _input_side(15))] + (
+        ["-o", t / "o.onnx"] if cmd == "rewrite" else []),
+        "the shapes do not fit at node /classifier/classifier.1/Gemm (Gemm: Dimension mismatch in unification "
+        "between 512 and 288), from the declared input shape(s) image batchx1x15x15; give the shapes the model was "
+        "exported for (--input-shape") for cmd in ("inspect", "rewrite")},
 }
+
+
+def _opset(version):
+    def edit(m):
+        m.opset_import[0].version = version
+    return edit
+
+
+def _input_side(side):
+    def edit(m):
+        for d in m.graph.input[0].type.tensor_type.shape.dim[2:]:
+            d.dim_value = side
+        del m.graph.value_info[:]
+    return edit
 
 
 def _digits(t, edit):

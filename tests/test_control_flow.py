@@ -570,3 +570,41 @@ def test_cli_input_shape_option(tmp_path):
                         (["--input-shape", "x=2x5"], "static size 4 on axis 1")):
         wrong = runner.invoke(main, ["inspect", str(path), *args])
         assert wrong.exit_code == 2 and match in wrong.output, wrong.output
+
+
+def _scalar_scan():
+    """onnx's test_scan9_scalar: a running sum over x [5] from a scalar initial state; y the final sum (rank 0),
+    z the per-step sums (rank 0 each, stacked to [5])."""
+    body = helper.make_graph([helper.make_node("Add", ["sum_in", "next"], ["sum_out"]),
+                              helper.make_node("Identity", ["sum_out"], ["scan_out"])], "body",
+                             [helper.make_tensor_value_info("sum_in", TensorProto.FLOAT, []),
+                              helper.make_tensor_value_info("next", TensorProto.FLOAT, [])],
+                             [helper.make_tensor_value_info("sum_out", TensorProto.FLOAT, []),
+                              helper.make_tensor_value_info("scan_out", TensorProto.FLOAT, [])])
+    g = helper.make_graph([helper.make_node("Scan", ["initial", "x"], ["y", "z"], body=body, num_scan_inputs=1)],
+                          "scan9", [helper.make_tensor_value_info("initial", TensorProto.FLOAT, []),
+                                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, []),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [5])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = IR_VERSION
+    return m
+
+
+def test_scan_with_scalar_state_and_scan_outputs_keeps_their_shapes():
+    """Outputs of the shapes onnxruntime gives for the model itself (was (1,) and (5, 1): numpy's
+    ascontiguousarray makes a scalar feed [1]); the scalar input's relevance is a scalar. LRP-0 of a sum: each
+    addend gets its own value (y = initial + sum x)."""
+    import onnxruntime as ort
+
+    m = _scalar_scan()
+    feeds = {"initial": np.array(2.0, np.float32), "x": np.arange(1, 6, dtype=np.float32)}
+    plain = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=0.0).explain(feeds)
+    assert [res.outputs[n].shape for n in ("y", "z")] == [a.shape for a in plain] == [(), (5,)]
+    np.testing.assert_array_equal(res.outputs["y"], plain[0])
+    np.testing.assert_array_equal(res.outputs["z"], plain[1])
+    assert res.relevance["initial"].shape == () and res.relevance["x"].shape == (5,)
+    # y is one item (no batch axis): relevance sum = y, each addend its own value
+    np.testing.assert_allclose(res.relevance["initial"], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(res.relevance["x"], feeds["x"], rtol=1e-6)

@@ -183,7 +183,8 @@ def _attr(name, value, i=0):
                                                                 TensorProto.INT32),
      ModelError, "Conv_c.*unsupported type: tensor\\(int32\\)"),
     ("input rank changed", lambda m: m.graph.input[0].type.tensor_type.shape.dim.pop(),
-     UnsupportedError, "input of rank 3 for a weight of rank 4"),
+     ModelError, r"the shapes do not fit at node Conv_c \(Conv: Number of spatial dimensions in the weight tensor "
+                 r"\(2\) does not match .* declared input shape\(s\) x Nx3x4"),
     ("dimension 2**30 (was MemoryError)", lambda m: setattr(m.graph.input[0].type.tensor_type.shape.dim[2],
                                                             "dim_value", 2 ** 30),
      ModelError, "more than 1073741824 elements per item"),

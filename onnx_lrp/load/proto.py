@@ -23,6 +23,9 @@ from . import external
 
 MIN_OPSET = 17
 MAX_OPSET = 23
+# the highest opset the installed onnx knows: MAX_OPSET+1 .. KNOWN_OPSET are read as MAX_OPSET where every op means
+# the same there (``relabel_newer_opset``); a higher one does not exist yet and is refused
+KNOWN_OPSET = onnx.defs.onnx_opset_version()
 
 
 def read_proto(source) -> onnx.ModelProto:
@@ -317,11 +320,11 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     opset = opset_of(proto)
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
-    known = onnx.defs.onnx_opset_version()
-    if opset > known:  # the schemas would silently be those of the newest opset this onnx knows
-        raise ModelError(f"{name} imports opset {opset}, which this onnx ({onnx.__version__}) does not know: "
-                         f"onnx-lrp reads opsets 1-{MAX_OPSET} and {MAX_OPSET + 1}-{known} where their ops are "
-                         f"unchanged; re-export the model with opset <= {known}")
+    if opset > KNOWN_OPSET:
+        raise ModelError(f"{name} imports opset {opset}, which does not exist yet: the installed onnx "
+                         f"{onnx.__version__} knows opsets up to {KNOWN_OPSET} (onnx-lrp reads {MAX_OPSET + 1}-"
+                         f"{KNOWN_OPSET} as {MAX_OPSET} where the ops are unchanged); re-export the model with opset "
+                         f"{MAX_OPSET} or lower")
     proto = expand_function_ops(proto, opset)
     if opset > MAX_OPSET:
         proto = relabel_newer_opset(proto, opset, name)
@@ -536,14 +539,17 @@ def relabel_newer_opset(proto: onnx.ModelProto, opset: int, name: str = "model")
 
 def _check_types(proto: onnx.ModelProto, name: str) -> None:
     """Refuse a standard op given a data type its schema does not allow (e.g. a Conv on int32: an input whose type
-    was changed). Strict inference stops at the first error; only type errors are refused here (ops of other
-    domains have no schema and pass)."""
+    was changed), and ops whose input shapes contradict each other (a declared input size the rest of the graph was
+    not exported for). Strict inference lists the error of each node; ops of other domains have no schema and
+    pass."""
     light = onnx.ModelProto()  # large initializers matter by type and shape only: typed inputs, no data copied
     light.ir_version = proto.ir_version
     light.opset_import.extend(proto.opset_import)
     light.functions.extend(proto.functions)
     g = light.graph
     g.node.extend(proto.graph.node)
+    for i, node in enumerate(g.node):  # so that the error names every node it lists (as the loader will)
+        node.name = node.name or f"{node.op_type}_{i}"
     g.input.extend(proto.graph.input)
     g.output.extend(proto.graph.output)
     g.value_info.extend(proto.graph.value_info)
@@ -561,6 +567,28 @@ def _check_types(proto: onnx.ModelProto, name: str) -> None:
                                       or "inconsistent type" in text or "type mismatch" in text.lower()):
             raise ModelError(f"{name}: {text[:300]}; the data types do not fit the ops (re-export the model)") \
                 from None
+        # a complaint about a node's input shapes; not one about its attributes (the op handlers name those
+        # "malformed" more precisely), nor one from inside a function body's inference (onnx's own expansions,
+        # e.g. MeanVarianceNormalization's, draw some on valid models)
+        conflict = next((m for m in SHAPE_CONFLICT.finditer(str(exc))
+                         if "Inference error" not in m.group(3) and "ttribute" not in m.group(3)), None)
+        if conflict:
+            op, node, why = conflict.groups()
+            raise ModelError(f"{name}: the shapes do not fit at node {node} ({op}: {why.strip()}), from the "
+                             f"declared input shape(s) {_declared(proto)}; give the shapes the model was exported "
+                             "for (--input-shape NAME=DxD..., input_shapes=) or fix the export") from None
+
+
+# strict shape inference's complaint about a node's input shapes (not a type left unknown after an earlier error)
+SHAPE_CONFLICT = re.compile(r"\(op_type:(\w+), node name: ([^\n]*?)\): \[ShapeInferenceError\] ([^\n]*)")
+
+
+def _declared(proto: onnx.ModelProto) -> str:
+    def dims(v):
+        shape = v.type.tensor_type.shape
+        return "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim)
+    inits = {t.name for t in proto.graph.initializer}
+    return ", ".join(f"{v.name} {dims(v)}" for v in proto.graph.input if v.name not in inits)
 
 
 def eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.ndarray] | None:
