@@ -16,6 +16,7 @@ from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
 from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .text import pop_text_options, run_text, text_options
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
@@ -54,7 +55,7 @@ def _say(msg: str) -> None:
 
 @click.command("explain")
 @click.argument("model", metavar="MODEL")
-@click.argument("input_path", metavar="INPUT")
+@click.argument("input_path", metavar="INPUT", required=False)
 @common
 @click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
               help="Class (index into the explained output, flattened per item) to explain: one for all items, one "
@@ -69,6 +70,9 @@ def _say(msg: str) -> None:
               help="Initial relevance at the target: its output value (logit) or 1 (one-hot, as zennit).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="onnxruntime device; auto takes CUDA when available and says which it used.")
+@click.option("--tf32", is_flag=True,
+              help="CUDA: TF32 convolutions and matrix products (faster; relevance drifts from the CPU's, see the "
+                   "README's GPU section). Off by default.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Items per model run.")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
@@ -98,14 +102,16 @@ def _say(msg: str) -> None:
               help="With --tokens: write an HTML page with the tokens coloured by relevance (one paragraph per "
                    "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@text_options
 @dataset_options
-def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
+def explain(model, input_path, target, output_name, position, start, device, tf32, batch_size, relevance_at, out,
             heatmap_path, cmap, heatmap_style, tokens_path, token_scale, html_path, as_json, composite, **rule_kw):
     """Explain MODEL's prediction for INPUT with LRP.
 
     INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
     model input (by input name), an image (PNG, JPEG, ...), or a directory of files of one of these kinds
-    (explained as one batch, in sorted order).
+    (explained as one batch, in sorted order). Or no INPUT but --text "..." --tokenizer tokenizer.json: a
+    language model's next token (or --continuation) explained over the text's tokens, coloured in the terminal.
 
     With --out-dir OUT, explains a whole dataset in streaming shards instead (INPUT: a directory searched
     recursively, a glob, a .npy/.npz with a batch axis, or Parquet); see --out-dir and the README.
@@ -114,9 +120,19 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     relevance, and the time taken.
     """
     ds = pop_dataset_options(rule_kw)
+    text = pop_text_options(rule_kw)
+    if text is not None:  # text in: its own module
+        return run_text(model, text, target=parse_target(target), start=start, device=device, tf32=tf32,
+                        composite=composite, rule_kw=rule_kw, out=out, html_path=html_path, token_scale=token_scale,
+                        as_json=as_json, refused={"INPUT": input_path, "--out-dir": ds and ds["out_dir"],
+                                                  "--tokens": tokens_path, "--heatmap": heatmap_path,
+                                                  "--position": position, "--relevance-at": relevance_at,
+                                                  "--output": output_name})
+    if input_path is None:
+        raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
         return run_dataset(model, input_path, ds, targets=parse_target(target), output_name=output_name, start=start,
-                           device=device, batch_size=batch_size, relevance_at=relevance_at,
+                           device=device, tf32=tf32, batch_size=batch_size, relevance_at=relevance_at,
                            pre=preprocess(rule_kw), as_json=as_json, composite=composite, rule_kw=rule_kw,
                            refused={"-o": out, "--heatmap": heatmap_path, "--tokens": tokens_path,
                                     "--html": html_path, "--position": position})
@@ -167,7 +183,7 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     # ---- build
     t0 = time.perf_counter()
     ex = build_explainer(model, comp, device=device, output=output_name, relevance_at=tuple(relevance_at),
-                         start=start)
+                         start=start, tf32=tf32)
     t_build = time.perf_counter() - t0
     if device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
@@ -240,6 +256,7 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(model), input=str(input_path), composite=comp.name, start=start, device=ex.device,
+                   tf32=bool(ex.tf32 and ex.device == "cuda"),
                    explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
                    heatmap_file=str(heat_path) if heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
@@ -311,7 +328,8 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     if behind:
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if start == "one-hot" else ""))
-    click.echo(f"{n} item(s), composite {comp.name}, start {start}, device {ex.device}: explained in "
+    click.echo(f"{n} item(s), composite {comp.name}, start {start}, device {ex.device}"
+               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s)")
     if token_rows is not None:
         from onnx_lrp.tokens import terminal

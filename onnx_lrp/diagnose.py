@@ -41,7 +41,7 @@ def diagnostic_session(run):
                     have.add(id(v))
         graph.outputs.extend(extra)
         forward = [(n.name, n.op_type, o.name) for n, o in forward]
-        run._diag = (runtime.Session(loader.serialize(model), run.device), forward)
+        run._diag = (runtime.Session(loader.serialize(model), run.device, tf32=getattr(run, "tf32", False)), forward)
     return run._diag
 
 def locate(run, feeds, targets, start, positions, item: int) -> str:

@@ -20,7 +20,7 @@ class Explainer(Runner):
     def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, **rule_params):
+                 input_shapes: dict | None = None, tf32: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -29,6 +29,9 @@ class Explainer(Runner):
             raise InputError(str(exc)) from None
         self.start = start
         self.device = runtime.resolve_device(device)
+        if not isinstance(tf32, bool):
+            raise InputError(f"tf32 must be True or False, not {tf32!r}")
+        self.tf32 = tf32  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; README "GPU")
         if isinstance(relevance_at, str):
             relevance_at = [relevance_at]  # one tensor name
         try:
@@ -81,7 +84,7 @@ class Explainer(Runner):
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
         self.model_bytes = loader.serialize(ir_model)
-        self._started(runtime.Session(self.model_bytes, device, threads))
+        self._started(runtime.Session(self.model_bytes, device, threads, tf32=self.tf32))
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.

@@ -51,7 +51,8 @@ class Runner:
 
     #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes)
     PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
-               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
+               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "tf32", "ledger",
+               "_trace")
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
@@ -70,7 +71,7 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads))
+        self._started(runtime.Session(self.model_bytes, self.device, threads, tf32=self.tf32))
         return self
 
     def _started(self, session) -> None:

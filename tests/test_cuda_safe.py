@@ -1,0 +1,60 @@
+"""CUDA safety without a GPU: the relevance graph of every family the suite explains reads nothing that
+onnxruntime's graph optimisations may drop.
+
+onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization (on CPU and CUDA); its CUDA kernel leaves the
+optional Mean / InvStdDev outputs unwritten, so a relevance graph that read them failed on CUDA only ("Missing
+Input: .../inv_std"). Two checks, both on CPU: (1) by the ONNX schema, no relevance node reads an optional output
+of a forward node (except those onnxruntime always keeps, tests/families.KEPT_OPTIONAL); (2) in the model that
+onnxruntime itself optimises (CPU provider, extended fusions: the same transformers that run for CUDA), no node
+reads an output of a fused contrib op that the CUDA kernel does not compute. Fusions that remove intermediates
+(Gelu, BiasGelu, FastGelu, Attention, EmbedLayerNormalization, MatMul + Add) only fuse nodes whose outputs have one
+consumer, so a value the relevance graph reads keeps its producer.
+"""
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+from families import FAMILIES, fused_dropped_reads, optional_reads
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_relevance_graph_reads_nothing_a_fusion_drops(fam, tmp_path):
+    ex = fam.explainer()
+    path = tmp_path / "lrp.onnx"
+    ex.save(path)
+    model = onnx.load(path)
+    assert any(n.name.startswith("lrp/") for n in model.graph.node)
+    assert optional_reads(model) == []
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    assert fused_dropped_reads(onnx.load(tmp_path / "optimized.onnx")) == []
+
+
+def test_the_check_sees_the_skiplayernorm_dependency(tmp_path):
+    """The check's own reference: a relevance graph that reads LayerNormalization's InvStdDev after a residual Add
+    (what onnx-lrp emitted before) is caught by both checks."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])
+    r = helper.make_tensor_value_info("lrp/r", TensorProto.FLOAT, [1, 4, 1])
+    w = onnx.numpy_helper.from_array(np.ones(8, np.float32), "w")
+    b = onnx.numpy_helper.from_array(np.zeros(8, np.float32), "b")
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"], name="add"),
+             helper.make_node("LayerNormalization", ["s", "w", "b"], ["y", "mean", "inv_std"], name="ln"),
+             helper.make_node("Identity", ["inv_std"], ["lrp/r"], name="lrp/ln/JTs")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y, r], [w, b]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert len(optional_reads(model)) == 1
+    onnx.save(model, tmp_path / "m.onnx")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(str(tmp_path / "m.onnx"), sess_options=opts, providers=["CPUExecutionProvider"])
+    assert len(fused_dropped_reads(onnx.load(tmp_path / "opt.onnx"))) == 1
