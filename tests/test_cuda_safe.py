@@ -58,3 +58,69 @@ def test_the_check_sees_the_skiplayernorm_dependency(tmp_path):
     opts.optimized_model_filepath = str(tmp_path / "opt.onnx")
     ort.InferenceSession(str(tmp_path / "m.onnx"), sess_options=opts, providers=["CPUExecutionProvider"])
     assert len(fused_dropped_reads(onnx.load(tmp_path / "opt.onnx"))) == 1
+
+
+# ------------------------------------------------------------------------------ CUDA options without a GPU
+def test_tf32_is_off_unless_asked_and_travels_with_the_payload():
+    from onnx_lrp import runtime
+    from onnx_lrp.errors import InputError
+    from onnx_lrp.runner import Runner
+
+    assert runtime.cuda_options() == {"use_tf32": "0"} and runtime.cuda_options(True) == {"use_tf32": "1"}
+    fam = FAMILIES[-1]
+    ex = fam.explainer(tf32=True)
+    assert ex.tf32 is True and fam.explainer().tf32 is False
+    assert Runner.from_payload(ex.payload()).tf32 is True
+    with pytest.raises(InputError, match="tf32 must be True or False"):
+        fam.explainer(tf32="yes")
+
+
+def test_preload_loads_the_wheels_libraries_once_and_quietly(monkeypatch, capsys):
+    """With nvidia-* wheels installed (a package ``nvidia``) onnxruntime's preload_dlls is called once, looking in
+    the nvidia site packages first (directory=""), and what it prints does not reach stdout; without them it is
+    not called (the system's libraries are found as before)."""
+    import importlib.util
+    import types
+
+    from onnx_lrp import runtime
+
+    calls = []
+
+    def preload_dlls(**kw):
+        calls.append(kw)
+        print("Failed to load libcudnn.so.9")
+
+    monkeypatch.setattr(runtime, "ort", types.SimpleNamespace(preload_dlls=preload_dlls))
+    real = importlib.util.find_spec
+    for wheels, want in ((False, []), (True, [{"directory": ""}])):
+        monkeypatch.setattr(runtime, "_preloaded", False)
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (object() if wheels else None) if name == "nvidia" else real(name, *a))
+        calls.clear()
+        runtime.preload_cuda()
+        runtime.preload_cuda()
+        assert calls == want
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_tf32_on_cpu_changes_nothing(tmp_path):
+    """--tf32 concerns CUDA only: on the CPU the relevance is the same and the summary says TF32 was not used."""
+    import json
+
+    import numpy as np
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+
+    fam = FAMILIES[-1]
+    np.save(tmp_path / "x.npy", fam.feeds()["image"][:2])
+    outs = []
+    for extra in ([], ["--tf32"]):
+        out = tmp_path / f"r{len(extra)}.npy"
+        result = CliRunner().invoke(main, ["explain", str(fam.model), str(tmp_path / "x.npy"), "--json", "-o",
+                                           str(out), *extra])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert summary["device"] == "cpu" and summary["tf32"] is False
+        outs.append(np.load(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
