@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the exported models under $OUT")
-    ap.add_argument("--batch", type=int, default=64, help="engine: the batch of the images/s rows")
+    ap.add_argument("--batch", type=int, default=128, help="engine: the batch of the images/s rows")
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
