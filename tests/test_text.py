@@ -100,3 +100,22 @@ def test_models_that_take_no_ids_or_a_fixed_length_are_refused_in_one_line():
                                            "--tokenizer", str(TOKENIZER)])
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, \
             result.stderr
+
+
+def test_llama_style_bos_and_position_ids(tmp_path):
+    """A tokenizer that adds BOS (as LLaMA's) and a model that takes position_ids: the BOS is the first token, the
+    positions are 0..T-1, and the relevance equals the API's on those inputs."""
+    tok = tokenizers.Tokenizer.from_file(str(TEXT / "tokenizer_bos.json"))
+    ids = tok.encode(PROMPT).ids
+    assert ids[0] == tok.token_to_id("<s>")
+    ex = onnx_lrp.Explainer(TEXT / "llama_text.onnx", composite="attnlrp")
+    feeds = {"input_ids": np.asarray([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64),
+             "position_ids": np.arange(len(ids), dtype=np.int64)[None]}
+    want = ex.explain(feeds)
+    result = CliRunner().invoke(main, ["explain", str(TEXT / "llama_text.onnx"), "-c", "attnlrp", "--text", PROMPT,
+                                       "--tokenizer", str(TEXT / "tokenizer_bos.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["input_ids"] == list(ids) and summary["tokens"][0] == "<s>"
+    assert summary["explained"][0]["token_id"] == int(want.target[0])
+    np.testing.assert_allclose(summary["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)
