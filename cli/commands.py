@@ -73,7 +73,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     weights), the rule, and whether onnx-lrp supports it. The output tensor of each node is the name to give
     --relevance-at. Nodes off the path to the explained output need no rule.
     """
-    from onnx_lrp import loader, rewriter
+    from onnx_lrp import load as loader, rewriter
     from onnx_lrp.errors import UnsupportedError
 
     comp = composite_with(composite, rule_params(rule_kw))

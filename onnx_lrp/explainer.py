@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import loader, rewriter, runtime
+from . import load as loader, rewriter, runtime
 from .errors import InputError, LrpError, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries

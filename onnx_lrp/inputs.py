@@ -40,7 +40,7 @@ def input_infos(specs) -> list[InputInfo]:
 
 def model_input_dims(model) -> list[InputInfo]:
     """The graph inputs of an ONNX model file, read without preparing the model (cheap)."""
-    from . import loader  # the only module allowed to touch onnx
+    from . import load as loader  # the only package allowed to touch onnx
 
     proto = loader.read_proto(model)
     inits = {t.name for t in proto.graph.initializer}
@@ -56,7 +56,7 @@ def model_input_dims(model) -> list[InputInfo]:
 def model_channel_axis(model, input_name: str, dims=()) -> int:
     """The channel axis of a 4-D float input: -1 when the model transposes it from NHWC to NCHW right after the
     input (Keras/TF exports), else what the dims suggest (last axis 1 or 3, second axis not: channels last), else 1."""
-    from . import loader
+    from . import load as loader
 
     try:
         proto = loader.read_proto(model)

@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from . import patterns
 from .composite_check import check_composite
-from .deployed import relay_sources
+from .ops.quantize import relay_sources
 from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, captured_values, static_dims
 from .ledger import Ledger

@@ -153,7 +153,7 @@ class Session:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # QDQ models: run Q/DQ pairs as written, so a relevance model's outputs equal the deployed model's
-        # (ORT's QDQ fusions otherwise regroup them around the float weights onnx_lrp.deployed folds)
+        # (ORT's QDQ fusions otherwise regroup them around the float weights the qdq loading pass folds)
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
         threads = threads if threads is not None else int(os.environ.get("ONNX_LRP_THREADS", "0"))
         if threads:

@@ -194,7 +194,7 @@ def run_case(case: Case, composite: str, **params) -> Outcome:
         name = out.name
         if name not in res.outputs:
             return done("other", f"output {name!r} is missing")
-        # float16/bfloat16 models run upcast to float32 (onnx_lrp.deployed): equal up to their rounding
+        # float16/bfloat16 models run upcast to float32 (onnx_lrp/load/passes/float16.py): equal up to their rounding
         rtol = LOW_FLOAT_RTOL.get(out.type.tensor_type.elem_type, RTOL)
         if _close(res.outputs[name], want, rtol):
             continue

@@ -12,7 +12,7 @@ import pytest
 
 import onnx_lrp
 from onnx_lrp import DeviceError, InputError
-from onnx_lrp.loader import serialize
+from onnx_lrp.load import serialize
 from util import make_model, node
 
 RNG = np.random.default_rng(7)
@@ -187,7 +187,7 @@ def test_relevance_graph_uses_only_ops_the_cuda_provider_implements(composite):
 def test_serialize_sets_an_ir_version_onnxruntime_reads():
     ex = onnx_lrp.Explainer(mlp(), composite="epsilon")
     assert onnx.load_model_from_string(ex.model_bytes).ir_version <= 13
-    assert onnx.load_model_from_string(serialize(onnx_lrp.loader.load(mlp()))).ir_version <= 13
+    assert onnx.load_model_from_string(serialize(onnx_lrp.load.load(mlp()))).ir_version <= 13
 
 
 def test_float64_model_is_explained_in_float64():

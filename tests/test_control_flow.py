@@ -1,4 +1,4 @@
-"""Control flow made static (onnx_lrp/control.py): Loop/Scan with a static trip count unrolled, If with a constant
+"""Control flow made static (onnx_lrp/load/passes/control_flow.py): Loop/Scan with a static trip count unrolled, If with a constant
 condition inlined, inputs bound to constants.
 
 Real exports (tests/goldens/recurrent_twins, scripts/make_recurrent_twins.py): Keras GRU (reset_after=True) and
@@ -53,7 +53,7 @@ def test_keras_loop_export_has_a_loop_and_is_explained(kind):
            for n in ("loop", "unrolled", "torch")}
     assert "Loop" in ops["loop"] and "Loop" not in ops["unrolled"] and {"GRU": "gru", "RNN": "rnn"}.get(
         next(iter(ops["torch"] & {"GRU", "RNN"}))) == kind
-    from onnx_lrp import loader
+    from onnx_lrp import load as loader
     graph = loader.load(TWINS / f"{kind}_b_loop.onnx").graph
     assert not any(n.op_type == "Loop" for n in graph) and sum(n.op_type == "Tanh" for n in graph) == 7
 
@@ -308,7 +308,7 @@ def test_dynamic_trip_count_is_refused_in_one_line_with_the_other_unsupported_no
 
 
 def test_too_long_loop_is_refused():
-    from onnx_lrp.control import MAX_UNROLLED
+    from onnx_lrp.load.passes.control_flow import MAX_UNROLLED
     with pytest.raises(UnsupportedError) as info:
         onnx_lrp.Explainer(to_bytes(loop_model(trip=MAX_UNROLLED)), composite="epsilon")
     assert "would write" in str(info.value) and "the_loop" in str(info.value)
@@ -489,7 +489,7 @@ def test_input_shapes_shared_symbol():
     m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, "N", "K"]))
     with pytest.raises(InputError, match="inputs 'x' and 'w' share the dimension 'N'; it was fixed to 1 and 3"):
         onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4), "w": (2, 3, 5)})
-    from onnx_lrp.loader import fix_input_shapes
+    from onnx_lrp.load import fix_input_shapes
     fixed = fix_input_shapes(m, {"x": (1, 4)})
     dims = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in fixed.graph.input}
     assert dims == {"x": [1, 4], "w": [2, 1, "K"]}

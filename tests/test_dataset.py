@@ -1,4 +1,4 @@
-"""Explaining a whole dataset (onnx_lrp.dataset, onnx_lrp.ray, `onnx-lrp explain --out-dir`).
+"""Explaining a whole dataset (onnx_lrp.dataset, onnx_lrp.dataset.ray, `onnx-lrp explain --out-dir`).
 
 Every item's relevance is checked against an independent single-process ``Explainer.explain`` of that item alone;
 resuming is checked by SIGKILLing a real run half way; the Ray tests start a local cluster (skipped without Ray).
@@ -221,13 +221,13 @@ def test_non_finite_relevance_and_nan_inputs_are_errors_not_results(tmp_path):
 _ACTOR = """
 import pickle, sys
 import numpy as np
-import onnx_lrp.ray, onnx_lrp.dataset  # what a Ray actor of the dataset engine imports
+import onnx_lrp.ray, onnx_lrp.dataset.ray  # what a Ray actor of the dataset engine imports
 from onnx_lrp.runner import Runner
 payload, x = pickle.loads(sys.stdin.buffer.read())
 run = Runner.from_payload(payload, threads=1)
 e = run.explain(x)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnx_ir", "sympy", "onnxscript")
-               or m in ("onnx_lrp.explainer", "onnx_lrp.loader", "onnx_lrp.rewriter", "onnx_lrp.ops"))
+               or m in ("onnx_lrp.explainer", "onnx_lrp.load", "onnx_lrp.rewriter", "onnx_lrp.ops"))
 sys.stdout.buffer.write(pickle.dumps((heavy, e.relevance, e.target)))
 """
 
@@ -279,6 +279,20 @@ def test_manifest_mismatch_refuses_unless_overwrite(tmp_path, digits):
     assert json.loads((tmp_path / "out" / MANIFEST).read_text())["composite"]["name"] == "epsilon-gamma-box"
 
 
+# the fault a test injects (not the engine): the CLI with each shard's write delayed, so a run can be killed half way
+_SLOW_SHARDS = """
+import sys, time
+import onnx_lrp.dataset.local as engine
+from onnx_lrp.cli.main import main
+write = engine.write_shard
+def slow_write(out_dir, res):
+    time.sleep(0.1)
+    return write(out_dir, res)
+engine.write_shard = slow_write
+main(sys.argv[1:], prog_name="onnx-lrp")
+"""
+
+
 def test_sigkill_half_way_then_resume_equals_uninterrupted(tmp_path, ex, digits):
     n = 20
     x = digits[:n]
@@ -286,8 +300,8 @@ def test_sigkill_half_way_then_resume_equals_uninterrupted(tmp_path, ex, digits)
     out = tmp_path / "out"
     cmd = [str(CLI), "explain", str(DIGITS), str(tmp_path / "x.npy"), "--out-dir", str(out), "--shard-size", "1",
            "--batch-size", "1", "--json"]
-    env = dict(os.environ, ONNX_LRP_TEST_SLEEP_PER_SHARD="0.1")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    slow = [sys.executable, "-c", _SLOW_SHARDS] + cmd[1:]  # the same command, each shard written 0.1 s later
+    proc = subprocess.Popen(slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     done = 0
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -393,12 +407,29 @@ def test_engine_ray_without_ray_says_how_to_install(tmp_path, digits, monkeypatc
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     ray = pytest.importorskip("ray")
-    marker = tmp_path_factory.mktemp("fault") / "killed"
-    os.environ["ONNX_LRP_TEST_KILL_SHARD"] = f"3:{marker}"  # the workers inherit it: shard 3 kills its worker once
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray, marker
+    marker = str(tmp_path_factory.mktemp("fault") / "killed")
+
+    def kill_on_shard_3_once():
+        """The fault this test injects into each Ray worker at its start (a closure: it travels by value): the
+        engine's shard task on shard 3 kills the worker process once (the marker file records it)."""
+        import os
+        from pathlib import Path
+
+        import onnx_lrp.dataset.ray as engine
+
+        explain_shard = engine.explain_shard
+
+        def dying(ex, source, index, *args, **kwargs):
+            if index == 3 and not os.path.exists(marker):
+                Path(marker).write_text(str(os.getpid()))
+                os._exit(1)
+            return explain_shard(ex, source, index, *args, **kwargs)
+        engine.explain_shard = dying
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             runtime_env={"worker_process_setup_hook": kill_on_shard_3_once})
+    yield ray, Path(marker)
     ray.shutdown()
-    os.environ.pop("ONNX_LRP_TEST_KILL_SHARD", None)
 
 
 def test_ray_engine_same_numbers_and_a_killed_worker_is_retried(tmp_path, ex, digits, ray_cluster):

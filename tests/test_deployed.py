@@ -1,4 +1,4 @@
-"""Deployed model forms (onnx_lrp.deployed): QDQ / dynamic quantization, float16, onnxruntime-optimised graphs.
+"""Deployed model forms (onnx_lrp/load/passes/): QDQ / dynamic quantization, float16, onnxruntime-optimised graphs.
 
 References: numpy oracles of the epsilon rule on fake-quantized activations (QDQ pairs pass relevance unchanged),
 onnxruntime's own forward pass of the deployed model, and the relevance of the equivalent float32 model.
@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
 import qop_models
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.errors import UnsupportedError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from onnx_lrp import loader, rewriter
+from onnx_lrp import load as loader, rewriter
 from onnx_lrp.rules.composite import load_composite, parse_composite
 
 from util import make_model, node, run, to_bytes
@@ -317,7 +317,7 @@ def test_unfoldable_channel_affine_is_batchnorm():
 # ------------------------------------------------------------------------------------- Keras recurrent layers
 def test_keras_gru_loop_is_unrolled_and_explained():
     """tf2onnx writes a Keras GRU as a Loop whose body reads the sequence by name: the Loop is unrolled at load time
-    (onnx_lrp/control.py; its trip count is the static sequence length), the forward equals Keras' and LRP-0
+    (onnx_lrp/load/passes/control_flow.py; its trip count is the static sequence length), the forward equals Keras' and LRP-0
     conserves (Keras' default biases are zero). Parity with unroll=True and the torch GRU: tests/test_control_flow.py."""
     g = np.load(TWINS / "recurrent.npz")
     ex = onnx_lrp.Explainer(str(TWINS / "gru_keras.onnx"), composite="epsilon", epsilon=0.0)

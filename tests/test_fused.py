@@ -1,4 +1,4 @@
-"""onnxruntime's transformer-optimizer ops (onnx_lrp/fused.py) split back into standard ops.
+"""onnxruntime's transformer-optimizer ops (onnx_lrp/load/passes/ort_fused.py) split back into standard ops.
 
 References: onnxruntime's own com.microsoft CPU kernels (each split graph's forward, run with ORT's graph
 optimisations off so that ORT cannot fuse it again, equals the contrib op on random inputs: every mask form, causal,
@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.errors import UnsupportedError
 
 GOLDENS = Path(__file__).parent / "goldens" / "transformers"

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from util import add_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.ops import is_param
 
 RNG = np.random.default_rng(99)

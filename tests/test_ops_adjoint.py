@@ -22,7 +22,7 @@ from util import add_probe, dyadic, make_model, node, run, to_bytes
 
 import onnx_lrp
 import onnx_lrp.ops
-from onnx_lrp import loader
+from onnx_lrp import load as loader
 from onnx_lrp.rules import parse_composite
 
 GRADIENT = parse_composite('[[rules]]\nrule = "gradient"\n', source="gradient-everywhere")
@@ -650,7 +650,7 @@ def test_activation_without_derivative(op, params, opset):
 
 # registered op types the loader never hands to the rewriter
 NOT_LOADABLE = {"SimplifiedLayerNormalization": "an onnxruntime contrib op in the default domain: the loader moves it "
-                                                "to com.microsoft and onnx_lrp/fused.py splits it (RMS norm)"}
+                                                "to com.microsoft and onnx_lrp/load/passes/ort_fused.py splits it (RMS norm)"}
 # handlers that refuse the gradient rule (their own rules are tested elsewhere)
 NO_GRADIENT = {"Einsum": [node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")]}
 

@@ -86,7 +86,7 @@ def test_relevance_at_an_inner_tensor_and_cp_lrp_differs():
     if not path.exists():
         pytest.skip("no GPT-2 goldens")
     g = np.load(GOLDENS / "gpt2.npz")
-    from onnx_lrp import loader
+    from onnx_lrp import load as loader
     graph = loader.load(path).graph
     ln = next(n for n in graph if n.op_type == "LayerNormalization")
     name = ln.outputs[0].name

@@ -3,6 +3,7 @@ from . import elementwise, linear, norms, pooling, resize, select, shape  # noqa
 from . import transformer  # noqa: F401,E402  (wraps MatMul/Mul/Div/Gather registered above)
 from .base import REGISTRY, ActivationOp, LinearOp, Op, Params, RuleOp, ShapeOp, carries, is_param
 from . import recurrent  # noqa: F401,E402  (LSTM / GRU / RNN)
+from . import quantize  # noqa: F401,E402  (QuantizeLinear / DequantizeLinear)
 
 # ops whose output is >= 0 whenever their relevance inputs are (moves, pools, sums)
 PRESERVES_NONNEG = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMax", "ReduceMean",

@@ -112,7 +112,7 @@ class Recurrent(RuleOp):
         if "activation_alpha" in node.attributes or "activation_beta" in node.attributes:
             return "activation_alpha/activation_beta are not supported (use activations without parameters)"
         if node.attributes.get_int("layout", 0) != 0:  # the loader's canonizer rewrites layout=1
-            return "layout is not 0 (load the model with onnx_lrp.loader, which transposes layout=1 to 0)"
+            return "layout is not 0 (load the model with onnx_lrp.load, which transposes layout=1 to 0)"
         dims = static_dims(node.inputs[0])
         if dims is not None and len(dims) != 3:
             return "X is not of rank 3"

@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from ..graph import static_dims
 from .base import LinearOp, Params, const, register
-from .shape import _ramp, _scatter_axis, _scatter_runtime
+from .shape import index_ramp, scatter_axis, scatter_runtime
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 _RUNTIME_ONLY = ("half_pixel_symmetric",)  # transforms whose matrix is only built at run time (by the op itself)
@@ -180,7 +180,7 @@ class Resize(LinearOp):
         """Nearest: the source index of every output position, from the node's own Resize of arange(n) (as float32,
         exact below 2^24) along the second axis of a [1, n] tensor."""
         x = node.inputs[0]
-        ramp = em.op("Cast", _ramp(em, x, ax, tag=f"ramp{ax}"), to=ir.DataType.FLOAT.value,
+        ramp = em.op("Cast", index_ramp(em, x, ax, tag=f"ramp{ax}"), to=ir.DataType.FLOAT.value,
                      tag=f"ramp{ax}_f")  # float32 whatever the model's type
         ramp = em.op("Unsqueeze", ramp, em.ints([0]), tag=f"ramp{ax}_2d")
         entry = em.op("Slice", node.inputs[2 if kind == "scales" else 3], em.ints([k]), em.ints([k + 1]),
@@ -203,10 +203,10 @@ class Resize(LinearOp):
             if isinstance(a, tuple) and a[0] == "index":  # a large static axis: scatter-add by source index
                 shape = em.op("ScatterElements", em.shape_of(s, tag=f"s_shape{ax}"), em.ints([ax]),
                               em.ints([int(static_dims(node.inputs[0])[ax])]), axis=0, tag=f"in_shape{ax}")
-                s = _scatter_axis(em, s, {"rank": rank, "value": shape}, ax, list(a[1]), tag=f"JTs{ax}")
+                s = scatter_axis(em, s, {"rank": rank, "value": shape}, ax, list(a[1]), tag=f"JTs{ax}")
                 continue
             if isinstance(a, tuple) and nearest:  # a dynamic axis: O(n) scatter-add, no n x n_out matrix
-                s = _scatter_runtime(em, s, node.inputs[0], ax, self._runtime_indices(em, node, ax, *a),
+                s = scatter_runtime(em, s, node.inputs[0], ax, self._runtime_indices(em, node, ax, *a),
                                      tag=f"JTs{ax}")
                 continue
             if isinstance(a, tuple):

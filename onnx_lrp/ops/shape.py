@@ -121,7 +121,7 @@ class Split(ShapeOp):
         return [em.op("Concat", *parts, axis=ax, tag="r_in")]
 
 
-def _scatter_axis(em, r, x_like_shape, axis, idx, tag):
+def scatter_axis(em, r, x_like_shape, axis, idx, tag):
     """Scatter-add r's slices along ``axis`` into zeros of shape ``x_like_shape`` at positions ``idx``."""
     shape = [1] * x_like_shape["rank"]
     shape[axis] = len(idx)
@@ -201,7 +201,7 @@ class Slice(ShapeOp):
             # the target shape: r's shape with this axis restored to n
             shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
                           tag="full_shape")
-            r = _scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, idx, tag="r_unslice")
+            r = scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, idx, tag="r_unslice")
         return [r]
 
 
@@ -236,13 +236,13 @@ class Gather(ShapeOp):
             tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([len(dims)]), tag="tail")
             shape = em.op("Concat", head, em.ints([len(flat)]), tail, axis=0, tag="r_shape3")
             r = em.op("Reshape", r, shape, tag="r_flat_idx")
-        return [_scatter_axis(em, r, {"rank": len(dims), "value": x_shape}, ax, list(flat), tag="r_in")]
+        return [scatter_axis(em, r, {"rank": len(dims), "value": x_shape}, ax, list(flat), tag="r_in")]
 
 
 _COPY_PADS = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}  # ONNX mode -> numpy.pad mode (same indices)
 
 
-def _ramp(em, x, ax, tag):
+def index_ramp(em, x, ax, tag):
     """arange(n) (int64) with n the length of ``x`` along ``ax`` at run time, as CumSum of ones: a Range would need
     n as a scalar, and onnxruntime's shape inference (data propagation) sees Gather/Squeeze of a static Shape as a
     1-D tensor and rejects it as Range's limit."""
@@ -252,7 +252,7 @@ def _ramp(em, x, ax, tag):
                  tag=tag)
 
 
-def _scatter_runtime(em, r, x, ax, idx, tag):
+def scatter_runtime(em, r, x, ax, idx, tag):
     """Scatter-add r's slices along ``ax`` into zeros shaped like ``x`` at positions ``idx`` (a 1-D int64 value
     computed at run time)."""
     rank = len(x.shape)
@@ -359,15 +359,15 @@ class Pad(ShapeOp):
                 idx = np.pad(np.arange(n), (int(begin[i]), int(end[i])), mode=_COPY_PADS[mode])
                 shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
                               tag="full_shape")
-                r = _scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, list(idx), tag="r_unpad")
+                r = scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, list(idx), tag="r_unpad")
                 continue
             if begin is not None:
                 be = em.ints([int(begin[i]), int(end[i])])
             else:
                 pads = em.op("Cast", node.inputs[1], to=ir.DataType.INT64.value, tag="pads")
                 be = em.op("Gather", pads, em.ints([i, len(axes) + i]), axis=0, tag=f"pads{ax}")
-            idx = em.op("Pad", _ramp(em, x, ax, tag="ramp"), be, mode=mode, tag="src_idx")
-            r = _scatter_runtime(em, r, x, ax, idx, tag="r_unpad")
+            idx = em.op("Pad", index_ramp(em, x, ax, tag="ramp"), be, mode=mode, tag="src_idx")
+            r = scatter_runtime(em, r, x, ax, idx, tag="r_unpad")
         return r
 
 

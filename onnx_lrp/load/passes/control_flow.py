@@ -1,4 +1,4 @@
-"""Control flow made static (a canonizer beside the loader): ``Loop`` and ``Scan`` with a trip count known at load
+"""Control flow made static (:class:`ControlFlow`, a loading pass): ``Loop`` and ``Scan`` with a trip count known at load
 time are unrolled, ``If`` with a constant condition is replaced by the branch it takes.
 
 * ``Loop``: the trip count ``M`` must be a constant (tf2onnx computes it from the sequence input's static shape;
@@ -18,8 +18,8 @@ time are unrolled, ``If`` with a constant condition is replaced by the branch it
 
 Unrolling is bounded (``MAX_UNROLLED`` body nodes times iterations per node). A node that stays (dynamic trip
 count, data-dependent condition, too large) gets ``node.meta['lrp_control']``: the one-line reason the rewriter
-refuses it with. Canonizers use graph helpers only; evaluating the condition's slice is the loader's (``evaluate``,
-the only place that may run onnx's reference evaluator).
+refuses it with. The pass uses graph helpers only; evaluating the condition's slice is given to it (``evaluate``,
+built by :mod:`onnx_lrp.load.proto`, the only module that may run onnx's reference evaluator).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import onnx_ir as ir
 from onnx_ir import _cloner  # private: onnx_ir's node copier with a value map (body inputs ->
 #   this iteration's values; allow_outer_scope_values needs onnx-ir >= 0.1.16, the floor in setup.py)
 
-from .canonize import bypass, const
-from .graph import captured_values, subgraphs, unique_name
+from ...graph import captured_values, subgraphs
+from ..build import LoadPass, Names, Report, bypass, const
 
 MAX_UNROLLED = 20000  # body nodes x iterations written for one Loop/Scan
 REASON = "lrp_control"  # node meta: why this control-flow node stays (the rewriter's refusal)
@@ -52,18 +52,7 @@ def _count_nodes(g: ir.Graph) -> int:
     return sum(1 + sum(_count_nodes(s) for s in subgraphs(n)) for n in g)
 
 
-class _Names:
-    """Fresh, unique node and value names in the main graph."""
-
-    def __init__(self, graph: ir.Graph):
-        self.taken = {v.name for v in graph.inputs} | set(graph.initializers) | {
-            o.name for n in graph for o in n.outputs if o.name} | {n.name for n in graph if n.name}
-
-    def __call__(self, base: str) -> str:
-        return unique_name(base, self.taken)
-
-
-def _param(graph: ir.Graph, names: _Names, base: str, arr: np.ndarray | None = None,
+def _param(graph: ir.Graph, names: Names, base: str, arr: np.ndarray | None = None,
            tensor: ir.TensorProtocol | None = None) -> ir.Value:
     name = names(base)
     t = tensor if tensor is not None else ir.tensor(arr, name=name)
@@ -72,7 +61,7 @@ def _param(graph: ir.Graph, names: _Names, base: str, arr: np.ndarray | None = N
     return v
 
 
-def _inline(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, value_map: dict, prefix: str, names: _Names,
+def _inline(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, value_map: dict, prefix: str, names: Names,
             lifted: dict, created: list) -> list[ir.Value]:
     """Insert a copy of ``body``'s nodes before ``anchor`` (body inputs read ``value_map``; the new nodes are
     appended to ``created``); return the values its outputs map to."""
@@ -95,7 +84,7 @@ def _inline(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, value_map: dict, p
     return [vm.get(v, v) for v in body.outputs]
 
 
-def _stack(graph: ir.Graph, anchor: ir.Node, values: list[ir.Value], axis: int, base: str, names: _Names,
+def _stack(graph: ir.Graph, anchor: ir.Node, values: list[ir.Value], axis: int, base: str, names: Names,
            like: ir.Value, created: list) -> ir.Value:
     """Concat of the values each unsqueezed at ``axis`` (a new axis of the stacked result)."""
     axes = _param(graph, names, f"{base}/axes", np.array([axis], dtype=np.int64))
@@ -111,7 +100,7 @@ def _stack(graph: ir.Graph, anchor: ir.Node, values: list[ir.Value], axis: int, 
     return out
 
 
-def _replace_outputs(graph: ir.Graph, node: ir.Node, values: list[ir.Value], names: _Names, created: list) -> None:
+def _replace_outputs(graph: ir.Graph, node: ir.Node, values: list[ir.Value], names: Names, created: list) -> None:
     for out, v in zip(node.outputs, values):
         if out.is_graph_output() and (v.is_graph_input() or v.is_graph_output() or v.const_value is not None):
             # a graph output that is an input or a parameter itself: computed by an Identity, keeping its name
@@ -168,7 +157,7 @@ def _cond_slice(body: ir.Graph, n_carried: int) -> tuple[list[ir.Node], list[int
     return [n for n in body if id(n) in picked], sorted(carried)
 
 
-def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Names, created: list) -> None:
+def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: Names, created: list) -> None:
     body = node.attributes["body"].value
     m_in = node.inputs[0] if len(node.inputs) > 0 else None
     c_in = node.inputs[1] if len(node.inputs) > 1 else None
@@ -244,7 +233,7 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: _Name
     graph.remove(node, safe=True)
 
 
-def unroll_scan(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> None:
+def unroll_scan(graph: ir.Graph, node: ir.Node, names: Names, created: list) -> None:
     body = node.attributes["body"].value
     n_in = node.attributes.get_int("num_scan_inputs", 0)
     states = list(node.inputs[:len(node.inputs) - n_in])
@@ -336,7 +325,7 @@ def _why_not_constant(v: ir.Value) -> str:
     return f"(it is computed from activations: a data-dependent loop); {_WHAT_TO_DO}"
 
 
-def inline_if(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> None:
+def inline_if(graph: ir.Graph, node: ir.Node, names: Names, created: list) -> None:
     c = const(node.inputs[0])
     if c is None:
         values, shapes = _sources(node.inputs[0])
@@ -359,11 +348,23 @@ def inline_if(graph: ir.Graph, node: ir.Node, names: _Names, created: list) -> N
     graph.remove(node, safe=True)
 
 
+class ControlFlow(LoadPass):
+    """One round of :func:`unroll` (the pipeline folds constants between rounds); ``evaluate(model)`` builds the
+    evaluator of a condition's slice."""
+
+    def __init__(self, evaluate: Callable[[ir.Model], Evaluate]):
+        super().__init__()
+        self.evaluate = evaluate
+
+    def apply(self, model: ir.Model, report: Report) -> int:
+        return unroll(model, self.evaluate(model))
+
+
 def unroll(model: ir.Model, evaluate: Evaluate) -> int:
     """Unroll every Loop/Scan and inline every If of the main graph that can be made static (see the module
     docstring); the others get ``meta[REASON]``. Returns how many were replaced."""
     graph = model.graph
-    names = _Names(graph)
+    names = Names(graph)
     done = 0
     for node in list(graph):
         if not _std(node) or node.op_type not in ("Loop", "Scan", "If"):

@@ -1,4 +1,5 @@
-"""Canonizers: rewrite a loaded graph into the form the rules expect (cf. zennit.canonizers).
+"""The standard form: canonizers that rewrite what exporters write into the form the rules expect (cf.
+zennit.canonizers); one pass, :class:`StandardForm`, runs them in order (the last loading pass before folding).
 
 - Identity and Dropout are dropped.
 - ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed, or stride 1 along a dynamic axis).
@@ -24,65 +25,9 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from ..build import LoadPass, Report, bypass, const, new_param, only_consumer, substitute
+
 _SPATIAL_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
-
-
-def const(v: ir.Value | None) -> np.ndarray | None:
-    if v is None or v.const_value is None:
-        return None
-    return v.const_value.numpy()
-
-
-def _only_consumer(v: ir.Value) -> ir.Node | None:
-    uses = list(v.uses())
-    if len(uses) != 1 or v.is_graph_output():
-        return None
-    return uses[0].node
-
-
-def _new_param(graph: ir.Graph, base: str, arr: np.ndarray) -> ir.Value:
-    name, k = base, 0
-    while name in graph.initializers:
-        k += 1
-        name = f"{base}_{k}"
-    v = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
-                 const_value=ir.tensor(arr, name=name))
-    graph.register_initializer(v)
-    return v
-
-
-def to_initializer(graph: ir.Graph, out: ir.Value, arr: np.ndarray) -> ir.Value:
-    """Replace a computed value by an initializer holding ``arr`` under the same name (its producer is left to
-    the caller to remove)."""
-    v = ir.Value(name=out.name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
-                 const_value=ir.tensor(arr, name=out.name))
-    out.name = None
-    out.replace_all_uses_with(v)
-    graph.register_initializer(v)
-    return v
-
-
-def bypass(out: ir.Value, src: ir.Value) -> None:
-    """Let the consumers of ``out`` read ``src``; a graph output keeps its name (``src`` takes it over)."""
-    if out.is_graph_output():
-        name = out.name
-        out.name = None
-        src.name = name
-        out.replace_all_uses_with(src, replace_graph_outputs=True)
-    else:
-        out.replace_all_uses_with(src)
-
-
-def substitute(graph: ir.Graph, new: ir.Node, out: ir.Value, before: ir.Node, name: str) -> ir.Value:
-    """Insert ``new`` before ``before`` and let it produce what ``out`` held (type, shape, consumers, a graph
-    output's name; else ``name``); returns the new value. The old producer is left to the caller to remove."""
-    v = new.outputs[0]
-    v.type, v.shape = out.type, out.shape
-    graph.insert_before(before, new)
-    bypass(out, v)
-    if v.name is None:
-        v.name = name
-    return v
 
 
 def drop_identities(graph: ir.Graph) -> None:
@@ -151,7 +96,7 @@ def fold_batchnorm(graph: ir.Graph) -> int:
             continue
         x = bn.inputs[0]
         layer = x.producer()
-        if layer is None or layer.op_type not in ("Conv", "Gemm") or _only_consumer(x) is not bn:
+        if layer is None or layer.op_type not in ("Conv", "Gemm") or only_consumer(x) is not bn:
             continue
         if len(bn.outputs) > 1 and any(list(o.uses()) for o in bn.outputs[1:]):
             continue
@@ -185,8 +130,8 @@ def fold_batchnorm(graph: ir.Graph) -> int:
             layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         b_new = (b0 - mean) * a + shift
         dtype = w.dtype
-        w_val = _new_param(graph, f"{layer.name}/weight_bn", w_new.astype(dtype))
-        b_val = _new_param(graph, f"{layer.name}/bias_bn", b_new.astype(dtype))
+        w_val = new_param(graph, f"{layer.name}/weight_bn", w_new.astype(dtype))
+        b_val = new_param(graph, f"{layer.name}/bias_bn", b_new.astype(dtype))
         layer.replace_input_with(1, w_val)
         if len(layer.inputs) > 2:
             layer.replace_input_with(2, b_val)
@@ -270,7 +215,7 @@ def fold_channel_affine(graph: ir.Graph) -> int:
         scale, shift = np.ones(n), np.zeros(n)
         chain, v = [], y
         while True:
-            nxt = _only_consumer(v)
+            nxt = only_consumer(v)
             if nxt is None:
                 break
             if (nxt.op_type == "Transpose" and layer.op_type == "Conv" and nxt.domain in ("", "ai.onnx")
@@ -308,19 +253,19 @@ def fold_channel_affine(graph: ir.Graph) -> int:
         else:
             w_new, b0 = w * scale[None, :], np.zeros(n)
         b_new = b0 * scale + shift
-        w_val = _new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype))
+        w_val = new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype))
         layer.replace_input_with(1, w_val)
         for node in chain:
             data = next(x for x in node.inputs if const(x) is None)
             bypass(node.outputs[0], data)
             graph.remove(node)
         if layer.op_type in ("Conv", "Gemm"):
-            b_val = _new_param(graph, f"{layer.name}/bias_folded", b_new.astype(dtype))
+            b_val = new_param(graph, f"{layer.name}/bias_folded", b_new.astype(dtype))
             if len(layer.inputs) < 3:
                 layer.resize_inputs(3)
             layer.replace_input_with(2, b_val)
         elif np.any(b_new):
-            b_val = _new_param(graph, f"{layer.name}/bias_folded", b_new.astype(dtype))
+            b_val = new_param(graph, f"{layer.name}/bias_folded", b_new.astype(dtype))
             add = ir.node("Add", [y, b_val], name=f"{layer.name}/bias_add")
             add.outputs[0].type, add.outputs[0].shape = y.type, y.shape
             add.outputs[0].name = f"{y.name}/biased"
@@ -375,7 +320,7 @@ def mean_from_sum(graph: ir.Graph) -> int:
         if red.op_type != "ReduceSum" or red.domain not in ("", "ai.onnx"):
             continue
         x = red.inputs[0]
-        nxt = _only_consumer(red.outputs[0])
+        nxt = only_consumer(red.outputs[0])
         if x is None or x.shape is None or nxt is None or nxt.op_type not in ("Div", "Mul"):
             continue
         if nxt.inputs[0] is not red.outputs[0] and nxt.op_type == "Div":
@@ -401,7 +346,7 @@ def mean_from_sum(graph: ir.Graph) -> int:
             continue
         keep = red.attributes.get_int("keepdims", 1)
         if opset >= 18:
-            mean = ir.node("ReduceMean", [x, _new_param(graph, f"{red.name}/axes", np.array(axes, np.int64))],
+            mean = ir.node("ReduceMean", [x, new_param(graph, f"{red.name}/axes", np.array(axes, np.int64))],
                            {"keepdims": keep}, name=f"{red.name}/mean")
         else:
             mean = ir.node("ReduceMean", [x], {"keepdims": keep, "axes": ir.AttrInt64s("axes", axes)},
@@ -469,7 +414,7 @@ def hard_sigmoid_written_out(graph: ir.Graph) -> int:
                 graph.remove(dead, safe=True)
         done += 1
         # x * HardSigmoid(x) with torch's constants is HardSwish
-        mul = _only_consumer(hs.outputs[0])
+        mul = only_consumer(hs.outputs[0])
         if (mul is None or mul.op_type != "Mul" or abs(scale - 1 / 6) > 1e-6 or abs(shift * scale - 0.5) > 1e-6
                 or {id(v) for v in mul.inputs} != {id(x), id(hs.outputs[0])}):
             continue
@@ -524,7 +469,7 @@ def two_pass_variance(graph: ir.Graph) -> int:
         if x is None or x is not first[0]:
             continue
         out, clamp = sub.outputs[0], None
-        user = _only_consumer(out)
+        user = only_consumer(out)
         if user is not None and user.op_type in ("Max", "Relu", "Clip") and user.domain in ("", "ai.onnx"):
             lows = [_scalar(v) for v in user.inputs if v is not out] if user.op_type == "Max" else (
                 [0.0] if user.op_type == "Relu" else [(_clip_bounds(user) or (None,))[0]])
@@ -569,7 +514,7 @@ def absorb_bias(graph: ir.Graph) -> None:
         w = const(node.inputs[1])
         if w is None:
             continue
-        add = _only_consumer(node.outputs[0])
+        add = only_consumer(node.outputs[0])
         if add is None or add.op_type != "Add":
             continue
         other = add.inputs[1] if add.inputs[0] is node.outputs[0] else add.inputs[0]
@@ -628,6 +573,14 @@ def recurrent_layout0(graph: ir.Graph) -> int:
         node.attributes["layout"] = ir.AttrInt64("layout", 0)
         count += 1
     return count
+
+
+class StandardForm(LoadPass):
+    """The canonizers of this module, in order (see the module docstring)."""
+
+    def apply(self, model: ir.Model, report: Report) -> int:
+        canonize(model)
+        return 1
 
 
 def canonize(model: ir.Model) -> None:

@@ -1,8 +1,14 @@
-"""onnxruntime's fused transformer ops (``onnxruntime.transformers.optimizer.optimize_model``) split back into the
+"""onnxruntime's fused ops split back into standard ops: one table, op type -> split function (:data:`SPLIT`).
+
+- **offline optimisation** (``SessionOptions.optimized_model_filepath``; ORT_ENABLE_BASIC/EXTENDED):
+  ``com.microsoft`` FusedConv, FusedGemm, FusedMatMul, Gelu, BiasGelu, FastGelu, QuickGelu and
+  SkipLayerNormalization become Conv + activation, Gemm + activation, Transpose + MatMul, the Erf / tanh GELU
+  forms, Add + LayerNormalization.
+- **the transformer optimiser**: onnxruntime's fused transformer ops (``onnxruntime.transformers.optimizer.optimize_model``) split back into the
 standard ops a TorchScript export writes, so that the attnlrp / cp-lrp patterns (softmax, products of two
 activations, detached norm scales) apply and the explanation is the unoptimised export's.
 
-Called from :func:`onnx_lrp.deployed.canonize`. Each op keeps the exact semantics of onnxruntime's CPU kernel
+Each op keeps the exact semantics of onnxruntime's CPU kernel
 (checked against it on random inputs in tests/test_fused.py; BiasAdd / BiasSplitGelu, CUDA-only, against numpy):
 
 - ``Attention`` (packed QKV projection): ``MatMul(x, W_q) + b_q`` (likewise K, V, with the weight and bias sliced
@@ -29,18 +35,22 @@ Called from :func:`onnx_lrp.deployed.canonize`. Each op keeps the exact semantic
 
 Refused with one line naming the node: past/present key-value state, rotary attention (``do_rotary``), packed
 or 4-D/5-D query/key/value layouts of MultiHeadAttention, 4-D masks, non-constant projection weights or biases,
-inputs of unknown rank.
+inputs of unknown rank. Refused before anything is rewritten (:class:`RefuseUnsupported`): onnxruntime's NCHWc
+layout (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), ORT's
+weight-only block quantization (MatMulNBits, MatMulBnb4, GatherBlockQuantized), quantized fused transformer ops
+(QAttention, QEmbedLayerNormalization, QOrderedMatMul), fused attention ops other than those split here
+(PackedAttention, DecoderMaskedMultiHeadAttention, SparseAttention, ...), fused activations other than the standard
+ONNX ones.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import onnx_ir as ir
 
-MS = "com.microsoft"
-HANDLED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipSimplifiedLayerNormalization",
-           "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasAdd", "BiasSplitGelu", "GroupQueryAttention")
+from ..build import MS, Builder, LoadPass, Report, attr, const, take_over
 
 _INT64 = ir.DataType.INT64
 _PER_ROW = "lrp_mask_per_row"  # value meta: a 1-D mask of one entry per batch row
@@ -50,12 +60,12 @@ class _Refuse(Exception):
     pass
 
 
+class _RefuseAs(_Refuse):
+    """Refused with this whole message (not prefixed by the op type)."""
+
+
 class _Unknown(_Refuse):
     """A rank the split needs is not known yet (shapes are inferred again and the node retried)."""
-
-
-def const(v: ir.Value | None) -> np.ndarray | None:
-    return None if v is None or v.const_value is None else v.const_value.numpy()
 
 
 def _used(v: ir.Value | None) -> bool:
@@ -182,22 +192,18 @@ def _attend(b, node, q, k, v, n, hq, hv, scale, bias, attn_bias, like) -> ir.Val
 
 
 def _common_attrs(node):
-    from .deployed import _attr
-
-    n = int(_attr(node, "num_heads", 0) or 0)
+    n = int(attr(node, "num_heads", 0) or 0)
     if n <= 0:
         raise _Refuse("num_heads is missing")
-    if int(_attr(node, "do_rotary", 0) or 0):
+    if int(attr(node, "do_rotary", 0) or 0):
         raise _Refuse("rotary attention (do_rotary=1)")
-    if int(_attr(node, "past_present_share_buffer", 0) or 0):
+    if int(attr(node, "past_present_share_buffer", 0) or 0):
         raise _Refuse("a shared past/present buffer (KV cache)")
-    return n, float(_attr(node, "scale", 0.0) or 0.0), bool(int(_attr(node, "unidirectional", 0) or 0)), \
-        float(_attr(node, "mask_filter_value", -10000.0))
+    return n, float(attr(node, "scale", 0.0) or 0.0), bool(int(attr(node, "unidirectional", 0) or 0)), \
+        float(attr(node, "mask_filter_value", -10000.0))
 
 
 def _attention(b, node) -> ir.Value:
-    from .deployed import _attr
-
     n, scale, causal, filt = _common_attrs(node)
     x, w, bias, mask = (_opt(node, i) for i in range(4))
     if _opt(node, 4) is not None or _opt(node, 6) is not None or any(_used(o) for o in node.outputs[1:]):
@@ -208,7 +214,7 @@ def _attention(b, node) -> ir.Value:
     bv = const(bias) if bias is not None else None
     if wv is None or (bias is not None and bv is None):
         raise _Refuse("its QKV weight or bias is not a constant")
-    sizes = list(_attr(node, "qkv_hidden_sizes", []) or [])
+    sizes = list(attr(node, "qkv_hidden_sizes", []) or [])
     if not sizes:
         if wv.shape[1] % 3:
             raise _Refuse(f"QKV weight of width {wv.shape[1]} (not three equal parts)")
@@ -252,17 +258,15 @@ def _gqa(b, node) -> ir.Value:
     """GroupQueryAttention on a prompt without past state: causal (within ``local_window_size``), keys after
     ``seqlens_k[b]`` (the last valid index) masked, K/V heads repeated to the query heads as LLaMA's ``repeat_kv``
     (Expand + Reshape); present_key / present_value are K and V in (B, N_kv, S, H)."""
-    from .deployed import _attr, _take_over
-
-    n, nkv = int(_attr(node, "num_heads", 0) or 0), int(_attr(node, "kv_num_heads", 0) or 0)
+    n, nkv = int(attr(node, "num_heads", 0) or 0), int(attr(node, "kv_num_heads", 0) or 0)
     if n <= 0 or nkv <= 0 or n % nkv:
         raise _Refuse(f"num_heads {n} and kv_num_heads {nkv}")
     q, k, v, past_k, past_v, seqlens = (_opt(node, i) for i in range(6))
     if past_k is not None or past_v is not None:
         raise _Refuse("past key/value state (KV cache); only a prompt without past inputs is supported")
-    if int(_attr(node, "do_rotary", 0) or 0):
+    if int(attr(node, "do_rotary", 0) or 0):
         raise _Refuse("rotary embedding inside the op (do_rotary=1)")
-    if float(_attr(node, "softcap", 0.0) or 0.0) or int(_attr(node, "smooth_softmax", 0) or 0) or \
+    if float(attr(node, "softcap", 0.0) or 0.0) or int(attr(node, "smooth_softmax", 0) or 0) or \
             _opt(node, 11) is not None or (len(node.outputs) > 3 and _used(node.outputs[3])):
         raise _Refuse("softcap, smooth softmax, head sinks or the QK output")
     if seqlens is None:
@@ -283,7 +287,7 @@ def _gqa(b, node) -> ir.Value:
     vh = _heads(b, v, nkv, h, (0, 2, 1, 3), "v")
     for o, t in zip(node.outputs[1:3], (kh, vh)):
         if _used(o):
-            _take_over(o, t)
+            take_over(o, t)
     g = n // nkv
     if g > 1:
         kh, vh = (b.op("Reshape", [b.op("Expand", [b.op("Unsqueeze", [t, _i64(b, [2], "axes")], tag=f"{tag}_5d"),
@@ -292,7 +296,7 @@ def _gqa(b, node) -> ir.Value:
                   for t, tag in ((kh, "k"), (vh, "v")))
     kt = b.op("Transpose", [kh], perm=[0, 1, 3, 2], tag="k_t")
     s = b.op("MatMul", [qh, kt], tag="scores")
-    scale = float(_attr(node, "scale", 0.0) or 0.0)
+    scale = float(attr(node, "scale", 0.0) or 0.0)
     if scale:
         s = b.op("Mul", [s, b.const(np.array(scale, dt), "scale")], tag="scaled")
     else:
@@ -303,7 +307,7 @@ def _gqa(b, node) -> ir.Value:
     j = _positions(b, q, 1, "key_pos")
     i2 = _set(b.op("Unsqueeze", [_positions(b, q, 1, "query_pos"), _i64(b, [1], "axes")], tag="query_col"), _INT64)
     allowed = _set(b.op("LessOrEqual", [j, i2], tag="causal"), ir.DataType.BOOL)
-    window = int(_attr(node, "local_window_size", -1))
+    window = int(attr(node, "local_window_size", -1))
     if window > 0:
         lo = _set(b.op("Sub", [i2, b.const(np.array(window, np.int64), "window")], tag="window_start"), _INT64)
         allowed = _set(b.op("And", [allowed, _set(b.op("Greater", [j, lo], tag="in_window"), ir.DataType.BOOL)],
@@ -321,8 +325,6 @@ def _gqa(b, node) -> ir.Value:
 
 
 def _embed_layer_norm(b, node) -> ir.Value:
-    from .deployed import _attr, _take_over
-
     ids, seg, word, pos, seg_emb, gamma, beta, mask, pos_ids = (_opt(node, i) for i in range(9))
     if ids.shape is not None and len(ids.shape) != 2:  # onnxruntime's kernel requires rank 2
         raise _Refuse(f"input_ids of rank {len(ids.shape)} (want (batch, sequence))")
@@ -336,7 +338,7 @@ def _embed_layer_norm(b, node) -> ir.Value:
         s = b.op("Add", [s, b.op("Gather", [seg_emb, seg], axis=0, tag="segment_embedding")], like=out,
                  tag="embedding_sum")
     y = b.op("LayerNormalization", [s, gamma] + ([beta] if beta is not None else []), axis=-1,
-             epsilon=float(_attr(node, "epsilon", 1e-12)), like=out, tag="layernorm")
+             epsilon=float(attr(node, "epsilon", 1e-12)), like=out, tag="layernorm")
     if len(node.outputs) > 1 and _used(node.outputs[1]):
         if mask is not None:  # the number of ones per row (onnxruntime's CPU kernel)
             ones = b.op("Equal", [mask, b.const(np.array(1, mask.dtype.numpy() if mask.dtype else np.int32), "one")],
@@ -348,9 +350,9 @@ def _embed_layer_norm(b, node) -> ir.Value:
             mi = b.op("ConstantOfShape", [bsz], value=ir.tensor(np.zeros(1, np.int32)), tag="mask_index")
         _set(mi, ir.DataType.INT32, [ids.shape[0]] if ids.shape is not None else None)
         mi.meta[_PER_ROW] = True
-        _take_over(node.outputs[1], mi)
+        take_over(node.outputs[1], mi)
     if len(node.outputs) > 2 and _used(node.outputs[2]):
-        _take_over(node.outputs[2], s)
+        take_over(node.outputs[2], s)
     return y
 
 
@@ -369,8 +371,6 @@ def _rms_norm(b, s: ir.Value, gamma: ir.Value, axes: list, eps: float, out: ir.V
 
 
 def _skip_simplified(b, node) -> ir.Value:
-    from .deployed import _attr, _take_over
-
     x, skip, gamma, bias = (_opt(node, i) for i in range(4))
     if any(_used(o) for o in node.outputs[1:3]):
         raise _Refuse("its mean / inverse-std outputs are used")
@@ -378,41 +378,37 @@ def _skip_simplified(b, node) -> ir.Value:
     if bias is not None:
         s = b.op("Add", [s, bias], like=x, tag="bias")
     if len(node.outputs) > 3 and _used(node.outputs[3]):
-        _take_over(node.outputs[3], s)
-    return _rms_norm(b, s, gamma, [-1], float(_attr(node, "epsilon", 1e-12)), node.outputs[0])
+        take_over(node.outputs[3], s)
+    return _rms_norm(b, s, gamma, [-1], float(attr(node, "epsilon", 1e-12)), node.outputs[0])
 
 
 def _simplified(b, node) -> ir.Value:
     """SimplifiedLayerNormalization (written by the optimiser in the default domain; the loader moves it here)."""
-    from .deployed import _attr
-
     x, gamma = node.inputs[0], node.inputs[1]
     if any(_used(o) for o in node.outputs[1:]):
         raise _Refuse("its inverse-std output is used")
-    axis = int(_attr(node, "axis", -1))
+    axis = int(attr(node, "axis", -1))
     axes = [-1] if axis == -1 else list(range(axis % _rank(x), _rank(x)))
-    return _rms_norm(b, x, gamma, axes, float(_attr(node, "epsilon", 1e-5)), node.outputs[0])
+    return _rms_norm(b, x, gamma, axes, float(attr(node, "epsilon", 1e-5)), node.outputs[0])
 
 
 def _rotary(b, node) -> ir.Value:
     """RotaryEmbedding as HF's ``x * cos + rotate_half(x) * sin`` (pairs for ``interleaved``); cos and sin are
     gathered from the caches at the position ids (no relevance: they come from shapes or integer inputs)."""
-    from .deployed import _attr
-
     x, pos, cos_c, sin_c = (_opt(node, i) for i in range(4))
-    if int(_attr(node, "is_packed_batching", 0) or 0):
+    if int(attr(node, "is_packed_batching", 0) or 0):
         raise _Refuse("packed batching")
-    if float(_attr(node, "scale", 1.0) or 1.0) != 1.0:
+    if float(attr(node, "scale", 1.0) or 1.0) != 1.0:
         raise _Refuse("a scale other than 1")
     if cos_c is None or sin_c is None or cos_c.shape is None or not isinstance(cos_c.shape[-1], int):
         raise _Refuse("cos/sin caches of unknown width")
     half = cos_c.shape[-1]
-    rd = int(_attr(node, "rotary_embedding_dim", 0) or 0) or 2 * half
+    rd = int(attr(node, "rotary_embedding_dim", 0) or 0) or 2 * half
     if rd != 2 * half:
         raise _Refuse(f"rotary_embedding_dim {rd} for caches of width {half}")
     r = _rank(x)
     out = node.outputs[0]
-    n = int(_attr(node, "num_heads", 0) or 0)
+    n = int(attr(node, "num_heads", 0) or 0)
     if r == 3:  # (B, S, N*H) -> (B, S, N, H)
         d = x.shape[2]
         if not isinstance(d, int):
@@ -437,7 +433,7 @@ def _rotary(b, node) -> ir.Value:
     axis = -2 if r == 3 else -3  # the heads axis: (.., S, 1, rd) for (B, S, N, H); (.., 1, S, rd) for (B, N, S, H)
     xr = xh if rd == head else b.op("Slice", [xh, _i64(b, [0], "start"), _i64(b, [rd], "end"), _i64(b, [-1], "axis")],
                                     tag="x_rot")
-    if int(_attr(node, "interleaved", 0) or 0):  # pairs (2i, 2i+1) rotate by angle i
+    if int(attr(node, "interleaved", 0) or 0):  # pairs (2i, 2i+1) rotate by angle i
         c = b.op("Unsqueeze", [cos, _i64(b, [axis - 1, -1], "axes")], tag="c")
         sn = b.op("Unsqueeze", [sin, _i64(b, [axis - 1, -1], "axes")], tag="s")
         pairs = b.op("Reshape", [xr, _i64(b, [0, 0, 0, half, 2], "pairs_shape")], tag="pairs")
@@ -475,8 +471,6 @@ def _bias_add(b, node) -> ir.Value:
 
 def _bias_split_gelu(b, node) -> ir.Value:
     """BiasSplitGelu (diffusion models' GEGLU): ``left * gelu(right)`` of the halves of ``x + bias`` (last axis)."""
-    from .deployed import _gelu_erf
-
     x, bias = node.inputs[:2]
     width = x.shape[-1] if _rank(x) else None
     if not isinstance(width, int) or width % 2:
@@ -487,47 +481,227 @@ def _bias_split_gelu(b, node) -> ir.Value:
     return b.op("Mul", [left, _gelu_erf(b, right, node.outputs[0])], like=node.outputs[0], tag="geglu")
 
 
-_SPLIT = {"Attention": _attention, "MultiHeadAttention": _mha, "EmbedLayerNormalization": _embed_layer_norm,
-          "SkipSimplifiedLayerNormalization": _skip_simplified, "SimplifiedLayerNormalization": _simplified,
-          "RotaryEmbedding": _rotary, "BiasAdd": _bias_add, "BiasSplitGelu": _bias_split_gelu,
-          "GroupQueryAttention": _gqa}
+# known deployed forms that cannot be brought back (op type -> why); matched in the com.microsoft domain
+_REFUSED_MS = {
+    **{t: "quantized fused transformer op with no float counterpart here; quantize the float model with "
+          "QuantFormat.QDQ instead" for t in ("QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")},
+    **{t: "onnxruntime's weight-only block quantization (int4 / blockwise); dequantize the weights to float or to "
+          "QDQ (DequantizeLinear with block_size) instead" for t in ("MatMulNBits", "MatMulBnb4",
+                                                                       "GatherBlockQuantized")},
+    **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
+       for t in ("PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
+                 "DecoderMaskedMultiHeadAttention", "SparseAttention", "LongformerAttention")},
+}
 
 
-def split_transformer_ops(model: ir.Model) -> tuple[int, list]:
-    """Split the ops of :data:`HANDLED` (com.microsoft) into standard ops; returns (count, [(node, why)]).
+# activations a fused op may name, and how to build them (standard ONNX ops, all handled by the rules)
+_ACTIVATIONS = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip", "Elu", "Selu", "ThresholdedRelu",
+                "Softplus", "Softsign", "HardSwish"}
 
-    A node whose split needs a rank that is not known yet (the optimiser writes no shapes after its contrib ops)
-    is retried after shape inference over what was split so far."""
-    from .deployed import _reinfer_shapes
 
-    done = 0
-    while True:
-        n, refused, unknown = _split_pass(model.graph)
-        done += n
-        if not unknown or not n:
-            return done, refused + unknown
-        _reinfer_shapes(model)
+def _activation(b: Builder, y: ir.Value, name: str, params: list, like: ir.Value) -> ir.Value:
+    p = list(params) + [None] * 3
+    if name in ("Relu", "Tanh", "Sigmoid", "Softsign", "HardSwish", "Softplus"):
+        return b.op(name, [y], like=like)
+    if name == "LeakyRelu":
+        return b.op(name, [y], like=like, alpha=float(p[0] if p[0] is not None else 0.01))
+    if name == "Elu":
+        return b.op(name, [y], like=like, alpha=float(p[0] if p[0] is not None else 1.0))
+    if name == "ThresholdedRelu":
+        return b.op(name, [y], like=like, alpha=float(p[0] if p[0] is not None else 1.0))
+    if name == "HardSigmoid":
+        return b.op(name, [y], like=like, alpha=float(p[0] if p[0] is not None else 0.2),
+                    beta=float(p[1] if p[1] is not None else 0.5))
+    if name == "Selu":
+        return b.op(name, [y], like=like, alpha=float(p[0] if p[0] is not None else 1.67326319217681884765625),
+                    gamma=float(p[1] if p[1] is not None else 1.05070102214813232421875))
+    if name == "Clip":
+        lo = -np.inf if p[0] is None else p[0]
+        hi = np.inf if p[1] is None else p[1]
+        return b.op("Clip", [y, b.const(np.array(lo, np.float32), "min"), b.const(np.array(hi, np.float32), "max")],
+                    like=like)
+    raise KeyError(name)
+
+
+def _gelu_erf(b: Builder, x: ir.Value, like: ir.Value) -> ir.Value:
+    """x * 0.5 * (1 + erf(x / sqrt 2)): one self-product the pattern matcher recognises (gelu-erf)."""
+    h = b.op("Div", [x, b.const(np.array(math.sqrt(2.0), np.float32), "sqrt2")], like=like)
+    e = b.op("Erf", [h], like=like)
+    p = b.op("Add", [e, b.const(np.array(1.0, np.float32), "one")], like=like)
+    half = b.op("Mul", [p, b.const(np.array(0.5, np.float32), "half")], like=like)
+    return b.op("Mul", [x, half], like=like)
+
+
+def _gelu_tanh(b: Builder, x: ir.Value, like: ir.Value) -> ir.Value:
+    cube = b.op("Pow", [x, b.const(np.array(3.0, np.float32), "three")], like=like)
+    inner = b.op("Add", [x, b.op("Mul", [cube, b.const(np.array(0.044715, np.float32), "c")], like=like)],
+                 like=like)
+    t = b.op("Tanh", [b.op("Mul", [inner, b.const(np.array(math.sqrt(2 / math.pi), np.float32), "k")], like=like)],
+             like=like)
+    half = b.op("Mul", [b.op("Add", [t, b.const(np.array(1.0, np.float32), "one")], like=like),
+                        b.const(np.array(0.5, np.float32), "half")], like=like)
+    return b.op("Mul", [x, half], like=like)
+
+
+# ---------------------------------------------------------------------------------------------- ORT_ENABLE_EXTENDED
+_CONV_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _fused_activation(node) -> str:
+    act = attr(node, "activation", "")
+    act = act.decode() if isinstance(act, bytes) else act
+    if act and act not in _ACTIVATIONS:
+        raise _RefuseAs(f"fused activation {act} has no standard ONNX op")
+    return act
+
+
+def _fused_conv(b, node) -> ir.Value:
+    """FusedConv: Conv (+ the residual Z) + activation."""
+    out, act = node.outputs[0], _fused_activation(node)
+    params = list(attr(node, "activation_params", []) or [])
+    attrs = {k: node.attributes[k].value for k in _CONV_KEYS if k in node.attributes}
+    y = b.op("Conv", list(node.inputs[:3]), like=out, tag="conv", **attrs)
+    if len(node.inputs) > 3 and node.inputs[3] is not None:  # Z: the fused residual sum
+        y = b.op("Add", [y, node.inputs[3]], like=out, tag="sum")
+    return _activation(b, y, act, params, out) if act else y
+
+
+def _fused_gemm(b, node) -> ir.Value:
+    """FusedGemm: Gemm + activation."""
+    out, act = node.outputs[0], _fused_activation(node)
+    params = [attr(node, "activation_alpha"), attr(node, "activation_beta"), attr(node, "activation_gamma")]
+    if act == "Selu":
+        params = [params[0], params[2]]
+    attrs = {k: node.attributes[k].value for k in ("alpha", "beta", "transA", "transB") if k in node.attributes}
+    y = b.op("Gemm", list(node.inputs), like=out, tag="gemm", **attrs)
+    return _activation(b, y, act, params, out) if act else y
+
+
+def _fused_matmul(b, node) -> ir.Value:
+    """FusedMatMul: Transpose (or a transposed constant) + MatMul (* alpha)."""
+    out = node.outputs[0]
+    if attr(node, "transBatchA", 0) or attr(node, "transBatchB", 0):
+        raise _RefuseAs("FusedMatMul with transBatchA/transBatchB")
+    xs = []
+    for v, key in zip(node.inputs[:2], ("transA", "transB")):
+        if attr(node, key, 0):
+            c = const(v)
+            if c is not None:
+                v = b.const(np.swapaxes(c, -1, -2).copy(), "weight_t")
+            elif v.shape is None:
+                raise _Refuse("an input of unknown rank")
+            else:
+                r = len(v.shape)
+                v = b.op("Transpose", [v], perm=list(range(r - 2)) + [r - 1, r - 2], tag="t")
+        xs.append(v)
+    alpha = float(attr(node, "alpha", 1.0))
+    if alpha != 1.0 and const(xs[1]) is not None:
+        xs[1] = b.const((const(xs[1]) * alpha).astype(const(xs[1]).dtype), "weight_scaled")
+        alpha = 1.0
+    y = b.op("MatMul", xs, like=out, tag="matmul")
+    if alpha != 1.0:
+        y = b.op("Mul", [y, b.const(np.array(alpha, np.float32), "alpha")], like=out)
+    return y
+
+
+def _gelu(b, node) -> ir.Value:
+    """Gelu, BiasGelu (+ bias), FastGelu (the tanh form), QuickGelu (x * sigmoid(alpha x))."""
+    t, out = node.op_type, node.outputs[0]
+    x = node.inputs[0]
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        x = b.op("Add", [x, node.inputs[1]], like=out, tag="bias")
+    if t == "QuickGelu":
+        alpha = float(attr(node, "alpha", 1.702))
+        s = b.op("Sigmoid", [b.op("Mul", [x, b.const(np.array(alpha, np.float32), "alpha")], like=out)], like=out)
+        return b.op("Mul", [x, s], like=out)
+    return _gelu_tanh(b, x, out) if t == "FastGelu" else _gelu_erf(b, x, out)
+
+
+def _skip_layer_norm(b, node) -> ir.Value:
+    """SkipLayerNormalization: Add (input + skip (+ bias)) + LayerNormalization; its sum output is the Add."""
+    out = node.outputs[0]
+    if any(list(o.uses()) or o.is_graph_output() for o in node.outputs[1:3]):
+        raise _RefuseAs("its mean / inverse-std outputs are used")
+    ins = list(node.inputs) + [None] * 5
+    s = b.op("Add", [ins[0], ins[1]], like=ins[0], tag="skip_sum")
+    if ins[4] is not None:
+        s = b.op("Add", [s, ins[4]], like=ins[0], tag="bias")
+    ln_in = [s, ins[2]] + ([ins[3]] if ins[3] is not None else [])
+    y = b.op("LayerNormalization", ln_in, like=out, tag="layernorm", axis=-1,
+             epsilon=float(attr(node, "epsilon", 1e-12)))
+    if len(node.outputs) > 3 and (list(node.outputs[3].uses()) or node.outputs[3].is_graph_output()):
+        take_over(node.outputs[3], s)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------- the table
+# op type (com.microsoft) -> (split function, detach: the fused node is removed with its inputs' uses dropped)
+SPLIT: dict[str, tuple[Callable, bool]] = {
+    **{t: (_fused_conv if t == "FusedConv" else _fused_gemm, True) for t in ("FusedConv", "FusedGemm")},
+    "FusedMatMul": (_fused_matmul, True), "SkipLayerNormalization": (_skip_layer_norm, True),
+    **{t: (_gelu, True) for t in ("Gelu", "BiasGelu", "FastGelu", "QuickGelu")},
+    "Attention": (_attention, False), "MultiHeadAttention": (_mha, False),
+    "EmbedLayerNormalization": (_embed_layer_norm, False),
+    "SkipSimplifiedLayerNormalization": (_skip_simplified, False),
+    "SimplifiedLayerNormalization": (_simplified, False), "RotaryEmbedding": (_rotary, False),
+    "BiasAdd": (_bias_add, False), "BiasSplitGelu": (_bias_split_gelu, False), "GroupQueryAttention": (_gqa, False),
+}
+HANDLED = tuple(SPLIT)
+
+
+class RefuseUnsupported(LoadPass):
+    """Changes nothing: refuses the onnxruntime forms that cannot be brought back (NCHWc layout, the ops of
+    :data:`_REFUSED_MS`)."""
+
+    def apply(self, model: ir.Model, report: Report) -> int:
+        for node in model.graph:
+            if node.domain == "com.microsoft.nchwc":
+                report.refuse([(node, "onnxruntime NCHWc layout (ORT_ENABLE_ALL); save the optimised model with "
+                                      "ORT_ENABLE_EXTENDED, or use the model before optimisation")])
+            elif node.domain == MS and node.op_type in _REFUSED_MS:
+                report.refuse([(node, _REFUSED_MS[node.op_type])])
+        return 0
+
+
+class SplitFused(LoadPass):
+    """Every op of :data:`SPLIT` split into standard ops. A node whose split needs a rank that is not known yet (the
+    optimiser writes no shapes after its contrib ops) is retried after ``reinfer(model)`` (shape inference over
+    what was split so far)."""
+
+    def __init__(self, reinfer: Callable[[ir.Model], None]):
+        super().__init__()
+        self.reinfer = reinfer
+
+    def apply(self, model: ir.Model, report: Report) -> int:
+        done = 0
+        while True:
+            n, refused, unknown = _split_pass(model.graph)
+            done += n
+            if not unknown or not n:
+                report.refuse(refused + unknown)
+                report.note(done, "split {n} onnxruntime fused op(s) into standard ops")
+                return done
+            self.reinfer(model)  # the refusals of this round are found again in the next
 
 
 def _split_pass(graph: ir.Graph) -> tuple[int, list, list]:
-    from .deployed import _Builder, _take_over
-
     done, refused, unknown = 0, [], []
     for node in list(graph):
-        if node.domain != MS or node.op_type not in _SPLIT:
+        if node.domain != MS or node.op_type not in SPLIT:
             continue
-        b = _Builder(graph, node)
+        split, detach = SPLIT[node.op_type]
+        b = Builder(graph, node)
         try:
-            y = _SPLIT[node.op_type](b, node)
+            y = split(b, node)
         except _Refuse as why:
-            for n in reversed(b.nodes):
-                graph.remove(n, safe=False)
-            (unknown if isinstance(why, _Unknown) else refused).append((node, f"{node.op_type} with {why}"))
+            b.undo()
+            msg = str(why) if isinstance(why, _RefuseAs) else f"{node.op_type} with {why}"
+            (unknown if isinstance(why, _Unknown) else refused).append((node, msg))
             continue
-        _take_over(node.outputs[0], y)
-        graph.remove(node, safe=False)
+        take_over(node.outputs[0], y)
+        graph.remove(node, safe=detach)
         done += 1
     return done, refused, unknown
 
 
-__all__ = ["HANDLED", "split_transformer_ops"]
+__all__ = ["HANDLED", "SPLIT", "RefuseUnsupported", "SplitFused"]

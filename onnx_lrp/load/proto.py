@@ -1,11 +1,8 @@
-"""Read, validate and prepare an ONNX model; the only module that imports ``onnx``.
-
-``load(source)`` returns an ``onnx_ir.Model`` that is checked, at opset >= MIN_OPSET, shape-inferred, with every
-node named, every constant-foldable subgraph folded into initializers (so a value either has ``const_value``,
-a *parameter*, or carries an activation), with static control flow unrolled (``onnx_lrp.control``: Loop/Scan with
-a trip count known at load time, If with a constant condition; ``constants=`` binds inputs first and
-``input_shapes=`` fixes dynamic input dimensions), and canonized
-(``onnx_lrp.canonize``).
+"""The model as onnx writes it: read (path, bytes, ModelProto; external data), check (text fields, tensors, types,
+opset), fix up what exporters and older IR versions write (initializers listed as inputs, negative dims, contrib ops
+in the default domain, function ops expanded, newer op versions relabelled), bind constant inputs and fix input
+shapes, lift to MIN_OPSET, infer shapes, and serialise back. Also onnx's reference evaluator and shape inference for
+:mod:`onnx_lrp.load.fold` and the control-flow pass. The only module of onnx_lrp that imports ``onnx``.
 """
 from __future__ import annotations
 
@@ -19,16 +16,11 @@ import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
-from . import canonize, control, deployed
-from .errors import InputError, ModelError, UnsupportedError
-from .graph import captured_values, mark_presumed
+from ..errors import InputError, ModelError, UnsupportedError
+from ..graph import captured_values
 
 MIN_OPSET = 17
 MAX_OPSET = 23
-# ops never folded: random or stateful, or whose value must stay an activation
-_NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
-_FOLD_LIMIT = 1 << 26  # elements; larger constant results stay in the graph
-_FILL_LIMIT = 1 << 28  # ConstantOfShape: how IR <= 3 zoo models store weights (VGG19's fc6 has 103 M elements)
 
 
 def read_proto(source) -> onnx.ModelProto:
@@ -104,7 +96,7 @@ def negative_dims_dynamic(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _opset(proto: onnx.ModelProto) -> int:
+def opset_of(proto: onnx.ModelProto) -> int:
     for imp in proto.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
@@ -174,7 +166,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         onnx.checker.check_model(proto)
     except Exception as exc:
         raise ModelError(f"{name} fails the ONNX checker: {str(exc).splitlines()[0]}") from None
-    opset = _opset(proto)
+    opset = opset_of(proto)
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
     proto = expand_function_ops(proto, opset)
@@ -205,7 +197,7 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
 
 
 # onnxruntime contrib ops that its transformer optimiser writes in the default domain, where the ONNX checker rejects
-# them: moved to com.microsoft, where onnx_lrp.fused splits them into standard ops
+# them: moved to com.microsoft, where the ort_fused pass splits them into standard ops
 DEFAULT_DOMAIN_CONTRIB = ("SimplifiedLayerNormalization",)
 
 
@@ -411,7 +403,7 @@ def _check_types(proto: onnx.ModelProto, name: str) -> None:
                 from None
 
 
-def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.ndarray] | None:
+def eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.ndarray] | None:
     """Evaluate one node whose inputs are all constant (or ``given``: input index -> array) with onnx's reference
     evaluator."""
     proto = ir.serde.serialize_node(node)
@@ -433,10 +425,10 @@ def _eval_node(node: ir.Node, opset: int, given: dict | None = None) -> list[np.
     return [np.asarray(r) for r in results]
 
 
-def _eval_nodes(nodes: list, inputs: list, outputs: list, opset: int):
+def eval_nodes(nodes: list, inputs: list, outputs: list, opset: int):
     """A function evaluating a few nodes of one graph (a control-flow body's condition) from arrays for ``inputs``
     (values read by the nodes; every other value they read must be a constant), returning ``outputs``' arrays or
-    None; None when some other input is not a constant. ``control.unroll``'s evaluator (built once per Loop, run
+    None; None when some other input is not a constant. The control-flow pass's evaluator (built once per Loop, run
     once per iteration)."""
     produced = {id(o) for n in nodes for o in n.outputs}
     given = {id(v) for v in inputs}
@@ -465,24 +457,6 @@ def _eval_nodes(nodes: list, inputs: list, outputs: list, opset: int):
         except Exception:
             return None
     return run
-
-
-def unroll_control_flow(model: ir.Model) -> int:
-    """Unroll Loop/Scan and inline If where they are static (``onnx_lrp.control``), folding constants between
-    rounds (an unrolled loop can expose a nested one with a now-constant trip count)."""
-    opset = model.opset_imports.get("", MIN_OPSET)
-    total = 0
-    for _ in range(8):
-        if not any(n.op_type in ("Loop", "Scan", "If") for n in model.graph):
-            break
-        done = control.unroll(model, lambda nodes, ins, outs: _eval_nodes(nodes, ins, outs, opset))
-        if not done:
-            break
-        total += done
-        fold_constants(model)
-        refresh_shapes(model)
-        fold_constants(model)
-    return total
 
 
 def _copy_for_inputs(proto: onnx.ModelProto, given, arg: str, what: str, verb: str, name: str):
@@ -587,104 +561,6 @@ def fix_input_shapes(proto: onnx.ModelProto, shapes: dict | None, name: str = "m
     return proto
 
 
-def fold_constants(model: ir.Model) -> int:
-    """Replace every node whose inputs are all parameters (and Shape/Size of static shapes) by initializers."""
-    graph = model.graph
-    opset = model.opset_imports.get("", MIN_OPSET)
-    outputs = {id(v) for v in graph.outputs}
-    folded = 0
-    for node in list(graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD:
-            continue
-        if any(id(o) in outputs for o in node.outputs) or any(
-                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
-            continue
-        results = None
-        if node.op_type in ("Shape", "Size") and node.inputs[0] is not None:
-            shape = node.inputs[0].shape
-            if shape is not None and shape.is_static():
-                dims = np.array([int(d) for d in shape], dtype=np.int64)
-                if node.op_type == "Size":
-                    results = [np.array(int(np.prod(dims)), dtype=np.int64)]
-                else:
-                    start = node.attributes.get_int("start", 0)
-                    end = node.attributes.get_int("end", len(dims))
-                    results = [dims[start:end]]
-        elif all(v is None or v.const_value is not None for v in node.inputs):
-            results = _eval_node(node, opset)
-        elif node.op_type == "CastLike" and node.inputs[0] is not None and node.inputs[0].const_value is not None \
-                and node.inputs[1] is not None and node.inputs[1].dtype is not None:
-            # a constant cast to an activation's type (Attention's function body: its zero): still a constant
-            try:
-                results = [node.inputs[0].const_value.numpy().astype(node.inputs[1].dtype.numpy())]
-            except Exception:
-                results = None
-        elif node.op_type in ("Gather", "Slice") and all(v is None or v.const_value is not None
-                                                        for v in node.inputs[1:]):
-            results = _static_part_of_shape(node, opset)
-        limit = _FILL_LIMIT if node.op_type == "ConstantOfShape" else _FOLD_LIMIT
-        if results is None or any(r.size > limit or r.dtype == object for r in results):
-            continue
-        for out, arr in zip(node.outputs, results):
-            canonize.to_initializer(graph, out, arr)
-        graph.remove(node)
-        folded += 1
-    return folded
-
-
-def _shape_dims(v: ir.Value | None, opset: int, depth: int = 0) -> list | None:
-    """The dimensions (ints or symbols) a 1-D int64 value holds when it is a Shape, or a Gather/Slice with constant
-    indices of one (onnxruntime's transpose optimiser writes ``Gather(Shape(x), perm)`` for ``Shape(Transpose(x))``)."""
-    p = v.producer() if v is not None else None
-    if p is None or depth > 8:
-        return None
-    if p.op_type == "Shape":
-        if p.inputs[0] is None or p.inputs[0].shape is None:
-            return None
-        dims = list(p.inputs[0].shape)
-        return dims[p.attributes.get_int("start", 0):p.attributes.get_int("end", len(dims))]
-    if p.op_type in ("Gather", "Slice") and all(x is None or x.const_value is not None for x in p.inputs[1:]):
-        dims = _shape_dims(p.inputs[0], opset, depth + 1)
-        if dims is None:
-            return None
-        picked = _eval_node(p, opset, {0: np.arange(len(dims), dtype=np.int64)})
-        if picked is None or np.ndim(picked[0]) != 1:
-            return None
-        return [dims[int(i)] for i in picked[0]]
-    return None
-
-
-def _static_part_of_shape(node: ir.Node, opset: int) -> list[np.ndarray] | None:
-    """Gather/Slice of a Shape whose selected dimensions are static (dynamic batch or sequence axes elsewhere):
-    e.g. the head size GPT-2 reads from ``value.size(-1)``."""
-    dims = _shape_dims(node.inputs[0], opset)
-    if dims is None:
-        return None
-    picked = _eval_node(node, opset, {0: np.arange(len(dims), dtype=np.int64)})
-    if picked is None:
-        return None
-    chosen = [dims[int(i)] for i in np.ravel(picked[0])]
-    if not all(isinstance(d, int) for d in chosen):
-        return None
-    return [np.array(chosen, dtype=np.int64).reshape(np.shape(picked[0]))]
-
-
-def _name_everything(graph: ir.Graph) -> None:
-    seen: set[str] = set()
-    for i, node in enumerate(graph):
-        name = node.name or f"{node.op_type}_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        node.name = name
-        seen.add(name)
-    taken = {v.name for v in graph.inputs} | {v.name for v in graph.initializers.values()}
-    for node in graph:
-        for j, out in enumerate(node.outputs):
-            if not out.name or out.name in taken:
-                out.name = f"{node.name}/out{j}" if not out.name else f"{out.name}__{node.name}"
-            taken.add(out.name)
-
-
 _SAME_SHAPE = {"GroupNormalization"}  # function ops whose output type and shape onnx's inference leaves unknown
 
 
@@ -715,123 +591,30 @@ def to_ir(proto: onnx.ModelProto) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-def load(source, name: str | None = None, constants: dict | None = None,
-         input_shapes: dict | None = None) -> ir.Model:
-    """Read, check, upgrade, shape-infer, fold constants, unroll static control flow and canonize a model.
-    ``constants`` binds graph inputs to fixed values (they stop being inputs); ``input_shapes`` fixes dynamic
-    dimensions of graph inputs (input name -> sizes)."""
-    if name is None:
-        name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
+def read(source, name: str, constants: dict | None = None, input_shapes: dict | None = None) -> ir.Model:
+    """Read, fix up, bind ``constants``, fix ``input_shapes``, check, upgrade and shape-infer a model; as onnx_ir."""
     proto = negative_dims_dynamic(initializers_not_inputs(read_proto(source)))
     proto = prepare_proto(fix_input_shapes(bind_constants(proto, constants, name), input_shapes, name), name)
     try:
-        model = to_ir(proto)
+        return to_ir(proto)
     except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
         cause = exc
         while cause.__cause__ is not None:
             cause = cause.__cause__
         raise ModelError(f"{name}: the model cannot be read ({type(cause).__name__}: "
                          f"{' '.join(str(cause).split())[:150]}); the file is corrupt (re-export it)") from None
-    graph = model.graph
-    _name_everything(graph)
-    fold_constants(model)
-    unroll_control_flow(model)  # static Loop/Scan unrolled, If with a constant condition inlined
-    deployed.canonize(model)  # deployed forms: Q/DQ, dynamic quant, float16, ORT fused ops
-    canonize.canonize(model)
-    fold_constants(model)  # canonization can expose new constant chains
-    graph.sort()
-    # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and
-    # folding them can fix more shapes: repeat while something changes
-    for _ in range(16):
-        if not refresh_shapes(model) or not fold_constants(model):
-            break
-    _check_sizes(graph, name)
-    mark_shape_only(graph)
-    mark_presumed(graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
-    return model
 
 
-MAX_ITEM_ELEMENTS = 1 << 30  # elements of one batch item of any tensor
+def condition_evaluator(model: ir.Model):
+    """``evaluate(nodes, inputs, outputs)`` for the control-flow pass (:func:`eval_nodes` at the model's opset)."""
+    opset = model.opset_imports.get("", MIN_OPSET)
+    return lambda nodes, ins, outs: eval_nodes(nodes, ins, outs, opset)
 
 
-def _check_sizes(graph: ir.Graph, name: str) -> None:
-    """Refuse inputs with an empty non-batch axis and tensors whose static size per item is absurd (a corrupt
-    dimension such as 2**30 would otherwise exhaust memory while the relevance graph is built)."""
-    for v in list(graph.inputs) + [o for n in graph for o in n.outputs]:
-        if v.shape is None:
-            continue
-        dims = [d for d in v.shape[1:] if isinstance(d, int)]
-        if v in graph.inputs and any(d == 0 for d in dims):
-            raise ModelError(f"{name}: input {v.name!r} has an empty axis (shape {list(v.shape)}); nothing to "
-                             "explain (re-export with the real input size)")
-        if int(np.prod(dims, dtype=np.float64)) > MAX_ITEM_ELEMENTS:
-            producer = v.producer()
-            where = f" (output of node {producer.name}, {producer.op_type})" if producer is not None else ""
-            raise ModelError(f"{name}: tensor {v.name!r}{where} of shape {'x'.join(map(str, v.shape))} has more "
-                             f"than {MAX_ITEM_ELEMENTS} elements per item; a dimension of the model is corrupt or too "
-                             "large")
-
-
-_ID_MOVES = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")  # token ids on their way to a lookup
-
-
-def _is_int(v: ir.Value) -> bool:
-    return v.dtype is not None and (v.dtype.is_integer() or v.dtype == ir.DataType.BOOL)
-
-
-def mark_shape_only(graph: ir.Graph) -> int:
-    """Mark values that carry no relevance although they are computed from the inputs: those computed only from
-    the inputs' shapes (causal masks and position ids built from a dynamic sequence length) and those computed only
-    from integer inputs (attention masks, lengths, positions counted from a mask) or from bool values (the output
-    of a comparison, e.g. Keras' Masking), except embedding lookups of token ids (a Gather from a constant table at indices that are an integer input, cast or reshaped). Like
-    parameters, marked values carry no relevance (the value's ``meta['lrp_shape_only']``)."""
-    only: set[int] = set()
-    ids: set[int] = set()  # integer inputs, moved without arithmetic: a Gather of a table at them is a lookup
-    for v in graph.inputs:
-        if _is_int(v):
-            only.add(id(v))
-            ids.add(id(v))
-    marked = 0
-    for node in graph:
-        std = node.domain in ("", "ai.onnx")
-        ins = [v for v in node.inputs if v is not None]
-        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
-            flag = False  # If/Loop/Scan: their subgraphs read outer values that are not among the node's inputs
-        elif std and node.op_type in ("Shape", "Size", "EyeLike", "ConstantOfShape"):
-            flag = True
-        elif std and node.op_type == "Gather" and len(ins) == 2 and id(node.inputs[1]) in ids and \
-                node.inputs[0].const_value is not None and node.attributes.get_int("axis", 0) == 0:
-            flag = False  # an embedding lookup: the token's relevance arrives here
-        else:
-            flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
-                any(id(v) in only for v in ins)
-        if std and node.op_type in _ID_MOVES and node.inputs and node.inputs[0] is not None and \
-                id(node.inputs[0]) in ids and _is_int(node.outputs[0]):
-            ids.add(id(node.outputs[0]))
-        # a comparison's or logic op's bool output (Keras' Masking: Cast(Not(Equal(x, 0)))) is piecewise constant:
-        # it carries no relevance, nor do the floats computed from it alone
-        logic = std and bool(node.outputs) and all(o.dtype == ir.DataType.BOOL for o in node.outputs)
-        if (flag or logic) and node.op_type not in _NO_FOLD:
-            for o in node.outputs:
-                only.add(id(o))
-                if o.dtype is not None and o.dtype.is_floating_point():
-                    o.meta["lrp_shape_only"] = True
-                    marked += 1
-    return marked
-
-
-def _incomplete(v: ir.Value) -> bool:
-    return v.shape is None or any(not isinstance(d, int) for d in v.shape)
-
-
-def refresh_shapes(model: ir.Model) -> int:
-    """Re-run shape inference after folding: shapes computed by folded subgraphs (e.g. a Reshape whose target
-    shape came from Shape/Gather/Concat) are static now. Only values whose shape was unknown or symbolic change."""
-    todo = {o.name: o for n in model.graph for o in n.outputs if o.name and _incomplete(o)}
-    if not todo:
-        return 0
+def inferred_dims(model: ir.Model) -> list[tuple[str, list]]:
+    """(value name, dims) for the values onnx's shape inference (with data propagation) gives a shape; large
+    parameters only matter by their type and shape: they are passed as typed inputs, not as data."""
     proto = ir.serde.serialize_model(model)
-    # large parameters only matter by their type and shape: pass them as typed inputs, not as data
     keep = []
     for init in proto.graph.initializer:
         if int(np.prod(init.dims)) > 4096:
@@ -843,20 +626,23 @@ def refresh_shapes(model: ir.Model) -> int:
     try:
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception:
-        return 0
-    changed = 0
+        return []
+    found = []
     for vi in list(proto.graph.value_info) + list(proto.graph.output):
-        v = todo.get(vi.name)
-        if v is None or not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in
-                vi.type.tensor_type.shape.dim]
-        if v.shape is not None and len(v.shape) == len(dims) and sum(isinstance(d, int) for d in dims) <= sum(
-                isinstance(d, int) for d in v.shape):
-            continue
-        v.shape = ir.Shape(dims)
-        changed += 1
-    return changed
+        found.append((vi.name, [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                for d in vi.type.tensor_type.shape.dim]))
+    return found
+
+
+def reinferred(model: ir.Model) -> ir.Model | None:
+    """The model through :func:`prepare_proto` again (shape inference over ops split since), or None."""
+    try:
+        proto = prepare_proto(ir.serde.serialize_model(model), "model")
+    except Exception:
+        return None
+    return to_ir(proto)
 
 
 def deserialize(model_bytes: bytes) -> ir.Model:

@@ -1,0 +1,173 @@
+"""Explain a whole dataset: sources, deterministic shards, a streaming local engine and a resumable output.
+
+``explain_dataset(model, source, out_dir, engine="local")`` writes ``out_dir``:
+
+* ``shards/part-NNNNN.npz``: per shard ``items`` (source id of each explained item), ``relevance`` (or
+  ``relevance/<input>`` for several float inputs), ``targets``, ``outputs`` (the explained output);
+* ``manifest.json``: model SHA-256, composite and parameters, onnx-lrp version, engine, item count, the shards done
+  (item range, checksum, failed items);
+* ``errors.jsonl``: one line per item that could not be read or explained (``{"item": id, "error": message}``).
+
+Shard ``k`` holds the items ``[k * shard_size, (k + 1) * shard_size)`` of the sorted source, so a rerun of the same
+command finds the same shards: it skips those the manifest lists (each file written to a temporary file, fsync'ed,
+renamed, then added to the manifest) and explains only the rest. A manifest written with another model, composite,
+parameters or source refuses unless ``overwrite=True``.
+
+The package: :mod:`.sources` (what items there are and how one is read), :mod:`.shards` (one shard read, explained
+and written: the task of both engines), :mod:`.local` (the local engine, the manifest, the progress line) and
+:mod:`.ray` (the same shard task on Ray Data actors; :mod:`onnx_lrp.ray` is its public name). This module ties them
+together; nothing below it imports it.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..inputs import Preprocess, input_infos
+from .local import Output, Progress, cpu_cores, run_local
+from .shards import ERRORS, FORMAT, MANIFEST, SHARD_DIR, explain_items, explain_shard, write_shard  # noqa: F401
+from .sources import ArraySource, FileSource, ParquetSource, Source, list_files, open_source  # noqa: F401
+
+DEFAULT_SHARD_SIZE = 256
+ENGINES = ("local", "ray")
+
+
+def explainer_payload(ex) -> dict:
+    """What runs an Explainer's relevance model in another process without loading or rewriting the model again:
+    plain data (see :meth:`onnx_lrp.runner.Runner.payload`)."""
+    return ex.payload()
+
+
+def explainer_from_payload(payload: dict, device: str | None = None, threads: int | None = None):
+    """A :class:`onnx_lrp.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
+    neither onnx_ir nor onnx."""
+    from ..runner import Runner
+
+    return Runner.from_payload(payload, device, threads)
+
+
+def _composite_id(comp) -> dict:
+    return dict(name=comp.name, sha256=hashlib.sha256(repr(comp).encode()).hexdigest())
+
+
+def _json_target(targets):
+    if targets is None:
+        return "argmax"
+    if isinstance(targets, (int, np.integer)):
+        return int(targets)
+    return hashlib.sha256(np.asarray(targets, np.int64).tobytes()).hexdigest()
+
+
+def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size: int = 32,
+                    shard_size: int = DEFAULT_SHARD_SIZE, workers: int | None = None, target=None,
+                    ray_address: str | None = None, overwrite: bool = False, progress: bool = False,
+                    size=None, mean=(0.0,), std=(1.0,), crop: bool = False, column: str | None = None,
+                    explainer=None,
+                    **explainer_options) -> dict:
+    """Explain every item of ``source`` into ``out_dir`` (see the module docstring); returns the summary.
+
+    ``explainer_options`` go to :class:`onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
+    parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
+    (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer built by the caller.
+    A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
+    shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
+    """
+    from .. import __version__
+    from ..explainer import Explainer
+    from ..regression import params_to_json, sha256_file
+
+    if engine not in ENGINES:
+        raise InputError(f"engine {engine!r}: use local or ray")
+    if int(batch_size) < 1 or int(shard_size) < 1:
+        raise InputError("batch_size and shard_size must be >= 1")
+    if workers is not None and int(workers) < 1:
+        raise InputError("workers must be >= 1")
+    if engine == "ray":
+        from .ray import require_ray
+        require_ray()
+    ex = explainer or Explainer(model, **explainer_options)
+    pre = Preprocess(tuple(size) if size is not None else None, tuple(np.atleast_1d(mean).tolist()),
+                     tuple(np.atleast_1d(std).tolist()), crop=bool(crop))
+    src = open_source(source, input_infos(ex.inputs), pre, column)
+    n = len(src)
+    if isinstance(target, str):
+        target = None if target == "argmax" else InputError(f"target {target!r}: give argmax, an int or a list")
+        if isinstance(target, Exception):
+            raise target
+    if target is not None and not isinstance(target, (int, np.integer)):
+        target = np.asarray(target, np.int64).reshape(-1)
+        if len(target) != n:
+            raise InputError(f"{len(target)} targets for {n} items; give one, or one per item")
+    start = explainer_options.get("start", ex.start)
+    params = {k: v for k, v in explainer_options.items() if k not in ("composite", "device", "threads", "tf32")}
+    header = dict(format=FORMAT, onnx_lrp_version=__version__, engine=engine, model=str(model),
+                  model_sha256=sha256_file(model) if isinstance(model, (str, os.PathLike)) else
+                  hashlib.sha256(ex.model_bytes).hexdigest(),
+                  composite=_composite_id(ex.composite),
+                  parameters=dict(params_to_json(params), target=_json_target(target), start=start,
+                                  output=ex.explained_output, size=list(pre.size) if pre.size else None,
+                                  mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=column),
+                  source=dict(path=str(source), kind=src.kind, fingerprint=src.fingerprint()),
+                  shard_size=int(shard_size), item_count=n, batch_size=int(batch_size))
+    out = Output(out_dir, header, int(shard_size), overwrite)
+    all_shards = [(k, lo, min(n, lo + shard_size)) for k, lo in enumerate(range(0, n, shard_size))]
+    todo = [s for s in all_shards if s[0] not in out.done]
+    prog = Progress(sum(hi - lo for _, lo, hi in todo), progress)
+    t0 = time.perf_counter()
+    try:
+        if todo and engine == "local":
+            run_local(ex, src, todo, out, int(batch_size), workers or min(4, cpu_cores()), target, start, prog)
+        elif todo:
+            from .ray import run_ray
+            run_ray(ex, src, todo, out, int(batch_size), workers, target, start, prog, ray_address)
+    except BaseException:
+        out.save()  # keep what was written for the rerun (Ctrl-C, a lost Ray cluster, ...)
+        raise
+    seconds = time.perf_counter() - t0
+    out.save(complete=True)
+    prog.update(0, final=bool(todo) and progress)
+    m = out.manifest(True)
+    done_items = sum(hi - lo for _, lo, hi in todo)
+    return dict(out_dir=str(out.dir), engine=engine, items=n, explained=m["explained"], failed=len(m["failed"]),
+                shards=len(all_shards), shards_written=len(todo), shards_resumed=out.resumed,
+                seconds=round(seconds, 3),
+                first_shard_s=round(out.first_at - t0, 3) if out.first_at is not None else None,
+                items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,
+                manifest=str(out.dir / MANIFEST), errors=str(out.dir / ERRORS))
+
+
+def read_shards(out_dir) -> dict:
+    """All shards of a finished OUT concatenated in item order: {"items", "relevance", "targets", "outputs", ...}."""
+    out_dir = Path(out_dir)
+    manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    parts = collections.defaultdict(list)
+    for rec in manifest["shards"]:
+        with np.load(out_dir / rec["file"], allow_pickle=False) as z:
+            for k in z.files:
+                if len(z[k]):
+                    parts[k].append(z[k])
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def explain_arrays(ex, arrays: dict, targets=None, batch_size: int = 32, engine: str = "local",
+                   workers: int | None = None, ray_address: str | None = None, progress=None):
+    """(relevance by input, outputs by name, targets used) of in-memory arrays (``onnx-lrp check``'s snapshot
+    inputs) on either engine."""
+    if engine not in ENGINES:
+        raise InputError(f"engine {engine!r}: use local or ray")
+    if engine == "ray":
+        from .ray import explain_arrays_ray
+        return explain_arrays_ray(ex, arrays, targets, batch_size, workers, ray_address)
+    from ..regression import explain_all
+    return explain_all(ex, arrays, targets, batch_size, progress=progress)
+
+
+__all__ = ["explain_dataset", "explain_arrays", "open_source", "read_shards", "explain_items", "explainer_payload",
+           "explainer_from_payload", "Source", "FileSource", "ArraySource", "ParquetSource"]

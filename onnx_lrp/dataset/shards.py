@@ -1,0 +1,197 @@
+"""Shards: shard ``k`` holds the items ``[k * shard_size, (k + 1) * shard_size)`` of the sorted source; one shard is
+read, explained in batches of equal shapes (an item that fails is recorded, the others go on) and written as one
+``shards/part-NNNNN.npz`` atomically (temporary file, fsync, rename). The task both engines run."""
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import LrpError
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"
+SHARD_DIR = "shards"
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}.npz"
+
+
+@dataclass
+class ShardResult:
+    index: int
+    lo: int
+    hi: int
+    items: list
+    arrays: dict  # relevance (/<input>), targets, outputs, positions, relevance_at/<name>
+    failed: list = field(default_factory=list)  # [{"item", "error"}]
+
+
+def _batches(ok: list, batch_size: int):
+    """Consecutive runs of at most batch_size items with equal shapes (stackable)."""
+    run = []
+    for i, arrays in ok:
+        key = tuple((k, a.shape, a.dtype.str) for k, a in arrays.items())
+        if run and (len(run) >= batch_size or run[0][0] != key):
+            yield [r[1] for r in run]
+            run = []
+        run.append((key, (i, arrays)))
+    if run:
+        yield [r[1] for r in run]
+
+
+def _target_for(targets, idx: list[int]):
+    if targets is None or isinstance(targets, (int, np.integer)):
+        return targets
+    return np.asarray([targets[i] for i in idx], np.int64)
+
+
+def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None = None):
+    """Explain (index, arrays) items in batches: ([(indices, result arrays with a batch axis)], [(index, message)]).
+
+    A batch that fails (e.g. one item onnxruntime cannot run) is retried item by item, so one bad item costs only
+    itself; an item whose relevance is not finite is a failure, never returned."""
+    done, bad = [], []
+    for batch in _batches(ok, batch_size):
+        idx = [i for i, _ in batch]
+        feeds = {k: np.stack([a[k] for _, a in batch]) for k in batch[0][1]}
+        try:
+            res = ex.explain(feeds, target=_target_for(targets, idx), start=start)
+        except LrpError as exc:
+            if len(batch) == 1:
+                bad.append((idx[0], str(exc)))
+                continue
+            d, b = explain_items(ex, batch, 1, targets, start)
+            done += d
+            bad += b
+            continue
+        rel = res.relevance if isinstance(res.relevance, dict) else {None: res.relevance}
+        arrays = {("relevance" if k is None else f"relevance/{k}"): v for k, v in rel.items()}
+        arrays["targets"] = np.asarray(res.target, np.int64).reshape(-1)
+        arrays["outputs"] = res.outputs[ex.explained_output]
+        if res.position is not None:
+            arrays["positions"] = np.asarray(res.position, np.int64).reshape(-1)
+        arrays.update({f"relevance_at/{k}": v for k, v in res.relevance_at.items()})
+        finite = {k: np.isfinite(v.reshape(len(idx), -1)).all(axis=1) for k, v in arrays.items()
+                  if k.startswith("relevance")}
+        keep = np.logical_and.reduce(list(finite.values())) if finite else np.ones(len(idx), bool)
+        for j in np.flatnonzero(~keep):
+            bad_keys = [k for k, f in finite.items() if not f[j]]
+            bad.append((idx[j], f"the relevance ({', '.join(bad_keys)}) is not finite (NaN or Inf); try a larger "
+                                "--epsilon or another composite"))
+        if keep.all():
+            done.append((idx, arrays))
+        elif keep.any():
+            done.append(([i for i, k in zip(idx, keep) if k], {k: v[keep] for k, v in arrays.items()}))
+    return done, bad
+
+
+def explain_shard(ex, source: Source, index: int, lo: int, hi: int, batch_size: int, targets=None,
+                  start: str | None = None, readers: int = 1) -> ShardResult:
+    """Read, decode and explain one shard. With ``readers`` > 1 (a Ray actor with several CPUs, e.g. beside a GPU)
+    threads decode the next batches of the shard while onnxruntime runs the current one."""
+    if readers <= 1:
+        ok, bad = source.read(lo, hi)
+        return compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets, start)
+    chunks = iter([(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)])
+    done, bad = [], []
+    with ThreadPoolExecutor(readers, thread_name_prefix="lrp-read") as pool:
+        pending = collections.deque(pool.submit(source.read, *c) for c in
+                                    [c for _, c in zip(range(readers + 1), chunks)])
+        while pending:
+            ok_c, bad_c = pending.popleft().result()
+            nxt = next(chunks, None)
+            if nxt is not None:
+                pending.append(pool.submit(source.read, *nxt))
+            d, b = explain_items(ex, ok_c, batch_size, targets, start)
+            done += d
+            bad += bad_c + b
+    return _assemble(source, index, lo, hi, done, bad)
+
+
+def compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets=None, start=None) -> ShardResult:
+    done, bad2 = explain_items(ex, ok, batch_size, targets, start)
+    return _assemble(source, index, lo, hi, done, bad + bad2)
+
+
+def _assemble(source, index, lo, hi, done, bad) -> ShardResult:
+    """One shard's result from explain_items' chunks (disjoint, each in item order): concatenated in item order."""
+    bad = sorted(bad)
+    done.sort(key=lambda t: t[0][0])
+    keys = list(done[0][1]) if done else []
+    arrays = {k: done[0][1][k] if len(done) == 1 else np.concatenate([d[k] for _, d in done]) for k in keys}
+    if not done:
+        arrays = {"relevance": np.zeros((0,), np.float32), "targets": np.zeros((0,), np.int64),
+                  "outputs": np.zeros((0,), np.float32)}
+    return ShardResult(index, lo, hi, [source.ids[i] for idx, _ in done for i in idx], arrays,
+                       [dict(item=source.ids[i], error=msg) for i, msg in bad])
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, sync_dir: bool = True) -> None:
+    """Write to a temporary file beside ``path``, fsync, rename: ``path`` is either absent, old, or whole.
+
+    ``sync_dir`` also makes the rename durable at once (shards skip it: the manifest lists a shard only with its
+    checksum, and a rerun redoes a listed shard whose file is missing or differs)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_dir:
+        _fsync_dir(path.parent)
+
+
+def write_shard(out_dir: Path, res: ShardResult) -> dict:
+    """Write one shard (atomically) and return its manifest record."""
+    buf = io.BytesIO()
+    arrays = dict(res.arrays)
+    arrays["items"] = np.array(res.items, dtype=str) if res.items else np.zeros((0,), dtype="<U1")
+    np.savez(buf, **arrays)
+    data = buf.getbuffer()  # no copy
+    name = shard_name(res.index)
+    atomic_write(Path(out_dir) / SHARD_DIR / name, data, sync_dir=False)
+    return dict(index=res.index, file=f"{SHARD_DIR}/{name}", items=[res.lo, res.hi], explained=len(res.items),
+                sha256=hashlib.sha256(data).hexdigest(), failed=res.failed)
+
+
+def sha256_bytes_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+__all__ = ["ShardResult", "explain_items", "explain_shard", "compute_shard", "write_shard", "atomic_write", "sha256_bytes_of", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]

@@ -1,0 +1,100 @@
+"""Loading: a model as exporters and deployments write it -> an ``onnx_ir.Model`` in the form the rules expect.
+
+``load(source)`` reads and checks the model (:mod:`.proto`, the only module that imports onnx), names every node,
+folds constants (:mod:`.fold`), then runs the passes (:mod:`.passes`, one module per deployed or exported form) in
+the order below; the passes edit the graph with :mod:`.build`. The result: checked, at opset >= MIN_OPSET,
+shape-inferred, every constant-foldable subgraph folded into initializers (a value is a *parameter* or carries an
+activation), static control flow unrolled, deployed forms brought back, canonized.
+"""
+from __future__ import annotations
+
+import os
+
+import onnx_ir as ir
+
+from ..graph import mark_presumed
+from .build import Report
+from .fold import check_sizes, fold_constants, mark_shape_only, name_everything, refresh_shapes, reinfer_shapes
+from .passes import control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator, standard
+from .proto import (MAX_OPSET, MIN_OPSET, bind_constants, check, condition_evaluator, deserialize, fix_input_shapes,
+                    opset_of, prepare_proto, read, read_proto, save_bytes, serialize, to_ir)
+
+# deployed forms, first stage: read and rewrite the quantized forms (nothing else runs if one is refused)
+QUANTIZED = [ort_fused.RefuseUnsupported(), qdq.StandardQdqDomain(), qoperator.QOperatorToQdq(),
+             dynamic_quant.SplitFusedDynamicQuant()]
+# second stage: float16 first (the splits write float32 constants), then the fused ops, then the weights
+FLOAT16 = [float16.UpcastLowPrecision()]
+FUSED = [ort_fused.SplitFused(reinfer_shapes)]
+WEIGHTS = [qdq.FoldWeightDequantize(), dynamic_quant.DequantizeIntegerOps(), qdq.RelayPairs()]
+
+
+def load(source, name: str | None = None, constants: dict | None = None,
+         input_shapes: dict | None = None) -> ir.Model:
+    """Read, check, upgrade, shape-infer, fold constants, unroll static control flow and canonize a model.
+    ``constants`` binds graph inputs to fixed values (they stop being inputs); ``input_shapes`` fixes dynamic
+    dimensions of graph inputs (input name -> sizes)."""
+    if name is None:
+        name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
+    model = read(source, name, constants, input_shapes)
+    name_everything(model.graph)
+    fold_constants(model)
+    unroll_control_flow(model)  # static Loop/Scan unrolled, If with a constant condition inlined
+    deployed_forms(model)  # Q/DQ, QOperator, dynamic quant, float16, ORT fused ops
+    standard.StandardForm()(model)
+    fold_constants(model)  # canonization can expose new constant chains
+    model.graph.sort()
+    # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and
+    # folding them can fix more shapes: repeat while something changes
+    for _ in range(16):
+        if not refresh_shapes(model) or not fold_constants(model):
+            break
+    check_sizes(model.graph, name)
+    mark_shape_only(model.graph)
+    mark_presumed(model.graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
+    return model
+
+
+def _run(model: ir.Model, passes: list) -> bool:
+    """Run ``passes`` in order; whether any changed the model."""
+    return any([p(model).modified for p in passes])
+
+
+def deployed_forms(model: ir.Model) -> list[str]:
+    """Bring deployed forms back to standard float ops; one error listing every refused node. Returns the notes."""
+    report = model.meta["lrp_load_report"] = Report()
+    if _run(model, QUANTIZED) and not report.refused:
+        reinfer_shapes(model)
+    if not report.refused:
+        _run(model, FLOAT16)
+        if _run(model, FUSED):
+            reinfer_shapes(model)
+        _run(model, WEIGHTS)
+    report.raise_refusals(model)
+    if report.notes:
+        fold_constants(model)  # new constant chains (e.g. a Transpose of a dequantized weight)
+    del model.meta["lrp_load_report"]
+    model.meta["lrp_deployed"] = report.notes
+    return report.notes
+
+
+def unroll_control_flow(model: ir.Model) -> int:
+    """Unroll Loop/Scan and inline If where they are static, folding constants between rounds (an unrolled loop
+    can expose a nested one with a now-constant trip count)."""
+    total = 0
+    unroll = control_flow.ControlFlow(condition_evaluator)
+    for _ in range(8):
+        if not any(n.op_type in ("Loop", "Scan", "If") for n in model.graph):
+            break
+        done = unroll.apply(model, Report())
+        if not done:
+            break
+        total += done
+        fold_constants(model)
+        refresh_shapes(model)
+        fold_constants(model)
+    return total
+
+
+__all__ = ["load", "deployed_forms", "unroll_control_flow", "read_proto", "prepare_proto", "to_ir", "serialize",
+           "deserialize", "check", "save_bytes", "bind_constants", "fix_input_shapes", "fold_constants",
+           "refresh_shapes", "mark_shape_only", "opset_of", "MIN_OPSET", "MAX_OPSET"]

@@ -1,0 +1,14 @@
+"""The loading passes, one module per deployed or exported form. Each is an ``onnx_ir`` in-place pass
+(:class:`onnx_lrp.load.build.LoadPass`: ``pass_(model) -> PassResult``) whose notes and refusals go to the model's
+:class:`~onnx_lrp.load.build.Report`; each imports only :mod:`onnx_lrp.load.build`, :mod:`onnx_lrp.graph`,
+:mod:`onnx_lrp.errors` and op facts (:mod:`onnx_lrp.ops`), never the pipeline nor another pass.
+
+- :mod:`.ort_fused`: onnxruntime's fused ops (offline optimisation, the transformer optimiser), one table.
+- :mod:`.qdq`, :mod:`.qoperator`, :mod:`.dynamic_quant`: quantized models (QDQ, QOperator, dynamic quantization).
+- :mod:`.float16`: float16 / bfloat16 upcast to float32.
+- :mod:`.control_flow`: static Loop / Scan unrolled, If with a constant condition inlined.
+- :mod:`.standard`: the canonizers of what exporters write (BatchNorm folding, explicit pads, ...).
+
+Supporting a new deployed form is one new module here with one :class:`LoadPass`, added to the pipeline's list in
+:mod:`onnx_lrp.load`, and a test beside it.
+"""
