@@ -207,7 +207,7 @@ def engine(args) -> None:
     from bench_cnn import build
 
     arch, size = ("resnet18", 64) if args.quick else ("resnet50", 224)
-    n, batch = (16, 8) if args.quick else (512, args.batch)
+    n, batch = (16, 8) if args.quick else (args.items, args.batch)
     tmp = Path(tempfile.mkdtemp(prefix="gpu-engine-"))
     path = tmp / f"{arch}.onnx"
     build(arch, str(path), size)
@@ -262,6 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the exported models under $OUT")
     ap.add_argument("--batch", type=int, default=128, help="engine: the batch of the images/s rows")
+    ap.add_argument("--items", type=int, default=2048, help="engine: images through the dataset engine")
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
