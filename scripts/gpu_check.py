@@ -3,6 +3,7 @@ as JSON lines to $OUT/results.jsonl.
 
     python scripts/gpu_check.py sweep  [--device cuda|cpu] [--quick]   # every family: CUDA vs CPU, TF32 off / on
     python scripts/gpu_check.py bert   [--device cuda|cpu] [--quick]   # BERT-base attnlrp: times, drift, torch floor
+    python scripts/gpu_check.py fullsize [--device cuda|cpu] [--quick] # ResNet50, VGG16: CUDA vs CPU, TF32 off / on
     python scripts/gpu_check.py engine [--device cuda|cpu] [--quick]   # ResNet50 EPF: CLI, dataset engine, images/s
 
 ``--device cpu`` runs every part with the CPU provider in place of CUDA (a dry run on a machine without a GPU);
@@ -196,6 +197,33 @@ def bert(args) -> None:
             record("bert", torch_fwd_bwd_ms=1e3 * t, batch=b)
 
 
+# ---------------------------------------------------------------------------------------------- full size
+def fullsize(args) -> None:
+    """torchvision's ResNet50 and VGG16 (random weights, 224 x 224, batch 4): relevance on the device vs the CPU,
+    TF32 off and on, for epsilon-plus-flat and epsilon-gamma-box."""
+    import onnx_lrp
+    from bench_cnn import build
+
+    archs, size, batch = (("resnet18",), 64, 2) if args.quick else (("resnet50", "vgg16"), 224, 4)
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-full-"))
+    x = np.random.default_rng(1).standard_normal((batch, 3, size, size)).astype(np.float32)
+    print(f"{'model':10s} {'composite':18s} {'rel-L2 TF32 off':>15s} {'rel-L2 TF32 on':>15s}", flush=True)
+    for arch in archs:
+        path = tmp / f"{arch}.onnx"
+        build(arch, str(path), size)
+        for comp in ("epsilon-plus-flat", "epsilon-gamma-box"):
+            box = {"low": -3.0, "high": 3.0} if comp == "epsilon-gamma-box" else {}
+            ref = onnx_lrp.Explainer(path, composite=comp, **box).explain(x)
+            errs = []
+            for tf32 in (False, True):
+                res = onnx_lrp.Explainer(path, composite=comp, device=args.device, tf32=tf32, **box).explain(
+                    x, target=ref.target)
+                errs.append(rel_l2(res.relevance, ref.relevance))
+            print(f"{arch:10s} {comp:18s} {errs[0]:15.2e} {errs[1]:15.2e}", flush=True)
+            record("fullsize", arch=arch, composite=comp, batch=batch, rel_l2=errs[0], rel_l2_tf32=errs[1])
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------- engines
 def cli_cmd() -> list[str]:
     exe = shutil.which("onnx-lrp")
@@ -257,7 +285,7 @@ def engine(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["sweep", "bert", "engine"])
+    ap.add_argument("part", choices=["sweep", "bert", "fullsize", "engine"])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the exported models under $OUT")
@@ -266,7 +294,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    {"sweep": sweep, "bert": bert, "engine": engine}[args.part](args)
+    {"sweep": sweep, "bert": bert, "fullsize": fullsize, "engine": engine}[args.part](args)
     print(f"[{args.part}: {time.perf_counter() - t0:.1f} s]", flush=True)
     return 0
 

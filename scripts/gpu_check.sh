@@ -5,6 +5,7 @@
 #   3. BERT-base attnlrp on CUDA, b1 / b16, TF32 off / on, next to PyTorch's forward + backward
 #   4. benchmarks/bench_cnn.py --device cuda: ResNet50 / VGG16 at b1, b16, b64, epsilon-plus-flat and
 #      epsilon-gamma-box (TF32 off, the default)
+#      and their relevance vs the CPU's, TF32 off and on (gpu_check.py fullsize)
 #   5. --device cuda through the CLI (and --device auto) and the dataset engine: ResNet50 EPF images/s
 #   6. bench_cnn at b16 with --tf32;  7. benchmarks/bench_llm.py on CUDA in bfloat16, where it exists
 # Usage: scripts/gpu_check.sh [--cpu]      (--cpu: every part with the CPU provider, small sizes: a dry run)
@@ -30,6 +31,8 @@ step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
   timeout 150 $PY scripts/gpu_check.py bert --device $dev $quick
   step "4. bench_cnn (TF32 off)"
   timeout 200 $PY benchmarks/bench_cnn.py --device $dev $cnn --composites epsilon-plus-flat,epsilon-gamma-box --no-zennit
+  step "4c. ResNet50 / VGG16 relevance vs CPU"
+  timeout 150 $PY scripts/gpu_check.py fullsize --device $dev $quick
   step "5. CLI and dataset engine"
   timeout 150 $PY scripts/gpu_check.py engine --device $dev $quick
   step "6. bench_cnn b16 with TF32"
