@@ -124,3 +124,22 @@ def test_cli_tf32_on_cpu_changes_nothing(tmp_path):
         assert summary["device"] == "cpu" and summary["tf32"] is False
         outs.append(np.load(out))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("choice,want", [("cpu", "onnxruntime>="), ("cuda", "onnxruntime-gpu[cuda,cudnn]>="),
+                                         ("cuda-system", "onnxruntime-gpu>="), ("none", None)])
+def test_install_choice_brings_exactly_one_runtime(choice, want, monkeypatch):
+    """ONNX_LRP_RUNTIME picks one onnxruntime build; cuda brings the CUDA and cuDNN libraries as wheels
+    (onnxruntime-gpu's extras) and never the CPU onnxruntime beside it."""
+    import runpy
+    from pathlib import Path
+
+    import setuptools
+
+    seen = {}
+    monkeypatch.setenv("ONNX_LRP_RUNTIME", choice)
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: seen.update(kw))
+    runpy.run_path(str(Path(__file__).parent.parent / "setup.py"))
+    runtimes = [r for r in seen["install_requires"] if r.startswith("onnxruntime")]
+    assert runtimes == ([] if want is None else [r for r in runtimes if r.startswith(want)]) and len(runtimes) <= 1
+    assert (want is None) == (runtimes == [])
