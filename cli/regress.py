@@ -17,6 +17,7 @@ import numpy as np
 
 from onnx_lrp import regression as rg
 from onnx_lrp.errors import InputError
+from onnx_lrp.metrics import tracking
 
 from . import heatmap as hm
 from .explain import parse_target
@@ -101,13 +102,19 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "item"
 
 
-def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite):
+def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite, faith=None):
     written = []
     with AtomicOutputs() as w:
         if report_json is not None:
             written.append(w.write_bytes(report_json, rg.report_json(comp, context).encode()))
         if junit_xml is not None:
-            written.append(w.write_bytes(junit_xml, rg.junit_xml(comp, context, suite=suite).encode()))
+            xml = rg.junit_xml(comp, context, suite=suite)
+            if faith is not None:
+                xml = tracking.add_to_junit(xml, faith, Path(str(context.get("model", "model"))).stem)
+            written.append(w.write_bytes(junit_xml, xml.encode()))
+        if heatmap_dir is not None and faith is not None:
+            heatmap_dir.mkdir(parents=True, exist_ok=True)
+            written.append(w.save_png(heatmap_dir / "faithfulness_curves.png", _faith_plot(faith, context)))
         if heatmap_dir is not None and comp.drifted:
             heatmap_dir.mkdir(parents=True, exist_ok=True)
             first = ex.relevance_inputs[0]
@@ -131,19 +138,36 @@ def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur
     return written
 
 
-def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, max_rows, suite, seconds):
+def _faith_plot(faith, context):
+    """Baseline (dashed) and candidate (solid) perturbation curves, mean over the items."""
+    from .curves import line_plot, perturbation_series
+
+    series = perturbation_series(faith.curves["baseline"], "baseline ", dashed=True)
+    series += perturbation_series(faith.curves["current"], "current ")
+    return line_plot(series, f"region perturbation: {Path(str(context.get('model', ''))).name} against its baseline",
+                     "regions replaced", "score of the target (mean over items)")
+
+
+def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, max_rows, suite, seconds,
+            faith=None, faith_lines=()):
     context = dict(context, seconds=round(seconds, 3))
+    if faith is not None:
+        context["faithfulness"] = faith.as_dict()
     click.echo(rg.format_table(comp, max_rows))
-    written = _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite)
+    for line in faith_lines:
+        click.echo(line)
+    written = _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite, faith)
     n, d = len(comp.samples), len(comp.drifted)
     if d:
         names = ", ".join(s.item for s in comp.drifted[:10]) + (f" and {d - 10} more" if d > 10 else "")
         click.echo(f"DRIFT: {d} of {n} sample(s) beyond the thresholds: {names}")
     else:
         click.echo(f"OK: all {n} sample(s) within the thresholds")
+    if faith is not None and not faith.passed:
+        click.echo("FAITHFULNESS: " + "; ".join(faith.failed))
     for p in written:
         click.echo(f"wrote {p}")
-    return EXIT_DRIFT if d else 0
+    return EXIT_DRIFT if d or (faith is not None and not faith.passed) else 0
 
 
 def _explainer(model, comp, output_name, start):
@@ -172,6 +196,39 @@ def _targets(targets, n):
     return targets
 
 
+# ---------------------------------------------------------------------------------------------- faithfulness
+def faith_options(f):
+    """snapshot --metrics and the region-perturbation settings stored with them."""
+    opts = [
+        click.option("--metrics", default=None, metavar="aopc,abpc",
+                     help="Also store faithfulness (region perturbation: AOPC of the MoRF order, ABPC = LeRF - MoRF,"
+                          " beside a seeded random order) for `check --metric-tol`."),
+        click.option("--metric-patch", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="--metrics: side of the regions."),
+        click.option("--metric-steps", type=click.IntRange(min=1), default=50, show_default=True,
+                     help="--metrics: regions replaced."),
+        click.option("--metric-baseline", type=click.Choice(["black", "white", "mean", "uniform"]), default="black",
+                     show_default=True, help="--metrics: the replacement value."),
+        click.option("--metric-seed", type=int, default=0, show_default=True,
+                     help="--metrics: seeds the random order."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
+    if len(rel) != 1 or len(arrays) != 1:
+        raise InputError("faithfulness metrics need a model with one float input; this one has "
+                         f"{', '.join(sorted(arrays))}")
+    x = next(iter(arrays.values()))
+    with Progress("faithfulness") as bar:
+        bar.update(0, 1)
+        ev = tracking.compute(model, ex, x, next(iter(rel.values())), targets, settings)
+        bar.update(1, 1)
+    return ev
+
+
 # ---------------------------------------------------------------------------------------------- snapshot
 @click.command("snapshot")
 @click.argument("model", metavar="MODEL")
@@ -184,8 +241,10 @@ def _targets(targets, n):
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
               help="Initial relevance at the target.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@faith_options
 @input_options
-def snapshot(model, inputs_path, out, target, output_name, start, batch_size, composite, **rule_kw):
+def snapshot(model, inputs_path, out, target, output_name, start, batch_size, metrics, metric_patch, metric_steps,
+             metric_baseline, metric_seed, composite, **rule_kw):
     """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
 
     INPUTS is a .npy, a .npz (one array per model input), an image or a directory of these. The snapshot keeps the
@@ -196,6 +255,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
     if out_path.suffix.lower() != ".npz":
         raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
     check_writable(out_path)
+    tracked = tracking.parse_metrics(metrics)
     targets = parse_target(target)
     pre = preprocess(rule_kw)
     params = rule_params(rule_kw)
@@ -216,6 +276,16 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
         inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
         composite_toml=comp_toml, params=params, start=start, output=output_name,
         explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size)
+    if tracked:
+        settings = dict(patch=metric_patch, steps=metric_steps, baseline=metric_baseline, prob="softmax",
+                        seed=metric_seed)
+        ev = _faith_eval(model, ex, batch.arrays, rel, used, settings)
+        meta_entry, extra = tracking.snapshot_part(ev, tracked)
+        arrays = tracking.add_to_snapshot(arrays, meta_entry, extra)
+        s = ev.summary()
+        click.echo(f"faithfulness stored: AOPC {s['aopc/morf']:.4f}, ABPC {s['abpc']:.4f}, random order AOPC "
+                   f"{s['aopc/random']:.4f} (region perturbation, patch {ev.params['patch']}, {ev.params['steps']} "
+                   "regions)")
     with AtomicOutputs() as w:
         w.save_npz(out_path, arrays, compressed=True)
     click.echo(f"snapshot of {len(batch)} item(s) -> {out_path} (composite {comp_name}, start {start}, explained "
@@ -235,8 +305,12 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, co
               help="--engine ray: actors (default: one per CPU, or per GPU).")
 @click.option("--ray-address", "ray_address", default=None, metavar="ADDR",
               help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
+@click.option("--metric-tol", "metric_tol", multiple=True, metavar="NAME=DROP|off",
+              help="Faithfulness stored by `snapshot --metrics`: fail when the paired mean of NAME (aopc, abpc) drops "
+                   f"by more than DROP (default {tracking.DEFAULT_TOLERANCE:g}); repeatable. A check also fails when "
+                   "the explanation no longer beats the random order.")
 def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_size, engine, workers, ray_address,
-          **kw):
+          metric_tol, **kw):
     """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
 
     Metrics per sample: relative output difference, cosine similarity and relative L2 error of the relevance,
@@ -244,9 +318,19 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     the thresholds, 1 when any drifted (named on stdout and in the reports), 2 on bad input.
     """
     th, config_used = _pop_thresholds(kw)
+    tolerances = tracking.parse_tolerances(metric_tol)
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
     snap = rg.read_snapshot(baseline)
     meta = snap.meta
+    stored = tracking.read_stored(baseline, meta, len(snap.targets))
+    if tolerances and stored is None:
+        raise InputError(f"--metric-tol: baseline {baseline} holds no faithfulness metrics; take it with "
+                         "`onnx-lrp snapshot --metrics aopc,abpc`")
+    missing = [n for n in tolerances if stored is not None and n not in stored.settings["metrics"]]
+    if missing:
+        raise InputError(f"--metric-tol {missing[0]}: baseline {baseline} stores "
+                         f"{', '.join(stored.settings['metrics'])} only; take it with `onnx-lrp snapshot --metrics "
+                         f"{','.join(tracking.TRACKED)}`")
     t0 = time.perf_counter()
     ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
@@ -276,8 +360,13 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     click.echo(f"check {model} against {baseline}: {len(comp.samples)} sample(s), composite "
                f"{meta['composite']['name']}, model {'changed' if context['model_changed'] else 'unchanged'} "
                f"(sha256 {sha[:12]})" + (f", thresholds from {config_used}" if config_used else ""))
+    faith, lines = None, ()
+    if stored is not None:
+        ev = _faith_eval(model, ex, arrays, rel, snap.targets, stored.settings)
+        faith = tracking.check(stored, ev, tolerances)
+        lines = tracking.format_lines(faith, stored.settings)
     code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, arrays, ex, max_rows,
-                   "onnx-lrp check", time.perf_counter() - t0)
+                   "onnx-lrp check", time.perf_counter() - t0, faith, lines)
     raise SystemExit(code)
 
 

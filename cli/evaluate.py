@@ -1,0 +1,198 @@
+"""``onnx-lrp evaluate MODEL INPUT --metric ...``: is the explanation faithful? (onnx_lrp.metrics: Quantus 0.6's
+definitions; the explanation beside a seeded random floor)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+from onnx_lrp.errors import InputError
+
+from .explain import parse_target
+from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
+from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+
+METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
+
+
+def _orders(text: str) -> list[str]:
+    orders = [o.strip().lower() for o in text.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ("morf", "lerf", "random")]
+    if not orders or bad:
+        raise InputError(f"--order {text!r}: give morf, lerf or both (morf,lerf); the random order is always added")
+    return orders
+
+
+def _mask(path, n: int, shape: tuple) -> np.ndarray:
+    p = Path(path)
+    if p.suffix.lower() != ".npy" or not p.is_file():
+        raise InputError(f"--mask {path}: give a .npy file (1 inside the region; one per item or one for all)")
+    try:
+        m = np.load(p, allow_pickle=False)
+    except ValueError as exc:
+        raise InputError(f"--mask {path}: cannot read it ({exc})") from None
+    if m.ndim == len(shape) - 1:
+        m = m[None]
+    try:
+        np.broadcast_to(m, (n, *shape[1:]))
+    except ValueError:
+        raise InputError(f"--mask {path} has shape {'x'.join(map(str, m.shape))}; the input is "
+                         f"{'x'.join(map(str, shape))}") from None
+    return m
+
+
+def summary_lines(ev) -> list[str]:
+    s = ev.summary()
+    n = len(ev.target)
+    lines = []
+    if ev.metric in ("region-perturbation", "pixel-flipping"):
+        p = ev.params
+        unit = f"patch {p['patch']}, {p['steps']} regions" if ev.metric == "region-perturbation" else \
+            f"{p['features_in_step']} features per step, {p['steps']} steps"
+        lines.append(f"{ev.metric} on {n} item(s): {unit}, baseline {p['baseline']}, {p['prob']} of the target")
+        lines.append(f"  {'order':<8} {'AOPC':>8} {'AUC':>9}")
+        for o in p["orders"]:
+            lines.append(f"  {o:<8} {s[f'aopc/{o}']:>8.4f} {s[f'auc/{o}']:>9.4f}")
+        if "abpc" in s:
+            lines.append(f"  ABPC (LeRF - MoRF) {s['abpc']:.4f}")
+        floor = "beats" if s["beats_random"] else "does NOT beat"
+        lines.append(f"the explanation {floor} the random order: AOPC {s['aopc/morf']:.4f} vs {s['aopc/random']:.4f}"
+                     if "aopc/morf" in s else "")
+    elif ev.metric == "faithfulness-correlation":
+        lines.append(f"faithfulness correlation on {n} item(s) ({ev.params['runs']} subsets of "
+                     f"{ev.params['subset_size']}, {ev.params['prob']}): {s['correlation']:.4f}; random relevance "
+                     f"{s['correlation/random']:.4f} ({'beaten' if s['beats_random'] else 'NOT beaten'})")
+    elif ev.metric == "relevance-mass":
+        lines.append(f"relevance mass accuracy on {n} item(s): {s['mass']:.4f} inside the mask; the mask's area "
+                     f"(evenly spread relevance) {s['mass/random']:.4f} "
+                     f"({'beaten' if s['beats_random'] else 'NOT beaten'})")
+    else:
+        lines.append(f"randomisation (cascading {ev.params['layer_order'].replace('_', '-')}, seed "
+                     f"{ev.params['seed']}) on {n} item(s): similarity to the original explanation per layer")
+        width = max(len(r["layer"]) for r in ev.layers)
+        lines.append(f"  {'randomised down to':<{width}}  {'spearman':>8}  {'ssim':>8}  {'entropy':>8}")
+        for r in ev.layers:
+            lines.append(f"  {r['layer']:<{width}}  {np.nanmean(r['spearman']):>8.4f}  "
+                         f"{np.nanmean(r['ssim']) if np.isfinite(r['ssim']).any() else float('nan'):>8.4f}  "
+                         f"{np.nanmean(r['entropy']):>8.4f}")
+        lines.append(f"eMPRT (relative entropy change, original -> fully random) {s['emprt']:.4f}; Spearman at the "
+                     f"end {s['spearman/last']:.4f}")
+    return [line for line in lines if line]
+
+
+def plot(ev):
+    from .curves import line_plot, perturbation_series
+
+    if ev.metric in ("region-perturbation", "pixel-flipping"):
+        aopc = {o: ev.mean(f"aopc/{o}") for o in ev.curves}
+        what = "regions" if ev.metric == "region-perturbation" else "steps"
+        return line_plot(perturbation_series(ev.curves, aopc=aopc),
+                         f"{ev.metric}: {ev.params['composite']}, {len(ev.target)} item(s)",
+                         f"{what} replaced ({ev.params['baseline']})", f"{ev.params['prob']} of the target (mean)")
+    if ev.metric == "randomisation":
+        ticks = [(i, r["layer"].split("/")[-2] if r["layer"].count("/") > 1 else r["layer"])
+                 for i, r in enumerate(ev.layers)]
+        series = [dict(y=[np.nanmean(r["spearman"]) for r in ev.layers], label="Spearman |R|")]
+        if any(np.isfinite(r["ssim"]).any() for r in ev.layers):
+            series.append(dict(y=[np.nanmean(r["ssim"]) for r in ev.layers], label="SSIM"))
+        step = max(1, len(ticks) // 6)
+        return line_plot(series, f"cascading randomisation: {ev.params['composite']}", "randomised down to",
+                         "similarity to the original", xticks=ticks[::step])
+    raise InputError(f"--plot draws curves of the perturbation metrics and the randomisation check, not of "
+                     f"{ev.metric}")
+
+
+@click.command("evaluate")
+@click.argument("model", metavar="MODEL")
+@click.argument("input_path", metavar="INPUT")
+@click.option("--metric", "-m", type=click.Choice(METRICS), default="region-perturbation", show_default=True,
+              help="Quantus 0.6's definition of the metric.")
+@common
+@input_options
+@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
+              help="Class to explain and score: one for all items, one per item, or argmax.")
+@click.option("--patch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="region-perturbation: side of the square regions.")
+@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
+              help="region-perturbation: regions replaced; pixel-flipping: steps (features / steps per step).")
+@click.option("--order", "order", default="morf,lerf", show_default=True, metavar="morf,lerf",
+              help="Perturbation orders (a seeded random order is always added as the floor).")
+@click.option("--baseline", type=click.Choice(["black", "white", "mean", "uniform"]), default="black",
+              show_default=True, help="Replacement value: the item's minimum, maximum, mean, or uniform in [0, 1).")
+@click.option("--prob", type=click.Choice(["softmax", "logit"]), default=None,
+              help="Score the target's softmax probability or logit (default: Quantus': softmax for the "
+                   "perturbation curves, logit for faithfulness-correlation).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the random order, subsets, uniform baseline and randomised weights.")
+@click.option("--runs", type=click.IntRange(min=2), default=100, show_default=True,
+              help="faithfulness-correlation: random subsets.")
+@click.option("--subset-size", type=click.IntRange(min=1), default=224, show_default=True,
+              help="faithfulness-correlation: features per subset.")
+@click.option("--mask", default=None, metavar="MASK.npy", help="relevance-mass: 1 inside the region.")
+@click.option("--layout", type=click.Choice(["auto", "channels-first", "channels-last"]), default="auto",
+              show_default=True, help="Images are perturbed channel-first, as Quantus does; auto: channels last "
+                                      "when the last axis is the smallest (Quantus' rule).")
+@click.option("--json", "as_json", is_flag=True, help="Print every figure (per item too) as JSON.")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
+              help="Draw the perturbation curves (mean over items) or the per-layer similarity.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="onnxruntime device.")
+def evaluate(model, input_path, metric, target, patch, steps, order, baseline, prob, seed, runs, subset_size, mask,
+             layout, as_json, plot_path, device, composite, **rule_kw):
+    """Is the explanation faithful? Score MODEL's LRP explanations of INPUT with a Quantus 0.6 metric.
+
+    \b
+    region-perturbation, pixel-flipping  AOPC per order, ABPC = LeRF - MoRF, AUC; beside a seeded random order
+    faithfulness-correlation             correlation of subset relevance with the drop it causes
+    relevance-mass                       share of the relevance inside --mask
+    randomisation                        weights randomised top-down (cascading): similarity per layer, eMPRT
+
+    Exit 0, or 1 when the explanation does not beat its random floor.
+    """
+    import onnx_lrp
+
+    pre = preprocess(rule_kw)
+    params = rule_params(rule_kw)
+    kind = input_kind(input_path)
+    if kind == "directory":
+        from .io import directory_files
+        kind = directory_files(input_path)[0]
+    note = image_zbox(model, kind, composite_with(composite, {}), params, pre)
+    if note:
+        click.echo(f"onnx-lrp: {note}", err=True)
+    comp = composite_with(composite, params)
+    if plot_path is not None:
+        if Path(plot_path).suffix.lower() != ".png":
+            raise OutputError(f"--plot {plot_path}: give a .png file")
+        check_writable(Path(plot_path))
+    orders = _orders(order)
+    ex = build_explainer(model, comp, device=device)
+    batch = load_inputs(input_path, ex.inputs, pre)
+    if len(batch) == 0:
+        raise InputError(f"{input_path} holds no items; give at least one")
+    x = next(iter(batch.arrays.values()))
+    targets = parse_target(target)
+    m = _mask(mask, len(x), x.shape) if mask is not None else None
+    ev = onnx_lrp.evaluate(model, batch.arrays, metric=metric, target=targets, patch=patch, steps=steps,
+                           orders=orders, baseline=baseline, prob=prob, seed=seed, runs=runs, subset_size=subset_size,
+                           mask=m, device=device, explainer=ex, composite=comp,
+                           channels_last={"auto": None, "channels-first": False, "channels-last": True}[layout])
+    if plot_path is not None:
+        with AtomicOutputs() as w:
+            w.save_png(Path(plot_path), plot(ev))
+    if as_json:
+        out = ev.as_dict()
+        out.update(model=str(model), input=str(input_path), items=list(batch.names))
+        click.echo(json.dumps(out, indent=2))
+    else:
+        for line in summary_lines(ev):
+            click.echo(line)
+        if plot_path is not None:
+            click.echo(f"wrote {plot_path}")
+    if ev.summary().get("beats_random") is False:
+        raise SystemExit(1)
+
+
+__all__ = ["evaluate", "summary_lines", "plot"]

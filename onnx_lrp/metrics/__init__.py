@@ -1,0 +1,269 @@
+"""Is the explanation faithful? Quantus 0.6's metrics on any ONNX model: ``onnx_lrp.evaluate(model, x, metric=...)``.
+
+* ``region-perturbation`` (Samek et al. 2017) and ``pixel-flipping`` (Bach et al. 2015): the input is destroyed in
+  the order of the relevance (MoRF: most relevant first, LeRF: least relevant first) and, beside it, in a seeded
+  random order: the floor a faithful explanation must beat. Per item: AOPC (the mean drop of the target's score
+  over the steps, unperturbed step included), ABPC = AOPC(MoRF) - AOPC(LeRF) = mean(LeRF - MoRF curve), the
+  trapezoid AUC of Quantus' curve.
+* ``faithfulness-correlation`` (Bhatt et al. 2020): Pearson correlation of the relevance of random subsets with
+  the drop they cause; the floor is a random relevance scored on the same subsets.
+* ``relevance-mass`` (Arras et al. 2022): the share of the relevance inside a mask; the floor is the mask's area.
+* ``randomisation`` (Adebayo et al. 2018; Quantus' MPRT and EfficientMPRT): the model's parameters randomised
+  top-down, cascading and seeded; per layer the Spearman rank correlation (and SSIM) of |relevance| with the
+  original's, and eMPRT = (H(random) - H(original)) / H(original) of the relevance histograms' entropy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError, LrpError, internal_error
+from . import correlation, perturbation, similarity
+
+METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
+PERTURBATION = ("region-perturbation", "pixel-flipping")
+# Quantus 0.6's default for ``softmax`` in each metric's __call__: the perturbation curves use probabilities,
+# faithfulness correlation logits
+DEFAULT_PROB = {"region-perturbation": "softmax", "pixel-flipping": "softmax", "faithfulness-correlation": "logit",
+                "randomisation": "softmax", "relevance-mass": "logit"}
+
+
+@dataclass
+class Evaluation:
+    """What ``evaluate`` returns. ``scores``: per-item arrays by name (``aopc/morf``, ``abpc``, ``correlation``,
+    ...); ``curves``: per order the target's score after each step, N x (steps + 1), the unperturbed score first;
+    ``quantus``: per order the curve as Quantus 0.6 returns it; ``layers``: the randomisation check per layer."""
+
+    metric: str
+    params: dict
+    target: np.ndarray
+    scores: dict = field(default_factory=dict)
+    curves: dict = field(default_factory=dict)
+    quantus: dict = field(default_factory=dict)
+    layers: list = field(default_factory=list)
+    calls: int = 0  # onnxruntime runs of the model's forward pass
+
+    def mean(self, name: str) -> float:
+        """The mean over the items (NaN items left out; NaN when all are)."""
+        v = np.asarray(self.scores[name], np.float64)
+        return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
+
+    def summary(self) -> dict:
+        """The mean of every score over the items, and whether the explanation beats its random floor."""
+        out = {k: self.mean(k) for k in self.scores}
+        floor = {"region-perturbation": ("aopc/morf", "aopc/random"), "pixel-flipping": ("aopc/morf", "aopc/random"),
+                 "faithfulness-correlation": ("correlation", "correlation/random"),
+                 "relevance-mass": ("mass", "mass/random")}.get(self.metric)
+        if floor and floor[0] in out and floor[1] in out:
+            out["beats_random"] = bool(out[floor[0]] > out[floor[1]])
+        return out
+
+    def as_dict(self) -> dict:
+        return {"metric": self.metric, "params": self.params, "target": self.target.tolist(),
+                "summary": {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                            for k, v in self.summary().items()},
+                "scores": {k: _listed(v) for k, v in self.scores.items()},
+                "curves": {k: _listed(v) for k, v in self.curves.items()},
+                "layers": [{k: _listed(v) for k, v in row.items()} for row in self.layers]}
+
+
+def _listed(v):
+    if isinstance(v, np.ndarray):
+        return [None if isinstance(e, float) and not np.isfinite(e) else e for e in v.tolist()] \
+            if v.ndim == 1 else [_listed(r) for r in v]
+    return v
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise InputError(f"unknown {name} {value!r}; use one of {', '.join(choices)}")
+
+
+def _batch(x, spec) -> np.ndarray:
+    """The input as the model's float type, with a batch axis."""
+    if isinstance(x, dict):
+        x = x.get(spec.name)
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        raise InputError(f"input {spec.name!r} has dtype {x.dtype}; the metrics need float inputs")
+    if spec.dims and x.ndim == len(spec.dims) - 1:
+        x = x[None]
+    return np.ascontiguousarray(x.astype(spec.dtype, copy=False))
+
+
+def _one_input(ex) -> str:
+    if len(ex.inputs) != 1 or len(ex.relevance_inputs) != 1:
+        raise InputError(f"the metrics need a model with one float input; this one has {len(ex.inputs)} input(s) "
+                         f"({', '.join(i.name for i in ex.inputs)})")
+    return ex.inputs[0].name
+
+
+def evaluate(model, x, metric: str = "region-perturbation", target=None, relevance=None,
+             composite="epsilon-plus-flat", patch: int = 8, steps: int = 50, orders=("morf", "lerf"),
+             baseline: str = "black", prob: str | None = None, seed: int = 0, features_in_step: int | None = None,
+             runs: int = 100, subset_size: int = 224, mask=None, layer_order: str = "top_down", bins: int = 100,
+             channels_last: bool | None = None, device: str = "cpu", explainer=None, **explainer_kwargs
+             ) -> Evaluation:
+    """Score the explanations of ``x`` (N items of the model's one float input) with a Quantus 0.6 metric.
+
+    ``relevance``: the explanation to score (default: computed with ``composite`` and ``explainer_kwargs``, or by
+    ``explainer``); ``target``: the class per item (default: arg-max). ``prob``: ``softmax`` or ``logit`` scores
+    (default: Quantus' for the metric: softmax for the perturbation curves, logit for faithfulness correlation).
+    ``seed`` seeds the random ordering, the random subsets and the uniform baseline: a
+    ``numpy.random.RandomState(seed)`` per order, the stream ``np.random.seed(seed)`` gives Quantus. Perturbation
+    metrics: ``patch`` (region side), ``steps`` (regions replaced; for pixel flipping ``features_in_step`` defaults
+    to features / steps), ``orders`` (the random order is always added), ``baseline`` (black = the item's minimum,
+    white, mean, uniform in [0, 1)). ``mask``: the relevance-mass region (N x the input's shape, or broadcastable).
+    ``channels_last``: images N x H x W x C are perturbed channel-first, as Quantus does (None: Quantus'
+    ``infer_channel_first`` rule, channels last when the last axis is the smallest).
+    """
+    _check_choice("metric", metric, METRICS)
+    _check_choice("baseline", baseline, perturbation.BASELINES)
+    prob = prob or DEFAULT_PROB.get(metric)
+    _check_choice("prob", prob, ("softmax", "logit"))
+    try:
+        return _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
+                         features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device,
+                         explainer, explainer_kwargs)
+    except LrpError:
+        raise
+    except Exception as exc:  # a bug: one line, as everywhere in the API
+        raise internal_error(None, exc) from exc
+
+
+def _channels_last(x: np.ndarray, given: bool | None) -> bool:
+    """Quantus' ``infer_channel_first`` for images: channels last when the last axis is the smallest."""
+    if x.ndim != 4:
+        return False
+    if given is not None:
+        return bool(given)
+    return x.shape[3] < x.shape[1] and x.shape[3] < x.shape[2]
+
+
+def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
+              features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device, explainer,
+              explainer_kwargs):
+    from ..explainer import Explainer
+
+    ex = explainer or Explainer(model, composite=composite, device=device, **explainer_kwargs)
+    name = _one_input(ex)
+    x = _batch(x, ex.inputs[0])
+    a = None if relevance is None else np.asarray(relevance, dtype=x.dtype)
+    if a is None or target is None or np.ndim(target) == 0:  # both given per item: nothing to explain
+        res = ex.explain(x, target=target)
+        target, a = res.target, (res.relevance if a is None else a)
+    target = np.asarray(target, np.int64)
+    if target.shape != (len(x),):
+        raise InputError(f"{target.size} targets for {len(x)} item(s); give one per item")
+    if a.shape != x.shape:
+        raise InputError(f"relevance has shape {'x'.join(map(str, a.shape))}; the input has "
+                         f"{'x'.join(map(str, x.shape))}")
+    if not np.all(np.isfinite(a)):
+        raise InputError("the relevance holds NaN or Inf; it cannot be scored")
+    params = dict(metric=metric, composite=getattr(ex.composite, "name", str(composite)), prob=prob, seed=seed,
+                  baseline=baseline)
+    ev = Evaluation(metric, params, target)
+    if metric == "randomisation":
+        ev.params.update(layer_order=layer_order, bins=bins)
+        _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
+                       3 if _channels_last(x, channels_last) else 1)
+        return ev
+    if metric == "relevance-mass":
+        if mask is None:
+            raise InputError("relevance-mass needs a mask (--mask FILE.npy: 1 inside the region, per item)")
+        mask = np.asarray(mask)
+        try:
+            s = np.broadcast_to(mask.astype(bool), x.shape)
+        except ValueError:
+            raise InputError(f"the mask has shape {'x'.join(map(str, mask.shape))}; it must broadcast to the "
+                             f"input's {'x'.join(map(str, x.shape))}") from None
+        ev.scores["mass"] = correlation.relevance_mass(perturbation.normalise_by_max(a), s)
+        ev.scores["mass/random"] = s.reshape(len(x), -1).mean(axis=1)  # what relevance spread evenly puts inside
+        return ev
+    from .forward import Forward  # loads the model with onnx: imported when a metric runs
+
+    predict = Forward(model, ex.explained_tensor, name, ex.inputs[0].dims[0] if ex.inputs[0].dims else None,
+                      prob=prob, device=ex.device)
+    if _channels_last(x, channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
+        x, a = x.transpose(0, 3, 1, 2), a.transpose(0, 3, 1, 2)
+        ev.params["channels_last"] = True
+        predict = _Transposed(predict)
+    a_n = perturbation.normalise_by_max(a)
+    if metric == "faithfulness-correlation":
+        ev.params.update(runs=runs, subset_size=subset_size)
+        floor = np.random.default_rng(seed).standard_normal(a.shape).astype(a.dtype)
+        out = correlation.faithfulness_correlation(predict, x, a_n, target, runs, subset_size, baseline,
+                                                   np.random.RandomState(seed), a_floor=floor)
+        ev.scores["correlation"] = out["correlation"]
+        ev.scores["correlation/random"] = out["correlation_floor"]
+        ev.calls = predict.calls
+        return ev
+    orders = list(dict.fromkeys([*(orders or ()), "random"]))
+    for o in orders:
+        _check_choice("order", o, perturbation.ORDERS)
+    rngs = {o: np.random.RandomState(seed) for o in orders}
+    if metric == "pixel-flipping":
+        n_features = int(np.prod(x.shape[1:]))
+        k = features_in_step or max(1, -(-n_features // max(1, steps)))
+        while n_features % k:  # Quantus needs the step to divide the features
+            k += 1
+        ev.params.update(features_in_step=k, steps=n_features // k)
+        ev.curves = perturbation.pixel_flipping(predict, x, a_n, target, orders, k, baseline, rngs)
+    else:
+        if x.ndim == 4 and not 1 <= patch <= min(x.shape[2:]):
+            raise InputError(f"patch {patch} must be between 1 and the image's smaller side")
+        ev.curves = perturbation.region_perturbation(predict, x, a_n, target, orders, patch, steps, baseline, rngs)
+        ev.params.update(patch=patch, steps=next(iter(ev.curves.values())).shape[1] - 1)
+    ev.params["orders"] = orders
+    for o, curve in ev.curves.items():
+        ev.quantus[o] = perturbation.quantus_curve(metric, curve)
+        ev.scores[f"aopc/{o}"] = perturbation.aopc(curve)
+        ev.scores[f"auc/{o}"] = perturbation.trapezoid_auc(ev.quantus[o])
+    if "morf" in ev.curves and "lerf" in ev.curves:
+        ev.scores["abpc"] = ev.scores["aopc/morf"] - ev.scores["aopc/lerf"]
+    ev.calls = predict.calls
+    return ev
+
+
+class _Transposed:
+    """A channels-last model's forward pass fed channel-first arrays."""
+
+    def __init__(self, forward):
+        self.forward = forward
+
+    @property
+    def calls(self) -> int:
+        return self.forward.calls
+
+    def __call__(self, x):
+        return self.forward(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+
+
+def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
+                   channel_axis: int = 1):
+    from ..explainer import Explainer
+    from . import randomisation
+
+    if model is None or isinstance(model, Explainer):
+        raise InputError("the randomisation check rebuilds the relevance model: give the model (path or bytes)")
+    spatial = x.ndim == 4
+    maps0 = a.sum(axis=channel_axis) if spatial else None
+    h0 = np.array([similarity.discrete_entropy(ai, bins) for ai in a])
+    ev.layers.append(dict(layer="original", spearman=np.ones(len(x)), ssim=np.ones(len(x)), entropy=h0))
+    comp = ex.composite
+    last = None
+    for layer, randomised in randomisation.cascade(model, seed, layer_order):
+        rex = Explainer(randomised, composite=comp, device=device, **explainer_kwargs)
+        ar = rex.explain(x, target=target).relevance
+        row = dict(layer=layer,
+                   spearman=np.array([similarity.spearman(np.abs(a0), np.abs(a1)) for a0, a1 in zip(a, ar)]),
+                   ssim=np.array([similarity.ssim(m0, m1) for m0, m1 in zip(maps0, ar.sum(axis=channel_axis))])
+                   if spatial else np.full(len(x), np.nan),
+                   entropy=np.array([similarity.discrete_entropy(ai, bins) for ai in ar]))
+        ev.layers.append(row)
+        last = row
+    ev.scores["spearman/last"] = last["spearman"]
+    ev.scores["ssim/last"] = last["ssim"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ev.scores["emprt"] = (last["entropy"] - h0) / h0
