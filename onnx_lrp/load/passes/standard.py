@@ -583,10 +583,35 @@ class StandardForm(LoadPass):
         return 1
 
 
+def layernorm_without_empty_bias(graph: ir.Graph) -> None:
+    """LayerNormalization(x, scale, "") -> LayerNormalization(x, scale): the same op (the bias is optional), but the
+    empty input name crashes onnxruntime 1.32's optimisations (a segfault, found by the fuzzer)."""
+    for node in list(graph):
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        inputs = list(node.inputs)
+        if len(inputs) < 3 or inputs[-1] is not None:
+            continue
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        new = ir.node("LayerNormalization", inputs, {k: a for k, a in node.attributes.items()},
+                      num_outputs=len(node.outputs), name=node.name)
+        for old_out, new_out in zip(node.outputs, new.outputs):
+            new_out.type, new_out.shape = old_out.type, old_out.shape
+        graph.insert_before(node, new)
+        names = [o.name for o in node.outputs]
+        for old_out, new_out in zip(node.outputs, new.outputs):
+            old_out.replace_all_uses_with(new_out, replace_graph_outputs=old_out.is_graph_output())
+        graph.remove(node)
+        for new_out, name in zip(new.outputs, names):
+            new_out.name = name
+
+
 def canonize(model: ir.Model) -> None:
     graph = model.graph
     recurrent_layout0(graph)
     drop_identities(graph)
+    layernorm_without_empty_bias(graph)
     hard_sigmoid_written_out(graph)
     two_pass_variance(graph)
     explicit_pads(graph)
