@@ -44,18 +44,36 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
     ex = onnx_lrp.Explainer(model, composite=comp, output=output_name, relevance_at=tuple(relevance_at),
                             constants=bound_constants() or None,
                             input_shapes=bound_input_shapes() or None)
-    data = ex.model_bytes_computed() if computed_weights else ex.model_bytes
-    with AtomicOutputs() as w:
-        w.write_bytes(out_path, data)
+    parts = ex.model_parts(computed_weights)
+    if parts.large:  # MODEL.lrp.onnx + MODEL.lrp.onnx.data, the weights streamed from file to file
+        ex.save(out_path, computed_weights)
+        data_path = out_path.with_name(out_path.name + ".data")
+        written = out_path.stat().st_size + data_path.stat().st_size
+        size = model_bytes_on_disk(model)
+        where = f" and {data_path.name}"
+    else:
+        with AtomicOutputs() as w:
+            w.write_bytes(out_path, parts.model_bytes)
+        written, where = len(parts.model_bytes), ""
+        size = Path(model).stat().st_size if Path(model).is_file() else 0
     rel_outputs = [f"lrp/relevance/{n}" for n in (*ex.relevance_inputs, *relevance_at)]
-    size = Path(model).stat().st_size if Path(model).is_file() else 0
-    ratio = f", {len(data) / size:.2f}x the model" if size else ""
-    click.echo(f"wrote {out_path} ({len(data) / 1024:.1f} KiB{ratio}): composite {comp.name}, explains "
+    ratio = f", {written / size:.2f}x the model" if size else ""
+    click.echo(f"wrote {out_path}{where} ({written / 1024:.1f} KiB{ratio}): composite {comp.name}, explains "
                f"{ex.explained_output!r}" + (" (modified weights computed at load)" if computed_weights else ""))
     click.echo(f"  outputs: {', '.join(ex.output_names + rel_outputs + ['lrp/target_used', 'lrp/explained_value'])}")
     seq = ", lrp/position (int64 [N], -1 = the last)" if ex.sequence_rows is not None else ""
     click.echo(f"  inputs to feed besides the model's: lrp/target (int64 [N], -1 = argmax), lrp/one_hot (bool scalar, "
                f"false = start from the logit){seq}")
+
+
+def model_bytes_on_disk(model) -> int:
+    """The model file's bytes plus those of the data files beside it that it names (external data)."""
+    path = Path(model)
+    if not path.is_file():
+        return 0
+    from onnx_lrp import load as loader
+
+    return path.stat().st_size + sum(f.stat().st_size for f in loader.data_files(path))
 
 
 @click.command("inspect")

@@ -85,6 +85,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     if isinstance(pos, list):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = build_explainer(model, comp, device=device, output=output_name, start=start, ledger=True)
+    ex.gap_warnings = False  # reported in the ledger's header instead
     batch = load_inputs(input_path, ex.inputs, pre)
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
@@ -114,6 +115,9 @@ def trace(model, input_path, item, target, output_name, position, start, device,
         summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
     if y is not None and start == "logit":
         summary["output_value_note"] = "start relevance = the explained output's value at the target"
+    gap = res.deployed_gap
+    if gap is not None:
+        summary["deployed_gap"] = gap.as_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -123,6 +127,8 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     click.echo(f"ledger of {batch.names[item]}: {ex.explained_output}[{int(res.target[0])}]"
                + (f" at position {summary['position']}" if "position" in summary else "")
                + f", composite {comp.name}, start {start}: relevance {start_value:.6g} enters at the output")
+    if gap is not None and gap.beyond:
+        click.echo(f"note: {gap.message([batch.names[item]])}")
     click.echo(f"  {'node':<{width}}  {'op':<{opw}}  {'rule':<{rw}}  {'entering':>11}  {'leaving':>11}  "
                f"{'absorbed':>11}  {'running':>11}  absorbed by")
     for r in rows:

@@ -7,12 +7,15 @@ and is a Runner; :meth:`Runner.payload` / :meth:`Runner.from_payload` carry one 
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import gap as gaps
 from . import runtime
-from .errors import InputError, NumericError
+from .errors import InputError, LrpError, LrpWarning, NumericError
 from .names import (LEDGER_ENTERING, LEDGER_LEAVING, ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,
                     TARGET_OUTPUT, VALUE_OUTPUT)
 
@@ -27,6 +30,11 @@ class Explanation:
     For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the explained
     position per item and ``target`` the class at that position. For integer inputs (token ids), ``relevance`` is
     per token: the relevance at the output of their embedding lookups, summed over the embedding dimension.
+
+    For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
+    machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
+    computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
+    are apart on the explained output (:class:`onnx_lrp.gap.Gap`; None without a deployed run).
     """
 
     relevance: object
@@ -37,6 +45,8 @@ class Explanation:
     position: object = None
     explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
     ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
+    forward: dict | None = None  # the explained forward's outputs (is ``outputs`` when there is no deployed run)
+    deployed_gap: object = None  # onnx_lrp.gap.Gap of the explained output, or None
 
 
 @dataclass(frozen=True)
@@ -49,10 +59,21 @@ class InputSpec:
 class Runner:
     """Runs a relevance model built by :class:`onnx_lrp.Explainer`: ``explain(x, target=...)``."""
 
-    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes)
-    PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
-               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "tf32", "ledger",
-               "_trace")
+    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
+    #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
+    #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
+    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
+               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
+               "sequence_rows", "start", "device", "tf32", "ledger", "_trace", "deployed", "deployed_kinds",
+               "deployed_constants", "output_step")
+
+    #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
+    #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
+    deployed = None
+    deployed_kinds: tuple = ()  # "int8", "float16": what makes the deployed forward differ from the explained one
+    deployed_constants: dict = {}  # inputs bound with Explainer(constants=...): fed to the deployed model
+    output_step = None  # the explained output's quantization step (the scale of the DequantizeLinear writing it)
+    gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
@@ -71,7 +92,8 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads, tf32=self.tf32))
+        self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack, tf32=self.tf32))
         return self
 
     def _started(self, session) -> None:
@@ -80,6 +102,18 @@ class Runner:
         self.device_note = session.fallback
         self._width = None
         self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
+        self._gap_reason = None  # why the deployed outputs differ (onnx_lrp.gap.cause), found on the first gap
+        self._gap_warned = False
+        self.deployed_session = None
+        self.deployed_note = None  # why the deployed model does not run beside the relevance model, if it does not
+        if self.deployed is not None:
+            try:
+                threads = getattr(session, "threads", None)
+                self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
+                                                        tf32=getattr(self, "tf32", False))
+            except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ input checks
     def checked_feeds(self, x) -> dict[str, np.ndarray]:
@@ -221,6 +255,11 @@ class Runner:
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
         if static_one and batch > 1 and self.ledger:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
+        deployed = self._deployed_run(feeds)
+        if deployed is not None and self.sequence_rows is None and not self.whole and np.all(targets < 0) and \
+                self.explained_output in deployed and deployed[self.explained_output].shape[:1] == (batch,):
+            # arg-max: the deployed model's prediction (the explained forward's can differ where they disagree)
+            targets = np.argmax(np.asarray(deployed[self.explained_output]).reshape(batch, -1), axis=1)
         if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
             parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
@@ -236,8 +275,13 @@ class Runner:
         pos_used = None
         if self.sequence_rows is not None:
             pos_used, used = used // per_row, used % per_row
+        forward = {n: merged[n] for n in self.output_names}
+        outputs, gap = forward, None
+        if deployed is not None:
+            outputs = {n: deployed.get(n, forward[n]) for n in self.output_names}
+            gap = self._gap(feeds, outputs, forward, batch)
         return Explanation(relevance=relevance,
-                           outputs={n: merged[n] for n in self.output_names},
+                           outputs=outputs, forward=forward, deployed_gap=gap,
                            target=used,
                            relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
                            explained_output=self.explained_output, position=pos_used,
@@ -245,6 +289,49 @@ class Runner:
                            ledger=None if not self.ledger else
                            {"entering": merged[LEDGER_ENTERING],
                             "leaving": merged[LEDGER_LEAVING]})
+
+    def _deployed_run(self, feeds: dict) -> dict | None:
+        """The deployed model's outputs, or None (a float model; or it fails on this input: said once, and the
+        outputs are the explained forward's)."""
+        if self.deployed_session is None:
+            return None
+        try:
+            return self.deployed_outputs(feeds)
+        except LrpError as exc:
+            if self.deployed_note is None:
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
+            return None
+
+    def deployed_outputs(self, feeds: dict, session=None) -> dict:
+        """The deployed model's outputs on ``feeds`` (the relevance model's inputs), run as written by onnxruntime
+        (``session``: another session of it, e.g. with other config entries); fixed-batch-1 models item by item."""
+        session = session or self.deployed_session
+        types = session.input_types
+        feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
+        feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
+                 for k, v in feeds.items() if k in types}
+        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
+        if static_one and batch > 1 and not self.whole:
+            parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
+                                  for k, v in feeds.items()}) for i in range(batch)]
+            return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return session.run(feeds)
+
+    def _gap(self, feeds, outputs: dict, forward: dict, batch: int):
+        """The gap on the explained output, its cause found on the first one beyond the tolerance, one warning."""
+        name = self.explained_output
+        gap = gaps.measure(name, outputs[name], forward[name], self.output_step, 1 if self.whole else batch)
+        if not gap.beyond:
+            return gap
+        if self._gap_reason is None:
+            self._gap_reason = gaps.cause(self, feeds, forward[name], gap)
+        gap = dataclasses.replace(gap, reason=self._gap_reason)
+        if self.gap_warnings and not self._gap_warned:
+            self._gap_warned = True
+            warnings.warn(gap.message(), LrpWarning, stacklevel=3)
+        return gap
 
     def _check_width(self, merged: dict, targets) -> int | None:
         """Given targets against the explained output's width as it came out of this run (outputs with dynamic

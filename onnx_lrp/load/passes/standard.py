@@ -236,25 +236,28 @@ def fold_channel_affine(graph: ir.Graph) -> int:
             continue  # the new bias Add would have to take over the output's name: left as it is
         b = const(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] is not None else None
         dtype = w.dtype
+        # an unscaled chain (a bias Add) keeps the weight as it is: no copy of a large model's weights
+        keep_w = bool(np.all(scale == 1)) and (layer.op_type != "Gemm" or layer.attributes.get_float("alpha", 1.0) == 1)
+        scale_w = scale.astype(dtype)  # scaled in the weight's type: no float64 copy of the weight
         if layer.op_type == "Conv":
             if b is not None and b.size not in (1, n):
                 continue
-            w_new = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            w_new = None if keep_w else w * scale_w.reshape((-1,) + (1,) * (w.ndim - 1))
             b0 = np.broadcast_to(b.reshape(-1), (n,)) if b is not None else np.zeros(n)
         elif layer.op_type == "Gemm":
             if b is not None and b.size not in (1, n):
                 continue
             alpha = layer.attributes.get_float("alpha", 1.0)
             beta = layer.attributes.get_float("beta", 1.0)
-            w_new = alpha * (w * scale[:, None] if trans_b else w * scale[None, :])
+            w_new = None if keep_w else alpha * (w * scale_w[:, None] if trans_b else w * scale_w[None, :])
             b0 = beta * np.broadcast_to(b.reshape(-1), (n,)) if b is not None else np.zeros(n)
             layer.attributes["alpha"] = ir.AttrFloat32("alpha", 1.0)
             layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         else:
-            w_new, b0 = w * scale[None, :], np.zeros(n)
+            w_new, b0 = None if keep_w else w * scale_w[None, :], np.zeros(n)
         b_new = b0 * scale + shift
-        w_val = new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype))
-        layer.replace_input_with(1, w_val)
+        if w_new is not None:
+            layer.replace_input_with(1, new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype)))
         for node in chain:
             data = next(x for x in node.inputs if const(x) is None)
             bypass(node.outputs[0], data)
