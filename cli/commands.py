@@ -58,7 +58,7 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
         size = Path(model).stat().st_size if Path(model).is_file() else 0
     rel_outputs = [f"lrp/relevance/{n}" for n in (*ex.relevance_inputs, *relevance_at)]
     ratio = f", {written / size:.2f}x the model" if size else ""
-    click.echo(f"wrote {out_path}{where} ({written / 1024:.1f} KiB{ratio}): composite {comp.name}, explains "
+    click.echo(f"wrote {out_path}{where} ({written / 1024:.1f} KiB{ratio}): composite {ex.composite.name}, explains "
                f"{ex.explained_output!r}" + (" (modified weights computed at load)" if computed_weights else ""))
     click.echo(f"  outputs: {', '.join(ex.output_names + rel_outputs + ['lrp/target_used', 'lrp/explained_value'])}")
     seq = ", lrp/position (int64 [N], -1 = the last)" if ex.sequence_rows is not None else ""
@@ -107,6 +107,8 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
                 click.echo(f"{n['name']}  {n['op_type']}  UNSUPPORTED  ({n['reason']})")
         click.echo(f"onnx-lrp: {str(exc).split('. ')[0]}", err=True)
         sys.exit(1)
+    from onnx_lrp import choice
+    comp, why = choice.resolve(comp, ir_model, output_name)
     plan = rewriter.plan(ir_model, comp, output=output_name)
     rows = rewriter.describe(plan)
     tensors = {a.node.name: (a.node.outputs[0].name if a.node.outputs else "") for a in plan.assignments}
@@ -142,7 +144,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
                 line += f"  ({r['reason']})"
             click.echo(line.rstrip())
         click.echo(f"coverage: {coverage['supported']}/{coverage['on_path']} nodes on the path to "
-                   f"{plan.output.name!r} supported with composite {comp.name}"
+                   f"{plan.output.name!r} supported with composite {comp.name}" + (f" ({why})" if why else "")
                    + (f"; unsupported: {', '.join(coverage['unsupported'])}" if bad else ""))
     if bad:
         hint = rewriter.unsupported_hint(ir_model.graph, plan, comp).split(";")[0].split(": ")[-1]

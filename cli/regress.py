@@ -275,9 +275,9 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     if note:
         _say(note)
     comp = composite_with(composite, params)
-    comp_name, comp_toml = rg.composite_source(composite)
     t0 = time.perf_counter()
     ex = _explainer(model, comp, output_name, start)
+    comp_name, comp_toml = rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
     batch = load_inputs(inputs_path, ex.inputs, pre)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")

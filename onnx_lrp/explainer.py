@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from . import load as loader, rewriter, runtime
+from . import choice, conservation, rewriter, runtime
+from . import load as loader
 from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
@@ -21,10 +22,11 @@ class Explainer(Runner):
     """Builds the relevance model once (load, canonize, rewrite) and one onnxruntime session for it; running it
     (``explain``) is :class:`onnx_lrp.runner.Runner`'s."""
 
-    def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
+    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, tf32: bool = False, **rule_params):
+                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False,
+                 tf32: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -32,6 +34,9 @@ class Explainer(Runner):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.start = start
+        self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.conservation): an error, not a warning
+        self.precise = bool(precise)  # onnxruntime without layout optimisations (runtime.Session)
+        self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
         if not isinstance(tf32, bool):
             raise InputError(f"tf32 must be True or False, not {tf32!r}")
@@ -60,6 +65,11 @@ class Explainer(Runner):
     def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device, constants=None,
                input_shapes=None) -> None:
         ir_model = loader.load(model, constants=constants, input_shapes=input_shapes)
+        try:  # "auto": the composite that fits the network (onnx_lrp/choice.py)
+            self.composite, self.composite_reason = choice.resolve(self.composite, ir_model, output, explain_logits)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self.composite_name = self.composite.name
         self.concept_source = dict(model=model, constants=constants, input_shapes=input_shapes, output=output,
                                    explain_logits=explain_logits, threads=threads)  # onnx_lrp.concepts rebuilds
         self.concept_models = None  # onnx_lrp.concepts.Models, made on the first concept call
@@ -107,7 +117,23 @@ class Explainer(Runner):
                           "explained forward's (float32)", LrpWarning, stacklevel=3)
             self.deployed = None
         self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
-                                      arrays=self.model_arrays, prepack=self.model_prepack, tf32=self.tf32))
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
+                                      tf32=self.tf32))
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        model, output, explain_logits, constants, input_shapes = self._source
+        book = self if self.ledger else Explainer(model, self.composite, output=output, explain_logits=explain_logits,
+                                                  start=start, ledger=True, constants=constants,
+                                                  input_shapes=input_shapes)
+        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
+        extra = {} if positions is None else {"position": positions}
+        book._reading_ledger = True  # this run only reads the ledger: no check of its own
+        try:
+            res = book.explain(one, target=target if self.sequence_rows is None else target % (
+                self.sequence_rows[1] or 1 << 62), start=start, **extra)
+        finally:
+            book._reading_ledger = False
+        return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.

@@ -547,6 +547,8 @@ class _Walk:
             self.reached += r is not None
             with em.scope(f"input/{x.name}"):
                 r = r if r is not None else em.zeros_like(x)
+                if x.shape is not None and len(x.shape) == 0:  # a scalar input: its one relevance as a scalar too
+                    r = em.op("Reshape", r, em.ints([]), tag="r_scalar")
                 if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
                     r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
                 r = em.op("Identity", r, tag="relevance")

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import conservation, runtime
 from . import gap as gaps
-from . import runtime
 from .errors import InputError, LrpError, LrpWarning, NumericError
 from .names import (LEDGER_ENTERING, LEDGER_LEAVING, ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,
                     TARGET_OUTPUT, VALUE_OUTPUT)
@@ -64,8 +64,8 @@ class Runner:
     #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
     PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
                "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
-               "sequence_rows", "start", "device", "tf32", "ledger", "_trace", "deployed", "deployed_kinds",
-               "deployed_constants", "output_step")
+               "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
+               "deployed_constants", "output_step", "strict", "composite_name", "precise", "tf32")
 
     #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
     #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
@@ -93,7 +93,8 @@ class Runner:
         if device is not None:
             self.device = runtime.resolve_device(device)
         self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
-                                      arrays=self.model_arrays, prepack=self.model_prepack, tf32=self.tf32))
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
+                                      tf32=self.tf32))
         return self
 
     def _started(self, session) -> None:
@@ -174,7 +175,7 @@ class Runner:
                     want = "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(spec.dims))
                     raise InputError(f"input {spec.name!r} has shape {'x'.join(map(str, a.shape))}; the model "
                                      f"wants {want}")
-            feeds[spec.name] = np.ascontiguousarray(a)
+            feeds[spec.name] = np.asarray(a, order="C")  # not ascontiguousarray: it makes a scalar (1,)
         return feeds
 
     def _targets(self, target, batch: int) -> np.ndarray:
@@ -241,7 +242,7 @@ class Runner:
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
-        batch = next(iter(feeds.values())).shape[0]
+        batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)  # scalar inputs only: one item
         if batch == 0:
             raise InputError("the batch is empty (0 items); give at least one item")
         positions = None
@@ -270,6 +271,7 @@ class Runner:
         per_row = self._check_width(merged, targets)
         self._check_finite(merged, feeds, targets, start, positions)
         rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
+        self._check_conserved(merged, list(rel.values()), feeds, start, positions)
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[TARGET_OUTPUT]
         pos_used = None
@@ -356,6 +358,39 @@ class Runner:
         feeds[TARGET_INPUT] = targets
         feeds[ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)
+
+    def _check_conserved(self, merged: dict, relevance: list, feeds, start, positions) -> None:
+        """Warn (``strict``: raise) when the input relevance of an item is far from its start relevance
+        (:mod:`onnx_lrp.conservation`); the ledger that names the nodes is built only then."""
+        if not relevance or VALUE_OUTPUT not in merged or getattr(self, "_reading_ledger", False):
+            return
+        values = np.asarray(merged[VALUE_OUTPUT], np.float64).reshape(-1)
+        starts = values if start == "logit" else np.ones_like(values)
+        got = conservation.per_item(relevance, len(starts))
+        if got is None:
+            return
+        sums, peaks = got
+        bad = np.flatnonzero(conservation.far(sums, peaks, starts))
+        if not len(bad):
+            return
+        ratio = np.abs(np.log10(np.maximum(np.abs(sums[bad]), 1e-300) / np.abs(starts[bad])))
+        item = int(bad[np.argmax(np.maximum(ratio, np.log10(np.maximum(peaks[bad], 1e-300) / np.abs(starts[bad]))))])
+        found = None
+        try:
+            found = self._culprits(feeds, item, int(np.asarray(merged[TARGET_OUTPUT]).reshape(-1)[item]), start,
+                                   None if positions is None else positions[item:item + 1])
+        except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
+            found = None
+        text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
+                                    float(starts[item]), start, found, getattr(self, "composite_name", "?"))
+        if getattr(self, "strict", False):
+            raise NumericError(text + "; nothing was returned (strict)")
+        warnings.warn(text, LrpWarning, stacklevel=3)
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model;
+        a bare Runner, e.g. in a Ray actor, has no model to build it from)."""
+        return None
 
     def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
         """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then

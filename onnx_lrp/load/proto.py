@@ -7,6 +7,7 @@ shapes, lift to MIN_OPSET, infer shapes, and serialise back. Also onnx's referen
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -316,6 +317,11 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     opset = opset_of(proto)
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
+    known = onnx.defs.onnx_opset_version()
+    if opset > known:  # the schemas would silently be those of the newest opset this onnx knows
+        raise ModelError(f"{name} imports opset {opset}, which this onnx ({onnx.__version__}) does not know: "
+                         f"onnx-lrp reads opsets 1-{MAX_OPSET} and {MAX_OPSET + 1}-{known} where their ops are "
+                         f"unchanged; re-export the model with opset <= {known}")
     proto = expand_function_ops(proto, opset)
     if opset > MAX_OPSET:
         proto = relabel_newer_opset(proto, opset, name)
@@ -335,6 +341,13 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
             # pass made NCHW): drop the intermediate shapes and infer them from the ops
             proto = onnx.ModelProto.FromString(proto.SerializeToString())
             del proto.graph.value_info[:]
+        elif "Incompatible dimensions" in str(exc):  # e.g. a declared input size the graph's weights do not fit
+            where = " ".join(str(exc).split())
+            first = re.search(r"\(op_type:[^)]*\): \[ShapeInferenceError\] Incompatible dimensions[^(]*", where)
+            where = first.group(0).strip() if first else where
+            raise ModelError(f"{name}: shape inference finds the graph inconsistent ({where[:200]}); the declared "
+                             "input shapes do not fit the rest of the graph: fix them (--input-shape) or re-export "
+                             "the model") from None
     try:
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:

@@ -192,6 +192,22 @@ def _chain_step(node: ir.Node, v: ir.Value, rank: int, axis: int, n: int | None)
     return 1.0 / k, zero
 
 
+def _squeezed_axes(node: ir.Node, rank: int) -> set[int] | None:
+    """The axes (non-negative) a ``Squeeze`` node with constant axes removes from a rank-``rank`` input, else None
+    (another op, axes unknown, or the output is a graph output)."""
+    if node.op_type != "Squeeze" or node.domain not in ("", "ai.onnx") or node.outputs[0].is_graph_output():
+        return None
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const(node.inputs[1])
+    else:
+        attr = node.attributes.get("axes")
+        axes = None if attr is None else np.asarray(attr.as_ints())
+    if axes is None or axes.size == 0 or node.inputs[0].shape is None:
+        return None
+    axes = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+    return axes if all(node.inputs[0].shape[a] == 1 for a in axes) else None
+
+
 def fold_channel_affine(graph: ir.Graph) -> int:
     """Fold per-channel constant Mul/Add/Sub/Div chains into the Conv/Gemm/MatMul (constant weights) they follow."""
     folded = 0
@@ -222,6 +238,12 @@ def fold_channel_affine(graph: ir.Graph) -> int:
                     and not nxt.outputs[0].is_graph_output()):
                 perm = list(nxt.attributes.get_ints("perm", list(range(rank))[::-1]))
                 axis, v = perm.index(axis), nxt.outputs[0]
+                continue
+            squeezed = _squeezed_axes(nxt, rank) if layer.op_type == "Conv" else None
+            if squeezed is not None:  # tf2onnx's Conv1D: Conv on N x C x 1 x W, then Squeeze of the 1
+                if axis in squeezed:
+                    break
+                axis, rank, v = axis - sum(a < axis for a in squeezed), rank - len(squeezed), nxt.outputs[0]
                 continue
             step = _chain_step(nxt, v, rank, axis, n)
             if step is None:
