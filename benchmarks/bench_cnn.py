@@ -8,6 +8,10 @@ and the ratios explain/forward (targets: <= 2.5 for epsilon, <= 3.5 for epsilon-
 and zennit/explain (target: >= 3).
 
     python benchmarks/bench_cnn.py [--models vgg16,resnet50,mobilenet_v2] [--batches 1,8] [--threads 2]
+    python benchmarks/bench_cnn.py --device cuda [--tf32] --batches 1,16,64     # onnxruntime-gpu
+
+Each row also shows the pass-count floor of its rule (README "Speed": epsilon 2, epsilon-plus-flat 3,
+epsilon-gamma-box 4 forward passes). On CUDA both the forward and onnx-lrp run with TF32 off unless --tf32.
 
 torch, torchvision and zennit are needed to build the models (random weights) and for the zennit column.
 """
@@ -24,6 +28,7 @@ import numpy as np
 
 COMPOSITES = ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box")
 TARGETS = {"epsilon": 2.5, "epsilon-plus-flat": 3.5, "epsilon-gamma-box": 3.5}
+FLOORS = {"epsilon": 2, "epsilon-plus-flat": 3, "epsilon-gamma-box": 4}
 
 
 def timed(fn, repeat: int, warmup: int = 1) -> float:
@@ -93,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-zennit", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--tf32", action="store_true", help="CUDA: TF32 convolutions and matrix products")
     args = ap.parse_args(argv)
 
     import onnxruntime as ort
@@ -108,10 +115,15 @@ def main(argv=None):
         have_zennit = False
     rows = []
     tmp = tempfile.mkdtemp(prefix="onnx-lrp-bench-")
-    print(f"threads={args.threads} size={args.size} onnxruntime={ort.__version__} machine={os.cpu_count()} cpus",
-          flush=True)
+    print(f"threads={args.threads} size={args.size} onnxruntime={ort.__version__} machine={os.cpu_count()} cpus "
+          f"device={args.device}{' (TF32)' if args.device == 'cuda' and args.tf32 else ''}", flush=True)
     header = f"{'model':14s} {'batch':>5s} {'composite':20s} {'forward s':>10s} {'explain s':>10s} {'ratio':>6s} " \
-             f"{'target':>6s} {'zennit s':>9s} {'zennit/ours':>11s}"
+             f"{'floor':>5s} {'target':>6s} {'zennit s':>9s} {'zennit/ours':>11s}"
+    providers = ["CPUExecutionProvider"]
+    if args.device == "cuda":
+        from onnx_lrp import runtime
+        runtime.preload_cuda()
+        providers = [("CUDAExecutionProvider", runtime.cuda_options(args.tf32))] + providers
     print(header)
     for arch in args.models.split(","):
         path = os.path.join(tmp, f"{arch}.onnx")
@@ -119,15 +131,16 @@ def main(argv=None):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         opts.inter_op_num_threads = 1
-        plain = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+        plain = ort.InferenceSession(path, sess_options=opts, providers=providers)
         for comp in args.composites.split(","):
             box = {"low": -3.0, "high": 3.0} if comp == "epsilon-gamma-box" else {}  # inputs ~ N(0, 1)
-            ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads, **box)
+            ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads, device=args.device,
+                                    tf32=args.tf32, **box)
             for batch in (int(b) for b in args.batches.split(",")):
                 x = np.random.default_rng(0).standard_normal((batch, 3, args.size, args.size)).astype(np.float32)
                 t_fwd, t_exp = timed_pair(lambda: plain.run(None, {"x": x}), lambda: ex.explain(x), args.repeat)
                 t_zen = float("nan")
-                if have_zennit:
+                if have_zennit and args.device == "cpu":
                     from zennit.attribution import Gradient
 
                     xt = torch.from_numpy(x).requires_grad_(True)
@@ -139,7 +152,8 @@ def main(argv=None):
                 ratio = t_exp / t_fwd
                 row = (arch, batch, comp, t_fwd, t_exp, ratio, TARGETS[comp], t_zen, t_zen / t_exp)
                 rows.append(row)
-                print(f"{arch:14s} {batch:5d} {comp:20s} {t_fwd:10.3f} {t_exp:10.3f} {ratio:6.2f} {TARGETS[comp]:6.1f} "
+                print(f"{arch:14s} {batch:5d} {comp:20s} {t_fwd:10.4f} {t_exp:10.4f} {ratio:6.2f} {FLOORS[comp]:5d} "
+                      f"{TARGETS[comp]:6.1f} "
                       f"{t_zen:9.3f} {t_zen / t_exp:11.1f}", flush=True)
             del ex
     worst = max(rows, key=lambda r: r[5] / r[6])

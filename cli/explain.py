@@ -17,6 +17,7 @@ from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
 from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .text import pop_text_options, run_text, text_options
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
@@ -55,7 +56,7 @@ def _say(msg: str) -> None:
 
 @click.command("explain")
 @click.argument("model", metavar="MODEL")
-@click.argument("input_path", metavar="INPUT")
+@click.argument("input_path", metavar="INPUT", required=False)
 @common
 @click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
               help="Class (index into the explained output, flattened per item) to explain: one for all items, one "
@@ -70,6 +71,9 @@ def _say(msg: str) -> None:
               help="Initial relevance at the target: its output value (logit) or 1 (one-hot, as zennit).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
               help="onnxruntime device; auto takes CUDA when available and says which it used.")
+@click.option("--tf32", is_flag=True,
+              help="CUDA: TF32 convolutions and matrix products (faster; relevance drifts from the CPU's, see the "
+                   "README's GPU section). Off by default.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Items per model run.")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
@@ -105,13 +109,15 @@ def _say(msg: str) -> None:
 @click.option("--strict", is_flag=True,
               help="Fail (exit 1, nothing written) instead of warning when the relevance of an item sums to below "
                    "1 % or above 100 x its start relevance, or explodes (for CI).")
+@text_options
 @dataset_options
 def explain(**kw):
     """Explain MODEL's prediction for INPUT with LRP.
 
     INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
     model input (by input name), an image (PNG, JPEG, ...), or a directory of files of one of these kinds
-    (explained as one batch, in sorted order).
+    (explained as one batch, in sorted order). Or no INPUT but --text "..." --tokenizer tokenizer.json: a
+    language model's next token (or --continuation) explained over the text's tokens, coloured in the terminal.
 
     With --out-dir OUT, explains a whole dataset in streaming shards instead (INPUT: a directory searched
     recursively, a glob, a .npy/.npz with a batch axis, or Parquet); see --out-dir and the README.
@@ -121,9 +127,20 @@ def explain(**kw):
     """
     o = ExplainOptions.from_click(kw)
     ds = pop_dataset_options(o.rule_kw)
+    text = pop_text_options(o.rule_kw)
+    if text is not None:  # text in: its own module
+        return run_text(o.model, text, target=parse_target(o.target), start=o.start, device=o.device, tf32=o.tf32,
+                        composite=o.composite, rule_kw=o.rule_kw, out=o.out, html_path=o.html_path,
+                        token_scale=o.token_scale, as_json=o.as_json,
+                        refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
+                                 "--heatmap": o.heatmap_path, "--position": o.position,
+                                 "--relevance-at": o.relevance_at, "--output": o.output_name})
+    if o.input_path is None:
+        raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
         return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
-                           start=o.start, device=o.device, batch_size=o.batch_size, relevance_at=o.relevance_at,
+                           start=o.start, device=o.device, tf32=o.tf32, batch_size=o.batch_size,
+                           relevance_at=o.relevance_at,
                            pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
                            refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
                                     "--html": o.html_path, "--position": o.position})
@@ -145,6 +162,7 @@ class ExplainOptions:
     position: str | None
     start: str
     device: str
+    tf32: bool
     batch_size: int
     relevance_at: tuple
     out: str | None
@@ -252,7 +270,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     # ---- build
     t0 = time.perf_counter()
     ex = build_explainer(o.model, comp, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
-                         start=o.start, strict=o.strict, precise=o.precise)
+                         start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
@@ -310,7 +328,8 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
+                   device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"),
+                   explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
     if behind:
@@ -423,8 +442,9 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
-    click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}: explained "
-               f"in {res.t_explain:.3f} s (model built in {res.t_build:.3f} s)")
+    click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}"
+               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}: explained in {res.t_explain:.3f} s "
+               f"(model built in {res.t_build:.3f} s)")
     if res.token_rows is not None:
         from onnx_lrp.tokens import terminal
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")

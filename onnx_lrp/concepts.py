@@ -231,7 +231,8 @@ class Models:
             except Exception as exc:  # a bug: one line
                 raise internal_error(None, exc) from exc
             self.sessions[key] = runtime.Session(parts.model_bytes, self.ex.device, src["threads"],
-                                                 data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack)
+                                                 data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack,
+                                                 tf32=getattr(self.ex, "tf32", False))
         return self.sessions[key]
 
     def check_below(self, names) -> None:

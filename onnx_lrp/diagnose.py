@@ -43,7 +43,8 @@ def diagnostic_session(run):
         graph.outputs.extend(extra)
         forward = [(n.name, n.op_type, o.name) for n, o in forward]
         run._diag = (runtime.Session(loader.serialize(model), run.device, data_folder=run.model_folder,
-                                     arrays=run.model_arrays, prepack=run.model_prepack), forward)
+                                     arrays=run.model_arrays, prepack=run.model_prepack,
+                                     tf32=getattr(run, "tf32", False)), forward)
     return run._diag
 
 def locate(run, feeds, targets, start, positions, item: int) -> str:

@@ -25,7 +25,8 @@ class Explainer(Runner):
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False, **rule_params):
+                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False,
+                 tf32: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -37,6 +38,9 @@ class Explainer(Runner):
         self.precise = bool(precise)  # onnxruntime without layout optimisations (runtime.Session)
         self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
+        if not isinstance(tf32, bool):
+            raise InputError(f"tf32 must be True or False, not {tf32!r}")
+        self.tf32 = tf32  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; README "GPU")
         if isinstance(relevance_at, str):
             relevance_at = [relevance_at]  # one tensor name
         try:
@@ -113,7 +117,8 @@ class Explainer(Runner):
                           "explained forward's (float32)", LrpWarning, stacklevel=3)
             self.deployed = None
         self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
-                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise))
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
+                                      tf32=self.tf32))
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
         model, output, explain_logits, constants, input_shapes = self._source

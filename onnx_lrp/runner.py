@@ -65,7 +65,7 @@ class Runner:
     PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
                "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
                "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
-               "deployed_constants", "output_step", "strict", "composite_name", "precise")
+               "deployed_constants", "output_step", "strict", "composite_name", "precise", "tf32")
 
     #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
     #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
@@ -93,7 +93,8 @@ class Runner:
         if device is not None:
             self.device = runtime.resolve_device(device)
         self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
-                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise))
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
+                                      tf32=self.tf32))
         return self
 
     def _started(self, session) -> None:
@@ -109,7 +110,8 @@ class Runner:
         if self.deployed is not None:
             try:
                 threads = getattr(session, "threads", None)
-                self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True)
+                self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
+                                                        tf32=getattr(self, "tf32", False))
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)

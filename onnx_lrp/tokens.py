@@ -132,4 +132,87 @@ def terminal(tokens: list[str], relevance, color: bool = True, percentile: float
     return " ".join(out)
 
 
-__all__ = ["read_tokens", "tokens_for", "per_token", "html_page", "html_items", "write_html", "terminal"]
+# ---------------------------------------------------------------------------------------------- text in
+ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "input")  # the token-id input, by name (an only int input too)
+
+
+def load_tokenizer(path):
+    """A Hugging Face ``tokenizers`` tokenizer from its tokenizer.json (the optional extra ``onnx-lrp[text]``)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise InputError("--tokenizer needs the tokenizers library: pip install 'onnx-lrp[text]' (or pip install "
+                         "tokenizers)") from None
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"tokenizer {p} not found; give a tokenizer.json (the file a Hugging Face model ships)")
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as exc:
+        raise InputError(f"tokenizer {p} is not a tokenizers tokenizer.json ({str(exc).splitlines()[0][:120]})"
+                         ) from None
+
+
+def token_text(tokenizer, ids) -> list[str]:
+    """How each token reads (``decode`` of that id alone, so byte-level BPE shows ' the', not 'Ġthe'); a token that
+    decodes to nothing (a special token) shows as its vocabulary entry."""
+    out = []
+    for i in ids:
+        t = tokenizer.decode([int(i)], skip_special_tokens=False)
+        out.append(t if t else (tokenizer.id_to_token(int(i)) or f"<{int(i)}>"))
+    return out
+
+
+def encode_text(tokenizer, text: str, continuation: str | None = None) -> tuple[list[int], int]:
+    """(ids, n_prompt): the prompt's ids (with the tokenizer's special tokens, e.g. LLaMA's BOS) followed by the
+    continuation's (without); ``n_prompt`` of them are the prompt's."""
+    if not isinstance(text, str) or not text:
+        raise InputError("--text is empty; give the text to explain")
+    ids = list(tokenizer.encode(text).ids)
+    if not ids:
+        raise InputError(f"--text {text!r} has no tokens under this tokenizer")
+    n_prompt = len(ids)
+    if continuation is not None:
+        more = list(tokenizer.encode(continuation, add_special_tokens=False).ids)
+        if not more:
+            raise InputError(f"--continuation {continuation!r} has no tokens under this tokenizer")
+        ids += more
+    return ids, n_prompt
+
+
+def text_feeds(specs, ids) -> dict:
+    """The model's inputs for one sequence of token ids: the id input, and where the model has them an attention
+    mask of ones, positions 0..T-1 and token types of zero (all by input name). ``specs``: the Explainer's
+    ``inputs`` (name, dtype, dims)."""
+    ids = np.asarray(ids, np.int64)[None]
+    n = ids.shape[1]
+    ints = [s for s in specs if np.issubdtype(np.dtype(s.dtype), np.integer)]
+    floats = [s.name for s in specs if not np.issubdtype(np.dtype(s.dtype), np.integer)]
+    by_name = {s.name: s for s in ints}
+    id_spec = next((by_name[k] for k in ID_NAMES if k in by_name), ints[0] if len(ints) == 1 else None)
+    if id_spec is None:
+        raise InputError("--text needs a model that takes token ids: it has no integer input named "
+                         f"{' / '.join(ID_NAMES)}" + (f" (float inputs: {', '.join(floats)}; a model that takes "
+                                                      "embeddings needs them as an .npy INPUT)" if floats else ""))
+    fill = {"attention_mask": np.ones_like(ids), "position_ids": np.arange(n, dtype=np.int64)[None],
+            "token_type_ids": np.zeros_like(ids)}
+    feeds = {}
+    for s in specs:
+        if s is id_spec:
+            value = ids
+        elif s.name in fill:
+            value = fill[s.name]
+        else:
+            raise InputError(f"--text fills the inputs {id_spec.name}, attention_mask, position_ids and token_type_ids;"
+                             f" the model also takes {s.name!r}: give all inputs as an .npz INPUT instead")
+        dims = tuple(s.dims or ())
+        if len(dims) == 2 and isinstance(dims[1], int) and dims[1] != n:
+            raise InputError(f"the model takes exactly {dims[1]} tokens in {s.name!r} (exported with a fixed "
+                             f"length) and the text has {n}; re-export it with a dynamic sequence axis, or give "
+                             f"{dims[1]} tokens")
+        feeds[s.name] = value.astype(np.dtype(s.dtype))
+    return feeds
+
+
+__all__ = ["read_tokens", "tokens_for", "per_token", "html_page", "html_items", "write_html", "terminal",
+           "load_tokenizer", "token_text", "encode_text", "text_feeds"]

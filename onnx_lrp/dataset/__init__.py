@@ -107,7 +107,7 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
         if len(target) != n:
             raise InputError(f"{len(target)} targets for {n} items; give one, or one per item")
     start = explainer_options.get("start", ex.start)
-    params = {k: v for k, v in explainer_options.items() if k not in ("composite", "device", "threads")}
+    params = {k: v for k, v in explainer_options.items() if k not in ("composite", "device", "threads", "tf32")}
     header = dict(format=FORMAT, onnx_lrp_version=__version__, engine=engine, model=str(model),
                   model_sha256=sha256_file(model) if isinstance(model, (str, os.PathLike)) else
                   hashlib.sha256(ex.model_bytes).hexdigest(),

@@ -15,8 +15,6 @@ zennit.canonizers); one pass, :class:`StandardForm`, runs them in order (the las
   ``HardSwish``, as a PyTorch export writes them.
 - Flax's fast variance ``max(mean(x * x) - mean(x) ** 2, 0)`` becomes ``mean((x - mean(x)) ** 2)``.
 - ``ReduceSum(x) / n`` over n elements becomes ``ReduceMean(x)`` (jax2onnx's mean).
-- LayerNormalization gets its optional Mean and InvStdDev outputs: the relevance pass reads the scale the forward
-  computed (and onnxruntime can still fuse the residual Add into SkipLayerNormalization).
 - LSTM / GRU / RNN with ``layout = 1`` (batch first; onnxruntime runs only ``layout = 0``) become Transposes around
   the same op with ``layout = 0``.
 """
@@ -567,39 +565,6 @@ def absorb_bias(graph: ir.Graph) -> None:
         add.meta["lrp_absorbed_by"] = node
 
 
-def layernorm_statistics(graph: ir.Graph) -> None:
-    """Give every LayerNormalization node its Mean and InvStdDev outputs (``node.outputs[2]`` is 1 / std)."""
-    for node in list(graph):
-        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or len(node.outputs) >= 3:
-            continue
-        x = node.inputs[0]
-        if x is None or x.shape is None:
-            continue
-        rank = len(x.shape)
-        axis = node.attributes.get_int("axis", -1) % rank
-        stash = ir.DataType(node.attributes.get_int("stash_type", 1))
-        stat_shape = ir.Shape([x.shape[i] if i < axis else 1 for i in range(rank)])
-        base = node.name or "layernorm"
-        names = [o.name for o in node.outputs] + [f"{base}/mean", f"{base}/inv_std"][len(node.outputs) - 1:]
-        inputs = list(node.inputs)
-        while inputs and inputs[-1] is None:  # an empty optional bias ("") with the statistics outputs crashes
-            inputs.pop()                      # onnxruntime 1.32's extended optimisations (segfault): drop it
-        new = ir.node("LayerNormalization", inputs, {k: a for k, a in node.attributes.items()},
-                      num_outputs=3, name=node.name)
-        for i, (old_out, new_out) in enumerate(zip(list(node.outputs) + [None] * 3, new.outputs)):
-            if old_out is not None:
-                new_out.type, new_out.shape = old_out.type, old_out.shape
-            else:
-                new_out.type, new_out.shape = ir.TensorType(stash), stat_shape
-        graph.insert_before(node, new)
-        for old_out, new_out in zip(node.outputs, new.outputs):
-            is_out = old_out.is_graph_output()
-            old_out.replace_all_uses_with(new_out, replace_graph_outputs=is_out)
-        graph.remove(node)
-        for new_out, name in zip(new.outputs, names):
-            new_out.name = name
-
-
 def recurrent_layout0(graph: ir.Graph) -> int:
     """LSTM/GRU/RNN with layout=1 -> Transpose, the op with layout=0, Transpose (the same function)."""
     count = 0
@@ -643,13 +608,37 @@ class StandardForm(LoadPass):
         return 1
 
 
+def layernorm_without_empty_bias(graph: ir.Graph) -> None:
+    """LayerNormalization(x, scale, "") -> LayerNormalization(x, scale): the same op (the bias is optional), but the
+    empty input name crashes onnxruntime 1.32's optimisations (a segfault, found by the fuzzer)."""
+    for node in list(graph):
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        inputs = list(node.inputs)
+        if len(inputs) < 3 or inputs[-1] is not None:
+            continue
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        new = ir.node("LayerNormalization", inputs, {k: a for k, a in node.attributes.items()},
+                      num_outputs=len(node.outputs), name=node.name)
+        for old_out, new_out in zip(node.outputs, new.outputs):
+            new_out.type, new_out.shape = old_out.type, old_out.shape
+        graph.insert_before(node, new)
+        names = [o.name for o in node.outputs]
+        for old_out, new_out in zip(node.outputs, new.outputs):
+            old_out.replace_all_uses_with(new_out, replace_graph_outputs=old_out.is_graph_output())
+        graph.remove(node)
+        for new_out, name in zip(new.outputs, names):
+            new_out.name = name
+
+
 def canonize(model: ir.Model) -> None:
     graph = model.graph
     recurrent_layout0(graph)
     drop_identities(graph)
+    layernorm_without_empty_bias(graph)
     hard_sigmoid_written_out(graph)
     two_pass_variance(graph)
-    layernorm_statistics(graph)
     explicit_pads(graph)
     fold_batchnorm(graph)
     fold_channel_affine(graph)
