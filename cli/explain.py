@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import click
@@ -99,8 +100,7 @@ def _say(msg: str) -> None:
                    "item).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @dataset_options
-def explain(model, input_path, target, output_name, position, start, device, batch_size, relevance_at, out,
-            heatmap_path, cmap, heatmap_style, tokens_path, token_scale, html_path, as_json, composite, **rule_kw):
+def explain(**kw):
     """Explain MODEL's prediction for INPUT with LRP.
 
     INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
@@ -113,76 +113,155 @@ def explain(model, input_path, target, output_name, position, start, device, bat
     Prints a summary per item: predicted class, explained target, the output's value there, the sum of the
     relevance, and the time taken.
     """
-    ds = pop_dataset_options(rule_kw)
+    o = ExplainOptions.from_click(kw)
+    ds = pop_dataset_options(o.rule_kw)
     if ds is not None:  # dataset mode: its own module
-        return run_dataset(model, input_path, ds, targets=parse_target(target), output_name=output_name, start=start,
-                           device=device, batch_size=batch_size, relevance_at=relevance_at,
-                           pre=preprocess(rule_kw), as_json=as_json, composite=composite, rule_kw=rule_kw,
-                           refused={"-o": out, "--heatmap": heatmap_path, "--tokens": tokens_path,
-                                    "--html": html_path, "--position": position})
-    input_path = Path(input_path)
+        return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
+                           start=o.start, device=o.device, batch_size=o.batch_size, relevance_at=o.relevance_at,
+                           pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
+                           refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
+                                    "--html": o.html_path, "--position": o.position})
+    dest = _destinations(o)
+    res = _run(o, dest)
+    heat_files = _write(o, dest, res)
+    _report(o, dest, res, heat_files)
+
+
+@dataclass
+class ExplainOptions:
+    """The options of ``onnx-lrp explain``, one field per command-line option; ``rule_kw`` holds the rest (rule
+    parameters, preprocessing, dataset mode), read by ``cli.options`` and ``cli.dataset``."""
+
+    model: str
+    input_path: str
+    target: str | None
+    output_name: str | None
+    position: str | None
+    start: str
+    device: str
+    batch_size: int
+    relevance_at: tuple
+    out: str | None
+    heatmap_path: str | None
+    cmap: str
+    heatmap_style: str
+    tokens_path: str | None
+    token_scale: float
+    html_path: str | None
+    as_json: bool
+    composite: object
+    rule_kw: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_click(cls, kw: dict) -> "ExplainOptions":
+        names = [f.name for f in fields(cls) if f.name != "rule_kw"]
+        return cls(**{k: kw.pop(k) for k in names}, rule_kw=kw)
+
+
+@dataclass
+class _Destinations:
+    """What the run writes and reads besides the model, checked before any work."""
+
+    input_path: Path
+    data_kind: str
+    out_path: Path
+    heat_path: Path | None
+    html_out: Path | None
+    tokens: object
+    targets: object
+    positions: object
+
+
+@dataclass
+class _Result:
+    ex: object
+    comp: object
+    batch: object
+    n: int
+    relevance: object
+    outputs: dict
+    explained: np.ndarray
+    target_used: np.ndarray
+    rel_at: dict
+    pos_used: np.ndarray | None
+    behind: bool
+    items: list
+    summary: dict
+    t_build: float
+    t_explain: float
+    token_rows: list | None = None
+    item_tokens: list | None = None
+
+
+def _destinations(o: ExplainOptions) -> _Destinations:
+    """The output files (suffixes, writable, not the input), targets, positions and tokens: refused before any work."""
+    input_path = Path(o.input_path)
     kind = input_kind(input_path)
     data_kind = kind
     if kind == "directory":
         from .io import directory_files
         data_kind = directory_files(input_path)[0]
-
-    # ---- outputs: checked before any work
-    out_path = Path(out) if out else default_output(input_path, kind)
+    out_path = Path(o.out) if o.out else default_output(input_path, kind)
     if out_path.suffix.lower() not in (".npy", ".npz"):
         raise OutputError(f"-o {out_path}: the relevance is written as .npy or .npz; change the suffix")
-    if relevance_at and out_path.suffix.lower() == ".npy":
+    if o.relevance_at and out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {out_path}: --relevance-at needs an .npz output to hold several arrays")
     check_writable(out_path)
     if input_path.is_file() and out_path.exists() and out_path.resolve() == input_path.resolve():
         raise OutputError(f"-o {out_path} is the input; write the relevance to another file")
-    heat_path = Path(heatmap_path) if heatmap_path else None
+    heat_path = Path(o.heatmap_path) if o.heatmap_path else None
     if heat_path is not None:
         if heat_path.suffix.lower() not in hm.IMAGE_FORMATS:
             raise OutputError(f"--heatmap {heat_path}: give an image file name ({', '.join(hm.IMAGE_FORMATS)})")
         check_writable(heat_path)
         if heat_path.resolve() == out_path.resolve():
             raise OutputError(f"--heatmap and -o both name {out_path}; give two different files")
-    targets = parse_target(target)
-    positions = parse_target(position, "--position") if position is not None else None
+    targets = parse_target(o.target)
+    positions = parse_target(o.position, "--position") if o.position is not None else None
     tokens = None
-    if html_path and not tokens_path:
+    if o.html_path and not o.tokens_path:
         raise OutputError("--html needs --tokens FILE (the token text, one token per line)")
-    if tokens_path:
+    if o.tokens_path:
         from onnx_lrp.tokens import read_tokens
-        tokens = read_tokens(tokens_path)
-    html_out = Path(html_path) if html_path else None
+        tokens = read_tokens(o.tokens_path)
+    html_out = Path(o.html_path) if o.html_path else None
     if html_out is not None:
         if html_out.suffix.lower() not in (".html", ".htm"):
             raise OutputError(f"--html {html_out}: give an .html file name")
         check_writable(html_out)
+    return _Destinations(input_path, data_kind, out_path, heat_path, html_out, tokens, targets, positions)
 
+
+def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
+    """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
     # ---- preprocessing, composite and rule parameters
-    pre = preprocess(rule_kw)
-    params = rule_params(rule_kw)
-    comp = composite_with(composite, {})
-    zbox_note = image_zbox(model, data_kind, comp, params, pre)
+    pre = preprocess(o.rule_kw)
+    params = rule_params(o.rule_kw)
+    comp = composite_with(o.composite, {})
+    zbox_note = image_zbox(o.model, dest.data_kind, comp, params, pre)
     comp = composite_with(comp, params)
 
     # ---- build
     t0 = time.perf_counter()
-    ex = build_explainer(model, comp, device=device, output=output_name, relevance_at=tuple(relevance_at),
-                         start=start)
+    ex = build_explainer(o.model, comp, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
+                         start=o.start)
     t_build = time.perf_counter() - t0
-    if device == "auto":
+    if o.device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
     if zbox_note:
         _say(zbox_note)
+    out_path = dest.out_path
     if len(ex.relevance_inputs) > 1 and out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
 
     # ---- inputs
-    batch = load_inputs(input_path, ex.inputs, pre)
+    batch = load_inputs(dest.input_path, ex.inputs, pre)
     n = len(batch)
+    targets, positions = dest.targets, dest.positions
     if n == 0:
-        raise InputError(f"{input_path} holds no items (an empty batch); give at least one")
+        raise InputError(f"{dest.input_path} holds no items (an empty batch); give at least one")
     if isinstance(targets, list) and len(targets) != n:
         raise InputError(f"--target gives {len(targets)} classes for {n} item(s); give one, or one per item")
     if isinstance(positions, list) and len(positions) != n:
@@ -190,32 +269,13 @@ def explain(model, input_path, target, output_name, position, start, device, bat
 
     # ---- explain in batches
     t1 = time.perf_counter()
-    chunks = list(range(0, n, batch_size))
-    results = []
-    bar = None
-    try:
-        for k, lo in enumerate(chunks):
-            hi = min(n, lo + batch_size)
-            feeds = {name: a[lo:hi] for name, a in batch.arrays.items()}
-            t = targets[lo:hi] if isinstance(targets, list) else targets
-            extra = {}
-            if positions is not None:
-                extra["position"] = positions[lo:hi] if isinstance(positions, list) else positions
-            results.append(ex.explain(feeds, target=t, **extra))
-            if k == 0 and len(chunks) > 1 and (time.perf_counter() - t1) * len(chunks) > PROGRESS_AFTER_S:
-                bar = click.progressbar(length=len(chunks), label="explaining", file=sys.stderr)
-                bar.__enter__()
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
+    results = _explain_batches(ex, batch, n, targets, positions, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
 
     relevance = _merge([r.relevance for r in results])
     outputs = {name: np.concatenate([r.outputs[name] for r in results]) for name in ex.output_names}
     target_used = np.concatenate([r.target for r in results]).astype(np.int64)
-    rel_at = {name: np.concatenate([r.relevance_at[name] for r in results]) for name in relevance_at}
+    rel_at = {name: np.concatenate([r.relevance_at[name] for r in results]) for name in o.relevance_at}
     explained = outputs[ex.explained_output]
     pos_used = None
     if getattr(results[0], "position", None) is not None:  # sequence outputs: one explained position per item
@@ -239,19 +299,50 @@ def explain(model, input_path, target, output_name, position, start, device, bat
             it["position"] = int(pos_used[i])
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
-    summary = dict(model=str(model), input=str(input_path), composite=comp.name, start=start, device=ex.device,
-                   explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
-                   heatmap_file=str(heat_path) if heat_path else None, build_s=round(t_build, 4),
+    summary = dict(model=str(o.model), input=str(dest.input_path), composite=comp.name, start=o.start,
+                   device=ex.device, explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
+                   heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
     if behind:
         summary["logits"] = ex.explained_tensor
-    token_rows = None
-    if tokens is not None:
+    res = _Result(ex, comp, batch, n, relevance, outputs, explained, target_used, rel_at, pos_used, behind, items,
+                  summary, t_build, t_explain)
+    if dest.tokens is not None:
         from onnx_lrp.tokens import tokens_for
-        token_rows = _token_rows(tokens, relevance, n)
-        item_tokens = [tokens_for(tokens, i, n) for i in range(n)]
+        res.token_rows = _token_rows(dest.tokens, relevance, n)
+        res.item_tokens = [tokens_for(dest.tokens, i, n) for i in range(n)]
+    return res
 
-    # ---- write
+
+def _explain_batches(ex, batch, n: int, targets, positions, batch_size: int, t1: float) -> list:
+    """``ex.explain`` per batch of ``batch_size`` items, with a progress bar when the run will take a while."""
+    chunks = list(range(0, n, batch_size))
+    results = []
+    bar = None
+    try:
+        for k, lo in enumerate(chunks):
+            hi = min(n, lo + batch_size)
+            feeds = {name: a[lo:hi] for name, a in batch.arrays.items()}
+            t = targets[lo:hi] if isinstance(targets, list) else targets
+            extra = {}
+            if positions is not None:
+                extra["position"] = positions[lo:hi] if isinstance(positions, list) else positions
+            results.append(ex.explain(feeds, target=t, **extra))
+            if k == 0 and len(chunks) > 1 and (time.perf_counter() - t1) * len(chunks) > PROGRESS_AFTER_S:
+                bar = click.progressbar(length=len(chunks), label="explaining", file=sys.stderr)
+                bar.__enter__()
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    return results
+
+
+def _write(o: ExplainOptions, dest: _Destinations, res: _Result) -> list:
+    """The relevance (.npy, or .npz with outputs, targets, ...), heatmaps and the token page, all or none; the
+    heatmap files written."""
+    out_path, relevance, items = dest.out_path, res.relevance, res.items
     heat_files = []
     with AtomicOutputs() as w:
         if out_path.suffix.lower() == ".npy":
@@ -262,32 +353,38 @@ def explain(model, input_path, target, output_name, position, start, device, bat
                 arrays.update({f"relevance/{k}": v for k, v in relevance.items()})
             else:
                 arrays["relevance"] = relevance
-            arrays["outputs"] = explained
-            arrays["targets"] = target_used
-            if pos_used is not None:
-                arrays["positions"] = pos_used
-            if len(outputs) > 1:
-                arrays.update({f"outputs/{k}": v for k, v in outputs.items()})
-            arrays.update({f"relevance_at/{k}": v for k, v in rel_at.items()})
-            arrays["items"] = np.array(batch.names, dtype=str)
+            arrays["outputs"] = res.explained
+            arrays["targets"] = res.target_used
+            if res.pos_used is not None:
+                arrays["positions"] = res.pos_used
+            if len(res.outputs) > 1:
+                arrays.update({f"outputs/{k}": v for k, v in res.outputs.items()})
+            arrays.update({f"relevance_at/{k}": v for k, v in res.rel_at.items()})
+            arrays["items"] = np.array(res.batch.names, dtype=str)
             w.save_npz(out_path, arrays)
-        if heat_path is not None:
-            labels = [_tile_label(it, ex, start) for it in items]
-            for path, image in _heatmap(ex, batch, relevance, cmap, heatmap_style, labels, heat_path, model):
+        if dest.heat_path is not None:
+            labels = [_tile_label(it, res.ex, o.start) for it in items]
+            for path, image in _heatmap(res.ex, res.batch, relevance, o.cmap, o.heatmap_style, labels,
+                                        dest.heat_path, o.model):
                 w.save_image(path, image)
                 heat_files.append(path)
-        if html_out is not None:
+        if dest.html_out is not None:
             from onnx_lrp.tokens import html_items
-            w.write_bytes(html_out, html_items(item_tokens, token_rows, [
+            w.write_bytes(dest.html_out, html_items(res.item_tokens, res.token_rows, [
                 f"item {it['item']}: target {it['target']}" + (f" at position {it['position']}" if "position" in it
                                                                else "") for it in items],
-                percentile=token_scale).encode())
+                percentile=o.token_scale).encode())
     if len(heat_files) > 1:
-        summary["heatmap_files"] = [str(p) for p in heat_files]
+        res.summary["heatmap_files"] = [str(p) for p in heat_files]
+    return heat_files
 
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
+
+def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: list) -> None:
+    """The summary: JSON, or a table of the first items and where the files went."""
+    if o.as_json:
+        click.echo(json.dumps(res.summary, indent=2))
         return
+    ex, items, n, pos_used, behind = res.ex, res.items, res.n, res.pos_used, res.behind
     width = max(len("item"), *(len(it["item"]) for it in items[:SUMMARY_ROWS]))
     out_head = f"output {ex.explained_output}"
     ow = max(12, len(out_head))
@@ -310,20 +407,20 @@ def explain(model, input_path, target, output_name, position, start, device, bat
         click.echo(f"... {n - SUMMARY_ROWS} more item(s) (--json lists all)")
     if behind:
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
-                   f"{ex.explained_output})" + (" times one (--start one-hot)" if start == "one-hot" else ""))
-    click.echo(f"{n} item(s), composite {comp.name}, start {start}, device {ex.device}: explained in "
-               f"{t_explain:.3f} s (model built in {t_build:.3f} s)")
-    if token_rows is not None:
+                   f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
+    click.echo(f"{n} item(s), composite {res.comp.name}, start {o.start}, device {ex.device}: explained in "
+               f"{res.t_explain:.3f} s (model built in {res.t_build:.3f} s)")
+    if res.token_rows is not None:
         from onnx_lrp.tokens import terminal
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        for it, toks, row in zip(items, item_tokens, token_rows):
+        for it, toks, row in zip(items, res.item_tokens, res.token_rows):
             where = f" (position {it['position']})" if "position" in it else ""
-            click.echo(f"{it['item']}{where}: {terminal(toks, row, color=color, percentile=token_scale)}")
+            click.echo(f"{it['item']}{where}: {terminal(toks, row, color=color, percentile=o.token_scale)}")
     heat_text = ""
     if heat_files:
         heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \
             f"; heatmaps -> {heat_files[0]} ... {heat_files[-1]} ({len(heat_files)} files, 48 items each)"
-    click.echo(f"relevance -> {out_path}" + heat_text + (f"; tokens -> {html_out}" if html_out else ""))
+    click.echo(f"relevance -> {dest.out_path}" + heat_text + (f"; tokens -> {dest.html_out}" if dest.html_out else ""))
 
 
 def _tile_label(it: dict, ex, start: str) -> list[str]:

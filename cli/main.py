@@ -91,6 +91,9 @@ COMMANDS = {
     "snapshot": (".regress", "snapshot", "Store MODEL's explanations of INPUTS as a regression baseline."),
     "check": (".regress", "check", "Recompute MODEL's explanations and compare them with a baseline."),
     "diff": (".regress", "diff", "Compare the explanations of two model versions on INPUTS."),
+    "concepts": (".concepts", "concepts", "Concept relevance (CRP): which channels of a layer the prediction used."),
+    "concept-graph": (".concepts", "concept_graph", "A concept's most relevant lower-level concepts (CRP)."),
+    "relmax": (".concepts", "relmax", "Reference samples per channel over a dataset (RelMax): build, show."),
 }
 
 
@@ -128,6 +131,7 @@ def main():
     onnx-lrp snapshot MODEL INPUTS -o base.npz        a regression baseline ...
     onnx-lrp check MODEL base.npz                     ... checked on every change (exit 1 on drift)
     onnx-lrp diff MODEL_A MODEL_B INPUTS              compare two model versions
+    onnx-lrp concepts MODEL INPUT --layer T --top 6   concept relevance (CRP) at a layer
 
     Exit codes: 0 ok, 1 a check failed, 2 bad usage or input (one line on stderr), 3 internal error.
     Shell completion (bash): eval "$(_ONNX_LRP_COMPLETE=bash_source onnx-lrp)" (zsh_source, fish_source).

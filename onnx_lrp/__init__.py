@@ -4,7 +4,8 @@ from .errors import (DeviceError, InputError, InternalError, LrpError, LrpWarnin
 
 __version__ = "0.1.0"
 
-__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "LrpError", "LrpWarning", "ModelError", "InputError",
+__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "LrpError", "LrpWarning",
+           "ModelError", "InputError",
            "UnsupportedError", "DeviceError", "NumericError", "InternalError", "__version__"]
 
 
@@ -18,4 +19,7 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name in ("evaluate", "Evaluation"):
         from . import metrics
         return getattr(metrics, name)
+    if name == "RelMax":  # concept relevance maximisation (onnx_lrp.concepts)
+        from .concepts import RelMax
+        return RelMax
     raise AttributeError(f"module 'onnx_lrp' has no attribute {name!r}")

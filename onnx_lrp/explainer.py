@@ -53,6 +53,9 @@ class Explainer(Runner):
     def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device, constants=None,
                input_shapes=None) -> None:
         ir_model = loader.load(model, constants=constants, input_shapes=input_shapes)
+        self.concept_source = dict(model=model, constants=constants, input_shapes=input_shapes, output=output,
+                                   explain_logits=explain_logits, threads=threads)  # onnx_lrp.concepts rebuilds
+        self.concept_models = None  # onnx_lrp.concepts.Models, made on the first concept call
         graph = ir_model.graph
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
@@ -97,6 +100,31 @@ class Explainer(Runner):
             raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         return self._computed_counts if computed_weights else None
 
+    # ------------------------------------------------------------------ concepts (onnx_lrp.concepts)
+    def concept_relevance(self, x, target=None, layer: str | None = None, channel_axis: int = 1,
+                          abs_norm: bool = True) -> np.ndarray:
+        """Per item, each channel's share of the relevance at tensor ``layer`` (N x C; zennit-crp's
+        ``ChannelConcept.attribute``): the relevance summed over the other axes, over its absolute sum."""
+        from . import concepts
+
+        return concepts.concept_relevance(self, x, target, _layer(layer), channel_axis, abs_norm)
+
+    def explain_concepts(self, x, target=None, layer: str | None = None, concepts="top:6",
+                         exclude_parallel: bool = True, record=(), init: str = "logit", channel_axis: int = 1,
+                         batch_size: int = 16):
+        """Concept-conditional heatmaps (CRP) of one item: :class:`onnx_lrp.concepts.ConceptExplanation`."""
+        from . import concepts as crp
+
+        return crp.explain_concepts(self, x, target, _layer(layer), concepts, exclude_parallel, record, init,
+                                    channel_axis, batch_size)
+
+    def concept_graph(self, x, target=None, layer: str | None = None, concept: int = 0, width=(5, 2),
+                      layers=None, abs_norm: bool = True):
+        """The attribution graph of channel ``concept`` of ``layer``: :class:`onnx_lrp.concepts.ConceptGraph`."""
+        from . import concepts
+
+        return concepts.concept_graph(self, x, target, _layer(layer), concept, width, layers, abs_norm)
+
     def model_bytes_computed(self) -> bytes:
         """The relevance model with modified weights computed in the graph (see :meth:`save`)."""
         from . import weights
@@ -104,6 +132,13 @@ class Explainer(Runner):
         model = loader.to_ir(loader.read_proto(self.model_bytes))
         self._computed_counts = weights.compute_in_graph(model)
         return loader.serialize(model)
+
+
+def _layer(layer) -> str:
+    if layer is None:
+        raise InputError("give layer=, the name of an ONNX tensor (a Conv's output; `onnx-lrp concepts MODEL INPUT "
+                         "--list-layers` lists them)")
+    return layer
 
 
 def _sequence_axis_source(graph, y) -> tuple[str, int] | None:

@@ -9,6 +9,11 @@ Relevance travels in one of two forms (``Rel``): as itself, or in *gradient form
 efficient mode). Rules that are exact in gradient form (LRP-0 on linear ops, moves, AttnLRP's uniform and softmax
 rules) take and give ``g``: ``g_in = J^T g_out`` needs no division and no multiplication by the input, so chains
 of them cost one transpose per layer. Any other rule reads ``R`` (one multiply converts).
+
+The rules themselves (``onnx_lrp.rules``) decide what applies to an op and call the steps here: ``linear_rule``
+(the engine of every rule given as groups of terms: ``collect``, ``normalise`` by the denominator, ``transposes``),
+``linear_grad``, ``move`` / ``move_grad``, ``gradient``, ``gradient_x_input`` and ``pass_grad``. This module does
+not import the rules.
 """
 from __future__ import annotations
 
@@ -16,9 +21,8 @@ import numpy as np
 import onnx_ir as ir
 
 from .graph import Emitter, static_dims
-from .ops import ActivationOp, LinearOp, Params, RuleOp, ShapeOp
+from .ops import LinearOp, Params
 from .ops.base import Rel, stabilized
-from .rules.rules import Epsilon, Gradient, GradientXInput, LinearRule, Norm, Pass, Rule, _identity
 
 
 class Layer:
@@ -74,10 +78,6 @@ class Layer:
         return self._mods[key]
 
 
-def _is_identity_term(term) -> bool:
-    return term.x == "identity" and term.w is _identity and (term.b is _identity)
-
-
 def _definite_sign(arr) -> int:
     """+1 if every entry is >= 0 (or there is nothing), -1 if every entry is <= 0, 0 if mixed."""
     if arr is None:
@@ -92,8 +92,6 @@ class _Basis:
     """Weights of one layer as combinations ``a W + c W+``: terms that share an input then share their convolutions
     (``f(x; W + g W+) = f(x; W) + g f(x; W+)``, and ``f(x; W)`` is the forward output minus its bias)."""
 
-    _KNOWN = {id(_identity): (1.0, 0.0)}
-
     def __init__(self, w: np.ndarray | None):
         self.w = w
         self.w_pos = None if w is None else np.clip(w, 0, None)
@@ -103,14 +101,14 @@ class _Basis:
         """{basis name: coefficient} with ``wm = sum coef * basis``, or None if wm is no such combination."""
         if self.w is None:
             return {"W": 1.0}
-        if fn is _identity:
+        if fn.name == "identity":
             return {"W": 1.0}
         if not self.mixed:
             ratio = _ratio(wm, self.w)
             return None if ratio is None else {"W": ratio}
-        if fn.__name__ == "_pos":
+        if fn.name == "positive":
             return {"W+": 1.0}
-        if fn.__name__ == "_neg":
+        if fn.name == "negative":
             # its own basis, not W - W+: transposing W and W+ apart and subtracting cancels catastrophically
             # when a denominator is ~eps (s ~ R / eps); its forward is still shared (see linear_rule)
             return {"W-": 1.0}
@@ -181,35 +179,43 @@ def _weighted_sum(em: Emitter, items: dict, tag: str) -> ir.Value:
     return em.sum(parts, tag=tag)
 
 
-def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) -> list[ir.Value]:
-    """The generic step; terms are grouped by (input modifier, weight basis) so that convolutions are shared."""
-    op: LinearOp = layer.op
-    node = layer.node
-    p0 = op.params(node)
-    eps = rule.eps()
-    basis = _Basis(p0.w)
-    b_orig = p0.b if p0.b is not None and np.any(p0.b) else None
-    forwards: dict = {}       # (x key, basis key) -> f(x_mod; basis), without bias
-    x_of: dict = {}           # x key -> (how, value)
-    weights: dict = {}        # basis key -> Params
-    groups_s = []             # per group: (s_g, [(x key, basis key, coef)])
+class _LinearStep:
+    """One linear rule on one layer: terms collected per group into shared forwards (``collect``), each group's
+    denominator and normalised relevance (``normalise``), then one transpose per (input modifier, weight basis)
+    (``transposes``). Terms are grouped by (input modifier, basis) so that convolutions are shared."""
 
-    def forward(xkey, bkey):
+    def __init__(self, em: Emitter, layer: Layer, rule):
+        self.em, self.layer, self.rule = em, layer, rule
+        self.op: LinearOp = layer.op
+        self.node = layer.node
+        self.p0 = self.op.params(self.node)
+        self.eps = rule.eps()
+        self.basis = _Basis(self.p0.w)
+        self.b_orig = self.p0.b if self.p0.b is not None and np.any(self.p0.b) else None
+        self.forwards: dict = {}  # (x key, basis key) -> f(x_mod; basis), without bias
+        self.x_of: dict = {}      # x key -> (how, value)
+        self.weights: dict = {}   # basis key -> Params
+
+    def forward(self, xkey, bkey) -> ir.Value:
+        em, layer, op, node = self.em, self.layer, self.op, self.node
+        forwards, weights = self.forwards, self.weights
         if (xkey, bkey) not in forwards and bkey == "W-" and xkey == ("identity", id(None)):
             # f(x; W-) = f(x; W) - f(x; W+), f(x; W) = z - b: one convolution fewer (benign in the forward)
-            zf = layer.z if b_orig is None else em.sub(layer.z, op.bias_const(em, node, b_orig, tag="b_orig"),
-                                                       tag="z_nobias")
-            weights.setdefault("W+", basis.params("W+"))
-            forwards[(xkey, bkey)] = em.sub(zf, forward(xkey, "W+"), tag="z_neg")
+            zf = layer.z if self.b_orig is None else em.sub(
+                layer.z, op.bias_const(em, node, self.b_orig, tag="b_orig"), tag="z_nobias")
+            weights.setdefault("W+", self.basis.params("W+"))
+            forwards[(xkey, bkey)] = em.sub(zf, self.forward(xkey, "W+"), tag="z_neg")
         if (xkey, bkey) not in forwards:
-            how, value = x_of[xkey]
+            how, value = self.x_of[xkey]
             xs = [layer.x_mod(em, i, how, value) for i in range(len(layer.xs))]
             forwards[(xkey, bkey)] = op.forward(em, node, xs, weights[bkey])
         return forwards[(xkey, bkey)]
 
-    for gi, group in enumerate(rule.groups()):
-        gtag = group.tag or f"g{gi}"
-        combo: dict = {}      # (x key, basis key) -> coefficient in z_g
+    def collect(self, gi: int, group) -> tuple[dict, object, int]:
+        """(combo, bias, sign) of a group: {(x key, basis key): coefficient in z_g}, its summed modified bias, and
+        whether z_g is provably positive (1) or not (0)."""
+        layer, p0, basis = self.layer, self.p0, self.basis
+        combo: dict = {}
         bias = None
         sign = 1
         for k, term in enumerate(group.terms):
@@ -221,15 +227,15 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
                 continue
             how = "identity" if term.x == "positive" and all(layer.nonneg) else term.x
             xkey = (how, id(term.x_value))
-            x_of[xkey] = (how, term.x_value)
+            self.x_of[xkey] = (how, term.x_value)
             parts = basis.decompose(term.w, wm) if wm is not None or p0.w is None else None
             if parts is None:  # not a combination of W and W+: its own weights
                 bkey = ("own", gi, k)
-                weights[bkey] = Params(wm.astype(p0.w.dtype), None, key=(term.w, term.tag))
+                self.weights[bkey] = Params(wm.astype(p0.w.dtype), None, key=(term.w, term.tag))
                 parts = {bkey: 1.0}
             else:
                 for name in parts:
-                    weights.setdefault(name, basis.params(name))
+                    self.weights.setdefault(name, basis.params(name))
             for bkey, c in parts.items():
                 combo[(xkey, bkey)] = combo.get((xkey, bkey), 0.0) + term.sign * c
             if bm is not None and np.any(bm):
@@ -241,36 +247,39 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
             if t_sign <= 0 or b_sign <= 0:
                 sign = 0
         combo = {k: c for k, c in combo.items() if c != 0}
-        if not combo and bias is None:
-            continue
-        if basis.mixed and len(layer.xs) == 1 and not layer.nonneg[0]:
-            sym = _symmetric(combo, x_of)
+        if combo and basis.mixed and len(layer.xs) == 1 and not layer.nonneg[0]:
+            sym = _symmetric(combo, self.x_of)
             if sym is not None and len(sym) < len(combo):
                 combo = sym
-                x_of[("identity", id(None))] = ("identity", None)
-                x_of[("abs", id(None))] = ("abs", None)
+                self.x_of[("identity", id(None))] = ("identity", None)
+                self.x_of[("abs", id(None))] = ("abs", None)
                 for _, bkey in combo:
-                    weights.setdefault(bkey, basis.params(bkey))
-        # z_g: f(x; W) for the unmodified input is the forward output minus its bias
+                    self.weights.setdefault(bkey, basis.params(bkey))
+        return combo, bias, sign
+
+    def normalise(self, gtag: str, group, combo: dict, bias, sign: int, r_out: ir.Value) -> ir.Value:
+        """s_g = coef-free r_out / stab(z_g), masked: z_g from the shared forwards (f(x; W) for the unmodified input
+        is the forward output minus its bias)."""
+        em, layer, op, node, eps = self.em, self.layer, self.op, self.node, self.eps
         ident = (("identity", id(None)), "W")
         # z_g = f(x'; W') alone with a positive sign: its + eps rides on the convolution as a bias (one pass fewer)
         fold_eps = bool(eps) and sign > 0 and bias is None and node.op_type == "Conv" and len(combo) == 1 \
-            and ident not in combo and list(combo.values()) == [1.0] and len(rule.groups()) == 1
+            and ident not in combo and list(combo.values()) == [1.0] and len(self.rule.groups()) == 1
         items = {}
         for key, c in combo.items():
             if fold_eps:
-                how, value = x_of[key[0]]
-                pw = weights[key[1]]
+                how, value = self.x_of[key[0]]
+                pw = self.weights[key[1]]
                 b_eps = np.full(pw.w.shape[0], eps, dtype=pw.w.dtype)
                 items[key] = (c, op.forward(em, node, [layer.x_mod(em, i, how, value) for i in range(len(layer.xs))],
                                             Params(pw.w, b_eps, key=(pw.key, "eps"))))
             elif key == ident:
                 items[key] = (c, layer.z)
-                shift = -c * b_orig if b_orig is not None else None
+                shift = -c * self.b_orig if self.b_orig is not None else None
                 if shift is not None:
                     bias = shift if bias is None else bias + shift
             else:
-                items[key] = (c, forward(*key))
+                items[key] = (c, self.forward(*key))
         z = _weighted_sum(em, items, tag=f"{gtag}_z") if items else None
         if bias is not None and np.any(bias):
             bconst = op.bias_const(em, node, bias, tag=f"{gtag}_b")
@@ -291,151 +300,112 @@ def linear_rule(em: Emitter, layer: Layer, rule: LinearRule, r_out: ir.Value) ->
             cmp = "Greater" if group.mask == "positive" else "Less"
             keep = em.op(cmp, layer.z, em.scalar(0.0), tag=f"{gtag}_mask")
             s = em.op("Where", keep, s, em.scalar(0.0), tag=f"{gtag}_s_masked")
+        return s
+
+    def transposes(self, groups_s: list) -> list[ir.Value]:
+        """Per (input modifier, basis) one J^T applied to the combined normalised relevance, times the modified
+        input: the relevance of each input."""
+        em, layer, op, node, weights = self.em, self.layer, self.op, self.node, self.weights
+        per_x: dict = {}
+        for s, coef, combo in groups_s:
+            for (xkey, bkey), c in combo.items():
+                per_x.setdefault(xkey, {}).setdefault(bkey, []).append((coef * c, s))
+        contributions: list[list[ir.Value]] = [[] for _ in layer.xs]
+        for xkey, by_basis in per_x.items():
+            how, value = self.x_of[xkey]
+            grads_sum: list[list[ir.Value]] = [[] for _ in layer.xs]
+            by_basis = self._combined(by_basis)
+            for bkey, uses in by_basis.items():
+                t = em.sum([em.scale(s, c, tag="t_part") for c, s in uses], tag="t")
+                for i, g in enumerate(op.transpose(em, node, t, weights[bkey])):
+                    grads_sum[i].append(g)
+            for i, gs in enumerate(grads_sum):
+                g = em.sum(gs, tag=f"JTt{i}")
+                contributions[i].append(g if how == "ones" else em.mul(layer.x_mod(em, i, how, value), g,
+                                                                        tag=f"r{i}"))
+        out = []
+        for i, parts in enumerate(contributions):
+            out.append(em.sum(parts, tag=f"r_in{i}") if parts else em.zeros_like(layer.xs[i], tag=f"r_in{i}_zero"))
+        return out
+
+    def _combined(self, by_basis: dict) -> dict:
+        """One s through several bases (gamma: W + g W+): J^T is linear in the weight, so ONE transpose with
+        sum_b c_b W_b (as zennit's modified layer; W- stays apart, see _Basis.decompose)."""
+        weights = self.weights
+        if not (len(by_basis) > 1 and "W-" not in by_basis and all(len(u) == 1 for u in by_basis.values())
+                and len({id(u[0][1]) for u in by_basis.values()}) == 1
+                and all(weights[b].w is not None for b in by_basis)):
+            return by_basis
+        w_comb = None
+        for b, ((c, _),) in by_basis.items():
+            part = weights[b].w if c == 1.0 else (weights[b].w * weights[b].w.dtype.type(c))
+            w_comb = part if w_comb is None else w_comb + part
+        ckey = ("comb",) + tuple((str(b), c) for b, ((c, _),) in by_basis.items())
+        weights[ckey] = Params(w_comb, None, key=ckey)
+        return {ckey: [(1.0, next(iter(by_basis.values()))[0][1])]}
+
+
+def linear_rule(em: Emitter, layer: Layer, rule, r_out: ir.Value) -> list[ir.Value]:
+    """The generic step of a linear rule (``rule.groups()``): per group collect its terms, normalise the relevance
+    by the group's denominator; then the transposes."""
+    step = _LinearStep(em, layer, rule)
+    groups_s = []  # per group: (s_g, coef_g, {(x key, basis key): coef})
+    for gi, group in enumerate(rule.groups()):
+        combo, bias, sign = step.collect(gi, group)
+        if not combo and bias is None:
+            continue
+        s = step.normalise(group.tag or f"g{gi}", group, combo, bias, sign, r_out)
         groups_s.append((s, group.coef, combo))
-
-    # transposes: per (input modifier, basis) one J^T applied to the combined normalised relevance
-    per_x: dict = {}
-    for s, coef, combo in groups_s:
-        for (xkey, bkey), c in combo.items():
-            per_x.setdefault(xkey, {}).setdefault(bkey, []).append((coef * c, s))
-    contributions: list[list[ir.Value]] = [[] for _ in layer.xs]
-    for xkey, by_basis in per_x.items():
-        how, value = x_of[xkey]
-        grads_sum: list[list[ir.Value]] = [[] for _ in layer.xs]
-        if len(by_basis) > 1 and "W-" not in by_basis and all(len(u) == 1 for u in by_basis.values()) \
-                and len({id(u[0][1]) for u in by_basis.values()}) == 1 \
-                and all(weights[b].w is not None for b in by_basis):
-            # one s through several bases (gamma: W + g W+): J^T is linear in the weight, so ONE transpose with
-            # sum_b c_b W_b (as zennit's modified layer; W- stays apart, see _Basis.decompose)
-            w_comb = None
-            for b, ((c, _),) in by_basis.items():
-                part = weights[b].w if c == 1.0 else (weights[b].w * weights[b].w.dtype.type(c))
-                w_comb = part if w_comb is None else w_comb + part
-            ckey = ("comb",) + tuple((str(b), c) for b, ((c, _),) in by_basis.items())
-            weights[ckey] = Params(w_comb, None, key=ckey)
-            by_basis = {ckey: [(1.0, next(iter(by_basis.values()))[0][1])]}
-        for bkey, uses in by_basis.items():
-            t = em.sum([em.scale(s, c, tag="t_part") for c, s in uses], tag="t")
-            for i, g in enumerate(op.transpose(em, node, t, weights[bkey])):
-                grads_sum[i].append(g)
-        for i, gs in enumerate(grads_sum):
-            g = em.sum(gs, tag=f"JTt{i}")
-            contributions[i].append(g if how == "ones" else em.mul(layer.x_mod(em, i, how, value), g, tag=f"r{i}"))
-    out = []
-    for i, parts in enumerate(contributions):
-        out.append(em.sum(parts, tag=f"r_in{i}") if parts else em.zeros_like(layer.xs[i], tag=f"r_in{i}_zero"))
-    return out
+    return step.transposes(groups_s)
 
 
-def apply_rule(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list[ir.Value]:
-    """Relevance for the layer's relevance inputs from the relevance of its outputs."""
-    op = layer.op
-    if isinstance(op, ShapeOp):
-        return op.transpose(em, layer.node, r_outs)
-    if isinstance(op, RuleOp):
-        return op.propagate(em, layer, rule, r_outs)
-    r_out = r_outs[0]
-    if isinstance(rule, Pass):
-        return [r_out]
-    if isinstance(rule, GradientXInput) and isinstance(op, ActivationOp):  # R_x = x f'(x) R_y / f(x)
-        g = Rel(r_out).normalised(em, layer.node.outputs[0], tag="g_out")
-        return [em.mul(layer.xs[0], em.mul(g, op.derivative(em, layer.node), tag="g_in"), tag="r_in")]
-    if isinstance(rule, Gradient):
-        if isinstance(op, LinearOp):
-            return op.transpose(em, layer.node, r_out, op.params(layer.node))
-        if isinstance(op, ActivationOp):
-            d = op.derivative(em, layer.node)
-            return [em.mul(r_out, d, tag="r_in")]
-    if isinstance(rule, LinearRule) and isinstance(op, LinearOp):
-        return linear_rule(em, layer, rule, r_out)
-    raise AssertionError(f"rule {rule.name} on {layer.node.op_type} was not rejected when planning")
+# ------------------------------------------------------------------------------------------ steps the rules call
+def move(em: Emitter, layer: Layer, r_outs: list) -> list:
+    """Moves (reshapes, slices, ...): the op's transpose of the relevance."""
+    return layer.op.transpose(em, layer.node, r_outs)
 
 
-def gradient_form(op, rule: Rule) -> bool:
-    """Whether the rule on this op is exact in gradient form, ``g_in = J^T g_out`` (see ``Rel``)."""
-    if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
-        return True  # moves: the same transpose in both forms
-    if isinstance(op, LinearOp) and type(rule) in (Epsilon, Norm):
-        return rule.eps() == 0  # LRP-0 = gradient x input
-    if isinstance(op, RuleOp):
-        return op.gradient_form(rule)
-    if isinstance(op, ActivationOp) and isinstance(rule, Pass):
-        return type(op).pass_grad is not ActivationOp.pass_grad
-    if isinstance(op, ActivationOp) and isinstance(rule, GradientXInput):
-        return True  # g_x = f'(x) g_y
-    return False
-
-
-def apply_rule_grad(em: Emitter, layer: Layer, rule: Rule, r_outs: list) -> list:
-    """``apply_rule`` for rules with ``gradient_form``: takes and gives ``Rel`` (gradient form where it can)."""
+def move_grad(em: Emitter, layer: Layer, r_outs: list) -> list:
+    """A move, or the Gradient rule on a max pool, in gradient form: the same transpose of ``g`` when every output's
+    relevance is in gradient form relative to that output, else of the relevance itself."""
     op, node = layer.op, layer.node
-    if isinstance(op, ShapeOp) or isinstance(rule, Gradient):
-        grad = all(r is None or r.ref is o for r, o in zip(r_outs, node.outputs))
-        vals = [None if r is None else (r.value if grad else r.as_relevance(em, tag="r_out")) for r in r_outs]
-        ins = op.transpose(em, node, vals) if isinstance(op, ShapeOp) else \
-            op.transpose(em, node, vals[0], op.params(node))
-        return [None if v is None else Rel(v, x if grad else None) for v, x in zip(ins, layer.xs)]
-    if isinstance(op, RuleOp):
-        return op.propagate_grad(em, layer, rule, r_outs)
-    if isinstance(op, ActivationOp) and isinstance(rule, GradientXInput):  # g_x = f'(x) g_y (g_y = R_y / y)
-        g = r_outs[0].normalised(em, node.outputs[0], tag="g_out")
-        return [Rel(em.mul(g, op.derivative(em, node), tag="g_in"), node.inputs[0])]
-    if isinstance(op, ActivationOp):  # Pass: R_x = R_y
-        r = r_outs[0]
-        got = op.pass_grad(em, node, r.value) if r.ref is node.outputs[0] else None
-        return [Rel(*got) if got is not None else Rel(r.as_relevance(em, tag="r_in"))]
+    grad = all(r is None or r.ref is o for r, o in zip(r_outs, node.outputs))
+    vals = [None if r is None else (r.value if grad else r.as_relevance(em, tag="r_out")) for r in r_outs]
+    ins = op.transpose(em, node, vals) if op.category == "move" else op.transpose(em, node, vals[0], op.params(node))
+    return [None if v is None else Rel(v, x if grad else None) for v, x in zip(ins, layer.xs)]
+
+
+def gradient(em: Emitter, layer: Layer, r_out: ir.Value) -> list:
+    """R_in = J^T R_out: the op's transpose (linear ops) or f'(x) R_out (element-wise functions)."""
+    op = layer.op
+    if op.category == "linear":
+        return op.transpose(em, layer.node, r_out, op.params(layer.node))
+    return [em.mul(r_out, op.derivative(em, layer.node), tag="r_in")]
+
+
+def gradient_x_input(em: Emitter, layer: Layer, r_out: ir.Value) -> list:
+    """R_x = x f'(x) R_y / f(x)."""
+    g = Rel(r_out).normalised(em, layer.node.outputs[0], tag="g_out")
+    return [em.mul(layer.xs[0], em.mul(g, layer.op.derivative(em, layer.node), tag="g_in"), tag="r_in")]
+
+
+def gradient_x_input_grad(em: Emitter, layer: Layer, r_outs: list) -> list:
+    """g_x = f'(x) g_y (g_y = R_y / y)."""
+    node = layer.node
+    g = r_outs[0].normalised(em, node.outputs[0], tag="g_out")
+    return [Rel(em.mul(g, layer.op.derivative(em, node), tag="g_in"), node.inputs[0])]
+
+
+def pass_grad(em: Emitter, layer: Layer, r_outs: list) -> list:
+    """R_x = R_y through an element-wise function, in gradient form where the op gives one."""
+    op, node = layer.op, layer.node
+    r = r_outs[0]
+    got = op.pass_grad(em, node, r.value) if r.ref is node.outputs[0] else None
+    return [Rel(*got) if got is not None else Rel(r.as_relevance(em, tag="r_in"))]
+
+
+def linear_grad(em: Emitter, layer: Layer, r_outs: list) -> list:
+    """LRP-0 on a linear op in gradient form: g_x = J^T (R / z)."""
+    op, node = layer.op, layer.node
     s = r_outs[0].normalised(em, layer.z)
     return [Rel(g, x) for g, x in zip(op.transpose(em, node, s, op.params(node)), layer.xs)]
-
-
-def zero_preserving(op, rule: Rule, node: ir.Node):
-    """Whether the relevance a rule gives its inputs is zero wherever the input value is zero: True, False, or
-    "inherit" (as the relevance of the outputs: moves, max pools and Pass through a Relu)."""
-    if isinstance(rule, LinearRule):
-        return all(t.x in ("identity", "positive", "negative") for g in rule.groups() for t in g.terms)
-    if isinstance(rule, GradientXInput):
-        return True  # R_x = x ...
-    if isinstance(op, ShapeOp) or (isinstance(rule, Gradient) and getattr(op, "kind", "") == "maxpool"):
-        return "inherit"
-    if isinstance(rule, Pass) and (node.op_type == "Relu" or (node.op_type == "Clip" and len(node.inputs) > 1 and
-                                                                node.inputs[1] is not None and
-                                                                node.inputs[1].const_value is not None and
-                                                                float(node.inputs[1].const_value.numpy()) == 0.0)):
-        return "inherit"  # zero exactly where the input is <= 0
-    return False
-
-
-def rule_fits(op, rule: Rule) -> str | None:
-    """Why a rule cannot apply to an op (checked for every node before anything is emitted)."""
-    if isinstance(op, RuleOp):
-        return op.fits(rule)
-    if isinstance(op, ShapeOp):
-        return None if isinstance(rule, (Gradient, Pass)) else f"rule {rule.name} on a shape op (use gradient)"
-    offset = isinstance(op, ActivationOp) and op.kind == "offset-activation"
-    known_d = isinstance(op, ActivationOp) and type(op).derivative is not ActivationOp.derivative
-    if offset and isinstance(rule, (Pass, GradientXInput)) and not known_d:
-        return ("element-wise function with f(0) != 0 (or not provably 0) and no known derivative: neither the "
-                "identity rule (it would explode) nor gradient-x-input applies; write it with ops onnx-lrp knows")
-    if isinstance(rule, Pass):
-        if offset:
-            return ("identity rule (pass) on a function with f(0) != 0: R_x = R_y explodes when the next layer "
-                    "divides it by x ~ 0; give kind \"offset-activation\" the rule \"gradient-x-input\" "
-                    "(x * sigmoid(s) gates are recognised and need none)")
-        return None
-    if isinstance(rule, GradientXInput):
-        if known_d:
-            return None
-        return "rule gradient-x-input needs an element-wise function with a known derivative (use pass or epsilon)"
-    if isinstance(rule, Gradient):
-        if isinstance(op, LinearOp):
-            return None
-        if isinstance(op, ActivationOp) and type(op).derivative is not ActivationOp.derivative:
-            return None
-        return f"the gradient rule is not implemented for {', '.join(op.op_types[:3])} (use pass)"
-    if isinstance(rule, LinearRule):
-        if not isinstance(op, LinearOp):
-            return f"rule {rule.name} needs a linear op (use pass)"
-        if rule.needs_params and not op.has_params:
-            return f"rule {rule.name} needs parameters; this {op.kind} has none (use norm or epsilon)"
-        return None
-    return f"rule {rule.name} is not known to the engine"

@@ -18,16 +18,14 @@ import onnx_ir as ir
 
 from . import patterns
 from .composite_check import check_composite
-from .ops.quantize import relay_sources
 from .errors import InputError, LrpError, UnsupportedError, internal_error
 from .graph import Emitter, captured_values, static_dims
 from .ledger import Ledger
 from .names import (ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,  # noqa: F401 (re-exported)
                     TARGET_OUTPUT, VALUE_OUTPUT, Step)
-from .ops import PRESERVES_NONNEG, REGISTRY, ActivationOp, LinearOp, ShapeOp, carries, is_param
-from .ops.elementwise import nonneg_output
+from .ops import REGISTRY, ActivationOp, carries, is_param  # noqa: F401 (ActivationOp: re-exported)
 from .ops.transformer import token_relevance
-from .propagate import Layer, Rel, apply_rule, apply_rule_grad, gradient_form, rule_fits, zero_preserving
+from .propagate import Layer, Rel
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule, ZBox
 
@@ -149,10 +147,15 @@ def _ancestors(y: ir.Value) -> set[int]:
             continue
         seen.add(id(n))
         # relay: DequantizeLinear -> its QuantizeLinear's input; captured: what a Loop/Scan/If body reads by name
-        for v in list(n.inputs) + relay_sources(n) + captured_values(n):
+        for v in list(n.inputs) + _relay_sources(n) + captured_values(n):
             if v is not None and v.producer() is not None and carries(v):
                 stack.append(v.producer())
     return seen
+
+
+def _relay_sources(node: ir.Node) -> list:
+    op = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    return op.relay_sources(node) if op is not None else []
 
 
 def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
@@ -196,10 +199,10 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
                         a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {kind!r}"
                     else:
                         a.rule = rule
-                        misfit = rule_fits(op, rule)
+                        misfit = rule.fits(op)
                         if misfit:
                             a.supported, a.reason = False, misfit
-                        elif isinstance(op, (LinearOp, ActivationOp)) and any(carries(o) for o in node.outputs) \
+                        elif op.category in ("linear", "activation") and any(carries(o) for o in node.outputs) \
                                 and not op.relevance_values(node):
                             a.supported, a.reason = False, ("no float activation among its inputs (parameters or "
                                                             "integer tensors only): relevance cannot pass it")
@@ -282,12 +285,8 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
         return known.get(id(v), False)
 
     for node in graph:
-        ins = [nonneg(v) for v in node.inputs]
-        if node.op_type in PRESERVES_NONNEG:
-            flag = all(ins[:1]) if node.op_type in ("Reshape", "Gather", "Slice", "Expand", "Squeeze",
-                                                    "Unsqueeze", "Pad") else all(ins)
-        else:
-            flag = nonneg_output(node, ins)
+        op = REGISTRY.get(node.op_type)
+        flag = op is not None and op.nonneg_output(node, [nonneg(v) for v in node.inputs])
         for o in node.outputs:
             known[id(o)] = bool(flag)
     return known
@@ -379,174 +378,212 @@ def rewrite(model: ir.Model, composite: Composite, output: str | None = None, re
     ``trace`` (a list) receives one ``Step`` per node of the walk (the start relevance first): the tensors the
     numeric-honesty diagnosis reads.
     """
-    graph = model.graph
     p = plan(model, composite, output, explain_logits)
     if p.unsupported:
         nodes = [dict(name=a.node.name, op_type=a.node.op_type, domain=a.node.domain,
                       opset=model.opset_imports.get(a.node.domain or "", "?"), reason=a.reason) for a in p.unsupported]
-        raise UnsupportedError(nodes, unsupported_hint(graph, p, composite))
+        raise UnsupportedError(nodes, unsupported_hint(model.graph, p, composite))
     check_bounds(p, composite)
-    values = {v.name: v for v in graph.inputs}
-    for node in graph:
-        for o in node.outputs:
-            values[o.name] = o
-    missing = [n for n in relevance_at if n not in values]
-    if missing:
-        raise InputError(f"no tensor named {', '.join(missing)} in the model; `onnx-lrp inspect` lists the tensors")
-    watch = {id(values[n]): n for n in relevance_at}
-    nonneg = _nonneg_analysis(graph)
-    dtype = p.explained.dtype if p.explained.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else ir.DataType.FLOAT
-    em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
-    forward_nodes = list(graph)
-    r0, target_used, explained_value = _start_relevance(em, graph, p.explained)
-    steps: list = trace if trace is not None else []
-    steps.append(Step("start", "-", "start", (r0.name,)))
-    rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
-    summed: dict[int, Rel] = {}
-    as_r: dict[int, ir.Value] = {}
-    zero_where_zero: dict[int, bool] = {id(p.explained): False}  # relevance known to vanish where the value does
-    by_node = {id(a.node): a for a in p.assignments}
-    book = Ledger(em, ledger) if ledger is not None else None
+    walk = _Walk(model, p, relevance_at, ledger, trace)
+    walk.backward()
+    outputs = list(model.graph.outputs) + walk.input_relevance() + walk.watched_relevance() + walk.extra_outputs()
+    model.graph.outputs.clear()
+    model.graph.outputs.extend(outputs)
+    return model
 
-    def total_rel(v: ir.Value, scope_name: str) -> Rel | None:
+
+class _Walk:
+    """The reverse topological walk that emits the relevance: ``backward`` (one rule step per node on the path,
+    relevance summed over each value's consumers), then the relevance outputs (``input_relevance`` for the graph
+    inputs, ``watched_relevance`` for ``relevance_at``, ``extra_outputs``: target, explained value, ledger)."""
+
+    def __init__(self, model: ir.Model, p: Plan, relevance_at, ledger: list | None, trace: list | None):
+        graph = self.graph = model.graph
+        self.plan = p
+        values = {v.name: v for v in graph.inputs}
+        for node in graph:
+            for o in node.outputs:
+                values[o.name] = o
+        missing = [n for n in relevance_at if n not in values]
+        if missing:
+            raise InputError(f"no tensor named {', '.join(missing)} in the model; `onnx-lrp inspect` lists the "
+                             "tensors")
+        self.values = values
+        self.watch = {id(values[n]): n for n in relevance_at}
+        self.nonneg = _nonneg_analysis(graph)
+        dtype = p.explained.dtype if p.explained.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else \
+            ir.DataType.FLOAT
+        em = self.em = Emitter(graph, model.opset_imports.get("", 17), dtype=dtype)
+        self.forward_nodes = list(graph)
+        r0, self.target_used, self.explained_value = _start_relevance(em, graph, p.explained)
+        self.steps: list = trace if trace is not None else []
+        self.steps.append(Step("start", "-", "start", (r0.name,)))
+        self.rel: dict[int, list[Rel]] = {id(p.explained): [Rel(r0)]}
+        self.summed: dict[int, Rel] = {}
+        self.as_r: dict[int, ir.Value] = {}
+        # relevance known to vanish where the value does
+        self.zero_where_zero: dict[int, bool] = {id(p.explained): False}
+        self.by_node = {id(a.node): a for a in p.assignments}
+        self.book = Ledger(em, ledger) if ledger is not None else None
+        self.reached = 0
+
+    # ---------------------------------------------------------------------------------------------- sums
+    def total_rel(self, v: ir.Value, scope_name: str) -> Rel | None:
         """The relevance of v summed over its consumers: in gradient form when every part is, relative to one
         tensor; else as relevance (gradient-form parts converted, one multiply per reference tensor)."""
-        parts = rel.get(id(v))
+        em = self.em
+        parts = self.rel.get(id(v))
         if not parts:
             return None
-        if id(v) not in summed:
+        if id(v) not in self.summed:
             by_ref: dict[int, list[Rel]] = {}
             for part in parts:
                 by_ref.setdefault(id(part.ref) if part.ref is not None else 0, []).append(part)
             with em.scope(scope_name):
                 if len(by_ref) == 1 and 0 not in by_ref:
-                    summed[id(v)] = Rel(em.sum([q.value for q in parts], tag="g_out"), parts[0].ref)
+                    self.summed[id(v)] = Rel(em.sum([q.value for q in parts], tag="g_out"), parts[0].ref)
                 else:
                     terms = []
                     for key, group in by_ref.items():
                         g = em.sum([q.value for q in group], tag="g_out" if key else "r_parts")
                         terms.append(Rel(g, group[0].ref).as_relevance(em, tag="r_part"))
-                    summed[id(v)] = Rel(em.sum(terms, tag="r_out"))
-        return summed[id(v)]
+                    self.summed[id(v)] = Rel(em.sum(terms, tag="r_out"))
+        return self.summed[id(v)]
 
-    def total(v: ir.Value, scope_name: str) -> ir.Value | None:
-        r = total_rel(v, scope_name)
+    def total(self, v: ir.Value, scope_name: str) -> ir.Value | None:
+        r = self.total_rel(v, scope_name)
         if r is None:
             return None
-        if id(v) not in as_r:
-            with em.scope(scope_name):
-                as_r[id(v)] = r.as_relevance(em, tag="r_out")
-        return as_r[id(v)]
+        if id(v) not in self.as_r:
+            with self.em.scope(scope_name):
+                self.as_r[id(v)] = r.as_relevance(self.em, tag="r_out")
+        return self.as_r[id(v)]
 
-    current = None
-    try:
-        for node in reversed(forward_nodes):
-            current = node
-            a = by_node[id(node)]
-            if not a.on_path:
-                continue
-            grad = a.kind == "bias" or gradient_form(a.op, a.rule)
-            r_outs = [(total_rel if grad else total)(o, node.name) for o in node.outputs]
-            if all(r is None for r in r_outs):
-                continue
+    # ---------------------------------------------------------------------------------------------- the walk
+    def backward(self) -> None:
+        current = None
+        try:
+            for node in reversed(self.forward_nodes):
+                current = node
+                a = self.by_node[id(node)]
+                if a.on_path:
+                    self.step(node, a)
+        except LrpError:
+            raise
+        except MemoryError:
+            raise InputError(f"out of memory while building the relevance of node {current.name} "
+                             f"({current.op_type}); the model (or a dimension of it) is too large for this "
+                             "machine") from None
+        except Exception as exc:  # a bug: named by node, never a bare traceback
+            raise internal_error(current, exc) from exc
+
+    def step(self, node: ir.Node, a: Assignment) -> None:
+        """The rule of one node: the relevance of its outputs, summed, to its relevance inputs."""
+        em, book, rel, zero_where_zero = self.em, self.book, self.rel, self.zero_where_zero
+        grad = a.kind == "bias" or (a.op is not None and a.rule.gradient_form(a.op))
+        r_outs = [(self.total_rel if grad else self.total)(o, node.name) for o in node.outputs]
+        if all(r is None for r in r_outs):
+            return
+        if book is not None:
+            book.enter(node, a, r_outs, a.op.category == "linear" and (
+                "lrp_bias" in node.meta or "lrp_bias_add" in node.meta or len(node.inputs) > 2))
+        if a.kind == "held":
+            return
+        if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
+            src = next(v for v in node.inputs if carries(v))
+            rel.setdefault(id(src), []).append(r_outs[0])
             if book is not None:
-                book.enter(node, a, r_outs, isinstance(a.op, LinearOp) and (
-                    "lrp_bias" in node.meta or "lrp_bias_add" in node.meta or len(node.inputs) > 2))
-            if a.kind == "held":
-                continue
-            if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
-                src = next(v for v in node.inputs if carries(v))
-                rel.setdefault(id(src), []).append(r_outs[0])
-                if book is not None:
-                    book.leave(node, r_outs[:1])
-                zero_where_zero[id(src)] = False
-                continue
-            xs = a.op.relevance_values(node)
-            z = node.outputs[0]
-            if isinstance(a.op, LinearOp) and "lrp_bias_add" in node.meta:
-                z = node.meta["lrp_bias_add"].outputs[0]
-            layer = Layer(node, a.op, xs, z, [nonneg.get(id(x), False) for x in xs])
-            if not (isinstance(a.op, ShapeOp) or a.op.multi_output) and r_outs[0] is None:
-                continue
-            layer.relu_out = _relu_after(z, by_node, zero_where_zero)
-            with em.scope(node.name):
-                if grad:
-                    r_ins = apply_rule_grad(em, layer, a.rule, r_outs)
-                else:
-                    r_ins = [None if r is None else Rel(r) for r in apply_rule(em, layer, a.rule, r_outs)]
-            if book is not None:
-                book.leave(node, r_ins)
-            steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
-                              tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
-                                    if v is not None and v.name.startswith("lrp/"))))
-            keeps = zero_preserving(a.op, a.rule, node)
-            if keeps == "inherit":
-                keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
-            for x, r in zip(xs, r_ins):
-                if r is not None:
-                    rel.setdefault(id(x), []).append(r)
-                    zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+                book.leave(node, r_outs[:1])
+            zero_where_zero[id(src)] = False
+            return
+        xs = a.op.relevance_values(node)
+        z = node.outputs[0]
+        if a.op.category == "linear" and "lrp_bias_add" in node.meta:
+            z = node.meta["lrp_bias_add"].outputs[0]
+        layer = Layer(node, a.op, xs, z, [self.nonneg.get(id(x), False) for x in xs])
+        if not (a.op.category == "move" or a.op.multi_output) and r_outs[0] is None:
+            return
+        layer.relu_out = _relu_after(z, self.by_node, zero_where_zero)
+        with em.scope(node.name):
+            if grad:
+                r_ins = a.rule.propagate_grad(em, layer, r_outs)
+            else:
+                r_ins = [None if r is None else Rel(r) for r in a.rule.propagate(em, layer, r_outs)]
+        if book is not None:
+            book.leave(node, r_ins)
+        self.steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
+                               tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
+                                     if v is not None and v.name.startswith("lrp/"))))
+        keeps = a.rule.zero_preserving(a.op, node)
+        if keeps == "inherit":
+            keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
+        for x, r in zip(xs, r_ins):
+            if r is not None:
+                rel.setdefault(id(x), []).append(r)
+                zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
 
-    except LrpError:
-        raise
-    except MemoryError:
-        raise InputError(f"out of memory while building the relevance of node {current.name} ({current.op_type}); "
-                         "the model (or a dimension of it) is too large for this machine") from None
-    except Exception as exc:  # a bug: named by node, never a bare traceback
-        raise internal_error(current, exc) from exc
-
-    outputs = list(graph.outputs)
-    reached = 0
-    for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT, POSITION_INPUT)]:
-        if not carries(x):
-            if x.dtype is None or not x.dtype.is_integer():
+    # ---------------------------------------------------------------------------------------------- outputs
+    def input_relevance(self) -> list[ir.Value]:
+        """``lrp/relevance/<input>`` for every graph input that carries relevance (token ids: per token)."""
+        em, graph = self.em, self.graph
+        outputs = []
+        for x in [v for v in graph.inputs if v.name not in (TARGET_INPUT, ONE_HOT_INPUT, POSITION_INPUT)]:
+            if not carries(x):
+                if x.dtype is None or not x.dtype.is_integer():
+                    continue
+                with em.scope(f"input/{x.name}"):  # token ids: relevance at their embedding lookups, per token
+                    r = token_relevance(em, graph, x, lambda v: self.total(v, f"input/{x.name}"))
+                if r is None:
+                    continue
+                self.reached += 1
+                with em.scope(f"input/{x.name}"):
+                    r = em.op("Identity", r, tag="relevance")
+                r.name = RELEVANCE_PREFIX + x.name
+                r.type = ir.TensorType(em.dtype)
+                r.shape = x.shape
+                outputs.append(r)
                 continue
-            with em.scope(f"input/{x.name}"):  # token ids: relevance at their embedding lookups, per token
-                r = token_relevance(em, graph, x, lambda v: total(v, f"input/{x.name}"))
-            if r is None:
-                continue
-            reached += 1
+            r = self.total(x, f"input/{x.name}")
+            self.reached += r is not None
             with em.scope(f"input/{x.name}"):
+                r = r if r is not None else em.zeros_like(x)
+                if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
+                    r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
                 r = em.op("Identity", r, tag="relevance")
-            r.name = RELEVANCE_PREFIX + x.name
-            r.type = ir.TensorType(em.dtype)
-            r.shape = x.shape
+            _name_output(r, RELEVANCE_PREFIX + x.name, x)
             outputs.append(r)
-            continue
-        r = total(x, f"input/{x.name}")
-        reached += r is not None
-        with em.scope(f"input/{x.name}"):
-            r = r if r is not None else em.zeros_like(x)
-            if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
-                r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
-            r = em.op("Identity", r, tag="relevance")
-        _name_output(r, RELEVANCE_PREFIX + x.name, x)
-        outputs.append(r)
-    if not reached:
-        raise UnsupportedError([], _no_path(graph, p, forward_nodes))
-    produced = {o.name for o in outputs}
-    for vid, name in watch.items():
-        v = values[name]
-        if v.is_graph_input():  # the input's own relevance output already is this tensor's relevance
-            if RELEVANCE_PREFIX + name not in produced:
-                raise InputError(f"relevance at {name!r}: this graph input carries no relevance (not a float "
-                                 "activation); name a tensor from `onnx-lrp inspect`")
-            continue
-        if RELEVANCE_PREFIX + name in produced:
-            continue  # named twice
-        produced.add(RELEVANCE_PREFIX + name)
-        r = total(v, f"at/{name}")
-        with em.scope(f"at/{name}"):
-            r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
-        _name_output(r, RELEVANCE_PREFIX + name, v)
-        outputs.append(r)
-    outputs.append(target_used)
-    outputs.append(explained_value)
-    if book is not None:
-        outputs.extend(book.finish())
-    graph.outputs.clear()
-    graph.outputs.extend(outputs)
-    return model
+        if not self.reached:
+            raise UnsupportedError([], _no_path(graph, self.plan, self.forward_nodes))
+        self.produced = {o.name for o in list(graph.outputs) + outputs}
+        return outputs
+
+    def watched_relevance(self) -> list[ir.Value]:
+        """``lrp/relevance/<tensor>`` for the tensors of ``relevance_at``."""
+        em, produced = self.em, self.produced
+        outputs = []
+        for vid, name in self.watch.items():
+            v = self.values[name]
+            if v.is_graph_input():  # the input's own relevance output already is this tensor's relevance
+                if RELEVANCE_PREFIX + name not in produced:
+                    raise InputError(f"relevance at {name!r}: this graph input carries no relevance (not a float "
+                                     "activation); name a tensor from `onnx-lrp inspect`")
+                continue
+            if RELEVANCE_PREFIX + name in produced:
+                continue  # named twice
+            produced.add(RELEVANCE_PREFIX + name)
+            r = self.total(v, f"at/{name}")
+            with em.scope(f"at/{name}"):
+                r = em.op("Identity", r if r is not None else em.zeros_like(v), tag="relevance")
+            _name_output(r, RELEVANCE_PREFIX + name, v)
+            outputs.append(r)
+        return outputs
+
+    def extra_outputs(self) -> list[ir.Value]:
+        """The target used, the explained value and the ledger's sums."""
+        outputs = [self.target_used, self.explained_value]
+        if self.book is not None:
+            outputs.extend(self.book.finish())
+        return outputs
 
 
 def _no_path(graph: ir.Graph, p: Plan, forward_nodes: list) -> str:
@@ -577,22 +614,13 @@ def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value |
         return None
     relu = uses[0].node
     a = by_node.get(id(relu))
-    if not _is_rectifier(relu) or a is None or not isinstance(a.rule, Pass):
+    rectifier = REGISTRY.get(relu.op_type)
+    if rectifier is None or not rectifier.zero_below_zero(relu) or a is None or not isinstance(a.rule, Pass):
         return None
     out = relu.outputs[0]
     if not zero_where_zero.get(id(out), False):
         return None
     return out if relu.op_type == "Relu" else z  # a Clip(0, max): the caller takes relu(z) itself
-
-
-def _is_rectifier(node: ir.Node) -> bool:
-    """Relu, or Clip with min exactly 0 (ReLU6): zero exactly where its input is <= 0."""
-    if node.op_type == "Relu":
-        return True
-    if node.op_type != "Clip" or len(node.inputs) < 2 or node.inputs[1] is None:
-        return False
-    lo = node.inputs[1].const_value
-    return lo is not None and float(lo.numpy()) == 0.0
 
 
 def _name_output(r: ir.Value, name: str, like: ir.Value) -> None:

@@ -81,6 +81,14 @@ class Runner:
         self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
 
     # ------------------------------------------------------------------ input checks
+    def checked_feeds(self, x) -> dict[str, np.ndarray]:
+        """The feeds of the model's inputs from ``x`` (an array, or a dict by input name), checked and cast."""
+        return self._feeds(x)
+
+    def checked_targets(self, target, batch: int) -> np.ndarray:
+        """One target per item (-1: arg-max) from None, an int or one int per item, checked against the width."""
+        return self._targets(target, batch)
+
     def _feeds(self, x) -> dict[str, np.ndarray]:
         if isinstance(x, dict):
             arrays = dict(x)

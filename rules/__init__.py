@@ -1,17 +1,14 @@
-"""LRP rules and the built-in composites (TOML files in ``composites/``), installed as ``onnx_lrp.rules``."""
-from .recurrent import Recurrent  # noqa: F401  (registers the rule "recurrent" in RULES)
-from .composite import Composite, Entry, NodeInfo, builtin_names, load_composite, parse_composite
-from .rules import (RULES, AlphaBeta, Epsilon, Flat, Gamma, Gradient, GradientXInput, Group, LinearRule, Norm,
-                    Pass, Rule, Term, WSquare, ZBox, ZPlus, make_rule)
-from .attnlrp import TRANSFORMER_RULES, HoldGates, SignalTakeAll, SoftmaxRule, Uniform, Zero
-from .rules import RULE_ALIASES as _ALIASES
+"""LRP rules and the built-in composites (TOML files in ``composites/``), installed as ``onnx_lrp.rules``.
 
-RULES.update({cls.name: cls for cls in TRANSFORMER_RULES})
-_ALIASES.update({"cp-lrp": "cp", "hold-gates": "cp", "attnlrp-softmax": "softmax", "half": "uniform",
-                 "signal_take_all": "signal-take-all", "gate": "signal-take-all"})
+Every rule registers itself (``@register_rule(aliases=...)``) when its module is imported; this package imports
+them all."""
+from .rules import (RULES, AlphaBeta, Epsilon, Flat, Gamma, Gradient, GradientXInput, Group, LinearRule, Norm,
+                    Pass, Rule, Term, WSquare, ZBox, ZPlus, make_rule, register_rule)
+from .attnlrp import HoldGates, SignalTakeAll, SoftmaxRule, Uniform, Zero
+from .recurrent import Recurrent
+from .composite import Composite, Entry, NodeInfo, builtin_names, load_composite, parse_composite
 
 __all__ = ["Composite", "Entry", "NodeInfo", "builtin_names", "load_composite", "parse_composite", "RULES",
            "AlphaBeta", "Epsilon", "Flat", "Gamma", "Gradient", "GradientXInput", "Group", "LinearRule", "Norm",
-           "Pass", "Rule", "Term",
-           "WSquare", "ZBox", "ZPlus", "make_rule", "Uniform", "HoldGates", "SignalTakeAll", "SoftmaxRule",
-           "Zero"]
+           "Pass", "Rule", "Term", "WSquare", "ZBox", "ZPlus", "make_rule", "register_rule", "Uniform", "HoldGates",
+           "SignalTakeAll", "SoftmaxRule", "Zero", "Recurrent"]

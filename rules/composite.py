@@ -29,6 +29,7 @@ from pathlib import Path
 from .rules import RULE_ALIASES, RULES, Norm, Rule, make_rule
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
+BASE_DIR = BUILTIN_DIR / "base"  # shared blocks that composites can `extends`
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
 
 
@@ -174,6 +175,30 @@ def parse_composite(text: str, source: str = "<string>") -> Composite:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"composite {source}: not valid TOML ({exc})") from None
+    entries = _entries(data, source)
+    base = data.get("extends")
+    if base is not None:
+        entries += _base_entries(base, source)
+    if not entries:
+        raise ValueError(f"composite {source}: it has no [[rules]] entries")
+    return Composite(name=str(data.get("name", Path(source).stem)), entries=tuple(entries),
+                     description=str(data.get("description", "")), source=source)
+
+
+def _base_entries(base, source: str) -> list:
+    """The entries of a shared base block (``extends = "zennit"``: ``composites/base/zennit.toml``); they follow the
+    composite's own entries."""
+    names = sorted(p.stem for p in BASE_DIR.glob("*.toml"))
+    if not isinstance(base, str) or base not in names:
+        raise ValueError(f"composite {source}: `extends` must name a shared base block ({', '.join(names)}), "
+                         f"not {base!r}")
+    data = tomllib.loads((BASE_DIR / f"{base}.toml").read_text(encoding="utf-8"))
+    if "extends" in data:
+        raise ValueError(f"composite base {base}: a base block extends no other")
+    return _entries(data, f"base/{base}")
+
+
+def _entries(data: dict, source: str) -> list:
     entries = []
     rules = data.get("rules", [])
     if not isinstance(rules, list):
@@ -209,10 +234,7 @@ def parse_composite(text: str, source: str = "<string>") -> Composite:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"composite {source}: entry {i + 1}: {exc}") from None
         entries.append(Entry(match, rule))
-    if not entries:
-        raise ValueError(f"composite {source}: it has no [[rules]] entries")
-    return Composite(name=str(data.get("name", Path(source).stem)), entries=tuple(entries),
-                     description=str(data.get("description", "")), source=source)
+    return entries
 
 
 def load_composite(spec: "str | Path | Composite") -> Composite:

@@ -1,7 +1,8 @@
 """The rule for recurrent layers (ONNX LSTM, GRU, RNN): LRP for LSTMs (Arras et al. 2017, "Explaining Recurrent
 Neural Network Predictions in Sentiment Analysis"; Arras et al. 2019, "Explaining and Interpreting LSTMs").
 
-It holds numbers only; how the relevance recurrence is emitted (a backward Scan over time) lives beside the ops,
+It holds numbers and says what it does on a recurrent op (``propagate_recurrent``); how the relevance recurrence is
+emitted (a backward Scan over time) lives beside the ops,
 in ``onnx_lrp.ops.recurrent``. Per time step t (``stab(z) = z + eps (sign(z) + (z == 0))``; gates i, f, o, z, r
 get no relevance; element-wise non-linearities pass relevance unchanged):
 
@@ -21,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .rules import RULES, Rule
+from .rules import Rule, register_rule
 
 
+@register_rule
 @dataclass(frozen=True)
 class Recurrent(Rule):
     """LSTM/GRU/RNN: epsilon on W x + R h + b, gate ⊙ signal -> all to the signal, c_t = f c + i g split as a sum by stab(c_t) (Arras et al. 2017, 2019)."""
@@ -35,8 +37,8 @@ class Recurrent(Rule):
         if not self.epsilon >= 0:
             raise ValueError(f"recurrent rule needs epsilon >= 0 (got {self.epsilon})")
 
+    def propagate_recurrent(self, em, layer, r_outs):
+        return layer.op.propagate(em, layer, self, r_outs)
 
-RECURRENT_RULES = (Recurrent,)
-RULES.update({cls.name: cls for cls in RECURRENT_RULES})
 
-__all__ = ["Recurrent", "RECURRENT_RULES"]
+__all__ = ["Recurrent"]

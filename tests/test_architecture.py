@@ -16,11 +16,8 @@ FACADE = "onnx_lrp"
 # the modules a loading pass may import from onnx_lrp (besides itself)
 PASS_MAY_IMPORT = ("onnx_lrp.load.build", "onnx_lrp.graph", "onnx_lrp.errors", "onnx_lrp.ops", "onnx_lrp.names")
 
-# Violations in files that another branch restructures (op facts / rule dispatch, issue 19): listed so this test is
-# green before that branch is merged; the lead empties this list after the merge. Each entry: "module: name".
-KNOWN_PRIVATE_IMPORTS: set[str] = {
-    "onnx_lrp.propagate: onnx_lrp.rules.rules._identity",  # the weight modifier recognised by name (rules dispatch)
-}
+# Known violations, each "module: name" (none since the op facts / rule dispatch half of issue 19 was merged).
+KNOWN_PRIVATE_IMPORTS: set[str] = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -164,3 +161,13 @@ def test_only_load_proto_imports_onnx():
             if any(n == "onnx" or n.startswith("onnx.") for n in names) and m != "onnx_lrp.load.proto":
                 offenders.append(f"{m}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists every package folder (setuptools installs only those listed: a package left out works in
+    an editable install and is missing from a wheel)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"

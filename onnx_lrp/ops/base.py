@@ -33,9 +33,15 @@ class Params:
 class Op:
     kind: str = ""
     op_types: tuple[str, ...] = ()
+    # how rules see the op (they dispatch on it, ``onnx_lrp.rules.Rule``): "linear", "move", "activation", or
+    # "own" (the op applies its rules itself)
+    category: str = ""
 
     data_inputs: tuple[int, ...] | None = None  # the inputs that can carry relevance (None: every input)
     multi_output: bool = False  # relevance may reach any output, not only the first (e.g. LSTM's Y_h alone)
+    # when the output is known to be >= 0: "always", "inputs" (when every input is), "first" (when the data input
+    # is; the others are shapes, indices or axes), None (never known)
+    nonneg: str | None = None
 
     def relevance_inputs(self, node: ir.Node) -> list[int]:
         """Indices of the inputs relevance flows into (float activations among ``data_inputs``)."""
@@ -55,10 +61,30 @@ class Op:
         activations)."""
         return self
 
+    def nonneg_output(self, node: ir.Node, inputs_nonneg: list[bool]) -> bool:
+        """Whether the output is known to be >= 0, given which inputs are (see ``nonneg``)."""
+        if self.nonneg == "always":
+            return True
+        if self.nonneg == "inputs":
+            return all(inputs_nonneg)
+        if self.nonneg == "first":
+            return all(inputs_nonneg[:1])
+        return False
+
+    def zero_below_zero(self, node: ir.Node) -> bool:
+        """Whether the output is zero exactly where the input is <= 0 (Relu, Clip with min 0)."""
+        return False
+
+    def relay_sources(self, node: ir.Node) -> list:
+        """Values that relevance relays to past this node's own inputs (DequantizeLinear of a QuantizeLinear: the
+        float input of the pair); [] for most ops."""
+        return []
+
 
 class LinearOp(Op):
     """z = f(x; w, b), linear in x (one or more activation inputs) for fixed parameters."""
 
+    category = "linear"
     has_params: bool = True
 
     def params(self, node: ir.Node) -> Params:
@@ -84,6 +110,7 @@ def rank_known(self, node: ir.Node) -> str | None:
 
 class ShapeOp(Op):
     kind = "shape"
+    category = "move"
 
     def transpose(self, em: Emitter, node: ir.Node, r_outs: list) -> list:
         raise NotImplementedError
@@ -95,6 +122,7 @@ class ActivationOp(Op):
     not vanish with x, and the next LRP-0/epsilon step divides it by x (f(x)/x is unbounded near x = 0)."""
 
     kind = "activation"
+    category = "activation"
     variant_kinds = ("offset-activation",)  # kinds ``resolve`` can give a node (composites may match them)
 
     data_inputs = (0,)
@@ -117,6 +145,12 @@ class ActivationOp(Op):
         """f'(x) for the Gradient rule, or None when not provided."""
         return None
 
+    def has_derivative(self) -> bool:
+        return type(self).derivative is not ActivationOp.derivative
+
+    def has_pass_grad(self) -> bool:
+        return type(self).pass_grad is not ActivationOp.pass_grad
+
     def pass_grad(self, em: Emitter, node: ir.Node, g: ir.Value):
         """The identity rule (Pass) in gradient form, R_x = f(x) ⊙ g = ref ⊙ g_x: ``(g_x, ref)`` when that needs no
         division (e.g. ``(g ⊙ [x > 0], x)`` for Relu), else None (then R = f(x) ⊙ g passes as it is)."""
@@ -124,22 +158,20 @@ class ActivationOp(Op):
 
 
 class RuleOp(Op):
-    """An op that applies its rules itself (products of activations, softmax, ...): ``fits`` says why a rule
-    cannot apply, ``propagate`` emits the relevance of ``layer.xs`` (None where an input gets none).
-    ``gradient_form`` says whether the rule is exact in gradient form; then ``propagate_grad`` maps the ``Rel`` of
-    the output to the ``Rel`` of each input (see ``onnx_lrp.propagate.Rel``)."""
+    """An op whose rules are written for it alone (products of activations, softmax, recurrent cells, ...): a rule
+    that applies to it implements ``propagate_<family>(em, layer, r_outs)`` (the emitted relevance of ``layer.xs``,
+    None where an input gets none) and, where it is exact in gradient form, ``gradient_form_<family>(op)`` and
+    ``propagate_grad_<family>`` (mapping the ``Rel`` of the output to the ``Rel`` of each input; see
+    ``onnx_lrp.propagate.Rel``), calling the op's own steps. ``refusal`` names the op for the rules that do not."""
+
+    category = "own"
+    family: str = ""
+    refusal: str = ""
 
     def fits(self, rule) -> str | None:
-        raise NotImplementedError
-
-    def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
-        raise NotImplementedError
-
-    def gradient_form(self, rule) -> bool:
-        return False
-
-    def propagate_grad(self, em: Emitter, layer, rule, r_outs: list) -> list:
-        raise NotImplementedError
+        if hasattr(rule, "propagate_" + self.family):
+            return None
+        return f"rule {rule.name} on {self.refusal}"
 
 
 def stabilized(em: Emitter, z: ir.Value, eps: float, tag: str = "stab") -> ir.Value:
@@ -187,6 +219,8 @@ def register(op):
     """Register an op (a class, instantiated here, or an instance) under each of its op types."""
     inst = op() if isinstance(op, type) else op
     for t in inst.op_types:
+        if t in REGISTRY:  # one handler per op type: where it means several things, one dispatcher resolves
+            raise ValueError(f"op type {t} registered twice ({type(REGISTRY[t]).__name__}, {type(inst).__name__})")
         REGISTRY[t] = inst
     return op
 

@@ -16,6 +16,10 @@ from .base import ActivationOp, const, register
 @register
 class Relu(ActivationOp):
     op_types = ("Relu",)
+    nonneg = "always"
+
+    def zero_below_zero(self, node):
+        return True
 
     def pass_grad(self, em, node, g):  # relu(x) / x = [x > 0]
         return em.op("Where", em.op("Greater", node.inputs[0], em.scalar(0.0), tag="x_pos"), g, em.scalar(0.0),
@@ -39,6 +43,7 @@ class LeakyRelu(ActivationOp):
 @register
 class Sigmoid(ActivationOp):
     op_types = ("Sigmoid",)
+    nonneg = "always"
 
     def at_zero(self, node):
         return 0.5
@@ -60,6 +65,7 @@ class Tanh(ActivationOp):
 @register
 class HardSigmoid(ActivationOp):
     op_types = ("HardSigmoid",)
+    nonneg = "always"
 
     def at_zero(self, node):
         return min(max(node.attributes.get_float("beta", 0.5), 0.0), 1.0)
@@ -75,6 +81,7 @@ class HardSigmoid(ActivationOp):
 @register
 class Exp(ActivationOp):
     op_types = ("Exp",)
+    nonneg = "always"
 
     def at_zero(self, node):
         return 1.0
@@ -86,6 +93,7 @@ class Exp(ActivationOp):
 @register
 class Softplus(ActivationOp):
     op_types = ("Softplus",)
+    nonneg = "always"
 
     def at_zero(self, node):
         return float(np.log(2.0))
@@ -127,6 +135,20 @@ class Clip(ActivationOp):
             hi = node.attributes.get_float("max", np.inf)
         return float(min(max(0.0, lo), hi))
 
+    def zero_below_zero(self, node):
+        """Clip with min exactly 0 (ReLU6)."""
+        if len(node.inputs) < 2 or node.inputs[1] is None:
+            return False
+        lo = node.inputs[1].const_value
+        return lo is not None and float(lo.numpy()) == 0.0
+
+    def nonneg_output(self, node, inputs_nonneg):
+        lo = const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if lo is None:
+            lo_attr = node.attributes.get_float("min", -np.inf) if "min" in node.attributes else -np.inf
+            return lo_attr >= 0 or (inputs_nonneg and inputs_nonneg[0])
+        return float(np.min(lo)) >= 0 or (inputs_nonneg and inputs_nonneg[0])
+
     def derivative(self, em, node):
         x = node.inputs[0]
         inside = em.op("Equal", x, node.outputs[0], tag="inside")
@@ -144,7 +166,8 @@ class PRelu(ActivationOp):
 register(type("OtherActivation", (ActivationOp,), {
     "op_types": ("Elu", "Selu", "Celu", "HardSwish", "Softsign", "Gelu", "Mish", "ThresholdedRelu", "Shrink", "Erf",
                  "Abs", "Neg", "Sin"),
-    "__doc__": "Smooth or piecewise element-wise non-linearities with f(0) = 0: Pass only."}))
+    "__doc__": "Smooth or piecewise element-wise non-linearities with f(0) = 0: Pass only.",
+    "nonneg_output": lambda self, node, inputs_nonneg: node.op_type == "Abs"}))
 
 
 @register
@@ -153,19 +176,5 @@ class LRN(ActivationOp):
 
     kind = "lrn"
     op_types = ("LRN",)
+    nonneg = "inputs"
 
-
-def nonneg_output(node, inputs_nonneg: list[bool]) -> bool:
-    """Whether an element-wise op's output is known to be >= 0."""
-    t = node.op_type
-    if t in ("Relu", "Sigmoid", "Softplus", "HardSigmoid", "Abs", "Exp", "Softmax"):
-        return True
-    if t == "Mul":  # e.g. a gated signal relu(h) * sigmoid(s)
-        return bool(inputs_nonneg) and all(inputs_nonneg[:2])
-    if t == "Clip":
-        lo = const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-        if lo is None:
-            lo_attr = node.attributes.get_float("min", -np.inf) if "min" in node.attributes else -np.inf
-            return lo_attr >= 0 or (inputs_nonneg and inputs_nonneg[0])
-        return float(np.min(lo)) >= 0 or (inputs_nonneg and inputs_nonneg[0])
-    return False

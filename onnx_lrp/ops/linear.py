@@ -278,7 +278,6 @@ class Gemm(LinearOp):
         return [em.op("Gemm", s, wc, tag="JTs", transB=1)]
 
 
-@register
 class MatMul(LinearOp):
     """z = x W (or W x) with a constant W; J^T s = s W^T (or W^T s), summed over broadcast batch axes."""
 
@@ -444,6 +443,7 @@ class Sum(LinearOp):
 
     kind = "sum"
     has_params = False
+    nonneg = "inputs"
 
     def __init__(self, op_type):
         self.op_types = (op_type,)
@@ -520,6 +520,13 @@ class ElementwiseBinary(Op):
             return self.runtime
         return self.channel if "lrp_channel_affine" in node.meta else self.affine
 
+    def nonneg_output(self, node, inputs_nonneg):
+        if node.op_type == "Add":
+            return all(inputs_nonneg)
+        if node.op_type == "Mul":  # e.g. a gated signal relu(h) * sigmoid(s)
+            return bool(inputs_nonneg) and all(inputs_nonneg[:2])
+        return False
+
     def check(self, node):
         acts = [v for v in node.inputs if carries(v)]
         if node.op_type in ("Mul", "Div") and len(acts) > 1:
@@ -527,6 +534,6 @@ class ElementwiseBinary(Op):
         return None
 
 
-for _t in ("Add", "Sub", "Mul", "Div"):
+for _t in ("Add", "Sub"):  # Mul and Div: one dispatcher with the products (onnx_lrp.ops.transformer.Products)
     register(ElementwiseBinary(_t))
 register(Sum("Sum"))

@@ -68,6 +68,7 @@ class AveragePool(_Pool):
 
     kind = "avgpool"
     op_types = ("AveragePool",)
+    nonneg = "inputs"
 
     def check(self, node):
         bad = _window_misfit(node)
@@ -213,12 +214,14 @@ class _Reduce(_Pool):
 class GlobalAveragePool(_Reduce):
     kind = "avgpool"
     op_types = ("GlobalAveragePool", "ReduceMean")
+    nonneg = "inputs"
 
 
 @register
 class ReduceSum(_Reduce):
     kind = "sum"
     op_types = ("ReduceSum",)
+    nonneg = "inputs"
 
 
 @register
@@ -227,6 +230,7 @@ class MaxPool(_Pool):
 
     kind = "maxpool"
     op_types = ("MaxPool",)
+    nonneg = "inputs"
 
     def check(self, node):
         bad = _window_misfit(node)
@@ -261,6 +265,7 @@ class GlobalMaxPool(_Reduce):
 
     kind = "maxpool"
     op_types = ("GlobalMaxPool", "ReduceMax", "ReduceMin")
+    nonneg = "inputs"
 
     def mean(self, node):
         return False

@@ -36,6 +36,9 @@ class DequantizeRelay(ShapeOp):
 
     op_types = ("DequantizeLinear",)
 
+    def relay_sources(self, node):
+        return relay_sources(node)
+
     def relevance_inputs(self, node):
         return []
 

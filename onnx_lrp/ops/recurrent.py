@@ -19,6 +19,8 @@ forward only (their share of the relevance is not returned, like a bias's).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -81,6 +83,8 @@ class Recurrent(RuleOp):
     """LSTM / GRU / RNN with constant weights: LRP for LSTMs (``rules.recurrent.Recurrent``)."""
 
     kind = "recurrent"
+    family = "recurrent"
+    refusal = "a recurrent layer (use recurrent)"
     op_types = ("LSTM", "GRU", "RNN")
     multi_output = True  # relevance may arrive at Y_h / Y_c alone
 
@@ -118,10 +122,6 @@ class Recurrent(RuleOp):
             return "X is not of rank 3"
         return None
 
-    def fits(self, rule):
-        if getattr(rule, "name", "") == "recurrent":
-            return None
-        return f"rule {getattr(rule, 'name', rule)} on a recurrent layer (use recurrent)"
 
     # ------------------------------------------------------------------------------------------ emission
     def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
@@ -193,9 +193,9 @@ class Recurrent(RuleOp):
                 ryc = None
                 if t == "LSTM":
                     ryc = _take(em, r_yc, d, 0, "r_yc") if r_yc is not None else zeros_bh
-                cell = dict(LSTM=_lstm, GRU=_gru, RNN=_rnn)[t]
-                s_sig, w_sig, rh, rc = cell(em, node, xd, w, r, b, p_all[d] if p_all is not None else None, clip,
-                                            a_fw, h0, c0, ry, ryh, ryc, mask, eps, hidden)
+                step = dict(LSTM=_lstm, GRU=_gru, RNN=_rnn)[t]
+                s_sig, w_sig, rh, rc = step(em, Cell(node, xd, w, r, b, p_all[d] if p_all is not None else None,
+                                                     clip, a_fw, h0, c0, ry, ryh, ryc, mask, eps, hidden))
                 jt = em.op("MatMul", s_sig, em.const(w_sig, tag="w_signal"), tag="JTs_x")
                 rx = em.mul(xd, jt, tag="r_x")
                 r_x_parts.append(reverse_t(rx, "r_x_unrev") if rev else rx)
@@ -212,6 +212,31 @@ class Recurrent(RuleOp):
 
 
 # ------------------------------------------------------------------------------------------ cells
+@dataclass
+class Cell:
+    """One direction of a recurrent layer as ``_lstm`` / ``_gru`` / ``_rnn`` read it: the input sequence ``xd``
+    (time-reversed for the backward direction), this direction's weights ``w``, ``r``, bias ``b`` and peepholes
+    ``p``, ``clip``, the activations, the initial states ``h0`` / ``c0``, the relevance of Y (``ry``), Y_h
+    (``ryh``) and Y_c (``ryc``), the length mask [T, B, 1] (or None), the rule's ``eps`` and the hidden size."""
+
+    node: ir.Node
+    xd: ir.Value
+    w: np.ndarray
+    r: np.ndarray
+    b: np.ndarray
+    p: np.ndarray | None
+    clip: float | None
+    acts: list
+    h0: ir.Value
+    c0: ir.Value | None
+    ry: ir.Value | None
+    ryh: ir.Value
+    ryc: ir.Value | None
+    mask: ir.Value | None
+    eps: float
+    hid: int
+
+
 def _take(em, v, d, axis, tag):
     """Direction d of v along ``axis`` (the axis removed)."""
     return em.op("Squeeze", em.op("Gather", v, em.ints([d]), axis=axis, tag=f"{tag}_d"), em.ints([axis]), tag=tag)
@@ -245,8 +270,10 @@ def _backward_step(sub, rh, sc, ry, mask):
     return rh, m, sc[k + (1 if mask is not None else 0):]
 
 
-def _lstm(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, hid):
+def _lstm(em, cell: Cell):
     """ONNX LSTM, gates in the order i, o, f, c (ONNX's iofc)."""
+    node, xd, w, r, b, p, clip, acts = cell.node, cell.xd, cell.w, cell.r, cell.b, cell.p, cell.clip, cell.acts
+    h0, c0, ry, ryh, ryc, mask, eps, hid = cell.h0, cell.c0, cell.ry, cell.ryh, cell.ryc, cell.mask, cell.eps, cell.hid
     f_act, g_act, h_act = acts
     xw = _input_proj(em, xd, w, b[:4 * hid] + b[4 * hid:])
     fl = em.dtype
@@ -296,8 +323,10 @@ def _lstm(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps,
     return s_a, np.ascontiguousarray(w[3 * hid:]), rh0, rc0
 
 
-def _gru(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, hid):
+def _gru(em, cell: Cell):
     """ONNX GRU, gates in the order z, r, h."""
+    node, xd, w, r, b, clip, acts = cell.node, cell.xd, cell.w, cell.r, cell.b, cell.clip, cell.acts
+    h0, ry, ryh, mask, eps, hid = cell.h0, cell.ry, cell.ryh, cell.mask, cell.eps, cell.hid
     f_act, g_act = acts
     lbr = node.attributes.get_int("linear_before_reset", 0)
     wb, rb = b[:3 * hid], b[3 * hid:]
@@ -352,8 +381,10 @@ def _gru(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, 
     return s_a, np.ascontiguousarray(w[2 * hid:]), rh0, None
 
 
-def _rnn(em, node, xd, w, r, b, p, clip, acts, h0, c0, ry, ryh, ryc, mask, eps, hid):
+def _rnn(em, cell: Cell):
     """ONNX RNN: h_t = f(x W^T + h R^T + Wb + Rb)."""
+    xd, w, r, b, clip, acts = cell.xd, cell.w, cell.r, cell.b, cell.clip, cell.acts
+    h0, ry, ryh, mask, eps, hid = cell.h0, cell.ry, cell.ryh, cell.mask, cell.eps, cell.hid
     (f_act,) = acts
     xw = _input_proj(em, xd, w, b[:hid] + b[hid:])
     fl = em.dtype

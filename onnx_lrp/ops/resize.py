@@ -82,6 +82,7 @@ class Resize(LinearOp):
 
     kind = "avgpool"
     op_types = ("Resize",)
+    nonneg = "inputs"
     has_params = False
     data_inputs = (0,)
 

@@ -135,6 +135,7 @@ class TopK(ShapeOp):
     (like a max pool); the integer indices output carries no relevance."""
 
     op_types = ("TopK",)
+    nonneg = "inputs"
     data_inputs = (0,)
 
     check = rank_known
@@ -225,6 +226,7 @@ class Extremum(Op):
         self.of_many = ExtremumOf(op_type)
         self.with_const = ExtremumWithConstant(op_type)
         self.kind = "maxpool"
+        self.nonneg = "inputs"
 
     def resolve(self, node):
         acts = [v for v in node.inputs if carries(v)]

@@ -18,6 +18,7 @@ class ReshapeLike(ShapeOp):
     """Reshape, Flatten, Squeeze, Unsqueeze: J^T r = reshape(r, shape(x))."""
 
     op_types = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    nonneg = "first"
 
     data_inputs = (0,)
 
@@ -28,6 +29,7 @@ class ReshapeLike(ShapeOp):
 @register
 class Transpose(ShapeOp):
     op_types = ("Transpose",)
+    nonneg = "inputs"
 
     data_inputs = (0,)
 
@@ -48,6 +50,9 @@ class Identity(ShapeOp):
     """Cast between float types (and Identity/Dropout left in place): relevance passes, cast back."""
 
     op_types = ("Cast", "Identity", "Dropout", "CastLike")
+
+    def nonneg_output(self, node, inputs_nonneg):
+        return node.op_type in ("Cast", "Identity") and all(inputs_nonneg)
 
     def relevance_inputs(self, node):
         if not carries(node.inputs[0]) or not carries(node.outputs[0]):
@@ -79,6 +84,7 @@ class Concat(ShapeOp):
     """J^T r = split r along the axis into the inputs' sizes (static)."""
 
     op_types = ("Concat",)
+    nonneg = "inputs"
 
     def check(self, node):
         x = node.inputs[0]
@@ -110,6 +116,7 @@ class Split(ShapeOp):
     """J^T (r_1, ..., r_k) = concat(r_i, zeros where an output got no relevance)."""
 
     op_types = ("Split",)
+    nonneg = "inputs"
 
     data_inputs = (0,)
 
@@ -143,6 +150,7 @@ class Slice(ShapeOp):
     """J^T r = r scattered back to the sliced positions, zeros elsewhere (any steps, constant bounds)."""
 
     op_types = ("Slice",)
+    nonneg = "first"
 
     data_inputs = (0,)
 
@@ -205,11 +213,11 @@ class Slice(ShapeOp):
         return [r]
 
 
-@register
 class Gather(ShapeOp):
     """Gather with constant indices from an activation: J^T r = scatter-add r into zeros at the indices."""
 
     op_types = ("Gather",)
+    nonneg = "first"
 
     data_inputs = (0,)
 
@@ -376,6 +384,7 @@ class Expand(ShapeOp):
     """J^T r = r summed over the broadcast axes (Expand, Tile-free broadcasting)."""
 
     op_types = ("Expand",)
+    nonneg = "first"
 
     data_inputs = (0,)
 
@@ -409,6 +418,7 @@ class DepthSpace(ShapeOp):
     (reshape r to the transposed shape, inverse permutation, reshape to x)."""
 
     op_types = ("DepthToSpace", "SpaceToDepth")
+    nonneg = "inputs"
 
     data_inputs = (0,)
 

@@ -25,8 +25,10 @@ import onnx_ir as ir
 
 from .. import patterns
 from ..graph import Emitter, static_dims
-from .base import (REGISTRY, ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, affine_back, affine_out,
-                   carries, const, is_param, out_dims, register, stabilized)
+from .base import (ActivationOp, LinearOp, Op, Params, Rel, RuleOp, ShapeOp, affine_back, affine_out, carries, const,
+                   is_param, out_dims, register, stabilized)
+from .linear import ElementwiseBinary, MatMul
+from .shape import Gather
 
 
 def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
@@ -34,14 +36,6 @@ def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
     if em.opset >= 18:
         return em.op("ReduceMean", v, em.ints(axes), keepdims=1, tag=tag)
     return em.op("ReduceMean", v, axes=list(axes), keepdims=1, tag=tag)
-
-
-def _rule_name(rule) -> str:
-    return getattr(rule, "name", type(rule).__name__)
-
-
-def _eps(rule) -> float:
-    return float(getattr(rule, "epsilon", getattr(rule, "stabilizer", 1e-6)))
 
 
 # ------------------------------------------------------------------------------------------ products
@@ -56,9 +50,13 @@ def _einsum_terms(eq: str):
 
 
 class Product(RuleOp):
-    """z = a @ b, a ⊙ b or einsum(a, b) with two activation operands (or one activation and a constant)."""
+    """z = a @ b, a ⊙ b or einsum(a, b) with two activation operands (or one activation and a constant). Rules:
+    ``propagate_product`` (uniform, cp, zero) with the steps ``share`` / ``share_grad`` over the operands they
+    choose (``operands``, or ``free_operands``: CP-LRP holds the gates)."""
 
     kind = "bilinear"
+    family = "product"
+    refusal = "a product of activations (use uniform, cp or zero)"
 
     def __init__(self, op_type):
         self.op_types = (op_type,)
@@ -84,11 +82,6 @@ class Product(RuleOp):
                 if any(c not in out and c not in other for c in term):
                     return f"index summed inside operand {i} alone ({eq})"
         return None
-
-    def fits(self, rule):
-        if _rule_name(rule) in ("uniform", "cp", "zero"):
-            return None
-        return f"rule {_rule_name(rule)} on a product of activations (use uniform, cp or zero)"
 
     # J^T of the product with respect to operand i, the others fixed
     def vjp(self, em: Emitter, node: ir.Node, s: ir.Value, i: int) -> ir.Value:
@@ -116,45 +109,36 @@ class Product(RuleOp):
                 g = em.unbroadcast(g, zd, x, tag=f"JTs{i}_sum")
         return g
 
-    def _share(self, em, layer, r_out, among: list[int], tag: str) -> dict:
-        """R_i = x_i ⊙ J_i^T(R / (k stab(z))) for the k operands ``among``."""
-        node = layer.node
-        z = node.outputs[0]
-        k = len(among)
-        s = em.div(r_out, stabilized(em, z, self._eps, tag=f"{tag}_stab"), tag=f"{tag}_s")
-        s = em.scale(s, 1.0 / k, tag=f"{tag}_s_k")
-        return {i: em.mul(node.inputs[i], self.vjp(em, node, s, i), tag=f"{tag}_r{i}") for i in among}
+    def operands(self, node) -> list[int]:
+        """The operands that carry relevance (uniform: all of them share it)."""
+        return self.relevance_inputs(node)
 
-    def _among(self, node, name):
-        idx = self.relevance_inputs(node)
-        if name == "uniform":
-            return idx
-        return cp_shares(node, idx)
+    def free_operands(self, node) -> list[int]:
+        """The operands that are no gate (CP-LRP), see ``cp_shares``."""
+        return cp_shares(node, self.relevance_inputs(node))
 
-    def gradient_form(self, rule):
-        return _rule_name(rule) == "zero" or (_rule_name(rule) in ("uniform", "cp") and _eps(rule) == 0)
-
-    def propagate_grad(self, em, layer, rule, r_outs):
-        """g_i = J_i^T g / k for the k operands that share the relevance (LRP-0 limit of ``_share``)."""
-        node = layer.node
-        idx = self.relevance_inputs(node)
-        among = [] if _rule_name(rule) == "zero" or r_outs[0] is None else self._among(node, _rule_name(rule))
-        if not among:
-            return [None] * len(idx)
-        s = em.scale(r_outs[0].normalised(em, node.outputs[0]), 1.0 / len(among), tag="s_k")
-        return [Rel(self.vjp(em, node, s, i), node.inputs[i]) if i in among else None for i in idx]
-
-    def propagate(self, em, layer, rule, r_outs):
+    def share(self, em, layer, r_outs, among: list[int], eps: float, tag: str) -> list:
+        """R_i = x_i ⊙ J_i^T(R / (k stab(z))) for the k operands ``among`` (None for the others)."""
         node = layer.node
         idx = self.relevance_inputs(node)
         r_out = r_outs[0]
-        name = _rule_name(rule)
-        self._eps = _eps(rule)
-        if name == "zero" or r_out is None:
+        if r_out is None or not among:
             return [None] * len(idx)
-        among = self._among(node, name)  # cp: gates held constant
-        got = self._share(em, layer, r_out, among, "u" if name == "uniform" else "cp") if among else {}
+        z = node.outputs[0]
+        k = len(among)
+        s = em.div(r_out, stabilized(em, z, eps, tag=f"{tag}_stab"), tag=f"{tag}_s")
+        s = em.scale(s, 1.0 / k, tag=f"{tag}_s_k")
+        got = {i: em.mul(node.inputs[i], self.vjp(em, node, s, i), tag=f"{tag}_r{i}") for i in among}
         return [got.get(i) for i in idx]
+
+    def share_grad(self, em, layer, r_outs, among: list[int]) -> list:
+        """g_i = J_i^T g / k for the k operands that share the relevance (LRP-0 limit of ``share``)."""
+        node = layer.node
+        idx = self.relevance_inputs(node)
+        if r_outs[0] is None or not among:
+            return [None] * len(idx)
+        s = em.scale(r_outs[0].normalised(em, node.outputs[0]), 1.0 / len(among), tag="s_k")
+        return [Rel(self.vjp(em, node, s, i), node.inputs[i]) if i in among else None for i in idx]
 
 
 # how strongly an operand is a gate (CP-LRP holds the strongest): attention weights and sigmoid gates over
@@ -174,60 +158,52 @@ def cp_shares(node: ir.Node, idx: list[int]) -> list[int]:
 
 
 class Gate(RuleOp):
-    """z = h ⊙ g with g a sigmoid / hard-sigmoid gate (``patterns.match_gate``); ``layer.xs`` is [h, g]."""
+    """z = h ⊙ g with g a sigmoid / hard-sigmoid gate (``patterns.match_gate``); ``layer.xs`` is [h, g]. Rules:
+    ``propagate_gate`` (signal-take-all: the steps ``signal`` / ``signal_grad``; uniform, cp, zero: as on any
+    product, ``as_product``)."""
 
     kind = "gate"
+    family = "gate"
+    refusal = "a gated product (use signal-take-all, uniform, cp or zero)"
     op_types = ()
 
     def relevance_values(self, node):
         m = node.meta["lrp_pattern"]
         return [m.source, m.gate]
 
-    def fits(self, rule):
-        if _rule_name(rule) in ("signal-take-all", "uniform", "cp", "zero"):
-            return None
-        return f"rule {_rule_name(rule)} on a gated product (use signal-take-all, uniform, cp or zero)"
-
     def _index(self, node, v):
         return next(i for i, u in enumerate(node.inputs[:2]) if u is v)
 
-    def gradient_form(self, rule):
-        return _rule_name(rule) in ("signal-take-all", "zero") or (
-            _rule_name(rule) in ("uniform", "cp") and _eps(rule) == 0)
-
-    def propagate_grad(self, em, layer, rule, r_outs):
+    def signal_grad(self, em, layer, r_outs):
         """signal-take-all: g_h = J_h^T g (the gate held: g ⊙ gate, summed over broadcast axes), nothing to g."""
-        node, name = layer.node, _rule_name(rule)
-        if name == "zero" or r_outs[0] is None:
+        node = layer.node
+        if r_outs[0] is None:
             return [None, None]
-        if name != "signal-take-all":
-            return self._as_product(em, layer, rule, r_outs, grad=True)
         h, r = layer.xs[0], r_outs[0]
         if r.ref is not node.outputs[0]:  # relevance in hand: R_h = R_z, no division by z
-            return [Rel(self.propagate(em, layer, rule, [r.as_relevance(em, tag="r_out")])[0]), None]
+            return [Rel(self.signal(em, layer, [r.as_relevance(em, tag="r_out")])[0]), None]
         return [Rel(PRODUCT_MUL.vjp(em, node, r.value, self._index(node, h)), h), None]
 
-    def propagate(self, em, layer, rule, r_outs):
+    def signal(self, em, layer, r_outs):
         """signal-take-all: R_h = R_z (summed over broadcast axes), R_g = 0."""
-        node, name = layer.node, _rule_name(rule)
+        node = layer.node
         r = r_outs[0]
-        if name == "zero" or r is None:
+        if r is None:
             return [None, None]
-        if name != "signal-take-all":
-            return self._as_product(em, layer, rule, r_outs, grad=False)
         h = layer.xs[0]
         zd, hd = static_dims(node.outputs[0]), static_dims(h)
         if hd is not None and zd is not None and hd != zd:
             r = em.unbroadcast(r, zd, h, tag="r_sum")
         return [r, None]
 
-    def _as_product(self, em, layer, rule, r_outs, grad):
+    def as_product(self, em, layer, rule, r_outs, grad):
         """uniform / cp on the two factors, as for any product of activations (cp holds the gate)."""
         node = layer.node
+        if r_outs[0] is None:
+            return [None, None]
         idx = PRODUCT_MUL.relevance_inputs(node)
         plain = type(layer)(node, PRODUCT_MUL, [node.inputs[i] for i in idx], layer.z, layer.nonneg)
-        got = PRODUCT_MUL.propagate_grad(em, plain, rule, r_outs) if grad else \
-            PRODUCT_MUL.propagate(em, plain, rule, r_outs)
+        got = rule.propagate_grad(em, plain, r_outs) if grad else rule.propagate(em, plain, r_outs)
         by_value = {id(node.inputs[i]): r for i, r in zip(idx, got)}
         return [by_value.get(id(x)) for x in layer.xs]
 
@@ -278,9 +254,12 @@ def _affine_of(v: ir.Value, x: ir.Value, depth: int = 0) -> bool:
 
 
 class NormScale(RuleOp):
-    """n / s (or n * (1/s)) with s the detached std or rms of n: linear in n."""
+    """n / s (or n * (1/s)) with s the detached std or rms of n: linear in n. Rules: ``propagate_norm_scale``
+    (epsilon, norm: ``held_scale``; pass; gradient: ``held_scale_gradient``)."""
 
     kind = "normalization"
+    family = "norm_scale"
+    refusal = "a normalisation with a detached scale (use epsilon or pass)"
     op_types = ()
 
     def relevance_inputs(self, node):
@@ -289,26 +268,24 @@ class NormScale(RuleOp):
     def relevance_values(self, node):
         return [node.meta["lrp_pattern"].source]
 
-    def fits(self, rule):
-        if _rule_name(rule) in ("epsilon", "norm", "pass", "gradient"):
-            return None
-        return f"rule {_rule_name(rule)} on a normalisation with a detached scale (use epsilon or pass)"
-
-    def propagate(self, em, layer, rule, r_outs):
+    def held_scale(self, em, layer, r_outs, eps: float):
+        """R_n = z R / stab(z) (epsilon, norm)."""
         r = r_outs[0]
-        name = _rule_name(rule)
-        if name == "pass" or r is None:
+        if r is None:
             return [r]
         z = layer.node.outputs[0]
-        if name == "gradient":  # J^T r = r / s: the numerator's gradient with the scale held
-            return [em.div(em.mul(r, z, tag="rz"), layer.xs[0], tag="r_in")]
-        s = em.div(r, stabilized(em, z, _eps(rule), tag="stab"), tag="s")
+        s = em.div(r, stabilized(em, z, eps, tag="stab"), tag="s")
         return [em.mul(z, s, tag="r_in")]
 
-    def gradient_form(self, rule):
-        return _rule_name(rule) in ("epsilon", "norm") and _eps(rule) == 0
+    def held_scale_gradient(self, em, layer, r_outs):
+        """J^T r = r / s: the numerator's gradient with the scale held (the gradient rule)."""
+        r = r_outs[0]
+        if r is None:
+            return [r]
+        z = layer.node.outputs[0]
+        return [em.div(em.mul(r, z, tag="rz"), layer.xs[0], tag="r_in")]
 
-    def propagate_grad(self, em, layer, rule, r_outs):
+    def held_scale_grad(self, em, layer, r_outs):
         """g_n = J^T g: z = n / scale (or n * inv) with the scale held, so g / scale (or g * inv)."""
         node = layer.node
         n = layer.xs[0]
@@ -319,13 +296,16 @@ class NormScale(RuleOp):
 
 
 # ------------------------------------------------------------------------------------------ dispatchers
-class _Dispatch(Op):
-    """Chooses between the handler already registered for an op type and the transformer handlers."""
+class Products(Op):
+    """MatMul / Mul / Div, one handler for what they can mean: a linear map of one activation (``base``: MatMul or
+    an element-wise affine op with a constant), a product of two activations (``product``; a Div of two activations
+    has none), or a pattern ``onnx_lrp.patterns`` recognised (a normalisation's scale, a gate, a non-linearity of one
+    tensor)."""
 
-    def __init__(self, base: Op, product: Product | None, op_type: str):
+    def __init__(self, base: Op, product: Product | None):
         self.base = base
         self.product = product
-        self.op_types = (op_type,)
+        self.op_types = base.op_types
         self.kind = getattr(base, "kind", "")
 
     def resolve(self, node):
@@ -349,14 +329,17 @@ class _Dispatch(Op):
             return None
         return self.base.check(node)
 
+    def nonneg_output(self, node, inputs_nonneg):
+        return self.base.nonneg_output(node, inputs_nonneg)
+
 
 ELEMENTWISE_OF_ONE = ElementwiseOfOne()
 NORM_SCALE = NormScale()
 GATE = Gate()
 PRODUCT_MUL = Product("Mul")
-REGISTRY["MatMul"] = _Dispatch(REGISTRY["MatMul"], Product("MatMul"), "MatMul")
-REGISTRY["Mul"] = _Dispatch(REGISTRY["Mul"], PRODUCT_MUL, "Mul")
-REGISTRY["Div"] = _Dispatch(REGISTRY["Div"], None, "Div")
+register(Products(MatMul(), Product("MatMul")))
+register(Products(ElementwiseBinary("Mul"), PRODUCT_MUL))
+register(Products(ElementwiseBinary("Div"), None))
 
 
 @register
@@ -438,10 +421,14 @@ register(LayerNorm)
 # ------------------------------------------------------------------------------------------ softmax
 @register
 class Softmax(RuleOp):
-    """R_in = x ⊙ (R_out − softmax(x) ΣR_out) along the softmax axis (AttnLRP)."""
+    """R_in = x ⊙ (R_out − softmax(x) ΣR_out) along the softmax axis (AttnLRP). Rules: ``propagate_softmax``
+    (softmax: ``attn`` / ``attn_grad``; gradient: ``gradient``; zero)."""
 
     kind = "softmax"
+    family = "softmax"
+    refusal = "a softmax (use softmax, gradient or zero)"
     op_types = ("Softmax",)
+    nonneg = "always"
 
     data_inputs = (0,)
 
@@ -450,24 +437,25 @@ class Softmax(RuleOp):
             return "input rank unknown"
         return None
 
-    def fits(self, rule):
-        if _rule_name(rule) in ("softmax", "zero", "gradient"):
-            return None
-        return f"rule {_rule_name(rule)} on a softmax (use softmax, gradient or zero)"
-
-    def propagate(self, em, layer, rule, r_outs):
-        node = layer.node
+    def gradient(self, em, layer, r_outs):
+        """J^T r = y ⊙ (r − Σ y r) (the gradient rule)."""
         r = r_outs[0]
-        name = _rule_name(rule)
-        if name == "zero" or r is None:
+        if r is None:
             return [None]
-        rank = len(node.inputs[0].shape)
-        axis = node.attributes.get_int("axis", -1) % rank
-        x, y = node.inputs[0], node.outputs[0]
-        if name == "gradient":  # J^T r = y ⊙ (r − Σ y r)
-            tot = em.reduce_sum(em.mul(y, r, tag="yr"), [axis], tag="sum_yr")
-            return [em.mul(y, em.sub(r, tot, tag="centred"), tag="r_in")]
-        tot = em.reduce_sum(r, [axis], tag="sum_r")
+        y = layer.node.outputs[0]
+        tot = em.reduce_sum(em.mul(y, r, tag="yr"), [self._axis(layer.node)], tag="sum_yr")
+        return [em.mul(y, em.sub(r, tot, tag="centred"), tag="r_in")]
+
+    def _axis(self, node):
+        return node.attributes.get_int("axis", -1) % len(node.inputs[0].shape)
+
+    def attn(self, em, layer, r_outs):
+        """R_in = x ⊙ (R_out − softmax(x) ΣR_out), zero at masked logits (AttnLRP)."""
+        r = r_outs[0]
+        if r is None:
+            return [None]
+        x, y = layer.node.inputs[0], layer.node.outputs[0]
+        tot = em.reduce_sum(r, [self._axis(layer.node)], tag="sum_r")
         rin = em.mul(x, em.sub(r, em.mul(y, tot, tag="y_sum"), tag="centred"), tag="r_raw")
         return [self._unmask(em, x, rin)]
 
@@ -476,21 +464,17 @@ class Softmax(RuleOp):
         masked = em.op("Less", x, em.scalar(low), tag="masked")  # -inf and the dtype's most negative values
         return em.op("Where", masked, em.scalar(0.0), rin, tag="r_in")
 
-    def gradient_form(self, rule):
-        return _rule_name(rule) in ("softmax", "zero")
-
-    def propagate_grad(self, em, layer, rule, r_outs):
+    def attn_grad(self, em, layer, r_outs):
         """In gradient form the rule is the softmax's own gradient: g_x = y ⊙ (g − Σ y ⊙ g), R_x = x ⊙ g_x (which
         vanishes at masked logits, where y = 0)."""
         node = layer.node
         r = r_outs[0]
-        if _rule_name(rule) == "zero" or r is None:
+        if r is None:
             return [None]
         x, y = node.inputs[0], node.outputs[0]
         if r.ref is not y:
-            return [Rel(self.propagate(em, layer, rule, [r.as_relevance(em, tag="r_out")])[0])]
-        axis = node.attributes.get_int("axis", -1) % len(x.shape)
-        tot = em.reduce_sum(em.mul(y, r.value, tag="yg"), [axis], tag="sum_yg")
+            return [Rel(self.attn(em, layer, [r.as_relevance(em, tag="r_out")])[0])]
+        tot = em.reduce_sum(em.mul(y, r.value, tag="yg"), [self._axis(node)], tag="sum_yg")
         return [Rel(em.mul(y, em.sub(r.value, tot, tag="centred"), tag="g_in"), x)]
 
 
@@ -578,11 +562,15 @@ class Leaf(ShapeOp):
 
 class Lookup(ShapeOp):
     """Gather with computed indices: from a constant table (embedding lookup: the path ends, relevance is
-    reported per token) or from an activation (J^T r = scatter-add r at the indices)."""
+    reported per token) or from an activation (J^T r = scatter-add r at the indices); with constant indices the
+    move ``base`` (``onnx_lrp.ops.shape.Gather``)."""
 
     def __init__(self, base):
         self.base = base
         self.op_types = ("Gather",)
+
+    def nonneg_output(self, node, inputs_nonneg):
+        return self.base.nonneg_output(node, inputs_nonneg)
 
     def resolve(self, node):
         if const(node.inputs[1]) is None:
@@ -626,7 +614,7 @@ class Lookup(ShapeOp):
         return [em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag="r_in")]
 
 
-REGISTRY["Gather"] = Lookup(REGISTRY["Gather"])
+register(Lookup(Gather()))
 
 
 # ------------------------------------------------------------------------------------------ element-wise

@@ -1,0 +1,264 @@
+"""``onnx-lrp concepts``, ``onnx-lrp concept-graph`` and ``onnx-lrp relmax build|show``: Concept Relevance
+Propagation (onnx_lrp.concepts) from the command line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+from onnx_lrp.errors import InputError
+
+from . import heatmap as hm
+from .io import AtomicOutputs, OutputError, check_writable, load_inputs
+from .options import build_explainer, common, composite_with, input_options, preprocess, rule_params
+
+
+def _concepts_arg(top: int | None, concepts: str | None):
+    if top is not None and concepts is not None:
+        raise InputError("give --top K or --concepts, not both")
+    if concepts is None:
+        return f"top:{top or 6}"
+    try:
+        return [[int(c) for c in group.split(",") if c.strip()] for group in concepts.split(";") if group.strip()]
+    except ValueError:
+        raise InputError(f"--concepts {concepts!r}: give channel numbers, ',' within a concept, ';' between "
+                         "concepts (e.g. '35;71,2')") from None
+
+
+def _one_item(input_path, ex, pre, item: int) -> np.ndarray:
+    batch = load_inputs(input_path, ex.inputs, pre)
+    arrays = list(batch.arrays.values())
+    if len(arrays) != 1:
+        raise InputError(f"concepts need a model with one input; this one has {len(arrays)}")
+    a = arrays[0]
+    if not 0 <= item < len(a):
+        raise InputError(f"--item {item} out of range: {input_path} holds {len(a)} item(s)")
+    return a[item:item + 1]
+
+
+def _build(model, composite, rule_kw):
+    return build_explainer(model, composite_with(composite, rule_params(rule_kw)))
+
+
+def _layer_help(ex) -> None:
+    from onnx_lrp import concepts as crp
+
+    for name in crp.layer_names(crp.models_of(ex).graph()):
+        click.echo(name)
+
+
+def concept_picture(res, x: np.ndarray, full: np.ndarray, scale: int | None = None):
+    """The input, the full heatmap and one tile per concept (its channels and share), side by side."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    maps = np.concatenate([hm.relevance_maps(full[None] if full.ndim == x.ndim - 1 else full),
+                           hm.relevance_maps(res.heatmaps)])
+    labels = [[f"all (class {res.target})", f"logit {res.logit:.3g}"]] + [
+        [f"ch {','.join(map(str, g))}", f"share {s:+.1%}"] for g, s in zip(res.concepts, res.shares)]
+    grid = hm.render(maps, labels=labels, style="heatmap", scale=scale)
+    pics = hm.display_images(x)
+    if pics is None:
+        return grid
+    s = hm.tile_scale(*maps.shape[1:]) if scale is None else scale
+    tile = Image.fromarray(np.repeat(np.repeat(pics[0], s, 0), s, 1))
+    canvas = Image.new("RGB", (grid.width + tile.width + 4, max(grid.height, tile.height + 4 + 2 * hm.LINE_H)),
+                       (200, 200, 200))
+    canvas.paste(tile, (4, 4))
+    canvas.paste(grid, (tile.width + 4, 0))
+    ImageDraw.Draw(canvas).text((4, tile.height + 5), "input", fill=(0, 0, 0), font=ImageFont.load_default())
+    return canvas
+
+
+@click.command("concepts")
+@click.argument("model", metavar="MODEL")
+@click.argument("input_path", metavar="INPUT", required=False)
+@click.option("--layer", default=None, metavar="TENSOR", help="The ONNX tensor whose channels are the concepts (a "
+              "Conv's output; --list-layers lists them).")
+@click.option("--top", type=click.IntRange(min=1), default=None, metavar="K",
+              help="The K channels with the largest shares of the relevance (default 6).")
+@click.option("--concepts", "concept_spec", default=None, metavar="C[,C...][;C...]",
+              help="Channels: ',' joins channels into one concept, ';' separates concepts (e.g. '35;71,2').")
+@click.option("--target", type=int, default=None, help="The class explained (default: the arg-max).")
+@click.option("--item", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which item of INPUT (concepts explain one).")
+@click.option("--include-parallel", is_flag=True,
+              help="Let relevance that bypasses the layer (skip connections) reach the heatmaps unmasked "
+                   "(zennit-crp exclude_parallel=False); default: only the graph below the layer.")
+@click.option("--init", type=click.Choice(["logit", "abs", "one-hot", "activation"]), default="logit",
+              show_default=True, help="Start from the target's logit, its absolute value, 1, or the layer's "
+                                      "activation (no target).")
+@click.option("--record", multiple=True, metavar="TENSOR", help="Also return the conditioned relevance here.")
+@click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
+              help="A picture: the input, the full heatmap and one tile per concept with its share.")
+@click.option("-o", "--out", "out", default=None, metavar="OUT.npz", help="heatmaps, shares, concepts, record.")
+@click.option("--list-layers", is_flag=True, help="List the layer tensors of MODEL and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@common
+@input_options
+def concepts(model, input_path, layer, top, concept_spec, target, item, include_parallel, init, record,
+             heatmap_path, out, list_layers, as_json, composite, **kw):
+    """Concept Relevance Propagation: which channels of --layer the prediction used, and where each sits in INPUT.
+
+    Prints each concept's share of the relevance at the layer; --heatmap draws the conditional heatmaps.
+    """
+    pre = preprocess(kw)
+    ex = _build(model, composite, kw)
+    if list_layers:
+        _layer_help(ex)
+        return
+    if input_path is None or layer is None:
+        raise InputError("give MODEL, INPUT and --layer TENSOR (--list-layers lists the layers)")
+    for p in (heatmap_path, out):
+        if p:
+            check_writable(p)
+    if out and Path(out).suffix.lower() != ".npz":
+        raise OutputError(f"-o {out}: give a file name ending in .npz")
+    x = _one_item(input_path, ex, pre, item)
+    res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(top, concept_spec),
+                              exclude_parallel=not include_parallel, record=list(record), init=init)
+    rows = [dict(channels=g, share=float(s)) for g, s in zip(res.concepts, res.shares)]
+    with AtomicOutputs() as w:
+        if heatmap_path:
+            full = ex.explain(x, target=res.target).relevance
+            w.save_png(heatmap_path, concept_picture(res, x, full))
+        if out:
+            arrays = {"heatmaps": res.heatmaps, "shares": res.shares, "channel_shares": res.channel_shares,
+                      "concepts": np.array([g + [-1] * (max(map(len, res.concepts)) - len(g)) for g in res.concepts]),
+                      **{f"relevance_at/{k}": v for k, v in res.relevance_at.items()}}
+            w.save_npz(out, arrays)
+    if as_json:
+        click.echo(json.dumps(dict(layer=layer, target=res.target, logit=res.logit, concepts=rows,
+                                   exclude_parallel=res.exclude_parallel, init=init)))
+        return
+    click.echo(f"class {res.target} (logit {res.logit:.4g}), layer {layer}, "
+               f"{'excluding' if res.exclude_parallel else 'including'} parallel paths:")
+    for r in rows:
+        click.echo(f"  channels {','.join(map(str, r['channels'])):>12}: share {r['share']:+.2%}")
+    for p in (heatmap_path, out):
+        if p:
+            click.echo(f"wrote {p}")
+
+
+@click.command("concept-graph")
+@click.argument("model", metavar="MODEL")
+@click.argument("input_path", metavar="INPUT")
+@click.option("--layer", required=True, metavar="TENSOR", help="The layer of the concept (a Conv's output).")
+@click.option("--concept", type=click.IntRange(min=0), default=None,
+              help="Its channel (default: the channel with the largest share).")
+@click.option("--width", default="5,2", show_default=True, metavar="W[,W...]",
+              help="Lower-level concepts kept per layer, one number per level.")
+@click.option("--target", type=int, default=None, help="The class explained (default: the arg-max).")
+@click.option("--item", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the graph as JSON.")
+@common
+@input_options
+def concept_graph(model, input_path, layer, concept, width, target, item, as_json, composite, **kw):
+    """The attribution graph of a concept: its most relevant lower-level concepts, level by level."""
+    pre = preprocess(kw)
+    try:
+        widths = [int(w) for w in width.split(",")]
+    except ValueError:
+        raise InputError(f"--width {width!r}: give positive ints separated by ',' (e.g. 5,2)") from None
+    ex = _build(model, composite, kw)
+    x = _one_item(input_path, ex, pre, item)
+    if concept is None:
+        concept = int(np.argmax(ex.concept_relevance(x, target, layer)[0]))
+    g = ex.concept_graph(x, target, layer, concept, width=widths)
+    if as_json:
+        click.echo(json.dumps(dict(target=g.target, root=list(g.root), nodes=[list(n) for n in g.nodes],
+                                   edges=[dict(source=list(s), target=[d[0], d[1]], share=d[2])
+                                          for s, ds in g.edges.items() for d in ds])))
+        return
+    click.echo(f"class {g.target}: concept {concept} of {layer}")
+
+    def show(node, depth, seen):
+        for lower, c, share in g.edges.get(node, []):
+            click.echo(f"{'  ' * depth}{share:+7.2%}  {lower} channel {c}")
+            if (lower, c) not in seen:
+                show((lower, c), depth + 1, seen | {(lower, c)})
+
+    show(g.root, 1, {g.root})
+
+
+@click.group("relmax")
+def relmax():
+    """Relevance maximisation: the reference samples of each channel over a dataset (build, then show)."""
+
+
+@relmax.command("build")
+@click.argument("model", metavar="MODEL")
+@click.argument("source", metavar="SOURCE")
+@click.option("--layer", required=True, metavar="TENSOR", help="The layer whose channels get references.")
+@click.option("--out-dir", required=True, metavar="DIR", help="Where the result goes; a rerun resumes.")
+@click.option("--labels", default=None, metavar="FILE.npy", help="One class per item (default: the arg-max).")
+@click.option("--samples", type=click.IntRange(min=1), default=40, show_default=True,
+              help="Reference samples kept per channel.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace a result made with other settings.")
+@common
+@input_options
+def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, batch_size, overwrite, composite, **kw):
+    """Scan SOURCE (a directory, glob, .npy/.npz or Parquet) and keep each channel's most relevant items."""
+    from onnx_lrp import concepts as crp
+    from onnx_lrp.dataset import open_source
+    from onnx_lrp.inputs import input_infos
+
+    pre = preprocess(kw)
+    ex = _build(model, composite, kw)
+    crp.find_tensor(crp.models_of(ex).graph(), layer)
+    src = open_source(source, input_infos(ex.inputs), pre)
+    targets = None
+    if labels:
+        try:
+            targets = np.load(labels)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc})") from None
+    rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples, shard_size, batch_size, overwrite,
+                          log=lambda m: click.echo(m, err=True))
+    click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "
+               f"reference samples of {len(src)} items")
+
+
+@relmax.command("show")
+@click.argument("model", metavar="MODEL")
+@click.argument("source", metavar="SOURCE")
+@click.option("--out-dir", required=True, metavar="DIR", help="What `relmax build` wrote.")
+@click.option("--channels", required=True, metavar="C[,C...]")
+@click.option("--count", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Reference samples per channel.")
+@click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
+              help="One row per channel: the receptive-field heatmaps of its top samples.")
+@common
+@input_options
+def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite, **kw):
+    """Print each channel's reference samples; --heatmap draws their receptive-field heatmaps."""
+    from onnx_lrp import concepts as crp
+    from onnx_lrp.dataset import open_source
+    from onnx_lrp.inputs import input_infos
+
+    pre = preprocess(kw)
+    try:
+        chans = [int(c) for c in channels.split(",")]
+    except ValueError:
+        raise InputError(f"--channels {channels!r}: give ints separated by ','") from None
+    if heatmap_path:
+        check_writable(heatmap_path)
+    ex = _build(model, composite, kw)
+    rm = crp.relmax_load(ex, out_dir)
+    src = open_source(source, input_infos(ex.inputs), pre)
+    for c in chans:
+        if not 0 <= c < rm.indices.shape[1]:
+            raise InputError(f"channel {c} out of range: {rm.layer!r} has {rm.indices.shape[1]} channels")
+        ids = ", ".join(f"{src.ids[int(i)]} ({s:+.3f})" for i, s in zip(rm.indices[:count, c], rm.scores[:count, c]))
+        click.echo(f"channel {c}: {ids}")
+    if heatmap_path:
+        heat = rm.reference_heatmaps(src, chans, count)
+        maps = np.concatenate([hm.relevance_maps(heat[c]) for c in chans])
+        labels = [[f"ch {c}", str(src.ids[int(i)])[-14:]] for c in chans for i in rm.indices[:count, c]]
+        with AtomicOutputs() as w:
+            w.save_png(heatmap_path, hm.render(maps, labels=labels, style="heatmap",
+                                               cols=min(count, rm.indices.shape[0])))
+        click.echo(f"wrote {heatmap_path}")
