@@ -44,18 +44,36 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
     ex = onnx_lrp.Explainer(model, composite=comp, output=output_name, relevance_at=tuple(relevance_at),
                             constants=bound_constants() or None,
                             input_shapes=bound_input_shapes() or None)
-    data = ex.model_bytes_computed() if computed_weights else ex.model_bytes
-    with AtomicOutputs() as w:
-        w.write_bytes(out_path, data)
+    parts = ex.model_parts(computed_weights)
+    if parts.large:  # MODEL.lrp.onnx + MODEL.lrp.onnx.data, the weights streamed from file to file
+        ex.save(out_path, computed_weights)
+        data_path = out_path.with_name(out_path.name + ".data")
+        written = out_path.stat().st_size + data_path.stat().st_size
+        size = model_bytes_on_disk(model)
+        where = f" and {data_path.name}"
+    else:
+        with AtomicOutputs() as w:
+            w.write_bytes(out_path, parts.model_bytes)
+        written, where = len(parts.model_bytes), ""
+        size = Path(model).stat().st_size if Path(model).is_file() else 0
     rel_outputs = [f"lrp/relevance/{n}" for n in (*ex.relevance_inputs, *relevance_at)]
-    size = Path(model).stat().st_size if Path(model).is_file() else 0
-    ratio = f", {len(data) / size:.2f}x the model" if size else ""
-    click.echo(f"wrote {out_path} ({len(data) / 1024:.1f} KiB{ratio}): composite {comp.name}, explains "
+    ratio = f", {written / size:.2f}x the model" if size else ""
+    click.echo(f"wrote {out_path}{where} ({written / 1024:.1f} KiB{ratio}): composite {ex.composite.name}, explains "
                f"{ex.explained_output!r}" + (" (modified weights computed at load)" if computed_weights else ""))
     click.echo(f"  outputs: {', '.join(ex.output_names + rel_outputs + ['lrp/target_used', 'lrp/explained_value'])}")
     seq = ", lrp/position (int64 [N], -1 = the last)" if ex.sequence_rows is not None else ""
     click.echo(f"  inputs to feed besides the model's: lrp/target (int64 [N], -1 = argmax), lrp/one_hot (bool scalar, "
                f"false = start from the logit){seq}")
+
+
+def model_bytes_on_disk(model) -> int:
+    """The model file's bytes plus those of the data files beside it that it names (external data)."""
+    path = Path(model)
+    if not path.is_file():
+        return 0
+    from onnx_lrp import load as loader
+
+    return path.stat().st_size + sum(f.stat().st_size for f in loader.data_files(path))
 
 
 @click.command("inspect")
@@ -89,6 +107,8 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
                 click.echo(f"{n['name']}  {n['op_type']}  UNSUPPORTED  ({n['reason']})")
         click.echo(f"onnx-lrp: {str(exc).split('. ')[0]}", err=True)
         sys.exit(1)
+    from onnx_lrp import choice
+    comp, why = choice.resolve(comp, ir_model, output_name)
     plan = rewriter.plan(ir_model, comp, output=output_name)
     rows = rewriter.describe(plan)
     tensors = {a.node.name: (a.node.outputs[0].name if a.node.outputs else "") for a in plan.assignments}
@@ -124,7 +144,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
                 line += f"  ({r['reason']})"
             click.echo(line.rstrip())
         click.echo(f"coverage: {coverage['supported']}/{coverage['on_path']} nodes on the path to "
-                   f"{plan.output.name!r} supported with composite {comp.name}"
+                   f"{plan.output.name!r} supported with composite {comp.name}" + (f" ({why})" if why else "")
                    + (f"; unsupported: {', '.join(coverage['unsupported'])}" if bad else ""))
     if bad:
         hint = rewriter.unsupported_hint(ir_model.graph, plan, comp).split(";")[0].split(": ")[-1]

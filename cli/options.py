@@ -9,13 +9,14 @@ from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
 
 from .io import IMAGENET_MEAN, IMAGENET_STD, Preprocess, image_layout, model_input_dims, parse_floats, parse_size
 
-DEFAULT_COMPOSITE = "epsilon-plus-flat"
+DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/choice.py
 
 
 def composite_option(f):
     return click.option("--composite", "-c", default=DEFAULT_COMPOSITE, show_default=True, metavar="NAME|FILE",
-                        help=f"Built-in composite ({', '.join(builtin_names())}) or a composite TOML file. "
-                             "`onnx-lrp composites` lists them.")(f)
+                        help=f"Built-in composite ({', '.join(builtin_names())}) or a composite TOML file; "
+                             "auto: epsilon-plus-flat for ReLU networks, attnlrp for other non-linearities (SiLU, "
+                             "GELU, hard-swish, attention). `onnx-lrp composites` lists them.")(f)
 
 
 def rule_options(f):

@@ -15,9 +15,11 @@ from pathlib import Path
 import click
 import numpy as np
 
+from onnx_lrp import gap as gaps
 from onnx_lrp import regression as rg
 from onnx_lrp.errors import InputError
 from onnx_lrp.metrics import tracking
+from onnx_lrp.names import FORWARD_PREFIX
 
 from . import heatmap as hm
 from .explain import parse_target
@@ -171,7 +173,17 @@ def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, input
 
 
 def _explainer(model, comp, output_name, start):
-    return build_explainer(model, comp, output=output_name, start=start)
+    ex = build_explainer(model, comp, output=output_name, start=start)
+    ex.gap_warnings = False  # the report says it, once
+    return ex
+
+
+def _gap_note(gap_list: list, names: list) -> dict | None:
+    """The largest gap between deployed outputs and explained forward of a run (printed when beyond its tolerance)."""
+    gap = gaps.worst(gap_list)
+    if gap is not None and gap.beyond:
+        click.echo(f"note: {gap.message(names)}")
+    return gap.as_dict() if gap is not None else None
 
 
 def _inputs_for(ex, arrays: dict, where: str) -> dict:
@@ -263,19 +275,21 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     if note:
         _say(note)
     comp = composite_with(composite, params)
-    comp_name, comp_toml = rg.composite_source(composite)
     t0 = time.perf_counter()
     ex = _explainer(model, comp, output_name, start)
+    comp_name, comp_toml = rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
     batch = load_inputs(inputs_path, ex.inputs, pre)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
+    gap_list = []
     with Progress("explaining") as bar:
-        rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update)
+        rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
     arrays = rg.snapshot_arrays(
         inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
         composite_toml=comp_toml, params=params, start=start, output=output_name,
-        explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size)
+        explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size,
+        machine=gaps.machine_facts(ex.device), deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict())
     if tracked:
         settings = dict(patch=metric_patch, steps=metric_steps, baseline=metric_baseline, prob="softmax",
                         seed=metric_seed)
@@ -290,6 +304,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
         w.save_npz(out_path, arrays, compressed=True)
     click.echo(f"snapshot of {len(batch)} item(s) -> {out_path} (composite {comp_name}, start {start}, explained "
                f"output {ex.explained_output}, {time.perf_counter() - t0:.2f} s)")
+    _gap_note(gap_list, batch.names)
 
 
 # ---------------------------------------------------------------------------------------------- check
@@ -337,14 +352,22 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     batch_size = batch_size or int(meta.get("batch_size") or 32)
     from onnx_lrp.dataset import explain_arrays
 
+    gap_list = []
     with Progress("explaining") as bar:
-        rel, outs, _ = explain_arrays(ex, arrays, snap.targets, batch_size, engine, workers, ray_address,
-                                      progress=bar.update)
+        if engine == "local":
+            rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update, gaps_out=gap_list)
+        else:
+            rel, outs, _ = explain_arrays(ex, arrays, snap.targets, batch_size, engine, workers, ray_address,
+                                          progress=bar.update)
     base = snap.result()
     if ex.explained_output not in outs:
         raise InputError(f"the model has no output {meta['explained_output']!r}")
-    cur = rg.Result(rel, outs[ex.explained_output], snap.targets, base.items, outs)
+    cur = rg.Result(rel, outs[ex.explained_output], snap.targets, base.items, outs,
+                    outs.get(FORWARD_PREFIX + ex.explained_output))
     comp = rg.compare(base, cur, th)
+    machine = gaps.machine_facts(ex.device) if base.forward is not None else None
+    deployed_diff = rg.deployed_difference(base, cur, getattr(ex, "output_step", None),
+                                           dict(baseline=meta.get("machine"), current=machine))
     sha = rg.sha256_file(model)
     from onnx_lrp import __version__
 
@@ -354,12 +377,19 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
                    model_sha256=dict(baseline=meta.get("model", {}).get("sha256"), current=sha),
                    model_changed=sha != meta.get("model", {}).get("sha256"),
                    onnx_lrp_version=dict(baseline=meta.get("onnx_lrp_version"), current=__version__))
+    if deployed_diff is not None:
+        context["deployed_outputs"] = deployed_diff
     if context["onnx_lrp_version"]["baseline"] != __version__:
         _say(f"the baseline was made with onnx-lrp {meta.get('onnx_lrp_version')}, this is {__version__}: "
              "differences can come from onnx-lrp itself")
     click.echo(f"check {model} against {baseline}: {len(comp.samples)} sample(s), composite "
                f"{meta['composite']['name']}, model {'changed' if context['model_changed'] else 'unchanged'} "
                f"(sha256 {sha[:12]})" + (f", thresholds from {config_used}" if config_used else ""))
+    if deployed_diff is not None and deployed_diff["differ"]:
+        click.echo(f"note: {rg.deployed_difference_message(deployed_diff, ex.explained_output)}")
+    gap_now = _gap_note(gap_list, base.items)
+    if gap_now is not None:
+        context["deployed_gap"] = gap_now
     faith, lines = None, ()
     if stored is not None:
         ev = _faith_eval(model, ex, arrays, rel, snap.targets, stored.settings)
@@ -408,13 +438,16 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
     n = len(batch)
+    gap_list = []  # MODEL_B's deployed outputs against its explained forward
     with Progress("explaining") as bar:
         rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size,
                                              progress=lambda d, t: bar.update(d, 2 * t))
         rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size,
-                                          progress=lambda d, t: bar.update(n + d, 2 * t))
-    base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a)
-    cur = rg.Result(rel_b, outs_b[ex_b.explained_output], used, batch.names, outs_b)
+                                          progress=lambda d, t: bar.update(n + d, 2 * t), gaps_out=gap_list)
+    base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a,
+                     outs_a.get(FORWARD_PREFIX + ex_a.explained_output))
+    cur = rg.Result(rel_b, outs_b[ex_b.explained_output], used, batch.names, outs_b,
+                    outs_b.get(FORWARD_PREFIX + ex_b.explained_output))
     comp = rg.compare(base, cur, th)
     context = dict(command="diff", model=str(model_b), model_a=str(model_a), model_b=str(model_b),
                    inputs=str(inputs_path), composite=comp_rules.name, start=start,
@@ -422,6 +455,9 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
                    model_sha256=dict(a=rg.sha256_file(model_a), b=rg.sha256_file(model_b)))
     click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
                + (f", thresholds from {config_used}" if config_used else ""))
+    gap_b = _gap_note(gap_list, batch.names)
+    if gap_b is not None:
+        context["deployed_gap"] = gap_b
     code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, batch.arrays, ex_b, max_rows,
                    "onnx-lrp diff", time.perf_counter() - t0)
     raise SystemExit(code)

@@ -85,6 +85,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     if isinstance(pos, list):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = build_explainer(model, comp, device=device, output=output_name, start=start, ledger=True)
+    ex.gap_warnings = False  # reported in the ledger's header instead
     batch = load_inputs(input_path, ex.inputs, pre)
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
@@ -106,7 +107,8 @@ def trace(model, input_path, item, target, output_name, position, start, device,
             r["breaks"] = False
     absorbed = float(sum(r["absorbed"] for r in rows if not r["to_tokens"]))
     breaks = [r for r in rows if r["breaks"]]
-    summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=comp.name, start=start,
+    summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=ex.composite_name,
+                   start=start,
                    explained_output=ex.explained_output, target=int(res.target[0]), start_relevance=start_value,
                    input_relevance=input_sum, absorbed=absorbed, unaccounted=start_value - absorbed - input_sum,
                    tolerance=tolerance, nodes=rows)
@@ -114,6 +116,9 @@ def trace(model, input_path, item, target, output_name, position, start, device,
         summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
     if y is not None and start == "logit":
         summary["output_value_note"] = "start relevance = the explained output's value at the target"
+    gap = res.deployed_gap
+    if gap is not None:
+        summary["deployed_gap"] = gap.as_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -122,7 +127,9 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     rw = max([len("rule")] + [len(r["rule"]) for r in rows])
     click.echo(f"ledger of {batch.names[item]}: {ex.explained_output}[{int(res.target[0])}]"
                + (f" at position {summary['position']}" if "position" in summary else "")
-               + f", composite {comp.name}, start {start}: relevance {start_value:.6g} enters at the output")
+               + f", composite {ex.composite_name}, start {start}: relevance {start_value:.6g} enters at the output")
+    if gap is not None and gap.beyond:
+        click.echo(f"note: {gap.message([batch.names[item]])}")
     click.echo(f"  {'node':<{width}}  {'op':<{opw}}  {'rule':<{rw}}  {'entering':>11}  {'leaving':>11}  "
                f"{'absorbed':>11}  {'running':>11}  absorbed by")
     for r in rows:

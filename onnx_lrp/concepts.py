@@ -223,14 +223,15 @@ class Models:
             try:
                 model = self._load()
                 build(model)
-                data = loader.serialize(model)
+                parts = loader.serialize_parts(model)  # a large model: its weights stay in their files
             except LrpError:
                 raise
             except MemoryError:
                 raise InputError("out of memory while building a concept relevance model") from None
             except Exception as exc:  # a bug: one line
                 raise internal_error(None, exc) from exc
-            self.sessions[key] = runtime.Session(data, self.ex.device, src["threads"])
+            self.sessions[key] = runtime.Session(parts.model_bytes, self.ex.device, src["threads"],
+                                                 data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack)
         return self.sessions[key]
 
     def check_below(self, names) -> None:

@@ -15,7 +15,8 @@ def diagnostic_session(run):
     """A session over the relevance model that also returns every forward activation and every relevance
     tensor of the walk (built once, only when needed)."""
     if run._diag is None:
-        model = loader.deserialize(run.model_bytes)  # not kept alive beside the session: rebuilt on failure
+        # not kept alive beside the session: rebuilt on failure
+        model = loader.deserialize(run.model_bytes, run.model_folder)
         graph = model.graph
         have = {id(v) for v in graph.outputs}
         rel_type = next((o.type for o in graph.outputs if o.name.startswith(RELEVANCE_PREFIX)
@@ -41,7 +42,8 @@ def diagnostic_session(run):
                     have.add(id(v))
         graph.outputs.extend(extra)
         forward = [(n.name, n.op_type, o.name) for n, o in forward]
-        run._diag = (runtime.Session(loader.serialize(model), run.device), forward)
+        run._diag = (runtime.Session(loader.serialize(model), run.device, data_folder=run.model_folder,
+                                     arrays=run.model_arrays, prepack=run.model_prepack), forward)
     return run._diag
 
 def locate(run, feeds, targets, start, positions, item: int) -> str:

@@ -1,12 +1,17 @@
 """The Python API: ``Explainer(model, composite=...).explain(x, target=...)``."""
 from __future__ import annotations
 
+import gc
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
-from . import load as loader, rewriter, runtime
-from .errors import InputError, LrpError, ModelError, internal_error
+from . import choice, conservation, rewriter, runtime
+from . import load as loader
+from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
@@ -17,10 +22,10 @@ class Explainer(Runner):
     """Builds the relevance model once (load, canonize, rewrite) and one onnxruntime session for it; running it
     (``explain``) is :class:`onnx_lrp.runner.Runner`'s."""
 
-    def __init__(self, model, composite: "str | Path | Composite" = "epsilon-plus-flat", device: str = "cpu",
+    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, **rule_params):
+                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False, **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -28,6 +33,9 @@ class Explainer(Runner):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.start = start
+        self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.conservation): an error, not a warning
+        self.precise = bool(precise)  # onnxruntime without layout optimisations (runtime.Session)
+        self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
         if isinstance(relevance_at, str):
             relevance_at = [relevance_at]  # one tensor name
@@ -53,16 +61,26 @@ class Explainer(Runner):
     def _build(self, model, output, relevance_at, explain_logits, threads, ledger, device, constants=None,
                input_shapes=None) -> None:
         ir_model = loader.load(model, constants=constants, input_shapes=input_shapes)
+        try:  # "auto": the composite that fits the network (onnx_lrp/choice.py)
+            self.composite, self.composite_reason = choice.resolve(self.composite, ir_model, output, explain_logits)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self.composite_name = self.composite.name
         self.concept_source = dict(model=model, constants=constants, input_shapes=input_shapes, output=output,
                                    explain_logits=explain_logits, threads=threads)  # onnx_lrp.concepts rebuilds
         self.concept_models = None  # onnx_lrp.concepts.Models, made on the first concept call
         graph = ir_model.graph
+        self.deployed_kinds = _deployed_kinds(ir_model)
+        if self.deployed_kinds:  # quantized or float16: run the deployed model as written beside the relevance model
+            self.deployed = _deployed_source(model)
+            self.deployed_constants = {k: np.asarray(v) for k, v in (constants or {}).items()}
         self.n_nodes = sum(1 for _ in graph)  # of the canonized forward graph
         self.inputs = [InputSpec(v.name, np.dtype(v.dtype.numpy()), tuple(static_dims(v) or ()))
                        for v in graph.inputs]
         self.relevance_inputs = [v.name for v in graph.inputs if carries(v)]
         self.relevance_at = list(relevance_at)
         y_value, y_out = rewriter.explained_value(graph, output, explain_logits)
+        self.output_step = _quantization_step(y_out)
         y_dims = static_dims(y_value)
         self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
@@ -83,8 +101,34 @@ class Explainer(Runner):
             # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
-        self.model_bytes = loader.serialize(ir_model)
-        self._started(runtime.Session(self.model_bytes, device, threads))
+        parts = loader.serialize_parts(ir_model)  # a large model: its weights stay in their files
+        del ir_model, graph, y_value, y_out  # nothing of the onnx_ir graph outlives this
+        if parts.folder is not None:
+            gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
+        self.model_bytes, self.model_folder, self.model_arrays = parts.model_bytes, parts.folder, parts.arrays
+        self.model_prepack = parts.prepack
+        if self.deployed is not None and not parts.prepack:  # over 1 GiB of weights: a second full-size session
+            warnings.warn(f"the deployed model ({', '.join(self.deployed_kinds)}) is not run beside the relevance "
+                          "model: it has over 1 GiB of weights and would double the memory; outputs are the "
+                          "explained forward's (float32)", LrpWarning, stacklevel=3)
+            self.deployed = None
+        self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise))
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        model, output, explain_logits, constants, input_shapes = self._source
+        book = self if self.ledger else Explainer(model, self.composite, output=output, explain_logits=explain_logits,
+                                                  start=start, ledger=True, constants=constants,
+                                                  input_shapes=input_shapes)
+        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
+        extra = {} if positions is None else {"position": positions}
+        book._reading_ledger = True  # this run only reads the ledger: no check of its own
+        try:
+            res = book.explain(one, target=target if self.sequence_rows is None else target % (
+                self.sequence_rows[1] or 1 << 62), start=start, **extra)
+        finally:
+            book._reading_ledger = False
+        return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
@@ -93,9 +137,8 @@ class Explainer(Runner):
         that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
         the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.weights.compute_in_graph`.
         """
-        data = self.model_bytes_computed() if computed_weights else self.model_bytes
         try:
-            loader.save_bytes(data, path)
+            loader.save_parts(self.model_parts(computed_weights), path)
         except OSError as exc:
             raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         return self._computed_counts if computed_weights else None
@@ -127,11 +170,54 @@ class Explainer(Runner):
 
     def model_bytes_computed(self) -> bytes:
         """The relevance model with modified weights computed in the graph (see :meth:`save`)."""
-        from . import weights
+        return self.model_parts(True).model_bytes
 
-        model = loader.to_ir(loader.read_proto(self.model_bytes))
+    def model_parts(self, computed_weights: bool = False):
+        """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
+        from . import weights
+        from .load import external
+
+        if not computed_weights:
+            return external.Parts(self.model_bytes, self.model_folder, self.model_arrays, self.model_prepack)
+        model = loader.deserialize(self.model_bytes, self.model_folder)
+        for v in model.graph.initializers.values():  # the tensors onnx-lrp handed over from memory
+            if v.name in self.model_arrays:
+                v.const_value = ir.tensor(self.model_arrays[v.name], name=v.name)
         self._computed_counts = weights.compute_in_graph(model)
-        return loader.serialize(model)
+        return loader.serialize_parts(model)
+
+
+def _deployed_kinds(ir_model) -> tuple:
+    """What makes the deployed model's forward differ from the explained one: "int8" (quantized: Q/DQ pairs or
+    dynamic quantization stay in the canonized graph) and "float16" (upcast by the loader)."""
+    kinds = []
+    if any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in ir_model.graph):
+        kinds.append("int8")
+    if any("float16" in note for note in ir_model.meta.get("lrp_deployed") or ()):
+        kinds.append("float16")
+    return tuple(kinds)
+
+
+def _deployed_source(model):
+    """The deployed model as onnxruntime loads it: a path as given (external data beside it), bytes as given, an
+    in-memory model serialised (None when it cannot be: no deployed run)."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model)
+    try:
+        return loader.read_proto(model).SerializeToString()
+    except Exception:  # noqa: BLE001 - e.g. over protobuf's 2 GiB: the outputs are then the explained forward's
+        return None
+
+
+def _quantization_step(y) -> float | None:
+    """The quantization step of the explained output: the largest scale of the DequantizeLinear that writes it."""
+    node = y.producer()
+    if node is None or node.op_type != "DequantizeLinear" or len(node.inputs) < 2 or node.inputs[1] is None \
+            or node.inputs[1].const_value is None:
+        return None
+    return float(np.max(np.abs(node.inputs[1].const_value.numpy())))
 
 
 def _layer(layer) -> str:

@@ -140,6 +140,7 @@ def load_npy(path: Path) -> np.ndarray:
     """An array from a .npy file; pickled objects are refused, never unpickled."""
     path = Path(path)
     _check_file(path)
+    _check_npy_magic(path)
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as exc:
@@ -154,6 +155,24 @@ def load_npy(path: Path) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise InputError(f"input {path} is not a .npy array; use .npz for several arrays")
     return arr
+
+
+def _check_npy_magic(path: Path) -> None:
+    """numpy reads a file without the .npy magic as a pickle (and refuses it as pickled objects): say what it is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return  # np.load reports it
+    if head == b"\x93NUMPY":
+        return
+    if head.startswith(b"PK\x03\x04"):
+        raise InputError(f"input {path} is an .npz archive, not an .npy array; rename it to .npz")
+    if head[:1] == b"\x80":
+        raise InputError(f"input {path} is a Python pickle, which is never loaded; save a numeric array with np.save")
+    what = "a text file" if head and all(32 <= b < 127 or b in (9, 10, 13) for b in head) else \
+        "empty" if not head else "a file without the .npy header"
+    raise InputError(f"input {path} is {what}, not a NumPy .npy array; write it with np.save")
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:

@@ -84,9 +84,20 @@ def _definite_sign(arr) -> int:
     if arr is None:
         return 1
     a = np.asarray(arr)
-    if a.size == 0 or not np.any(a < 0):
+    if a.size == 0 or not any_negative(a):
         return 1
-    return -1 if not np.any(a > 0) else 0
+    return -1 if all_chunks(a, lambda part: not np.any(part > 0)) else 0
+
+
+def any_negative(arr: np.ndarray) -> bool:
+    """Whether any entry is < 0 (read in chunks: no temporary the size of a large weight)."""
+    return not all_chunks(arr, lambda a: not np.any(a < 0))
+
+
+def all_chunks(arr: np.ndarray, test, chunk: int = 1 << 22) -> bool:
+    """``test(part)`` for every part of the flattened ``arr`` (a large weight is never copied whole)."""
+    flat = np.asarray(arr).reshape(-1)
+    return all(bool(test(flat[i:i + chunk])) for i in range(0, flat.size, chunk))
 
 
 class _Basis:
@@ -95,8 +106,15 @@ class _Basis:
 
     def __init__(self, w: np.ndarray | None):
         self.w = w
-        self.w_pos = None if w is None else np.clip(w, 0, None)
-        self.mixed = w is not None and bool(np.any(w < 0))
+        self._w_pos = None
+        self.mixed = w is not None and any_negative(w)
+
+    @property
+    def w_pos(self) -> np.ndarray | None:
+        """W+, made when a rule needs it (a large model's epsilon layers never hold a copy of their weights)."""
+        if self._w_pos is None and self.w is not None:
+            self._w_pos = np.clip(self.w, 0, None)
+        return self._w_pos
 
     def decompose(self, fn, wm) -> dict | None:
         """{basis name: coefficient} with ``wm = sum coef * basis``, or None if wm is no such combination."""

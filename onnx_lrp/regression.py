@@ -10,14 +10,22 @@ alone:
                             ``start``, the explained output, the target request, item names, date
 ``inputs/<name>``           the model inputs, as fed to the model
 ``targets``                 int64 [N]: the explained index per item (arg-max resolved at snapshot time)
-``outputs/<name>``          every model output
+``outputs/<name>``          every model output (quantized and float16 models: the deployed model's, as
+                            onnxruntime computed them on the snapshot's machine)
+``forward/<name>``          quantized and float16 models only: the explained output of the explained forward
+                            (the float path the relevance is computed on)
 ``relevance/<name>``        the relevance of every float input
 ==========================  ==========================================================================
 
+``meta`` also records the machine (``machine``: architecture, onnxruntime version, int8 CPU flags, whether
+onnxruntime's int8 sums saturate there) and the gap between deployed outputs and explained forward
+(``deployed_gap``), so that a check on another CPU can say when the deployed outputs differ between the two.
+
 **Metrics** (per sample; relevance of all inputs flattened into one vector, in float64):
 
-- ``output_diff``  max |y - y0| / max |y0| over the explained output (e.g. the logits): the relative change of the
-  prediction itself (upper threshold);
+- ``output_diff``  max |y - y0| / max |y0| over the explained output (e.g. the logits) of the explained forward
+  (``forward/<name>`` where stored, else ``outputs/<name>``): the relative change of the prediction the relevance
+  is computed on, the same on every CPU (upper threshold);
 - ``cosine``       cosine similarity of the relevance vectors (lower threshold);
 - ``rel_l2``       ||r - r0|| / ||r0|| (upper threshold);
 - ``spearman``     Spearman rank correlation of the relevance (ties get their average rank; lower threshold);
@@ -43,7 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import gap as gaps
 from .errors import InputError
+from .names import FORWARD_PREFIX
 
 FORMAT = "onnx-lrp-snapshot"
 FORMAT_VERSION = 1
@@ -256,6 +266,11 @@ class Result:
     targets: np.ndarray
     items: list
     outputs: dict = field(default_factory=dict)
+    forward: np.ndarray | None = None  # the explained forward's explained output, where it differs from ``explained``
+
+    @property
+    def explained_forward(self) -> np.ndarray:
+        return self.explained if self.forward is None else self.forward
 
 
 @dataclass
@@ -325,20 +340,25 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     if yb.shape != yc.shape:
         raise InputError(f"the explained output has {yc.shape[1]} entries per item but the baseline's has "
                          f"{yb.shape[1]}")
+    # output_diff on the explained forward: deployed int8 outputs differ between CPUs (deployed_difference)
+    fb = base.explained_forward.reshape(n, -1)
+    fc = cur.explained_forward.reshape(n, -1)
     samples = []
     for i in range(n):
-        m = sample_metrics(flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i), yb[i], yc[i],
+        m = sample_metrics(flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i), fb[i], fc[i],
                            th.topk_percent)
         samples.append(Sample(str(base.items[i]), i, int(base.targets[i]), int(np.argmax(yb[i])),
                               int(np.argmax(yc[i])) if np.all(np.isfinite(yc[i])) else -1, m, failures(m, th)))
     return Comparison(samples, th)
 
 
-def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=None
+def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=None, gaps_out: list | None = None
                 ) -> tuple[dict, dict, np.ndarray]:
     """Run an Explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used).
 
-    ``progress(done, total)`` is called after each chunk (e.g. to draw a progress bar)."""
+    Where the outputs are a deployed model's (quantized, float16), the explained forward's explained output is among
+    the outputs as ``FORWARD_PREFIX + name``, and each chunk's :class:`onnx_lrp.gap.Gap` is appended to ``gaps_out``
+    (items counted over the whole batch). ``progress(done, total)`` is called after each chunk."""
     n = next(iter(arrays.values())).shape[0]
     rel, outs, used = [], [], []
     for lo in range(0, n, batch_size):
@@ -349,13 +369,46 @@ def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=N
         res = ex.explain({k: a[lo:hi] for k, a in arrays.items()}, target=t)
         r = res.relevance if isinstance(res.relevance, dict) else {ex.relevance_inputs[0]: res.relevance}
         rel.append(r)
-        outs.append(res.outputs)
+        outs.append(dict(res.outputs))
+        if res.forward is not None and res.forward is not res.outputs:
+            outs[-1][FORWARD_PREFIX + ex.explained_output] = res.forward[ex.explained_output]
+        if gaps_out is not None and res.deployed_gap is not None:
+            gaps_out.append(res.deployed_gap.shifted(lo))
         used.append(np.asarray(res.target, np.int64))
     if progress is not None:
         progress(n, n)
     relevance = {k: np.concatenate([r[k] for r in rel]) for k in rel[0]}
     outputs = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
     return relevance, outputs, np.concatenate(used)
+
+
+def deployed_difference(base: Result, cur: Result, step: float | None, machines: dict | None = None) -> dict | None:
+    """How far the deployed outputs of the current run are from the baseline's (both stored as outputs), for
+    models with a deployed run (``forward`` stored): int8 kernels compute differently on CPUs with and without
+    VNNI, so a baseline from another machine can differ here while the explanation (compared on the explained
+    forward) does not. None for float models."""
+    if base.forward is None or base.explained.shape != cur.explained.shape:
+        return None
+    n = len(base.items)
+    g = gaps.measure("", base.explained, cur.explained, step, n)
+    return dict(max_abs=g.max_abs, item=str(base.items[g.item]) if n else None, index=g.index,
+                tolerance=g.tolerance, differ=g.beyond, machines=machines or {})
+
+
+def deployed_difference_message(d: dict, output: str) -> str:
+    """One line for a deployed difference beyond the tolerance, with the int8 facts of both machines."""
+    m = d.get("machines") or {}
+
+    def fact(x):
+        if not x:
+            return "unknown"
+        sat = x.get("int8_saturates")
+        return ("int8 sums saturate" if sat else "int8 sums exact" if sat is False else "int8 unknown") + \
+            f", onnxruntime {x.get('onnxruntime')}, flags {','.join(x.get('cpu_flags') or []) or '?'}"
+    return (f"the deployed outputs differ from the baseline's by up to {d['max_abs']:.3g} on {output}[{d['index']}] "
+            f"of {d['item']} (tolerance {d['tolerance']:.3g}): onnxruntime's int8 kernels compute differently on the "
+            f"baseline's machine ({fact(m.get('baseline'))}) and this one ({fact(m.get('current'))}); the "
+            "explanations are compared on the explained forward, which does not depend on the int8 kernels")
 
 
 # ---------------------------------------------------------------------------------------------- snapshot file
@@ -413,6 +466,7 @@ class Snapshot:
     targets: np.ndarray
     outputs: dict
     relevance: dict
+    forward: dict = field(default_factory=dict)
 
     @property
     def items(self) -> list:
@@ -430,12 +484,14 @@ class Snapshot:
 
     def result(self) -> Result:
         name = self.meta["explained_output"]
-        return Result(self.relevance, self.outputs[name], self.targets, self.items, self.outputs)
+        return Result(self.relevance, self.outputs[name], self.targets, self.items, self.outputs,
+                      self.forward.get(name))
 
 
 def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, model_path, composite_name: str,
                     composite_toml: str, params: dict, start: str, output: str | None, explained_output: str,
-                    target_request, items: list, batch_size: int = 32, notes: list | None = None) -> dict:
+                    target_request, items: list, batch_size: int = 32, notes: list | None = None,
+                    machine: dict | None = None, deployed_gap: dict | None = None) -> dict:
     """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
     from . import __version__
 
@@ -445,11 +501,15 @@ def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, mo
                 composite=dict(name=composite_name, toml=composite_toml, params=params_to_json(params)),
                 start=start, output=output, explained_output=explained_output,
                 target_request=target_request, items=[str(i) for i in items], batch_size=int(batch_size),
-                inputs=sorted(inputs), relevance=sorted(relevance), outputs=sorted(outputs), notes=notes or [])
+                inputs=sorted(inputs), relevance=sorted(relevance),
+                outputs=sorted(k for k in outputs if not k.startswith(FORWARD_PREFIX)), notes=notes or [],
+                machine=machine, deployed_gap=_json_safe(deployed_gap) if deployed_gap else None)
     arrays = {"meta": np.array(json.dumps(meta))}
     arrays.update({f"inputs/{k}": np.asarray(v) for k, v in inputs.items()})
     arrays["targets"] = np.asarray(targets, np.int64)
-    arrays.update({f"outputs/{k}": np.asarray(v) for k, v in outputs.items()})
+    for k, v in outputs.items():
+        forward = k.startswith(FORWARD_PREFIX)
+        arrays[f"forward/{k[len(FORWARD_PREFIX):]}" if forward else f"outputs/{k}"] = np.asarray(v)
     arrays.update({f"relevance/{k}": np.asarray(v) for k, v in relevance.items()})
     return arrays
 
@@ -496,12 +556,13 @@ def read_snapshot(path) -> Snapshot:
         return {k[len(prefix):]: v for k, v in data.items() if k.startswith(prefix)}
 
     snap = Snapshot(meta, group("inputs/"), np.asarray(data.get("targets", np.zeros(0)), np.int64),
-                    group("outputs/"), group("relevance/"))
+                    group("outputs/"), group("relevance/"), group("forward/"))
     n = len(snap.targets)
     if not snap.inputs or not snap.relevance or meta["explained_output"] not in snap.outputs:
         raise InputError(f"baseline {path} lacks inputs, relevance or the explained output "
                          f"{meta['explained_output']!r}; recreate it with `onnx-lrp snapshot`")
-    for kind, arrs in (("inputs", snap.inputs), ("outputs", snap.outputs), ("relevance", snap.relevance)):
+    for kind, arrs in (("inputs", snap.inputs), ("outputs", snap.outputs), ("relevance", snap.relevance),
+                       ("forward", snap.forward)):
         for k, a in arrs.items():
             if a.ndim == 0 or a.shape[0] != n:
                 raise InputError(f"baseline {path}: {kind}/{k} has {a.shape[0] if a.ndim else 0} items but "
@@ -587,6 +648,10 @@ def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") ->
     for k in ("model", "baseline", "model_a", "model_b", "composite"):
         if context.get(k) is not None:
             ET.SubElement(props, "property", name=k, value=str(context[k]))
+    deployed = context.get("deployed_outputs")
+    if deployed:  # the deployed outputs of the baseline's machine and this one (onnx-lrp check)
+        ET.SubElement(props, "property", name="deployed_outputs.max_abs_diff", value=f"{deployed['max_abs']:.4g}")
+        ET.SubElement(props, "property", name="deployed_outputs.differ", value=str(bool(deployed["differ"])).lower())
     for s in comp.samples:
         tc = ET.SubElement(ts, "testcase", classname=f"onnx-lrp.{model}", name=s.item, time="0")
         tprops = ET.SubElement(tc, "properties")
@@ -604,5 +669,6 @@ def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") ->
 __all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_thresholds", "parse_threshold",
            "rankdata", "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
            "failures", "Result", "Sample", "Comparison", "compare", "explain_all", "sha256_file",
+           "deployed_difference", "deployed_difference_message",
            "composite_source", "params_to_json", "params_from_json", "Snapshot", "snapshot_arrays", "read_snapshot",
            "format_table", "report_dict", "report_json", "junit_xml", "FORMAT", "FORMAT_VERSION", "CONFIG_NAME"]

@@ -25,7 +25,7 @@ from .names import (ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPU
                     TARGET_OUTPUT, VALUE_OUTPUT, Step)
 from .ops import REGISTRY, ActivationOp, carries, is_param  # noqa: F401 (ActivationOp: re-exported)
 from .ops.transformer import token_relevance
-from .propagate import Layer, Rel
+from .propagate import Layer, Rel, all_chunks
 from .rules.composite import Composite, NodeInfo
 from .rules.rules import Pass, Rule, ZBox
 
@@ -281,7 +281,7 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
             return True
         if is_param(v):
             arr = v.const_value.numpy()
-            return arr.dtype.kind in "biu" or bool(np.all(arr >= 0))
+            return arr.dtype.kind in "biu" or all_chunks(arr, lambda a: np.all(a >= 0))
         return known.get(id(v), False)
 
     for node in graph:
@@ -548,6 +548,8 @@ class _Walk:
             self.reached += r is not None
             with em.scope(f"input/{x.name}"):
                 r = r if r is not None else em.zeros_like(x)
+                if x.shape is not None and len(x.shape) == 0:  # a scalar input: its one relevance as a scalar too
+                    r = em.op("Reshape", r, em.ints([]), tag="r_scalar")
                 if x.dtype != em.dtype:  # a float input of another precision than the relevance graph
                     r = em.op("Cast", r, to=x.dtype.value, tag="r_cast")
                 r = em.op("Identity", r, tag="relevance")

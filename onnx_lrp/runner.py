@@ -7,12 +7,15 @@ and is a Runner; :meth:`Runner.payload` / :meth:`Runner.from_payload` carry one 
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import runtime
-from .errors import InputError, NumericError
+from . import conservation, runtime
+from . import gap as gaps
+from .errors import InputError, LrpError, LrpWarning, NumericError
 from .names import (LEDGER_ENTERING, LEDGER_LEAVING, ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT,
                     TARGET_OUTPUT, VALUE_OUTPUT)
 
@@ -27,6 +30,11 @@ class Explanation:
     For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the explained
     position per item and ``target`` the class at that position. For integer inputs (token ids), ``relevance`` is
     per token: the relevance at the output of their embedding lookups, summed over the embedding dimension.
+
+    For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
+    machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
+    computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
+    are apart on the explained output (:class:`onnx_lrp.gap.Gap`; None without a deployed run).
     """
 
     relevance: object
@@ -37,6 +45,8 @@ class Explanation:
     position: object = None
     explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
     ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
+    forward: dict | None = None  # the explained forward's outputs (is ``outputs`` when there is no deployed run)
+    deployed_gap: object = None  # onnx_lrp.gap.Gap of the explained output, or None
 
 
 @dataclass(frozen=True)
@@ -49,9 +59,21 @@ class InputSpec:
 class Runner:
     """Runs a relevance model built by :class:`onnx_lrp.Explainer`: ``explain(x, target=...)``."""
 
-    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes)
-    PAYLOAD = ("model_bytes", "inputs", "relevance_inputs", "relevance_at", "explained_output", "explained_tensor",
-               "output_names", "whole", "_rows_from", "sequence_rows", "start", "device", "ledger", "_trace")
+    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
+    #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
+    #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
+    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
+               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
+               "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
+               "deployed_constants", "output_step", "strict", "composite_name", "precise")
+
+    #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
+    #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
+    deployed = None
+    deployed_kinds: tuple = ()  # "int8", "float16": what makes the deployed forward differ from the explained one
+    deployed_constants: dict = {}  # inputs bound with Explainer(constants=...): fed to the deployed model
+    output_step = None  # the explained output's quantization step (the scale of the DequantizeLinear writing it)
+    gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
@@ -70,7 +92,8 @@ class Runner:
             setattr(self, k, payload[k])
         if device is not None:
             self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads))
+        self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise))
         return self
 
     def _started(self, session) -> None:
@@ -79,6 +102,17 @@ class Runner:
         self.device_note = session.fallback
         self._width = None
         self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
+        self._gap_reason = None  # why the deployed outputs differ (onnx_lrp.gap.cause), found on the first gap
+        self._gap_warned = False
+        self.deployed_session = None
+        self.deployed_note = None  # why the deployed model does not run beside the relevance model, if it does not
+        if self.deployed is not None:
+            try:
+                threads = getattr(session, "threads", None)
+                self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True)
+            except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ input checks
     def checked_feeds(self, x) -> dict[str, np.ndarray]:
@@ -139,7 +173,7 @@ class Runner:
                     want = "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(spec.dims))
                     raise InputError(f"input {spec.name!r} has shape {'x'.join(map(str, a.shape))}; the model "
                                      f"wants {want}")
-            feeds[spec.name] = np.ascontiguousarray(a)
+            feeds[spec.name] = np.asarray(a, order="C")  # not ascontiguousarray: it makes a scalar (1,)
         return feeds
 
     def _targets(self, target, batch: int) -> np.ndarray:
@@ -206,7 +240,7 @@ class Runner:
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x)
-        batch = next(iter(feeds.values())).shape[0]
+        batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)  # scalar inputs only: one item
         if batch == 0:
             raise InputError("the batch is empty (0 items); give at least one item")
         positions = None
@@ -220,6 +254,11 @@ class Runner:
         static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
         if static_one and batch > 1 and self.ledger:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
+        deployed = self._deployed_run(feeds)
+        if deployed is not None and self.sequence_rows is None and not self.whole and np.all(targets < 0) and \
+                self.explained_output in deployed and deployed[self.explained_output].shape[:1] == (batch,):
+            # arg-max: the deployed model's prediction (the explained forward's can differ where they disagree)
+            targets = np.argmax(np.asarray(deployed[self.explained_output]).reshape(batch, -1), axis=1)
         if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
             parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
@@ -230,13 +269,19 @@ class Runner:
         per_row = self._check_width(merged, targets)
         self._check_finite(merged, feeds, targets, start, positions)
         rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
+        self._check_conserved(merged, list(rel.values()), feeds, start, positions)
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[TARGET_OUTPUT]
         pos_used = None
         if self.sequence_rows is not None:
             pos_used, used = used // per_row, used % per_row
+        forward = {n: merged[n] for n in self.output_names}
+        outputs, gap = forward, None
+        if deployed is not None:
+            outputs = {n: deployed.get(n, forward[n]) for n in self.output_names}
+            gap = self._gap(feeds, outputs, forward, batch)
         return Explanation(relevance=relevance,
-                           outputs={n: merged[n] for n in self.output_names},
+                           outputs=outputs, forward=forward, deployed_gap=gap,
                            target=used,
                            relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
                            explained_output=self.explained_output, position=pos_used,
@@ -244,6 +289,49 @@ class Runner:
                            ledger=None if not self.ledger else
                            {"entering": merged[LEDGER_ENTERING],
                             "leaving": merged[LEDGER_LEAVING]})
+
+    def _deployed_run(self, feeds: dict) -> dict | None:
+        """The deployed model's outputs, or None (a float model; or it fails on this input: said once, and the
+        outputs are the explained forward's)."""
+        if self.deployed_session is None:
+            return None
+        try:
+            return self.deployed_outputs(feeds)
+        except LrpError as exc:
+            if self.deployed_note is None:
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
+            return None
+
+    def deployed_outputs(self, feeds: dict, session=None) -> dict:
+        """The deployed model's outputs on ``feeds`` (the relevance model's inputs), run as written by onnxruntime
+        (``session``: another session of it, e.g. with other config entries); fixed-batch-1 models item by item."""
+        session = session or self.deployed_session
+        types = session.input_types
+        feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
+        feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
+                 for k, v in feeds.items() if k in types}
+        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
+        if static_one and batch > 1 and not self.whole:
+            parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
+                                  for k, v in feeds.items()}) for i in range(batch)]
+            return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return session.run(feeds)
+
+    def _gap(self, feeds, outputs: dict, forward: dict, batch: int):
+        """The gap on the explained output, its cause found on the first one beyond the tolerance, one warning."""
+        name = self.explained_output
+        gap = gaps.measure(name, outputs[name], forward[name], self.output_step, 1 if self.whole else batch)
+        if not gap.beyond:
+            return gap
+        if self._gap_reason is None:
+            self._gap_reason = gaps.cause(self, feeds, forward[name], gap)
+        gap = dataclasses.replace(gap, reason=self._gap_reason)
+        if self.gap_warnings and not self._gap_warned:
+            self._gap_warned = True
+            warnings.warn(gap.message(), LrpWarning, stacklevel=3)
+        return gap
 
     def _check_width(self, merged: dict, targets) -> int | None:
         """Given targets against the explained output's width as it came out of this run (outputs with dynamic
@@ -268,6 +356,39 @@ class Runner:
         feeds[TARGET_INPUT] = targets
         feeds[ONE_HOT_INPUT] = np.array(start == "one-hot")
         return self.session.run(feeds)
+
+    def _check_conserved(self, merged: dict, relevance: list, feeds, start, positions) -> None:
+        """Warn (``strict``: raise) when the input relevance of an item is far from its start relevance
+        (:mod:`onnx_lrp.conservation`); the ledger that names the nodes is built only then."""
+        if not relevance or VALUE_OUTPUT not in merged or getattr(self, "_reading_ledger", False):
+            return
+        values = np.asarray(merged[VALUE_OUTPUT], np.float64).reshape(-1)
+        starts = values if start == "logit" else np.ones_like(values)
+        got = conservation.per_item(relevance, len(starts))
+        if got is None:
+            return
+        sums, peaks = got
+        bad = np.flatnonzero(conservation.far(sums, peaks, starts))
+        if not len(bad):
+            return
+        ratio = np.abs(np.log10(np.maximum(np.abs(sums[bad]), 1e-300) / np.abs(starts[bad])))
+        item = int(bad[np.argmax(np.maximum(ratio, np.log10(np.maximum(peaks[bad], 1e-300) / np.abs(starts[bad]))))])
+        found = None
+        try:
+            found = self._culprits(feeds, item, int(np.asarray(merged[TARGET_OUTPUT]).reshape(-1)[item]), start,
+                                   None if positions is None else positions[item:item + 1])
+        except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
+            found = None
+        text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
+                                    float(starts[item]), start, found, getattr(self, "composite_name", "?"))
+        if getattr(self, "strict", False):
+            raise NumericError(text + "; nothing was returned (strict)")
+        warnings.warn(text, LrpWarning, stacklevel=3)
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model;
+        a bare Runner, e.g. in a Ray actor, has no model to build it from)."""
+        return None
 
     def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
         """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then

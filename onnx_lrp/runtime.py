@@ -68,6 +68,35 @@ def quiet() -> None:
 quiet()
 
 
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+                "tensor(int8)": np.int8,
+                "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+                "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_}
+
+#: the x86 CPU flags that decide which int8 kernels onnxruntime's MLAS runs (it reads CPUID at run time): without
+#: a VNNI flag, its u8s8 kernels add pairs of 8-bit products in 16-bit registers, which saturate
+INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_facts() -> dict:
+    """What decides onnxruntime's int8 arithmetic on this machine: the architecture, onnxruntime's version and the
+    int8-relevant CPU flags (Linux: /proc/cpuinfo; None where they cannot be read)."""
+    import platform
+
+    flags = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    flags = [name for name in INT8_FLAGS if name in present]
+                    break
+    except OSError:
+        flags = None
+    return dict(machine=platform.machine(), onnxruntime=getattr(ort, "__version__", None), cpu_flags=flags)
+
+
 def available_devices() -> list[str]:
     check_install()
     provs = ort.get_available_providers()
@@ -90,11 +119,40 @@ def resolve_device(device: str) -> str:
     return device
 
 
-class Session:
-    """An onnxruntime session built once and reused."""
+def _external_data(opts, folder: str | None, arrays: dict, prepack: bool) -> None:
+    """Session options for a model with external data: its data files' folder (onnxruntime maps them itself), the
+    in-memory tensors as external initializers (no copy), and, for a model over 1 GiB of weights, no pre-packing
+    (a packed copy of every MatMul weight doubles the memory: README, "Large models, float16 and bfloat16")."""
+    if folder is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    if arrays:
+        opts.add_external_initializers(list(arrays), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays.values()])
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
 
-    def __init__(self, model_bytes: bytes, device: str = "cpu", threads: int | None = None):
+
+class Session:
+    """An onnxruntime session built once and reused.
+
+    ``model_bytes``: the model's bytes (or, for ``deployed``, also a file path: onnxruntime reads external data beside
+    it). A relevance model runs its Q/DQ pairs as written (``session.disable_quant_qdq``); a ``deployed`` model runs
+    with onnxruntime's defaults, as a user's plain ``InferenceSession`` does (its integer kernels, its QDQ fusions).
+    ``config``: further session config entries (the gap diagnosis of :mod:`onnx_lrp.gap` sets
+    ``session.x64quantprecision`` and ``session.disable_quant_qdq``).
+
+    ``data_folder``, ``arrays``, ``prepack``: a model with external data (:class:`onnx_lrp.load.external.Parts`): read
+    from its folder, onnx-lrp's own large tensors handed over from memory (referenced as long as the session: used
+    in place), no weight pre-packing over 1 GiB of weights. ``precise``: no layout optimisations (see ``_start``)."""
+
+    def __init__(self, model_bytes, device: str = "cpu", threads: int | None = None, deployed: bool = False,
+                 config: dict | None = None, data_folder: str | None = None, arrays: dict | None = None,
+                 prepack: bool = True, precise: bool = False):
         check_install()
+        self.precise = precise
+        self.data_folder, self.arrays, self.prepack = data_folder, dict(arrays or {}), prepack
+        self.deployed = deployed
+        self.config = dict(config or {})
+        self.threads = threads
         self.device = resolve_device(device)
         self.fallback = None  # why device "auto" fell back to the CPU, if it did
         trying = device == "auto" and self.device == "cuda"
@@ -114,15 +172,22 @@ class Session:
 
     def _start(self, model_bytes: bytes, threads: int | None, quiet: bool = False) -> None:
         opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # QDQ models: run Q/DQ pairs as written, so a relevance model's outputs equal the deployed model's
-        # (ORT's QDQ fusions otherwise regroup them around the float weights the qdq loading pass folds)
-        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+        # precise: no layout optimisations (NCHWc blocked convolutions), which lose digits on deep residual nets:
+        # ResNet50 vs zennit float64 (epsilon 0.01) 4.5e-4 -> 8.9e-5, zennit's own float32 5.6e-5; ~13 % slower
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if self.precise else \
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not self.deployed:
+            # relevance models: run Q/DQ pairs as written (the float path the relevance is computed on); ORT's QDQ
+            # fusions would regroup them around the float weights the qdq loading pass folds
+            opts.add_session_config_entry("session.disable_quant_qdq", "1")
+        for key, value in self.config.items():
+            opts.add_session_config_entry(key, value)
         threads = threads if threads is not None else int(os.environ.get("ONNX_LRP_THREADS", "0"))
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 4  # fatal only: onnx-lrp reports every error itself, in one line
+        _external_data(opts, self.data_folder, self.arrays, self.prepack)
         try:
             with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
                 warnings.simplefilter("ignore")
@@ -134,6 +199,8 @@ class Session:
                                   "cuDNN libraries, or use --device cpu") from None
             node = re.search(r"node with name '([^']*)'|Node \(([^)]*)\)", msg)
             foreign = re.search(r"([\w.]+):\w+\(-?\d+\) is not a registered function/op", msg)
+            if self.deployed:
+                raise ModelError(f"onnxruntime cannot run the deployed model as written: {msg}") from None
             if (node and not (node.group(1) or node.group(2) or "").startswith("lrp/")) or (
                     foreign and foreign.group(1) not in ("", "ai.onnx")):  # relevance graphs add default-domain ops
                 raise ModelError(f"onnxruntime cannot run the model itself (not only its relevance graph): {msg}; "
@@ -143,6 +210,7 @@ class Session:
             raise DeviceError("onnxruntime could not start the CUDA provider (check the CUDA and cuDNN libraries); "
                               "use --device cpu")
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.input_types = {i.name: _NUMPY_TYPES.get(i.type) for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def inputs(self):
@@ -154,6 +222,9 @@ class Session:
             values = self.session.run(names, feeds)
         except Exception as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if self.deployed:
+                raise ModelError(f"onnxruntime cannot run the deployed model itself on this input: "
+                                 f"{msg.split('Status Message:')[-1].strip()[:200]}") from None
             node = re.search(r"running (\w+) node\. Name:'([^']*)'", msg)
             if node and not node.group(2).startswith("lrp/"):  # a node of the model itself, not of the relevance
                 raise ModelError(f"onnxruntime cannot run node {node.group(2)} ({node.group(1)}) of the model "

@@ -26,11 +26,15 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rules import RULE_ALIASES, RULES, Norm, Rule, make_rule
+from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, make_rule
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 BASE_DIR = BUILTIN_DIR / "base"  # shared blocks that composites can `extends`
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
+NON_NEGATIVE = ("epsilon", "stabilizer")  # stabilisers (gamma: the gamma rule checks its own)
+AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
+AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
+                    "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Composite:
     entries: tuple[Entry, ...]
     description: str = ""
     source: str = ""
+    pending: tuple = ()  # "auto" only: the rule parameters to apply to the composite chosen for the network
 
     def rule_for(self, info: NodeInfo) -> Rule | None:
         for entry in self.entries:
@@ -83,10 +88,14 @@ class Composite:
         """Override rule parameters (``epsilon``, ``gamma``, ``low``, ...) in every rule that has them.
 
         ``epsilon=0`` is LRP-0: it also sets the ``norm`` rule's stabiliser to 0 (sums, average pools), unless
-        ``stabilizer`` is given too or the composite sets a non-default one."""
+        ``stabilizer`` is given too or the composite sets a non-default one, and BatchNorms that could not be
+        folded get LRP-0 instead of ``pass`` (see :func:`lrp0_batchnorm`)."""
         params = {k: v for k, v in params.items() if v is not None}
         if not params:
             return self
+        if self.source == AUTO and not self.entries:  # applied once the network's composite is chosen
+            check_params(AUTO, params)
+            return dataclasses.replace(self, pending=tuple({**dict(self.pending), **params}.items()))
         # epsilon = 0 means LRP-0 on every linear, sum and pooling node: the Norm rule's stabiliser (sums, average
         # pools) goes to 0 with it unless a stabiliser is given here or set in the composite to another value than
         # the default (exact zeros of a denominator stay guarded)
@@ -101,6 +110,8 @@ class Composite:
                 mine["stabilizer"] = 0.0
             used |= set(mine)
             entries.append(Entry(entry.match, dataclasses.replace(entry.rule, **mine)) if mine else entry)
+        if isinstance(eps, numbers.Real) and not isinstance(eps, bool) and eps == 0 and not params.get("stabilizer"):
+            entries = lrp0_batchnorm(entries)
         unused = set(params) - used
         if unused:
             known = sorted({f.name for e in self.entries for f in dataclasses.fields(e.rule)})  # type: ignore
@@ -116,6 +127,21 @@ class Composite:
                                for k, v in e.rule.params().items())
             lines.append(f"{what} -> {e.rule.name}" + (f"({params})" if params else ""))
         return lines
+
+
+def lrp0_batchnorm(entries: list) -> list:
+    """At epsilon = 0 (and no stabiliser), an unfolded BatchNorm that the composite passes (zennit's BatchNorm ->
+    Pass) gets LRP-0 too. Passed, its relevance ``z g`` is no longer proportional to the layer below's output, and
+    LRP-0 there divides it by that output where it is near zero (Keras DenseNet121, whose BatchNorms follow
+    concatenations: relevance 1e30); with LRP-0 every affine layer stays in gradient form (``R = x g``, no division)
+    and the whole is gradient x input. Only in composites whose linear rules are all epsilon/norm (LRP-0 now)."""
+    if any(isinstance(e.rule, LinearRule) and not isinstance(e.rule, (Epsilon, Norm)) for e in entries):
+        return entries  # z+, gamma, flat, ...: not gradient form below the BatchNorm, so LRP-0 there would divide
+    passes = any(isinstance(e.rule, Pass) and "batchnorm" in (e.match.get("kind") if isinstance(
+        e.match.get("kind"), list) else [e.match.get("kind")]) for e in entries)
+    if not passes:
+        return entries
+    return [Entry({"kind": "batchnorm"}, Epsilon(epsilon=0.0))] + entries
 
 
 def _kind(value) -> str:
@@ -145,6 +171,9 @@ def check_params(rule: str, params: dict) -> dict:
         if isinstance(value, (int, float)) and not isinstance(value, bool):  # the common case, without numpy
             if not math.isfinite(value):
                 raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+            if key in NON_NEGATIVE and value < 0:
+                raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value} (a negative {key} can cancel "
+                                 "the denominator it stabilises)")
             continue
         import numpy as np  # here, not at the top: `onnx-lrp composites` loads no numpy
 
@@ -163,6 +192,8 @@ def check_params(rule: str, params: dict) -> dict:
             arr = np.asarray(float(value))
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"rule {rule!r}: {key} must be finite, not {value}")
+        if key in NON_NEGATIVE and np.any(arr < 0):
+            raise ValueError(f"rule {rule!r}: {key} must be >= 0, not {value}")
     return params
 
 
@@ -247,11 +278,20 @@ def load_composite(spec: "str | Path | Composite") -> Composite:
         if not path.is_file():
             raise ValueError(f"composite file {text} not found; give a built-in name ({', '.join(builtin_names())})"
                              " or the path of a TOML file")
-        return parse_composite(path.read_text(encoding="utf-8"), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"composite file {path} is not a text (TOML) file: byte {exc.start} is not UTF-8; "
+                             "give a composite TOML file (`onnx-lrp composites` shows the format)") from None
+        except OSError as exc:
+            raise ValueError(f"composite file {path} cannot be read ({exc.strerror or exc})") from None
+        return parse_composite(text, source=str(path))
     key = text.replace("_", "-").lower()
+    if key == AUTO:
+        return Composite(name=AUTO, entries=(), source=AUTO, description=AUTO_DESCRIPTION)
     builtin = BUILTIN_DIR / f"{key}.toml"
     if not builtin.is_file():
-        raise ValueError(f"unknown composite {text!r}; built-in composites: {', '.join(builtin_names())}"
+        raise ValueError(f"unknown composite {text!r}; built-in composites: {AUTO}, {', '.join(builtin_names())}"
                          " (or give the path of a TOML file)")
     return parse_composite(builtin.read_text(encoding="utf-8"), source=key)
 

@@ -405,6 +405,193 @@ def make_recurrent(out_dir: Path = OUT) -> dict:
     return emitted
 
 
+# ------------------------------------------------------------------- Keras-only twins: reference = TF's gradient
+def _keras_conv1d(name: str):
+    """Keras 1-D CNNs (input 32 steps x 4 features) as tf2onnx writes them: Conv1D as Unsqueeze -> Conv -> Squeeze,
+    MaxPooling1D as Unsqueeze -> MaxPool -> Squeeze, the BatchNorms as Mul -> Add after the Squeeze."""
+    import keras
+    L = keras.layers
+    layers = {
+        # the issue's net: "same" padding, BN, ReLU, MaxPooling1D, a "valid" Conv1D with its activation, GAP
+        "conv1d": [L.Conv1D(16, 5, padding="same"), L.BatchNormalization(), L.ReLU(), L.MaxPooling1D(2),
+                   L.Conv1D(16, 3, activation="relu"), L.GlobalAveragePooling1D(), L.Dense(5)],
+        # dilation, a strided "valid" convolution, a pool with "same" padding, Flatten
+        "conv1d_dilated": [L.Conv1D(8, 3, dilation_rate=2, padding="same"), L.BatchNormalization(), L.ReLU(),
+                           L.Conv1D(8, 3, strides=2), L.BatchNormalization(), L.ReLU(),
+                           L.MaxPooling1D(3, strides=2, padding="same"), L.Flatten(), L.Dense(4)],
+        # "causal" padding (a Pad), a BatchNorm after the activation (not foldable), average and max pools
+        "conv1d_causal": [L.Conv1D(8, 4, padding="causal", activation="relu"), L.BatchNormalization(),
+                          L.Conv1D(6, 1), L.ReLU(), L.AveragePooling1D(2), L.GlobalMaxPooling1D(), L.Dense(3)],
+    }[name]
+    return keras.Sequential([keras.Input((32, 4))] + layers)
+
+
+def _keras_densenet():
+    """A DenseNet-like Keras CNN (input 16 x 16 x 3): dense blocks whose BatchNorms follow concatenations (not
+    foldable), BN-ReLU-Conv, a transition, GAP, Dense."""
+    import keras
+    L = keras.layers
+    inp = keras.Input((16, 16, 3))
+    h = L.Conv2D(8, 3, padding="same")(inp)
+    for block in range(2):
+        for _ in range(2):
+            b = L.ReLU()(L.BatchNormalization()(h))
+            h = L.Concatenate()([h, L.Conv2D(4, 3, padding="same")(b)])
+        if block == 0:  # transition: BN-ReLU-1x1 conv-average pool
+            h = L.AveragePooling2D(2)(L.Conv2D(8, 1)(L.ReLU()(L.BatchNormalization()(h))))
+    h = L.GlobalAveragePooling2D()(L.ReLU()(L.BatchNormalization()(h)))
+    return keras.Model(inp, L.Dense(5)(h))
+
+
+KERAS_EXTRA = {"conv1d": ((32, 4), lambda: _keras_conv1d("conv1d")),
+               "conv1d_dilated": ((32, 4), lambda: _keras_conv1d("conv1d_dilated")),
+               "conv1d_causal": ((32, 4), lambda: _keras_conv1d("conv1d_causal")),
+               "densenet": ((16, 16, 3), _keras_densenet)}
+KERAS_EXTRA_OPSETS = {"conv1d": (13, 17), "conv1d_dilated": (13, 17), "conv1d_causal": (17,), "densenet": (17,)}
+
+
+def _randomize(km, rng) -> None:
+    """Non-zero biases and BatchNorm statistics (Keras initialises them to 0/1, which would hide bias errors)."""
+    import keras
+    for layer in km.layers:
+        ws = layer.get_weights()
+        if isinstance(layer, keras.layers.BatchNormalization):
+            g, b, m, v = ws
+            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.2, b.shape),
+                               rng.normal(0, 0.3, m.shape), rng.uniform(0.5, 2.0, v.shape)])
+        elif len(ws) == 2:
+            layer.set_weights([ws[0], rng.normal(0, 0.1, ws[1].shape).astype(ws[1].dtype)])
+
+
+def make_keras_extra(out_dir: Path = OUT) -> dict:
+    """Keras-only twins whose reference is TensorFlow's own float64 gradient x input (LRP-0's value): the 1-D CNNs
+    (opsets 13 and 17), a DenseNet-like CNN; and Keras text classifiers (token-id input, :func:`_keras_text`).
+    Writes ``<net>_keras_op<opset>.onnx`` and ``keras_extra.npz`` (per net:
+    ``<net>/x``, ``<net>/logits``, ``<net>/gxi`` of the arg-max logit)."""
+    import keras
+    import tensorflow as tf
+    import tf2onnx
+    arrays, meta = {}, {}
+    for k, (name, (shape, build)) in enumerate(KERAS_EXTRA.items()):
+        keras.config.set_floatx("float32")
+        keras.utils.set_random_seed(10 + k)
+        km = build()
+        km.output_names = ["output"]  # tf2onnx 1.17 with a Keras 3 Sequential needs the output named
+        _randomize(km, np.random.default_rng(20 + k))
+        x = np.random.default_rng(30 + k).normal(size=(3,) + shape).astype(np.float32)
+        for opset in KERAS_EXTRA_OPSETS[name]:
+            spec = (tf.TensorSpec((None,) + shape, tf.float32, name="x"),)
+            proto, _ = tf2onnx.convert.from_keras(km, input_signature=spec, opset=opset)
+            (out_dir / f"{name}_keras_op{opset}.onnx").write_bytes(proto.SerializeToString())
+            meta[f"{name}_op{opset}"] = sorted({n.op_type for n in proto.graph.node})
+        keras.config.set_floatx("float64")
+        k64 = build()
+        k64.set_weights([w.astype(np.float64) for w in km.get_weights()])
+        xv = tf.Variable(x.astype(np.float64))
+        with tf.GradientTape() as tape:
+            y = k64(xv)
+            picked = tf.reduce_sum(tf.gather(y, tf.argmax(y, 1), batch_dims=1))
+        arrays[f"{name}/x"], arrays[f"{name}/logits"] = x, np.asarray(km(x)).astype(np.float32)
+        arrays[f"{name}/gxi"] = tape.gradient(picked, xv).numpy() * x.astype(np.float64)
+    keras.config.set_floatx("float32")
+    meta.update(_keras_text(out_dir, arrays))
+    np.savez_compressed(out_dir / "keras_extra.npz", **arrays)
+    return meta
+
+
+def _keras_text(out_dir: Path, arrays: dict) -> dict:
+    """Keras text classifiers ``Input((20,), int32) -> Embedding(100, 16) -> LSTM(24) | GRU(24) -> Dense(4)``
+    (tf2onnx: the ids cast, compared and wrapped before a Gather of the table), and the same layers after the
+    embedding as a second model with a float input (``text_<kind>_embedded_keras.onnx``): the reference for the
+    per-token relevance (``text/ids``, ``text_<kind>/embedded`` = table[ids], ``text_<kind>/logits``)."""
+    import keras
+    import tensorflow as tf
+    import tf2onnx
+    L = keras.layers
+    ids = np.random.default_rng(40).integers(0, 100, size=(3, 20)).astype(np.int32)
+    arrays["text/ids"] = ids
+    meta = {}
+    for k, kind in enumerate(("LSTM", "GRU")):
+        keras.utils.set_random_seed(50 + k)
+        km = keras.Sequential([keras.Input((20,), dtype="int32"), L.Embedding(100, 16), getattr(L, kind)(24),
+                               L.Dense(4)])
+        km.output_names = ["output"]
+        _randomize(km, np.random.default_rng(60 + k))
+        tail = keras.Sequential([keras.Input((20, 16)), getattr(L, kind)(24), L.Dense(4)])
+        tail.output_names = ["output"]
+        tail.set_weights(km.get_weights()[1:])
+        table = km.get_weights()[0]
+        arrays[f"text_{kind.lower()}/embedded"] = table[ids].astype(np.float32)
+        arrays[f"text_{kind.lower()}/logits"] = np.asarray(km(ids)).astype(np.float32)
+        for model, shape, dtype, suffix in ((km, (None, 20), tf.int32, ""), (tail, (None, 20, 16), tf.float32,
+                                                                              "_embedded")):
+            spec = (tf.TensorSpec(shape, dtype, name="x"),)
+            proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=17)
+            (out_dir / f"text_{kind.lower()}{suffix}_keras.onnx").write_bytes(proto.SerializeToString())
+            meta[f"text_{kind.lower()}{suffix}"] = sorted({n.op_type for n in proto.graph.node})
+    return meta
+
+
+# ------------------------------------------------------------------- Flax-only twin: reference = JAX's gradient
+def make_flax_extra(out_dir: Path = OUT) -> dict:
+    """A Flax (nnx) CNN with pooling, a crop and residual blocks (input 16 x 16 x 3): Conv-ReLU, max pool, two
+    residual blocks Conv-BN-ReLU-Conv-BN + skip with a BatchNorm after the sum (not foldable), a crop between them,
+    a 3 x 3 "SAME" average pool, mean, Linear; random biases and BatchNorm statistics. Exported by jax2onnx at opsets
+    17 and 23 (``resflax_flax_op<opset>.onnx``); ``flax_extra.npz`` holds ``x``, the logits and JAX's float64
+    gradient x input of the arg-max logit (``gxi``)."""
+    import jax
+    import jax.numpy as jnp
+    import jax2onnx
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, c, rngs):
+            self.c1 = nnx.Conv(c, c, (3, 3), padding="SAME", rngs=rngs)
+            self.c2 = nnx.Conv(c, c, (3, 3), padding="SAME", rngs=rngs)
+            self.n1, self.n2, self.n3 = (nnx.BatchNorm(c, use_running_average=True, rngs=rngs) for _ in range(3))
+
+        def __call__(self, x):
+            return nnx.relu(self.n3(x + self.n2(self.c2(nnx.relu(self.n1(self.c1(x)))))))
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.stem = nnx.Conv(3, 8, (3, 3), padding="SAME", rngs=rngs)
+            self.b1, self.b2 = Block(8, rngs), Block(8, rngs)
+            self.fc = nnx.Linear(8, 5, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.max_pool(nnx.relu(self.stem(x)), window_shape=(2, 2), strides=(2, 2))
+            x = self.b1(x)[:, 1:-1, 1:-1, :]
+            x = nnx.avg_pool(self.b2(x), window_shape=(3, 3), strides=(1, 1), padding="SAME")
+            return self.fc(x.mean(axis=(1, 2)))
+
+    jax.config.update("jax_enable_x64", False)
+    net = Net(nnx.Rngs(0))
+    rng = np.random.default_rng(70)
+    for kind, draw in ((nnx.Param, lambda a: a if a.ndim > 1 else rng.normal(0, 0.1, a.shape)),
+                       (nnx.BatchStat, lambda a: rng.uniform(0.5, 1.5, a.shape))):
+        leaves, tree = jax.tree_util.tree_flatten(nnx.state(net, kind))
+        nnx.update(net, jax.tree_util.tree_unflatten(tree, [jnp.asarray(np.asarray(draw(np.asarray(a))),
+                                                                           jnp.float32) for a in leaves]))
+    x = np.random.default_rng(71).normal(size=(3, SIZE, SIZE, 3)).astype(np.float32)
+    meta = {}
+    for opset in (17, 23):
+        proto = jax2onnx.to_onnx(lambda v: net(v), [("N", SIZE, SIZE, 3)], input_names=["x"], output_names=["y"],
+                                 opset=opset)
+        (out_dir / f"resflax_flax_op{opset}.onnx").write_bytes(proto.SerializeToString())
+        meta[f"resflax_op{opset}"] = sorted({n.op_type for n in proto.graph.node})
+    logits = np.asarray(net(x))
+    jax.config.update("jax_enable_x64", True)
+    net64 = nnx.merge(nnx.graphdef(net), jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.float64) if getattr(a, "dtype", None) == jnp.float32 else a, nnx.state(net)))
+    x64 = jnp.asarray(x, jnp.float64)
+    t = jnp.argmax(net64(x64), 1)
+    g = jax.grad(lambda v: jnp.sum(net64(v)[jnp.arange(len(x)), t]))(x64)
+    jax.config.update("jax_enable_x64", False)
+    np.savez_compressed(out_dir / "flax_extra.npz", x=x, logits=logits, gxi=np.asarray(g * x64))
+    return meta
+
+
 def rel_l2(a, b) -> float:
     a = np.asarray(a, np.float64).reshape(len(a), -1)
     b = np.asarray(b, np.float64).reshape(len(b), -1)
@@ -439,9 +626,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--report", action="store_true", help="only compare the committed twins (needs onnx-lrp only)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--keras-extra", action="store_true",
+                    help="only the Keras-only twins (1-D CNNs, DenseNet-like; needs tensorflow-cpu and tf2onnx)")
+    ap.add_argument("--flax-extra", action="store_true",
+                    help="only the Flax-only twin (pooling, crop, residual blocks; needs jax, flax, jax2onnx)")
     args = ap.parse_args(argv)
     if args.report:
         report(args.out)
+        return 0
+    if args.flax_extra:
+        print(json.dumps(make_flax_extra(args.out), indent=1))
+        return 0
+    if args.keras_extra:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        print(json.dumps(make_keras_extra(args.out), indent=1))
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import torch

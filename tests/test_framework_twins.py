@@ -388,3 +388,74 @@ def test_flax_transformer_twin(composite):
     from onnx_lrp import patterns
     kinds = [m.name for m in patterns.annotate(loader.load(TWINS / "transformer_flax.onnx").graph)]
     assert kinds.count("layernorm-scale") == 5, kinds
+
+
+# ------------------------------------------------- Keras-only twins: LRP-0 against TensorFlow's gradient x input
+EXTRA = {"conv1d": (13, 17), "conv1d_dilated": (13, 17), "conv1d_causal": (17,), "densenet": (17,)}
+LRP0_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def keras_extra():
+    with np.load(TWINS / "keras_extra.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("name,opset", [(n, o) for n, opsets in EXTRA.items() for o in opsets])
+@pytest.mark.parametrize("composite", ["lrp0", "epsilon@0"])
+def test_keras_lrp0_is_tensorflow_gradient_times_input(keras_extra, name, opset, composite):
+    """Keras Conv1D nets (tf2onnx: Unsqueeze -> Conv -> Squeeze, then the BatchNorm's Mul -> Add; before: not folded
+    across the Squeeze, so the epsilon composite passed the BatchNorm: rel-L2 2.4-18) and a DenseNet-like net
+    (BatchNorms after concatenations; before, at epsilon = 0: rel-L2 1.5e3) equal TF's float64 gradient x input
+    under LRP-0: the twins' LRP-0 composite, and the epsilon composite at epsilon = 0."""
+    x, gxi = keras_extra[f"{name}/x"], keras_extra[f"{name}/gxi"]
+    comp, params = (LRP0, {}) if composite == "lrp0" else ("epsilon", {"epsilon": 0.0})
+    ex = onnx_lrp.Explainer(str(TWINS / f"{name}_keras_op{opset}.onnx"), composite=comp, start="logit", **params)
+    res = ex.explain(x)
+    np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"{name}/logits"], rtol=1e-4,
+                               atol=1e-5)
+    assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL
+
+
+@pytest.mark.parametrize("name", ["conv1d", "conv1d_dilated"])
+def test_keras_conv1d_batchnorm_is_folded(name):
+    """The Mul -> Add of a BatchNormalization after tf2onnx's Conv -> Squeeze is folded into the Conv, as after a
+    2-D convolution: no node of kind batchnorm/affine is left."""
+    p = rewriter.plan(loader.load(str(TWINS / f"{name}_keras_op17.onnx")), load_composite("epsilon"))
+    kinds = [a.kind for a in p.assignments if a.on_path]
+    assert "batchnorm" not in kinds and "affine" not in kinds and kinds.count("convolution") == 2
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("composite", ["epsilon", "epsilon-plus-flat"])
+def test_keras_text_model_token_relevance(keras_extra, kind, composite):
+    """Keras Embedding -> LSTM | GRU -> Dense on int32 token ids (tf2onnx casts the ids, wraps negative ones with
+    Less/Not/Cast/Mul/Add, then Gathers the table; before: refused, "output 'output' is not a float tensor computed
+    from the inputs") is explained per token: the relevance at the lookup, summed over the embedding dimension,
+    equals that of the same layers exported with the embedded sequence as a float input."""
+    ids = keras_extra["text/ids"]
+    ex = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_keras.onnx"), composite=composite)
+    res = ex.explain(ids)
+    np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"text_{kind}/logits"], rtol=1e-4,
+                               atol=1e-5)
+    assert res.relevance.shape == ids.shape and np.isfinite(res.relevance).all()
+    ref = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_embedded_keras.onnx"), composite=composite).explain(
+        keras_extra[f"text_{kind}/embedded"], target=res.target)
+    np.testing.assert_array_equal(res.target, ref.target)
+    assert rel_l2(res.relevance, ref.relevance.sum(-1)).max() < 1e-5
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("composite", ["lrp0", "epsilon@0"])
+def test_flax_resblock_lrp0_is_jax_gradient_times_input(opset, composite):
+    """A Flax (nnx) CNN with max/average pooling, a crop and residual blocks whose sum is followed by a BatchNorm
+    (jax2onnx: a BatchNormalization op that cannot be folded; opset 23 writes the crop as GatherND). Before: the
+    epsilon composite at epsilon = 0 passed that BatchNorm (zennit's Pass), rel-L2 61 to JAX's gradient x input;
+    now LRP-0 reaches it too (rules/composite.py: lrp0_batchnorm)."""
+    with np.load(TWINS / "flax_extra.npz") as g:
+        x, logits, gxi = g["x"], g["logits"], g["gxi"]
+    comp, params = (LRP0, {}) if composite == "lrp0" else ("epsilon", {"epsilon": 0.0, "stabilizer": 0.0})
+    ex = onnx_lrp.Explainer(str(TWINS / f"resflax_flax_op{opset}.onnx"), composite=comp, start="logit", **params)
+    res = ex.explain(x)
+    np.testing.assert_allclose(res.outputs[ex.explained_output], logits, rtol=1e-4, atol=1e-5)
+    assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL

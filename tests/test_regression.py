@@ -274,3 +274,44 @@ def test_bad_input_exits_2_with_one_line(variants, baseline, tmp_path, run_here)
         code, out, err = (run_cli if args[0] == "snapshot" else run_here)(*args, cwd=tmp_path)
         assert code == 2, (args, out, err)
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_baseline_from_another_cpu_fails_only_on_explanation_drift(variants, tmp_path, run_here):
+    """A snapshot of a quantized model stores the deployed outputs, the explained forward and the machine's int8
+    facts. Checked on a CPU whose int8 kernels compute other deployed outputs (faked: the baseline's deployed logits
+    moved by 2.83 on one item, as AVX2's saturating kernels do to the dynamic demo's item 4, and its machine marked
+    as saturating), the check passes and says so in one note; an explanation moved beyond the thresholds fails."""
+    base = tmp_path / "q.npz"
+    code, out, err = run_here("snapshot", variants["qdq"], SAMPLES, "-o", base, cwd=tmp_path)
+    assert code == 0, out + err
+    snap = rg.read_snapshot(base)
+    assert set(snap.forward) == {"logits"} and snap.meta["machine"]["int8_saturates"] in (True, False)
+    assert snap.meta["deployed_gap"]["output"] == "logits"
+    ex = onnx_lrp.Explainer(variants["qdq"])  # independent of the CLI: outputs deployed, forward explained
+    res = ex.explain(snap.inputs["image"], target=snap.targets)
+    np.testing.assert_array_equal(snap.outputs["logits"], res.outputs["logits"])
+    np.testing.assert_array_equal(snap.forward["logits"], res.forward["logits"])
+    with np.load(base) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["meta"]))
+    meta["machine"] = dict(meta["machine"], int8_saturates=not meta["machine"]["int8_saturates"])
+    arrays["meta"] = np.array(json.dumps(meta))
+    arrays["outputs/logits"] = arrays["outputs/logits"].copy()
+    arrays["outputs/logits"][4, 0] += 2.83  # the other machine's deployed output
+    other = tmp_path / "other_cpu.npz"
+    np.savez_compressed(other, **arrays)
+    code, out, err = run_here("check", variants["qdq"], other, "--report-json", tmp_path / "r.json", cwd=tmp_path)
+    assert code == 0, out + err
+    notes = [line for line in out.splitlines() if line.startswith("note: the deployed outputs differ")]
+    assert len(notes) == 1 and "by up to 2.83 on logits[0] of batch.npy[4]" in notes[0]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    d = rep["deployed_outputs"]
+    assert d["differ"] and d["max_abs"] == pytest.approx(2.83, abs=1e-5) and d["item"] == "batch.npy[4]"
+    assert d["machines"]["baseline"]["int8_saturates"] != d["machines"]["current"]["int8_saturates"]
+    assert all(s["metrics"]["output_diff"] == 0 for s in rep["samples"])  # compared on the explained forward
+    # the same baseline with one explanation moved (another item's relevance scaled): that item drifts
+    arrays["relevance/image"] = arrays["relevance/image"].copy()
+    arrays["relevance/image"][2] = arrays["relevance/image"][2] ** 2
+    np.savez_compressed(other, **arrays)
+    code, out, err = run_here("check", variants["qdq"], other, cwd=tmp_path)
+    assert code == 1 and "DRIFT: 1 of 10 sample(s) beyond the thresholds: batch.npy[2]" in out, out + err

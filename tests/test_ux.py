@@ -100,16 +100,19 @@ def _attention_model():
 def test_unsupported_transformer_message_is_grouped_short_and_suggests_attnlrp(tmp_path):
     model = _attention_model()
     with pytest.raises(UnsupportedError) as err:
-        onnx_lrp.Explainer(model)
+        onnx_lrp.Explainer(model, composite="epsilon-plus-flat")
     msg = str(err.value)
     assert len(err.value.nodes) == 6  # 2 Softmax + 4 MatMuls of two activations: all listed in .nodes
     assert "2 x Softmax" in msg and "4 x MatMul" in msg and "--composite attnlrp" in msg
     assert 'rule = "pass"' not in msg and "inspect" in msg and len(msg) < 600 and "\n" not in msg
     onnx_lrp.Explainer(model, composite="attnlrp")  # the suggestion works
+    assert onnx_lrp.Explainer(model).composite_name == "attnlrp"  # and is the default's choice (auto: softmax)
     path = tmp_path / "attn.onnx"
     path.write_bytes(model)
-    r = cli("inspect", path)
+    r = cli("inspect", path, "--composite", "epsilon-plus-flat")
     assert r.exit_code == 1 and "attnlrp" in r.output
+    r = cli("inspect", path)
+    assert r.exit_code == 0 and "composite attnlrp (auto: non-ReLU non-linearities (4 x MatMul, 2 x Softmax))" in r.output
 
 
 def test_inspect_exits_1_on_an_onnxruntime_optimised_model(tmp_path):

@@ -3,7 +3,8 @@
 ``explain_dataset(model, source, out_dir, engine="local")`` writes ``out_dir``:
 
 * ``shards/part-NNNNN.npz``: per shard ``items`` (source id of each explained item), ``relevance`` (or
-  ``relevance/<input>`` for several float inputs), ``targets``, ``outputs`` (the explained output);
+  ``relevance/<input>`` for several float inputs), ``targets``, ``outputs`` (the explained output; quantized and
+  float16 models: the deployed model's, and ``forward`` the explained forward's);
 * ``manifest.json``: model SHA-256, composite and parameters, onnx-lrp version, engine, item count, the shards done
   (item range, checksum, failed items);
 * ``errors.jsonl``: one line per item that could not be read or explained (``{"item": id, "error": message}``).

@@ -21,6 +21,7 @@ import numpy as np
 
 from onnx_lrp.dataset.shards import explain_shard, write_shard
 from onnx_lrp.errors import InputError, LrpError
+from onnx_lrp.names import FORWARD_PREFIX
 from onnx_lrp.runner import Runner
 
 INSTALL = "pip install 'onnx-lrp[ray]'"
@@ -101,6 +102,8 @@ class ExplainBatch:
             out["relevance" if k is None else f"relevance/{k}"] = v
         out["target"] = np.asarray(res.target, np.int64)
         out["output"] = res.outputs[ex.explained_output]
+        if res.forward is not None and res.forward is not res.outputs:  # quantized / float16: the explained forward
+            out["forward"] = res.forward[ex.explained_output]
         return out
 
 
@@ -253,7 +256,10 @@ def explain_arrays_ray(ex, arrays: dict, targets, batch_size: int, workers=None,
         raise LrpError(f"Ray returned {len(cat['id'])} rows for {n} items; run the check again")
     rel = {(ex.relevance_inputs[0] if k == "relevance" else k.split("/", 1)[1]): v[order]
            for k, v in cat.items() if k.startswith("relevance")}
-    return rel, {ex.explained_output: cat["output"][order]}, cat["target"][order]
+    outs = {ex.explained_output: cat["output"][order]}
+    if "forward" in cat:
+        outs[FORWARD_PREFIX + ex.explained_output] = cat["forward"][order]
+    return rel, outs, cat["target"][order]
 
 
 __all__ = ["ExplainBatch", "relevance_model", "require_ray", "run_ray", "explain_arrays_ray"]

@@ -78,6 +78,8 @@ def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None
         arrays = {("relevance" if k is None else f"relevance/{k}"): v for k, v in rel.items()}
         arrays["targets"] = np.asarray(res.target, np.int64).reshape(-1)
         arrays["outputs"] = res.outputs[ex.explained_output]
+        if res.forward is not None and res.forward is not res.outputs:  # quantized / float16: the explained forward
+            arrays["forward"] = res.forward[ex.explained_output]
         if res.position is not None:
             arrays["positions"] = np.asarray(res.position, np.int64).reshape(-1)
         arrays.update({f"relevance_at/{k}": v for k, v in res.relevance_at.items()})

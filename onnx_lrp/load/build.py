@@ -253,3 +253,25 @@ def per_tensor(v: ir.Value | None) -> bool:
 
 __all__ = ["Report", "LoadPass", "Builder", "take_over", "drop", "bypass", "substitute", "only_consumer",
            "to_initializer", "new_param", "Names", "attr", "padded_inputs", "as_float", "per_tensor", "const", "MS"]
+
+
+class Upcast(ir.LazyTensor):
+    """A float16 / bfloat16 weight read as float32 where it is used (converted when read; only the last one read is
+    kept: nothing holds a float32 copy of every weight); :func:`lower_upcasts` hands the weight over in its type."""
+
+    _last: list = [None, None]  # (tensor, float32 array) of the last conversion: the checks of one node share it
+
+    def __init__(self, source):
+        super().__init__(self._convert, ir.DataType.FLOAT, source.shape, name=source.name)
+        self.source = source
+
+    def _convert(self):
+        if Upcast._last[0] is not self:
+            Upcast._last[:] = [None, None]  # the previous weight's copy goes before this one is made
+            Upcast._last[:] = [self, np.asarray(self.source.numpy()).astype(np.float32)]
+        return ir.tensor(Upcast._last[1])
+
+    @staticmethod
+    def forget() -> None:
+        """Drop the last converted weight (the model is built)."""
+        Upcast._last[:] = [None, None]

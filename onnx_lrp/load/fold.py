@@ -141,6 +141,15 @@ def check_sizes(graph: ir.Graph, name: str) -> None:
 _ID_MOVES = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")  # token ids on their way to a lookup
 
 
+_ID_MAPS = ("Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Where", "Clip", "Min", "Max", "Not", "And", "Or",
+            "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")  # element-wise maps of ids (position-wise)
+
+
+def _one_const(v: ir.Value) -> bool:
+    c = v.const_value
+    return c is not None and int(np.prod(c.shape, dtype=np.int64)) == 1
+
+
 def _is_int(v: ir.Value) -> bool:
     return v.dtype is not None and (v.dtype.is_integer() or v.dtype == ir.DataType.BOOL)
 
@@ -149,7 +158,9 @@ def mark_shape_only(graph: ir.Graph) -> int:
     """Mark values that carry no relevance although they are computed from the inputs: those computed only from
     the inputs' shapes (causal masks and position ids built from a dynamic sequence length) and those computed only
     from integer inputs (attention masks, lengths, positions counted from a mask) or from bool values (the output
-    of a comparison, e.g. Keras' Masking), except embedding lookups of token ids (a Gather from a constant table at indices that are an integer input, cast or reshaped). Like
+    of a comparison, e.g. Keras' Masking), except embedding lookups of token ids (a Gather from a constant table
+    at indices that are an integer input, cast, reshaped or mapped element-wise with one-element constants, as
+    tf2onnx's Keras Embedding wraps negative ids). Like
     parameters, marked values carry no relevance (the value's ``meta['lrp_shape_only']``)."""
     only: set[int] = set()
     ids: set[int] = set()  # integer inputs, moved without arithmetic: a Gather of a table at them is a lookup
@@ -172,8 +183,11 @@ def mark_shape_only(graph: ir.Graph) -> int:
             flag = bool(ins) and all(v.const_value is not None or id(v) in only for v in ins) and \
                 any(id(v) in only for v in ins)
         if std and node.op_type in _ID_MOVES and node.inputs and node.inputs[0] is not None and \
-                id(node.inputs[0]) in ids and _is_int(node.outputs[0]):
+                id(node.inputs[0]) in ids and (_is_int(node.outputs[0]) or node.op_type == "Cast"):
             ids.add(id(node.outputs[0]))
+        elif std and node.op_type in _ID_MAPS and any(id(v) in ids for v in ins) and all(
+                id(v) in ids or _one_const(v) for v in ins) and node.outputs and all(_is_int(o) for o in node.outputs):
+            ids.update(id(o) for o in node.outputs)  # tf2onnx's Embedding: ids < 0 wrapped, ids clipped
         # a comparison's or logic op's bool output (Keras' Masking: Cast(Not(Equal(x, 0)))) is piecewise constant:
         # it carries no relevance, nor do the floats computed from it alone
         logic = std and bool(node.outputs) and all(o.dtype == ir.DataType.BOOL for o in node.outputs)

@@ -7,6 +7,7 @@ shapes, lift to MIN_OPSET, infer shapes, and serialise back. Also onnx's referen
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from onnx import shape_inference, version_converter
 
 from ..errors import InputError, ModelError, UnsupportedError
 from ..graph import captured_values
+from . import external
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -52,13 +54,159 @@ def read_proto(source) -> onnx.ModelProto:
         raise ModelError(f"model file {path} is not a valid ONNX model ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else 'cannot parse'}); it may be truncated or "
                          "not an ONNX file") from None
-    try:
-        onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except Exception as exc:  # OSError, ValueError, onnx.checker.ValidationError (a missing data file)
-        raise ModelError(f"model file {path}: its external data cannot be read "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); keep the data files "
-                         "beside the model") from None
+    # external data stays in its files (memory-mapped by the onnx_ir model, read by onnxruntime): checked, not loaded
+    check_files(proto, path.parent, f"model file {path}")
     return proto
+
+
+def data_files(path) -> list[Path]:
+    """The external data files a model file names (each once)."""
+    path = Path(path)
+    proto = read_proto(path)
+    names = {e.value for t in external_tensors(proto) for e in t.external_data if e.key == "location"}
+    return [path.parent / n for n in sorted(names)]
+
+
+def data_folder(source) -> Path | None:
+    """The folder a model file's external data paths are relative to (None for bytes and protos)."""
+    if isinstance(source, (str, os.PathLike)):
+        return Path(os.fspath(source)).resolve().parent
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- external data
+COPY_CHUNK = 1 << 26  # bytes copied at once by save_large()
+
+
+def external_tensors(proto: onnx.ModelProto):
+    """Every initializer (main graph, subgraphs) whose data is in an external file."""
+    stack = [proto.graph]
+    while stack:
+        g = stack.pop()
+        for t in g.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                yield t
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+
+
+
+
+def check_files(proto: onnx.ModelProto, folder: Path, name: str) -> int:
+    """One-line ModelError unless every external tensor's data file is inside ``folder`` and holds the bytes the
+    tensor points at; returns the external bytes."""
+    total = 0
+    root = folder.resolve()
+    sizes: dict[Path, int] = {}
+    for t in external_tensors(proto):
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        path = (folder / location).resolve()
+        if not location or os.path.isabs(location) or (root not in path.parents and path != root):
+            raise ModelError(f"{name}: initializer {t.name!r} points at external data {location!r} outside the "
+                             "model's folder; keep the data files beside the model")
+        if path not in sizes:
+            if not path.is_file():
+                raise ModelError(f"{name}: the external data file {location} of initializer {t.name!r} is missing; "
+                                 "keep the data files beside the model")
+            sizes[path] = path.stat().st_size
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else sizes[path] - offset
+        except ValueError:
+            raise ModelError(f"{name}: initializer {t.name!r} has an invalid external data offset or length; the "
+                             "file is corrupt (re-export it)") from None
+        if offset < 0 or length < 0 or offset + length > sizes[path]:
+            raise ModelError(f"{name}: initializer {t.name!r} reads bytes {offset}..{offset + length} of {location}, "
+                             f"which has {sizes[path]}; the data file is truncated (copy it again)")
+        total += length
+    return total
+
+
+
+
+def light_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its large or external initializers as typed graph inputs (no data copied): what the ONNX
+    checker and type checks read; the model itself is unchanged."""
+    light = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, f, getattr(proto, f))
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    g, src = light.graph, proto.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    names = {v.name for v in src.input}
+    for init in src.initializer:
+        small = int(np.prod(init.dims, dtype=np.float64)) <= external.LIGHT
+        if init.data_location != onnx.TensorProto.EXTERNAL and small:
+            g.initializer.append(init)
+        elif init.name not in names:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
+
+
+def save_large(parts: external.Parts, path) -> None:
+    """Write a large model as ``path`` + ``path.data`` (every external tensor's bytes copied there, in chunks),
+    both via temporary files renamed at the end (no half-written output)."""
+    path = Path(path)
+    data_name = path.name + ".data"
+    proto = onnx.load_model_from_string(parts.model_bytes)
+    tmp_model = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp_data = path.with_name(f".{data_name}.tmp{os.getpid()}")
+    try:
+        with open(tmp_data, "wb") as out:
+            for t in external_tensors(proto):
+                info = {e.key: e.value for e in t.external_data}
+                pad = (-out.tell()) % 4096  # page-aligned: onnxruntime can map each tensor
+                out.write(b"\0" * pad)
+                offset = out.tell()
+                if info.get("location") == external.MEMORY:
+                    out.write(memoryview(np.ascontiguousarray(parts.arrays[t.name])).cast("B"))
+                else:
+                    _copy_range(Path(parts.folder) / info["location"], int(info.get("offset", 0)),
+                                int(info["length"]), out)
+                del t.external_data[:]
+                out.truncate()  # a trailing hole becomes part of the file
+                for k, val in (("location", data_name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
+                    e = t.external_data.add()
+                    e.key, e.value = k, val
+        tmp_model.write_bytes(serialize_proto(proto))
+        os.replace(tmp_data, path.with_name(data_name))
+        os.replace(tmp_model, path)
+    finally:
+        for tmp in (tmp_model, tmp_data):
+            if tmp.exists():
+                tmp.unlink()
+
+
+
+
+def _copy_range(src: Path, offset: int, length: int, out) -> None:
+    """Copy ``length`` bytes of ``src`` from ``offset`` to ``out`` in chunks; all-zero chunks become holes of the
+    file (sparse weights, e.g. pruned ones, take no disk)."""
+    zeros = bytes(COPY_CHUNK)
+    with open(src, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            chunk = f.read(min(COPY_CHUNK, left))
+            if not chunk:
+                raise ModelError(f"external data file {src} ended early; copy it again")
+            if chunk == zeros[:len(chunk)]:
+                out.seek(len(chunk), 1)
+            else:
+                out.write(chunk)
+            left -= len(chunk)
 
 
 def initializers_not_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -163,12 +311,17 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
     _check_text(proto, name)
     proto = contrib_to_ms_domain(proto)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(light_proto(proto))  # weights by type and shape: no 2 GiB limit
     except Exception as exc:
         raise ModelError(f"{name} fails the ONNX checker: {str(exc).splitlines()[0]}") from None
     opset = opset_of(proto)
     if opset == 0:
         raise ModelError(f"{name} imports no default-domain opset; re-export it with a standard exporter")
+    known = onnx.defs.onnx_opset_version()
+    if opset > known:  # the schemas would silently be those of the newest opset this onnx knows
+        raise ModelError(f"{name} imports opset {opset}, which this onnx ({onnx.__version__}) does not know: "
+                         f"onnx-lrp reads opsets 1-{MAX_OPSET} and {MAX_OPSET + 1}-{known} where their ops are "
+                         f"unchanged; re-export the model with opset <= {known}")
     proto = expand_function_ops(proto, opset)
     if opset > MAX_OPSET:
         proto = relabel_newer_opset(proto, opset, name)
@@ -188,6 +341,13 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
             # pass made NCHW): drop the intermediate shapes and infer them from the ops
             proto = onnx.ModelProto.FromString(proto.SerializeToString())
             del proto.graph.value_info[:]
+        elif "Incompatible dimensions" in str(exc):  # e.g. a declared input size the graph's weights do not fit
+            where = " ".join(str(exc).split())
+            first = re.search(r"\(op_type:[^)]*\): \[ShapeInferenceError\] Incompatible dimensions[^(]*", where)
+            where = first.group(0).strip() if first else where
+            raise ModelError(f"{name}: shape inference finds the graph inconsistent ({where[:200]}); the declared "
+                             "input shapes do not fit the rest of the graph: fix them (--input-shape) or re-export "
+                             "the model") from None
     try:
         proto = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
@@ -587,8 +747,9 @@ def _fill_same_shape(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
 
 
-def to_ir(proto: onnx.ModelProto) -> ir.Model:
-    return ir.serde.deserialize_model(proto)
+def to_ir(proto: onnx.ModelProto, folder=None) -> ir.Model:
+    """The onnx_ir model; external tensors read their files in ``folder`` (memory-mapped, when first used)."""
+    return external.attach(ir.serde.deserialize_model(proto), folder)
 
 
 def read(source, name: str, constants: dict | None = None, input_shapes: dict | None = None) -> ir.Model:
@@ -596,7 +757,7 @@ def read(source, name: str, constants: dict | None = None, input_shapes: dict | 
     proto = negative_dims_dynamic(initializers_not_inputs(read_proto(source)))
     proto = prepare_proto(fix_input_shapes(bind_constants(proto, constants, name), input_shapes, name), name)
     try:
-        return to_ir(proto)
+        return to_ir(proto, data_folder(source))
     except Exception as exc:  # onnx_ir.serde.SerdeError: a field it cannot read (e.g. a corrupt attribute)
         cause = exc
         while cause.__cause__ is not None:
@@ -614,10 +775,11 @@ def condition_evaluator(model: ir.Model):
 def inferred_dims(model: ir.Model) -> list[tuple[str, list]]:
     """(value name, dims) for the values onnx's shape inference (with data propagation) gives a shape; large
     parameters only matter by their type and shape: they are passed as typed inputs, not as data."""
-    proto = ir.serde.serialize_model(model)
+    with external.weightless(model):  # no weight serialised
+        proto = ir.serde.serialize_model(model)
     keep = []
     for init in proto.graph.initializer:
-        if int(np.prod(init.dims)) > 4096:
+        if int(np.prod(init.dims)) > 4096 or init.data_location == onnx.TensorProto.EXTERNAL:
             proto.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
         else:
             keep.append(init)
@@ -639,15 +801,17 @@ def inferred_dims(model: ir.Model) -> list[tuple[str, list]]:
 def reinferred(model: ir.Model) -> ir.Model | None:
     """The model through :func:`prepare_proto` again (shape inference over ops split since), or None."""
     try:
-        proto = prepare_proto(ir.serde.serialize_model(model), "model")
+        with external.weightless(model):  # shapes only: no weight serialised
+            proto = prepare_proto(ir.serde.serialize_model(model), "model")
     except Exception:
         return None
     return to_ir(proto)
 
 
-def deserialize(model_bytes: bytes) -> ir.Model:
-    """An ``onnx_ir`` model from bytes written by :func:`serialize` (no checks, no canonization)."""
-    return to_ir(onnx.load_model_from_string(model_bytes))
+def deserialize(model_bytes: bytes, folder=None) -> ir.Model:
+    """An ``onnx_ir`` model from bytes written by :func:`serialize` (no checks, no canonization); ``folder``: where
+    its external data is (:attr:`external.Parts.folder`)."""
+    return to_ir(onnx.load_model_from_string(model_bytes), folder)
 
 
 def min_ir_version(model_proto: onnx.ModelProto) -> int:
@@ -655,10 +819,31 @@ def min_ir_version(model_proto: onnx.ModelProto) -> int:
 
 
 def serialize(model: ir.Model) -> bytes:
-    """The model as bytes, IR version set explicitly (onnxruntime 1.31 reads IR <= 13)."""
-    proto = ir.serde.serialize_model(model)
+    """The model as bytes, IR version set explicitly (onnxruntime 1.31 reads IR <= 13); external tensors stay
+    references to their files."""
+    return serialize_proto(ir.serde.serialize_model(model))
+
+
+def serialize_proto(proto: onnx.ModelProto) -> bytes:
     proto.ir_version = min(min_ir_version(proto), 13)
     return proto.SerializeToString()
+
+
+def serialize_parts(model: ir.Model) -> external.Parts:
+    """The model as onnxruntime receives it: bytes alone for a small model; for one with external data or over
+    1 GiB of weights, the graph, the folder of its data files and its large in-memory tensors (never one protobuf
+    of every weight)."""
+    external.drop_unused(model)
+    external.lower_upcasts(model)  # float16 / bfloat16 weights handed over in their type
+    return external.split(model, serialize) if external.is_large(model) else external.Parts(serialize(model))
+
+
+def save_parts(parts: external.Parts, path) -> None:
+    """Write ``path`` (and ``path.data`` for a large model) atomically."""
+    if parts.large:
+        save_large(parts, path)
+    else:
+        save_bytes(parts.model_bytes, path)
 
 
 def check(model_bytes: bytes) -> None:

@@ -32,7 +32,10 @@ class Forward:
                              "own output (explain an output of the model with --output)")
         graph.outputs.clear()
         graph.outputs.append(value)
-        self.session = runtime.Session(load.serialize(ir_model), device)
+        parts = load.serialize_parts(ir_model)  # a large model: its weights stay in their files
+        # the deployed arithmetic (onnxruntime's defaults: its int8 kernels for a quantized model), as in production
+        self.session = runtime.Session(parts.model_bytes, device, deployed=True, data_folder=parts.folder,
+                                       arrays=parts.arrays, prepack=parts.prepack)
         self.input_name = input_name
         self.tensor = tensor
         self.prob = prob

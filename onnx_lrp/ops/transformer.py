@@ -660,23 +660,43 @@ register(type("Rounding", (ActivationOp,), {
 _ID_MOVES = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
 
 
-def embedding_lookups(graph: ir.Graph, ids: ir.Value) -> list[ir.Node]:
-    """Gather nodes that look ``ids`` (an integer graph input, possibly cast or reshaped) up in a constant table
-    (axis 0)."""
-    found, stack, seen = [], [ids], set()
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
+# element-wise maps of token ids (tf2onnx's Embedding: ids < 0 wrapped by where(ids < 0, ids + n, ids), written
+# as Less/Not/Cast/Mul/Add; clipping to the table): the same positions, so a lookup at their result is per token
+_ID_MAPS = ("Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Where", "Clip", "Min", "Max", "Not", "And", "Or",
+            "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
+
+
+def _small_const(v: ir.Value | None) -> bool:
+    """An absent optional input or a constant of one element (broadcasting it keeps the ids' shape)."""
+    if v is None or v.name == "":
+        return True
+    return is_param(v) and v.shape is not None and all(isinstance(d, int) for d in v.shape) and \
+        int(np.prod(list(v.shape), dtype=np.int64)) == 1
+
+
+def id_values(graph: ir.Graph, ids: ir.Value) -> set[int]:
+    """The values that hold ``ids`` (an integer graph input) position by position: the ids cast, reshaped, or mapped
+    element-wise with one-element constants (and the comparisons of those)."""
+    derived = {id(ids)}
+    for n in graph:
+        if n.domain not in ("", "ai.onnx") or not n.inputs or not n.outputs:
             continue
-        seen.add(id(v))
-        for use in v.uses():
-            n = use.node
-            if n.op_type == "Gather" and use.idx == 1 and is_param(n.inputs[0]) and \
-                    n.attributes.get_int("axis", 0) == 0 and carries(n.outputs[0]):
-                found.append(n)
-            elif n.op_type in _ID_MOVES and use.idx == 0:
-                stack.append(n.outputs[0])
-    return found
+        if n.op_type in _ID_MOVES and n.inputs[0] is not None and id(n.inputs[0]) in derived:
+            derived.update(id(o) for o in n.outputs)
+        elif n.op_type in _ID_MAPS and any(v is not None and id(v) in derived for v in n.inputs) and \
+                all(v is not None and id(v) in derived or _small_const(v) for v in n.inputs) and \
+                all(o.dtype is not None and (o.dtype.is_integer() or o.dtype == ir.DataType.BOOL) for o in n.outputs):
+            derived.update(id(o) for o in n.outputs)
+    return derived
+
+
+def embedding_lookups(graph: ir.Graph, ids: ir.Value) -> list[ir.Node]:
+    """Gather nodes that look ``ids`` (an integer graph input, possibly cast, reshaped or mapped element-wise:
+    :func:`id_values`) up in a constant table (axis 0)."""
+    derived = id_values(graph, ids)
+    return [n for n in graph if n.op_type == "Gather" and n.domain in ("", "ai.onnx") and len(n.inputs) == 2
+            and n.inputs[1] is not None and id(n.inputs[1]) in derived and is_param(n.inputs[0])
+            and n.attributes.get_int("axis", 0) == 0 and carries(n.outputs[0])]
 
 
 def token_relevance(em: Emitter, graph: ir.Graph, ids: ir.Value, relevance_of) -> ir.Value | None:
@@ -700,4 +720,4 @@ def token_relevance(em: Emitter, graph: ir.Graph, ids: ir.Value, relevance_of) -
 
 
 __all__ = ["Product", "Gate", "cp_shares", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile",
-           "Trilu", "Leaf", "Lookup", "PowerLike", "embedding_lookups", "token_relevance"]
+           "Trilu", "Leaf", "Lookup", "PowerLike", "embedding_lookups", "id_values", "token_relevance"]

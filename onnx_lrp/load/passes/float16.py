@@ -1,6 +1,7 @@
-"""float16 / bfloat16 models: the whole graph upcast to float32 (initializers, Casts to float16, value types, graph
-inputs and outputs), so relevance is computed in float32 with the float16-rounded weights: no overflow to Inf, no
-NaN from float16 underflow in the stabilisers. Inputs are read as float32 (float16 arrays are upcast exactly);
+"""float16 / bfloat16 models: the whole graph computed in float32 (Casts to float16, value types, graph inputs and
+outputs; initializers read as float32 where used and kept in their type, :class:`onnx_lrp.load.build.Upcast`), so
+relevance is computed in float32 with the float16-rounded weights: no overflow to Inf, no NaN from float16
+underflow in the stabilisers. Inputs are read as float32 (float16 arrays are upcast exactly);
 outputs are float32 and can differ from onnxruntime's float16 inference by float16 rounding of the activations.
 """
 from __future__ import annotations
@@ -8,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ..build import LoadPass, Report
+from ..build import LoadPass, Report, Upcast
 
 _LOW_FLOATS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 class UpcastLowPrecision(LoadPass):
-    """float16 / bfloat16 everywhere -> float32 (values, initializers, Cast targets, ConstantOfShape values)."""
+    """float16 / bfloat16 everywhere -> float32 (values, Cast targets, ConstantOfShape values; initializers read as
+    float32 where used)."""
 
     def apply(self, model: ir.Model, report: Report) -> int:
         n = upcast_low_precision(model)
@@ -23,7 +25,8 @@ class UpcastLowPrecision(LoadPass):
 
 
 def upcast_low_precision(model: ir.Model) -> int:
-    """float16 / bfloat16 everywhere -> float32 (values, initializers, Cast targets, ConstantOfShape values)."""
+    """float16 / bfloat16 everywhere -> float32 (values, Cast targets, ConstantOfShape values; initializers read as
+    float32 where used, kept in their type)."""
     graph = model.graph
     changed = 0
 
@@ -32,9 +35,8 @@ def upcast_low_precision(model: ir.Model) -> int:
         if v is None or v.type is None or not isinstance(v.type, ir.TensorType) or v.dtype not in _LOW_FLOATS:
             return
         v.type = ir.TensorType(ir.DataType.FLOAT)
-        if v.const_value is not None:
-            arr = v.const_value.numpy().astype(np.float32)
-            v.const_value = ir.tensor(arr, name=v.name)
+        if v.const_value is not None:  # read as float32 where used, kept in its type
+            v.const_value = Upcast(v.const_value)
         changed += 1
 
     for v in list(graph.inputs) + list(graph.outputs) + list(graph.initializers.values()):

@@ -194,6 +194,22 @@ def _chain_step(node: ir.Node, v: ir.Value, rank: int, axis: int, n: int | None)
     return 1.0 / k, zero
 
 
+def _squeezed_axes(node: ir.Node, rank: int) -> set[int] | None:
+    """The axes (non-negative) a ``Squeeze`` node with constant axes removes from a rank-``rank`` input, else None
+    (another op, axes unknown, or the output is a graph output)."""
+    if node.op_type != "Squeeze" or node.domain not in ("", "ai.onnx") or node.outputs[0].is_graph_output():
+        return None
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const(node.inputs[1])
+    else:
+        attr = node.attributes.get("axes")
+        axes = None if attr is None else np.asarray(attr.as_ints())
+    if axes is None or axes.size == 0 or node.inputs[0].shape is None:
+        return None
+    axes = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+    return axes if all(node.inputs[0].shape[a] == 1 for a in axes) else None
+
+
 def fold_channel_affine(graph: ir.Graph) -> int:
     """Fold per-channel constant Mul/Add/Sub/Div chains into the Conv/Gemm/MatMul (constant weights) they follow."""
     folded = 0
@@ -225,6 +241,12 @@ def fold_channel_affine(graph: ir.Graph) -> int:
                 perm = list(nxt.attributes.get_ints("perm", list(range(rank))[::-1]))
                 axis, v = perm.index(axis), nxt.outputs[0]
                 continue
+            squeezed = _squeezed_axes(nxt, rank) if layer.op_type == "Conv" else None
+            if squeezed is not None:  # tf2onnx's Conv1D: Conv on N x C x 1 x W, then Squeeze of the 1
+                if axis in squeezed:
+                    break
+                axis, rank, v = axis - sum(a < axis for a in squeezed), rank - len(squeezed), nxt.outputs[0]
+                continue
             step = _chain_step(nxt, v, rank, axis, n)
             if step is None:
                 break
@@ -238,25 +260,28 @@ def fold_channel_affine(graph: ir.Graph) -> int:
             continue  # the new bias Add would have to take over the output's name: left as it is
         b = const(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] is not None else None
         dtype = w.dtype
+        # an unscaled chain (a bias Add) keeps the weight as it is: no copy of a large model's weights
+        keep_w = bool(np.all(scale == 1)) and (layer.op_type != "Gemm" or layer.attributes.get_float("alpha", 1.0) == 1)
+        scale_w = scale.astype(dtype)  # scaled in the weight's type: no float64 copy of the weight
         if layer.op_type == "Conv":
             if b is not None and b.size not in (1, n):
                 continue
-            w_new = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            w_new = None if keep_w else w * scale_w.reshape((-1,) + (1,) * (w.ndim - 1))
             b0 = np.broadcast_to(b.reshape(-1), (n,)) if b is not None else np.zeros(n)
         elif layer.op_type == "Gemm":
             if b is not None and b.size not in (1, n):
                 continue
             alpha = layer.attributes.get_float("alpha", 1.0)
             beta = layer.attributes.get_float("beta", 1.0)
-            w_new = alpha * (w * scale[:, None] if trans_b else w * scale[None, :])
+            w_new = None if keep_w else alpha * (w * scale_w[:, None] if trans_b else w * scale_w[None, :])
             b0 = beta * np.broadcast_to(b.reshape(-1), (n,)) if b is not None else np.zeros(n)
             layer.attributes["alpha"] = ir.AttrFloat32("alpha", 1.0)
             layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         else:
-            w_new, b0 = w * scale[None, :], np.zeros(n)
+            w_new, b0 = None if keep_w else w * scale_w[None, :], np.zeros(n)
         b_new = b0 * scale + shift
-        w_val = new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype))
-        layer.replace_input_with(1, w_val)
+        if w_new is not None:
+            layer.replace_input_with(1, new_param(graph, f"{layer.name}/weight_folded", w_new.astype(dtype)))
         for node in chain:
             data = next(x for x in node.inputs if const(x) is None)
             bypass(node.outputs[0], data)
