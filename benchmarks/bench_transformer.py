@@ -1,7 +1,8 @@
 """Benchmark: AttnLRP on a BERT-base-sized transformer on CPU (12 layers, hidden 768, 12 heads, sequence 128,
 random weights): onnx-lrp's explain time over a plain onnxruntime forward, and over LXT's (efficient mode) time.
 
-Targets: explain <= 3x the forward, and at least 2x faster than LXT.
+Targets (issue 18): explain <= 2.1x the forward (the floor is 2: the forward and one transposed GEMM per weight),
+and never slower than LXT at its best (parameters without gradients); both LXT settings are printed.
 
 The model is exported by a Python that has torch + transformers (+ lxt for the LXT column): ``--ref-python``
 (default: $LXT_PYTHON, else /work/venv-lxt/bin/python, see scripts/make_lxt_goldens.py). Without one, the same
@@ -239,11 +240,11 @@ def main(argv=None):
     for name, t, ratio in rows:
         print(f"{name:32s} {1000 * t:10.1f} {ratio:10.2f}")
     print(f"explainer build (load, rewrite, session): {t_build:.1f} s")
-    print(f"explain / forward = {t_exp / t_fwd:.2f} (target <= 3)")
+    print(f"explain / forward = {t_exp / t_fwd:.2f} (floor 2, target <= 2.1)")
     if "lxt_s" in info:
-        print(f"LXT / explain     = {info['lxt_s'] / t_exp:.2f} (target >= 2)")
+        print(f"LXT / explain     = {info['lxt_s'] / t_exp:.2f} (parameters with gradients, LXT's default)")
         if "lxt_nograd_s" in info:
-            print(f"LXT without parameter gradients / explain = {info['lxt_nograd_s'] / t_exp:.2f}")
+            print(f"LXT without parameter gradients / explain = {info['lxt_nograd_s'] / t_exp:.2f} (target >= 1)")
         lxt = np.load(str(path) + ".lxt.npy")
         err = np.linalg.norm(res.relevance - lxt) / np.linalg.norm(lxt)
         print(f"relative L2 error to LXT on this model: {err:.2e}")

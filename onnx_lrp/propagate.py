@@ -31,6 +31,7 @@ class Layer:
     def __init__(self, node: ir.Node, op, xs: list[ir.Value], z: ir.Value, nonneg: list[bool]):
         self.node, self.op, self.xs, self.z, self.nonneg = node, op, xs, z, nonneg
         self.relu_out: ir.Value | None = None  # set when z feeds only a Relu whose relevance vanishes at zeros
+        self.zero_at_zero = False  # the relevance of z is known to be zero wherever z is
         self._mods: dict = {}
 
     def x_mod(self, em: Emitter, i: int, how: str, value=None) -> ir.Value | None:
@@ -197,6 +198,41 @@ def _weighted_sum(em: Emitter, items: dict, tag: str) -> ir.Value:
     return em.sum(parts, tag=tag)
 
 
+def _beyond(group, w, b, nonneg: bool) -> set:
+    """The signs that z_g - z can take, proven term by term ({1}: z_g >= z everywhere, {-1}: z_g <= z, set(): equal;
+    {0} when not provable): the group must cover x once (x itself, or x+ and x-), every term with sign +1 and a
+    weight (and bias) modification of definite sign, e.g. gamma's W + g W+ on x+ and W + g W- on x-."""
+    if w is None:
+        return {0}
+    signs: set = set()
+    seen = []
+    b_sum = None
+    for term in group.terms:
+        if term.x == "negative" and nonneg:
+            continue
+        how = "identity" if term.x == "positive" and nonneg else term.x
+        if term.sign != 1.0 or how not in ("identity", "positive", "negative"):
+            return {0}
+        seen.append(how)
+        d = term.w(w) - w
+        if np.any(d):
+            ds = _definite_sign(d)
+            if ds == 0 or (how == "identity" and not nonneg):
+                return {0}
+            signs.add(-ds if how == "negative" else ds)
+        if term.b is not None and b is not None:
+            b_sum = term.b(b) if b_sum is None else b_sum + term.b(b)
+    if sorted(seen) not in (["identity"], ["negative", "positive"]):
+        return {0}
+    db = (b_sum if b_sum is not None else 0.0) - (b if b is not None else 0.0)
+    if np.any(db):
+        ds = _definite_sign(db)
+        if ds == 0:
+            return {0}
+        signs.add(ds)
+    return signs
+
+
 class _LinearStep:
     """One linear rule on one layer: terms collected per group into shared forwards (``collect``), each group's
     denominator and normalised relevance (``normalise``), then one transpose per (input modifier, weight basis)
@@ -213,6 +249,9 @@ class _LinearStep:
         self.forwards: dict = {}  # (x key, basis key) -> f(x_mod; basis), without bias
         self.x_of: dict = {}      # x key -> (how, value)
         self.weights: dict = {}   # basis key -> Params
+        self.exact_w: dict = {}   # group index -> {x key: the group's own weights on that input (its terms' sum)}
+        self.masked: dict = {}    # mask -> r_out * [z > 0] / [z < 0], emitted once
+        self.rests: list = []     # fused remainders (w, b, value) of masked denominators, shared up to a factor
 
     def forward(self, xkey, bkey) -> ir.Value:
         em, layer, op, node = self.em, self.layer, self.op, self.node
@@ -234,6 +273,7 @@ class _LinearStep:
         whether z_g is provably positive (1) or not (0)."""
         layer, p0, basis = self.layer, self.p0, self.basis
         combo: dict = {}
+        exact_w = self.exact_w.setdefault(gi, {})
         bias = None
         sign = 1
         for k, term in enumerate(group.terms):
@@ -246,6 +286,9 @@ class _LinearStep:
             how = "identity" if term.x == "positive" and all(layer.nonneg) else term.x
             xkey = (how, id(term.x_value))
             self.x_of[xkey] = (how, term.x_value)
+            if wm is not None:
+                signed = wm if term.sign == 1.0 else wm * wm.dtype.type(term.sign)
+                exact_w[xkey] = signed if xkey not in exact_w else exact_w[xkey] + signed
             parts = basis.decompose(term.w, wm) if wm is not None or p0.w is None else None
             if parts is None:  # not a combination of W and W+: its own weights
                 bkey = ("own", gi, k)
@@ -269,6 +312,7 @@ class _LinearStep:
             sym = _symmetric(combo, self.x_of)
             if sym is not None and len(sym) < len(combo):
                 combo = sym
+                exact_w.clear()
                 self.x_of[("identity", id(None))] = ("identity", None)
                 self.x_of[("abs", id(None))] = ("abs", None)
                 for _, bkey in combo:
@@ -276,8 +320,86 @@ class _LinearStep:
         return combo, bias, sign
 
     def normalise(self, gtag: str, group, combo: dict, bias, sign: int, r_out: ir.Value) -> ir.Value:
-        """s_g = coef-free r_out / stab(z_g), masked: z_g from the shared forwards (f(x; W) for the unmodified input
-        is the forward output minus its bias)."""
+        """s_g = coef-free r_out * mask_g / stab(z_g): z_g from the shared forwards (f(x; W) for the unmodified input
+        is the forward output minus its bias). Where z feeds only a Relu (``relu_out``) the relevance is zero
+        wherever z <= 0, so a mask z > 0 needs no emitting (``linear_rule`` drops groups masked to z < 0)."""
+        em, layer, node, eps = self.em, self.layer, self.node, self.eps
+        mask = None if layer.relu_out is not None and group.mask == "positive" else group.mask
+        stab = None
+        if group.mask is not None and eps and node.op_type == "Conv" and len(layer.xs) == 1 and \
+                _beyond(group, self.p0.w, self.p0.b, all(layer.nonneg)) <= {1 if group.mask == "positive" else -1}:
+            # z_g - z has the mask's sign: where the mask keeps, stab(z_g) = z_g +- eps, from z and one convolution
+            stab = self._masked_denominator(gtag, combo, bias, eps if group.mask == "positive" else -eps,
+                                            unmasked=mask is None)
+        if stab is None:
+            stab = self._denominator(gtag, combo, bias, sign)
+        return em.div(self._masked_r(mask, r_out) if mask is not None else r_out, stab, tag=f"{gtag}_s")
+
+    def _masked_r(self, mask: str, r_out: ir.Value) -> ir.Value:
+        """r_out * [z > 0] (or [z < 0]), once per layer; exact where every denominator is finite and non-zero."""
+        em, layer = self.em, self.layer
+        if mask not in self.masked:
+            other = "negative" if mask == "positive" else "positive"
+            if other in self.masked and layer.zero_at_zero:  # r_out = 0 where z = 0: the complement by one Sub
+                self.masked[mask] = em.sub(r_out, self.masked[other], tag=f"r_{mask[:3]}")
+            else:
+                # [z > 0] as clip(z * 2^126, 0, 1): 1 for every positive normal float, 0 for z <= 0 (a positive
+                # denormal, |z| < 1.2e-38, would get a fraction); two light passes and a multiply instead of a
+                # comparison and a Cast (slow in onnxruntime) or a Where (about 8x a Mul there)
+                gain = em.scalar(2.0 ** 126 if mask == "positive" else -2.0 ** 126)
+                keep = em.op("Clip", em.mul(layer.z, gain, tag=f"{mask[:3]}_gain"), em.scalar(0.0),
+                             em.scalar(1.0), tag=f"{mask[:3]}_mask")
+                self.masked[mask] = em.mul(r_out, keep, tag=f"r_{mask[:3]}")
+        return self.masked[mask]
+
+    def _masked_denominator(self, gtag: str, combo: dict, bias, eps_signed: float, unmasked: bool):
+        """stab(z_g) of a masked group whose z_g - z has the mask's sign: z_g + eps (mask z > 0) or z_g - eps (z < 0).
+
+        Written as c z + Q, Q = f(x'; W_rest, b_rest + eps) one convolution (shared, up to a factor, with the other
+        group: gamma's two groups are z + Q and (1 + g) z - Q), clipped to [eps, inf) or (-inf, -eps] so that it is
+        non-zero where the mask drops (where it keeps, the clip does nothing: z_g has the sign of z there). None when
+        the remainder reads more than one modified input."""
+        em, layer, weights = self.em, self.layer, self.weights
+        ident = (("identity", id(None)), "W")
+        c_id = combo.get(ident, 0.0)
+        rest = {k: c for k, c in combo.items() if k != ident}
+        if len({xk for xk, _ in rest}) != 1:
+            return None
+        w_rest, xkey = None, None
+        for (xk, bkey), c in rest.items():
+            part = weights[bkey].w if c == 1.0 else weights[bkey].w * weights[bkey].w.dtype.type(c)
+            w_rest, xkey = (part if w_rest is None else w_rest + part), xk
+        dtype = np.dtype(em.np_dtype)
+        b_rest = np.zeros(w_rest.shape[0], dtype=dtype) if bias is None else np.asarray(bias, dtype=dtype)
+        if self.b_orig is not None and c_id:
+            b_rest = b_rest - dtype.type(c_id) * self.b_orig.astype(dtype)
+        b_rest = b_rest + dtype.type(eps_signed)
+        q, factor = None, 1.0
+        for w_prev, b_prev, v_prev in self.rests:
+            r = _ratio(w_rest, w_prev)
+            if r is not None and np.allclose(b_rest, r * b_prev, rtol=1e-6, atol=1e-7 * float(np.abs(b_prev).max())):
+                q, factor = v_prev, r
+                break
+        how, value = self.x_of[xkey]
+        if q is None:
+            q = self.op.forward(em, self.node, [layer.x_mod(em, 0, how, value)],
+                                Params(w_rest, b_rest, key=("rest", gtag)))
+            self.rests.append((w_rest, b_rest, q))
+        nonneg_q = factor == 1.0 and bool(np.all(w_rest >= 0)) and bool(np.all(b_rest > 0)) and (
+            how in ("positive", "abs") or (how == "identity" and all(layer.nonneg)))
+        if unmasked and c_id == 1.0 and nonneg_q and layer.relu_out is not layer.z:
+            return em.add(layer.relu_out, q, tag=f"{gtag}_stab")  # relu(z) + Q: Q >= eps, and z_g + eps where z > 0
+        zc = em.scale(layer.z, c_id, tag=f"{gtag}_zc") if c_id else None
+        if zc is not None and abs(factor) == 1.0:
+            raw = (em.add if factor == 1.0 else em.sub)(zc, q, tag=f"{gtag}_z")
+        else:
+            raw = _weighted_sum(em, {"q": (factor, q)} | ({"z": (1.0, zc)} if zc is not None else {}), tag=f"{gtag}_z")
+        big = float(np.finfo(dtype).max)
+        lo, hi = (abs(eps_signed), big) if eps_signed > 0 else (-big, eps_signed)
+        return em.op("Clip", raw, em.scalar(lo), em.scalar(hi), tag=f"{gtag}_stab")
+
+    def _denominator(self, gtag: str, combo: dict, bias, sign: int) -> ir.Value:
+        """stab(z_g) for any group (zennit's stabiliser, with the shortcuts its sign allows)."""
         em, layer, op, node, eps = self.em, self.layer, self.op, self.node, self.eps
         ident = (("identity", id(None)), "W")
         # z_g = f(x'; W') alone with a positive sign: its + eps rides on the convolution as a bias (one pass fewer)
@@ -306,37 +428,40 @@ class _LinearStep:
                 and layer.relu_out is not None and eps:
             # z feeds only a Relu and the relevance is zero where relu(z) is: stab(z) = relu(z) + eps there
             if layer.relu_out is not layer.z:
-                stab = em.add(layer.relu_out, em.scalar(eps), tag=f"{gtag}_stab")
-            else:  # a Clip(0, max) follows: relu(z) + eps from z itself
-                stab = em.relu_plus(layer.z, eps, tag=f"{gtag}_stab")
-        elif sign > 0 and eps:
-            stab = z if fold_eps else em.add(z, em.scalar(eps), tag=f"{gtag}_stab")
-        else:
-            stab = stabilized(em, z, eps, tag=f"{gtag}_stab")
-        s = em.div(r_out, stab, tag=f"{gtag}_s")
-        if group.mask is not None:
-            cmp = "Greater" if group.mask == "positive" else "Less"
-            keep = em.op(cmp, layer.z, em.scalar(0.0), tag=f"{gtag}_mask")
-            s = em.op("Where", keep, s, em.scalar(0.0), tag=f"{gtag}_s_masked")
-        return s
+                return em.add(layer.relu_out, em.scalar(eps), tag=f"{gtag}_stab")
+            return em.relu_plus(layer.z, eps, tag=f"{gtag}_stab")  # a Clip(0, max) follows: from z itself
+        if sign > 0 and eps:
+            return z if fold_eps else em.add(z, em.scalar(eps), tag=f"{gtag}_stab")
+        return stabilized(em, z, eps, tag=f"{gtag}_stab")
 
     def transposes(self, groups_s: list) -> list[ir.Value]:
-        """Per (input modifier, basis) one J^T applied to the combined normalised relevance, times the modified
-        input: the relevance of each input."""
+        """The relevance of each input: J^T is linear in the weight, so one transpose per group and input modifier
+        with the group's own weights (as zennit's modified layer) where the groups are no more than the weight
+        bases, else one per basis applied to the combined normalised relevance; times the modified input."""
         em, layer, op, node, weights = self.em, self.layer, self.op, self.node, self.weights
         per_x: dict = {}
-        for s, coef, combo in groups_s:
+        for s, coef, combo, gi in groups_s:
             for (xkey, bkey), c in combo.items():
-                per_x.setdefault(xkey, {}).setdefault(bkey, []).append((coef * c, s))
+                per_x.setdefault(xkey, {}).setdefault(gi, (s, coef, {}))[2][bkey] = c
         contributions: list[list[ir.Value]] = [[] for _ in layer.xs]
-        for xkey, by_basis in per_x.items():
+        for xkey, by_group in per_x.items():
             how, value = self.x_of[xkey]
             grads_sum: list[list[ir.Value]] = [[] for _ in layer.xs]
-            by_basis = self._combined(by_basis)
-            for bkey, uses in by_basis.items():
-                t = em.sum([em.scale(s, c, tag="t_part") for c, s in uses], tag="t")
-                for i, g in enumerate(op.transpose(em, node, t, weights[bkey])):
-                    grads_sum[i].append(g)
+            bases = {b for _, _, bc in by_group.values() for b in bc}
+            if len(by_group) <= len(bases) and all(weights[b].w is not None for b in bases):
+                for gi, (s, coef, bc) in by_group.items():
+                    pw = self._group_weights(bc, coef, self.exact_w.get(gi, {}).get(xkey), key=("group", gi, xkey))
+                    for i, g in enumerate(op.transpose(em, node, s, pw)):
+                        grads_sum[i].append(g)
+            else:
+                by_basis: dict = {}
+                for s, coef, bc in by_group.values():
+                    for bkey, c in bc.items():
+                        by_basis.setdefault(bkey, []).append((coef * c, s))
+                for bkey, uses in by_basis.items():
+                    t = em.sum([em.scale(s, c, tag="t_part") for c, s in uses], tag="t")
+                    for i, g in enumerate(op.transpose(em, node, t, weights[bkey])):
+                        grads_sum[i].append(g)
             for i, gs in enumerate(grads_sum):
                 g = em.sum(gs, tag=f"JTt{i}")
                 contributions[i].append(g if how == "ones" else em.mul(layer.x_mod(em, i, how, value), g,
@@ -346,34 +471,34 @@ class _LinearStep:
             out.append(em.sum(parts, tag=f"r_in{i}") if parts else em.zeros_like(layer.xs[i], tag=f"r_in{i}_zero"))
         return out
 
-    def _combined(self, by_basis: dict) -> dict:
-        """One s through several bases (gamma: W + g W+): J^T is linear in the weight, so ONE transpose with
-        sum_b c_b W_b (as zennit's modified layer; W- stays apart, see _Basis.decompose)."""
-        weights = self.weights
-        if not (len(by_basis) > 1 and "W-" not in by_basis and all(len(u) == 1 for u in by_basis.values())
-                and len({id(u[0][1]) for u in by_basis.values()}) == 1
-                and all(weights[b].w is not None for b in by_basis)):
-            return by_basis
-        w_comb = None
-        for b, ((c, _),) in by_basis.items():
-            part = weights[b].w if c == 1.0 else (weights[b].w * weights[b].w.dtype.type(c))
-            w_comb = part if w_comb is None else w_comb + part
-        ckey = ("comb",) + tuple((str(b), c) for b, ((c, _),) in by_basis.items())
-        weights[ckey] = Params(w_comb, None, key=ckey)
-        return {ckey: [(1.0, next(iter(by_basis.values()))[0][1])]}
+    def _group_weights(self, bc: dict, coef: float, w_exact, key) -> Params:
+        """The weights one group applies to one input: its terms' own modified weights where known (zennit's), else
+        the combination of the bases (W- stays a basis of its own: transposing W and W+ apart and subtracting would
+        cancel); the group's coefficient folded in."""
+        if len(bc) == 1 and coef == 1.0 and list(bc.values()) == [1.0]:
+            return self.weights[next(iter(bc))]  # a basis as it is: its constant is shared with the forward's
+        if w_exact is None:
+            for b, c in bc.items():
+                part = self.weights[b].w if c == 1.0 else self.weights[b].w * self.weights[b].w.dtype.type(c)
+                w_exact = part if w_exact is None else w_exact + part
+        if coef != 1.0:
+            w_exact = w_exact * w_exact.dtype.type(coef)
+        return Params(w_exact, None, key=key)
 
 
 def linear_rule(em: Emitter, layer: Layer, rule, r_out: ir.Value) -> list[ir.Value]:
     """The generic step of a linear rule (``rule.groups()``): per group collect its terms, normalise the relevance
     by the group's denominator; then the transposes."""
     step = _LinearStep(em, layer, rule)
-    groups_s = []  # per group: (s_g, coef_g, {(x key, basis key): coef})
+    groups_s = []  # per group: (s_g, coef_g, {(x key, basis key): coef}, group index)
     for gi, group in enumerate(rule.groups()):
+        if layer.relu_out is not None and group.mask == "negative":
+            continue  # kept only where z < 0, where the relevance is zero already (z feeds only a Relu): s_g = 0
         combo, bias, sign = step.collect(gi, group)
         if not combo and bias is None:
             continue
         s = step.normalise(group.tag or f"g{gi}", group, combo, bias, sign, r_out)
-        groups_s.append((s, group.coef, combo))
+        groups_s.append((s, group.coef, combo, gi))
     return step.transposes(groups_s)
 
 

@@ -504,6 +504,7 @@ class _Walk:
         if not (a.op.category == "move" or a.op.multi_output) and r_outs[0] is None:
             return
         layer.relu_out = _relu_after(z, self.by_node, zero_where_zero)
+        layer.zero_at_zero = zero_where_zero.get(id(z), False)
         with em.scope(node.name):
             if grad:
                 r_ins = a.rule.propagate_grad(em, layer, r_outs)

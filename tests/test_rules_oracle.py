@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import pytest
 from util import add_probe, conv_matrix, dyadic, make_model, node, run, stab, to_bytes
 
@@ -327,3 +328,42 @@ def test_pass_on_activations(op):
     x = dyadic(rng, shape)
     res, R, y = _explain([node(op, ["x"], ["y"])], {"x": shape}, {}, "y", _composite("pass", {}), {"x": x}, rng)
     np.testing.assert_array_equal(res.relevance, R.astype(np.float32))
+
+
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+@pytest.mark.parametrize("first_relu", [False, True])
+def test_gamma_before_a_rectifier(act, first_relu):
+    """Gamma on a convolution whose output feeds only a Relu (or ReLU6) followed by a gamma layer: the relevance
+    reaching it is zero wherever z <= 0, which the engine uses (no negative group, no mask, relu(z) + Q); the
+    numpy oracle computes both groups with their masks. The input is of both signs (or rectified)."""
+    rng = np.random.default_rng(5)
+    w1, b1, w2, b2 = W(4, 3, 3, 3), W(4), W(2, 4, 3, 3), W(2)
+    x_shape = [BATCH, 3, 6, 6]
+    inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    xin = "r0" if first_relu else "x"
+    nodes = ([node("Relu", ["x"], ["r0"])] if first_relu else []) + [
+        node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
+        node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
+        node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
+    composite = _composite("gamma", {"gamma": 0.25}, match_kind="activation")
+    x = dyadic(rng, x_shape)
+    model = make_model(nodes, {"x": x_shape}, ["y"], inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    m1, _ = conv_matrix(w1, [6, 6], pads=[1, 1, 1, 1])
+    m2, _ = conv_matrix(w2, [6, 6])
+    xin = (pos(x) if first_relu else x).reshape(BATCH, -1).astype(np.float64)
+    rep = lambda b, m: np.repeat(b.astype(np.float64), m.shape[0] // len(b))  # noqa: E731
+    z1 = xin @ m1.T + rep(b1, m1)
+    a1 = np.clip(z1, 0, 6 if act == "Clip" else None)
+    def dense(k):
+        return conv_matrix(k, [6, 6], pads=[1, 1, 1, 1])[0] if k.shape == w1.shape else conv_matrix(k, [6, 6])[0]
+
+    r_a1 = o_gamma(dense, w2.astype(np.float64), rep(b2, m2), a1, R.reshape(BATCH, -1), 0.25)
+    assert np.any(r_a1 != 0) and np.any(z1 < 0)  # the shortcut has something to skip, and relevance to pass
+    want = o_gamma(dense, w1.astype(np.float64), rep(b1, m1), xin, r_a1, 0.25).reshape(x_shape)
+    _close(res.relevance, want, f"gamma before {act} (rectified input: {first_relu})")
+    emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.model_bytes).graph.node
+               if n.output[0].startswith("lrp/conv1/")}
+    assert "pos_s" in emitted and not any(t.startswith("neg_") for t in emitted), emitted  # no group masked to z1 < 0
