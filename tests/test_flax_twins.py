@@ -12,30 +12,14 @@ import onnx
 import pytest
 
 import onnx_lrp
-from onnx_lrp.rules.composite import parse_composite
+from test_framework_twins import LRP0, rel_l2
 
 TWINS = Path(__file__).parent / "goldens" / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop")
 # LRP-0 on every linear layer, the unfoldable BatchNorms included (the built-in composites give kind "batchnorm"
-# zennit's Pass, which is not gradient x input: preact_res is 32x off with `epsilon` at epsilon = 0)
-LRP0_ALL = parse_composite("""
-name = "lrp0-all"
-[[rules]]
-match = { kind = "activation" }
-rule = "pass"
-[[rules]]
-match = { kind = ["maxpool", "shape"] }
-rule = "gradient"
-[[rules]]
-rule = "epsilon"
-epsilon = 0.0
-""")
-
-
-def rel_l2(a, b) -> np.ndarray:
-    a = np.asarray(a, np.float64).reshape(len(a), -1)
-    b = np.asarray(b, np.float64).reshape(len(b), -1)
-    return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+# zennit's Pass, which is not gradient x input: preact_res is 32x off with `epsilon` at epsilon = 0): the framework
+# twins' LRP-0 composite, whose last entry gives every other kind epsilon = 0
+LRP0_ALL = LRP0
 
 
 def _explain(net, opset, composite, **params):
