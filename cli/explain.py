@@ -108,7 +108,8 @@ def _say(msg: str) -> None:
                    "CNNs (ResNet50: 4.5e-4 -> 8.9e-5 rel-L2), ~13 % slower.")
 @click.option("--strict", is_flag=True,
               help="Fail (exit 1, nothing written) instead of warning when the relevance of an item sums to below "
-                   "1 % or above 100 x its start relevance, or explodes (for CI).")
+                   "1 % or above 100 x its start relevance, or explodes (for CI). With --out-dir: such items fail "
+                   "(listed in errors.jsonl, exit 1), the others are written.")
 @text_options
 @dataset_options
 def explain(**kw):
@@ -139,7 +140,8 @@ def explain(**kw):
         raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
         return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
-                           start=o.start, device=o.device, tf32=o.tf32, batch_size=o.batch_size,
+                           start=o.start, device=o.device, tf32=o.tf32, strict=o.strict, precise=o.precise,
+                           batch_size=o.batch_size,
                            relevance_at=o.relevance_at,
                            pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
                            refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,

@@ -144,6 +144,37 @@ def test_cli_summary_names_the_chosen_composite(tmp_path):
     assert r.exit_code == 0 and "composite epsilon," in r.output
 
 
+def test_strict_in_dataset_mode_fails_the_items_that_do_not_conserve(tmp_path):
+    """``--strict --out-dir``: the item whose relevance is not conserved (bias 100 absorbs almost all of it) fails
+    (errors.jsonl, exit 1); the item that conserves (an input 1e4 x larger, the bias a small share) is written with
+    the relevance a plain explain gives it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+    from onnx_lrp.dataset import read_shards
+
+    (tmp_path / "m.onnx").write_bytes(mlp(100.0))
+    xs = np.concatenate([X, X * 1e4])
+    np.save(tmp_path / "x.npy", xs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LrpWarning)
+        want = onnx_lrp.Explainer(mlp(100.0), composite="epsilon").explain(xs, target=0)
+    share = want.relevance.sum(axis=1) / want.explained_value  # the premise: item 0 far below 1 %, item 1 near 1
+    assert share[0] < 0.01 and 0.5 < share[1] <= 1.0
+    args = ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "x.npy"), "-c", "epsilon", "--target", "0",
+            "--out-dir", str(tmp_path / "out"), "--strict"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1, r.output
+    errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert [e["item"] for e in errors] == ["x.npy[0]"]
+    assert "relevance not conserved" in errors[0]["error"] and "strict" in errors[0]["error"]
+    got = read_shards(tmp_path / "out")
+    assert got["items"].tolist() == ["x.npy[1]"]
+    np.testing.assert_allclose(got["relevance"][0], want.relevance[1], rtol=1e-6)
+
+
 # ------------------------------------------------------------------------------ refused in one line (issue 17)
 def test_negative_stabilisers_are_refused(tmp_path):
     bad = tmp_path / "neg.toml"
