@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import onnx_lrp  # noqa: E402
-from cli.curves import line_plot  # noqa: E402
+from onnx_lrp.cli.curves import line_plot  # noqa: E402
 
 COLORS = [(200, 30, 30), (30, 90, 200), (20, 140, 60), (150, 60, 190), (225, 130, 0), (0, 150, 160)]
 COMPOSITES = ["epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",

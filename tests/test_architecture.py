@@ -171,3 +171,16 @@ def test_every_package_is_installed():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {name for name, path in MODULES.items() if path.name == "__init__.py"}
     assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
+
+
+def test_tests_and_scripts_import_the_installed_names():
+    """``cli/`` and ``rules/`` install as ``onnx_lrp.cli`` / ``onnx_lrp.rules``: a bare ``from cli...`` works only
+    when the repository root happens to be on sys.path (``python -m pytest``), not under CI's ``pytest``."""
+    bare = []
+    for folder in ("tests", "scripts", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                bare += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("cli", "rules")]
+    assert bare == [], f"import onnx_lrp.cli / onnx_lrp.rules instead: {bare}"

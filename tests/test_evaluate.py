@@ -278,7 +278,7 @@ def test_randomisation_check_on_the_demo_model(digits):
 def _cli(*args):
     from click.testing import CliRunner
 
-    from cli.main import main
+    from onnx_lrp.cli.main import main
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
