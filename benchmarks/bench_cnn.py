@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import numpy as np
+from timing import best as timed, best_pair as timed_pair
 
 COMPOSITES = ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box")
 TARGETS = {"epsilon": 2.6, "epsilon-plus-flat": 3.5, "epsilon-gamma-box": 4.6}  # issue 18 (MobileNetV2 gamma: 5)
@@ -36,32 +37,6 @@ FLOORS = {"epsilon": 2, "epsilon-plus-flat": 3, "epsilon-gamma-box": 4}  # forwa
 
 def target(arch: str, comp: str) -> float:
     return 5.0 if arch.startswith("mobilenet") and comp == "epsilon-gamma-box" else TARGETS[comp]
-
-
-def timed(fn, repeat: int, warmup: int = 1) -> float:
-    """Best of ``repeat`` runs after ``warmup`` (the least disturbed run on a shared machine)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def timed_pair(fa, fb, repeat: int) -> tuple[float, float]:
-    """Best-of times of two functions run alternately, so that both see the same machine state."""
-    fa(), fb()
-    ta, tb = [], []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fa()
-        t1 = time.perf_counter()
-        fb()
-        ta.append(t1 - t0)
-        tb.append(time.perf_counter() - t1)
-    return min(ta), min(tb)
 
 
 def build(name: str, path: str, size: int):

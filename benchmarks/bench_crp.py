@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from timing import best
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,16 +32,6 @@ from make_zennit_goldens import export, randomise_batchnorm  # noqa: E402
 import onnx_lrp  # noqa: E402
 
 MODULE, BATCH = "layer3.0.conv1", 16
-
-
-def best(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main(argv=None) -> int:

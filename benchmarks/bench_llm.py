@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from timing import best
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary
     "tiny": (64, 128, 2, 4, 2, 256),
@@ -170,16 +171,6 @@ class GpuPeak:
     def stop(self) -> int:
         self._stop.set()
         return self.peak
-
-
-def best(fn, repeat):
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 def rel_l2(a, b) -> float:

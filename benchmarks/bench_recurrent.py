@@ -18,18 +18,7 @@ import tempfile
 import time
 
 import numpy as np
-
-
-def timed(fn, repeat: int, warmup: int = 1) -> float:
-    """Best of ``repeat`` runs after ``warmup`` (the least disturbed run on a shared machine)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from timing import best as timed
 
 
 def export(cell: str, hidden: int, path: str) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from timing import best
 
 _REF = r'''
 import json, sys, time, torch, warnings
@@ -148,16 +149,6 @@ def build_helper_bert(path: Path, layers: int, seq: int, hidden: int = 768, head
     model.ir_version = 10
     onnx.save(model, str(path))
     return rng.normal(size=(1, seq, hidden)).astype(np.float32)
-
-
-def best(fn, repeat):
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 def main(argv=None):

@@ -21,6 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from timing import best, best_pair as pair  # noqa: E402
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,30 +43,6 @@ def rel_l2(a, b) -> float:
 
 def first(rel):
     return next(iter(rel.values())) if isinstance(rel, dict) else rel
-
-
-def best(fn, repeat: int = 5) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
-
-
-def pair(fa, fb, repeat: int = 5) -> tuple[float, float]:
-    """Best-of times of two functions run alternately."""
-    fa(), fb()
-    ta, tb = [], []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fa()
-        t1 = time.perf_counter()
-        fb()
-        ta.append(t1 - t0)
-        tb.append(time.perf_counter() - t1)
-    return min(ta), min(tb)
 
 
 def plain_session(path, device: str, tf32: bool):
