@@ -120,18 +120,19 @@ def weights(path, as_float32: bool = True) -> list[tuple[np.ndarray, np.ndarray]
     return [(arrays[f"w{i}"], arrays[f"b{i}"]) for i in range(len(arrays) // 2)]
 
 
-def epsilon_oracle(layers, x: np.ndarray, target: int, eps: float = 1e-6) -> np.ndarray:
-    """LRP-epsilon of the MLP (numpy, float64), relevance of ``x`` for output ``target``, starting from the logit."""
-    acts = [np.asarray(x, np.float64)]
+def epsilon_oracle(layers, x: np.ndarray, target: int, eps: float = 1e-6, dtype=np.float64) -> np.ndarray:
+    """LRP-epsilon of the MLP (numpy, in ``dtype``), relevance of ``x`` for output ``target``, starting from the
+    logit. float32 reads memory-mapped float32 weights in place (a float64 copy of a 2 GB weight would be 4 GB)."""
+    acts = [np.asarray(x, dtype)]
     zs = []
     for i, (w, b) in enumerate(layers):
-        z = acts[-1] @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
+        z = acts[-1] @ np.asarray(w, dtype) + np.asarray(b, dtype)
         zs.append(z)
         acts.append(np.maximum(z, 0) if i < len(layers) - 1 else z)
     r = np.zeros_like(zs[-1])
     r[:, target] = zs[-1][:, target]
     for i in range(len(layers) - 1, -1, -1):
         z = zs[i]
-        s = r / (z + eps * np.where(z >= 0, 1.0, -1.0))
-        r = acts[i] * (s @ np.asarray(layers[i][0], np.float64).T)
+        s = r / (z + dtype(eps) * np.where(z >= 0, 1, -1).astype(dtype))
+        r = acts[i] * (s @ np.asarray(layers[i][0], dtype).T)
     return r
