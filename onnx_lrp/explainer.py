@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import warnings
 from pathlib import Path
 
@@ -120,20 +121,15 @@ class Explainer(Runner):
                                       arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
                                       tf32=self.tf32))
 
-    def _culprits(self, feeds, item: int, target: int, start, positions):
+    @property
+    def ledger_source(self) -> tuple | None:
+        """What rebuilds this relevance model with the ledger in another process (carried by :meth:`payload`)."""
         model, output, explain_logits, constants, input_shapes = self._source
-        book = self if self.ledger else Explainer(model, self.composite, output=output, explain_logits=explain_logits,
-                                                  start=start, ledger=True, constants=constants,
-                                                  input_shapes=input_shapes)
-        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
-        extra = {} if positions is None else {"position": positions}
-        book._reading_ledger = True  # this run only reads the ledger: no check of its own
-        try:
-            res = book.explain(one, target=target if self.sequence_rows is None else target % (
-                self.sequence_rows[1] or 1 << 62), start=start, **extra)
-        finally:
-            book._reading_ledger = False
-        return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
+        return _ledger_source(model, self.composite, output, explain_logits, constants, input_shapes)
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        book = self if self.ledger else ledger_book(self, start)
+        return ledger_culprits(self, book, feeds, item, target, start, positions)
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.
@@ -190,6 +186,53 @@ class Explainer(Runner):
                 v.const_value = ir.tensor(self.model_arrays[v.name], name=v.name)
         self._computed_counts = weights.compute_in_graph(model)
         return loader.serialize_parts(model)
+
+
+def _ledger_source(model, composite, output, explain_logits, constants, input_shapes) -> tuple | None:
+    """What rebuilds this relevance model with the conservation ledger in another process (a Ray actor, where the
+    conservation check names the nodes from it): plain data (a file path or the model's bytes; the composite
+    pickled, unpickled only there and only then). None for an in-memory graph (an onnx_ir model)."""
+    if isinstance(model, (str, os.PathLike)):
+        model = str(Path(model).resolve())
+    elif not isinstance(model, bytes):
+        try:
+            model = model.SerializeToString()  # a ModelProto (under 2 GiB)
+        except Exception:  # noqa: BLE001 - an onnx_ir model, or one too large for one protobuf: no names there
+            return None
+    constants = None if constants is None else {k: np.asarray(v) for k, v in constants.items()}
+    return (model, pickle.dumps(composite), output, explain_logits, constants, input_shapes)
+
+
+def ledger_book(run, start: str) -> "Explainer":
+    """The relevance model of ``run`` (an Explainer or a Runner from its payload) rebuilt with the conservation
+    ledger, once per start (kept on ``run``): built only when the conservation check trips."""
+    books = run.__dict__.setdefault("_ledger_books", {})
+    if start not in books:
+        if isinstance(run, Explainer):  # the model as it was given
+            (model, output, explain_logits, constants, input_shapes), composite = run._source, run.composite
+        elif run.ledger_source is not None:  # a Runner from a payload (a Ray actor)
+            model, composite, output, explain_logits, constants, input_shapes = run.ledger_source
+            composite = pickle.loads(composite)
+        else:
+            raise InputError("no model to build the ledger from")
+        books[start] = Explainer(model, composite, output=output, explain_logits=explain_logits,
+                                 start=start, ledger=True, constants=constants, input_shapes=input_shapes,
+                                 threads=1)
+    return books[start]
+
+
+def ledger_culprits(run, book: "Explainer", feeds, item: int, target: int, start, positions):
+    """The nodes that absorb or create most relevance for item ``item`` of ``feeds`` (``run``'s inputs), read from
+    ``book``'s ledger (:func:`onnx_lrp.conservation.culprits`)."""
+    one = {k: v[item:item + 1] for k, v in feeds.items()} if not run.whole else feeds
+    extra = {} if positions is None else {"position": positions}
+    book._reading_ledger = True  # this run only reads the ledger: no check of its own
+    try:
+        res = book.explain(one, target=target if run.sequence_rows is None else target % (
+            run.sequence_rows[1] or 1 << 62), start=start, **extra)
+    finally:
+        book._reading_ledger = False
+    return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
 
 def _deployed_kinds(ir_model) -> tuple:

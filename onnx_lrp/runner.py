@@ -65,7 +65,7 @@ class Runner:
     PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
                "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
                "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
-               "deployed_constants", "output_step", "strict", "composite_name", "precise", "tf32")
+               "deployed_constants", "output_step", "strict", "composite_name", "precise", "tf32", "ledger_source")
 
     #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
     #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
@@ -74,6 +74,9 @@ class Runner:
     deployed_constants: dict = {}  # inputs bound with Explainer(constants=...): fed to the deployed model
     output_step = None  # the explained output's quantization step (the scale of the DequantizeLinear writing it)
     gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
+    #: what rebuilds the relevance model with the conservation ledger (the model file or bytes, the pickled
+    #: composite, the explainer options): a Runner in another process names the nodes from it (onnx_lrp.carried)
+    ledger_source = None
 
     def payload(self) -> dict:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
@@ -388,8 +391,9 @@ class Runner:
         warnings.warn(text, LrpWarning, stacklevel=3)
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
-        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model;
-        a bare Runner, e.g. in a Ray actor, has no model to build it from)."""
+        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model, and so
+        does :class:`onnx_lrp.carried.CarriedRunner`, a Runner from a payload in a Ray actor; a bare Runner has no
+        loader to build it with)."""
         return None
 
     def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:

@@ -303,3 +303,72 @@ def test_precise_session_runs_without_layout_optimisations():
     from onnx_lrp.runner import Runner
 
     assert Runner.from_payload(precise.payload()).session.precise
+
+
+# ------------------------------------------------------------ Ray: the actor names the nodes too (issue 17)
+_ACTOR = """
+import pickle, sys, warnings
+import numpy as np
+import onnx_lrp.ray  # what a Ray actor imports: ExplainBatch, whose runner comes from the plain-data payload
+payload, x, strict = pickle.loads(sys.stdin.buffer.read())
+payload = dict(payload, strict=strict)
+batch = onnx_lrp.ray.ExplainBatch(relevance_model=payload, target=0, threads=1)
+heavy = lambda: sorted(m for m in ("onnx", "onnx_ir", "onnx_lrp.load", "onnx_lrp.rewriter") if m in sys.modules)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    ok = batch({"x": x[1:]})  # conserves: nothing heavy is imported
+    before = heavy()
+    try:
+        bad = batch({"x": x})
+        error = None
+    except Exception as exc:
+        bad, error = None, f"{type(exc).__name__}: {exc}"
+out = dict(before=before, after=heavy(), ok=ok["relevance"], error=error, bad=None if bad is None else bad["relevance"],
+           seen=[str(w.message) for w in seen if "conserved" in str(w.message)])
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def _in_an_actor(payload, x, strict=False) -> dict:
+    import pickle
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _ACTOR], input=pickle.dumps((payload, x, strict)),
+                          capture_output=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return pickle.loads(proc.stdout)
+
+
+def test_a_ray_actor_names_the_nodes_that_absorb_the_relevance(tmp_path):
+    """ExplainBatch from a payload (a fresh process: what a Ray actor runs) warns like an Explainer and names the
+    Gemm whose bias absorbs the relevance: the actor rebuilds the ledger model from the model file the payload
+    names, only when the check trips (before it, neither onnx nor onnx_ir is imported)."""
+    pytest.importorskip("ray")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(mlp(100.0))
+    xs = np.concatenate([X, X * 1e4])  # item 0 does not conserve (the bias takes 99 %+), item 1 does
+    with warnings.catch_warnings(record=True) as here:
+        warnings.simplefilter("always")
+        ex = onnx_lrp.Explainer(str(path), composite="epsilon")
+        want = ex.explain(xs, target=0)
+    got = _in_an_actor(ex.payload(), xs)
+    assert got["before"] == [] and "onnx_ir" in got["after"]
+    np.testing.assert_allclose(got["bad"], want.relevance, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(got["ok"], want.relevance[1:], rtol=1e-6, atol=0)
+    assert len(got["seen"]) == 1 and "\n" not in got["seen"][0]
+    assert "dense1 (Gemm, epsilon: +" in got["seen"][0]
+    assert got["seen"][0] == [str(w.message) for w in here if "conserved" in str(w.message)][0]
+    got = _in_an_actor(ex.payload(), xs, strict=True)  # strict: an error that names the node, nothing returned
+    assert got["bad"] is None and got["error"].startswith("NumericError") and "dense1 (Gemm" in got["error"]
+
+
+def test_a_payload_from_model_bytes_carries_them_for_the_ledger():
+    """A model given as bytes: the payload carries them (an actor has no file to read); an onnx_ir model in memory
+    carries nothing (the warning then names no node)."""
+    from onnx_lrp.carried import CarriedRunner
+
+    ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
+    assert ex.payload()["ledger_source"][0] == mlp(100.0)
+    with pytest.warns(LrpWarning, match="dense1 \\(Gemm, epsilon: \\+"):
+        CarriedRunner.from_payload(ex.payload()).explain(X, target=0)

@@ -49,9 +49,9 @@ def explainer_payload(ex) -> dict:
 def explainer_from_payload(payload: dict, device: str | None = None, threads: int | None = None):
     """A :class:`onnx_lrp.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
     neither onnx_ir nor onnx."""
-    from ..runner import Runner
+    from ..carried import CarriedRunner
 
-    return Runner.from_payload(payload, device, threads)
+    return CarriedRunner.from_payload(payload, device, threads)
 
 
 def _composite_id(comp) -> dict:

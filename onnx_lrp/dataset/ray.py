@@ -22,7 +22,7 @@ import numpy as np
 from onnx_lrp.dataset.shards import explain_shard, write_shard
 from onnx_lrp.errors import InputError, LrpError
 from onnx_lrp.names import FORWARD_PREFIX
-from onnx_lrp.runner import Runner
+from onnx_lrp.carried import CarriedRunner
 
 INSTALL = "pip install 'onnx-lrp[ray]'"
 
@@ -57,7 +57,7 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
         ray = require_ray()
         if isinstance(payload, ray.ObjectRef):
             payload = ray.get(payload)
-        return Runner.from_payload(payload, device, threads)
+        return CarriedRunner.from_payload(payload, device, threads)
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "
                          "onnx_lrp.ray.relevance_model)")
