@@ -17,6 +17,22 @@ Writes ``tests/goldens/flax_twins/``: ``<net>_op<opset>.onnx`` and ``<net>.npz``
 * ``preact_res``: Conv-ReLU, 2x2 max pool, two pre-activation residual blocks (x + Conv(ReLU(BN(x)))), BN-ReLU, a
   crop, global mean, Dense: its BatchNorms follow residual sums and cannot be folded (kind "batchnorm").
 
+User-style nets (``nnx.Module`` classes exported as they are, fresh Flax initialisation plus random biases and
+statistics; x [3, 16, 16, 3]), issue 17's second round:
+
+* ``ln_res``: Conv-ReLU, 2x2 max pool, a residual block Conv -> LayerNorm -> ReLU -> Conv, a crop, mean, Dense.
+* ``gn_res``: Conv-ReLU, 3x3 average pool stride 1 "SAME" without the padding in the count, a residual block with
+  GroupNorm (2 groups, ``use_fast_variance=False``), a crop, mean, Dense.
+  A LayerNorm / GroupNorm is not piecewise linear: the rules hold its normalising std constant (LXT), so LRP-0 is
+  JAX's gradient x input with the variance under ``stop_gradient`` (``gxi_held``); ``gxi`` (the full gradient)
+  differs by 0.1-0.2 rel-L2 (issue 17's "0.198").
+* ``ops_mix``: explicit asymmetric conv padding, kernel dilation, ``jnp.pad``, a grouped and a depthwise conv,
+  average pool "SAME" count_include_pad=False, an asymmetric crop, a strided projection block with BatchNorm
+  (folded), a strided slice with offsets, mean, Dense; also exported with a static batch of 1
+  (``ops_mix_b1_op17.onnx``).
+* ``dropout_train``: ``nnx.Dropout(0.5)`` left in training mode (jax2onnx writes Dropout with training_mode = true):
+  must be refused (no goldens).
+
 Needs jax, flax 0.12 (nnx) and jax2onnx 0.17 (only to regenerate; tests/test_flax_twins.py reads the files).
 """
 from __future__ import annotations
@@ -28,6 +44,7 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "goldens" / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop", "preact_res")
+USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train")
 SIZE, C, N_CLASSES = 16, 8, 5
 
 
@@ -117,6 +134,150 @@ def make(out_dir: Path = OUT) -> None:
         print(f"{name}: written")
 
 
+def build_user(name: str, seed: int = 0):
+    """A user-style ``nnx.Module`` (fresh initialisation; biases, norm scales/shifts and BatchNorm statistics
+    randomised so that none is trivially 0 or 1)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    rngs = nnx.Rngs(seed)
+    relu = nnx.relu
+
+    class LnRes(nnx.Module):
+        def __init__(self):
+            self.stem = nnx.Conv(3, C, (3, 3), rngs=rngs)
+            self.conv1 = nnx.Conv(C, C, (3, 3), rngs=rngs)
+            self.norm = nnx.LayerNorm(C, rngs=rngs)
+            self.conv2 = nnx.Conv(C, C, (3, 3), rngs=rngs)
+            self.head = nnx.Linear(C, N_CLASSES, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.max_pool(relu(self.stem(x)), window_shape=(2, 2), strides=(2, 2))
+            x = relu(x + self.conv2(relu(self.norm(self.conv1(x)))))
+            return self.head(x[:, 1:-1, 1:-1, :].mean(axis=(1, 2)))
+
+    class GnRes(LnRes):
+        def __init__(self):
+            super().__init__()
+            self.norm = nnx.GroupNorm(C, num_groups=2, use_fast_variance=False, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.avg_pool(relu(self.stem(x)), window_shape=(3, 3), strides=(1, 1), padding="SAME",
+                             count_include_pad=False)
+            x = relu(x + self.conv2(relu(self.norm(self.conv1(x)))))
+            return self.head(x[:, 1:-1, 1:-1, :].mean(axis=(1, 2)))
+
+    class OpsMix(nnx.Module):
+        def __init__(self):
+            self.stem = nnx.Conv(3, C, (3, 3), padding=((2, 0), (1, 1)), rngs=rngs)
+            self.dilated = nnx.Conv(C, C, (3, 3), kernel_dilation=2, rngs=rngs)
+            self.grouped = nnx.Conv(C, C, (3, 3), feature_group_count=4, rngs=rngs)
+            self.depthwise = nnx.Conv(C, C, (3, 3), feature_group_count=C, rngs=rngs)
+            self.main = nnx.Conv(C, 2 * C, (3, 3), strides=2, use_bias=False, rngs=rngs)
+            self.bn = nnx.BatchNorm(2 * C, use_running_average=True, rngs=rngs)
+            self.proj = nnx.Conv(C, 2 * C, (1, 1), strides=2, rngs=rngs)
+            self.head = nnx.Linear(2 * C, N_CLASSES, rngs=rngs)
+
+        def __call__(self, x):
+            x = relu(self.dilated(relu(self.stem(x))))
+            x = jnp.pad(x, ((0, 0), (2, 1), (1, 2), (0, 0)))
+            x = relu(self.depthwise(relu(self.grouped(x))))
+            x = nnx.avg_pool(x, window_shape=(3, 3), strides=(1, 1), padding="SAME", count_include_pad=False)
+            x = x[:, 1:-1, 2:, :]
+            x = relu(self.proj(x) + self.bn(self.main(x)))
+            return self.head(x[:, ::2, 1::2, :].mean(axis=(1, 2)))
+
+    class DropoutTrain(nnx.Module):
+        def __init__(self):
+            self.stem = nnx.Conv(3, C, (3, 3), rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)  # deterministic=False: training mode
+            self.head = nnx.Linear(C, N_CLASSES, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(self.drop(relu(self.stem(x))).mean(axis=(1, 2)))
+
+    model = {"ln_res": LnRes, "gn_res": GnRes, "ops_mix": OpsMix, "dropout_train": DropoutTrain}[name]()
+    rnd = np.random.default_rng(seed)
+    for _, m in nnx.iter_graph(model):
+        if isinstance(m, nnx.BatchNorm):
+            n = m.mean.value.shape[0]
+            m.mean.value = jnp.asarray(rnd.normal(scale=0.2, size=n), jnp.float32)
+            m.var.value = jnp.asarray(rnd.uniform(0.5, 2, size=n), jnp.float32)
+        if isinstance(m, (nnx.BatchNorm, nnx.LayerNorm, nnx.GroupNorm)):
+            m.scale.value = jnp.asarray(rnd.uniform(0.5, 1.5, size=m.scale.value.shape), jnp.float32)
+        if isinstance(m, (nnx.Conv, nnx.Linear, nnx.BatchNorm, nnx.LayerNorm, nnx.GroupNorm)) and m.bias is not None:
+            m.bias.value = jnp.asarray(rnd.normal(scale=0.1, size=m.bias.value.shape), jnp.float32)
+    return model
+
+
+def _gxi64(model, x, target, held: bool):
+    """float64 gradient x input of ``model`` (per item, the target logit); ``held``: the norms' variance under
+    stop_gradient (the rules hold the normalising std constant)."""
+    import jax
+    import jax.numpy as jnp
+    import flax.nnx.nn.normalization as norms
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    pure64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating)
+                          else a, nnx.to_pure_dict(state))
+    stats = norms._compute_stats
+
+    def held_stats(*a, **k):
+        mean, var = stats(*a, **k)
+        return mean, jax.lax.stop_gradient(var)
+
+    def f(v):
+        st = nnx.clone(state)
+        nnx.replace_by_pure_dict(st, pure64)
+        return nnx.merge(graphdef, st)(v)
+
+    norms._compute_stats = held_stats if held else stats
+    try:
+        x64 = jnp.asarray(x, jnp.float64)
+        grad = jax.grad(lambda v: jnp.sum(f(v)[jnp.arange(len(x)), target]))(x64)
+    finally:
+        norms._compute_stats = stats
+    return np.asarray(grad) * np.asarray(x64)
+
+
+def make_user(out_dir: Path = OUT, nets=USER_NETS) -> None:
+    import jax
+    import jax.numpy as jnp
+    import jax2onnx
+    from flax import nnx
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    x = np.random.default_rng(1).normal(size=(3, SIZE, SIZE, 3)).astype(np.float32)
+    for name in nets:
+        model = build_user(name)
+        graphdef, state = nnx.split(model)
+
+        def fn(v):
+            return nnx.merge(graphdef, nnx.clone(state))(v)
+        for opset in (17, 23):
+            proto = jax2onnx.to_onnx(fn, [("N", SIZE, SIZE, 3)], input_names=["x"], output_names=["y"], opset=opset)
+            (out_dir / f"{name}_op{opset}.onnx").write_bytes(proto.SerializeToString())
+        if name == "dropout_train":
+            print(f"{name}: written (no goldens: it must be refused)")
+            continue
+        if name == "ops_mix":
+            proto = jax2onnx.to_onnx(fn, [(1, SIZE, SIZE, 3)], input_names=["x"], output_names=["y"], opset=17)
+            (out_dir / f"{name}_b1_op17.onnx").write_bytes(proto.SerializeToString())
+        y = np.asarray(fn(jnp.asarray(x)))
+        target = y.argmax(1)
+        jax.config.update("jax_enable_x64", True)
+        try:
+            gxi, held = _gxi64(model, x, target, False), _gxi64(model, x, target, True)
+        finally:
+            jax.config.update("jax_enable_x64", False)
+        np.savez(out_dir / f"{name}.npz", x=x, target=target, logits=y, gxi=gxi, gxi_held=held)
+        print(f"{name}: written")
+
+
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    make()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--user", action="store_true", help="only the user-style nets (USER_NETS)")
+    if not parser.parse_args().user:
+        make()
+    make_user()

@@ -372,3 +372,29 @@ def test_a_payload_from_model_bytes_carries_them_for_the_ledger():
     assert ex.payload()["ledger_source"][0] == mlp(100.0)
     with pytest.warns(LrpWarning, match="dense1 \\(Gemm, epsilon: \\+"):
         CarriedRunner.from_payload(ex.payload()).explain(X, target=0)
+
+
+# ------------------------------------------------------------ a Dropout left in training mode (issue 17, Flax)
+@pytest.mark.parametrize("mode", ["true", "false", "input"])
+def test_dropout_in_training_mode_is_refused_not_dropped(mode):
+    """Dropout(x, ratio, training_mode): with training_mode true (a constant, as jax2onnx writes nnx.Dropout without
+    deterministic=True) or fed at run time the deployed masks are random; the loader kept dropping the node, so the
+    relevance explained a network other than the deployed one, silently. Now refused in one line naming the node;
+    training_mode false is still dropped (the relevance equals that of the same net without it)."""
+    w = np.array([[1.0, -0.5], [0.25, 1.0], [0.5, 0.5]], np.float32)
+    nodes = [node("Dropout", ["x", "ratio", "train"], "d", name="drop"), node("MatMul", ["d", "w"], "y", name="mm")]
+    inits = {"w": w, "ratio": np.array(0.5, np.float32)}
+    inputs = {"x": ["N", 3]}
+    if mode == "input":
+        inputs["train"] = ([], np.bool_)
+    else:
+        inits["train"] = np.array(mode == "true")
+    model = to_bytes(make_model(nodes, inputs, ["y"], inits))
+    if mode != "false":
+        with pytest.raises(onnx_lrp.UnsupportedError, match=r"\[drop\]: training_mode is set") as info:
+            onnx_lrp.Explainer(model, composite="epsilon")
+        assert "\n" not in str(info.value)
+        return
+    x = np.array([[0.5, 1.0, -0.25]], np.float32)
+    res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=0)
+    np.testing.assert_allclose(res.relevance, x * w[:, 0], rtol=1e-6)  # LRP-0 of one linear layer: x w

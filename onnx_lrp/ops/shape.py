@@ -63,7 +63,8 @@ class Identity(ShapeOp):
         if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
             mode = const(node.inputs[2])
             if mode is None or bool(np.any(mode)):
-                return "training_mode is set (random masks); export the model in eval mode"
+                return ("training_mode is set: the model drops random activations on every run; export it in eval "
+                        "mode (PyTorch: model.eval(); Flax nnx: model.eval() or Dropout(deterministic=True))")
         return None
 
     def transpose(self, em, node, r_outs):

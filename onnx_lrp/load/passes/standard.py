@@ -1,7 +1,7 @@
 """The standard form: canonizers that rewrite what exporters write into the form the rules expect (cf.
 zennit.canonizers); one pass, :class:`StandardForm`, runs them in order (the last loading pass before folding).
 
-- Identity and Dropout are dropped.
+- Identity and Dropout are dropped (not a Dropout in training mode: its op check refuses it).
 - ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed, or stride 1 along a dynamic axis).
 - BatchNormalization directly after a Conv/Gemm (its only consumer) is folded into that layer's parameters.
 - Per-channel constant scale/shift chains (Mul/Add/Sub/Div by a constant that varies along the layer's output
@@ -37,11 +37,22 @@ def drop_identities(graph: ir.Graph) -> None:
         out, src = node.outputs[0], node.inputs[0]
         if node.op_type == "Dropout" and len(node.outputs) > 1 and list(node.outputs[1].uses()):
             continue
+        if node.op_type == "Dropout" and _training(node):
+            continue  # random masks on every run: kept, so that its op check refuses it (not explained as eval)
         if out.is_graph_output():
             if src.is_graph_input() or src.is_graph_output() or src.const_value is not None:
                 continue  # the Identity keeps two graph names apart
         bypass(out, src)
         graph.remove(node)
+
+
+def _training(node: ir.Node) -> bool:
+    """A Dropout whose ``training_mode`` input is true or not a constant (jax2onnx writes nnx.Dropout with
+    ``deterministic=False`` as a constant true)."""
+    if len(node.inputs) < 3 or node.inputs[2] is None:
+        return False
+    mode = node.inputs[2].const_value
+    return mode is None or bool(np.any(mode.numpy()))
 
 
 def explicit_pads(graph: ir.Graph) -> None:
