@@ -30,6 +30,8 @@ statistics; x [3, 16, 16, 3]), issue 17's second round:
   average pool "SAME" count_include_pad=False, an asymmetric crop, a strided projection block with BatchNorm
   (folded), a strided slice with offsets, mean, Dense; also exported with a static batch of 1
   (``ops_mix_b1_op17.onnx``).
+* ``wrap_slices``: a Conv with ``padding="CIRCULAR"``, ``jnp.pad(mode="reflect")``, ``lax.dynamic_slice``: jax2onnx
+  writes their Slices with ends computed from the dynamic batch size (refused as "not constants" before).
 * ``dropout_train``: ``nnx.Dropout(0.5)`` left in training mode (jax2onnx writes Dropout with training_mode = true):
   must be refused (no goldens).
 
@@ -44,7 +46,7 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "goldens" / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop", "preact_res")
-USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train")
+USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train", "wrap_slices")
 SIZE, C, N_CLASSES = 16, 8, 5
 
 
@@ -139,6 +141,7 @@ def build_user(name: str, seed: int = 0):
     randomised so that none is trivially 0 or 1)."""
     import jax.numpy as jnp
     from flax import nnx
+    from jax import lax
 
     rngs = nnx.Rngs(seed)
     relu = nnx.relu
@@ -196,7 +199,20 @@ def build_user(name: str, seed: int = 0):
         def __call__(self, x):
             return self.head(self.drop(relu(self.stem(x))).mean(axis=(1, 2)))
 
-    model = {"ln_res": LnRes, "gn_res": GnRes, "ops_mix": OpsMix, "dropout_train": DropoutTrain}[name]()
+    class WrapSlices(nnx.Module):
+        def __init__(self):
+            self.stem = nnx.Conv(3, C, (3, 3), padding="CIRCULAR", rngs=rngs)
+            self.conv = nnx.Conv(C, C, (3, 3), padding="VALID", rngs=rngs)
+            self.head = nnx.Linear(C, N_CLASSES, rngs=rngs)
+
+        def __call__(self, x):
+            x = jnp.pad(relu(self.stem(x)), ((0, 0), (1, 1), (2, 1), (0, 0)), mode="reflect")
+            x = relu(self.conv(x))  # 16 x 17
+            x = lax.dynamic_slice(x, (0, 2, 3, 0), (x.shape[0], 10, 9, C))
+            return self.head(x.mean(axis=(1, 2)))
+
+    model = {"ln_res": LnRes, "gn_res": GnRes, "ops_mix": OpsMix, "dropout_train": DropoutTrain,
+             "wrap_slices": WrapSlices}[name]()
     rnd = np.random.default_rng(seed)
     for _, m in nnx.iter_graph(model):
         if isinstance(m, nnx.BatchNorm):

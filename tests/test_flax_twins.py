@@ -86,3 +86,12 @@ def test_flax_dropout_left_in_training_mode_is_refused(opset):
     with pytest.raises(onnx_lrp.UnsupportedError, match=r"Dropout.*training_mode is set.*eval mode") as info:
         onnx_lrp.Explainer(str(TWINS / f"dropout_train_op{opset}.onnx"), composite="epsilon")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+def test_flax_circular_padding_reflect_pad_and_dynamic_slice(opset):
+    """padding="CIRCULAR", jnp.pad(mode="reflect"), lax.dynamic_slice: jax2onnx bounds their Slices by the dynamic
+    batch size (refused before as "not constants"); LRP-0 equals JAX's float64 gradient x input."""
+    res, golden = _explain("wrap_slices", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
+    assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import onnx_lrp
@@ -459,3 +460,48 @@ def test_flax_resblock_lrp0_is_jax_gradient_times_input(opset, composite):
     res = ex.explain(x)
     np.testing.assert_allclose(res.outputs[ex.explained_output], logits, rtol=1e-4, atol=1e-5)
     assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL
+
+
+# ------------------------------------------------------------ Slices bounded by the dynamic batch size (jax2onnx)
+def _batch_bounded_slice(form: str) -> bytes:
+    """x [N, 5, 3] -> Slice(x[:, 1:4, :]) -> MatMul w [3, 2] -> ReduceSum over axis 1 -> y [N, 2], the Slice's ends
+    written as jax2onnx writes them for a dynamic batch: ``Concat(Gather(Shape(x), 0), 4, 3)`` ("concat"),
+    ``starts + Concat(Gather(Shape(x), 0), 3, 3)`` (lax.dynamic_slice: "add"), or with the (dynamic) length T of
+    axis 1 in the batch's place ("wrong": not the sliced axis' length, so not "to the end")."""
+    w = np.array([[1.0, -0.5], [0.25, 1.0], [0.5, 0.75]], np.float32)
+    pick = [1] if form == "wrong" else [0]
+    nodes = [node("Shape", ["x"], "shape", name="shape"), node("Gather", ["shape", "pick"], "n", axis=0, name="n")]
+    inits = {"w": w, "pick": np.array(pick, np.int64), "starts": np.array([0, 1, 0], np.int64),
+             "axes": np.array([0, 1, 2], np.int64), "one": np.array([1], np.int64)}
+    if form == "add":
+        inits.update(size1=np.array([3], np.int64), size2=np.array([3], np.int64))
+        nodes += [node("Concat", ["n", "size1", "size2"], "sizes", axis=0, name="sizes"),
+                  node("Add", ["starts", "sizes"], "ends", name="ends")]
+    else:
+        inits.update(end1=np.array([4], np.int64), end2=np.array([3], np.int64))
+        nodes.append(node("Concat", ["n", "end1", "end2"], "ends", axis=0, name="ends"))
+    nodes += [node("Slice", ["x", "starts", "ends", "axes"], "s", name="crop"), node("MatMul", ["s", "w"], "h", name="mm"),
+              node("ReduceSum", ["h", "one"], "y", keepdims=0, name="sum")]
+    model = make_model(nodes, {"x": ["N", "T" if form == "wrong" else 5, 3]}, ["y"], inits)
+    del model.graph.output[:]  # shape inference cannot tell the sliced length: declare the output
+    model.graph.output.append(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2]))
+    return to_bytes(model)
+
+
+@pytest.mark.parametrize("form", ["concat", "add"])
+def test_slice_ends_from_the_dynamic_batch_size_are_to_the_end(form):
+    """LRP-0 of the linear net is x * gradient: rows 1-3 get x w[:, target], rows 0 and 4 nothing (numpy oracle);
+    before, these Slices were refused ("starts/ends/axes/steps are not constants")."""
+    model = _batch_bounded_slice(form)
+    x = np.random.default_rng(0).normal(size=(3, 5, 3)).astype(np.float32)
+    w = np.array([[1.0, -0.5], [0.25, 1.0], [0.5, 0.75]])
+    res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=1)
+    np.testing.assert_allclose(res.outputs["y"], x[:, 1:4] .dot(w).sum(1), rtol=1e-5, atol=1e-6)
+    want = x * w[:, 1]
+    want[:, [0, 4]] = 0
+    np.testing.assert_allclose(res.relevance, want, rtol=1e-5, atol=1e-7)
+
+
+def test_slice_ends_from_another_axis_length_stay_refused():
+    with pytest.raises(onnx_lrp.UnsupportedError, match=r"\[crop\]: starts/ends/axes/steps are not constants"):
+        onnx_lrp.Explainer(_batch_bounded_slice("wrong"), composite="epsilon")

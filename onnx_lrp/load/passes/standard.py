@@ -2,6 +2,8 @@
 zennit.canonizers); one pass, :class:`StandardForm`, runs them in order (the last loading pass before folding).
 
 - Identity and Dropout are dropped (not a Dropout in training mode: its op check refuses it).
+- A Slice whose ends are a Concat of constants and the sliced axes' own lengths (jax2onnx, dynamic batch) gets
+  constant ends.
 - ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed, or stride 1 along a dynamic axis).
 - BatchNormalization directly after a Conv/Gemm (its only consumer) is folded into that layer's parameters.
 - Per-channel constant scale/shift chains (Mul/Add/Sub/Div by a constant that varies along the layer's output
@@ -53,6 +55,92 @@ def _training(node: ir.Node) -> bool:
         return False
     mode = node.inputs[2].const_value
     return mode is None or bool(np.any(mode.numpy()))
+
+
+def _dim_of(v: ir.Value | None):
+    """The one dimension (an int or a symbol) a 1-element int64 value holds: a constant, ``Shape(x, start, end)``
+    of one axis, or ``Gather(Shape(x), [i])`` (jax2onnx writes a dynamic batch size so); None otherwise."""
+    if v is None:
+        return None
+    if v.const_value is not None:
+        arr = v.const_value.numpy()
+        return int(arr.reshape(-1)[0]) if arr.size == 1 else None
+    p = v.producer()
+    if p is None:
+        return None
+    if p.op_type == "Shape" and p.inputs[0] is not None and p.inputs[0].shape is not None:
+        dims = list(p.inputs[0].shape)
+        picked = dims[p.attributes.get_int("start", 0):p.attributes.get_int("end", len(dims))]
+        return picked[0] if len(picked) == 1 else None
+    if (p.op_type == "Gather" and p.inputs[1] is not None and p.inputs[1].const_value is not None
+            and p.inputs[0].producer() is not None and p.inputs[0].producer().op_type == "Shape"
+            and p.attributes.get_int("axis", 0) == 0):
+        shape = p.inputs[0].producer()
+        x, idx = shape.inputs[0], p.inputs[1].const_value.numpy().reshape(-1)
+        if x is None or x.shape is None or idx.size != 1 or shape.attributes.get_int("start", 0) != 0 \
+                or "end" in shape.attributes:
+            return None
+        dims = list(x.shape)
+        return dims[int(idx[0])] if -len(dims) <= int(idx[0]) < len(dims) else None
+    return None
+
+
+def _same_dim(a, b) -> bool:
+    """Equal dimensions: the same int, or the same named symbol (ONNX: one name, one length)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return a is not None and b is not None and a.value is not None and a.value == b.value
+
+
+def slice_to_the_end(graph: ir.Graph) -> int:
+    """A Slice whose ``ends`` is a Concat of constants and the sliced axes' own lengths (jax2onnx: ``Concat(
+    Gather(Shape(x), 0), 16, 16, 3)`` for ``x[:, 15:, :, :]`` with a dynamic batch: Flax's circular padding,
+    ``jnp.pad`` reflect), or a constant plus such a Concat (``lax.dynamic_slice``: starts + sizes), gets constant ends, "to the end" (INT64_MAX) where the length was: the same slice
+    for positive steps, and the op handler then needs no run-time bounds."""
+    count = 0
+    for node in list(graph):
+        if node.op_type != "Slice" or len(node.inputs) < 3 or node.inputs[2] is None:
+            continue
+        x, ends = node.inputs[0], node.inputs[2]
+        if ends.const_value is not None or x is None or x.shape is None or ends.producer() is None:
+            continue
+        cat, offsets = ends.producer(), None
+        if cat.op_type == "Add" and len(cat.inputs) == 2:  # lax.dynamic_slice: ends = starts + sizes
+            k = 0 if cat.inputs[0] is not None and cat.inputs[0].const_value is not None else 1
+            if cat.inputs[k] is None or cat.inputs[k].const_value is None or cat.inputs[1 - k] is None:
+                continue
+            offsets = cat.inputs[k].const_value.numpy().reshape(-1)
+            cat = cat.inputs[1 - k].producer()
+            if cat is None:
+                continue
+        if cat.op_type != "Concat" or any(v is None for v in cat.inputs):
+            continue
+        rank = len(x.shape)
+        n = len(cat.inputs)
+        if offsets is None:
+            offsets = np.zeros(n, np.int64)
+        if offsets.size not in (1, n):
+            continue
+        offsets = np.broadcast_to(offsets, (n,))
+        axes = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else np.arange(n)
+        steps = const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(n)
+        if axes is None or steps is None or len(axes) != n or len(steps) != n or np.any(steps <= 0):
+            continue
+        new = []
+        for part, ax, off in zip(cat.inputs, axes, offsets):
+            d = _dim_of(part)
+            if d is None or not -rank <= int(ax) < rank:
+                break
+            if isinstance(d, int) and part.const_value is not None:
+                new.append(d + int(off))
+            elif _same_dim(d, x.shape[int(ax)]) and off >= 0:  # the length or beyond: clamped to the length
+                new.append(np.iinfo(np.int64).max)
+            else:
+                break
+        else:
+            node.replace_input_with(2, new_param(graph, f"{node.name}_ends", np.array(new, np.int64)))
+            count += 1
+    return count
 
 
 def explicit_pads(graph: ir.Graph) -> None:
@@ -647,6 +735,7 @@ def canonize(model: ir.Model) -> None:
     graph = model.graph
     recurrent_layout0(graph)
     drop_identities(graph)
+    slice_to_the_end(graph)
     layernorm_without_empty_bias(graph)
     hard_sigmoid_written_out(graph)
     two_pass_variance(graph)
