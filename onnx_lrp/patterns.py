@@ -125,7 +125,29 @@ def match_self_product(node: ir.Node) -> tuple[Match | None, str]:
     if _shape(ra) is None or _shape(ra) != _shape(node.outputs[0]):
         return None, "the product broadcasts the tensor to another shape (not element-wise)"
     name = _name_nonlinearity(node, ra)
-    return Match(name, ra, _chain_nodes(node.outputs[0], ra)[1:]), ""
+    src = _argument_below(node, ra)
+    return Match(name, src, _chain_nodes(node.outputs[0], src)[1:]), ""
+
+
+def _argument_below(node: ir.Node, root: ir.Value) -> ir.Value:
+    """Where the function of one tensor begins: its argument (the highest value both factors are computed from),
+    or, when that is a layer's output after its bias Add (``node.meta['lrp_bias_add']``), the layer's output
+    (the layer's rule absorbs the bias). Not ``root`` below an element-wise affine chain (a decomposed
+    LayerNorm/GroupNorm's scale and shift before a SiLU/GELU): those are linear layers of their own (LRP-0 in
+    attnlrp), not part of the non-linearity; held inside it, their relevance passed unchanged and the rules
+    below divided it by values near zero."""
+    a, b = node.inputs
+    in_b = {id(v) for v in _down(b, root, [], set())}
+    arg = next((v for v in _down(a, root, [], set()) if id(v) in in_b), None)
+    if arg is None:
+        return root
+    p = arg.producer()
+    if p is not None and p.op_type == "Add" and arg is not root:
+        below = [v for v in p.inputs if v is not None and carries(v)]
+        layer = below[0].producer() if len(below) == 1 else None
+        if layer is not None and layer.meta.get("lrp_bias_add") is p:
+            return below[0]
+    return arg
 
 
 # element-wise ops with f(0) = 0 (of their one activation input)

@@ -32,6 +32,12 @@ statistics; x [3, 16, 16, 3]), issue 17's second round:
   (``ops_mix_b1_op17.onnx``).
 * ``wrap_slices``: a Conv with ``padding="CIRCULAR"``, ``jnp.pad(mode="reflect")``, ``lax.dynamic_slice``: jax2onnx
   writes their Slices with ends computed from the dynamic batch size (refused as "not constants" before).
+* ``gn_silu`` (GroupNorm -> SiLU, the diffusion-UNet block) and ``ln_gelu`` (LayerNorm -> GELU, tanh form):
+  residual blocks whose activations are not ReLU; explained with ``attnlrp`` (LXT: identity rule on the
+  activation, the norm's std held, LRP-0 elsewhere), whose reference is JAX's float64 gradient x input with every
+  activation ``f`` written ``x * stop_gradient(f(x) / x)`` and the variance under ``stop_gradient``
+  (``gxi_identity``). Before, the decomposed norm's scale and shift were held inside the SiLU/GELU pattern
+  (relevance passed unchanged through them): 1.7-390 rel-L2 off.
 * ``dropout_train``: ``nnx.Dropout(0.5)`` left in training mode (jax2onnx writes Dropout with training_mode = true):
   must be refused (no goldens).
 
@@ -46,7 +52,8 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "goldens" / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop", "preact_res")
-USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train", "wrap_slices")
+USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train", "wrap_slices", "gn_silu", "ln_gelu")
+IDENTITY = {"on": False}  # the reference's activations in identity-rule form (see _identity_form)
 SIZE, C, N_CLASSES = 16, 8, 5
 
 
@@ -211,8 +218,27 @@ def build_user(name: str, seed: int = 0):
             x = lax.dynamic_slice(x, (0, 2, 3, 0), (x.shape[0], 10, 9, C))
             return self.head(x.mean(axis=(1, 2)))
 
-    model = {"ln_res": LnRes, "gn_res": GnRes, "ops_mix": OpsMix, "dropout_train": DropoutTrain,
-             "wrap_slices": WrapSlices}[name]()
+    class GnSilu(nnx.Module):
+        def __init__(self, norm, act):
+            self.stem = nnx.Conv(3, C, (3, 3), rngs=rngs)
+            self.conv1 = nnx.Conv(C, C, (3, 3), rngs=rngs)
+            self.norm = norm
+            self.conv2 = nnx.Conv(C, C, (3, 3), rngs=rngs)
+            self.head = nnx.Linear(C, N_CLASSES, rngs=rngs)
+            self.act = act
+
+        def __call__(self, x):
+            h = self.act(self.stem(x))
+            h = self.act(h + self.conv2(self.act(self.norm(self.conv1(h)))))
+            return self.head(h.mean(axis=(1, 2)))
+
+    if name == "gn_silu":
+        model = GnSilu(nnx.GroupNorm(C, num_groups=4, rngs=rngs), _identity_form(nnx.silu))
+    elif name == "ln_gelu":
+        model = GnSilu(nnx.LayerNorm(C, rngs=rngs), _identity_form(lambda v: nnx.gelu(v, approximate=True)))
+    else:
+        model = {"ln_res": LnRes, "gn_res": GnRes, "ops_mix": OpsMix, "dropout_train": DropoutTrain,
+                 "wrap_slices": WrapSlices}[name]()
     rnd = np.random.default_rng(seed)
     for _, m in nnx.iter_graph(model):
         if isinstance(m, nnx.BatchNorm):
@@ -224,6 +250,20 @@ def build_user(name: str, seed: int = 0):
         if isinstance(m, (nnx.Conv, nnx.Linear, nnx.BatchNorm, nnx.LayerNorm, nnx.GroupNorm)) and m.bias is not None:
             m.bias.value = jnp.asarray(rnd.normal(scale=0.1, size=m.bias.value.shape), jnp.float32)
     return model
+
+
+def _identity_form(f):
+    """``f`` as the model computes it; with IDENTITY on, ``x * stop_gradient(f(x) / x)``: the same values, and the
+    gradient of LXT's identity rule (relevance passes the activation unchanged)."""
+    def act(x):
+        import jax
+        import jax.numpy as jnp
+
+        y = f(x)
+        if not IDENTITY["on"]:
+            return y
+        return x * jax.lax.stop_gradient(jnp.where(x == 0, 0.0, y / jnp.where(x == 0, 1.0, x)))
+    return act
 
 
 def _gxi64(model, x, target, held: bool):
@@ -285,9 +325,12 @@ def make_user(out_dir: Path = OUT, nets=USER_NETS) -> None:
         jax.config.update("jax_enable_x64", True)
         try:
             gxi, held = _gxi64(model, x, target, False), _gxi64(model, x, target, True)
+            IDENTITY["on"] = True
+            identity = _gxi64(model, x, target, True)
         finally:
+            IDENTITY["on"] = False
             jax.config.update("jax_enable_x64", False)
-        np.savez(out_dir / f"{name}.npz", x=x, target=target, logits=y, gxi=gxi, gxi_held=held)
+        np.savez(out_dir / f"{name}.npz", x=x, target=target, logits=y, gxi=gxi, gxi_held=held, gxi_identity=identity)
         print(f"{name}: written")
 
 

@@ -95,3 +95,19 @@ def test_flax_circular_padding_reflect_pad_and_dynamic_slice(opset):
     res, golden = _explain("wrap_slices", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("net", ["gn_silu", "ln_gelu"])
+def test_flax_norm_then_silu_or_gelu_under_attnlrp_is_lxt(net, opset):
+    """GroupNorm -> SiLU (a diffusion UNet's block), LayerNorm -> GELU, decomposed by jax2onnx: attnlrp (the default
+    for such nets) equals JAX's float64 gradient x input with LXT's identity rule on the activations and the
+    variance held (``gxi_identity``). Before, the norm's scale and shift were held inside the SiLU/GELU pattern:
+    1.7-390 rel-L2."""
+    path = TWINS / f"{net}_op{opset}.onnx"
+    golden = np.load(TWINS / f"{net}.npz")
+    ex = onnx_lrp.Explainer(str(path), start="logit")
+    assert ex.composite_name == "attnlrp"  # auto: non-ReLU non-linearities
+    res = ex.explain(golden["x"], target=golden["target"])
+    np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
+    assert rel_l2(res.relevance, golden["gxi_identity"]).max() <= 1e-5
