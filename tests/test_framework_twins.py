@@ -505,3 +505,35 @@ def test_slice_ends_from_the_dynamic_batch_size_are_to_the_end(form):
 def test_slice_ends_from_another_axis_length_stay_refused():
     with pytest.raises(onnx_lrp.UnsupportedError, match=r"\[crop\]: starts/ends/axes/steps are not constants"):
         onnx_lrp.Explainer(_batch_bounded_slice("wrong"), composite="epsilon")
+
+
+# ------------------------------------------------------------ an affine chain before a SiLU written out (jax2onnx)
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_affine_before_a_written_out_activation_is_its_own_layer(act):
+    """x -> Mul(s) -> Add(b) -> f(y) -> MatMul(w) (a decomposed norm's scale and shift, then SiLU = y * sigmoid(y) or
+    tanh-GELU as jax2onnx writes them). attnlrp, numpy oracle (LXT): LRP-0 on the MatMul, the identity rule on f,
+    LRP-0 on the affine (the shift absorbs its share): R_x = x s (f(y) / y) w[:, t]. Before, the Mul and Add were held
+    inside the activation's pattern and passed the relevance unchanged: R_x = f(y) w[:, t]."""
+    rng = np.random.default_rng(0)
+    s, b = np.array([1.5, -0.5, 2.0, 0.75], np.float32), np.array([0.3, -0.2, 0.1, 0.5], np.float32)
+    w = rng.normal(size=(4, 3)).astype(np.float32)
+    nodes = [node("Mul", ["x", "s"], "xs", name="scale"), node("Add", ["xs", "b"], "y", name="shift")]
+    inits = {"s": s, "b": b, "w": w}
+    if act == "silu":
+        nodes += [node("Sigmoid", ["y"], "g", name="sig"), node("Mul", ["y", "g"], "f", name="silu")]
+    else:  # 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3)))
+        inits.update(half=np.float32(0.5), one=np.float32(1.0), c=np.float32(np.sqrt(2 / np.pi)),
+                     k=np.float32(0.044715), three=np.float32(3.0))
+        nodes += [node("Pow", ["y", "three"], "y3", name="cube"), node("Mul", ["y3", "k"], "ky3", name="k"),
+                  node("Add", ["y", "ky3"], "inner", name="inner"), node("Mul", ["inner", "c"], "arg", name="c"),
+                  node("Tanh", ["arg"], "t", name="tanh"), node("Add", ["t", "one"], "t1", name="t1"),
+                  node("Mul", ["y", "half"], "hy", name="hy"), node("Mul", ["hy", "t1"], "f", name="gelu")]
+    nodes.append(node("MatMul", ["f", "w"], "out", name="mm"))
+    model = to_bytes(make_model(nodes, {"x": ["N", 4]}, ["out"], inits))
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    y = x.astype(np.float64) * s + b
+    f = y / (1 + np.exp(-y)) if act == "silu" else 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    res = onnx_lrp.Explainer(model, composite="attnlrp").explain(x, target=1)
+    np.testing.assert_allclose(res.outputs["out"], f @ w, rtol=1e-5, atol=1e-6)
+    want = x * s * (f / y) * w[:, 1]
+    assert rel_l2(res.relevance, want).max() < 1e-5
