@@ -205,7 +205,8 @@ def _ledger_source(model, composite, output, explain_logits, constants, input_sh
 
 def ledger_book(run, start: str) -> "Explainer":
     """The relevance model of ``run`` (an Explainer or a Runner from its payload) rebuilt with the conservation
-    ledger, once per start (kept on ``run``): built only when the conservation check trips."""
+    ledger: built on the first item that does not conserve and kept (one per start relevance), so a model that
+    never conserves pays the build once, not on every call."""
     books = run.__dict__.setdefault("_ledger_books", {})
     if start not in books:
         if isinstance(run, Explainer):  # the model as it was given
@@ -216,8 +217,7 @@ def ledger_book(run, start: str) -> "Explainer":
         else:
             raise InputError("no model to build the ledger from")
         books[start] = Explainer(model, composite, output=output, explain_logits=explain_logits,
-                                 start=start, ledger=True, constants=constants, input_shapes=input_shapes,
-                                 threads=1)
+                                 start=start, ledger=True, constants=constants, input_shapes=input_shapes)
     return books[start]
 
 
