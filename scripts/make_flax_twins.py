@@ -38,6 +38,9 @@ statistics; x [3, 16, 16, 3]), issue 17's second round:
   activation ``f`` written ``x * stop_gradient(f(x) / x)`` and the variance under ``stop_gradient``
   (``gxi_identity``). Before, the decomposed norm's scale and shift were held inside the SiLU/GELU pattern
   (relevance passed unchanged through them): 1.7-390 rel-L2 off.
+* ``hand_ln``: a LayerNorm written by hand, ``(h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1,
+  keepdims=True) + eps)``, in a residual block (jax2onnx: ReduceSumSquare, Reshape/Expand broadcasts, a Where that
+  guards the divisor; refused before); reference ``gxi_held`` (the variance under stop_gradient).
 * ``dropout_train``: ``nnx.Dropout(0.5)`` left in training mode (jax2onnx writes Dropout with training_mode = true):
   must be refused (no goldens).
 
@@ -52,8 +55,9 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "goldens" / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop", "preact_res")
-USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train", "wrap_slices", "gn_silu", "ln_gelu")
-IDENTITY = {"on": False}  # the reference's activations in identity-rule form (see _identity_form)
+USER_NETS = ("ln_res", "gn_res", "ops_mix", "dropout_train", "wrap_slices", "gn_silu", "ln_gelu", "hand_ln")
+IDENTITY = {"on": False, "held": False}  # the reference's activations in identity-rule form (_identity_form); a
+# hand-written norm's variance held
 SIZE, C, N_CLASSES = 16, 8, 5
 
 
@@ -232,7 +236,25 @@ def build_user(name: str, seed: int = 0):
             h = self.act(h + self.conv2(self.act(self.norm(self.conv1(h)))))
             return self.head(h.mean(axis=(1, 2)))
 
-    if name == "gn_silu":
+    class HandLn(nnx.Module):
+        def __init__(self):
+            self.stem = nnx.Conv(3, C, (3, 3), rngs=rngs)
+            self.conv1 = nnx.Conv(C, C, (3, 3), rngs=rngs)
+            self.conv2 = nnx.Conv(C, C, (3, 3), rngs=rngs)
+            self.head = nnx.Linear(C, N_CLASSES, rngs=rngs)
+
+        def __call__(self, x):
+            h = relu(self.stem(x))
+            z = self.conv1(h)
+            var = z.var(axis=-1, keepdims=True)
+            if IDENTITY["held"]:
+                var = lax.stop_gradient(var)
+            z = (z - z.mean(axis=-1, keepdims=True)) / jnp.sqrt(var + 1e-5)
+            return self.head(relu(h + self.conv2(relu(z))).mean(axis=(1, 2)))
+
+    if name == "hand_ln":
+        model = HandLn()
+    elif name == "gn_silu":
         model = GnSilu(nnx.GroupNorm(C, num_groups=4, rngs=rngs), _identity_form(nnx.silu))
     elif name == "ln_gelu":
         model = GnSilu(nnx.LayerNorm(C, rngs=rngs), _identity_form(lambda v: nnx.gelu(v, approximate=True)))
@@ -289,11 +311,13 @@ def _gxi64(model, x, target, held: bool):
         return nnx.merge(graphdef, st)(v)
 
     norms._compute_stats = held_stats if held else stats
+    IDENTITY["held"] = held
     try:
         x64 = jnp.asarray(x, jnp.float64)
         grad = jax.grad(lambda v: jnp.sum(f(v)[jnp.arange(len(x)), target]))(x64)
     finally:
         norms._compute_stats = stats
+        IDENTITY["held"] = False
     return np.asarray(grad) * np.asarray(x64)
 
 

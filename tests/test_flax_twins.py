@@ -111,3 +111,14 @@ def test_flax_norm_then_silu_or_gelu_under_attnlrp_is_lxt(net, opset):
     res = ex.explain(golden["x"], target=golden["target"])
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2(res.relevance, golden["gxi_identity"]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+def test_flax_hand_written_layernorm(opset):
+    """A LayerNorm written by hand with jnp.var (jax2onnx: ReduceSumSquare, Reshape/Expand broadcasts of
+    keepdims reductions, a Where guarding the divisor): refused before; now read as a normalisation with its std held,
+    so LRP-0 is JAX's float64 gradient x input with the variance under stop_gradient."""
+    res, golden = _explain("hand_ln", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
+    assert rel_l2(res.relevance, golden["gxi_held"]).max() <= 1e-5
+    assert rel_l2(res.relevance, golden["gxi"]).min() > 0.05

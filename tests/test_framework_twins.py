@@ -537,3 +537,50 @@ def test_affine_before_a_written_out_activation_is_its_own_layer(act):
     np.testing.assert_allclose(res.outputs["out"], f @ w, rtol=1e-5, atol=1e-6)
     want = x * s * (f / y) * w[:, 1]
     assert rel_l2(res.relevance, want).max() < 1e-5
+
+
+# ------------------------------------------------------------ a hand-written LayerNorm as jax2onnx writes it
+def _hand_layernorm(where: bool) -> bytes:
+    """x [N, 4] -> (x - mean) / sqrt(var + eps) -> MatMul w [4, 3], written as jax2onnx writes ``keepdims=True``
+    reductions and ``jnp.var``: ReduceSum / ReduceSumSquare with keepdims=0, then Reshape to [N, 1] and Expand to
+    [N, 1] (both shapes from Shape(...)), the divisor n - ddof guarded by a Where with a constant condition."""
+    w = np.array([[1.0, -0.5, 0.25], [0.5, 1.0, -1.0], [-0.75, 0.25, 0.5], [0.2, -0.3, 1.0]], np.float32)
+    inits = {"w": w, "ax": np.array([1], np.int64), "zero": np.array([0], np.int64), "one": np.array([1], np.int64),
+             "n": np.float32(4.0), "eps": np.float32(1e-5), "cond": np.array(True), "nan": np.float32(np.nan)}
+    nodes = []
+
+    def keepdims(red_op, src, tag):
+        nodes.extend([
+            node(red_op, [src, "ax"] if red_op == "ReduceSum" else [src], f"{tag}_r", keepdims=0,
+                 **({} if red_op == "ReduceSum" else {"axes": [1]}), name=f"{tag}_red"),
+            node("Shape", [f"{tag}_r"], f"{tag}_shape", name=f"{tag}_shape"),
+            node("Gather", [f"{tag}_shape", "zero"], f"{tag}_n", axis=0, name=f"{tag}_gather"),
+            node("Concat", [f"{tag}_n", "one"], f"{tag}_target", axis=0, name=f"{tag}_cat"),
+            node("Reshape", [f"{tag}_r", f"{tag}_target"], f"{tag}_kept", name=f"{tag}_reshape"),
+            node("Expand", [f"{tag}_kept", f"{tag}_target"], f"{tag}_b", name=f"{tag}_expand"),
+            node("Div", [f"{tag}_b", "n"], f"{tag}_mean", name=f"{tag}_div")])
+        return f"{tag}_mean"
+    mu = keepdims("ReduceSum", "x", "mu")
+    nodes.append(node("Sub", ["x", mu], "d", name="center"))
+    var = keepdims("ReduceSumSquare", "d", "var")
+    if where:
+        nodes.append(node("Where", ["cond", var, "nan"], "var_ok", name="guard"))
+        var = "var_ok"
+    nodes += [node("Add", [var, "eps"], "ve", name="eps"), node("Sqrt", ["ve"], "sd", name="sqrt"),
+              node("Div", ["d", "sd"], "z", name="normalize"), node("MatMul", ["z", "w"], "y", name="mm")]
+    return to_bytes(make_model(nodes, {"x": ["N", 4]}, ["y"], inits))
+
+
+@pytest.mark.parametrize("where", [False, True])
+def test_hand_written_layernorm_is_a_held_normalisation(where):
+    """Refused before (ReduceSumSquare has no handler; the Div's scale came through Reshape/Expand/Where). Now LRP-0
+    with the std held (numpy oracle): R_x = x (w_t - mean(w_t)) / std; the forward is unchanged."""
+    x = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    w = np.array([[1.0, -0.5, 0.25], [0.5, 1.0, -1.0], [-0.75, 0.25, 0.5], [0.2, -0.3, 1.0]])
+    x64 = x.astype(np.float64)
+    sd = np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    res = onnx_lrp.Explainer(_hand_layernorm(where), composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(
+        x, target=2)
+    np.testing.assert_allclose(res.outputs["y"], (x64 - x64.mean(1, keepdims=True)) / sd @ w, rtol=1e-5, atol=1e-6)
+    want = x64 * (w[:, 2] - w[:, 2].mean()) / sd
+    assert rel_l2(res.relevance, want).max() < 1e-5

@@ -4,6 +4,9 @@ zennit.canonizers); one pass, :class:`StandardForm`, runs them in order (the las
 - Identity and Dropout are dropped (not a Dropout in training mode: its op check refuses it).
 - A Slice whose ends are a Concat of constants and the sliced axes' own lengths (jax2onnx, dynamic batch) gets
   constant ends.
+- ``ReduceSumSquare(x)`` becomes ``ReduceSum(x * x)``.
+- ``Reduce(keepdims=0) -> Reshape(kept shape) -> Expand(same shape)`` (jax2onnx's ``keepdims=True``) becomes the
+  reduction with ``keepdims=1``; a Where with a constant all-true (all-false) condition is its first (second) branch.
 - ``auto_pad`` becomes explicit ``pads`` (static spatial shapes needed, or stride 1 along a dynamic axis).
 - BatchNormalization directly after a Conv/Gemm (its only consumer) is folded into that layer's parameters.
 - Per-channel constant scale/shift chains (Mul/Add/Sub/Div by a constant that varies along the layer's output
@@ -141,6 +144,106 @@ def slice_to_the_end(graph: ir.Graph) -> int:
             node.replace_input_with(2, new_param(graph, f"{node.name}_ends", np.array(new, np.int64)))
             count += 1
     return count
+
+
+def _same_shape(a: ir.Value | None, b: ir.Value | None) -> bool:
+    return (a is not None and b is not None and a.shape is not None and b.shape is not None
+            and len(a.shape) == len(b.shape) and all(_same_dim(x, y) for x, y in zip(a.shape, b.shape)))
+
+
+_REDUCE_KEEPDIMS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
+                    "ReduceProd", "ReduceLogSumExp", "ReduceLogSum"}
+
+
+def keepdims_broadcasts(graph: ir.Graph) -> int:
+    """jax2onnx writes ``x.mean(axis, keepdims=True)`` (also inside a hand-written LayerNorm / ``jnp.var``) as
+    ``Reduce(keepdims=0) -> Reshape(to the kept shape, from Shape(x)) -> Expand(to that same shape)``. The Expand to
+    its own input's shape is dropped, and the Reshape to the reduction's keepdims shape becomes the same reduction
+    with ``keepdims=1``: the form the normalisation patterns read. Exact rewrites (shapes compared dimension by
+    dimension, symbols by name); the old reduction stays where something else (a Shape) reads it."""
+    done = 0
+    for node in list(graph):
+        if node.op_type == "Expand" and node.domain in ("", "ai.onnx") and _same_shape(node.inputs[0],
+                                                                                       node.outputs[0]):
+            bypass(node.outputs[0], node.inputs[0])
+            graph.remove(node)
+            done += 1
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+    for node in list(graph):
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+            continue
+        red = node.inputs[0].producer()
+        if red is None or red.op_type not in _REDUCE_KEEPDIMS or red.domain not in ("", "ai.onnx") \
+                or red.attributes.get_int("keepdims", 1) != 0 or red.inputs[0] is None or red.inputs[0].shape is None:
+            continue
+        x, rank = red.inputs[0], len(red.inputs[0].shape)
+        with_axes_input = opset >= 18 or red.op_type == "ReduceSum"
+        if with_axes_input:
+            axes = const(red.inputs[1]) if len(red.inputs) > 1 and red.inputs[1] is not None else None
+        else:
+            axes = red.attributes.get_ints("axes", None)
+        if axes is None or red.attributes.get_int("noop_with_empty_axes", 0):
+            continue  # no axes (all of them, or none): not what jax2onnx writes here
+        kept = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+        want = [1 if i in kept else d for i, d in enumerate(x.shape)]
+        out = node.outputs[0]
+        if out.shape is None or len(out.shape) != rank or not all(
+                (w == 1 and d == 1) if w == 1 else _same_dim(w, d) for w, d in zip(want, out.shape)):
+            continue
+        attrs = {k: a for k, a in red.attributes.items() if k != "keepdims"}
+        attrs["keepdims"] = ir.AttrInt64("keepdims", 1)
+        new = ir.node(red.op_type, list(red.inputs), attrs, name=f"{red.name}/keepdims")
+        substitute(graph, new, out, node, f"{red.name}/keepdims_out")
+        graph.remove(node)
+        if not list(red.outputs[0].uses()) and not red.outputs[0].is_graph_output():
+            graph.remove(red)
+        done += 1
+    return done
+
+
+def sum_square_written_out(graph: ir.Graph) -> int:
+    """``ReduceSumSquare(x)`` becomes ``ReduceSum(x * x)`` (jax2onnx's ``sum(d ** 2)`` in a hand-written variance):
+    the square and the sum the variance patterns read. Exact."""
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+    done = 0
+    for node in list(graph):
+        if node.op_type != "ReduceSumSquare" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+            continue
+        x = node.inputs[0]
+        if opset >= 18:
+            axes = node.inputs[1] if len(node.inputs) > 1 else None
+        else:
+            listed = node.attributes.get_ints("axes", None)
+            axes = None if listed is None else new_param(graph, f"{node.name}/axes", np.array(listed, np.int64))
+        square = ir.node("Mul", [x, x], name=f"{node.name}/square")
+        square.outputs[0].name, square.outputs[0].type, square.outputs[0].shape = f"{node.name}/square_out", x.type, x.shape
+        graph.insert_before(node, square)
+        attrs = {k: a for k, a in node.attributes.items() if k in ("keepdims", "noop_with_empty_axes")}
+        total = ir.node("ReduceSum", [square.outputs[0]] + ([axes] if axes is not None else []), attrs,
+                        name=f"{node.name}/sum")
+        substitute(graph, total, node.outputs[0], node, f"{node.name}/sum_out")
+        graph.remove(node)
+        done += 1
+    return done
+
+
+def where_constant(graph: ir.Graph) -> int:
+    """``Where(c, a, b)`` with a constant condition that is true (false) everywhere and ``a`` (``b``) already of the
+    output's shape is ``a`` (``b``): jax2onnx guards ``jnp.var``'s divisor ``n - ddof > 0`` so, with NaN otherwise."""
+    done = 0
+    for node in list(graph):
+        if node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 3:
+            continue
+        c = const(node.inputs[0])
+        if c is None or c.size == 0 or not (np.all(c) or not np.any(c)):
+            continue
+        pick = node.inputs[1] if np.all(c) else node.inputs[2]
+        if pick is None or not _same_shape(pick, node.outputs[0]) or pick.dtype != node.outputs[0].dtype:
+            continue
+        bypass(node.outputs[0], pick)
+        graph.remove(node)
+        done += 1
+    return done
 
 
 def explicit_pads(graph: ir.Graph) -> None:
@@ -736,6 +839,9 @@ def canonize(model: ir.Model) -> None:
     recurrent_layout0(graph)
     drop_identities(graph)
     slice_to_the_end(graph)
+    sum_square_written_out(graph)
+    keepdims_broadcasts(graph)
+    where_constant(graph)
     layernorm_without_empty_bias(graph)
     hard_sigmoid_written_out(graph)
     two_pass_variance(graph)
