@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import zlib
 import warnings
 from pathlib import Path
 
@@ -190,8 +191,9 @@ class Explainer(Runner):
 
 def _ledger_source(model, composite, output, explain_logits, constants, input_shapes) -> tuple | None:
     """What rebuilds this relevance model with the conservation ledger in another process (a Ray actor, where the
-    conservation check names the nodes from it): plain data (a file path or the model's bytes; the composite
-    pickled, unpickled only there and only then). None for an in-memory graph (an onnx_ir model)."""
+    conservation check names the nodes from it): plain data (a file path or the model's bytes; a built-in
+    composite's name, any other pickled and compressed, unpickled only there and only then). None for an in-memory
+    graph (an onnx_ir model)."""
     if isinstance(model, (str, os.PathLike)):
         model = str(Path(model).resolve())
     elif not isinstance(model, bytes):
@@ -200,7 +202,21 @@ def _ledger_source(model, composite, output, explain_logits, constants, input_sh
         except Exception:  # noqa: BLE001 - an onnx_ir model, or one too large for one protobuf: no names there
             return None
     constants = None if constants is None else {k: np.asarray(v) for k, v in constants.items()}
-    return (model, pickle.dumps(composite), output, explain_logits, constants, input_shapes)
+    return (model, _packed(composite), output, explain_logits, constants, input_shapes)
+
+
+def _packed(composite: Composite) -> str | bytes:
+    """A composite as few bytes as carry it: a built-in one by its name, any other pickled and compressed."""
+    try:
+        if isinstance(composite.source, str) and load_composite(composite.source) == composite:
+            return composite.source
+    except Exception:  # noqa: BLE001 - not a built-in name (a file that moved, ...): pickled below
+        pass
+    return zlib.compress(pickle.dumps(composite), 9)
+
+
+def _unpacked(packed: str | bytes) -> Composite:
+    return load_composite(packed) if isinstance(packed, str) else pickle.loads(zlib.decompress(packed))
 
 
 def ledger_book(run, start: str) -> "Explainer":
@@ -213,7 +229,7 @@ def ledger_book(run, start: str) -> "Explainer":
             (model, output, explain_logits, constants, input_shapes), composite = run._source, run.composite
         elif run.ledger_source is not None:  # a Runner from a payload (a Ray actor)
             model, composite, output, explain_logits, constants, input_shapes = run.ledger_source
-            composite = pickle.loads(composite)
+            composite = _unpacked(composite)
         else:
             raise InputError("no model to build the ledger from")
         books[start] = Explainer(model, composite, output=output, explain_logits=explain_logits,

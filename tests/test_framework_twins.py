@@ -480,8 +480,8 @@ def _batch_bounded_slice(form: str) -> bytes:
     else:
         inits.update(end1=np.array([4], np.int64), end2=np.array([3], np.int64))
         nodes.append(node("Concat", ["n", "end1", "end2"], "ends", axis=0, name="ends"))
-    nodes += [node("Slice", ["x", "starts", "ends", "axes"], "s", name="crop"), node("MatMul", ["s", "w"], "h", name="mm"),
-              node("ReduceSum", ["h", "one"], "y", keepdims=0, name="sum")]
+    nodes += [node("Slice", ["x", "starts", "ends", "axes"], "s", name="crop"),
+              node("MatMul", ["s", "w"], "h", name="mm"), node("ReduceSum", ["h", "one"], "y", keepdims=0, name="sum")]
     model = make_model(nodes, {"x": ["N", "T" if form == "wrong" else 5, 3]}, ["y"], inits)
     del model.graph.output[:]  # shape inference cannot tell the sliced length: declare the output
     model.graph.output.append(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2]))

@@ -392,9 +392,18 @@ def test_a_payload_from_model_bytes_carries_them_for_the_ledger():
     from onnx_lrp.carried import CarriedRunner
 
     ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
-    assert ex.payload()["ledger_source"][0] == mlp(100.0)
+    assert ex.payload()["ledger_source"][:2] == (mlp(100.0), "epsilon")  # a built-in composite travels by name
     with pytest.warns(LrpWarning, match="dense1 \\(Gemm, epsilon: \\+"):
         CarriedRunner.from_payload(ex.payload()).explain(X, target=0)
+    # a composite with other parameters travels pickled: the carried runner names the same nodes and numbers
+    tuned = onnx_lrp.Explainer(mlp(100.0), composite="epsilon", epsilon=0.01)
+    assert isinstance(tuned.payload()["ledger_source"][1], bytes)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tuned.explain(X, target=0)
+        CarriedRunner.from_payload(tuned.payload()).explain(X, target=0)
+    lines = [str(w.message) for w in seen if "conserved" in str(w.message)]
+    assert len(lines) == 2 and lines[0] == lines[1] and "dense1 (Gemm, epsilon: +" in lines[0]
 
 
 # ------------------------------------------------------------ a Dropout left in training mode (issue 17, Flax)

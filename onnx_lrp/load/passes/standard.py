@@ -98,8 +98,9 @@ def _same_dim(a, b) -> bool:
 def slice_to_the_end(graph: ir.Graph) -> int:
     """A Slice whose ``ends`` is a Concat of constants and the sliced axes' own lengths (jax2onnx: ``Concat(
     Gather(Shape(x), 0), 16, 16, 3)`` for ``x[:, 15:, :, :]`` with a dynamic batch: Flax's circular padding,
-    ``jnp.pad`` reflect), or a constant plus such a Concat (``lax.dynamic_slice``: starts + sizes), gets constant ends, "to the end" (INT64_MAX) where the length was: the same slice
-    for positive steps, and the op handler then needs no run-time bounds."""
+    ``jnp.pad`` reflect), or a constant plus such a Concat (``lax.dynamic_slice``: starts + sizes), gets constant
+    ends, "to the end" (INT64_MAX) where the length was: the same slice for positive steps, and the op handler then
+    needs no run-time bounds."""
     count = 0
     for node in list(graph):
         if node.op_type != "Slice" or len(node.inputs) < 3 or node.inputs[2] is None:
@@ -216,7 +217,8 @@ def sum_square_written_out(graph: ir.Graph) -> int:
             listed = node.attributes.get_ints("axes", None)
             axes = None if listed is None else new_param(graph, f"{node.name}/axes", np.array(listed, np.int64))
         square = ir.node("Mul", [x, x], name=f"{node.name}/square")
-        square.outputs[0].name, square.outputs[0].type, square.outputs[0].shape = f"{node.name}/square_out", x.type, x.shape
+        sq = square.outputs[0]
+        sq.name, sq.type, sq.shape = f"{node.name}/square_out", x.type, x.shape
         graph.insert_before(node, square)
         attrs = {k: a for k, a in node.attributes.items() if k in ("keepdims", "noop_with_empty_axes")}
         total = ir.node("ReduceSum", [square.outputs[0]] + ([axes] if axes is not None else []), attrs,
