@@ -11,11 +11,17 @@ import onnx_ir as ir
 
 from . import choice, conservation, rewriter, runtime
 from . import load as loader
+from .load import external
 from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
 from .runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanation, InputSpec: part of this API)
+
+
+#: bytes of float16 / bfloat16 weights above which the deployed model does not run beside the relevance model on
+#: the CPU (README, "float16 / bfloat16": it would hold a float32 copy of every weight)
+DEPLOYED_FLOAT16_MAX = 256 << 20
 
 
 class Explainer(Runner):
@@ -105,6 +111,7 @@ class Explainer(Runner):
             # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
+        low_bytes = external.low_precision_bytes(ir_model)
         parts = loader.serialize_parts(ir_model)  # a large model: its weights stay in their files
         del ir_model, graph, y_value, y_out  # nothing of the onnx_ir graph outlives this
         if parts.folder is not None:
@@ -114,6 +121,13 @@ class Explainer(Runner):
         if self.deployed is not None and not parts.prepack:  # over 1 GiB of weights: a second full-size session
             warnings.warn(f"the deployed model ({', '.join(self.deployed_kinds)}) is not run beside the relevance "
                           "model: it has over 1 GiB of weights and would double the memory; outputs are the "
+                          "explained forward's (float32)", LrpWarning, stacklevel=3)
+            self.deployed = None
+        elif self.deployed is not None and low_bytes > DEPLOYED_FLOAT16_MAX and runtime.resolve_device(device) == "cpu":
+            # onnxruntime's CPU provider has no float16 kernels for most ops: it holds a float32 copy of every weight
+            warnings.warn(f"the deployed model ({', '.join(self.deployed_kinds)}) is not run beside the relevance "
+                          f"model: onnxruntime's CPU provider would hold a float32 copy of its "
+                          f"{low_bytes / 1e6:.0f} MB of float16/bfloat16 weights (3x the memory); outputs are the "
                           "explained forward's (float32)", LrpWarning, stacklevel=3)
             self.deployed = None
         self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
