@@ -262,6 +262,8 @@ def _run(args, tmp: Path) -> dict:
               "timed on the float32 model of the same weights")
         sess, forward_of, feed = ort.InferenceSession(str(twin), opts, providers=providers), "float32", \
             x.astype(np.float32)
+    if sess.get_inputs()[0].type == "tensor(float16)":  # the float16 model's own input type
+        feed = x.astype(np.float16)
     forward_s = best(lambda: sess.run(None, {"embeds": feed}), args.repeat)
     rss_forward = vm_hwm()
     gpu_forward = gpu.stop() if gpu else 0
