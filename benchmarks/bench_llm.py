@@ -285,7 +285,8 @@ def _run(args, tmp: Path) -> dict:
         tok, tok32 = relevance.sum(-1)[0], r32.sum(-1)[0]
         res.update(rel_l2_vs_float32=rel_l2(relevance, r32), rel_l2_tokens_vs_float32=rel_l2(tok, tok32),
                    top10_tokens_same_as_float32=bool(np.array_equal(np.argsort(-tok)[:10], np.argsort(-tok32)[:10])))
-        print(f"{model_precision} relevance vs the float32 model of the same weights: rel-L2 {res['rel_l2_vs_float32']:.2e} (per token "
+        print(f"{model_precision} relevance vs the float32 model of the same weights: rel-L2 "
+              f"{res['rel_l2_vs_float32']:.2e} (per token "
               f"{res['rel_l2_tokens_vs_float32']:.2e}), top-10 tokens in the same order: "
               f"{res['top10_tokens_same_as_float32']}")
     lxt_path = Path(str(path) + ".lxt.npy")

@@ -273,8 +273,8 @@ def precision(args) -> None:
     (precision='auto': the model's type on CUDA, float32 on the CPU; onnx_lrp/precision.py) vs the same weights
     computed in float32 (precision='float32': what computing in the model's type changes; goal rel-L2 <= 1e-3
     float16, <= 1e-2 bfloat16, top-10 inputs unchanged) and vs the float32 twin (adds the weights' rounding), and
-    explain time in the model's precision vs precision='float32'. On the CPU, bfloat16 in its own precision is refused (no
-    kernels): 'auto' computes it in float32 there."""
+    explain time in the model's precision vs precision='float32'. On the CPU, bfloat16 in its own precision is
+    refused (no kernels): 'auto' computes it in float32 there."""
     import warnings
 
     import bigmodels

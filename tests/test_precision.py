@@ -96,8 +96,8 @@ def test_family_relevance_graph_in_model_precision(fam, dtype):
     assert_model_precision(proto, LOW[dtype])
     ops32 = {n.op_type for n in proto.graph.node} & precision.FLOAT32_OPS
     if fam.composite == "attnlrp":
-        assert {"Softmax", "Div"} <= ops32 and ops32 & {"LayerNormalization", "ReduceMean", "SimplifiedLayerNormalization",
-                                                        "RMSNormalization", "Sqrt", "Pow"}
+        norms = {"LayerNormalization", "ReduceMean", "SimplifiedLayerNormalization", "RMSNormalization", "Sqrt", "Pow"}
+        assert {"Softmax", "Div"} <= ops32 and ops32 & norms
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

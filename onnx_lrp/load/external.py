@@ -94,8 +94,8 @@ def lower_upcasts(model: ir.Model, tied: bool | None = None) -> int:
     in float32 at a time (README, "float16 / bfloat16"). It costs a conversion of every weight per use and run
     (explain ~2.3x slower on a 0.8 GB float16 MLP), so ``tied=None`` ties only in models with TIED_MODEL_MIN bytes
     of float16 / bfloat16 weights or more. Uses without a computed input (a node of constants only), weights under
-    TIED_MIN bytes and ``tied=False`` share one Cast placed before the first use. Initializers that are graph outputs or read inside
-    subgraphs become float32 tensors. Returns the Casts inserted."""
+    TIED_MIN bytes and ``tied=False`` share one Cast placed before the first use. Initializers that are graph
+    outputs or read inside subgraphs become float32 tensors. Returns the Casts inserted."""
     graph, casts = model.graph, 0
     if tied is None:
         tied = low_precision_bytes(model) >= TIED_MODEL_MIN
@@ -142,9 +142,11 @@ def lower_upcasts(model: ir.Model, tied: bool | None = None) -> int:
 
 
 def _computed_input(node: ir.Node, weight: ir.Value) -> ir.Value | None:
-    """The first input of ``node`` that is computed at run time (not a constant, not ``weight``), or None."""
+    """The first tensor input of ``node`` computed at run time (not a constant, not ``weight``, not strings), or
+    None."""
     for x in node.inputs:
-        if x is not None and x is not weight and x.const_value is None and not x.is_initializer():
+        if x is not None and x is not weight and x.const_value is None and not x.is_initializer() and (
+                x.type is None or isinstance(x.type, ir.TensorType) and x.dtype != ir.DataType.STRING):
             return x
     return None
 
@@ -154,7 +156,7 @@ def _tied_cast(graph: ir.Graph, node: ir.Node, low: ir.Value, data: ir.Value, ba
     ``Cast(Reshape(low, Where(flag, shape, shape)))`` with ``flag`` = bool(first element of ``data``). The Reshape
     is zero-copy and the shape equals the weight's, but it depends on ``data``: onnxruntime can neither fold the
     Cast nor run it before ``node``'s inputs exist, and the float32 copy is freed after ``node``."""
-    dims = np.array(low.shape.numpy() if low.shape is not None else (), np.int64)
+    dims = np.array(tuple(low.const_value.shape), np.int64)  # an initializer's shape is static
 
     def const(arr, tag, shared=True):
         name = f"lrp/upcast/{tag}" if shared else f"{base}/{tag}"
