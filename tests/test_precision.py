@@ -29,7 +29,7 @@ from families import FAMILIES  # noqa: E402
 
 FLOAT, F16, BF16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
 LOW = {"float16": F16, "bfloat16": BF16}
-MATRIX_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"}
+MATRIX_OPS = precision.MATRIX_OPS
 TYPE_ONLY = {"Cast", "Shape", "Size", "CastLike"}
 
 
@@ -68,7 +68,9 @@ def assert_model_precision(proto, low: int) -> None:
         ins, outs = _float_types(n.input, types), _float_types(n.output, types)
         if n.op_type not in TYPE_ONLY:
             assert len(ins | outs) <= 1, f"{n.name} ({n.op_type}) mixes float types {ins | outs}"
-        if n.op_type in precision.FLOAT32_OPS or n.name.startswith("lrp/start/"):
+        relevance_elementwise = n.name.startswith("lrp/") and not n.name.startswith("lrp/precision/") and \
+            n.op_type not in MATRIX_OPS | TYPE_ONLY
+        if n.op_type in precision.FLOAT32_OPS or relevance_elementwise:
             assert ins | outs <= {FLOAT}, f"{n.name} ({n.op_type}) not in float32"
         if n.op_type == "Div":  # the division and the stabiliser that forms its denominator
             stab = producer.get(n.input[1])
@@ -90,7 +92,8 @@ FAMILY_SAMPLE = ["bert", "llama", "mixtral", "vit", "resnet-egb"]
 @pytest.mark.parametrize("fam", [f for f in FAMILIES if f.name in FAMILY_SAMPLE], ids=lambda f: f.name)
 def test_family_relevance_graph_in_model_precision(fam, dtype):
     """The suite's transformers and a gamma CNN, rewritten as if written in ``dtype``: matrix products in it,
-    every division / stabiliser / softmax / norm / reduction in float32, outputs float32, no node mixing types."""
+    every division / stabiliser / softmax / norm / reduction and the relevance's elementwise nodes in float32,
+    outputs float32, no node mixing types."""
     proto, n_low = _relevance_model(fam.model, fam.composite, fam.params(), dtype)
     assert n_low > 0
     assert_model_precision(proto, LOW[dtype])
