@@ -248,3 +248,25 @@ def test_low_precision_relevance_near_its_float32_twin(tmp_path, monkeypatch, dt
     assert rel_l2(r_low, r_32) < tol
     for a, b in zip(r_low, r_32):
         assert set(np.argsort(-a)[:10]) == set(np.argsort(-b)[:10])
+
+
+def test_deployed_float16_not_run_beside_above_its_bound(tmp_path, monkeypatch):
+    """On the CPU the deployed float16 model would hold a float32 copy of every weight (onnxruntime folds its
+    inserted Casts): above DEPLOYED_FLOAT16_MAX bytes of float16 weights it is not run beside, one warning says so
+    with the size, and the outputs are the explained forward's; below it, it runs (outputs are its own)."""
+    import warnings
+
+    from onnx_lrp import explainer
+
+    path = bigmodels.write_mlp(tmp_path, (16, 64, 4), dtype="float16")
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    assert onnx_lrp.Explainer(str(path), composite="epsilon").deployed is not None
+    monkeypatch.setattr(explainer, "DEPLOYED_FLOAT16_MAX", 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ex = onnx_lrp.Explainer(str(path), composite="epsilon")
+    lines = [str(w.message) for w in said if "not run beside" in str(w.message)]
+    assert len(lines) == 1 and "float32 copy" in lines[0] and "\n" not in lines[0]
+    assert ex.deployed is None and ex.deployed_session is None
+    res = ex.explain(x, target=1)
+    np.testing.assert_array_equal(res.outputs["y"], res.forward["y"])
