@@ -42,9 +42,6 @@ FLOAT32_OPS = frozenset({
     "DynamicQuantizeLinear", "Loop", "Scan", "If", "Resize", "Upsample"})
 #: the matrix products: relevance nodes of these compute in the model's type, the relevance's other nodes in float32
 MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul"})
-#: elementwise ops a stabiliser is made of (walked back from a division's denominator, relevance nodes only)
-STABILISER_OPS = frozenset({"Add", "Sub", "Mul", "Clip", "Where", "Max", "Min", "Abs", "Neg", "Relu", "Sign", "Equal",
-                            "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Or", "And", "Identity"})
 _MAX = {ir.DataType.FLOAT16: float(np.finfo(np.float16).max), ir.DataType.BFLOAT16: 3.38e38}
 
 
@@ -93,18 +90,6 @@ def float32_nodes(graph: ir.Graph, dtype: ir.DataType) -> set:
                 node.domain not in ("", "ai.onnx") or any(o in outputs for o in node.outputs) or \
                 any(_is_float(x) and x.const_value is not None and not _fits(x, dtype) for x in node.inputs):
             keep.add(node)
-    for node in list(keep):  # the stabiliser of each division: relevance nodes forming its denominator
-        if node.op_type != "Div" or len(node.inputs) < 2:
-            continue
-        todo = [node.inputs[1]]
-        while todo:
-            x = todo.pop()
-            producer = x.producer() if x is not None else None
-            if producer is None or producer in keep or producer.op_type not in STABILISER_OPS or \
-                    not (producer.name or "").startswith("lrp/"):
-                continue
-            keep.add(producer)
-            todo.extend(producer.inputs)
     return keep
 
 
@@ -183,5 +168,5 @@ class _Casts:
         return out
 
 
-__all__ = ["PRECISIONS", "FLOAT32_OPS", "MATRIX_OPS", "STABILISER_OPS", "check", "wanted", "model_dtype", "float32_nodes",
+__all__ = ["PRECISIONS", "FLOAT32_OPS", "MATRIX_OPS", "check", "wanted", "model_dtype", "float32_nodes",
            "to_model_precision"]

@@ -31,6 +31,8 @@ FLOAT, F16, BF16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.Tensor
 LOW = {"float16": F16, "bfloat16": BF16}
 MATRIX_OPS = precision.MATRIX_OPS
 TYPE_ONLY = {"Cast", "Shape", "Size", "CastLike"}
+STABILISER_OPS = {"Add", "Sub", "Mul", "Clip", "Where", "Max", "Min", "Abs", "Neg", "Relu", "Sign", "Equal", "Greater",
+                  "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Identity"}  # what the rules' stabilisers are made of
 
 
 def rel_l2(a, b) -> float:
@@ -74,7 +76,7 @@ def assert_model_precision(proto, low: int) -> None:
             assert ins | outs <= {FLOAT}, f"{n.name} ({n.op_type}) not in float32"
         if n.op_type == "Div":  # the division and the stabiliser that forms its denominator
             stab = producer.get(n.input[1])
-            while stab is not None and stab.name.startswith("lrp/") and stab.op_type in precision.STABILISER_OPS:
+            while stab is not None and stab.name.startswith("lrp/") and stab.op_type in STABILISER_OPS:
                 assert _float_types(list(stab.input) + list(stab.output), types) <= {FLOAT}, stab.name
                 stab = next((producer.get(x) for x in stab.input if types.get(x) in (FLOAT, F16, BF16)
                              and x in producer), None)
