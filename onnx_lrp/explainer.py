@@ -148,6 +148,14 @@ class Explainer(Runner):
                 raise
             why = str(exc).split("; ")[0]
             why = why[why.find("[ONNXRuntimeError]"):] if "[ONNXRuntimeError]" in why else why
+            if self.precision == "auto":  # the default: fall back to float32, said once
+                warnings.warn(f"onnxruntime cannot run the relevance model in {self.model_precision} on "
+                              f"{self.device} ({why}); it is computed in float32 (precision='float32' skips the "
+                              "attempt)", LrpWarning, stacklevel=3)
+                self.precision, self.model_precision = "float32", "float32"
+                del parts
+                return self._build(model, output, relevance_at, explain_logits, threads, ledger, device, constants,
+                                   input_shapes)
             raise InputError(f"onnxruntime cannot run the relevance model in {self.model_precision} on "
                              f"{self.device} (precision={self.precision!r}): {why}; use precision='float32' "
                              "(computed in float32)") from None

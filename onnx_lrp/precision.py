@@ -18,7 +18,9 @@ graph (forward + relevance, after the rewriter; the rewriter is untouched) so th
 * a Cast sits wherever a value crosses between the two (one per value and type).
 
 :func:`wanted` decides where it applies: ``precision="model"`` always, ``"float32"`` never, ``"auto"`` (the default)
-on CUDA only. Verified structurally and by running float16 on the CPU (onnxruntime casts there); not on a GPU yet.
+on CUDA only; where onnxruntime cannot start the graph (a missing bfloat16 kernel), the Explainer refuses ``"model"``
+in one line and rebuilds ``"auto"`` in float32 with one warning. Verified structurally and by running float16 on the
+CPU (onnxruntime casts there); not on a GPU yet.
 """
 from __future__ import annotations
 

@@ -147,6 +147,23 @@ def test_bfloat16_model_precision_refused_on_cpu_in_one_line(tmp_path):
         onnx_lrp.Explainer(str(path), composite="epsilon", precision="half")
 
 
+def test_auto_falls_back_to_float32_in_one_warning(tmp_path, monkeypatch):
+    """precision='auto' where the model-precision graph cannot start (here: bfloat16 on the CPU, standing in for a
+    CUDA build without a bfloat16 kernel): one warning naming the cause, then the float32 relevance model, whose
+    relevance equals precision='float32'."""
+    path = bigmodels.write_mlp(tmp_path, (16, 64, 4), dtype="bfloat16")
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    monkeypatch.setattr(precision, "wanted", lambda p, device: p in ("auto", "model"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ex = onnx_lrp.Explainer(str(path), composite="epsilon")
+    lines = [str(w.message) for w in said if "bfloat16" in str(w.message)]
+    assert len(lines) == 1 and "computed in float32" in lines[0] and "\n" not in lines[0]
+    assert ex.model_precision == "float32"
+    ref = onnx_lrp.Explainer(str(path), composite="epsilon", precision="float32")
+    np.testing.assert_array_equal(ex.explain(x, target=1).relevance, ref.explain(x, target=1).relevance)
+
+
 def test_float32_model_unchanged(tmp_path):
     path = bigmodels.write_mlp(tmp_path, (16, 32, 4))
     ex = onnx_lrp.Explainer(str(path), composite="epsilon", precision="model")
