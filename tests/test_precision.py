@@ -170,3 +170,36 @@ def test_float32_model_unchanged(tmp_path):
     assert ex.model_precision == "float32"
     assert {t.data_type for t in onnx.load_model_from_string(ex.model_bytes).graph.initializer} <= {
         FLOAT, onnx.TensorProto.INT64}
+
+
+def test_cli_precision_flag_and_summary(tmp_path):
+    """``explain --precision``: the summary line and the JSON say what the relevance model computed in; the float16
+    relevance equals the API's with the same precision; a bad value exits 2 (click) without a traceback."""
+    import json
+
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+
+    path = bigmodels.write_mlp(tmp_path, (16, 64, 4), dtype="float16")
+    x = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    runner = CliRunner()
+    seen = {}
+    for p in ("model", "float32"):
+        out = tmp_path / f"r_{p}.npy"
+        res = runner.invoke(main, ["explain", str(path), str(tmp_path / "x.npy"), "--composite", "epsilon",
+                                   "--target", "1", "--precision", p, "-o", str(out), "--json"])
+        assert res.exit_code == 0, res.output
+        summary = json.loads(res.stdout[res.stdout.index("{"):])
+        seen[p] = summary["precision"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            api = onnx_lrp.Explainer(str(path), composite="epsilon", precision=p).explain(x, target=1).relevance
+        np.testing.assert_array_equal(np.load(out), api)
+    assert seen == {"model": "float16", "float32": "float32"}
+    res = runner.invoke(main, ["explain", str(path), str(tmp_path / "x.npy"), "--composite", "epsilon",
+                               "--precision", "model", "-o", str(tmp_path / "r.npy")])
+    assert res.exit_code == 0 and "(float16)" in res.stdout, res.output
+    res = runner.invoke(main, ["explain", str(path), str(tmp_path / "x.npy"), "--precision", "half"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
