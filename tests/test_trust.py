@@ -430,3 +430,32 @@ def test_dropout_in_training_mode_is_refused_not_dropped(mode):
     x = np.array([[0.5, 1.0, -0.25]], np.float32)
     res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=0)
     np.testing.assert_allclose(res.relevance, x * w[:, 0], rtol=1e-6)  # LRP-0 of one linear layer: x w
+
+
+# ------------------------------------------------------------ batch statistics couple items (issue 17, Flax)
+@pytest.mark.parametrize("returns", [True, False])
+def test_a_reduction_over_the_batch_axis_that_returns_to_the_items_is_refused(returns):
+    """``h - h.mean(axis=0)`` (batch statistics written by hand): each item's output depends on the others, so the
+    relevance of one item's logit leaked into the other items' inputs (explained before, silently: the result was
+    gradient x input of the whole batch's sum). Refused in one line naming the reduction and where it returns. A
+    batch mean that does not return to the items (an output that is one whole: the mean over the batch of a
+    linear map) is explained."""
+    w = np.array([[1.0, -0.5], [0.25, 1.0], [0.5, 0.5]], np.float32)
+    nodes = [node("ReduceMean", ["x"], "mu", axes=[0], keepdims=int(returns), name="batch_mean")]
+    if returns:
+        nodes += [node("Sub", ["x", "mu"], "c", name="center"), node("MatMul", ["c", "w"], "y", name="mm")]
+    else:
+        nodes += [node("MatMul", ["mu", "w"], "y", name="mm")]
+    model = to_bytes(make_model(nodes, {"x": ["N", 3]}, ["y"], {"w": w}))
+    x = np.array([[0.5, 1.0, -0.25], [1.5, -0.5, 0.75]], np.float32)
+    if returns:
+        with pytest.raises(onnx_lrp.UnsupportedError, match=r"\[batch_mean\]: reduces over the batch axis \('N', "
+                           r"axis 0\) and its result returns to the items at center \(Sub\)") as info:
+            onnx_lrp.Explainer(model, composite="epsilon")
+        assert "\n" not in str(info.value)
+        fixed = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0,
+                                   input_shapes={"x": [1, 3]})  # a batch of 1: one item, its own statistics
+        assert np.allclose(fixed.explain(x[:1], target=0).relevance, 0.0, atol=1e-6)  # x - mean(x) = 0 for one item
+        return
+    res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=0)
+    np.testing.assert_allclose(res.relevance, x * w[:, 0] / len(x), rtol=1e-5)  # LRP-0 of the whole: x dy/dx

@@ -188,7 +188,7 @@ class _Reduce(_Pool):
             return "input rank unknown"
         if len(node.inputs) > 1 and node.inputs[1] is not None and const(node.inputs[1]) is None:
             return "axes are not constant"
-        return None
+        return node.meta.get("lrp_couples_items")  # batch statistics (load/passes/standard.py)
 
     def mean(self, node):
         return node.op_type in ("GlobalAveragePool", "ReduceMean")
