@@ -172,6 +172,7 @@ def keepdims_broadcasts(graph: ir.Graph) -> int:
             graph.remove(node)
             done += 1
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+    taken = {n.name for n in graph}
     for node in list(graph):
         if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
             continue
@@ -195,8 +196,10 @@ def keepdims_broadcasts(graph: ir.Graph) -> int:
             continue
         attrs = {k: a for k, a in red.attributes.items() if k != "keepdims"}
         attrs["keepdims"] = ir.AttrInt64("keepdims", 1)
-        new = ir.node(red.op_type, list(red.inputs), attrs, name=f"{red.name}/keepdims")
-        substitute(graph, new, out, node, f"{red.name}/keepdims_out")
+        base = f"{red.name}/keepdims" if f"{red.name}/keepdims" not in taken else f"{node.name}/keepdims"
+        taken.add(base)
+        new = ir.node(red.op_type, list(red.inputs), attrs, name=base)
+        substitute(graph, new, out, node, f"{base}_out")
         graph.remove(node)
         if not list(red.outputs[0].uses()) and not red.outputs[0].is_graph_output():
             graph.remove(red)
