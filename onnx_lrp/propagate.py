@@ -402,8 +402,9 @@ class _LinearStep:
         """stab(z_g) for any group (zennit's stabiliser, with the shortcuts its sign allows)."""
         em, layer, op, node, eps = self.em, self.layer, self.op, self.node, self.eps
         ident = (("identity", id(None)), "W")
-        # z_g = f(x'; W') alone with a positive sign: its + eps rides on the convolution as a bias (one pass fewer)
-        fold_eps = bool(eps) and sign > 0 and bias is None and node.op_type == "Conv" and len(combo) == 1 \
+        # z_g = f(x'; W') (+ b') alone with a positive sign: b' + eps ride on the convolution as its bias (two passes
+        # fewer: zennit's conv(x', W', b') + eps rounds once more, ~1e-7 relative)
+        fold_eps = bool(eps) and sign > 0 and node.op_type == "Conv" and len(combo) == 1 \
             and ident not in combo and list(combo.values()) == [1.0] and len(self.rule.groups()) == 1
         items = {}
         for key, c in combo.items():
@@ -411,8 +412,11 @@ class _LinearStep:
                 how, value = self.x_of[key[0]]
                 pw = self.weights[key[1]]
                 b_eps = np.full(pw.w.shape[0], eps, dtype=pw.w.dtype)
+                if bias is not None:
+                    b_eps = b_eps + np.asarray(bias, dtype=pw.w.dtype)
                 items[key] = (c, op.forward(em, node, [layer.x_mod(em, i, how, value) for i in range(len(layer.xs))],
-                                            Params(pw.w, b_eps, key=(pw.key, "eps"))))
+                                            Params(pw.w, b_eps, key=(pw.key, "eps", gtag))))
+                bias = None
             elif key == ident:
                 items[key] = (c, layer.z)
                 shift = -c * self.b_orig if self.b_orig is not None else None
@@ -420,8 +424,10 @@ class _LinearStep:
                     bias = shift if bias is None else bias + shift
             else:
                 items[key] = (c, self.forward(*key))
+        if bias is not None and not np.any(bias):
+            bias = None  # e.g. epsilon's own bias, already in z: z_g is z itself
         z = _weighted_sum(em, items, tag=f"{gtag}_z") if items else None
-        if bias is not None and np.any(bias):
+        if bias is not None:
             bconst = op.bias_const(em, node, bias, tag=f"{gtag}_b")
             z = em.add(z, bconst, tag=f"{gtag}_zb") if z is not None else bconst
         if len(items) == 1 and ident in items and items[ident][0] == 1.0 and bias is None \
