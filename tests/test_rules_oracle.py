@@ -367,3 +367,47 @@ def test_gamma_before_a_rectifier(act, first_relu):
     emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.model_bytes).graph.node
                if n.output[0].startswith("lrp/conv1/")}
     assert "pos_s" in emitted and not any(t.startswith("neg_") for t in emitted), emitted  # no group masked to z1 < 0
+
+
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+@pytest.mark.parametrize("rule", ["epsilon", "zplus"])
+def test_biased_conv_before_a_rectifier(act, rule):
+    """A biased convolution whose output feeds only a Relu (or ReLU6), then another layer of the same rule: the
+    engine writes epsilon's denominator as relu(z) + eps (its own bias is in z already: no sign passes) and z+'s as
+    one convolution carrying b+ + eps as its bias; the numpy oracle computes zennit's formulas on the dense
+    matrices. Negative biases give z < 0 and relevance that must vanish there. z+ reads a rectified input (one term,
+    x+ W+, as after a ReLU in ResNet); epsilon an input of both signs."""
+    rng = np.random.default_rng(11)
+    w1, b1, w2, b2 = W(4, 3, 3, 3), W(4), W(2, 4, 3, 3), W(2)
+    b1[0], b1[1] = -abs(b1[0]) - 0.5, abs(b1[1]) + 0.5  # a bias of each sign
+    x_shape = [BATCH, 3, 6, 6]
+    inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    xin = "r0" if rule == "zplus" else "x"
+    nodes = ([node("Relu", ["x"], ["r0"])] if rule == "zplus" else []) + [
+        node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
+        node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
+        node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
+    composite = _composite(rule, {}, match_kind="activation")
+    x = dyadic(rng, x_shape)
+    model = make_model(nodes, {"x": x_shape}, ["y"], inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    m1, _ = conv_matrix(w1, [6, 6], pads=[1, 1, 1, 1])
+    m2, _ = conv_matrix(w2, [6, 6])
+    rep = lambda b, m: np.repeat(b.astype(np.float64), m.shape[0] // len(b))  # noqa: E731
+    xin = (pos(x) if rule == "zplus" else x).reshape(BATCH, -1).astype(np.float64)
+    z1 = xin @ m1.T + rep(b1, m1)
+    a1 = np.clip(z1, 0, 6 if act == "Clip" else None)
+    oracle = o_epsilon if rule == "epsilon" else o_zplus
+    r_a1 = oracle(lambda k: k, m2, rep(b2, m2), a1, R.reshape(BATCH, -1))
+    assert np.any(r_a1 != 0) and np.any(z1 < 0) and (act == "Relu" or np.any(z1 > 6))
+    want = oracle(lambda k: k, m1, rep(b1, m1), xin, r_a1).reshape(x_shape)
+    _close(res.relevance, want, f"{rule} on a biased conv before {act}")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    emitted = {n.output[0].split("/")[-1]: n for n in graph.node if n.output[0].startswith("lrp/conv1/")}
+    assert not any(t.startswith("g0_stab_gain") or t == "g0_zb" for t in emitted), sorted(emitted)
+    if rule == "zplus":  # z+ = conv(x+, W+) + b+ + eps from one convolution whose bias is b+ + eps
+        conv = emitted["z"]
+        b_eps = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == conv.input[2])
+        np.testing.assert_array_equal(b_eps, pos(b1) + np.float32(1e-6))
