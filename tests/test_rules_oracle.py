@@ -411,3 +411,25 @@ def test_biased_conv_before_a_rectifier(act, rule):
         conv = emitted["z"]
         b_eps = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == conv.input[2])
         np.testing.assert_array_equal(b_eps, pos(b1) + np.float32(1e-6))
+
+
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_flat_transpose_sums_channels_first(strides):
+    """Flat on a convolution: every (output, input) channel pair holds the kernel of ones, so the transpose sums the
+    output channels first and transposes one channel (a ConvTranspose / Conv with cin x cout times fewer products);
+    the relevance equals the numpy oracle's, and the emitted graph transposes a single channel."""
+    rng = np.random.default_rng(12)
+    layer = conv_layer("flat_conv", [BATCH, 3, 7, 7], W(5, 3, 3, 3), W(5), strides=strides, pads=[1, 1, 1, 1])
+    x = dyadic(rng, layer.x_shape)
+    model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=_composite("flat", {}),
+                            start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    want = o_flat(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1))
+    _close(res.relevance, want.reshape(layer.x_shape), f"flat, strides {strides}")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    jts = [n for n in graph.node if n.output[0] == "lrp/layer/JTs"]
+    assert len(jts) == 1 and jts[0].op_type in ("Conv", "ConvTranspose"), [n.output[0] for n in graph.node]
+    kernel = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == jts[0].input[1])
+    assert kernel.shape[:2] == (1, 1), kernel.shape
