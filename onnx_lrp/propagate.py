@@ -402,13 +402,13 @@ class _LinearStep:
         """stab(z_g) for any group (zennit's stabiliser, with the shortcuts its sign allows)."""
         em, layer, op, node, eps = self.em, self.layer, self.op, self.node, self.eps
         ident = (("identity", id(None)), "W")
-        # z_g = f(x'; W') (+ b') alone with a positive sign: b' + eps ride on the convolution as its bias (two passes
-        # fewer: zennit's conv(x', W', b') + eps rounds once more, ~1e-7 relative)
-        fold_eps = bool(eps) and sign > 0 and node.op_type == "Conv" and len(combo) == 1 \
-            and ident not in combo and list(combo.values()) == [1.0] and len(self.rule.groups()) == 1
+        # z_g = sum of f(x'; W') (+ b') with a positive sign (z+: x+ W+ and x- W-): b' + eps ride on the first
+        # convolution as its bias (two passes fewer; zennit's conv(x', W', b') + eps rounds once more, ~1e-7 relative)
+        fold_eps = bool(eps) and sign > 0 and node.op_type == "Conv" and bool(combo) and ident not in combo \
+            and all(c == 1.0 for c in combo.values()) and len(self.rule.groups()) == 1
         items = {}
-        for key, c in combo.items():
-            if fold_eps:
+        for n, (key, c) in enumerate(combo.items()):
+            if fold_eps and n == 0:
                 how, value = self.x_of[key[0]]
                 pw = self.weights[key[1]]
                 b_eps = np.full(pw.w.shape[0], eps, dtype=pw.w.dtype)

@@ -370,20 +370,20 @@ def test_gamma_before_a_rectifier(act, first_relu):
 
 
 @pytest.mark.parametrize("act", ["Relu", "Clip"])
-@pytest.mark.parametrize("rule", ["epsilon", "zplus"])
-def test_biased_conv_before_a_rectifier(act, rule):
+@pytest.mark.parametrize("rule,rectified", [("epsilon", False), ("zplus", True), ("zplus", False)])
+def test_biased_conv_before_a_rectifier(act, rule, rectified):
     """A biased convolution whose output feeds only a Relu (or ReLU6), then another layer of the same rule: the
     engine writes epsilon's denominator as relu(z) + eps (its own bias is in z already: no sign passes) and z+'s as
-    one convolution carrying b+ + eps as its bias; the numpy oracle computes zennit's formulas on the dense
-    matrices. Negative biases give z < 0 and relevance that must vanish there. z+ reads a rectified input (one term,
-    x+ W+, as after a ReLU in ResNet); epsilon an input of both signs."""
+    conv(x+, W+) + conv(x-, W-) with b+ + eps as the first one's bias; the numpy oracle computes zennit's
+    formulas on the dense matrices. Negative biases give z < 0 and relevance that must vanish there. The input is
+    rectified (one z+ term, as after a ReLU in ResNet) or of both signs (MobileNetV2's linear bottlenecks)."""
     rng = np.random.default_rng(11)
     w1, b1, w2, b2 = W(4, 3, 3, 3), W(4), W(2, 4, 3, 3), W(2)
     b1[0], b1[1] = -abs(b1[0]) - 0.5, abs(b1[1]) + 0.5  # a bias of each sign
     x_shape = [BATCH, 3, 6, 6]
     inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
-    xin = "r0" if rule == "zplus" else "x"
-    nodes = ([node("Relu", ["x"], ["r0"])] if rule == "zplus" else []) + [
+    xin = "r0" if rectified else "x"
+    nodes = ([node("Relu", ["x"], ["r0"])] if rectified else []) + [
         node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
         node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
         node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
@@ -396,7 +396,7 @@ def test_biased_conv_before_a_rectifier(act, rule):
     m1, _ = conv_matrix(w1, [6, 6], pads=[1, 1, 1, 1])
     m2, _ = conv_matrix(w2, [6, 6])
     rep = lambda b, m: np.repeat(b.astype(np.float64), m.shape[0] // len(b))  # noqa: E731
-    xin = (pos(x) if rule == "zplus" else x).reshape(BATCH, -1).astype(np.float64)
+    xin = (pos(x) if rectified else x).reshape(BATCH, -1).astype(np.float64)
     z1 = xin @ m1.T + rep(b1, m1)
     a1 = np.clip(z1, 0, 6 if act == "Clip" else None)
     oracle = o_epsilon if rule == "epsilon" else o_zplus
