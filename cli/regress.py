@@ -368,7 +368,7 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     machine = gaps.machine_facts(ex.device) if base.forward is not None else None
     deployed_diff = rg.deployed_difference(base, cur, getattr(ex, "output_step", None),
                                            dict(baseline=meta.get("machine"), current=machine))
-    sha = rg.sha256_file(model)
+    sha = rg.model_sha256(model)
     from onnx_lrp import __version__
 
     context = dict(command="check", model=str(model), baseline=str(baseline),
@@ -452,7 +452,7 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     context = dict(command="diff", model=str(model_b), model_a=str(model_a), model_b=str(model_b),
                    inputs=str(inputs_path), composite=comp_rules.name, start=start,
                    explained_output=ex_a.explained_output, config=config_used,
-                   model_sha256=dict(a=rg.sha256_file(model_a), b=rg.sha256_file(model_b)))
+                   model_sha256=dict(a=rg.model_sha256(model_a), b=rg.model_sha256(model_b)))
     click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
                + (f", thresholds from {config_used}" if config_used else ""))
     gap_b = _gap_note(gap_list, batch.names)

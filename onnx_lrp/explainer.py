@@ -121,10 +121,7 @@ class Explainer(Runner):
                                       tf32=self.tf32))
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
-        model, output, explain_logits, constants, input_shapes = self._source
-        book = self if self.ledger else Explainer(model, self.composite, output=output, explain_logits=explain_logits,
-                                                  start=start, ledger=True, constants=constants,
-                                                  input_shapes=input_shapes)
+        book = self if self.ledger else self._ledger_book(start)
         one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
         extra = {} if positions is None else {"position": positions}
         book._reading_ledger = True  # this run only reads the ledger: no check of its own
@@ -134,6 +131,16 @@ class Explainer(Runner):
         finally:
             book._reading_ledger = False
         return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
+
+    def _ledger_book(self, start) -> "Explainer":
+        """The ledger twin of this Explainer, built on the first item that does not conserve and kept (one per start
+        relevance), so a model that never conserves pays the build once, not on every call."""
+        books = self.__dict__.setdefault("_ledger_books", {})
+        if start not in books:
+            model, output, explain_logits, constants, input_shapes = self._source
+            books[start] = Explainer(model, self.composite, output=output, explain_logits=explain_logits,
+                                     start=start, ledger=True, constants=constants, input_shapes=input_shapes)
+        return books[start]
 
     def save(self, path, computed_weights: bool = False) -> dict | None:
         """Write the relevance model; it runs in stock onnxruntime without onnx-lrp.

@@ -420,6 +420,13 @@ def sha256_file(path) -> str:
     return h.hexdigest()
 
 
+def model_sha256(path) -> str:
+    """The digest of a model file together with its external data files (the loader's)."""
+    from .load import model_sha256 as digest
+
+    return digest(path)
+
+
 def composite_source(spec) -> tuple[str, str]:
     """(name, TOML text) of a built-in composite name or a composite file."""
     from .rules.composite import BUILTIN_DIR, builtin_names
@@ -497,7 +504,7 @@ def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, mo
 
     meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=__version__,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                model=dict(file=Path(model_path).name, sha256=sha256_file(model_path)),
+                model=dict(file=Path(model_path).name, sha256=model_sha256(model_path)),
                 composite=dict(name=composite_name, toml=composite_toml, params=params_to_json(params)),
                 start=start, output=output, explained_output=explained_output,
                 target_request=target_request, items=[str(i) for i in items], batch_size=int(batch_size),
@@ -668,7 +675,7 @@ def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") ->
 
 __all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_thresholds", "parse_threshold",
            "rankdata", "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
-           "failures", "Result", "Sample", "Comparison", "compare", "explain_all", "sha256_file",
+           "failures", "Result", "Sample", "Comparison", "compare", "explain_all", "sha256_file", "model_sha256",
            "deployed_difference", "deployed_difference_message",
            "composite_source", "params_to_json", "params_from_json", "Snapshot", "snapshot_arrays", "read_snapshot",
            "format_table", "report_dict", "report_json", "junit_xml", "FORMAT", "FORMAT_VERSION", "CONFIG_NAME"]

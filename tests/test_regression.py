@@ -93,7 +93,7 @@ def test_snapshot_roundtrip_plain_arrays(tmp_path):
     name, toml = rg.composite_source("epsilon-gamma-box")
     low = np.array([0.0, -1.0, 0.5], np.float32).reshape(3, 1, 1)
     arrays = rg.snapshot_arrays(inputs={"x": x}, targets=[1, 0, 2], outputs={"y": x[:, :3]},
-                                relevance={"x": x * 2}, model_path=SAMPLES, composite_name=name,
+                                relevance={"x": x * 2}, model_path=DEMO, composite_name=name,
                                 composite_toml=toml, params={"gamma": 0.5, "low": low}, start="one-hot",
                                 output=None, explained_output="y", target_request="argmax", items=["a", "b", "c"])
     path = tmp_path / "s.npz"
@@ -102,7 +102,7 @@ def test_snapshot_roundtrip_plain_arrays(tmp_path):
         assert all(z[k].dtype != object for k in z.files)
     snap = rg.read_snapshot(path)
     assert snap.items == ["a", "b", "c"] and snap.meta["start"] == "one-hot"
-    assert snap.meta["model"]["sha256"] == rg.sha256_file(SAMPLES)
+    assert snap.meta["model"]["sha256"] == rg.sha256_file(DEMO)
     comp = snap.composite()
     ref = onnx_lrp.rules.composite.load_composite("epsilon-gamma-box").with_params(gamma=0.5, low=low)
     assert [e.match for e in comp.entries] == [e.match for e in ref.entries]

@@ -81,6 +81,29 @@ def test_ledger_explainer_names_culprits_without_a_second_build():
         ex.explain(X, target=0)
 
 
+def test_a_model_that_never_conserves_builds_its_ledger_once(monkeypatch):
+    # every call warns and names the node, but the ledger model is built on the first trip only (before: a whole
+    # second Explainer per call, seconds on a ResNet50, on every explain of a model that does not conserve)
+    from onnx_lrp import explainer
+
+    built = []
+    real_init = explainer.Explainer.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(kwargs.get("ledger", False))
+        real_init(self, *args, **kwargs)
+
+    ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
+    monkeypatch.setattr(explainer.Explainer, "__init__", counting_init)
+    for _ in range(3):
+        with pytest.warns(LrpWarning, match="dense1"):
+            ex.explain(X, target=0)
+    assert built == [True]
+    with pytest.warns(LrpWarning, match="dense1"):
+        ex.explain(X, target=0, start="one-hot")  # another start relevance: its own ledger model
+    assert built == [True, True]
+
+
 # ------------------------------------------------------------ the default composite fits the network ("auto")
 def _act_net(act: str) -> bytes:
     """x (N x 4) -> Gemm -> activation -> Gemm (no biases): ``act`` is Relu, Clip (ReLU6), SiLU (Sigmoid * x),

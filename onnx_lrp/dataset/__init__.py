@@ -82,7 +82,7 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     """
     from .. import __version__
     from ..explainer import Explainer
-    from ..regression import params_to_json, sha256_file
+    from ..regression import model_sha256, params_to_json
 
     if engine not in ENGINES:
         raise InputError(f"engine {engine!r}: use local or ray")
@@ -109,7 +109,7 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     start = explainer_options.get("start", ex.start)
     params = {k: v for k, v in explainer_options.items() if k not in ("composite", "device", "threads", "tf32")}
     header = dict(format=FORMAT, onnx_lrp_version=__version__, engine=engine, model=str(model),
-                  model_sha256=sha256_file(model) if isinstance(model, (str, os.PathLike)) else
+                  model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
                   hashlib.sha256(ex.model_bytes).hexdigest(),
                   composite=_composite_id(ex.composite),
                   parameters=dict(params_to_json(params), target=_json_target(target), start=start,

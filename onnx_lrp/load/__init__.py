@@ -17,8 +17,8 @@ from .build import Report
 from .fold import check_sizes, fold_constants, mark_shape_only, name_everything, refresh_shapes, reinfer_shapes
 from .passes import control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator, standard
 from .proto import (MAX_OPSET, MIN_OPSET, bind_constants, check, condition_evaluator, data_files, deserialize,
-                    fix_input_shapes, opset_of, prepare_proto, read, read_proto, save_bytes, save_parts, serialize,
-                    serialize_parts, to_ir)
+                    fix_input_shapes, model_sha256, opset_of, prepare_proto, read, read_proto, save_bytes, save_parts,
+                    serialize, serialize_parts, to_ir)
 
 # deployed forms, first stage: read and rewrite the quantized forms (nothing else runs if one is refused)
 QUANTIZED = [ort_fused.RefuseUnsupported(), qdq.StandardQdqDomain(), qoperator.QOperatorToQdq(),
@@ -99,4 +99,4 @@ def unroll_control_flow(model: ir.Model) -> int:
 __all__ = ["load", "deployed_forms", "unroll_control_flow", "read_proto", "prepare_proto", "to_ir", "serialize",
            "deserialize", "check", "save_bytes", "bind_constants", "fix_input_shapes", "fold_constants",
            "refresh_shapes", "mark_shape_only", "opset_of", "MIN_OPSET", "MAX_OPSET", "serialize_parts", "save_parts",
-           "data_files"]
+           "data_files", "model_sha256"]

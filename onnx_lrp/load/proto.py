@@ -70,6 +70,26 @@ def data_files(path) -> list[Path]:
     return [path.parent / n for n in sorted(names)]
 
 
+def model_sha256(path) -> str:
+    """SHA-256 of a model file and the external data files it names.
+
+    A model without external data gets the plain digest of its file (as snapshots written before recorded it); with
+    external data, each data file's name and bytes follow the graph file's bytes, in name order, so a changed weight
+    in a data file changes the digest.
+    """
+    import hashlib
+
+    files = [Path(path)] + data_files(path)
+    h = hashlib.sha256()
+    for i, f in enumerate(files):
+        if i:
+            h.update(b"\0" + f.name.encode() + b"\0")
+        with open(f, "rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def data_folder(source) -> Path | None:
     """The folder a model file's external data paths are relative to (None for bytes and protos)."""
     if isinstance(source, (str, os.PathLike)):
