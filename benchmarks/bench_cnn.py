@@ -188,9 +188,9 @@ def main(argv=None):
             box = {"low": -3.0, "high": 3.0} if comp == "epsilon-gamma-box" else {}  # inputs ~ N(0, 1)
             ex = onnx_lrp.Explainer(path, composite=comp, threads=args.threads, device=args.device,
                                     tf32=args.tf32, **box)
-            # random weights do not conserve relevance: explain then warns and, to name the nodes, builds and runs
-            # a ledger model on every call (seconds); the timing here is of the relevance itself, so the warning
-            # stays (its per-item sums are timed) but names no nodes
+            # random weights do not conserve relevance: explain then warns and, to name the nodes, runs a ledger
+            # model (built on the first call) for one item on every call; the timing here is of the relevance
+            # itself, so the warning stays (its per-item sums are timed) but names no nodes
             ex._culprits = lambda *a, **k: None
             for batch in (int(b) for b in args.batches.split(",")):
                 x = np.random.default_rng(0).standard_normal((batch, 3, args.size, args.size)).astype(np.float32)
