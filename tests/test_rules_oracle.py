@@ -433,3 +433,32 @@ def test_flat_transpose_sums_channels_first(strides):
     assert len(jts) == 1 and jts[0].op_type in ("Conv", "ConvTranspose"), [n.output[0] for n in graph.node]
     kernel = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == jts[0].input[1])
     assert kernel.shape[:2] == (1, 1), kernel.shape
+
+
+@pytest.mark.parametrize("bounds", ["scalar", "per-channel", "per-pixel"])
+def test_zbox_folds_channel_bounds_into_one_transpose(bounds):
+    """zbox on a convolution: R = x J^T(s; W) - l J^T(s; W+) - h J^T(s; W-). Bounds constant along the spatial axes
+    (scalar, or per channel as from --mean/--std) fold into the weights of ONE transpose (2 in all instead of 3);
+    bounds that vary per pixel keep their own. The relevance equals the numpy oracle's either way."""
+    rng = np.random.default_rng(13)
+    layer = conv_layer("box_conv", [BATCH, 3, 6, 6], W(4, 3, 3, 3), W(4), strides=[2, 2], pads=[1, 1, 1, 1])
+    if bounds == "scalar":
+        lo, hi = np.float32(-2.5), np.float32(2.5)
+    elif bounds == "per-channel":
+        lo, hi = per_channel_bounds(layer)
+    else:
+        lo = -2.0 - 0.125 * np.arange(3 * 36, dtype=np.float64).reshape(3, 6, 6)
+        hi = -lo
+    x = dyadic(rng, layer.x_shape)
+    model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
+                            composite=_composite("zbox", {"low": lo, "high": hi}), start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    shape = layer.x_shape[1:]
+    want = o_zbox(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1),
+                  np.broadcast_to(lo, shape).reshape(-1), np.broadcast_to(hi, shape).reshape(-1))
+    _close(res.relevance, want.reshape(layer.x_shape), f"zbox, {bounds} bounds")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    ops = [n.op_type for n in graph.node if n.output[0].startswith("lrp/layer/JTs")]
+    assert len(ops) == (3 if bounds == "per-pixel" else 2), ops
