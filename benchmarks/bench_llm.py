@@ -11,6 +11,11 @@ intermediate 4096, 16 heads / 8 key-value heads, vocabulary 32000: 0.60 B parame
 ``1b``, ``8b`` (LLaMA-3-8B-shaped). Run::
 
     python benchmarks/bench_llm.py [--size 0.6b] [--seq 32] [--dtype float32|bfloat16|float16] [--device cpu|cuda]
+                                   [--precision auto|model|float32]
+
+``--precision`` (a float16 / bfloat16 model): ``model`` computes the relevance in the model's type with float32
+where stability needs it (onnx_lrp/precision.py), ``float32`` in float32, ``auto`` (the default) the first on CUDA
+and the second on the CPU. On a GPU: ``--device cuda --dtype bfloat16`` (model precision) against the float32 twin.
 """
 from __future__ import annotations
 
@@ -184,6 +189,8 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--precision", default="auto", choices=("auto", "model", "float32"),
+                    help="what a float16 / bfloat16 model's relevance is computed in (auto: model on CUDA)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ref-python", default=sys.executable)
@@ -224,8 +231,11 @@ def _run(args, tmp: Path) -> dict:
     gpu = GpuPeak() if args.device == "cuda" else None
     reset_peak()
     t1 = time.perf_counter()
-    ex = onnx_lrp.Explainer(str(path), composite="attnlrp", device=args.device, threads=args.threads or None)
+    ex = onnx_lrp.Explainer(str(path), composite="attnlrp", device=args.device, threads=args.threads or None,
+                            precision=args.precision)
     build_s = time.perf_counter() - t1
+    model_precision = ex.model_precision
+    print(f"relevance computed in {model_precision} (--precision {args.precision}, {ex.device})", flush=True)
     target = info.get("target")
     feed = x.astype(ex.inputs[0].dtype)
     e = ex.explain(feed, target=target, position=-1)
@@ -252,12 +262,15 @@ def _run(args, tmp: Path) -> dict:
               "timed on the float32 model of the same weights")
         sess, forward_of, feed = ort.InferenceSession(str(twin), opts, providers=providers), "float32", \
             x.astype(np.float32)
+    if sess.get_inputs()[0].type == "tensor(float16)":  # the float16 model's own input type
+        feed = x.astype(np.float16)
     forward_s = best(lambda: sess.run(None, {"embeds": feed}), args.repeat)
     rss_forward = vm_hwm()
     gpu_forward = gpu.stop() if gpu else 0
     del sess
 
-    res = dict(size=args.size, dtype=args.dtype, device=args.device, seq=args.seq, params=info["params"],
+    res = dict(size=args.size, dtype=args.dtype, device=args.device, precision=args.precision,
+               model_precision=model_precision, seq=args.seq, params=info["params"],
                weights_bytes=w_bytes, build_s=build_s, explain_s=explain_s, forward_s=forward_s,
                explain_over_forward=explain_s / forward_s, forward_dtype=forward_of, peak_rss_bytes=rss_explain,
                peak_rss_over_weights=rss_explain / w_bytes, forward_peak_rss_bytes=rss_forward)
@@ -265,13 +278,15 @@ def _run(args, tmp: Path) -> dict:
         res.update(gpu_peak_bytes=gpu_explain, forward_gpu_peak_bytes=gpu_forward,
                    lxt_gpu_peak_bytes=info.get("lxt_gpu_peak_bytes"))
     if twin:  # the float32 model of the same weights, explained the same way
-        ex32 = onnx_lrp.Explainer(str(twin), composite="attnlrp", device=args.device, threads=args.threads or None)
+        ex32 = onnx_lrp.Explainer(str(twin), composite="attnlrp", device=args.device, threads=args.threads or None,
+                                  precision="float32")
         r32 = np.asarray(ex32.explain(x.astype(np.float32), target=target, position=-1).relevance)
         del ex32
         tok, tok32 = relevance.sum(-1)[0], r32.sum(-1)[0]
         res.update(rel_l2_vs_float32=rel_l2(relevance, r32), rel_l2_tokens_vs_float32=rel_l2(tok, tok32),
                    top10_tokens_same_as_float32=bool(np.array_equal(np.argsort(-tok)[:10], np.argsort(-tok32)[:10])))
-        print(f"vs the float32 model of the same weights: rel-L2 {res['rel_l2_vs_float32']:.2e} (per token "
+        print(f"{model_precision} relevance vs the float32 model of the same weights: rel-L2 "
+              f"{res['rel_l2_vs_float32']:.2e} (per token "
               f"{res['rel_l2_tokens_vs_float32']:.2e}), top-10 tokens in the same order: "
               f"{res['top10_tokens_same_as_float32']}")
     lxt_path = Path(str(path) + ".lxt.npy")

@@ -64,8 +64,8 @@ def _has_images(source: str) -> bool:
 
 
 def run_dataset(model, source, ds: dict, *, targets, output_name, start, device, batch_size, relevance_at, pre,
-                as_json, composite, rule_kw, refused: dict, tf32: bool = False, strict: bool = False,
-                precise: bool = False) -> int:
+                as_json, composite, rule_kw, refused: dict, tf32: bool = False, precision: str = "auto",
+                strict: bool = False, precise: bool = False) -> int:
     """Explain SOURCE into --out-dir; 0 when every item was explained, 1 when some failed (listed in errors.jsonl)."""
     import onnx_lrp
 
@@ -84,8 +84,8 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
         model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=batch_size,
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
         overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean, std=pre.std, crop=pre.crop,
-        column=ds["column"], composite=comp, device=device, tf32=tf32, strict=strict, precise=precise,
-        output=output_name, start=start,
+        column=ds["column"], composite=comp, device=device, tf32=tf32, precision=precision, strict=strict,
+        precise=precise, output=output_name, start=start,
         relevance_at=tuple(relevance_at), **({"constants": bound_constants()} if bound_constants() else {}),
         **({"input_shapes": bound_input_shapes()} if bound_input_shapes() else {}))
     if as_json:

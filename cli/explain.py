@@ -16,7 +16,8 @@ from onnx_lrp.errors import InputError
 from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .options import (build_explainer, common, composite_with, image_zbox, input_options, precision_note, preprocess,
+                      rule_params)
 from .text import pop_text_options, run_text, text_options
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
@@ -74,6 +75,10 @@ def _say(msg: str) -> None:
 @click.option("--tf32", is_flag=True,
               help="CUDA: TF32 convolutions and matrix products (faster; relevance drifts from the CPU's, see the "
                    "README's GPU section). Off by default.")
+@click.option("--precision", type=click.Choice(["auto", "model", "float32"]), default="auto", show_default=True,
+              help="What a float16/bfloat16 model's relevance model computes in: model (its own type, float32 for "
+                   "divisions, stabilisers, softmax and norms), float32, or auto (model on CUDA, float32 on the CPU, "
+                   "which has no float16 kernels).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Items per model run.")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
@@ -131,8 +136,8 @@ def explain(**kw):
     text = pop_text_options(o.rule_kw)
     if text is not None:  # text in: its own module
         return run_text(o.model, text, target=parse_target(o.target), start=o.start, device=o.device, tf32=o.tf32,
-                        composite=o.composite, rule_kw=o.rule_kw, out=o.out, html_path=o.html_path,
-                        token_scale=o.token_scale, as_json=o.as_json,
+                        precision=o.precision, composite=o.composite, rule_kw=o.rule_kw, out=o.out,
+                        html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
                         refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
                                  "--heatmap": o.heatmap_path, "--position": o.position,
                                  "--relevance-at": o.relevance_at, "--output": o.output_name})
@@ -140,7 +145,8 @@ def explain(**kw):
         raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
         return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
-                           start=o.start, device=o.device, tf32=o.tf32, strict=o.strict, precise=o.precise,
+                           start=o.start, device=o.device, tf32=o.tf32, precision=o.precision, strict=o.strict,
+                           precise=o.precise,
                            batch_size=o.batch_size,
                            relevance_at=o.relevance_at,
                            pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
@@ -165,6 +171,7 @@ class ExplainOptions:
     start: str
     device: str
     tf32: bool
+    precision: str
     batch_size: int
     relevance_at: tuple
     out: str | None
@@ -272,7 +279,8 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     # ---- build
     t0 = time.perf_counter()
     ex = build_explainer(o.model, comp, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
-                         start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32)
+                         start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32,
+                         precision=o.precision)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
@@ -330,7 +338,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"),
+                   device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
                    explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
@@ -445,7 +453,8 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
     click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}: explained in {res.t_explain:.3f} s "
+               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{res.t_explain:.3f} s "
                f"(model built in {res.t_build:.3f} s)")
     if res.token_rows is not None:
         from onnx_lrp.tokens import terminal

@@ -197,6 +197,12 @@ def image_zbox(model, data_kind: str, comp: Composite, params: dict, pre: Prepro
 BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say so on stderr
 
 
+def precision_note(ex) -> str:
+    """`` (float16)`` in a summary line when the relevance model computes in the model's own type, else ``""``."""
+    kind = getattr(ex, "model_precision", "float32")
+    return "" if kind == "float32" else f" ({kind})"
+
+
 def build_explainer(model, composite: Composite, **kw):
     """``onnx_lrp.Explainer(model, composite, **kw)``; for large model files one line on stderr says what is
     happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size, so
@@ -231,6 +237,7 @@ def common(f):
 
 
 __all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bound_input_shapes", "bounds", "build_explainer", "common",
+           "precision_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
            "parse_input_shapes", "image_zbox",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

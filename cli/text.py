@@ -21,7 +21,7 @@ import numpy as np
 from onnx_lrp.errors import InputError, OutputError
 
 from .io import AtomicOutputs, check_writable
-from .options import build_explainer, composite_with, rule_params
+from .options import build_explainer, composite_with, precision_note, rule_params
 
 TEXT_KEYS = ("text", "tokenizer_path", "continuation")
 
@@ -48,8 +48,8 @@ def pop_text_options(kw: dict) -> dict | None:
     return opts if any(v is not None for v in opts.values()) else None
 
 
-def run_text(model, opts: dict, *, target, start, device, tf32, composite, rule_kw, out, html_path, token_scale,
-             as_json, refused: dict) -> int:
+def run_text(model, opts: dict, *, target, start, device, tf32, precision, composite, rule_kw, out, html_path,
+             token_scale, as_json, refused: dict) -> int:
     from onnx_lrp import tokens as tk
 
     given = [name for name, value in refused.items() if value]
@@ -77,7 +77,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, composite, rule_
     fed = ids if opts["continuation"] is None else ids[:-1]  # the last continuation token conditions nothing
     comp = composite_with(composite_with(composite, {}), rule_params(rule_kw))
     t0 = time.perf_counter()
-    ex = build_explainer(model, comp, device=device, start=start, tf32=tf32)
+    ex = build_explainer(model, comp, device=device, start=start, tf32=tf32, precision=precision)
     t_build = time.perf_counter() - t0
     if device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
@@ -120,6 +120,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, composite, rule_
 
     summary = dict(model=str(model), text=opts["text"], continuation=opts["continuation"], composite=comp.name,
                    start=start, device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"),
+                   precision=ex.model_precision,
                    tokens=words, input_ids=[int(i) for i in fed], relevance=[float(v) for v in relevance],
                    explained=explained, relevance_file=str(out_path) if out_path else None,
                    html_file=str(html_out) if html_out else None, build_s=round(t_build, 4),
@@ -134,8 +135,8 @@ def run_text(model, opts: dict, *, target, start, device, tf32, composite, rule_
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     click.echo(tk.terminal(words, relevance, color=color, percentile=token_scale))
     click.echo(f"{len(fed)} tokens, composite {comp.name}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}: explained in {t_explain:.3f} s (model "
-               f"built in {t_build:.3f} s)" + (f"; relevance -> {out_path}" if out_path else "")
+               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{t_explain:.3f} s (model built in {t_build:.3f} s)" + (f"; relevance -> {out_path}" if out_path else "")
                + (f"; tokens -> {html_out}" if html_out else ""))
     return 0
 

@@ -10,12 +10,19 @@ import numpy as np
 import onnx_ir as ir
 
 from . import choice, conservation, rewriter, runtime
+from . import precision as precision_pass
 from . import load as loader
+from .load import external
 from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
 from .graph import static_dims
 from .ops import carries
 from .rules.composite import Composite, load_composite
 from .runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanation, InputSpec: part of this API)
+
+
+#: bytes of float16 / bfloat16 weights above which the deployed model does not run beside the relevance model on
+#: the CPU (README, "float16 / bfloat16": it would hold a float32 copy of every weight)
+DEPLOYED_FLOAT16_MAX = 256 << 20
 
 
 class Explainer(Runner):
@@ -26,7 +33,7 @@ class Explainer(Runner):
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
                  threads: int | None = None, ledger: bool = False, constants: dict | None = None,
                  input_shapes: dict | None = None, strict: bool = False, precise: bool = False,
-                 tf32: bool = False, **rule_params):
+                 tf32: bool = False, precision: str = "auto", **rule_params):
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         try:
@@ -41,6 +48,10 @@ class Explainer(Runner):
         if not isinstance(tf32, bool):
             raise InputError(f"tf32 must be True or False, not {tf32!r}")
         self.tf32 = tf32  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; README "GPU")
+        # float16 / bfloat16 models: "model" computes in their type (float32 where stability needs it), "float32"
+        # in float32, "auto" the first on CUDA, the second on the CPU (onnx_lrp/precision.py)
+        self.precision = precision_pass.check(precision)
+        self.model_precision = "float32"  # what the relevance model computes in (set by _build)
         if isinstance(relevance_at, str):
             relevance_at = [relevance_at]  # one tensor name
         try:
@@ -105,6 +116,11 @@ class Explainer(Runner):
             # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
             trailing = y_dims[2:]
             self.sequence_rows = (y_dims[1], int(np.prod(trailing)) if all(d is not None for d in trailing) else None)
+        low_bytes = external.low_precision_bytes(ir_model)
+        low_type = precision_pass.model_dtype(ir_model)
+        if low_type is not None and precision_pass.wanted(self.precision, self.device) and \
+                precision_pass.to_model_precision(ir_model, low_type):
+            self.model_precision = low_type.name.lower()
         parts = loader.serialize_parts(ir_model)  # a large model: its weights stay in their files
         del ir_model, graph, y_value, y_out  # nothing of the onnx_ir graph outlives this
         if parts.folder is not None:
@@ -116,9 +132,34 @@ class Explainer(Runner):
                           "model: it has over 1 GiB of weights and would double the memory; outputs are the "
                           "explained forward's (float32)", LrpWarning, stacklevel=3)
             self.deployed = None
-        self._started(runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
+        elif self.deployed is not None and low_bytes > DEPLOYED_FLOAT16_MAX and self.device == "cpu":
+            # onnxruntime's CPU provider has no float16 kernels for most ops: it holds a float32 copy of every weight
+            warnings.warn(f"the deployed model ({', '.join(self.deployed_kinds)}) is not run beside the relevance "
+                          f"model: onnxruntime's CPU provider would hold a float32 copy of its "
+                          f"{low_bytes / 1e6:.0f} MB of float16/bfloat16 weights (3x the memory); outputs are the "
+                          "explained forward's (float32)", LrpWarning, stacklevel=3)
+            self.deployed = None
+        try:
+            session = runtime.Session(self.model_bytes, device, threads, data_folder=self.model_folder,
                                       arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
-                                      tf32=self.tf32))
+                                      tf32=self.tf32)
+        except LrpError as exc:
+            if self.model_precision == "float32":
+                raise
+            why = str(exc).split("; ")[0]
+            why = why[why.find("[ONNXRuntimeError]"):] if "[ONNXRuntimeError]" in why else why
+            if self.precision == "auto":  # the default: fall back to float32, said once
+                warnings.warn(f"onnxruntime cannot run the relevance model in {self.model_precision} on "
+                              f"{self.device} ({why}); it is computed in float32 (precision='float32' skips the "
+                              "attempt)", LrpWarning, stacklevel=3)
+                self.precision, self.model_precision = "float32", "float32"
+                del parts
+                return self._build(model, output, relevance_at, explain_logits, threads, ledger, device, constants,
+                                   input_shapes)
+            raise InputError(f"onnxruntime cannot run the relevance model in {self.model_precision} on "
+                             f"{self.device} (precision={self.precision!r}): {why}; use precision='float32' "
+                             "(computed in float32)") from None
+        self._started(session)
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
         book = self if self.ledger else self._ledger_book(start)

@@ -5,6 +5,7 @@ as JSON lines to $OUT/results.jsonl.
     python scripts/gpu_check.py bert   [--device cuda|cpu] [--quick]   # BERT-base attnlrp: times, drift, torch floor
     python scripts/gpu_check.py fullsize [--device cuda|cpu] [--quick] # ResNet50, VGG16: CUDA vs CPU, TF32 off / on
     python scripts/gpu_check.py engine [--device cuda|cpu] [--quick]   # ResNet50 EPF: CLI, dataset engine, images/s
+    python scripts/gpu_check.py precision [--device cuda|cpu] [--quick] # float16 / bfloat16 in the model's precision
 
 ``--device cpu`` runs every part with the CPU provider in place of CUDA (a dry run on a machine without a GPU);
 ``--quick`` shrinks the models and batches for that dry run.
@@ -262,18 +263,68 @@ def engine(args) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---------------------------------------------------------------------------------------------- model precision
+
+
+
+
+def precision(args) -> None:
+    """float16 / bfloat16 MLPs (tests/bigmodels.py, twins of one float32 model): relevance in the model's precision
+    (precision='auto': the model's type on CUDA, float32 on the CPU; onnx_lrp/precision.py) vs the same weights
+    computed in float32 (precision='float32': what computing in the model's type changes; goal rel-L2 <= 1e-3
+    float16, <= 1e-2 bfloat16, top-10 inputs unchanged) and vs the float32 twin (adds the weights' rounding), and
+    explain time in the model's precision vs precision='float32'. On the CPU, bfloat16 in its own precision is
+    refused (no kernels): 'auto' computes it in float32 there."""
+    import warnings
+
+    import bigmodels
+    import onnx_lrp
+
+    widths = (256, 1024, 1024, 10) if args.quick else (1024,) + (4096,) * 8 + (10,)
+    batch = 4 if args.quick else 64
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-precision-"))
+    x = np.random.default_rng(2).standard_normal((batch, widths[0])).astype(np.float32)
+    f32 = bigmodels.write_mlp(tmp / "float32", widths, bias_scale=0.0)
+    warnings.simplefilter("ignore")
+    r32 = onnx_lrp.Explainer(str(f32), composite="epsilon", device=args.device).explain(x, target=2).relevance
+    print(f"{'dtype':9s} {'computed in':12s} {'vs float32 compute':>18s} {'top-10 same':>11s} {'vs float32 twin':>15s} "
+          f"{'explain ms':>10s} {'float32 ms':>10s}", flush=True)
+    for dtype in ("float16", "bfloat16"):
+        low = bigmodels.write_mlp(tmp / dtype, widths, dtype=dtype, bias_scale=0.0)
+        try:
+            ex = onnx_lrp.Explainer(str(low), composite="epsilon", device=args.device, precision=args.precision)
+            ex32 = onnx_lrp.Explainer(str(low), composite="epsilon", device=args.device, precision="float32")
+        except onnx_lrp.LrpError as exc:
+            print(f"{dtype:9s} refused: {exc}", flush=True)
+            record("precision", dtype=dtype, error=str(exc))
+            continue
+        r, r_same = ex.explain(x, target=2).relevance, ex32.explain(x, target=2).relevance
+        err, twin = rel_l2(r, r_same), rel_l2(r, r32)
+        same = all(set(np.argsort(-a)[:10]) == set(np.argsort(-b)[:10]) for a, b in zip(r, r_same))
+        t_model, t_32 = pair(lambda: ex.explain(x, target=2), lambda: ex32.explain(x, target=2), 5)
+        print(f"{dtype:9s} {ex.model_precision:12s} {err:18.2e} {str(same):>11s} {twin:15.2e} {t_model * 1e3:10.1f} "
+              f"{t_32 * 1e3:10.1f}", flush=True)
+        record("precision", dtype=dtype, model_precision=ex.model_precision, widths=list(widths), batch=batch,
+               rel_l2_vs_float32_compute=err, top10_same=same, rel_l2_vs_float32_twin=twin, explain_s=t_model,
+               explain_float32_s=t_32)
+        del ex, ex32
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["sweep", "bert", "fullsize", "engine"])
+    ap.add_argument("part", choices=["sweep", "bert", "fullsize", "engine", "precision"])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--precision", default="auto", choices=["auto", "model", "float32"],
+                    help="precision: what the float16 / bfloat16 models compute in (auto: model on CUDA)")
     ap.add_argument("--keep", action="store_true", help="keep the exported models under $OUT")
     ap.add_argument("--batch", type=int, default=128, help="engine: the batch of the images/s rows")
     ap.add_argument("--items", type=int, default=2048, help="engine: images through the dataset engine")
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    {"sweep": sweep, "bert": bert, "fullsize": fullsize, "engine": engine}[args.part](args)
+    {"sweep": sweep, "bert": bert, "fullsize": fullsize, "engine": engine, "precision": precision}[args.part](args)
     print(f"[{args.part}: {time.perf_counter() - t0:.1f} s]", flush=True)
     return 0
 

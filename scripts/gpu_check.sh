@@ -7,7 +7,8 @@
 #      epsilon-gamma-box (TF32 off, the default)
 #      and their relevance vs the CPU's, TF32 off and on (gpu_check.py fullsize)
 #   5. --device cuda through the CLI (and --device auto) and the dataset engine: ResNet50 EPF images/s
-#   6. bench_cnn at b16 with --tf32;  7. benchmarks/bench_llm.py on CUDA in bfloat16, where it exists
+#   6. bench_cnn at b16 with --tf32;  7. float16 / bfloat16 relevance in the model's precision (gpu_check.py
+#      precision) and benchmarks/bench_llm.py on CUDA in bfloat16 (model precision, vs its float32 twin)
 # Usage: scripts/gpu_check.sh [--cpu]      (--cpu: every part with the CPU provider, small sizes: a dry run)
 # Logs: $OUT/gpu_check.log and $OUT/results.jsonl (OUT defaults to a new temporary folder).
 set -uo pipefail
@@ -37,9 +38,10 @@ step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
   timeout 150 $PY scripts/gpu_check.py engine --device $dev $quick
   step "6. bench_cnn b16 with TF32"
   [ "$dev" = cuda ] && timeout 120 $PY benchmarks/bench_cnn.py --device cuda --tf32 --models resnet50,vgg16 --batches 16 --composites epsilon-plus-flat,epsilon-gamma-box --no-zennit
-  if [ -f benchmarks/bench_llm.py ]; then
-    step "7. bench_llm (bfloat16)"
-    timeout 150 $PY benchmarks/bench_llm.py ${BENCH_LLM_ARGS:---device $dev}
-  fi
+  step "7. float16 / bfloat16 in the model's precision"
+  timeout 150 $PY scripts/gpu_check.py precision --device $dev $quick
+  step "7b. bench_llm (bfloat16, model precision)"
+  llm="--size 0.1b"; [ "$dev" = cpu ] && llm="--size tiny"
+  timeout 200 $PY benchmarks/bench_llm.py ${BENCH_LLM_ARGS:---device $dev --dtype bfloat16 --precision auto $llm}
   step "done"
 } 2>&1 | tee "$log"

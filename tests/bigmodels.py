@@ -67,9 +67,10 @@ def _external(name, dims, dtype, location, offset, length) -> TensorProto:
 
 
 def write_mlp(folder, widths=(64, 128, 10), dtype: str = "float32", files: int = 1, seed: int = 0,
-              batch=None, sparse: bool = False) -> Path:
+              batch=None, sparse: bool = False, bias_scale: float = 0.1) -> Path:
     """``mlp.onnx`` in ``folder``: len(widths) - 1 layers, input ``x`` [batch, widths[0]] of ``dtype``; ``sparse``:
-    weights above one chunk (2**24 elements) are random in their first chunk only, zero (a file hole) after it."""
+    weights above one chunk (2**24 elements) are random in their first chunk only, zero (a file hole) after it;
+    ``bias_scale``: the biases' standard deviation (0: a deep MLP whose epsilon relevance is conserved)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -81,7 +82,7 @@ def write_mlp(folder, widths=(64, 128, 10), dtype: str = "float32", files: int =
             f = handles.get(location) or handles.setdefault(location, open(folder / location, "wb"))
             off, ln = _write_tensor(f, rng, (m, n), 1.0 / np.sqrt(m), dtype, sparse)
             inits.append(_external(f"w{i}", (m, n), dtype, location, off, ln))
-            off, ln = _write_tensor(f, rng, (n,), 0.1, dtype)
+            off, ln = _write_tensor(f, rng, (n,), bias_scale, dtype)
             inits.append(_external(f"b{i}", (n,), dtype, location, off, ln))
             x = "x" if i == 0 else f"h{i - 1}"
             last = i == len(widths) - 2

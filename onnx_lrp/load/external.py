@@ -26,6 +26,8 @@ LIGHT = 4096  # elements: initializers above this matter to checks and shape inf
 MEMORY = "lrp-memory"  # the location of tensors onnxruntime receives from memory (add_external_initializers)
 IN_MEMORY_MIN = 1 << 20  # bytes: in-memory tensors of a large model at least this big leave the protobuf
 LARGE = 1 << 30  # bytes of initializers held in the protobuf from which a model is handled as large
+TIED_MIN = 1 << 18  # bytes: float16 / bfloat16 weights from this size are cast where used (lower_upcasts) ...
+TIED_MODEL_MIN = 256 << 20  # ... in models with at least this many bytes of them (below: one folded Cast, faster)
 
 
 def attach(model: ir.Model, folder: Path | None) -> ir.Model:
@@ -76,13 +78,27 @@ def drop_unused(model: ir.Model) -> int:
     return dropped
 
 
-def lower_upcasts(model: ir.Model) -> int:
-    """Every :class:`Upcast` initializer of the main graph back in its own type, read through one Cast to float32
-    (placed before its first use). onnxruntime's CPU provider has no float16 kernels for most ops: its constant
-    folding turns the Cast into a float32 initializer at session creation and releases the float16 one (measured
-    alternatives, a Cast per use with folding off, peak higher: README, "float16 / bfloat16"). Initializers that
-    are graph outputs or read inside subgraphs become float32 tensors. Returns the Casts inserted."""
+def low_precision_bytes(model: ir.Model) -> int:
+    """Bytes of the float16 / bfloat16 weights kept in their type (:class:`Upcast` initializers)."""
+    return sum(t.source.nbytes for _, t in _initializers(model) if isinstance(t, Upcast))
+
+
+def lower_upcasts(model: ir.Model, tied: bool | None = None) -> int:
+    """Every :class:`Upcast` initializer of the main graph back in its own type, read as float32 through a Cast.
+
+    onnxruntime's CPU provider has no float16 / bfloat16 kernels for most ops, and its constant folding turns a Cast
+    of an initializer into a float32 initializer at session creation (a float32 copy of every weight: 3.2-3.5x the
+    float16 bytes at the peak); a Cast whose inputs are all initializers runs first even without folding. ``tied``
+    (the default): each use gets its own Cast, tied to the data flow of its node (:func:`_tied_cast`), so onnxruntime
+    converts the weight when the node is about to run and frees the float32 copy after it: one or two weights exist
+    in float32 at a time (README, "float16 / bfloat16"). It costs a conversion of every weight per use and run
+    (explain ~2.3x slower on a 0.8 GB float16 MLP), so ``tied=None`` ties only in models with TIED_MODEL_MIN bytes
+    of float16 / bfloat16 weights or more. Uses without a computed input (a node of constants only), weights under
+    TIED_MIN bytes and ``tied=False`` share one Cast placed before the first use. Initializers that are graph
+    outputs or read inside subgraphs become float32 tensors. Returns the Casts inserted."""
     graph, casts = model.graph, 0
+    if tied is None:
+        tied = low_precision_bytes(model) >= TIED_MODEL_MIN
     Upcast.forget()
     order = {id(node): k for k, node in enumerate(graph)}
     for v in list(graph.initializers.values()):
@@ -100,14 +116,74 @@ def lower_upcasts(model: ir.Model) -> int:
         low = ir.Value(name=f"{v.name}/{t.source.dtype.name.lower()}", shape=v.shape,
                        type=ir.TensorType(t.source.dtype), const_value=t.source)
         graph.register_initializer(low)
-        cast = ir.node("Cast", [low], attributes={"to": ir.DataType.FLOAT}, name=f"lrp/upcast/{v.name}")
-        graph.insert_before(min((node for node, _ in uses), key=lambda n: order[id(n)]), cast)
-        out = cast.outputs[0]
-        out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), v.shape
-        v.replace_all_uses_with(out)
-        out.name = v.name  # the weight's name (tensor names the user gives, --relevance-at) stays
-        casts += 1
+        name = v.name
+        shared = []
+        for k, (node, index) in enumerate(uses):
+            data = _computed_input(node, v) if tied and t.source.nbytes >= TIED_MIN else None
+            if data is None:
+                shared.append((node, index))
+                continue
+            out = _tied_cast(graph, node, low, data, f"lrp/upcast/{name}/{k}")
+            node.replace_input_with(index, out)
+            casts += 1
+        if shared:
+            cast = ir.node("Cast", [low], attributes={"to": ir.DataType.FLOAT}, name=f"lrp/upcast/{name}")
+            graph.insert_before(min((node for node, _ in shared), key=lambda n: order[id(n)]), cast)
+            out = cast.outputs[0]
+            out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), v.shape
+            for node, index in shared:
+                node.replace_input_with(index, out)
+            casts += 1
+        v.name = None
+        # the weight's name (tensor names the user gives, --relevance-at) stays on the float32 value of its first use
+        first = uses[0][0].inputs[uses[0][1]]
+        first.name = name
     return casts
+
+
+def _computed_input(node: ir.Node, weight: ir.Value) -> ir.Value | None:
+    """The first tensor input of ``node`` computed at run time (not a constant, not ``weight``, not strings), or
+    None."""
+    for x in node.inputs:
+        if x is not None and x is not weight and x.const_value is None and not x.is_initializer() and (
+                x.type is None or isinstance(x.type, ir.TensorType) and x.dtype != ir.DataType.STRING):
+            return x
+    return None
+
+
+def _tied_cast(graph: ir.Graph, node: ir.Node, low: ir.Value, data: ir.Value, base: str) -> ir.Value:
+    """``low`` read as float32 for ``node``, after ``data`` (one of its computed inputs) exists:
+    ``Cast(Reshape(low, Where(flag, shape, shape)))`` with ``flag`` = bool(first element of ``data``). The Reshape
+    is zero-copy and the shape equals the weight's, but it depends on ``data``: onnxruntime can neither fold the
+    Cast nor run it before ``node``'s inputs exist, and the float32 copy is freed after ``node``."""
+    dims = np.array(tuple(low.const_value.shape), np.int64)  # an initializer's shape is static
+
+    def const(arr, tag, shared=True):
+        name = f"lrp/upcast/{tag}" if shared else f"{base}/{tag}"
+        if name in graph.initializers:
+            return graph.initializers[name]
+        arr = np.asarray(arr)
+        c = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
+                     const_value=ir.tensor(arr, name=name))
+        graph.register_initializer(c)
+        return c
+
+    def op(op_type, inputs, tag, dtype, shape, **attrs):
+        n = ir.node(op_type, inputs, attributes=attrs or None, name=f"{base}/{tag}_node")
+        o = n.outputs[0]
+        o.name, o.type = f"{base}/{tag}", ir.TensorType(dtype) if dtype is not None else None
+        o.shape = ir.Shape(shape) if shape is not None and dtype is not None else None
+        graph.insert_before(node, n)
+        return o
+
+    flat = op("Reshape", [data, const(np.array([-1], np.int64), "minus_one")], "flat", data.dtype, [None])
+    first = op("Slice", [flat, const(np.array([0], np.int64), "zero"), const(np.array([1], np.int64), "one")],
+               "first", data.dtype, [1])
+    flag = op("Cast", [first], "flag", ir.DataType.BOOL, [1], to=ir.DataType.BOOL)
+    shape = const(dims, "shape", shared=False)
+    tied = op("Where", [flag, shape, shape], "shape_tied", ir.DataType.INT64, [len(dims)])
+    low_tied = op("Reshape", [low, tied], "tied", low.dtype, None)  # no static shape: not a no-op to remove
+    return op("Cast", [low_tied], "float32", ir.DataType.FLOAT, None, to=ir.DataType.FLOAT)
 
 
 @dataclass
