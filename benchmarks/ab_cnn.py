@@ -27,7 +27,7 @@ warnings.simplefilter("ignore")
 import onnx_lrp
 path, comp, out = sys.argv[1:4]
 box = {"low": -3.0, "high": 3.0} if comp == "epsilon-gamma-box" else {}
-open(out, "wb").write(onnx_lrp.Explainer(path, composite=comp, threads=2, **box).model_bytes)
+onnx_lrp.Explainer(path, composite=comp, threads=2, **box).save(out)  # large weights go beside it
 """
 
 
@@ -56,7 +56,9 @@ def main(argv=None):
 
     path = model_path(args.model, args.size)
     tmp = tempfile.mkdtemp(prefix="onnx-lrp-ab-")
-    files = {"other": os.path.join(tmp, "other.onnx"), "this": os.path.join(tmp, "this.onnx")}
+    files = {k: os.path.join(tmp, k, "model.onnx") for k in ("other", "this")}
+    for f in files.values():
+        os.makedirs(os.path.dirname(f))
     build(os.path.abspath(args.other), path, args.composite, files["other"])
     build(os.path.dirname(HERE), path, args.composite, files["this"])
 
