@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,15 +48,22 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=7)
     args = ap.parse_args(argv)
 
-    import onnxruntime as ort
-
     sys.path.insert(0, HERE)
     from profile_cnn import model_path
 
-    from onnx_lrp.names import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
-
     path = model_path(args.model, args.size)
     tmp = tempfile.mkdtemp(prefix="onnx-lrp-ab-")
+    try:
+        return _compare(args, path, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # two relevance models: up to GBs (VGG16)
+
+
+def _compare(args, path: str, tmp: str) -> int:
+    import onnxruntime as ort
+
+    from onnx_lrp.names import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
+
     files = {k: os.path.join(tmp, k, "model.onnx") for k in ("other", "this")}
     for f in files.values():
         os.makedirs(os.path.dirname(f))
