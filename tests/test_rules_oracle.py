@@ -367,3 +367,98 @@ def test_gamma_before_a_rectifier(act, first_relu):
     emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.model_bytes).graph.node
                if n.output[0].startswith("lrp/conv1/")}
     assert "pos_s" in emitted and not any(t.startswith("neg_") for t in emitted), emitted  # no group masked to z1 < 0
+
+
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+@pytest.mark.parametrize("rule,rectified", [("epsilon", False), ("zplus", True), ("zplus", False)])
+def test_biased_conv_before_a_rectifier(act, rule, rectified):
+    """A biased convolution whose output feeds only a Relu (or ReLU6), then another layer of the same rule: the
+    engine writes epsilon's denominator as relu(z) + eps (its own bias is in z already: no sign passes) and z+'s as
+    conv(x+, W+) + conv(x-, W-) with b+ + eps as the first one's bias; the numpy oracle computes zennit's
+    formulas on the dense matrices. Negative biases give z < 0 and relevance that must vanish there. The input is
+    rectified (one z+ term, as after a ReLU in ResNet) or of both signs (MobileNetV2's linear bottlenecks)."""
+    rng = np.random.default_rng(11)
+    w1, b1, w2, b2 = W(4, 3, 3, 3), W(4), W(2, 4, 3, 3), W(2)
+    b1[0], b1[1] = -abs(b1[0]) - 0.5, abs(b1[1]) + 0.5  # a bias of each sign
+    x_shape = [BATCH, 3, 6, 6]
+    inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    xin = "r0" if rectified else "x"
+    nodes = ([node("Relu", ["x"], ["r0"])] if rectified else []) + [
+        node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
+        node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
+        node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
+    composite = _composite(rule, {}, match_kind="activation")
+    x = dyadic(rng, x_shape)
+    model = make_model(nodes, {"x": x_shape}, ["y"], inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    m1, _ = conv_matrix(w1, [6, 6], pads=[1, 1, 1, 1])
+    m2, _ = conv_matrix(w2, [6, 6])
+    rep = lambda b, m: np.repeat(b.astype(np.float64), m.shape[0] // len(b))  # noqa: E731
+    xin = (pos(x) if rectified else x).reshape(BATCH, -1).astype(np.float64)
+    z1 = xin @ m1.T + rep(b1, m1)
+    a1 = np.clip(z1, 0, 6 if act == "Clip" else None)
+    oracle = o_epsilon if rule == "epsilon" else o_zplus
+    r_a1 = oracle(lambda k: k, m2, rep(b2, m2), a1, R.reshape(BATCH, -1))
+    assert np.any(r_a1 != 0) and np.any(z1 < 0) and (act == "Relu" or np.any(z1 > 6))
+    want = oracle(lambda k: k, m1, rep(b1, m1), xin, r_a1).reshape(x_shape)
+    _close(res.relevance, want, f"{rule} on a biased conv before {act}")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    emitted = {n.output[0].split("/")[-1]: n for n in graph.node if n.output[0].startswith("lrp/conv1/")}
+    assert not any(t.startswith("g0_stab_gain") or t == "g0_zb" for t in emitted), sorted(emitted)
+    if rule == "zplus":  # z+ = conv(x+, W+) + b+ + eps from one convolution whose bias is b+ + eps
+        conv = emitted["z"]
+        b_eps = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == conv.input[2])
+        np.testing.assert_array_equal(b_eps, pos(b1) + np.float32(1e-6))
+
+
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_flat_transpose_sums_channels_first(strides):
+    """Flat on a convolution: every (output, input) channel pair holds the kernel of ones, so the transpose sums the
+    output channels first and transposes one channel (a ConvTranspose / Conv with cin x cout times fewer products);
+    the relevance equals the numpy oracle's, and the emitted graph transposes a single channel."""
+    rng = np.random.default_rng(12)
+    layer = conv_layer("flat_conv", [BATCH, 3, 7, 7], W(5, 3, 3, 3), W(5), strides=strides, pads=[1, 1, 1, 1])
+    x = dyadic(rng, layer.x_shape)
+    model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=_composite("flat", {}),
+                            start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    want = o_flat(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1))
+    _close(res.relevance, want.reshape(layer.x_shape), f"flat, strides {strides}")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    jts = [n for n in graph.node if n.output[0] == "lrp/layer/JTs"]
+    assert len(jts) == 1 and jts[0].op_type in ("Conv", "ConvTranspose"), [n.output[0] for n in graph.node]
+    kernel = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == jts[0].input[1])
+    assert kernel.shape[:2] == (1, 1), kernel.shape
+
+
+@pytest.mark.parametrize("bounds", ["scalar", "per-channel", "per-pixel"])
+def test_zbox_folds_channel_bounds_into_one_transpose(bounds):
+    """zbox on a convolution: R = x J^T(s; W) - l J^T(s; W+) - h J^T(s; W-). Bounds constant along the spatial axes
+    (scalar, or per channel as from --mean/--std) fold into the weights of ONE transpose (2 in all instead of 3);
+    bounds that vary per pixel keep their own. The relevance equals the numpy oracle's either way."""
+    rng = np.random.default_rng(13)
+    layer = conv_layer("box_conv", [BATCH, 3, 6, 6], W(4, 3, 3, 3), W(4), strides=[2, 2], pads=[1, 1, 1, 1])
+    if bounds == "scalar":
+        lo, hi = np.float32(-2.5), np.float32(2.5)
+    elif bounds == "per-channel":
+        lo, hi = per_channel_bounds(layer)
+    else:
+        lo = -2.0 - 0.125 * np.arange(3 * 36, dtype=np.float64).reshape(3, 6, 6)
+        hi = -lo
+    x = dyadic(rng, layer.x_shape)
+    model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
+                            composite=_composite("zbox", {"low": lo, "high": hi}), start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    shape = layer.x_shape[1:]
+    want = o_zbox(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1),
+                  np.broadcast_to(lo, shape).reshape(-1), np.broadcast_to(hi, shape).reshape(-1))
+    _close(res.relevance, want.reshape(layer.x_shape), f"zbox, {bounds} bounds")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    ops = [n.op_type for n in graph.node if n.output[0].startswith("lrp/layer/JTs")]
+    assert len(ops) == (3 if bounds == "per-pixel" else 2), ops

@@ -134,6 +134,11 @@ class _Conv(LinearOp):
         return em.const(np.asarray(b).reshape((-1,) + (1,) * nd), tag=tag)
 
 
+def _same_across_channels(w: np.ndarray) -> bool:
+    """Whether every (output, input) channel pair of a convolution weight holds the same kernel."""
+    return bool(np.array_equal(w[0, 0], w[-1, -1]) and np.all(w == w[:1, :1]))
+
+
 @register
 class Conv(_Conv):
     """z = conv(x, W) + b; J^T s = conv_transpose(s, W)."""
@@ -148,6 +153,14 @@ class Conv(_Conv):
     def _transpose(self, em, node, s, p):
         g = self.geometry(node)
         w, nd, group = p.w, g["nd"], g["group"]
+        if group == 1 and w.shape[0] > 1 and g["x_sp"] is not None and g["z_sp"] is not None \
+                and _same_across_channels(w):
+            # one kernel for every (output, input) channel pair (the flat rule's ones): the output channels summed
+            # first, one channel transposed, then the same map for every input channel (cout x cin times fewer
+            # multiply-adds; ResNet50's first layer under flat: 33 ms -> under 1 ms at batch 8)
+            one = self._transpose(em, node, em.reduce_sum(s, [1], tag="JTs_sum"), Params(
+                np.ascontiguousarray(w[:1, :1]), None, key=(p.key, "one")))[0]
+            return [em.op("Expand", one, em.shape_of(node.inputs[0], tag="x_shape"), tag="JTs_all")]
         pads_b, pads_e = g["pads"][:nd], g["pads"][nd:]
         reach = [d * (k - 1) for d, k in zip(g["dil"], g["k"])]
         if all(st == 1 for st in g["strides"]) and all(r - pb >= 0 and r - pe >= 0
