@@ -113,7 +113,9 @@ def test_shard_with_decoding_threads_equals_sequential(tmp_path, ex, digits):
     a = explain_shard(ex, source, 0, 0, len(source), 2, readers=3)
     b = explain_shard(ex, source, 0, 0, len(source), 2, readers=1)
     assert a.items == b.items and len(a.items) == 11 and a.failed == b.failed and len(a.failed) == 1
-    np.testing.assert_array_equal(a.arrays["relevance"], b.arrays["relevance"])
+    # the threads read in chunks of the raw items, so the broken image leaves a batch of one there; onnxruntime's
+    # kernels are not bitwise batch-size invariant (float32 rounding), so: equal to rounding, not bit for bit
+    np.testing.assert_allclose(a.arrays["relevance"], b.arrays["relevance"], rtol=1e-6, atol=1e-9)
     x = np.stack([load_image(src / i, image_layout(input_infos(ex.inputs)[0]), Preprocess())[0] for i in a.items])
     rel, tgt = single(ex, x)
     np.testing.assert_allclose(a.arrays["relevance"], rel, rtol=0, atol=TOL)
