@@ -206,6 +206,25 @@ def test_malformed_models_found_by_the_fuzzer_are_refused(case, edit, error, mes
             RNG.standard_normal((1, 3, 4, 4)).astype(np.float32))
 
 
+def test_a_wrong_declared_output_shape_is_not_held_against_the_graph():
+    """An exporter's stale output annotation (ddddocr's CRNN declares 1 x ? for its T x 1 x C output; onnxruntime
+    only warns) is not a shape conflict: the model is explained, and the relevance is LRP-0's on a linear model,
+    x * W[:, target] (the conflict check is for declared inputs the graph does not fit)."""
+    w = RNG.standard_normal((4, 6)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+         helper.make_node("Reshape", ["h", "shape"], ["y"], name="rs")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "M"])],  # wrong: y is N x 6 x 1
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([0, 6, 1], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    res = onnx_lrp.Explainer(model.SerializeToString(), composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(
+        x, target=2)
+    np.testing.assert_allclose(res.relevance, x * w[:, 2], rtol=1e-5, atol=1e-6)
+
+
 def test_pool_window_larger_than_the_input_is_refused():
     """kernel_shape = 2**30 on a length-8 axis (was a numpy 'negative dimensions' ValueError)."""
     m = make_model([node("AveragePool", ["x"], "p", kernel_shape=[2 ** 30], strides=[1]),

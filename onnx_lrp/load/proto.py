@@ -571,8 +571,11 @@ def _check_types(proto: onnx.ModelProto, name: str) -> None:
     for i, node in enumerate(g.node):  # so that the error names every node it lists (as the loader will)
         node.name = node.name or f"{node.op_type}_{i}"
     g.input.extend(proto.graph.input)
-    g.output.extend(proto.graph.output)
-    g.value_info.extend(proto.graph.value_info)
+    # the declared shapes of outputs and intermediate values are annotations (onnxruntime only warns when they are
+    # wrong, and some exporters write wrong ones: ddddocr's CRNN declares 1 x ? for a T x 1 x 8210 output): their
+    # types are kept, their shapes are not held against the graph
+    g.output.extend(_types_only(proto.graph.output))
+    g.value_info.extend(_types_only(proto.graph.value_info))
     names = {v.name for v in proto.graph.input}
     for init in proto.graph.initializer:
         if int(np.prod(init.dims, dtype=np.float64)) <= 4096:
@@ -597,6 +600,18 @@ def _check_types(proto: onnx.ModelProto, name: str) -> None:
             raise ModelError(f"{name}: the shapes do not fit at node {node} ({op}: {why.strip()}), from the "
                              f"declared input shape(s) {_declared(proto)}; give the shapes the model was exported "
                              "for (--input-shape NAME=DxD..., input_shapes=) or fix the export") from None
+
+
+def _types_only(values) -> list:
+    """Copies of value infos with their element types and without their shapes."""
+    out = []
+    for v in values:
+        w = onnx.ValueInfoProto()
+        w.CopyFrom(v)
+        if w.type.HasField("tensor_type"):
+            w.type.tensor_type.ClearField("shape")
+        out.append(w)
+    return out
 
 
 # strict shape inference's complaint about a node's input shapes (not a type left unknown after an earlier error)
