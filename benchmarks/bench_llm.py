@@ -69,7 +69,8 @@ with torch.no_grad():
         else:
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[-1] ** 0.5))
     dh = hidden // heads
-    model.model.rotary_emb.inv_freq.copy_(1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2).float() / dh)))
+    theta = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 1e4)
+    model.model.rotary_emb.inv_freq.copy_(1.0 / (theta ** (torch.arange(0, dh, 2).float() / dh)))  # transformers 4 / 5
 model.eval()
 twin = sys.argv[7] if len(sys.argv) > 7 else ""
 n_params = sum(p.numel() for p in model.parameters())
