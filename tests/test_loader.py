@@ -71,6 +71,30 @@ def test_external_data(tmp_path):
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+def test_constant_node_with_external_data(tmp_path):
+    """A Constant node whose tensor lives in an external file (torch.onnx writes a large constant so: a LLaMA's
+    rotary table exported with transformers 5) loads, explains as the same model with the constant inline, and its
+    data file is checked like a weight's (before: "fails the ONNX checker: ... is not regular file")."""
+    w = rand(4, 6)
+    model = make_model([node("Constant", [], ["c"], value=numpy_helper.from_array(w, "c")),
+                        node("MatMul", ["x", "c"], ["h"]), node("Relu", ["h"], ["y"])], {"x": ["N", 4]}, ["y"], {})
+    inline = to_bytes(model)
+    onnx.external_data_helper.convert_model_to_external_data(model, all_tensors_to_one_file=True, location="c.data",
+                                                              size_threshold=0, convert_attribute=True)
+    path = tmp_path / "const.onnx"
+    onnx.save_model(model, str(path))
+    assert (tmp_path / "c.data").stat().st_size == w.nbytes
+    assert any(a.t.data_location == TensorProto.EXTERNAL for a in onnx.load(str(path), load_external_data=False)
+               .graph.node[0].attribute)
+    x = rand(3, 4)
+    want = onnx_lrp.Explainer(inline, composite="epsilon").explain(x, target=1)
+    got = onnx_lrp.Explainer(path, composite="epsilon").explain(x, target=1)
+    np.testing.assert_array_equal(got.relevance, want.relevance)
+    (tmp_path / "c.data").unlink()
+    with pytest.raises(onnx_lrp.ModelError, match="c.data"):
+        onnx_lrp.Explainer(path)
+
+
 # ------------------------------------------------------------------------------------------ opsets
 def _old_opset_model(opset):
     """Ops whose signatures changed since ``opset`` (axes/split attributes, BN attributes, ...)."""

@@ -57,9 +57,43 @@ def read_proto(source) -> onnx.ModelProto:
         raise ModelError(f"model file {path} is not a valid ONNX model ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else 'cannot parse'}); it may be truncated or "
                          "not an ONNX file") from None
+    external_constants_to_initializers(proto)
     # external data stays in its files (memory-mapped by the onnx_ir model, read by onnxruntime): checked, not loaded
     check_files(proto, path.parent, f"model file {path}")
     return proto
+
+
+def external_constants_to_initializers(proto: onnx.ModelProto) -> int:
+    """A Constant node whose tensor is in an external file (torch.onnx writes large constants so, e.g. a LLaMA's
+    rotary table exported with transformers 5) becomes an initializer of its output's name, in its graph: the data
+    stays in its file and is checked, memory-mapped and handed to onnxruntime like every external weight (the checker
+    cannot resolve an attribute's external file for a graph read without its data)."""
+    moved = 0
+    stack = [proto.graph]
+    while stack:
+        g = stack.pop()
+        kept = []
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+            value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1 and \
+                    value is not None and value.data_location == onnx.TensorProto.EXTERNAL and len(node.output) == 1:
+                t = onnx.TensorProto()
+                t.CopyFrom(value)
+                t.name = node.output[0]
+                g.initializer.append(t)
+                moved += 1
+            else:
+                kept.append(node)
+        if len(kept) != len(g.node):
+            del g.node[:]
+            g.node.extend(kept)
+    return moved
 
 
 def data_files(path) -> list[Path]:
