@@ -229,9 +229,10 @@ def save_large(parts: external.Parts, path) -> None:
                 offset = out.tell()
                 if info.get("location") == external.MEMORY:
                     out.write(memoryview(np.ascontiguousarray(parts.arrays[t.name])).cast("B"))
-                else:
-                    _copy_range(Path(parts.folder) / info["location"], int(info.get("offset", 0)),
-                                int(info["length"]), out)
+                else:  # "length" is optional: the rest of the file (torch.onnx writes one file per tensor so)
+                    src, start = Path(parts.folder) / info["location"], int(info.get("offset", 0))
+                    _copy_range(src, start, int(info["length"]) if "length" in info else src.stat().st_size - start,
+                                out)
                 del t.external_data[:]
                 out.truncate()  # a trailing hole becomes part of the file
                 for k, val in (("location", data_name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
