@@ -207,8 +207,8 @@ def test_malformed_models_found_by_the_fuzzer_are_refused(case, edit, error, mes
 
 
 def test_a_wrong_declared_output_shape_is_not_held_against_the_graph():
-    """An exporter's stale output annotation (ddddocr's CRNN declares 1 x ? for its T x 1 x C output; onnxruntime
-    only warns) is not a shape conflict: the model is explained, and the relevance is LRP-0's on a linear model,
+    """An exporter's stale graph-output annotation (ddddocr's CRNN declares 1 x ? for its T x 1 x C output;
+    onnxruntime only warns) is not a shape conflict: the model is explained, and the relevance is LRP-0's on a linear model,
     x * W[:, target] (the conflict check is for declared inputs the graph does not fit)."""
     w = RNG.standard_normal((4, 6)).astype(np.float32)
     graph = helper.make_graph(

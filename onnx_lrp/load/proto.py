@@ -606,11 +606,11 @@ def _check_types(proto: onnx.ModelProto, name: str) -> None:
     for i, node in enumerate(g.node):  # so that the error names every node it lists (as the loader will)
         node.name = node.name or f"{node.op_type}_{i}"
     g.input.extend(proto.graph.input)
-    # the declared shapes of outputs and intermediate values are annotations (onnxruntime only warns when they are
-    # wrong, and some exporters write wrong ones: ddddocr's CRNN declares 1 x ? for a T x 1 x 8210 output): their
-    # types are kept, their shapes are not held against the graph
+    # the declared shapes of the graph's outputs are annotations (onnxruntime only warns when they are wrong, and
+    # some exporters write wrong ones: ddddocr's CRNN declares 1 x ? for a T x 1 x 8210 output): their types are
+    # kept, their shapes are not held against the graph
     g.output.extend(_types_only(proto.graph.output))
-    g.value_info.extend(_types_only(proto.graph.value_info))
+    g.value_info.extend(proto.graph.value_info)
     names = {v.name for v in proto.graph.input}
     for init in proto.graph.initializer:
         if int(np.prod(init.dims, dtype=np.float64)) <= 4096:
