@@ -71,6 +71,58 @@ def test_external_data(tmp_path):
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+def test_constant_node_with_external_data(tmp_path):
+    """A Constant node whose tensor lives in an external file (torch.onnx writes a large constant so: a LLaMA's
+    rotary table exported with transformers 5) loads, explains as the same model with the constant inline, and its
+    data file is checked like a weight's (before: "fails the ONNX checker: ... is not regular file")."""
+    w = rand(4, 6)
+    model = make_model([node("Constant", [], ["c"], value=numpy_helper.from_array(w, "c")),
+                        node("MatMul", ["x", "c"], ["h"]), node("Relu", ["h"], ["y"])], {"x": ["N", 4]}, ["y"], {})
+    inline = to_bytes(model)
+    onnx.external_data_helper.convert_model_to_external_data(model, all_tensors_to_one_file=True, location="c.data",
+                                                              size_threshold=0, convert_attribute=True)
+    path = tmp_path / "const.onnx"
+    onnx.save_model(model, str(path))
+    assert (tmp_path / "c.data").stat().st_size == w.nbytes
+    assert any(a.t.data_location == TensorProto.EXTERNAL for a in onnx.load(str(path), load_external_data=False)
+               .graph.node[0].attribute)
+    x = rand(3, 4)
+    want = onnx_lrp.Explainer(inline, composite="epsilon").explain(x, target=1)
+    got = onnx_lrp.Explainer(path, composite="epsilon").explain(x, target=1)
+    np.testing.assert_array_equal(got.relevance, want.relevance)
+    (tmp_path / "c.data").unlink()
+    with pytest.raises(onnx_lrp.ModelError, match="c.data"):
+        onnx_lrp.Explainer(path)
+
+
+def test_external_data_without_lengths_is_rewritten(tmp_path):
+    """External data entries may leave out "length" (the rest of the file; one file per tensor, as torch.onnx writes
+    a model over 2 GB): the rewritten model copies each whole file and runs in plain onnxruntime (before: an internal
+    KeyError in `rewrite`)."""
+    import onnxruntime as ort
+
+    model = small_cnn()
+    path = tmp_path / "pertensor.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
+    proto = onnx.load(str(path), load_external_data=False)
+    for t in proto.graph.initializer:
+        kept = [(e.key, e.value) for e in t.external_data if e.key not in ("length", "offset")]
+        del t.external_data[:]
+        for k, v in kept:
+            e = t.external_data.add()
+            e.key, e.value = k, v
+    onnx.save_model(proto, str(path))
+    ex = onnx_lrp.Explainer(path, composite="epsilon-plus")
+    want = ex.explain(X, target=1)
+    out = tmp_path / "out" / "m.lrp.onnx"
+    out.parent.mkdir()
+    ex.save(out)
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feeds = {"x": X, "lrp/target": np.full(len(X), 1, np.int64), "lrp/one_hot": np.array(False)}
+    got = sess.run(["lrp/relevance/x"], {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}})
+    np.testing.assert_allclose(got[0], want.relevance, rtol=1e-5, atol=1e-7)
+
+
 # ------------------------------------------------------------------------------------------ opsets
 def _old_opset_model(opset):
     """Ops whose signatures changed since ``opset`` (axes/split attributes, BN attributes, ...)."""

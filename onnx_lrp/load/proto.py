@@ -57,9 +57,43 @@ def read_proto(source) -> onnx.ModelProto:
         raise ModelError(f"model file {path} is not a valid ONNX model ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else 'cannot parse'}); it may be truncated or "
                          "not an ONNX file") from None
+    external_constants_to_initializers(proto)
     # external data stays in its files (memory-mapped by the onnx_ir model, read by onnxruntime): checked, not loaded
     check_files(proto, path.parent, f"model file {path}")
     return proto
+
+
+def external_constants_to_initializers(proto: onnx.ModelProto) -> int:
+    """A Constant node whose tensor is in an external file (torch.onnx writes large constants so, e.g. a LLaMA's
+    rotary table exported with transformers 5) becomes an initializer of its output's name, in its graph: the data
+    stays in its file and is checked, memory-mapped and handed to onnxruntime like every external weight (the checker
+    cannot resolve an attribute's external file for a graph read without its data)."""
+    moved = 0
+    stack = [proto.graph]
+    while stack:
+        g = stack.pop()
+        kept = []
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+            value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1 and \
+                    value is not None and value.data_location == onnx.TensorProto.EXTERNAL and len(node.output) == 1:
+                t = onnx.TensorProto()
+                t.CopyFrom(value)
+                t.name = node.output[0]
+                g.initializer.append(t)
+                moved += 1
+            else:
+                kept.append(node)
+        if len(kept) != len(g.node):
+            del g.node[:]
+            g.node.extend(kept)
+    return moved
 
 
 def data_files(path) -> list[Path]:
@@ -195,9 +229,10 @@ def save_large(parts: external.Parts, path) -> None:
                 offset = out.tell()
                 if info.get("location") == external.MEMORY:
                     out.write(memoryview(np.ascontiguousarray(parts.arrays[t.name])).cast("B"))
-                else:
-                    _copy_range(Path(parts.folder) / info["location"], int(info.get("offset", 0)),
-                                int(info["length"]), out)
+                else:  # "length" is optional: the rest of the file (torch.onnx writes one file per tensor so)
+                    src, start = Path(parts.folder) / info["location"], int(info.get("offset", 0))
+                    _copy_range(src, start, int(info["length"]) if "length" in info else src.stat().st_size - start,
+                                out)
                 del t.external_data[:]
                 out.truncate()  # a trailing hole becomes part of the file
                 for k, val in (("location", data_name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
