@@ -270,6 +270,7 @@ class _LinearStep:
         self.exact_w: dict = {}   # group index -> {x key: the group's own weights on that input (its terms' sum)}
         self.masked: dict = {}    # mask -> r_out * [z > 0] / [z < 0], emitted once
         self.rests: list = []     # fused remainders (w, b, value) of masked denominators, shared up to a factor
+        self.first_raw = None     # (Q, c, c z + Q) of the first masked group whose Q >= eps: the second reads it
 
     def forward(self, xkey, bkey) -> ir.Value:
         em, layer, op, node = self.em, self.layer, self.op, self.node
@@ -407,9 +408,19 @@ class _LinearStep:
             how in ("positive", "abs") or (how == "identity" and all(layer.nonneg)))
         if unmasked and c_id == 1.0 and nonneg_q and layer.relu_out is not layer.z:
             return em.add(layer.relu_out, q, tag=f"{gtag}_stab")  # relu(z) + Q: Q >= eps, and z_g + eps where z > 0
+        first = self.first_raw
+        if first is not None and first[0] is q and factor == -1.0 and eps_signed < 0 and c_id >= 1.0:
+            # gamma's second group (1 + g) z - Q as (2 + g) z - (z + Q) from the first group's sum: Q then feeds one Add,
+            # which onnxruntime fuses into Q's convolution (one pass fewer). Exact to a few roundings where the mask
+            # keeps (z < 0, Q >= eps: |(2 + g) z| + |z + Q| <= 3 |(1 + g) z - Q|, no cancellation)
+            raw = em.sub(em.scale(layer.z, c_id + first[1], tag=f"{gtag}_zc"), first[2], tag=f"{gtag}_z")
+            big = float(np.finfo(dtype).max)
+            return em.op("Clip", raw, em.scalar(-big), em.scalar(eps_signed), tag=f"{gtag}_stab")
         zc = em.scale(layer.z, c_id, tag=f"{gtag}_zc") if c_id else None
         if zc is not None and abs(factor) == 1.0:
             raw = (em.add if factor == 1.0 else em.sub)(zc, q, tag=f"{gtag}_z")
+            if factor == 1.0 and c_id == 1.0 and nonneg_q and eps_signed > 0 and self.first_raw is None:
+                self.first_raw = (q, c_id, raw)
         else:
             raw = _weighted_sum(em, {"q": (factor, q)} | ({"z": (1.0, zc)} if zc is not None else {}), tag=f"{gtag}_z")
         big = float(np.finfo(dtype).max)

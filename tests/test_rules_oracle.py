@@ -462,3 +462,32 @@ def test_zbox_folds_channel_bounds_into_one_transpose(bounds):
     graph = onnx.load_from_string(ex.model_bytes).graph
     ops = [n.op_type for n in graph.node if n.output[0].startswith("lrp/layer/JTs")]
     assert len(ops) == (3 if bounds == "per-pixel" else 2), ops
+
+
+@pytest.mark.parametrize("gamma", [0.25, 1.5])
+def test_gamma_second_group_reads_the_first(gamma):
+    """Gamma on a biased convolution of a rectified input whose output feeds no Relu (ResNet's last conv of a block):
+    the group masked to z < 0 writes (1 + g) z - Q as (2 + g) z - (z + Q) from the other group's sum, so Q's
+    convolution feeds one Add (which onnxruntime fuses into it). The relevance equals the numpy oracle's (biases of
+    both signs give z of both signs), and the emitted Q is read once."""
+    rng = np.random.default_rng(14)
+    b = W(4)
+    b[0], b[1] = -abs(b[0]) - 0.5, abs(b[1]) + 0.5
+    layer = conv_layer("gamma_conv", [BATCH, 3, 6, 6], W(4, 3, 3, 3), b, relu_first=True, pads=[1, 1, 1, 1])
+    x = dyadic(rng, layer.x_shape)
+    model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
+    y = run(model, {"x": x})[0]
+    assert np.any(y > 0) and np.any(y < 0)
+    c = dyadic(rng, y.shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
+                            composite=_composite("gamma", {"gamma": gamma}, match_kind="activation"),
+                            start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    want = o_gamma(layer.mat, layer.kernel, layer.bias, pos(x).reshape(BATCH, -1).astype(np.float64),
+                   R.reshape(BATCH, -1), gamma)
+    _close(res.relevance, want.reshape(layer.x_shape), f"gamma {gamma} on a conv of a rectified input")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    by_out = {n.output[0]: n for n in graph.node}
+    assert list(by_out["lrp/layer/neg_z"].input)[1] == "lrp/layer/pos_z", by_out["lrp/layer/neg_z"].input
+    readers = [n.output[0] for n in graph.node if "lrp/layer/z" in n.input]
+    assert readers == ["lrp/layer/pos_z"], readers
