@@ -104,6 +104,7 @@ def to_model_precision(model: ir.Model, dtype: ir.DataType | None = None) -> int
     if dtype not in LOW or any(True for _ in graph.subgraphs()):
         return 0
     reinfer_shapes(model)  # the rewriter's values are typed by inference
+    fill_types(graph)  # and where inference left one untyped, from its node (a value of unknown type gets no Cast)
     keep = float32_nodes(graph, dtype)
     low_nodes = [n for n in graph if n not in keep]
     for v in list(graph.initializers.values()):  # weights in their type (float32 nodes cast them where used)
@@ -127,6 +128,49 @@ def to_model_precision(model: ir.Model, dtype: ir.DataType | None = None) -> int
             if _is_float(x) and x.dtype != want and not _type_input(node, i):
                 node.replace_input_with(i, casts(x, want, node))
     return len(low_nodes)
+
+
+_BOOL_OPS = frozenset({"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "And", "Or", "Xor",
+                       "IsNaN", "IsInf"})
+_INT64_OPS = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "NonZero"})
+
+
+def _output_type(node: ir.Node, index: int) -> ir.DataType | None:
+    """The element type of ``node``'s output ``index`` from the node itself (its op and its typed inputs)."""
+    op, known = node.op_type, [x.dtype for x in node.inputs if x is not None and x.type is not None]
+    if op == "Cast":
+        return ir.DataType(int(node.attributes["to"].value))
+    if op == "CastLike":
+        x = node.inputs[1] if len(node.inputs) > 1 else None
+        return x.dtype if x is not None and x.type is not None else None
+    if op in _INT64_OPS or (op in ("TopK", "MaxPool") and index == 1):
+        return ir.DataType.INT64
+    if op in _BOOL_OPS or (op == "Dropout" and index == 1):
+        return ir.DataType.BOOL
+    if op in ("ConstantOfShape", "Constant"):
+        value = node.attributes.get("value")
+        return value.value.dtype if value is not None else (ir.DataType.FLOAT if op == "ConstantOfShape" else None)
+    if op == "Where":
+        x = next((x for x in node.inputs[1:] if x is not None and x.type is not None), None)
+        return x.dtype if x is not None else None
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    floats = [t for t in known if t in (ir.DataType.FLOAT,) + LOW]
+    return floats[0] if floats else (known[0] if known else None)
+
+
+def fill_types(graph: ir.Graph) -> int:
+    """Type every untyped value a node of the main graph writes, in graph order, from its node (see
+    :func:`_output_type`); returns how many were typed."""
+    done = 0
+    for node in graph:
+        for i, o in enumerate(node.outputs):
+            if o.type is None:
+                t = _output_type(node, i)
+                if t is not None:
+                    o.type = ir.TensorType(t)
+                    done += 1
+    return done
 
 
 def _type_input(node: ir.Node, index: int) -> bool:
@@ -171,4 +215,4 @@ class _Casts:
 
 
 __all__ = ["PRECISIONS", "FLOAT32_OPS", "MATRIX_OPS", "check", "wanted", "model_dtype", "float32_nodes",
-           "to_model_precision"]
+           "to_model_precision", "fill_types"]

@@ -105,6 +105,24 @@ def test_family_relevance_graph_in_model_precision(fam, dtype):
         assert {"Softmax", "Div"} <= ops32 and ops32 & norms
 
 
+@pytest.mark.parametrize("fam", [f for f in FAMILIES if f.name in ("llama", "bert")], ids=lambda f: f.name)
+def test_untyped_values_are_typed_from_their_nodes(fam, monkeypatch):
+    """The pass does not rely on shape inference typing every value: with every value the graph computes left
+    untyped and no re-inference, the relevance graph still gets a Cast wherever types meet (before: a value of
+    unknown type got none, and a Gemm read float32 and float16)."""
+    import onnx_ir as ir
+
+    model = loader.load(str(fam.model))
+    rewriter.rewrite(model, load_composite(fam.composite).with_params(**fam.params()))
+    for node in model.graph:
+        for o in node.outputs:
+            o.type = None
+    monkeypatch.setattr(precision, "reinfer_shapes", lambda m: None)
+    assert precision.to_model_precision(model, ir.DataType.FLOAT16) > 0
+    proto = onnx.load_model_from_string(loader.serialize_parts(model).model_bytes)
+    assert_model_precision(onnx.shape_inference.infer_shapes(proto), F16)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_mlp_weights_read_in_their_type(tmp_path, dtype):
     """A float16 / bfloat16 model: its weights go to the matrix products in their type, no Cast in between."""
