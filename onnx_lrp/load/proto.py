@@ -69,16 +69,9 @@ def external_constants_to_initializers(proto: onnx.ModelProto) -> int:
     stays in its file and is checked, memory-mapped and handed to onnxruntime like every external weight (the checker
     cannot resolve an attribute's external file for a graph read without its data)."""
     moved = 0
-    stack = [proto.graph]
-    while stack:
-        g = stack.pop()
+    for g in all_graphs(proto):
         kept = []
         for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
             value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
                          None)
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1 and \
@@ -137,18 +130,25 @@ COPY_CHUNK = 1 << 26  # bytes copied at once by save_large()
 
 def external_tensors(proto: onnx.ModelProto):
     """Every initializer (main graph, subgraphs) whose data is in an external file."""
-    stack = [proto.graph]
-    while stack:
-        g = stack.pop()
+    for g in all_graphs(proto):
         for t in g.initializer:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 yield t
+
+
+def all_graphs(proto: onnx.ModelProto):
+    """The main graph and every subgraph (If / Loop / Scan bodies, nested), each once; a graph's subgraphs are
+    found before it is handed out, so its caller may edit its nodes."""
+    stack = [proto.graph]
+    while stack:
+        g = stack.pop()
         for node in g.node:
             for a in node.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
                     stack.append(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
+        yield g
 
 
 
@@ -458,18 +458,10 @@ def _legacy_prelu_slopes(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _all_nodes(proto: onnx.ModelProto):
     """Every node of the main graph, its subgraphs (If/Loop/Scan bodies) and the model's local functions."""
-    stack = [proto.graph]
     for f in proto.functions:
         yield from f.node
-    while stack:
-        g = stack.pop()
-        for node in g.node:
-            yield node
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
+    for g in all_graphs(proto):
+        yield from g.node
 
 
 # ops defined by an ONNX function and without a handler of their own: replaced by their function body (primitive
