@@ -330,6 +330,17 @@ def test_pass_on_activations(op):
     np.testing.assert_array_equal(res.relevance, R.astype(np.float32))
 
 
+def _conv_act_conv(act, rectified, w1, b1, w2, b2):
+    """Nodes and initializers of [Relu ->] Conv(w1, b1, pads 1) -> Relu or ReLU6 (Clip 0..6) -> Conv(w2, b2)."""
+    inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    xin = "r0" if rectified else "x"
+    nodes = ([node("Relu", ["x"], ["r0"])] if rectified else []) + [
+        node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
+        node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
+        node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
+    return nodes, inits
+
+
 @pytest.mark.parametrize("act", ["Relu", "Clip"])
 @pytest.mark.parametrize("first_relu", [False, True])
 def test_gamma_before_a_rectifier(act, first_relu):
@@ -339,12 +350,7 @@ def test_gamma_before_a_rectifier(act, first_relu):
     rng = np.random.default_rng(5)
     w1, b1, w2, b2 = W(4, 3, 3, 3), W(4), W(2, 4, 3, 3), W(2)
     x_shape = [BATCH, 3, 6, 6]
-    inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
-    xin = "r0" if first_relu else "x"
-    nodes = ([node("Relu", ["x"], ["r0"])] if first_relu else []) + [
-        node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
-        node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
-        node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
+    nodes, inits = _conv_act_conv(act, first_relu, w1, b1, w2, b2)
     composite = _composite("gamma", {"gamma": 0.25}, match_kind="activation")
     x = dyadic(rng, x_shape)
     model = make_model(nodes, {"x": x_shape}, ["y"], inits)
@@ -381,12 +387,7 @@ def test_biased_conv_before_a_rectifier(act, rule, rectified):
     w1, b1, w2, b2 = W(4, 3, 3, 3), W(4), W(2, 4, 3, 3), W(2)
     b1[0], b1[1] = -abs(b1[0]) - 0.5, abs(b1[1]) + 0.5  # a bias of each sign
     x_shape = [BATCH, 3, 6, 6]
-    inits = {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
-    xin = "r0" if rectified else "x"
-    nodes = ([node("Relu", ["x"], ["r0"])] if rectified else []) + [
-        node("Conv", [xin, "w1", "b1"], ["z1"], name="conv1", pads=[1, 1, 1, 1]),
-        node(act, ["z1"] + (["lo", "hi"] if act == "Clip" else []), ["a1"], name="act1"),
-        node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2")]
+    nodes, inits = _conv_act_conv(act, rectified, w1, b1, w2, b2)
     composite = _composite(rule, {}, match_kind="activation")
     x = dyadic(rng, x_shape)
     model = make_model(nodes, {"x": x_shape}, ["y"], inits)
