@@ -338,21 +338,23 @@ class _LinearStep:
                     self.weights.setdefault(bkey, basis.params(bkey))
         return combo, bias, sign
 
-    def normalise(self, gtag: str, group, combo: dict, bias, sign: int, r_out: ir.Value) -> ir.Value:
-        """s_g = coef-free r_out * mask_g / stab(z_g): z_g from the shared forwards (f(x; W) for the unmodified input
-        is the forward output minus its bias). Where z feeds only a Relu (``relu_out``) the relevance is zero
-        wherever z <= 0, so a mask z > 0 needs no emitting (``linear_rule`` drops groups masked to z < 0)."""
+    def normalise(self, gtag: str, group, combo: dict, bias, sign: int, r_out: ir.Value) -> tuple[ir.Value, float]:
+        """(s_g, k): s_g = coef-free r_out * mask_g / (k stab(z_g)), k the factor the denominator was divided by
+        (1 but where ``_masked_denominator`` folds z's coefficient out), which the transposes' weights take. z_g
+        from the shared forwards (f(x; W) for the unmodified input is the forward output minus its bias). Where z
+        feeds only a Relu (``relu_out``) the relevance is zero wherever z <= 0, so a mask z > 0 needs no emitting
+        (``linear_rule`` drops groups masked to z < 0)."""
         em, layer, node, eps = self.em, self.layer, self.node, self.eps
         mask = None if layer.relu_out is not None and group.mask == "positive" else group.mask
-        stab = None
+        stab, k = None, 1.0
         if group.mask is not None and eps and node.op_type == "Conv" and len(layer.xs) == 1 and \
                 _beyond(group, self.p0.w, self.p0.b, all(layer.nonneg)) <= {1 if group.mask == "positive" else -1}:
             # z_g - z has the mask's sign: where the mask keeps, stab(z_g) = z_g +- eps, from z and one convolution
-            stab = self._masked_denominator(gtag, combo, bias, eps if group.mask == "positive" else -eps,
-                                            unmasked=mask is None)
+            stab, k = self._masked_denominator(gtag, combo, bias, eps if group.mask == "positive" else -eps,
+                                               unmasked=mask is None)
         if stab is None:
-            stab = self._denominator(gtag, combo, bias, sign)
-        return em.div(self._masked_r(mask, r_out) if mask is not None else r_out, stab, tag=f"{gtag}_s")
+            stab, k = self._denominator(gtag, combo, bias, sign), 1.0
+        return em.div(self._masked_r(mask, r_out) if mask is not None else r_out, stab, tag=f"{gtag}_s"), k
 
     def _masked_r(self, mask: str, r_out: ir.Value) -> ir.Value:
         """r_out * [z > 0] (or [z < 0]), once per layer; exact where every denominator is finite and non-zero."""
@@ -376,14 +378,18 @@ class _LinearStep:
 
         Written as c z + Q, Q = f(x'; W_rest, b_rest + eps) one convolution (shared, up to a factor, with the other
         group: gamma's two groups are z + Q and (1 + g) z - Q), clipped to [eps, inf) or (-inf, -eps] so that it is
-        non-zero where the mask drops (where it keeps, the clip does nothing: z_g has the sign of z there). None when
-        the remainder reads more than one modified input."""
+        non-zero where the mask drops (where it keeps, the clip does nothing: z_g has the sign of z there). Returns
+        (stab, k): where z feeds only a rectifier (one group) and c != 1 (gamma on an input of either sign: c = 1 +
+        gamma / 2), the denominator is written c (z + Q / c): Q / c is the convolution with its weights and bias
+        divided by c, z + Q / c its one consumer, which onnxruntime fuses into it, and k = c goes to the transposes'
+        weights (a multiply and an add fewer per such layer). (None, 1) when the remainder reads more than one
+        modified input."""
         em, layer, weights = self.em, self.layer, self.weights
         ident = (("identity", id(None)), "W")
         c_id = combo.get(ident, 0.0)
         rest = {k: c for k, c in combo.items() if k != ident}
         if len({xk for xk, _ in rest}) != 1:
-            return None
+            return None, 1.0
         w_rest, xkey = None, None
         for (xk, bkey), c in rest.items():
             part = weights[bkey].w if c == 1.0 else weights[bkey].w * weights[bkey].w.dtype.type(c)
@@ -400,6 +406,14 @@ class _LinearStep:
                 q, factor = v_prev, r
                 break
         how, value = self.x_of[xkey]
+        big = float(np.finfo(dtype).max)
+        if q is None and unmasked and eps_signed > 0 and c_id > 0 and c_id != 1.0:
+            k = dtype.type(c_id)
+            q = self.op.forward(em, self.node, [layer.x_mod(em, 0, how, value)],
+                                Params(w_rest / k, b_rest / k, key=("rest", gtag)))
+            self.rests.append((w_rest / k, b_rest / k, q))
+            raw = em.add(layer.z, q, tag=f"{gtag}_z")
+            return em.op("Clip", raw, em.scalar(abs(eps_signed) / c_id), em.scalar(big), tag=f"{gtag}_stab"), c_id
         if q is None:
             q = self.op.forward(em, self.node, [layer.x_mod(em, 0, how, value)],
                                 Params(w_rest, b_rest, key=("rest", gtag)))
@@ -407,15 +421,14 @@ class _LinearStep:
         nonneg_q = factor == 1.0 and bool(np.all(w_rest >= 0)) and bool(np.all(b_rest > 0)) and (
             how in ("positive", "abs") or (how == "identity" and all(layer.nonneg)))
         if unmasked and c_id == 1.0 and nonneg_q and layer.relu_out is not layer.z:
-            return em.add(layer.relu_out, q, tag=f"{gtag}_stab")  # relu(z) + Q: Q >= eps, and z_g + eps where z > 0
+            return em.add(layer.relu_out, q, tag=f"{gtag}_stab"), 1.0  # relu(z) + Q: Q >= eps, z_g + eps where z > 0
         first = self.first_raw
         if first is not None and first[0] is q and factor == -1.0 and eps_signed < 0 and c_id >= 1.0:
             # gamma's second group (1 + g) z - Q as (2 + g) z - (z + Q) from the first group's sum: Q then feeds one Add,
             # which onnxruntime fuses into Q's convolution (one pass fewer). Exact to a few roundings where the mask
             # keeps (z < 0, Q >= eps: |(2 + g) z| + |z + Q| <= 3 |(1 + g) z - Q|, no cancellation)
             raw = em.sub(em.scale(layer.z, c_id + first[1], tag=f"{gtag}_zc"), first[2], tag=f"{gtag}_z")
-            big = float(np.finfo(dtype).max)
-            return em.op("Clip", raw, em.scalar(-big), em.scalar(eps_signed), tag=f"{gtag}_stab")
+            return em.op("Clip", raw, em.scalar(-big), em.scalar(eps_signed), tag=f"{gtag}_stab"), 1.0
         zc = em.scale(layer.z, c_id, tag=f"{gtag}_zc") if c_id else None
         if zc is not None and abs(factor) == 1.0:
             raw = (em.add if factor == 1.0 else em.sub)(zc, q, tag=f"{gtag}_z")
@@ -423,9 +436,8 @@ class _LinearStep:
                 self.first_raw = (q, c_id, raw)
         else:
             raw = _weighted_sum(em, {"q": (factor, q)} | ({"z": (1.0, zc)} if zc is not None else {}), tag=f"{gtag}_z")
-        big = float(np.finfo(dtype).max)
         lo, hi = (abs(eps_signed), big) if eps_signed > 0 else (-big, eps_signed)
-        return em.op("Clip", raw, em.scalar(lo), em.scalar(hi), tag=f"{gtag}_stab")
+        return em.op("Clip", raw, em.scalar(lo), em.scalar(hi), tag=f"{gtag}_stab"), 1.0
 
     def _denominator(self, gtag: str, combo: dict, bias, sign: int) -> ir.Value:
         """stab(z_g) for any group (zennit's stabiliser, with the shortcuts its sign allows)."""
@@ -557,8 +569,8 @@ def linear_rule(em: Emitter, layer: Layer, rule, r_out: ir.Value) -> list[ir.Val
         combo, bias, sign = step.collect(gi, group)
         if not combo and bias is None:
             continue
-        s = step.normalise(group.tag or f"g{gi}", group, combo, bias, sign, r_out)
-        groups_s.append((s, group.coef, combo, gi))
+        s, k = step.normalise(group.tag or f"g{gi}", group, combo, bias, sign, r_out)
+        groups_s.append((s, group.coef / k, combo, gi))
     return step.transposes(groups_s)
 
 

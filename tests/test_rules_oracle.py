@@ -370,9 +370,17 @@ def test_gamma_before_a_rectifier(act, first_relu):
     assert np.any(r_a1 != 0) and np.any(z1 < 0)  # the shortcut has something to skip, and relevance to pass
     want = o_gamma(dense, w1.astype(np.float64), rep(b1, m1), xin, r_a1, 0.25).reshape(x_shape)
     _close(res.relevance, want, f"gamma before {act} (rectified input: {first_relu})")
-    emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.model_bytes).graph.node
-               if n.output[0].startswith("lrp/conv1/")}
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    emitted = {n.output[0].split("/")[-1] for n in graph.node if n.output[0].startswith("lrp/conv1/")}
     assert "pos_s" in emitted and not any(t.startswith("neg_") for t in emitted), emitted  # no group masked to z1 < 0
+    if not first_relu:
+        # an input of both signs: the denominator c z + Q (c = 1 + gamma / 2) is written c (z + Q / c), the forward z
+        # added to Q / c without a multiply, and Q / c read by that Add alone (onnxruntime fuses it into Q's conv)
+        assert "pos_zc" not in emitted, sorted(emitted)
+        add = next(n for n in graph.node if n.output[0] == "lrp/conv1/pos_z")
+        q = [v for v in add.input if v != "z1"]
+        assert add.op_type == "Add" and "z1" in add.input and len(q) == 1, add
+        assert [n.output[0] for n in graph.node if q[0] in n.input] == ["lrp/conv1/pos_z"]
 
 
 @pytest.mark.parametrize("act", ["Relu", "Clip"])
