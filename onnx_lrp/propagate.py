@@ -32,6 +32,11 @@ class Layer:
         self.node, self.op, self.xs, self.z, self.nonneg = node, op, xs, z, nonneg
         self.relu_out: ir.Value | None = None  # set when z feeds only a Relu whose relevance vanishes at zeros
         self.zero_at_zero = False  # the relevance of z is known to be zero wherever z is
+        # inputs whose relevance a linear rule may give in gradient form, Rel(J^T s, x): x feeds several layers, whose
+        # parts are then summed before one multiply by x (the rewriter sets it where a step that reads relevance,
+        # not its gradient form, converts the sum)
+        self.grad_out: frozenset = frozenset()
+        self.keep_ref = False  # an activation under Pass: its input's relevance is converted below (the rewriter)
         self._mods: dict = {}
 
     def x_mod(self, em: Emitter, i: int, how: str, value=None) -> ir.Value | None:
@@ -513,10 +518,18 @@ class _LinearStep:
                         grads_sum[i].append(g)
             for i, gs in enumerate(grads_sum):
                 g = em.sum(gs, tag=f"JTt{i}")
-                contributions[i].append(g if how == "ones" else em.mul(layer.x_mod(em, i, how, value), g,
-                                                                        tag=f"r{i}"))
+                if how == "ones":
+                    contributions[i].append(g)
+                elif how == "identity" and i in layer.grad_out:
+                    contributions[i].append(Rel(g, layer.xs[i]))  # x J^T s, multiplied once x's parts are summed
+                else:
+                    contributions[i].append(em.mul(layer.x_mod(em, i, how, value), g, tag=f"r{i}"))
         out = []
         for i, parts in enumerate(contributions):
+            if len(parts) == 1 and isinstance(parts[0], Rel):
+                out.append(parts[0])
+                continue
+            parts = [p.as_relevance(em, tag=f"r{i}") if isinstance(p, Rel) else p for p in parts]
             out.append(em.sum(parts, tag=f"r_in{i}") if parts else em.zeros_like(layer.xs[i], tag=f"r_in{i}_zero"))
         return out
 
@@ -615,6 +628,8 @@ def pass_grad(em: Emitter, layer: Layer, r_outs: list) -> list:
     """R_x = R_y through an element-wise function, in gradient form where the op gives one."""
     op, node = layer.op, layer.node
     r = r_outs[0]
+    if r.ref is not None and layer.keep_ref:
+        return [r]  # R_x = R_y = ref * g as it is: the step below multiplies it out (as it would R_y)
     got = op.pass_grad(em, node, r.value) if r.ref is node.outputs[0] else None
     return [Rel(*got) if got is not None else Rel(r.as_relevance(em, tag="r_in"))]
 

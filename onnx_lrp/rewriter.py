@@ -505,11 +505,16 @@ class _Walk:
             return
         layer.relu_out = _relu_after(z, self.by_node, zero_where_zero)
         layer.zero_at_zero = zero_where_zero.get(id(z), False)
+        if not grad and a.op.category == "linear":
+            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._fork(x))
+        elif grad and a.op.category == "activation":
+            layer.keep_ref = self._converted_below(node.inputs[0])
         with em.scope(node.name):
             if grad:
                 r_ins = a.rule.propagate_grad(em, layer, r_outs)
             else:
-                r_ins = [None if r is None else Rel(r) for r in a.rule.propagate(em, layer, r_outs)]
+                r_ins = [None if r is None else r if isinstance(r, Rel) else Rel(r)
+                         for r in a.rule.propagate(em, layer, r_outs)]
         if book is not None:
             book.leave(node, r_ins)
         self.steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
@@ -522,6 +527,35 @@ class _Walk:
             if r is not None:
                 rel.setdefault(id(x), []).append(r)
                 zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+
+    def _fork(self, x: ir.Value) -> bool:
+        """Whether x feeds several nodes on the relevance path and its summed relevance is multiplied out by a step
+        that reads relevance (``_converted_below``): then each linear consumer gives x J^T s in gradient form and
+        the sum takes one multiply by x instead of one per consumer (a residual block's input: 2 -> 1)."""
+        users = {id(u.node) for u in x.uses() if id(u.node) in self.by_node and self.by_node[id(u.node)].on_path}
+        return len(users) > 1 and self._converted_below(x)
+
+    def _converted_below(self, v: ir.Value) -> bool:
+        """Whether relevance in gradient form arriving at v is multiplied out at v's own size: v is a graph input, or
+        made by a step that reads relevance, past folded bias Adds and element-wise activations under Pass (which
+        pass it on as it is, ``Layer.keep_ref``). False where a gradient-form step (an LRP-0 linear layer, a move)
+        would carry it further."""
+        for _ in range(64):
+            node = v.producer()
+            if node is None:
+                return True
+            a = self.by_node.get(id(node))
+            if a is None or not a.on_path or a.op is None:
+                return False
+            if a.kind == "bias":
+                v = next(i for i in node.inputs if carries(i))
+                continue
+            if a.op.category == "activation" and isinstance(a.rule, Pass) and len(node.outputs) == 1 and \
+                    node.inputs and static_dims(node.inputs[0]) == static_dims(node.outputs[0]):
+                v = node.inputs[0]
+                continue
+            return a.kind not in ("held",) and a.rule is not None and not a.rule.gradient_form(a.op)
+        return False
 
     # ---------------------------------------------------------------------------------------------- outputs
     def input_relevance(self) -> list[ir.Value]:

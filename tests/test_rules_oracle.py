@@ -500,3 +500,56 @@ def test_gamma_second_group_reads_the_first(gamma):
     assert list(by_out["lrp/layer/neg_z"].input)[1] == "lrp/layer/pos_z", by_out["lrp/layer/neg_z"].input
     readers = [n.output[0] for n in graph.node if "lrp/layer/z" in n.input]
     assert readers == ["lrp/layer/pos_z"], readers
+
+
+@pytest.mark.parametrize("rule", ["epsilon", "zplus", "gamma"])
+def test_fork_sums_in_gradient_form(rule):
+    """A residual block, h = relu(conv_a(relu(x))); y = conv_d(relu(conv_c(relu(conv_b(h))) + h)), with the rule on
+    every convolution and epsilon on the sum: h feeds conv_b and the sum, and its two relevance parts h J^T s are
+    summed before one multiply by h (not h x each, then a sum). The relevance equals the numpy oracle's, which
+    computes each part as zennit does; one Mul of the relevance graph reads h."""
+    rng = np.random.default_rng(15)
+    sp, pads = [5, 5], [1, 1, 1, 1]
+    ws = {k: (W(3, 3, 3, 3), W(3)) for k in "abc"}
+    ws["d"] = (W(2, 3, 3, 3), W(2))
+    inits = {f"w{k}": w for k, (w, _) in ws.items()} | {f"b{k}": b for k, (_, b) in ws.items()}
+    nodes = [node("Relu", ["x"], ["h0"]),
+             node("Conv", ["h0", "wa", "ba"], ["za"], name="conv_a", pads=pads), node("Relu", ["za"], ["h"]),
+             node("Conv", ["h", "wb", "bb"], ["zb"], name="conv_b", pads=pads), node("Relu", ["zb"], ["g1"]),
+             node("Conv", ["g1", "wc", "bc"], ["zc"], name="conv_c", pads=pads),
+             node("Add", ["zc", "h"], ["sum"], name="add"), node("Relu", ["sum"], ["y2"]),
+             node("Conv", ["y2", "wd", "bd"], ["y"], name="conv_d", pads=pads)]
+    params = {"gamma": 0.25} if rule == "gamma" else {}
+    text = "\n".join(['[[rules]]', 'match = { name = "probe*" }', 'rule = "gradient"', '',
+                      '[[rules]]', 'match = { kind = "activation" }', 'rule = "pass"', '',
+                      '[[rules]]', 'match = { kind = "sum" }', 'rule = "epsilon"', '',
+                      '[[rules]]', f'rule = "{rule}"'] + [f"{k} = {v}" for k, v in params.items()]) + "\n"
+    composite = parse_composite(text, source=f"oracle-fork-{rule}")
+    x_shape = [BATCH, 3] + sp
+    x = dyadic(rng, x_shape)
+    model = make_model(nodes, {"x": x_shape}, ["y"], inits)
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+
+    mat = lambda k: conv_matrix(k, sp, pads=pads)[0]  # noqa: E731
+    rep = lambda b: np.repeat(b.astype(np.float64), np.prod(sp))  # noqa: E731
+    def step(k, x_in, r):
+        w, b = (a.astype(np.float64) for a in ws[k])
+        if rule == "gamma":
+            return o_gamma(mat, w, rep(b), x_in, r, 0.25)
+        return (o_epsilon if rule == "epsilon" else o_zplus)(mat, w, rep(b), x_in, r)
+    fwd = lambda k, x_in: x_in @ mat(ws[k][0].astype(np.float64)).T + rep(ws[k][1])  # noqa: E731
+    h0 = pos(x.reshape(BATCH, -1).astype(np.float64))
+    h = pos(fwd("a", h0))
+    g1 = pos(fwd("b", h))
+    zc = fwd("c", g1)
+    y2 = pos(zc + h)
+    r_y2 = step("d", y2, R.reshape(BATCH, -1))
+    s_add = r_y2 / stab(zc + h)
+    r_h = step("b", h, step("c", g1, zc * s_add)) + h * s_add
+    assert np.any(r_y2 != 0) and np.all(np.abs(zc + h) > 1e-3)  # relevance to pass; no tie near zero in the sum
+    _close(res.relevance, step("a", h0, r_h).reshape(x_shape), f"{rule} on a residual block")
+    graph = onnx.load_from_string(ex.model_bytes).graph
+    readers = [n.output[0] for n in graph.node if n.op_type == "Mul" and "h" in n.input and n.output[0].startswith("lrp/")]
+    assert len(readers) == 1, readers
