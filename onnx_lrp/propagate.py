@@ -215,6 +215,13 @@ def _channel_scale(value, dims) -> np.ndarray | None:
     return flat[:, 0].copy() if np.all(flat == flat[:, :1]) else None
 
 
+def _same_bias(bias, b_orig) -> bool:
+    """Whether a group's bias is the layer's own (its z_g is z itself); None and all-zero are no bias."""
+    if bias is None or not np.any(bias):
+        return b_orig is None
+    return b_orig is not None and np.array_equal(np.asarray(bias, np.float64), np.asarray(b_orig, np.float64))
+
+
 def _weighted_sum(em: Emitter, items: dict, tag: str) -> ir.Value:
     """sum coef * value over {key: (coef, value)} with scalar multiplies only where needed."""
     parts = [em.scale(v, c, tag=f"{tag}_part") for c, v in items.values() if c != 0]
@@ -261,8 +268,9 @@ class _LinearStep:
     denominator and normalised relevance (``normalise``), then one transpose per (input modifier, weight basis)
     (``transposes``). Terms are grouped by (input modifier, basis) so that convolutions are shared."""
 
-    def __init__(self, em: Emitter, layer: Layer, rule):
+    def __init__(self, em: Emitter, layer: Layer, rule, rel: Rel):
         self.em, self.layer, self.rule = em, layer, rule
+        self.rel, self._r_plain = rel, None  # the relevance of z (in gradient form where the rewriter gave it so)
         self.op: LinearOp = layer.op
         self.node = layer.node
         self.p0 = self.op.params(self.node)
@@ -343,7 +351,17 @@ class _LinearStep:
                     self.weights.setdefault(bkey, basis.params(bkey))
         return combo, bias, sign
 
-    def normalise(self, gtag: str, group, combo: dict, bias, sign: int, r_out: ir.Value) -> tuple[ir.Value, float]:
+    def r_plain(self) -> ir.Value:
+        """The relevance of z as a tensor: ``rel`` multiplied out once, where a group needs it."""
+        if self._r_plain is None:
+            self._r_plain = self.rel.as_relevance(self.em, tag="r_out")
+        return self._r_plain
+
+    def _of_z(self) -> bool:
+        """Whether the relevance arrived in gradient form relative to z itself, R = z * g."""
+        return self.rel.ref is not None and self.rel.ref is self.layer.z
+
+    def normalise(self, gtag: str, group, combo: dict, bias, sign: int) -> tuple[ir.Value, float]:
         """(s_g, k): s_g = coef-free r_out * mask_g / (k stab(z_g)), k the factor the denominator was divided by
         (1 but where ``_masked_denominator`` folds z's coefficient out), which the transposes' weights take. z_g
         from the shared forwards (f(x; W) for the unmodified input is the forward output minus its bias). Where z
@@ -357,17 +375,27 @@ class _LinearStep:
             # z_g - z has the mask's sign: where the mask keeps, stab(z_g) = z_g +- eps, from z and one convolution
             stab, k = self._masked_denominator(gtag, combo, bias, eps if group.mask == "positive" else -eps,
                                                unmasked=mask is None)
+        if stab is None and mask is None and self._of_z() and eps and sign == 0 and layer.relu_out is None and \
+                combo == {(("identity", id(None)), "W"): 1.0} and _same_bias(bias, self.b_orig):
+            # R = z * g and z_g = z: s = z g / (z + eps sign(z)) = g |z| / (|z| + eps), zennit's stabiliser of either
+            # sign without its passes (for z = 0 both are 0)
+            mag = em.op("Abs", layer.z, tag=f"{gtag}_abs")
+            ratio = em.div(mag, em.add(mag, em.scalar(eps), tag=f"{gtag}_stab"), tag=f"{gtag}_ratio")
+            return em.mul(self.rel.value, ratio, tag=f"{gtag}_s"), k
         if stab is None:
             stab, k = self._denominator(gtag, combo, bias, sign), 1.0
-        return em.div(self._masked_r(mask, r_out) if mask is not None else r_out, stab, tag=f"{gtag}_s"), k
+        return em.div(self._masked_r(mask) if mask is not None else self.r_plain(), stab, tag=f"{gtag}_s"), k
 
-    def _masked_r(self, mask: str, r_out: ir.Value) -> ir.Value:
+    def _masked_r(self, mask: str) -> ir.Value:
         """r_out * [z > 0] (or [z < 0]), once per layer; exact where every denominator is finite and non-zero."""
         em, layer = self.em, self.layer
         if mask not in self.masked:
             other = "negative" if mask == "positive" else "positive"
-            if other in self.masked and layer.zero_at_zero:  # r_out = 0 where z = 0: the complement by one Sub
-                self.masked[mask] = em.sub(r_out, self.masked[other], tag=f"r_{mask[:3]}")
+            if self._of_z():  # R = z * g: R [z > 0] = max(z, 0) g, R [z < 0] = min(z, 0) g (equal where z = 0: 0)
+                part = em.op("Max" if mask == "positive" else "Min", layer.z, em.scalar(0.0), tag=f"z_{mask[:3]}")
+                self.masked[mask] = em.mul(part, self.rel.value, tag=f"r_{mask[:3]}")
+            elif other in self.masked and layer.zero_at_zero:  # r_out = 0 where z = 0: the complement by one Sub
+                self.masked[mask] = em.sub(self.r_plain(), self.masked[other], tag=f"r_{mask[:3]}")
             else:
                 # [z > 0] as clip(z * 2^126, 0, 1): 1 for every positive normal float, 0 for z <= 0 (a positive
                 # denormal, |z| < 1.2e-38, would get a fraction); two light passes and a multiply instead of a
@@ -375,7 +403,7 @@ class _LinearStep:
                 gain = em.scalar(2.0 ** 126 if mask == "positive" else -2.0 ** 126)
                 keep = em.op("Clip", em.mul(layer.z, gain, tag=f"{mask[:3]}_gain"), em.scalar(0.0),
                              em.scalar(1.0), tag=f"{mask[:3]}_mask")
-                self.masked[mask] = em.mul(r_out, keep, tag=f"r_{mask[:3]}")
+                self.masked[mask] = em.mul(self.r_plain(), keep, tag=f"r_{mask[:3]}")
         return self.masked[mask]
 
     def _masked_denominator(self, gtag: str, combo: dict, bias, eps_signed: float, unmasked: bool):
@@ -571,10 +599,11 @@ class _LinearStep:
         return Params(w_exact, None, key=key)
 
 
-def linear_rule(em: Emitter, layer: Layer, rule, r_out: ir.Value) -> list[ir.Value]:
+def linear_rule(em: Emitter, layer: Layer, rule, r_out: "ir.Value | Rel") -> list:
     """The generic step of a linear rule (``rule.groups()``): per group collect its terms, normalise the relevance
-    by the group's denominator; then the transposes."""
-    step = _LinearStep(em, layer, rule)
+    by the group's denominator; then the transposes. ``r_out`` may come in gradient form (a ``Rel``): relative to z
+    itself, masks and epsilon's stabiliser of either sign use it (fewer passes); else it is multiplied out once."""
+    step = _LinearStep(em, layer, rule, r_out if isinstance(r_out, Rel) else Rel(r_out))
     groups_s = []  # per group: (s_g, coef_g, {(x key, basis key): coef}, group index)
     for gi, group in enumerate(rule.groups()):
         if layer.relu_out is not None and group.mask == "negative":
@@ -582,7 +611,7 @@ def linear_rule(em: Emitter, layer: Layer, rule, r_out: ir.Value) -> list[ir.Val
         combo, bias, sign = step.collect(gi, group)
         if not combo and bias is None:
             continue
-        s, k = step.normalise(group.tag or f"g{gi}", group, combo, bias, sign, r_out)
+        s, k = step.normalise(group.tag or f"g{gi}", group, combo, bias, sign)
         groups_s.append((s, group.coef / k, combo, gi))
     return step.transposes(groups_s)
 

@@ -27,7 +27,7 @@ from .ops import REGISTRY, ActivationOp, carries, is_param  # noqa: F401 (Activa
 from .ops.transformer import token_relevance
 from .propagate import Layer, Rel, all_chunks
 from .rules.composite import Composite, NodeInfo
-from .rules.rules import Pass, Rule, ZBox
+from .rules.rules import LinearRule, Pass, Rule, ZBox
 
 _SOFTMAX = ("Softmax", "LogSoftmax")
 
@@ -481,7 +481,10 @@ class _Walk:
         """The rule of one node: the relevance of its outputs, summed, to its relevance inputs."""
         em, book, rel, zero_where_zero = self.em, self.book, self.rel, self.zero_where_zero
         grad = a.kind == "bias" or (a.op is not None and a.rule.gradient_form(a.op))
-        r_outs = [(self.total_rel if grad else self.total)(o, node.name) for o in node.outputs]
+        # a linear rule's own step takes its relevance as it comes (``linear_rule``: in gradient form relative to z
+        # it saves passes; else it multiplies it out once); the ledger books relevance as tensors
+        takes_rel = self._takes_rel(a) and book is None
+        r_outs = [(self.total_rel if grad or takes_rel else self.total)(o, node.name) for o in node.outputs]
         if all(r is None for r in r_outs):
             return
         if book is not None:
@@ -506,7 +509,7 @@ class _Walk:
         layer.relu_out = _relu_after(z, self.by_node, zero_where_zero)
         layer.zero_at_zero = zero_where_zero.get(id(z), False)
         if not grad and a.op.category == "linear":
-            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._fork(x))
+            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._gives_rel(i, x))
         elif grad and a.op.category == "activation":
             layer.keep_ref = self._converted_below(node.inputs[0])
         with em.scope(node.name):
@@ -527,6 +530,22 @@ class _Walk:
             if r is not None:
                 rel.setdefault(id(x), []).append(r)
                 zero_where_zero[id(x)] = zero_where_zero.get(id(x), True) and bool(keeps or r.ref is x)
+
+    @staticmethod
+    def _takes_rel(a: Assignment) -> bool:
+        """A linear rule on a linear op with one output, not in gradient form: ``linear_rule`` reads ``Rel``."""
+        return a.kind != "bias" and a.op is not None and a.op.category == "linear" and not a.op.multi_output and \
+            isinstance(a.rule, LinearRule) and not a.rule.gradient_form(a.op) and len(a.node.outputs) == 1
+
+    def _gives_rel(self, i: int, x: ir.Value) -> bool:
+        """Whether a linear step may give input x's relevance in gradient form, x J^T s: x feeds several layers
+        (``_fork``), or x is the output of a linear layer whose own step takes it so (``_takes_rel``)."""
+        if self._fork(x):
+            return True
+        node = x.producer()
+        a = self.by_node.get(id(node)) if node is not None else None
+        return a is not None and a.on_path and self.book is None and self._takes_rel(a) and \
+            len({id(u.node) for u in x.uses()}) == 1
 
     def _fork(self, x: ir.Value) -> bool:
         """Whether x feeds several nodes on the relevance path and its summed relevance is multiplied out by a step

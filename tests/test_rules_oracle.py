@@ -553,3 +553,43 @@ def test_fork_sums_in_gradient_form(rule):
     graph = onnx.load_from_string(ex.model_bytes).graph
     readers = [n.output[0] for n in graph.node if n.op_type == "Mul" and "h" in n.input and n.output[0].startswith("lrp/")]
     assert len(readers) == 1, readers
+
+
+@pytest.mark.parametrize("rule", ["epsilon", "gamma"])
+def test_relevance_of_z_in_gradient_form(rule):
+    """conv1 (the rule) -> conv2 (epsilon) with no rectifier between (a linear bottleneck, or a block's last conv
+    before its sum): conv2 gives conv1's output z1 the relevance z1 J^T s in gradient form, and conv1's step uses it:
+    epsilon's stabiliser of either sign as s = g |z1| / (|z1| + eps) (no sign passes), gamma's masks as
+    max(z1, 0) g and min(z1, 0) g (no mask passes). The relevance equals the numpy oracle's (zennit's formulas)."""
+    rng = np.random.default_rng(16)
+    sp, pads = [5, 5], [1, 1, 1, 1]
+    (w1, b1), (w2, b2) = (W(4, 3, 3, 3), W(4)), (W(2, 4, 3, 3), W(2))
+    nodes = [node("Relu", ["x"], ["h0"]),
+             node("Conv", ["h0", "w1", "b1"], ["z1"], name="conv1", pads=pads),
+             node("Conv", ["z1", "w2", "b2"], ["y"], name="conv2", pads=pads)]
+    x_shape = [BATCH, 3] + sp
+    x = dyadic(rng, x_shape)
+    model = make_model(nodes, {"x": x_shape}, ["y"], {"w1": w1, "b1": b1, "w2": w2, "b2": b2})
+    c = dyadic(rng, run(model, {"x": x})[0].shape)
+    text = "\n".join(['[[rules]]', 'match = { name = "probe*" }', 'rule = "gradient"', '',
+                      '[[rules]]', 'match = { kind = "activation" }', 'rule = "pass"', '',
+                      '[[rules]]', 'match = { name = "conv2" }', 'rule = "epsilon"', '',
+                      '[[rules]]', f'rule = "{rule}"'] + (["gamma = 0.25"] if rule == "gamma" else [])) + "\n"
+    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
+                            composite=parse_composite(text, source=f"oracle-z-{rule}"), start="one-hot")
+    res, R = ex.explain(x), BATCH * c.astype(np.float64)
+    mat = lambda k: conv_matrix(k, sp, pads=pads)[0]  # noqa: E731
+    rep = lambda b: np.repeat(b.astype(np.float64), np.prod(sp))  # noqa: E731
+    h0 = pos(x.reshape(BATCH, -1).astype(np.float64))
+    z1 = h0 @ mat(w1.astype(np.float64)).T + rep(b1)
+    assert np.any(z1 > 0) and np.any(z1 < 0)
+    r_z1 = o_epsilon(mat, w2.astype(np.float64), rep(b2), z1, R.reshape(BATCH, -1))
+    want = o_gamma(mat, w1.astype(np.float64), rep(b1), h0, r_z1, 0.25) if rule == "gamma" else \
+        o_epsilon(mat, w1.astype(np.float64), rep(b1), h0, r_z1)
+    _close(res.relevance, want.reshape(x_shape), f"{rule} on conv1 -> conv2")
+    emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.model_bytes).graph.node
+               if n.output[0].startswith("lrp/conv1/")}
+    if rule == "epsilon":
+        assert "g0_ratio" in emitted and not any(t.startswith("g0_stab_gain") for t in emitted), sorted(emitted)
+    else:
+        assert {"z_pos", "z_neg"} <= emitted and not any(t.endswith("_mask") for t in emitted), sorted(emitted)
