@@ -213,7 +213,9 @@ class Emitter:
         return self.op("Relu", x, tag=tag)
 
     def negative(self, x, tag="x-"):
-        return self.op("Min", x, self.scalar(0.0), tag=tag)
+        """min(x, 0) as a Clip (onnxruntime's Min with a scalar is about 3x slower)."""
+        big = float(np.finfo(self.np_dtype).max)
+        return self.op("Clip", x, self.scalar(-big), self.scalar(0.0), tag=tag)
 
     def relu_plus(self, z, eps: float, tag="stab"):
         """relu(z) + eps, written as max(z + eps, eps): equal for every z (rounding is monotonic, so z + eps >= eps

@@ -392,7 +392,9 @@ class _LinearStep:
         if mask not in self.masked:
             other = "negative" if mask == "positive" else "positive"
             if self._of_z():  # R = z * g: R [z > 0] = max(z, 0) g, R [z < 0] = min(z, 0) g (equal where z = 0: 0)
-                part = em.op("Max" if mask == "positive" else "Min", layer.z, em.scalar(0.0), tag=f"z_{mask[:3]}")
+                big = float(np.finfo(np.dtype(em.np_dtype)).max)  # Clip: onnxruntime's Max / Min are ~3x slower
+                lo, hi = (0.0, big) if mask == "positive" else (-big, 0.0)
+                part = em.op("Clip", layer.z, em.scalar(lo), em.scalar(hi), tag=f"z_{mask[:3]}")
                 self.masked[mask] = em.mul(part, self.rel.value, tag=f"r_{mask[:3]}")
             elif other in self.masked and layer.zero_at_zero:  # r_out = 0 where z = 0: the complement by one Sub
                 self.masked[mask] = em.sub(self.r_plain(), self.masked[other], tag=f"r_{mask[:3]}")
