@@ -217,6 +217,11 @@ class Emitter:
         big = float(np.finfo(self.np_dtype).max)
         return self.op("Clip", x, self.scalar(-big), self.scalar(0.0), tag=tag)
 
+    def positive_part(self, x, tag="x+"):
+        """max(x, 0) as a Clip: read in the layout x has (a Relu would make onnxruntime compute it in its blocked
+        NCHWc layout and reorder it back, see ``relu_plus``)."""
+        return self.op("Clip", x, self.scalar(0.0), self.scalar(float(np.finfo(self.np_dtype).max)), tag=tag)
+
     def relu_plus(self, z, eps: float, tag="stab"):
         """relu(z) + eps, written as max(z + eps, eps): equal for every z (rounding is monotonic, so z + eps >= eps
         exactly when z >= 0). Both ops read z as the forward left it; a Relu here would make onnxruntime compute it

@@ -392,9 +392,7 @@ class _LinearStep:
         if mask not in self.masked:
             other = "negative" if mask == "positive" else "positive"
             if self._of_z():  # R = z * g: R [z > 0] = max(z, 0) g, R [z < 0] = min(z, 0) g (equal where z = 0: 0)
-                big = float(np.finfo(np.dtype(em.np_dtype)).max)  # Clip: onnxruntime's Max / Min are ~3x slower
-                lo, hi = (0.0, big) if mask == "positive" else (-big, 0.0)
-                part = em.op("Clip", layer.z, em.scalar(lo), em.scalar(hi), tag=f"z_{mask[:3]}")
+                part = (em.positive_part if mask == "positive" else em.negative)(layer.z, tag=f"z_{mask[:3]}")
                 self.masked[mask] = em.mul(part, self.rel.value, tag=f"r_{mask[:3]}")
             elif other in self.masked and layer.zero_at_zero:  # r_out = 0 where z = 0: the complement by one Sub
                 self.masked[mask] = em.sub(self.r_plain(), self.masked[other], tag=f"r_{mask[:3]}")
@@ -443,10 +441,10 @@ class _LinearStep:
         how, value = self.x_of[xkey]
         big = float(np.finfo(dtype).max)
         if q is None and unmasked and eps_signed > 0 and c_id > 0 and c_id != 1.0:
-            k = dtype.type(c_id)
+            w_rest, b_rest = w_rest / dtype.type(c_id), b_rest / dtype.type(c_id)
             q = self.op.forward(em, self.node, [layer.x_mod(em, 0, how, value)],
-                                Params(w_rest / k, b_rest / k, key=("rest", gtag)))
-            self.rests.append((w_rest / k, b_rest / k, q))
+                                Params(w_rest, b_rest, key=("rest", gtag)))
+            self.rests.append((w_rest, b_rest, q))
             raw = em.add(layer.z, q, tag=f"{gtag}_z")
             return em.op("Clip", raw, em.scalar(abs(eps_signed) / c_id), em.scalar(big), tag=f"{gtag}_stab"), c_id
         if q is None:

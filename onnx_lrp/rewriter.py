@@ -509,7 +509,7 @@ class _Walk:
         layer.relu_out = _relu_after(z, self.by_node, zero_where_zero)
         layer.zero_at_zero = zero_where_zero.get(id(z), False)
         if not grad and a.op.category == "linear":
-            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._gives_rel(i, x))
+            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._gives_rel(x))
         elif grad and a.op.category == "activation":
             layer.keep_ref = self._converted_below(node.inputs[0])
         with em.scope(node.name):
@@ -537,7 +537,7 @@ class _Walk:
         return a.kind != "bias" and a.op is not None and a.op.category == "linear" and not a.op.multi_output and \
             isinstance(a.rule, LinearRule) and not a.rule.gradient_form(a.op) and len(a.node.outputs) == 1
 
-    def _gives_rel(self, i: int, x: ir.Value) -> bool:
+    def _gives_rel(self, x: ir.Value) -> bool:
         """Whether a linear step may give input x's relevance in gradient form, x J^T s: x feeds several layers
         (``_fork``), or x is the output of a linear layer whose own step takes it so (``_takes_rel``)."""
         if self._fork(x):
@@ -573,7 +573,7 @@ class _Walk:
                     node.inputs and static_dims(node.inputs[0]) == static_dims(node.outputs[0]):
                 v = node.inputs[0]
                 continue
-            return a.kind not in ("held",) and a.rule is not None and not a.rule.gradient_form(a.op)
+            return a.kind != "held" and a.rule is not None and not a.rule.gradient_form(a.op)
         return False
 
     # ---------------------------------------------------------------------------------------------- outputs
