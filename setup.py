@@ -14,7 +14,7 @@ from setuptools import setup
 
 BASE = ["numpy>=1.24", "onnx>=1.16", "onnx-ir>=0.1.16", "click>=8.1", "pillow>=10"]
 # onnxruntime-gpu's extras cuda (nvidia-cuda-runtime, -nvrtc, -cufft, -curand) and cudnn (nvidia-cudnn, which
-# brings cuBLAS): a machine with only the NVIDIA driver runs it; onnx_lrp.runtime.preload_cuda loads them (1.21+)
+# brings cuBLAS): a machine with only the NVIDIA driver runs it; onnx_lrp.run.runtime.preload_cuda loads them (1.21+)
 WHEEL_CUDA = ["onnxruntime-gpu[cuda,cudnn]>=1.21"]
 RUNTIMES = {"cpu": ["onnxruntime>=1.18"], "cuda": WHEEL_CUDA, "gpu": WHEEL_CUDA,
             "cuda-system": ["onnxruntime-gpu>=1.18"], "none": []}

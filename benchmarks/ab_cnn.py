@@ -62,7 +62,7 @@ def main(argv=None):
 def _compare(args, path: str, tmp: str) -> int:
     import onnxruntime as ort
 
-    from onnx_lrp.names import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
+    from onnx_lrp.core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
 
     files = {k: os.path.join(tmp, k, "model.onnx") for k in ("other", "this")}
     for f in files.values():
@@ -74,7 +74,7 @@ def _compare(args, path: str, tmp: str) -> int:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         opts.inter_op_num_threads = 1
-        if relevance:  # as onnx_lrp.runtime.Session
+        if relevance:  # as onnx_lrp.run.runtime.Session
             opts.add_session_config_entry("session.disable_quant_qdq", "1")
         return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
 

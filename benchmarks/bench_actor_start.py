@@ -2,7 +2,7 @@
 
   ray.data        importing Ray Data (every Ray Data actor does; not ours to cut)
   imports         the actor's onnx_lrp imports: onnx_lrp.ray + onnx_lrp.dataset, which run the relevance model through
-                  onnx_lrp.runner (numpy + onnxruntime only)
+                  onnx_lrp.run.runner (numpy + onnxruntime only)
   imports (old)   the same plus onnx_lrp.explainer (onnx_ir, onnx, sympy, the loader and rewriter), which actors
                   imported before the runner was split out of the Explainer
   unpickle        reading the payload (the relevance model's bytes and the plain data the run needs)
@@ -31,7 +31,7 @@ import {mods}
 t1 = time.perf_counter()
 if {payload!r}:
     import pickle
-    from onnx_lrp.runner import Runner
+    from onnx_lrp.run.runner import Runner
     with open({payload!r}, "rb") as f:
         p = pickle.load(f)
     t2 = time.perf_counter()

@@ -21,11 +21,9 @@ torch, torchvision and zennit are needed to build the models (random weights) an
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 from timing import best as timed, best_pair as timed_pair
@@ -173,7 +171,7 @@ def main(argv=None):
              (f" {'MiB ours':>9s} {'MiB zennit':>10s} {'mem':>5s}" if args.memory else "")
     providers = ["CPUExecutionProvider"]
     if args.device == "cuda":
-        from onnx_lrp import runtime
+        from onnx_lrp.run import runtime
         runtime.preload_cuda()
         providers = [("CUDAExecutionProvider", runtime.cuda_options(args.tf32))] + providers
     print(header)

@@ -79,7 +79,7 @@ def make_pngs(folder: Path, n: int) -> Path:
 
 def run(name, model, folder, batch, shard, pre, engines, workers, repeat):
     import onnx_lrp
-    from onnx_lrp.inputs import Preprocess, image_layout, input_infos, load_image
+    from onnx_lrp.io.inputs import Preprocess, image_layout, input_infos, load_image
 
     ex = onnx_lrp.Explainer(model)
     files = sorted(folder.iterdir())

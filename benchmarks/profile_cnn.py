@@ -83,7 +83,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import onnx_lrp
-    from onnx_lrp.names import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
+    from onnx_lrp.core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
 
     path = model_path(args.model, args.size)
     box = {"low": -3.0, "high": 3.0} if args.composite == "epsilon-gamma-box" else {}

@@ -91,8 +91,9 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     weights), the rule, and whether onnx-lrp supports it. The output tensor of each node is the name to give
     --relevance-at. Nodes off the path to the explained output need no rule.
     """
-    from onnx_lrp import load as loader, rewriter
-    from onnx_lrp.errors import UnsupportedError
+    from onnx_lrp import load as loader
+    from onnx_lrp.core.errors import UnsupportedError
+    from onnx_lrp.lrp import rewriter
 
     comp = composite_with(composite, rule_params(rule_kw))
     try:
@@ -107,7 +108,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
                 click.echo(f"{n['name']}  {n['op_type']}  UNSUPPORTED  ({n['reason']})")
         click.echo(f"onnx-lrp: {str(exc).split('. ')[0]}", err=True)
         sys.exit(1)
-    from onnx_lrp import choice
+    from onnx_lrp.build import auto_composite as choice
     comp, why = choice.resolve(comp, ir_model, output_name)
     plan = rewriter.plan(ir_model, comp, output=output_name)
     rows = rewriter.describe(plan)
@@ -158,5 +159,6 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
 
 
 from .composites import composites  # noqa: E402  (kept importable from here)
+
 
 __all__ = ["rewrite", "inspect", "composites"]

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import click
-
-from onnx_lrp.errors import InputError
 from onnx_lrp.rules.composite import builtin_names, load_composite
+
+from onnx_lrp.core.errors import InputError
 
 
 @click.command("composites")
@@ -23,7 +23,7 @@ def composites(names):
         except OSError as exc:
             raise InputError(f"composite file {name}: {exc.strerror or exc}") from None
         if names:  # files given: their kinds and op types are checked (this loads the op handlers)
-            from onnx_lrp.composite_check import check_composite
+            from onnx_lrp.lrp.composite_check import check_composite
             check_composite(comp)
         if i:
             click.echo()

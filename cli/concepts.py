@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 from . import heatmap as hm
 from .io import AtomicOutputs, OutputError, check_writable, load_inputs
@@ -204,7 +204,7 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
     """Scan SOURCE (a directory, glob, .npy/.npz or Parquet) and keep each channel's most relevant items."""
     from onnx_lrp import concepts as crp
     from onnx_lrp.dataset import open_source
-    from onnx_lrp.inputs import input_infos
+    from onnx_lrp.io.inputs import input_infos
 
     pre = preprocess(kw)
     ex = _build(model, composite, kw)
@@ -237,7 +237,7 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
     """Print each channel's reference samples; --heatmap draws their receptive-field heatmaps."""
     from onnx_lrp import concepts as crp
     from onnx_lrp.dataset import open_source
-    from onnx_lrp.inputs import input_infos
+    from onnx_lrp.io.inputs import input_infos
 
     pre = preprocess(kw)
     try:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 from .io import IMAGE_SUFFIXES, image_layout, model_input_dims
 from .options import bound_constants, bound_input_shapes, composite_with, rule_params, takes
+
 
 DATASET_KEYS = ("out_dir", "engine", "ray_address", "workers", "shard_size", "overwrite", "column")
 

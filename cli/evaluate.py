@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
 from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+
 
 METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
 

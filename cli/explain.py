@@ -11,14 +11,23 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import (build_explainer, common, composite_with, image_zbox, input_options, precision_note, preprocess,
-                      rule_params)
+from .options import (
+    build_explainer,
+    common,
+    composite_with,
+    image_zbox,
+    input_options,
+    precision_note,
+    preprocess,
+    rule_params,
+)
 from .text import pop_text_options, run_text, text_options
+
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
@@ -257,7 +266,7 @@ def _destinations(o: ExplainOptions) -> _Destinations:
     if o.html_path and not o.tokens_path:
         raise OutputError("--html needs --tokens FILE (the token text, one token per line)")
     if o.tokens_path:
-        from onnx_lrp.tokens import read_tokens
+        from onnx_lrp.io.tokens import read_tokens
         tokens = read_tokens(o.tokens_path)
     html_out = Path(o.html_path) if o.html_path else None
     if html_out is not None:
@@ -351,7 +360,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     res = _Result(ex, comp, batch, n, relevance, outputs, explained, target_used, rel_at, pos_used, behind, items,
                   summary, t_build, t_explain)
     if dest.tokens is not None:
-        from onnx_lrp.tokens import tokens_for
+        from onnx_lrp.io.tokens import tokens_for
         res.token_rows = _token_rows(dest.tokens, relevance, n)
         res.item_tokens = [tokens_for(dest.tokens, i, n) for i in range(n)]
     return res
@@ -412,7 +421,7 @@ def _write(o: ExplainOptions, dest: _Destinations, res: _Result) -> list:
                 w.save_image(path, image)
                 heat_files.append(path)
         if dest.html_out is not None:
-            from onnx_lrp.tokens import html_items
+            from onnx_lrp.io.tokens import html_items
             w.write_bytes(dest.html_out, html_items(res.item_tokens, res.token_rows, [
                 f"item {it['item']}: target {it['target']}" + (f" at position {it['position']}" if "position" in it
                                                                else "") for it in items],
@@ -457,7 +466,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
                f"{res.t_explain:.3f} s "
                f"(model built in {res.t_build:.3f} s)")
     if res.token_rows is not None:
-        from onnx_lrp.tokens import terminal
+        from onnx_lrp.io.tokens import terminal
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         for it, toks, row in zip(items, res.item_tokens, res.token_rows):
             where = f" (position {it['position']})" if "position" in it else ""
@@ -472,7 +481,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
 def worst_gap(results, offsets):
     """The gap between deployed outputs and the explained forward to report for a run of several chunks (items
     counted over the whole run), or None without a deployed run."""
-    from onnx_lrp.gap import worst
+    from onnx_lrp.run.deployed_gap import worst
 
     return worst([r.deployed_gap.shifted(int(o)) for r, o in zip(results, offsets)
                   if getattr(r, "deployed_gap", None) is not None])
@@ -488,7 +497,7 @@ def _tile_label(it: dict, ex, start: str) -> list[str]:
 
 def _token_rows(tokens, relevance, n):
     """One relevance value per token and item (the first input's relevance, summed over embedding dims)."""
-    from onnx_lrp.tokens import per_token, tokens_for
+    from onnx_lrp.io.tokens import per_token, tokens_for
     rel = next(iter(relevance.values())) if isinstance(relevance, dict) else relevance
     rows = []
     for i in range(n):

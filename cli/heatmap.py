@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 
 def _hex(code: str) -> tuple[int, int, int]:

@@ -1,7 +1,7 @@
 """Reading inputs and writing outputs for the command line; reusable by every command.
 
 * The readers (:func:`load_inputs`, :func:`load_image`, ``.npy``/``.npz``, :class:`Preprocess`) live in
-  :mod:`onnx_lrp.inputs` (the API uses them too) and are re-exported here.
+  :mod:`onnx_lrp.io.inputs` (the API uses them too) and are re-exported here.
 * :class:`AtomicOutputs` writes several files as one transaction: each goes to a temporary file in its target's
   directory and is renamed over the target only when all of them were written, so a failed run leaves no
   half-written file and never clobbers an existing output.
@@ -12,15 +12,32 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from onnx_lrp.errors import InputError, OutputError
-from onnx_lrp.inputs import (ARRAY_SUFFIXES, IMAGE_SUFFIXES, IMAGENET_MEAN, IMAGENET_STD, Batch, ImageLayout,
-                             InputInfo, Preprocess, directory_files, image_layout, input_infos, input_kind,
-                             load_image, load_inputs, load_npy, load_npz, model_channel_axis, model_input_dims)
+from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.core.files import temporary_beside
+from onnx_lrp.io.inputs import (
+    ARRAY_SUFFIXES,
+    IMAGE_SUFFIXES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Batch,
+    ImageLayout,
+    InputInfo,
+    Preprocess,
+    directory_files,
+    image_layout,
+    input_infos,
+    input_kind,
+    load_image,
+    load_inputs,
+    load_npy,
+    load_npz,
+    model_channel_axis,
+    model_input_dims,
+)
 
 
 def parse_floats(text: str | None, what: str) -> tuple | None:
@@ -107,13 +124,11 @@ class AtomicOutputs:
         path = Path(path)
         check_writable(path)
         try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            fd, tmp = temporary_beside(path)
         except OSError as exc:
             raise OutputError(f"cannot write {path}: {exc.strerror or exc}; choose a writable directory") from None
-        tmp = Path(tmp)
         self._pending.append((tmp, path))
         try:
-            os.chmod(tmp, _file_mode(path))  # mkstemp makes 0600; give the file the mode a plain open() would
             with os.fdopen(fd, "wb") as f:
                 writer(f)
                 f.flush()
@@ -161,16 +176,6 @@ class AtomicOutputs:
             except FileNotFoundError:
                 pass
         self._pending = []
-
-
-def _file_mode(path: Path) -> int:
-    """The mode of the file being replaced, or 0666 less the umask for a new file."""
-    try:
-        return path.stat().st_mode & 0o7777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
 
 
 def check_writable(path) -> None:

@@ -15,7 +15,8 @@ import sys
 import click
 
 from onnx_lrp import __version__
-from onnx_lrp.errors import InternalError, LrpError, LrpWarning
+from onnx_lrp.core.errors import InternalError, LrpError, LrpWarning
+
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 

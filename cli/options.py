@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import click
 import numpy as np
-
-from onnx_lrp.errors import InputError
 from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
 
+from onnx_lrp.core.errors import InputError
+
 from .io import IMAGENET_MEAN, IMAGENET_STD, Preprocess, image_layout, model_input_dims, parse_floats, parse_size
+
 
 DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/choice.py
 

@@ -15,16 +15,17 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp import gap as gaps
 from onnx_lrp import regression as rg
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.metrics import tracking
-from onnx_lrp.names import FORWARD_PREFIX
+from onnx_lrp.run import deployed_gap as gaps
 
 from . import heatmap as hm
 from .explain import parse_target
 from .io import AtomicOutputs, OutputError, Progress, check_writable, input_kind, load_inputs, model_channel_axis
 from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+
 
 EXIT_DRIFT = 1
 

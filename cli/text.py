@@ -2,7 +2,7 @@
 coloured by relevance out (terminal, and HTML with --html); no token-id files by hand.
 
 The tokenizer (Hugging Face ``tokenizers``, the optional extra ``onnx-lrp[text]``) builds the ids; the model's
-attention mask, position ids and token types are filled by input name (:func:`onnx_lrp.tokens.text_feeds`).
+attention mask, position ids and token types are filled by input name (:func:`onnx_lrp.io.tokens.text_feeds`).
 Without --continuation the next token is explained (the arg-max at the last position, or --target); with it, each
 continuation token is explained at the position before it and the relevances are summed: the relevance of the
 continuation's summed logits, over the prompt and the continuation tokens that precede each one.
@@ -18,10 +18,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp.errors import InputError, OutputError
+from onnx_lrp.core.errors import InputError, OutputError
 
 from .io import AtomicOutputs, check_writable
 from .options import build_explainer, composite_with, precision_note, rule_params
+
 
 TEXT_KEYS = ("text", "tokenizer_path", "continuation")
 
@@ -50,7 +51,7 @@ def pop_text_options(kw: dict) -> dict | None:
 
 def run_text(model, opts: dict, *, target, start, device, tf32, precision, composite, rule_kw, out, html_path,
              token_scale, as_json, refused: dict) -> int:
-    from onnx_lrp import tokens as tk
+    from onnx_lrp.io import tokens as tk
 
     given = [name for name, value in refused.items() if value]
     if given:

@@ -10,7 +10,7 @@ import json
 import click
 import numpy as np
 
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
 from .io import input_kind, load_inputs

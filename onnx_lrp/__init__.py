@@ -1,6 +1,15 @@
 """onnx-lrp: Layer-wise Relevance Propagation for any neural network exported to ONNX."""
-from .errors import (DeviceError, InputError, InternalError, LrpError, LrpWarning, ModelError, NumericError,
-                     UnsupportedError)
+from .core.errors import (
+    DeviceError,
+    InputError,
+    InternalError,
+    LrpError,
+    LrpWarning,
+    ModelError,
+    NumericError,
+    UnsupportedError,
+)
+
 
 __version__ = "0.1.0"
 

@@ -29,11 +29,13 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from . import load as loader, rewriter, runtime
-from .errors import InputError, LrpError, NumericError, internal_error
-from .graph import static_dims
-from .names import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT, VALUE_OUTPUT
-from .ops import carries, is_param
+from . import load as loader
+from .core.errors import InputError, LrpError, NumericError, internal_error
+from .core.graph import carries, is_param, static_dims
+from .core.interface import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT, VALUE_OUTPUT
+from .lrp import rewriter
+from .run import runtime
+
 
 MASK_PREFIX = "lrp/mask/"
 SEED_PREFIX = "lrp/seed/"
@@ -658,7 +660,7 @@ def relmax_build(explainer, source, out_dir, layer: str, targets=None, samples: 
     import json
     from pathlib import Path
 
-    from .dataset.shards import atomic_write
+    from .core.files import atomic_write
 
     out = Path(out_dir)
     (out / "relmax-shards").mkdir(parents=True, exist_ok=True)

@@ -4,22 +4,25 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import zlib
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
-from . import choice, conservation, rewriter, runtime
-from . import precision as precision_pass
 from . import load as loader
+from .build import auto_composite as choice
+from .build import precision as precision_pass
+from .core import meta
+from .core.errors import InputError, LrpError, LrpWarning, ModelError, internal_error
+from .core.graph import carries, static_dims
+from .core.interface import POSITION_INPUT, RELEVANCE_PREFIX
 from .load import external
-from .errors import InputError, LrpError, LrpWarning, ModelError, internal_error
-from .graph import static_dims
-from .ops import carries
+from .lrp import rewriter
 from .rules.composite import Composite, load_composite
-from .runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanation, InputSpec: part of this API)
+from .run import conservation, runtime
+from .run.runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanation, InputSpec: part of this API)
 
 
 #: bytes of float16 / bfloat16 weights above which the deployed model does not run beside the relevance model on
@@ -29,7 +32,7 @@ DEPLOYED_FLOAT16_MAX = 256 << 20
 
 class Explainer(Runner):
     """Builds the relevance model once (load, canonize, rewrite) and one onnxruntime session for it; running it
-    (``explain``) is :class:`onnx_lrp.runner.Runner`'s."""
+    (``explain``) is :class:`onnx_lrp.run.runner.Runner`'s."""
 
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
                  output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
@@ -43,7 +46,7 @@ class Explainer(Runner):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.start = start
-        self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.conservation): an error, not a warning
+        self.strict = bool(strict)  # relevance far from conserved (onnx_lrp.run.conservation): an error, not a warning
         self.precise = bool(precise)  # onnxruntime without layout optimisations (runtime.Session)
         self._source = (model, output, explain_logits, constants, input_shapes)  # rebuilt with a ledger on a trip
         self.device = runtime.resolve_device(device)
@@ -102,7 +105,7 @@ class Explainer(Runner):
         self.whole = rewriter.whole_output(graph, y_value)  # no batch axis: the output is one item
         self._rows_from = _sequence_axis_source(graph, y_value)
         self.ledger = bool(ledger)
-        self.ledger_rows = [] if ledger else None  # one onnx_lrp.ledger.LedgerRow per node, reverse order
+        self.ledger_rows = [] if ledger else None  # one onnx_lrp.lrp.ledger.LedgerRow per node, reverse order
         self._trace: list = []
         rewriter.rewrite(ir_model, self.composite, output=output, relevance_at=self.relevance_at,
                          explain_logits=explain_logits, ledger=self.ledger_rows, trace=self._trace)
@@ -111,9 +114,9 @@ class Explainer(Runner):
         self.explained_output = y_out.name
         self.explained_tensor = y_value.name  # what relevance starts from: the logits behind a softmax output
         produced = {o.name for o in graph.outputs}
-        self.relevance_inputs = [v.name for v in graph.inputs if rewriter.RELEVANCE_PREFIX + v.name in produced]
+        self.relevance_inputs = [v.name for v in graph.inputs if RELEVANCE_PREFIX + v.name in produced]
         self.sequence_rows = None  # (positions, entries per position) for explained outputs of rank >= 3
-        if rewriter.POSITION_INPUT in {v.name for v in graph.inputs} and y_dims is not None:
+        if POSITION_INPUT in {v.name for v in graph.inputs} and y_dims is not None:
             # a dynamic sequence length (None) is read from the input axis with the same symbolic dimension
             # dynamic trailing axes (a detector's H x W map): entries per position (None) read from the output
             trailing = y_dims[2:]
@@ -178,7 +181,7 @@ class Explainer(Runner):
 
         ``computed_weights``: store no modified copies of the weights (W+, |W|, transposed kernels, ...) but nodes
         that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
-        the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.weights.compute_in_graph`.
+        the model's size instead of 2-4 times it. Returns the counts of :func:`onnx_lrp.build.computed_weights.compute_in_graph`.
         """
         try:
             loader.save_parts(self.model_parts(computed_weights), path)
@@ -217,7 +220,7 @@ class Explainer(Runner):
 
     def model_parts(self, computed_weights: bool = False):
         """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
-        from . import weights
+        from .build import computed_weights as weights
         from .load import external
 
         if not computed_weights:
@@ -280,7 +283,7 @@ def ledger_book(run, start: str) -> "Explainer":
 
 def ledger_culprits(run, book: "Explainer", feeds, item: int, target: int, start, positions):
     """The nodes that absorb or create most relevance for item ``item`` of ``feeds`` (``run``'s inputs), read from
-    ``book``'s ledger (:func:`onnx_lrp.conservation.culprits`)."""
+    ``book``'s ledger (:func:`onnx_lrp.run.conservation.culprits`)."""
     one = {k: v[item:item + 1] for k, v in feeds.items()} if not run.whole else feeds
     extra = {} if positions is None else {"position": positions}
     book._reading_ledger = True  # this run only reads the ledger: no check of its own
@@ -298,7 +301,7 @@ def _deployed_kinds(ir_model) -> tuple:
     kinds = []
     if any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in ir_model.graph):
         kinds.append("int8")
-    if any("float16" in note for note in ir_model.meta.get("lrp_deployed") or ()):
+    if any("float16" in note for note in meta.DEPLOYED_FORMS.get(ir_model) or ()):
         kinds.append("float16")
     return tuple(kinds)
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -51,9 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gap as gaps
-from .errors import InputError
-from .names import FORWARD_PREFIX
+from .core.errors import InputError
+from .core.interface import FORWARD_PREFIX
+from .run import deployed_gap as gaps
+
 
 FORMAT = "onnx-lrp-snapshot"
 FORMAT_VERSION = 1
@@ -357,7 +357,7 @@ def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=N
     """Run an Explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used).
 
     Where the outputs are a deployed model's (quantized, float16), the explained forward's explained output is among
-    the outputs as ``FORWARD_PREFIX + name``, and each chunk's :class:`onnx_lrp.gap.Gap` is appended to ``gaps_out``
+    the outputs as ``FORWARD_PREFIX + name``, and each chunk's :class:`onnx_lrp.run.deployed_gap.Gap` is appended to ``gaps_out``
     (items counted over the whole batch). ``progress(done, total)`` is called after each chunk."""
     n = next(iter(arrays.values())).shape[0]
     rel, outs, used = [], [], []
@@ -412,14 +412,6 @@ def deployed_difference_message(d: dict, output: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- snapshot file
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def model_sha256(path) -> str:
     """The digest of a model file together with its external data files (the loader's)."""
     from .load import model_sha256 as digest
@@ -675,7 +667,7 @@ def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") ->
 
 __all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_thresholds", "parse_threshold",
            "rankdata", "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
-           "failures", "Result", "Sample", "Comparison", "compare", "explain_all", "sha256_file", "model_sha256",
+           "failures", "Result", "Sample", "Comparison", "compare", "explain_all", "model_sha256",
            "deployed_difference", "deployed_difference_message",
            "composite_source", "params_to_json", "params_from_json", "Snapshot", "snapshot_arrays", "read_snapshot",
            "format_table", "report_dict", "report_json", "junit_xml", "FORMAT", "FORMAT_VERSION", "CONFIG_NAME"]

@@ -3,7 +3,7 @@ signal-take-all for gates (Arras et al., 2017).
 
 Each says what it does on the ops that have rules of their own (``propagate_<family>``: product, gate, softmax);
 the steps (a product's transpose, CP-LRP's choice of the gate, the softmax's centring) live beside the op, in
-``onnx_lrp.ops.transformer``. The linear parts of a transformer (MatMul/Gemm with constant weights,
+``onnx_lrp.lrp.ops.transformer``. The linear parts of a transformer (MatMul/Gemm with constant weights,
 residual sums, the mean subtraction and affine part of LayerNorm) use ``Epsilon`` from ``rules.rules``.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ Neural Network Predictions in Sentiment Analysis"; Arras et al. 2019, "Explainin
 
 It holds numbers and says what it does on a recurrent op (``propagate_recurrent``); how the relevance recurrence is
 emitted (a backward Scan over time) lives beside the ops,
-in ``onnx_lrp.ops.recurrent``. Per time step t (``stab(z) = z + eps (sign(z) + (z == 0))``; gates i, f, o, z, r
+in ``onnx_lrp.lrp.ops.recurrent``. Per time step t (``stab(z) = z + eps (sign(z) + (z == 0))``; gates i, f, o, z, r
 get no relevance; element-wise non-linearities pass relevance unchanged):
 
 - LSTM (c_t = f ⊙ c_{t-1} + i ⊙ g, h_t = o ⊙ tanh(c_t), g = tanh(a), a = W_g x_t + R_g h_{t-1} + b_g):

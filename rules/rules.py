@@ -1,7 +1,7 @@
 """LRP rules as configuration of one generic step.
 
 Every rule for a linear layer ``z = f(x; w, b)`` is a list of *groups*; each group is a list of *terms*
-``(input modifier, weight modifier, bias modifier, sign)``. The engine (``onnx_lrp.propagate``) computes, per
+``(input modifier, weight modifier, bias modifier, sign)``. The engine (``onnx_lrp.lrp.engine``) computes, per
 group g::
 
     z_g   = sum_k sign_k * f(xmod_k(x); wmod_k(w), bmod_k(b))
@@ -9,15 +9,14 @@ group g::
     r_in += sum_k sign_k * xmod_k(x) * f^T(s_g; wmod_k(w))
 
 with zennit's stabiliser ``stab(z) = z + eps * (sign(z) + (z == 0))``. Rules hold numbers only; what a
-convolution's or a matmul's transpose is lives beside the op, in ``onnx_lrp.ops``.
+convolution's or a matmul's transpose is lives beside the op, in ``onnx_lrp.lrp.ops``.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
@@ -95,8 +94,8 @@ def register_rule(cls=None, *, aliases: tuple[str, ...] = ()):
 
 
 def _engine():
-    """The propagation steps (``onnx_lrp.propagate``), imported on first use: listing composites needs no numpy."""
-    from .. import propagate
+    """The propagation steps (``onnx_lrp.lrp.engine``), imported on first use: listing composites needs no numpy."""
+    from ..lrp import engine as propagate
     return propagate
 
 
@@ -150,7 +149,7 @@ class Rule:
         return self.propagate_one(em, layer, r_outs[0])
 
     def propagate_own(self, em, layer, r_outs: list) -> list:
-        """On an op with rules of its own (``onnx_lrp.ops.RuleOp``): the rule's hook for the op's family."""
+        """On an op with rules of its own (``onnx_lrp.lrp.ops.RuleOp``): the rule's hook for the op's family."""
         return getattr(self, "propagate_" + layer.op.family)(em, layer, r_outs)
 
     def propagate_one(self, em, layer, r_out) -> list:
@@ -335,7 +334,7 @@ class ZBox(LinearRule):
 
     def __post_init__(self):
         if self.low is None or self.high is None:
-            return  # refused when the rule is applied (onnx_lrp.rewriter.check_bounds), naming the composite
+            return  # refused when the rule is applied (onnx_lrp.lrp.rewriter.check_bounds), naming the composite
         if isinstance(self.low, (int, float)) and isinstance(self.high, (int, float)):  # without numpy
             if self.low > self.high:
                 raise ValueError("zbox rule needs low <= high")

@@ -356,7 +356,7 @@ def run_one(path: str, family: str) -> dict:
     import numpy as np
 
     import onnx_lrp
-    from onnx_lrp.errors import LrpError
+    from onnx_lrp.core.errors import LrpError
     first = "attnlrp" if family in TRANSFORMER_FAMILIES else "epsilon-plus-flat"
     composites = [first, "epsilon-plus-flat" if first == "attnlrp" else "attnlrp"]
     result = {}

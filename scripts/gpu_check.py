@@ -49,7 +49,7 @@ def first(rel):
 def plain_session(path, device: str, tf32: bool):
     import onnxruntime as ort
 
-    from onnx_lrp import runtime
+    from onnx_lrp.run import runtime
     providers = ["CPUExecutionProvider"]
     if device == "cuda":
         runtime.preload_cuda()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-import onnx_lrp.ops as ops
+import onnx_lrp.lrp.ops as ops
 
 
 def kinds(op, seen=None) -> set[str]:

@@ -163,7 +163,8 @@ CONSTS = {"sqrt2": np.array(np.sqrt(2.0), np.float32), "one": np.array(1.0, np.f
 
 @pytest.mark.parametrize("build,name", [(_silu, "silu"), (_gelu_erf, "gelu-erf"), (_gelu_tanh, "gelu-tanh")])
 def test_self_products_get_the_identity_rule(build, name):
-    from onnx_lrp import load as loader, patterns
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import patterns
     x = RNG.normal(size=(BATCH, 7)).astype(np.float32)
     # the non-linearity follows a linear layer, as in an MLP: x -> h = x W -> act(h)
     w = RNG.normal(size=(7, 5)).astype(np.float32)
@@ -181,7 +182,8 @@ def test_self_products_get_the_identity_rule(build, name):
 
 
 def test_product_of_two_different_tensors_is_not_a_self_product():
-    from onnx_lrp import load as loader, patterns
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import patterns
     m = make_model([node("Sigmoid", ["b"], ["sg"]), node("Mul", ["a", "sg"], ["y"], name="gate")],
                    {"a": (BATCH, 4), "b": (BATCH, 4)}, ["y"])
     g = loader.load(to_bytes(m)).graph
@@ -243,7 +245,8 @@ def _decomposed_rms():
 @pytest.mark.parametrize("build,centered,kind", [(_decomposed_ln, True, "layernorm-scale"),
                                                  (_decomposed_rms, False, "rmsnorm-scale")])
 def test_decomposed_norms_hold_the_scale(build, centered, kind):
-    from onnx_lrp import load as loader, patterns
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import patterns
     x = RNG.normal(size=(BATCH, 3, 6)).astype(np.float32) * 2 + 1
     inits = _ln_inits(6)
     inits.update(two=np.array(2.0, np.float32), eps=np.array(1e-5, np.float32))

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import onnx_lrp
 from onnx_lrp.cli.main import main as cli
-from onnx_lrp.errors import ModelError
+from onnx_lrp.core.errors import ModelError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bigmodels  # noqa: E402
@@ -87,7 +87,7 @@ def test_several_data_files_and_inspect(tmp_path):
     assert "mm1" in res.output
     # what a Ray actor receives: the graph and the data files' folder, not the weights
     import pickle
-    from onnx_lrp.runner import Runner
+    from onnx_lrp.run.runner import Runner
     payload = ex.payload()
     assert len(pickle.dumps(payload)) < sum(f.stat().st_size for f in tmp_path.glob("*.data")) / 4
     np.testing.assert_array_equal(Runner.from_payload(pickle.loads(pickle.dumps(payload))).explain(x, 4).relevance,
@@ -131,7 +131,7 @@ ex.explain(x.astype(ex.inputs[0].dtype), target=0)
 print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 '''
 _BASE = r'''
-import json, resource, numpy as np, onnxruntime, onnx_lrp, onnx_lrp.explainer, onnx_lrp.load, onnx_lrp.rewriter
+import json, resource, numpy as np, onnxruntime, onnx_lrp, onnx_lrp.explainer, onnx_lrp.load, onnx_lrp.lrp.rewriter
 print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 '''
 

@@ -253,7 +253,8 @@ def _unsupported_model(path):
 
 
 def test_inspect_lists_every_node_with_its_rule(tmp_path):
-    from onnx_lrp import load as loader, rewriter
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import rewriter
 
     p = run("inspect", DIGITS, "--composite", "epsilon-gamma-box")
     plan = rewriter.plan(loader.load(str(DIGITS)), load_composite("epsilon-gamma-box"))

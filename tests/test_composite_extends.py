@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from onnx_lrp.composite_check import known_kinds
+from onnx_lrp.lrp.composite_check import known_kinds
 from onnx_lrp.rules.composite import BASE_DIR, BUILTIN_DIR, NodeInfo, builtin_names, load_composite, parse_composite
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import onnx_lrp
 from onnx_lrp.concepts import RelMax
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLD = ROOT / "tests" / "goldens" / "crp"
@@ -250,7 +250,7 @@ def test_concept_graph_edges_are_conditional_shares(digits):
 def test_relmax_resumes_and_matches_the_shares(digits, tmp_path):
     from onnx_lrp.concepts import relmax_build
     from onnx_lrp.dataset import open_source
-    from onnx_lrp.inputs import input_infos
+    from onnx_lrp.io.inputs import input_infos
 
     ex, _ = digits
     images = np.load(ROOT / "models" / "digits_heldout.npz")["images"][:20].astype(np.float32) / 255

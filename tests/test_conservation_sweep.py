@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from onnx_lrp import conservation
-from onnx_lrp.errors import NumericError
+from onnx_lrp.run import conservation
+from onnx_lrp.core.errors import NumericError
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
 TWINS = GOLDENS / "twins"

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
-from onnx_lrp.errors import InputError, UnsupportedError
+from onnx_lrp.core.errors import InputError, UnsupportedError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from recurrent_oracle import lrp_op, stab  # noqa: E402

@@ -12,8 +12,8 @@ import pytest
 
 import onnx_lrp
 from families import FAMILIES
-from onnx_lrp import runtime
-from onnx_lrp.errors import LrpError
+from onnx_lrp.run import runtime
+from onnx_lrp.core.errors import LrpError
 
 
 DEVICE = os.environ.get("ONNX_LRP_PARITY_DEVICE", "cuda")

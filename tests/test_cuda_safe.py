@@ -62,9 +62,9 @@ def test_the_check_sees_the_skiplayernorm_dependency(tmp_path):
 
 # ------------------------------------------------------------------------------ CUDA options without a GPU
 def test_tf32_is_off_unless_asked_and_travels_with_the_payload():
-    from onnx_lrp import runtime
-    from onnx_lrp.errors import InputError
-    from onnx_lrp.runner import Runner
+    from onnx_lrp.run import runtime
+    from onnx_lrp.core.errors import InputError
+    from onnx_lrp.run.runner import Runner
 
     assert runtime.cuda_options() == {"use_tf32": "0"} and runtime.cuda_options(True) == {"use_tf32": "1"}
     fam = FAMILIES[-1]
@@ -82,7 +82,7 @@ def test_preload_loads_the_wheels_libraries_once_and_quietly(monkeypatch, capsys
     import importlib.util
     import types
 
-    from onnx_lrp import runtime
+    from onnx_lrp.run import runtime
 
     calls = []
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import onnx_lrp
-from onnx_lrp.inputs import Preprocess, image_layout, input_infos, load_image
+from onnx_lrp.io.inputs import Preprocess, image_layout, input_infos, load_image
 from onnx_lrp.cli.main import main
 from onnx_lrp.dataset import MANIFEST, SHARD_DIR, explain_dataset, read_shards
 
@@ -224,12 +224,12 @@ _ACTOR = """
 import pickle, sys
 import numpy as np
 import onnx_lrp.ray, onnx_lrp.dataset.ray  # what a Ray actor of the dataset engine imports
-from onnx_lrp.runner import Runner
+from onnx_lrp.run.runner import Runner
 payload, x = pickle.loads(sys.stdin.buffer.read())
 run = Runner.from_payload(payload, threads=1)
 e = run.explain(x)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnx_ir", "sympy", "onnxscript")
-               or m in ("onnx_lrp.explainer", "onnx_lrp.load", "onnx_lrp.rewriter", "onnx_lrp.ops"))
+               or m in ("onnx_lrp.explainer", "onnx_lrp.load", "onnx_lrp.lrp.rewriter", "onnx_lrp.lrp.ops"))
 sys.stdout.buffer.write(pickle.dumps((heavy, e.relevance, e.target)))
 """
 
@@ -252,7 +252,7 @@ def test_an_actor_runs_the_payload_without_onnx_ir_or_onnx(ex, digits):
 
 
 def test_a_runner_from_a_payload_still_names_where_relevance_became_non_finite(tmp_path):
-    from onnx_lrp.runner import Runner
+    from onnx_lrp.run.runner import Runner
 
     model = _overflow_model(tmp_path / "m.onnx")
     run = Runner.from_payload(onnx_lrp.Explainer(model, composite="epsilon").payload())
@@ -487,7 +487,7 @@ def test_check_engine_ray_recomputes_a_snapshot(tmp_path, digits, ray_cluster):
 
 def test_the_package_never_imports_the_command_line():
     """Imports run cli -> API -> ...: no module of onnx_lrp (outside cli/) imports onnx_lrp.cli (the dataset
-    engines read inputs through onnx_lrp.inputs, which cli/io.py re-exports)."""
+    engines read inputs through onnx_lrp.io.inputs, which cli/io.py re-exports)."""
     import ast
 
     offenders = []
@@ -502,7 +502,7 @@ def test_the_package_never_imports_the_command_line():
             offenders += [f"{path.name}: {n}" for n in names if n == "onnx_lrp.cli" or n.startswith("onnx_lrp.cli.")]
     assert not offenders, offenders
     import onnx_lrp.cli.io as cli_io
-    import onnx_lrp.inputs as inputs
+    import onnx_lrp.io.inputs as inputs
     assert cli_io.load_image is inputs.load_image and cli_io.Preprocess is inputs.Preprocess
 
 

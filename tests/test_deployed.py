@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_lrp
 import qop_models
 from onnx_lrp import load as loader
-from onnx_lrp.errors import UnsupportedError
+from onnx_lrp.core.errors import UnsupportedError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
@@ -122,7 +122,7 @@ def test_qdq_demo_weights_folded_forward_quantized(variants):
     assert all(n.inputs[0].const_value is None for n in dq), "every DequantizeLinear of a constant is folded"
     for n in m.graph:
         if n.op_type in ("Conv", "Gemm"):
-            assert n.inputs[1].const_value is not None and n.inputs[1].dtype == onnx_lrp.ops.base.ir.DataType.FLOAT
+            assert n.inputs[1].const_value is not None and n.inputs[1].dtype == onnx_lrp.lrp.ops.base.ir.DataType.FLOAT
     x = np.load(SAMPLES)
     ex = onnx_lrp.Explainer(variants["qdq"], composite="epsilon-plus-flat")
     res = ex.explain(x)
@@ -723,10 +723,10 @@ def test_fake_quantized_float_weights_fold(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- deployed gap
 def test_gap_cause_is_the_onnxruntime_path_that_closes_it(monkeypatch):
-    """onnx_lrp.gap.cause runs the deployed model again with onnxruntime's exact int8 sums, with Q/DQ as written, and
+    """onnx_lrp.run.deployed_gap.cause runs the deployed model again with onnxruntime's exact int8 sums, with Q/DQ as written, and
     with both; the first that brings it within the tolerance names the cause (a fake session stands for a CPU whose
     int8 kernels saturate: on a VNNI CPU no real model can show it)."""
-    from onnx_lrp import gap as gaps
+    from onnx_lrp.run import deployed_gap as gaps
 
     forward = np.array([[14.81, -4.0, -2.6]])
 
@@ -794,7 +794,7 @@ def test_cli_says_the_gap_once_in_explain_trace_and_snapshot(variants, tmp_path)
 def test_payload_carries_the_deployed_model(variants):
     """A Runner from an Explainer's payload (a Ray actor's) runs the deployed model too: the same outputs, explained
     forward and gap as the Explainer; float models carry none."""
-    from onnx_lrp.runner import Runner
+    from onnx_lrp.run.runner import Runner
 
     x = np.load(SAMPLES)[:4]
     ex = onnx_lrp.Explainer(variants["dynamic"])

@@ -17,7 +17,7 @@ import pytest
 from util import conv_matrix, make_model, node, to_bytes
 
 import onnx_lrp
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 from onnx_lrp.metrics import correlation, perturbation, randomisation, similarity
 from onnx_lrp.metrics.forward import Forward
 

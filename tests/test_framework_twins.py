@@ -24,7 +24,8 @@ import onnx
 import pytest
 
 import onnx_lrp
-from onnx_lrp import load as loader, rewriter
+from onnx_lrp import load as loader
+from onnx_lrp.lrp import rewriter
 from onnx_lrp.rules.composite import load_composite, parse_composite
 
 from util import make_model, node, run, to_bytes
@@ -80,7 +81,7 @@ def twin(request):
 def missing_handlers(name, framework) -> tuple[str, ...]:
     """Op types of an export that this checkout has no handler for (GatherND, in jax2onnx's strided crop, comes
     with the op-conformance work)."""
-    from onnx_lrp.ops import REGISTRY
+    from onnx_lrp.lrp.ops import REGISTRY
     graph = loader.load(str(TWINS / f"{name}_{framework}.onnx")).graph
     return tuple(sorted({n.op_type for n in graph} - set(REGISTRY)))
 
@@ -330,7 +331,7 @@ def test_keras_gru_loop_is_unrolled_and_explained():
 def test_keras_lstm_is_refused_or_explained():
     """tf2onnx writes a Keras LSTM as an ONNX LSTM op: refused naming it while it has no handler; once it has one,
     the forward equals Keras' and the relevance is finite."""
-    from onnx_lrp.errors import UnsupportedError
+    from onnx_lrp.core.errors import UnsupportedError
     g = np.load(TWINS / "recurrent.npz")
     try:
         res = onnx_lrp.Explainer(str(TWINS / "lstm_keras.onnx"), composite="epsilon").explain(g["x"])
@@ -386,7 +387,7 @@ def test_flax_transformer_twin(composite):
     np.testing.assert_allclose(res["torch"].outputs["y"], ref["y_torch"], rtol=1e-5, atol=1e-6)
     assert np.all(np.abs(res["torch"].relevance).reshape(len(x), -1).sum(1) > 0)
     assert np.all(rel_l2(res["flax"].relevance, res["torch"].relevance) < 1e-5)
-    from onnx_lrp import patterns
+    from onnx_lrp.lrp import patterns
     kinds = [m.name for m in patterns.annotate(loader.load(TWINS / "transformer_flax.onnx").graph)]
     assert kinds.count("layernorm-scale") == 5, kinds
 

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
 from onnx_lrp import load as loader
-from onnx_lrp.errors import UnsupportedError
+from onnx_lrp.core.errors import UnsupportedError
 
 GOLDENS = Path(__file__).parent / "goldens" / "transformers"
 F32_MIN = float(np.finfo(np.float32).min)

@@ -21,7 +21,8 @@ import pytest
 from util import make_model, node, to_bytes
 
 import onnx_lrp
-from onnx_lrp import load as loader, rewriter
+from onnx_lrp import load as loader
+from onnx_lrp.lrp import rewriter
 from onnx_lrp.rules import load_composite, parse_composite
 
 CNN = ["epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",

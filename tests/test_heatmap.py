@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from onnx_lrp.cli import heatmap as hm
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 
 def test_colormap_end_points_and_centre():

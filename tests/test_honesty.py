@@ -47,7 +47,8 @@ def test_an_op_of_unknown_output_type_is_refused_not_cut(domain, op_type):
 
 
 def test_a_custom_op_mapped_in_no_composite_is_listed_by_plan():
-    from onnx_lrp import load as loader, rewriter
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import rewriter
     from onnx_lrp.rules.composite import load_composite
     p = rewriter.plan(loader.load(with_custom_op("com.example", "Foo")), load_composite("epsilon"))
     assert [a.node.name for a in p.unsupported] == ["custom"]

@@ -10,7 +10,7 @@ from util import add_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
 from onnx_lrp import load as loader
-from onnx_lrp.ops import is_param
+from onnx_lrp.core.graph import is_param
 
 RNG = np.random.default_rng(99)
 

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_lrp import regression as rg
 from onnx_lrp.dataset import explain_dataset
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 
 def _mlp(folder, w1_scale: float = 1.0, external: bool = True):

@@ -60,7 +60,8 @@ def test_routing_weights_are_matched_as_gates():
     """The matcher finds the routing factor of the expert product in both exports (the TopK values through the
     renormalisation, the unsqueeze and the scatter) and holds it; the signal is the experts' output (not routed);
     no other Mul of the block is a routed product."""
-    from onnx_lrp import load as loader, patterns
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import patterns
 
     for routing in ("scatter", "gather", "topk_softmax"):
         graph = loader.load((MOE / f"moe_{routing}_torchscript17.onnx").read_bytes()).graph
@@ -114,7 +115,8 @@ def test_dense_softmax_weights_and_topk_indices_are_no_routing_gate():
     of two activations (the uniform rule under attnlrp), and TopK's indices output is no routing weight."""
     from util import make_model, node, to_bytes
 
-    from onnx_lrp import load as loader, patterns
+    from onnx_lrp import load as loader
+    from onnx_lrp.lrp import patterns
 
     nodes = [node("Softmax", ["s"], ["p"], axis=-1), node("Mul", ["h", "p"], ["y"], name="dense"),
              node("TopK", ["s", "k"], ["v", "i"]), node("Cast", ["i"], ["fi"], to=1),

@@ -21,7 +21,7 @@ import pytest
 from util import add_probe, dyadic, make_model, node, run, to_bytes
 
 import onnx_lrp
-import onnx_lrp.ops
+import onnx_lrp.lrp.ops
 from onnx_lrp import load as loader
 from onnx_lrp.rules import parse_composite
 
@@ -683,5 +683,5 @@ def test_gradient_refused(op):
 def test_every_registered_op_is_covered():
     covered = set().union(*(c.op_types for c in CASES)) | {p[0] for p in PASS_ONLY} | set(NOT_LOADABLE) | set(
         NO_GRADIENT) | {"Softplus"}  # no float64 Softplus in onnxruntime: its derivative is checked in test_gates
-    missing = sorted(set(onnx_lrp.ops.REGISTRY) - covered)
+    missing = sorted(set(onnx_lrp.lrp.ops.REGISTRY) - covered)
     assert not missing, f"ops without an adjoint / pass test: {missing}"

@@ -19,8 +19,9 @@ import pytest
 
 import onnx_lrp
 from onnx_lrp import load as loader
-from onnx_lrp import precision, rewriter
-from onnx_lrp.errors import InputError
+from onnx_lrp.build import precision
+from onnx_lrp.lrp import rewriter
+from onnx_lrp.core.errors import InputError
 from onnx_lrp.rules.composite import load_composite
 
 sys.path.insert(0, str(Path(__file__).parent))

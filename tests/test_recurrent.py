@@ -10,7 +10,7 @@ from recurrent_oracle import lrp_op, stab
 from util import add_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
-from onnx_lrp.errors import UnsupportedError
+from onnx_lrp.core.errors import UnsupportedError
 from onnx_lrp.rules import Entry, Gradient, load_composite
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}

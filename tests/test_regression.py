@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from onnx_lrp.core.files import sha256_file
 import onnx_lrp
 from onnx_lrp import regression as rg
-from onnx_lrp.errors import InputError
+from onnx_lrp.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
@@ -102,7 +103,7 @@ def test_snapshot_roundtrip_plain_arrays(tmp_path):
         assert all(z[k].dtype != object for k in z.files)
     snap = rg.read_snapshot(path)
     assert snap.items == ["a", "b", "c"] and snap.meta["start"] == "one-hot"
-    assert snap.meta["model"]["sha256"] == rg.sha256_file(DEMO)
+    assert snap.meta["model"]["sha256"] == sha256_file(DEMO)
     comp = snap.composite()
     ref = onnx_lrp.rules.composite.load_composite("epsilon-gamma-box").with_params(gamma=0.5, low=low)
     assert [e.match for e in comp.entries] == [e.match for e in ref.entries]

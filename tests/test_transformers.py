@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from onnx_lrp import tokens
+from onnx_lrp.io import tokens
 
 GOLDENS = Path(__file__).parent / "goldens" / "transformers"
 TOL = 1e-3  # relative L2 error to LXT, per sample

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from onnx_lrp import conservation
-from onnx_lrp.errors import LrpWarning, NumericError
+from onnx_lrp.run import conservation
+from onnx_lrp.core.errors import LrpWarning, NumericError
 
 from util import make_model, node, to_bytes
 
@@ -220,7 +220,7 @@ def test_binary_composite_file_is_named(tmp_path):
                                              (b"\x80\x04K\x01.", "is a Python pickle"),
                                              (b"PK\x03\x04rest", "is an .npz archive")])
 def test_npy_that_is_not_npy_says_what_it_is(tmp_path, content, message):
-    from onnx_lrp.inputs import load_npy
+    from onnx_lrp.io.inputs import load_npy
 
     path = tmp_path / "x.npy"
     path.write_bytes(content)
@@ -323,7 +323,7 @@ def test_precise_session_runs_without_layout_optimisations():
     assert level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     a, b = fast.explain(x).relevance, precise.explain(x).relevance
     assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b)
-    from onnx_lrp.runner import Runner
+    from onnx_lrp.run.runner import Runner
 
     assert Runner.from_payload(precise.payload()).session.precise
 
@@ -336,7 +336,7 @@ import onnx_lrp.ray  # what a Ray actor imports: ExplainBatch, whose runner come
 payload, x, strict = pickle.loads(sys.stdin.buffer.read())
 payload = dict(payload, strict=strict)
 batch = onnx_lrp.ray.ExplainBatch(relevance_model=payload, target=0, threads=1)
-heavy = lambda: sorted(m for m in ("onnx", "onnx_ir", "onnx_lrp.load", "onnx_lrp.rewriter") if m in sys.modules)
+heavy = lambda: sorted(m for m in ("onnx", "onnx_ir", "onnx_lrp.load", "onnx_lrp.lrp.rewriter") if m in sys.modules)
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     ok = batch({"x": x[1:]})  # conserves: nothing heavy is imported
@@ -389,7 +389,7 @@ def test_a_ray_actor_names_the_nodes_that_absorb_the_relevance(tmp_path):
 def test_a_payload_from_model_bytes_carries_them_for_the_ledger():
     """A model given as bytes: the payload carries them (an actor has no file to read); an onnx_ir model in memory
     carries nothing (the warning then names no node)."""
-    from onnx_lrp.carried import CarriedRunner
+    from onnx_lrp.run.carried import CarriedRunner
 
     ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
     assert ex.payload()["ledger_source"][:2] == (mlp(100.0), "epsilon")  # a built-in composite travels by name

@@ -18,9 +18,9 @@ from PIL import Image
 from util import make_model, node, to_bytes
 
 import onnx_lrp
-from onnx_lrp import runtime
+from onnx_lrp.run import runtime
 from onnx_lrp.cli.main import COMMANDS, main
-from onnx_lrp.errors import DeviceError, LrpWarning, UnsupportedError
+from onnx_lrp.core.errors import DeviceError, LrpWarning, UnsupportedError
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
@@ -294,7 +294,7 @@ def _embedding_model(path):
 def test_tokens_per_item_and_clipped_scale(tmp_path):
     import json
 
-    from onnx_lrp.tokens import _scaled
+    from onnx_lrp.io.tokens import _scaled
 
     _embedding_model(tmp_path / "m.onnx")
     np.save(tmp_path / "e.npy", np.random.default_rng(4).normal(size=(2, 4, 3)).astype(np.float32))

@@ -30,11 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from ..inputs import Preprocess, input_infos
+from ..core.errors import InputError
+from ..io.inputs import Preprocess, input_infos
 from .local import Output, Progress, cpu_cores, run_local
 from .shards import ERRORS, FORMAT, MANIFEST, SHARD_DIR, explain_items, explain_shard, write_shard  # noqa: F401
 from .sources import ArraySource, FileSource, ParquetSource, Source, list_files, open_source  # noqa: F401
+
 
 DEFAULT_SHARD_SIZE = 256
 ENGINES = ("local", "ray")
@@ -42,14 +43,14 @@ ENGINES = ("local", "ray")
 
 def explainer_payload(ex) -> dict:
     """What runs an Explainer's relevance model in another process without loading or rewriting the model again:
-    plain data (see :meth:`onnx_lrp.runner.Runner.payload`)."""
+    plain data (see :meth:`onnx_lrp.run.runner.Runner.payload`)."""
     return ex.payload()
 
 
 def explainer_from_payload(payload: dict, device: str | None = None, threads: int | None = None):
-    """A :class:`onnx_lrp.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
+    """A :class:`onnx_lrp.run.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
     neither onnx_ir nor onnx."""
-    from ..carried import CarriedRunner
+    from ..run.carried import CarriedRunner
 
     return CarriedRunner.from_payload(payload, device, threads)
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, OutputError
-from .shards import ERRORS, MANIFEST, SHARD_DIR, atomic_write, compute_shard, sha256_bytes_of, write_shard
+from ..core.errors import InputError, OutputError
+from ..core.files import atomic_write, sha256_file
+from .shards import ERRORS, MANIFEST, SHARD_DIR, compute_shard, write_shard
 from .sources import Source
 
 
@@ -47,7 +48,7 @@ class Output:
                                  "to discard it")
             for rec in old.get("shards", []):  # a shard counts as done only when its file is whole
                 p = self.dir / rec["file"]
-                if p.is_file() and sha256_bytes_of(p) == rec["sha256"]:
+                if p.is_file() and sha256_file(p) == rec["sha256"]:
                     self.done[int(rec["index"])] = rec
         stale = [*(self.dir / SHARD_DIR).glob(".part-*.tmp"), *self.dir.glob(f".{MANIFEST}.*.tmp")]
         if overwrite:

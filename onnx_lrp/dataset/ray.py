@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx_lrp.core.errors import InputError, LrpError
+from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.dataset.shards import explain_shard, write_shard
-from onnx_lrp.errors import InputError, LrpError
-from onnx_lrp.names import FORWARD_PREFIX
-from onnx_lrp.carried import CarriedRunner
+from onnx_lrp.run.carried import CarriedRunner
+
 
 INSTALL = "pip install 'onnx-lrp[ray]'"
 
@@ -41,8 +42,8 @@ def relevance_model(model, **explainer_options):
     """Build the relevance model once (load, canonize, rewrite) and put it in Ray's object store.
 
     Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: plain data (the relevance model's bytes and
-    what running it needs, :meth:`onnx_lrp.runner.Runner.payload`); each actor then imports only numpy, onnxruntime
-    and :mod:`onnx_lrp.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
+    what running it needs, :meth:`onnx_lrp.run.runner.Runner.payload`); each actor then imports only numpy, onnxruntime
+    and :mod:`onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
     from onnx_lrp.explainer import Explainer
 
     ray = require_ray()
@@ -50,7 +51,7 @@ def relevance_model(model, **explainer_options):
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
-    """The actor's runner: from a payload (plain data; imports only numpy, onnxruntime and onnx_lrp.runner) or, given
+    """The actor's runner: from a payload (plain data; imports only numpy, onnxruntime and onnx_lrp.run.runner) or, given
     a model file, a whole Explainer (load, canonize, rewrite in the actor)."""
     if relevance_model is not None:
         payload = relevance_model
@@ -67,7 +68,7 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
 
 
 class ExplainBatch:
-    """A callable class for ``Dataset.map_batches``: one :class:`onnx_lrp.runner.Runner` (one onnxruntime session)
+    """A callable class for ``Dataset.map_batches``: one :class:`onnx_lrp.run.runner.Runner` (one onnxruntime session)
     per actor; ``explain`` as :meth:`onnx_lrp.Explainer.explain`.
 
     Input batches (numpy format) hold one column per model input; a ``target`` column, when present, gives each

@@ -6,15 +6,15 @@ from __future__ import annotations
 import collections
 import hashlib
 import io
-import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import LrpError
+from ..core.errors import LrpError
+from ..core.files import atomic_write
+
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -138,43 +138,6 @@ def _assemble(source, index, lo, hi, done, bad) -> ShardResult:
                        [dict(item=source.ids[i], error=msg) for i, msg in bad])
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, sync_dir: bool = True) -> None:
-    """Write to a temporary file beside ``path``, fsync, rename: ``path`` is either absent, old, or whole.
-
-    ``sync_dir`` also makes the rename durable at once (shards skip it: the manifest lists a shard only with its
-    checksum, and a rerun redoes a listed shard whose file is missing or differs)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
-
-
 def write_shard(out_dir: Path, res: ShardResult) -> dict:
     """Write one shard (atomically) and return its manifest record."""
     buf = io.BytesIO()
@@ -188,12 +151,4 @@ def write_shard(out_dir: Path, res: ShardResult) -> dict:
                 sha256=hashlib.sha256(data).hexdigest(), failed=res.failed)
 
 
-def sha256_bytes_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-__all__ = ["ShardResult", "explain_items", "explain_shard", "compute_shard", "write_shard", "atomic_write", "sha256_bytes_of", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]
+__all__ = ["ShardResult", "explain_items", "explain_shard", "compute_shard", "write_shard", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]

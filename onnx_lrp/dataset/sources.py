@@ -10,9 +10,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, LrpError
-from ..inputs import (ARRAY_SUFFIXES, IMAGE_SUFFIXES, Preprocess, decode_pixels, image_layout, load_image, load_npy,
-                      load_npz, normalise_pixels)
+from ..core.errors import InputError, LrpError
+from ..io.inputs import (
+    ARRAY_SUFFIXES,
+    IMAGE_SUFFIXES,
+    Preprocess,
+    decode_pixels,
+    image_layout,
+    load_image,
+    load_npy,
+    load_npz,
+    normalise_pixels,
+)
+
 
 GLOB_CHARS = "*?["
 
@@ -97,7 +107,7 @@ class FileSource(Source):
 
     def read(self, lo, hi):
         """Images are decoded one by one and normalised together (one array operation per shard, the same numbers
-        as :func:`onnx_lrp.inputs.load_image`); other files are read as by :meth:`read_item`."""
+        as :func:`onnx_lrp.io.inputs.load_image`); other files are read as by :meth:`read_item`."""
         ok, bad, images = [], [], []
         for i in range(lo, hi):
             try:

@@ -12,13 +12,33 @@ import os
 
 import onnx_ir as ir
 
-from ..graph import mark_presumed
-from .build import Report
+from ..core import meta
+from ..core.graph import mark_presumed
+from .builder import Report
 from .fold import check_sizes, fold_constants, mark_shape_only, name_everything, refresh_shapes, reinfer_shapes
-from .passes import control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator, standard
-from .proto import (MAX_OPSET, MIN_OPSET, bind_constants, check, condition_evaluator, data_files, deserialize,
-                    fix_input_shapes, model_sha256, opset_of, prepare_proto, read, read_proto, save_bytes, save_parts,
-                    serialize, serialize_parts, to_ir)
+from .passes import canonize as standard
+from .passes import control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
+from .proto import (
+    MAX_OPSET,
+    MIN_OPSET,
+    bind_constants,
+    check,
+    condition_evaluator,
+    data_files,
+    deserialize,
+    fix_input_shapes,
+    model_sha256,
+    opset_of,
+    prepare_proto,
+    read,
+    read_proto,
+    save_bytes,
+    save_parts,
+    serialize,
+    serialize_parts,
+    to_ir,
+)
+
 
 # deployed forms, first stage: read and rewrite the quantized forms (nothing else runs if one is refused)
 QUANTIZED = [ort_fused.RefuseUnsupported(), qdq.StandardQdqDomain(), qoperator.QOperatorToQdq(),
@@ -55,26 +75,25 @@ def load(source, name: str | None = None, constants: dict | None = None,
     return model
 
 
-def _run(model: ir.Model, passes: list) -> bool:
-    """Run ``passes`` in order; whether any changed the model."""
-    return any([p(model).modified for p in passes])
+def _run(model: ir.Model, passes: list, report: Report) -> bool:
+    """Run ``passes`` in order, their notes and refusals to ``report``; whether any changed the model."""
+    return any([bool(p.apply(model, report)) for p in passes])
 
 
 def deployed_forms(model: ir.Model) -> list[str]:
     """Bring deployed forms back to standard float ops; one error listing every refused node. Returns the notes."""
-    report = model.meta["lrp_load_report"] = Report()
-    if _run(model, QUANTIZED) and not report.refused:
+    report = Report()
+    if _run(model, QUANTIZED, report) and not report.refused:
         reinfer_shapes(model)
     if not report.refused:
-        _run(model, FLOAT16)
-        if _run(model, FUSED):
+        _run(model, FLOAT16, report)
+        if _run(model, FUSED, report):
             reinfer_shapes(model)
-        _run(model, WEIGHTS)
+        _run(model, WEIGHTS, report)
     report.raise_refusals(model)
     if report.notes:
         fold_constants(model)  # new constant chains (e.g. a Transpose of a dequantized weight)
-    del model.meta["lrp_load_report"]
-    model.meta["lrp_deployed"] = report.notes
+    meta.DEPLOYED_FORMS.set(model, report.notes)
     return report.notes
 
 

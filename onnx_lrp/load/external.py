@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from ..errors import ModelError
-from .build import Upcast
+from ..core.errors import ModelError
+from .builder import Upcast
+
 
 LIGHT = 4096  # elements: initializers above this matter to checks and shape inference by type and shape only
 MEMORY = "lrp-memory"  # the location of tensors onnxruntime receives from memory (add_external_initializers)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ..errors import ModelError
+from ..core import meta
+from ..core.errors import ModelError
 from . import proto
-from .build import to_initializer
+from .builder import to_initializer
+
 
 # ops never folded: random or stateful, or whose value must stay an activation
 NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -195,7 +197,7 @@ def mark_shape_only(graph: ir.Graph) -> int:
             for o in node.outputs:
                 only.add(id(o))
                 if o.dtype is not None and o.dtype.is_floating_point():
-                    o.meta["lrp_shape_only"] = True
+                    meta.SHAPE_ONLY.set(o, True)
                     marked += 1
     return marked
 

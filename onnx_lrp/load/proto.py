@@ -17,9 +17,11 @@ import onnx.reference
 import onnx_ir as ir
 from onnx import shape_inference, version_converter
 
-from ..errors import InputError, ModelError, UnsupportedError
-from ..graph import captured_values
+from ..core.errors import InputError, ModelError, UnsupportedError
+from ..core.files import atomic_write
+from ..core.graph import captured_values
 from . import external
+
 
 MIN_OPSET = 17
 MAX_OPSET = 23
@@ -943,11 +945,4 @@ def check(model_bytes: bytes) -> None:
 
 def save_bytes(model_bytes: bytes, path) -> None:
     """Write atomically: a temporary file beside the target, then rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_bytes(model_bytes)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(path, model_bytes)

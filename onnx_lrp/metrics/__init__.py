@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, LrpError, internal_error
+from ..core.errors import InputError, LrpError, internal_error
 from . import correlation, perturbation, similarity
+
 
 METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
 PERTURBATION = ("region-perturbation", "pixel-flipping")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import load, runtime
-from ..errors import InputError, NumericError
+from .. import load
+from ..core.errors import InputError, NumericError
+from ..run import runtime
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 
-from ..errors import InputError
+from ..core.errors import InputError
+
 
 BASELINES = ("black", "white", "mean", "uniform")
 ORDERS = ("morf", "lerf", "random")

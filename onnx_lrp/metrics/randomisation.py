@@ -14,7 +14,8 @@ import numpy as np
 import onnx_ir as ir
 
 from .. import load
-from ..errors import InputError
+from ..core.errors import InputError
+
 
 LINEAR = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 NORMS = ("BatchNormalization", "InstanceNormalization", "LayerNormalization")

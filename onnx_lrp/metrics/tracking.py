@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..core.errors import InputError
+
 
 TRACKED = {"aopc": "aopc/morf", "abpc": "abpc"}  # --metrics name -> Evaluation score
 DEFAULT_TOLERANCE = 0.05

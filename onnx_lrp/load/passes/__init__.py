@@ -1,7 +1,7 @@
 """The loading passes, one module per deployed or exported form. Each is an ``onnx_ir`` in-place pass
-(:class:`onnx_lrp.load.build.LoadPass`: ``pass_(model) -> PassResult``) whose notes and refusals go to the model's
-:class:`~onnx_lrp.load.build.Report`; each imports only :mod:`onnx_lrp.load.build`, :mod:`onnx_lrp.graph`,
-:mod:`onnx_lrp.errors` and op facts (:mod:`onnx_lrp.ops`), never the pipeline nor another pass.
+(:class:`onnx_lrp.load.builder.LoadPass`: ``pass_(model) -> PassResult``) whose notes and refusals go to the model's
+:class:`~onnx_lrp.load.builder.Report`; each imports only :mod:`onnx_lrp.load.builder`, :mod:`onnx_lrp.core.graph`,
+:mod:`onnx_lrp.core.errors` and op facts (:mod:`onnx_lrp.lrp.ops`), never the pipeline nor another pass.
 
 - :mod:`.ort_fused`: onnxruntime's fused ops (offline optimisation, the transformer optimiser), one table.
 - :mod:`.qdq`, :mod:`.qoperator`, :mod:`.dynamic_quant`: quantized models (QDQ, QOperator, dynamic quantization).

@@ -28,13 +28,14 @@ from typing import Callable
 import numpy as np
 import onnx_ir as ir
 from onnx_ir import _cloner  # private: onnx_ir's node copier with a value map (body inputs ->
-#   this iteration's values; allow_outer_scope_values needs onnx-ir >= 0.1.16, the floor in setup.py)
 
-from ...graph import captured_values, subgraphs
-from ..build import LoadPass, Names, Report, bypass, const
+#   this iteration's values; allow_outer_scope_values needs onnx-ir >= 0.1.16, the floor in setup.py)
+from ...core import meta
+from ...core.graph import captured_values, subgraphs
+from ..builder import LoadPass, Names, Report, bypass, const
+
 
 MAX_UNROLLED = 20000  # body nodes x iterations written for one Loop/Scan
-REASON = "lrp_control"  # node meta: why this control-flow node stays (the rewriter's refusal)
 
 # evaluate(nodes, inputs, outputs) -> run(arrays for the inputs) -> the outputs' values; None when the nodes cannot
 # be evaluated (an input that is neither given nor a constant)
@@ -362,7 +363,7 @@ class ControlFlow(LoadPass):
 
 def unroll(model: ir.Model, evaluate: Evaluate) -> int:
     """Unroll every Loop/Scan and inline every If of the main graph that can be made static (see the module
-    docstring); the others get ``meta[REASON]``. Returns how many were replaced."""
+    docstring); the others get ``meta.CONTROL_FLOW_REASON``. Returns how many were replaced."""
     graph = model.graph
     names = Names(graph)
     done = 0
@@ -379,9 +380,10 @@ def unroll(model: ir.Model, evaluate: Evaluate) -> int:
                 inline_if(graph, node, names, created)
             done += 1
         except _Keep as why:
-            node.meta[REASON] = str(why)
+            meta.CONTROL_FLOW_REASON.set(node, str(why))
         except Exception as exc:  # noqa: BLE001 - a body this code did not foresee: the node stays, refused
-            node.meta[REASON] = (f"control flow: the {node.op_type} could not be unrolled ({type(exc).__name__}: "
-                                 f"{' '.join(str(exc).split())[:120]}); export it without control flow")
+            meta.CONTROL_FLOW_REASON.set(node, f"control flow: the {node.op_type} could not be unrolled "
+                                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); export it "
+                                         "without control flow")
         _sweep(graph, created)  # on success the copies nobody reads (the condition), else all of them
     return done

@@ -24,9 +24,21 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from ...ops.quantize import QUANTIZERS
-from ..build import (MS, Builder, LoadPass, Report, as_float, const, drop, only_consumer, padded_inputs, per_tensor,
-                     take_over)
+from ...core import meta
+from ...lrp.ops.quantize import QUANTIZERS
+from ..builder import (
+    MS,
+    Builder,
+    LoadPass,
+    Report,
+    as_float,
+    const,
+    drop,
+    only_consumer,
+    padded_inputs,
+    per_tensor,
+    take_over,
+)
 
 
 class SplitFusedDynamicQuant(LoadPass):
@@ -182,7 +194,7 @@ def _float_layer(graph: ir.Graph, node: ir.Node, c: _IntegerChain) -> None:
                           c.s], tag="bias_quantized")
         corr = b.op("Sub", [as_float(qb, shape), b.const(c.bias, tag="bias_float")], tag="bias_rounding")
         for v in (qb, corr):  # a rounding of the bias, below one accumulator step: no relevance, like a bias
-            v.meta["lrp_shape_only"] = True
+            meta.SHAPE_ONLY.set(v, True)
         y = b.op("Add", [y, as_float(corr, shape)], like=out, tag="bias_exact")
     take_over(out, y)
     drop(graph, [c.mul, c.cast] + ([c.add] if c.add is not None else []) + [node])

@@ -1,5 +1,5 @@
 """float16 / bfloat16 models: the whole graph computed in float32 (Casts to float16, value types, graph inputs and
-outputs; initializers read as float32 where used and kept in their type, :class:`onnx_lrp.load.build.Upcast`), so
+outputs; initializers read as float32 where used and kept in their type, :class:`onnx_lrp.load.builder.Upcast`), so
 relevance is computed in float32 with the float16-rounded weights: no overflow to Inf, no NaN from float16
 underflow in the stabilisers. Inputs are read as float32 (float16 arrays are upcast exactly);
 outputs are float32 and can differ from onnxruntime's float16 inference by float16 rounding of the activations.
@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ..build import LoadPass, Report, Upcast
+from ..builder import LoadPass, Report, Upcast
+
 
 _LOW_FLOATS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 

@@ -50,10 +50,11 @@ from typing import Callable
 import numpy as np
 import onnx_ir as ir
 
-from ..build import MS, Builder, LoadPass, Report, attr, const, take_over
+from ...core import meta
+from ..builder import MS, Builder, LoadPass, Report, attr, const, take_over
+
 
 _INT64 = ir.DataType.INT64
-_PER_ROW = "lrp_mask_per_row"  # value meta: a 1-D mask of one entry per batch row
 
 
 class _Refuse(Exception):
@@ -121,7 +122,7 @@ def _mask_bias(b, mask: ir.Value | None, causal: bool, q: ir.Value, kv: ir.Value
         if r == 1:  # (B): end positions; (2B): end positions then start positions
             n = mask.shape[0]
             bdim = q.shape[0] if q.shape is not None else None
-            if mask.meta.get(_PER_ROW):  # EmbedLayerNormalization's mask_index: one count per batch row
+            if meta.MASK_PER_ROW.get(mask):  # EmbedLayerNormalization's mask_index: one count per batch row
                 two = False
             elif bdim is None:
                 raise _Unknown(f"input {q.name} of unknown batch size")
@@ -349,7 +350,7 @@ def _embed_layer_norm(b, node) -> ir.Value:
             bsz = b.op("Shape", [ids], start=0, end=1, tag="batch")
             mi = b.op("ConstantOfShape", [bsz], value=ir.tensor(np.zeros(1, np.int32)), tag="mask_index")
         _set(mi, ir.DataType.INT32, [ids.shape[0]] if ids.shape is not None else None)
-        mi.meta[_PER_ROW] = True
+        meta.MASK_PER_ROW.set(mi, True)
         take_over(node.outputs[1], mi)
     if len(node.outputs) > 2 and _used(node.outputs[2]):
         take_over(node.outputs[2], s)

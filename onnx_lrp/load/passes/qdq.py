@@ -4,7 +4,7 @@
 blocked scales; a ``QuantizeLinear`` of a float constant, as QAT exports write, is folded first).
 ``QuantizeLinear -> DequantizeLinear`` on an activation stays in the graph, so the forward pass (outputs, and the
 activations the rules see) is the quantized one; for relevance the pair is an identity (the handlers in
-:mod:`onnx_lrp.ops.quantize`). com.microsoft QuantizeLinear / DequantizeLinear (``UseQDQContribOps``) on 8-bit
+:mod:`onnx_lrp.lrp.ops.quantize`). com.microsoft QuantizeLinear / DequantizeLinear (``UseQDQContribOps``) on 8-bit
 types are read as the onnx ops.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ...errors import ModelError
-from ...ops.quantize import INT8, QRANGE, dequantize, qparams_misfit, relay_sources
-from ..build import MS, LoadPass, Report, attr, const, to_initializer
+from ...core.errors import ModelError
+from ...lrp.ops.quantize import INT8, QRANGE, dequantize, qparams_misfit, relay_sources
+from ..builder import MS, LoadPass, Report, attr, const, to_initializer
 
 
 class StandardQdqDomain(LoadPass):

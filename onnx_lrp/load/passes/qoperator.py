@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ...ops.quantize import INT8
-from ..build import MS, Builder, LoadPass, Report, as_float, attr, const, drop, padded_inputs, per_tensor, take_over
+from ...lrp.ops.quantize import INT8
+from ..builder import MS, Builder, LoadPass, Report, as_float, attr, const, drop, padded_inputs, per_tensor, take_over
 
 
 class QOperatorToQdq(LoadPass):

@@ -1,0 +1,29 @@
+"""The relevance model's interface: the names of the inputs and outputs the rewriter adds (see onnx_lrp/rewriter.py)
+and the record of its walk. Written by the rewriter, fed and read by the runner; imports nothing, so that a process
+that only runs a built relevance model (a Ray actor) needs neither onnx_ir nor the rewriter."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+TARGET_INPUT = "lrp/target"
+POSITION_INPUT = "lrp/position"  # only for outputs of rank >= 3: the index along axis 1 (< 0: from the end)
+ONE_HOT_INPUT = "lrp/one_hot"
+TARGET_OUTPUT = "lrp/target_used"
+VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the logit, also behind a softmax), [N]
+RELEVANCE_PREFIX = "lrp/relevance/"
+LEDGER_ENTERING = "lrp/ledger/entering"
+LEDGER_LEAVING = "lrp/ledger/leaving"
+# the explained forward's outputs beside the deployed ones in a dict of outputs (onnx_lrp.regression.explain_all)
+FORWARD_PREFIX = "lrp/forward/"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node of the relevance walk, for locating where relevance first became non-finite: the relevance values
+    it emitted for its inputs (in walk order: the output's side first)."""
+
+    node: str
+    op_type: str
+    rule: str
+    values: tuple  # names of emitted relevance tensors (gradient-form factors included)

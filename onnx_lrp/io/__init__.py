@@ -1,0 +1,1 @@
+"""Inputs and outputs for users: model inputs read from files (arrays, images) and token heatmaps."""

@@ -1,0 +1,412 @@
+"""Reading model inputs: ``.npy`` (never unpickled), ``.npz`` (one array per model input, by name), images
+(PNG/JPEG/..., resized and normalised) or a directory of these, for the API (onnx_lrp.dataset) and the command line
+(cli/io.py re-exports these names).
+
+* :func:`load_inputs` reads a file or a directory of files of one kind into one :class:`Batch`.
+* :func:`load_image` decodes one image; :func:`decode_pixels` + :func:`normalise_pixels` are its two halves, so
+  that the dataset engines decode many images and normalise them as one batch (the same numbers).
+
+Every problem raises :class:`onnx_lrp.LrpError` (one line naming the file and what to do).
+"""
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import InputError
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+ARRAY_SUFFIXES = (".npy", ".npz")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# ---------------------------------------------------------------------------------------------- input specs
+@dataclass(frozen=True)
+class InputInfo:
+    """What the reader needs to know about one model input (``onnx_lrp.Explainer.inputs`` fits)."""
+
+    name: str
+    dims: tuple  # ints and None; () when unknown
+    dtype: np.dtype = np.dtype(np.float32)
+
+
+def input_infos(specs) -> list[InputInfo]:
+    return [InputInfo(s.name, tuple(s.dims or ()), np.dtype(getattr(s, "dtype", np.float32))) for s in specs]
+
+
+def model_input_dims(model) -> list[InputInfo]:
+    """The graph inputs of an ONNX model file, read without preparing the model (cheap)."""
+    from .. import load as loader  # the only package allowed to touch onnx
+
+    proto = loader.read_proto(model)
+    inits = {t.name for t in proto.graph.initializer}
+    out = []
+    for v in proto.graph.input:
+        if v.name in inits:
+            continue
+        dims = tuple((d.dim_value if d.HasField("dim_value") else None) for d in v.type.tensor_type.shape.dim)
+        out.append(InputInfo(v.name, dims))
+    return out
+
+
+def model_channel_axis(model, input_name: str, dims=()) -> int:
+    """The channel axis of a 4-D float input: -1 when the model transposes it from NHWC to NCHW right after the
+    input (Keras/TF exports), else what the dims suggest (last axis 1 or 3, second axis not: channels last), else 1."""
+    from .. import load as loader
+
+    try:
+        proto = loader.read_proto(model)
+    except Exception:  # a model the loader refuses is reported elsewhere; fall back to the dims
+        proto = None
+    if proto is not None:
+        for node in proto.graph.node:
+            if input_name in node.input and node.op_type == "Transpose":
+                perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+                if perm and perm[0] == [0, 3, 1, 2]:
+                    return -1
+                if perm and perm[0] == [0, 1, 2, 3]:
+                    return 1
+    dims = tuple(dims or ())
+    if len(dims) == 4 and dims[3] in (1, 3) and dims[1] not in (1, 3):
+        return -1
+    return 1
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    channels: int
+    height: int | None
+    width: int | None
+    channels_last: bool = False
+
+    @property
+    def channel_axis(self) -> int:
+        return -1 if self.channels_last else 1
+
+
+def image_layout(info: InputInfo) -> ImageLayout:
+    """NCHW (PyTorch) unless the dims look like NHWC (last axis 1 or 3, second axis not)."""
+    dims = info.dims
+    if len(dims) != 4:
+        raise InputError(f"the model input {info.name!r} has {len(dims) or 'unknown'} dims; an image input needs a "
+                         "4-D input (N,C,H,W); give a .npy array instead")
+    last = dims[3] in (1, 3) and dims[1] not in (1, 3)
+    c, h, w = (dims[3], dims[1], dims[2]) if last else (dims[1], dims[2], dims[3])
+    c = 3 if c is None else c
+    if c not in (1, 3):
+        raise InputError(f"the model input {info.name!r} has {c} channels; images can feed 1 (grey) or 3 (RGB) "
+                         "channels; give a .npy array instead")
+    return ImageLayout(c, h, w, last)
+
+
+# ---------------------------------------------------------------------------------------------- preprocessing
+@dataclass(frozen=True)
+class Preprocess:
+    """Images: resize to ``size`` (H, W; None = the model's input size), scale to [0, 1], then (x - mean) / std."""
+
+    size: tuple | None = None
+    mean: tuple = (0.0,)
+    std: tuple = (1.0,)
+    crop: bool = False  # keep the aspect ratio: scale the shorter side to fit, cut the centre
+    normalised: bool = False  # --mean or --std was given (else the defaults 0 and 1)
+
+    def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
+        mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
+        for what, arr in (("--mean", mean), ("--std", std)):
+            if arr.size not in (1, channels):
+                raise InputError(f"{what} has {arr.size} values but the model takes {channels} channel(s); "
+                                 f"give 1 or {channels}")
+        if np.any(std <= 0):
+            raise InputError("--std values must be > 0")
+        return np.broadcast_to(mean, (channels,)).copy(), np.broadcast_to(std, (channels,)).copy()
+
+    def box(self, layout: ImageLayout) -> tuple[np.ndarray, np.ndarray]:
+        """ZBox bounds for images: the pixel range [0, 1] after normalisation, per channel.
+
+        Shaped [C, 1, 1]: ZBox applies to the input of the first convolution, and ONNX convolutions are always
+        channels-first (an NHWC model transposes its input before it).
+        """
+        mean, std = self.per_channel(layout.channels)
+        low, high = (0.0 - mean) / std, (1.0 - mean) / std
+        return low.reshape(-1, 1, 1), high.reshape(-1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def load_npy(path: Path) -> np.ndarray:
+    """An array from a .npy file; pickled objects are refused, never unpickled."""
+    path = Path(path)
+    _check_file(path)
+    _check_npy_magic(path)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc).lower() or "object" in str(exc).lower():
+            raise InputError(f"input {path} holds pickled Python objects, which are never loaded; save a numeric "
+                             "array (np.save(path, np.asarray(x, dtype=np.float32)))") from None
+        raise InputError(f"input {path} is not a valid .npy file ({_first_line(exc)}); write it with np.save") \
+            from None
+    except Exception as exc:  # EOFError, UnpicklingError, OSError on truncated files
+        raise InputError(f"input {path} is not a valid .npy file ({type(exc).__name__}: {_first_line(exc)}); "
+                         "it may be truncated; write it with np.save") from None
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"input {path} is not a .npy array; use .npz for several arrays")
+    return arr
+
+
+def _check_npy_magic(path: Path) -> None:
+    """numpy reads a file without the .npy magic as a pickle (and refuses it as pickled objects): say what it is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return  # np.load reports it
+    if head == b"\x93NUMPY":
+        return
+    if head.startswith(b"PK\x03\x04"):
+        raise InputError(f"input {path} is an .npz archive, not an .npy array; rename it to .npz")
+    if head[:1] == b"\x80":
+        raise InputError(f"input {path} is a Python pickle, which is never loaded; save a numeric array with np.save")
+    what = "a text file" if head and all(32 <= b < 127 or b in (9, 10, 13) for b in head) else \
+        "empty" if not head else "a file without the .npy header"
+    raise InputError(f"input {path} is {what}, not a NumPy .npy array; write it with np.save")
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """Arrays by name from a .npz file; pickled objects are refused."""
+    path = Path(path)
+    _check_file(path)
+    _check_magic(path, ZIP_MAGIC, ".npz", "np.savez")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except ValueError as exc:
+        if "pickle" in str(exc).lower() or "object" in str(exc).lower():
+            raise InputError(f"input {path} holds pickled Python objects, which are never loaded; save numeric "
+                             "arrays with np.savez") from None
+        raise InputError(f"input {path} is not a valid .npz file ({_first_line(exc)}); write it with np.savez") \
+            from None
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise InputError(f"input {path} is not a valid .npz file ({type(exc).__name__}: {_first_line(exc)}); "
+                         "it may be truncated; write it with np.savez") from None
+
+
+def load_image(path: Path, layout: ImageLayout, pre: Preprocess, data: bytes | None = None) \
+        -> tuple[np.ndarray, np.ndarray]:
+    """(model input [C,H,W] or [H,W,C] float32, display image uint8 [H,W,3]) from an image file (or from its
+    encoded bytes ``data``, e.g. a Parquet column; ``path`` then only names it in messages)."""
+    pixels = decode_pixels(path, layout, pre, data)
+    x = normalise_pixels(pixels[None], layout, pre)[0]
+    hwc = pixels.astype(np.float32) / 255.0
+    display = np.repeat(hwc, 3, axis=2) if layout.channels == 1 else hwc
+    return x, (display * 255 + 0.5).astype(np.uint8)
+
+
+def image_size(layout: ImageLayout, pre: Preprocess, path) -> tuple[int, int]:
+    """(H, W) images are resized to: --size, else the model's input size."""
+    size = pre.size or ((layout.height, layout.width) if layout.height and layout.width else None)
+    if size is None:
+        raise InputError(f"the model's input size is dynamic; give --size H,W to resize {Path(path).name}")
+    return size
+
+
+def decode_pixels(path, layout: ImageLayout, pre: Preprocess, data: bytes | None = None) -> np.ndarray:
+    """The pixels [H,W,C] uint8 of an image file (or of its encoded bytes ``data``), converted to the model's
+    channels and resized as ``pre`` says; :func:`normalise_pixels` makes model input of them."""
+    from PIL import Image, UnidentifiedImageError
+
+    if data is None:
+        _check_file(Path(path))
+    size = image_size(layout, pre, path)
+    try:
+        with Image.open(path if data is None else io.BytesIO(data)) as im:
+            im.load()
+            mode = "L" if layout.channels == 1 else "RGB"
+            im = im.convert(mode)
+            if pre.crop and im.size != (size[1], size[0]):
+                f = max(size[1] / im.size[0], size[0] / im.size[1])
+                w, h = max(size[1], round(im.size[0] * f)), max(size[0], round(im.size[1] * f))
+                im = im.resize((w, h), Image.Resampling.BILINEAR)
+                left, top = (w - size[1]) // 2, (h - size[0]) // 2
+                im = im.crop((left, top, left + size[1], top + size[0]))
+            elif im.size != (size[1], size[0]):
+                im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            pixels = np.asarray(im, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InputError(f"input {path} is not a readable image ({type(exc).__name__}: {_first_line(exc)}); give "
+                         "a PNG or JPEG file") from None
+    return pixels.reshape(size[0], size[1], layout.channels)
+
+
+def normalise_pixels(pixels: np.ndarray, layout: ImageLayout, pre: Preprocess) -> np.ndarray:
+    """Model input float32 [N,C,H,W] (or [N,H,W,C]) of pixels [N,H,W,C] uint8: (pixels / 255 - mean) / std, the
+    same numbers per image whether one image or a batch is normalised (element-wise operations only). Computed in
+    place, written straight into the channels-first layout, ~1 MB at a time (it stays in the CPU cache)."""
+    mean, std = pre.per_channel(layout.channels)
+    n, h, w, c = pixels.shape
+    out = np.empty((n, h, w, c) if layout.channels_last else (n, c, h, w), np.float32)
+    view = out if layout.channels_last else out.transpose(0, 2, 3, 1)
+    step = max(1, (1 << 20) // max(1, 4 * h * w * c))
+    for lo in range(0, n, step):
+        v = view[lo:lo + step]
+        np.divide(pixels[lo:lo + step], np.float32(255.0), out=v)
+        np.subtract(v, mean, out=v)
+        np.divide(v, std, out=v)
+    return out
+
+
+@dataclass
+class Batch:
+    """Inputs for one model run, with a name per batch item and display images when the inputs are images."""
+
+    arrays: dict[str, np.ndarray]
+    names: list[str]
+    kind: str  # "npy", "npz" or "image"
+    images: list[np.ndarray] | None = None
+    layout: ImageLayout | None = None
+    files: list[Path] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def input_kind(path: Path) -> str:
+    """'npy', 'npz', 'image' or 'directory' from the path alone; unknown suffixes raise."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"input {path} not found; check the path")
+    if path.is_dir():
+        return "directory"
+    suffix = path.suffix.lower()
+    if suffix in ARRAY_SUFFIXES:
+        return suffix[1:]
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    raise InputError(f"input {path} has an unknown type {suffix or '(no suffix)'}; give .npy, .npz, an image "
+                     f"({', '.join(IMAGE_SUFFIXES)}) or a directory of these")
+
+
+def directory_files(path: Path) -> tuple[str, list[Path]]:
+    files = sorted(p for p in Path(path).iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.suffix.lower() in ARRAY_SUFFIXES + IMAGE_SUFFIXES)
+    if not files:
+        raise InputError(f"directory {path} holds no .npy, .npz or image files")
+    kinds = {("image" if p.suffix.lower() in IMAGE_SUFFIXES else p.suffix.lower()[1:]) for p in files}
+    if len(kinds) > 1:
+        raise InputError(f"directory {path} mixes {', '.join(sorted(kinds))} files; keep one kind per directory")
+    return kinds.pop(), files
+
+
+def load_inputs(path, specs, pre: Preprocess = Preprocess()) -> Batch:
+    """Read ``path`` (a file or a directory of files of one kind) for a model with inputs ``specs``."""
+    infos = input_infos(specs)
+    path = Path(path)
+    kind = input_kind(path)
+    if kind == "directory":
+        kind, files = directory_files(path)
+    else:
+        files = [path]
+    parts = [_load_one(p, kind, infos, pre) for p in files]
+    names = [n for part in parts for n in part.names]
+    arrays = {}
+    for info in infos:
+        chunks = [part.arrays[info.name] for part in parts]
+        base = chunks[0].shape[1:]
+        for f, c in zip(files, chunks):
+            if c.shape[1:] != base or c.dtype != chunks[0].dtype:
+                raise InputError(f"input {f} has shape {_shape(c.shape[1:])} ({c.dtype}) but {files[0].name} has "
+                                 f"{_shape(base)} ({chunks[0].dtype}); all files of a batch must agree")
+        arrays[info.name] = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    images = [im for part in parts for im in (part.images or [])] if kind == "image" else None
+    return Batch(arrays, names, kind, images, parts[0].layout, files)
+
+
+def _load_one(path: Path, kind: str, infos: list[InputInfo], pre: Preprocess) -> Batch:
+    if kind == "image":
+        if len(infos) != 1:
+            raise InputError(f"the model has {len(infos)} inputs ({', '.join(i.name for i in infos)}); an image "
+                             "feeds one; give a .npz with one array per input")
+        layout = image_layout(infos[0])
+        x, display = load_image(path, layout, pre)
+        return Batch({infos[0].name: x[None]}, [path.name], "image", [display], layout)
+    if kind == "npy":
+        if len(infos) != 1:
+            raise InputError(f"the model has {len(infos)} inputs ({', '.join(i.name for i in infos)}); a .npy file "
+                             f"holds one array; give a .npz with arrays named {', '.join(i.name for i in infos)}")
+        arrays = {infos[0].name: load_npy(path)}
+    else:
+        arrays = load_npz(path)
+        if len(infos) == 1 and len(arrays) == 1 and infos[0].name not in arrays:
+            arrays = {infos[0].name: next(iter(arrays.values()))}
+        missing = [i.name for i in infos if i.name not in arrays]
+        extra = sorted(set(arrays) - {i.name for i in infos})
+        if missing or extra:
+            raise InputError(f"input {path} holds arrays {', '.join(sorted(arrays)) or '(none)'} but the model's "
+                             f"inputs are {', '.join(i.name for i in infos)}; name one array per input")
+    out = {}
+    for info in infos:
+        a = arrays[info.name]
+        if a.dtype == object or a.dtype.kind not in "biuf":
+            raise InputError(f"input {path} ({info.name}) has dtype {a.dtype}; give a numeric array")
+        if info.dims and a.ndim == len(info.dims) - 1:
+            a = a[None]  # one sample without its batch axis
+        if info.dims and a.ndim != len(info.dims):
+            raise InputError(f"input {path} ({info.name}) has shape {_shape(a.shape)} (rank {a.ndim}); the model "
+                             f"wants rank {len(info.dims)}: {_want(info.dims)}")
+        if a.ndim == 0:
+            raise InputError(f"input {path} ({info.name}) is a scalar; give an array with a batch axis")
+        out[info.name] = a
+    batch = next(iter(out.values())).shape[0]
+    for name, a in out.items():
+        if a.shape[0] != batch:
+            raise InputError(f"input {path}: array {name!r} has {a.shape[0]} items but others have {batch}; give "
+                             "the same batch size for every input")
+    stem = path.name
+    names = [stem] if batch == 1 else [f"{stem}[{i}]" for i in range(batch)]
+    return Batch(out, names, kind)
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise InputError(f"input {path} not found; check the path")
+    if not path.is_file():
+        raise InputError(f"input {path} is not a regular file")
+    if path.stat().st_size == 0:
+        raise InputError(f"input {path} is empty; write the array or image again")
+
+
+# the first bytes of a .npy file and of a .npz (a zip) file: without them np.load would try to unpickle the file
+# and say "pickled data" of a text file
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_magic(path: Path, magic: bytes, kind: str, how: str) -> None:
+    with open(path, "rb") as f:
+        head = f.read(len(magic))
+    if head != magic:
+        raise InputError(f"input {path} is not a {kind} file (it starts with {head!r}, not {magic!r}); write it "
+                         f"with {how}")
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _want(dims) -> str:
+    return "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(dims))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "cannot parse"
+
+
+__all__ = ["ARRAY_SUFFIXES", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo",
+           "Preprocess", "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind",
+           "load_image", "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims",
+           "normalise_pixels"]

@@ -1,0 +1,444 @@
+"""Running a built relevance model: feed checks, target selection, the onnxruntime run and the result.
+
+:class:`Runner` holds what running needs (the relevance model's bytes, its input specs, output names, explained
+output, ...) as plain data and imports only numpy and onnx_lrp.run.runtime: a process that only runs (a Ray actor)
+starts without onnx_ir, onnx, the loader or the rewriter. :class:`onnx_lrp.Explainer` builds the relevance model
+and is a Runner; :meth:`Runner.payload` / :meth:`Runner.from_payload` carry one to another process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.errors import InputError, LrpError, LrpWarning, NumericError
+from ..core.interface import (
+    LEDGER_ENTERING,
+    LEDGER_LEAVING,
+    ONE_HOT_INPUT,
+    POSITION_INPUT,
+    RELEVANCE_PREFIX,
+    TARGET_INPUT,
+    TARGET_OUTPUT,
+    VALUE_OUTPUT,
+)
+from . import conservation, runtime
+from . import deployed_gap as gaps
+
+
+@dataclass
+class Explanation:
+    """What one ``explain`` call returns.
+
+    ``relevance`` has the shape of ``x`` (a dict by input name when the model has several float inputs);
+    ``outputs`` holds the model's outputs by name; ``target`` the explained index per batch item (into the
+    explained output flattened per item); ``relevance_at`` the relevance of tensors asked for by name.
+    For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the explained
+    position per item and ``target`` the class at that position. For integer inputs (token ids), ``relevance`` is
+    per token: the relevance at the output of their embedding lookups, summed over the embedding dimension.
+
+    For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
+    machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
+    computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
+    are apart on the explained output (:class:`onnx_lrp.run.deployed_gap.Gap`; None without a deployed run).
+    """
+
+    relevance: object
+    outputs: dict
+    target: np.ndarray
+    relevance_at: dict = field(default_factory=dict)
+    explained_output: str = ""
+    position: object = None
+    explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
+    ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
+    forward: dict | None = None  # the explained forward's outputs (is ``outputs`` when there is no deployed run)
+    deployed_gap: object = None  # onnx_lrp.run.deployed_gap.Gap of the explained output, or None
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    dims: tuple  # ints and None
+
+
+class Runner:
+    """Runs a relevance model built by :class:`onnx_lrp.Explainer`: ``explain(x, target=...)``."""
+
+    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
+    #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
+    #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
+    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
+               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
+               "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
+               "deployed_constants", "output_step", "strict", "composite_name", "precise", "tf32", "ledger_source")
+
+    #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
+    #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
+    deployed = None
+    deployed_kinds: tuple = ()  # "int8", "float16": what makes the deployed forward differ from the explained one
+    deployed_constants: dict = {}  # inputs bound with Explainer(constants=...): fed to the deployed model
+    output_step = None  # the explained output's quantization step (the scale of the DequantizeLinear writing it)
+    gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
+    #: what rebuilds the relevance model with the conservation ledger (the model file or bytes, the pickled
+    #: composite, the explainer options): a Runner in another process names the nodes from it (onnx_lrp.run.carried)
+    ledger_source = None
+
+    def payload(self) -> dict:
+        """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
+        plain data, so that unpickling it imports nothing beyond this module. (Shipping onnxruntime's optimised
+        model instead was measured and dropped: docs/dataset.md, "Speed".)"""
+        p = {k: getattr(self, k) for k in self.PAYLOAD}
+        p["inputs"] = [InputSpec(s.name, np.dtype(s.dtype), tuple(s.dims)) for s in self.inputs]
+        p["_trace"] = list(self._trace)
+        return p
+
+    @classmethod
+    def from_payload(cls, payload: dict, device: str | None = None, threads: int | None = None) -> "Runner":
+        """A Runner (one onnxruntime session) from :meth:`payload`; ``device``: another device than the builder's."""
+        self = cls.__new__(cls)
+        for k in cls.PAYLOAD:
+            setattr(self, k, payload[k])
+        if device is not None:
+            self.device = runtime.resolve_device(device)
+        self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
+                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
+                                      tf32=self.tf32))
+        return self
+
+    def _started(self, session) -> None:
+        self.session = session
+        self.device = session.device  # "auto" may fall back to the CPU when CUDA cannot start
+        self.device_note = session.fallback
+        self._width = None
+        self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
+        self._gap_reason = None  # why the deployed outputs differ (onnx_lrp.run.deployed_gap.cause), found on the first gap
+        self._gap_warned = False
+        self.deployed_session = None
+        self.deployed_note = None  # why the deployed model does not run beside the relevance model, if it does not
+        if self.deployed is not None:
+            try:
+                threads = getattr(session, "threads", None)
+                self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
+                                                        tf32=getattr(self, "tf32", False))
+            except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ input checks
+    def checked_feeds(self, x) -> dict[str, np.ndarray]:
+        """The feeds of the model's inputs from ``x`` (an array, or a dict by input name), checked and cast."""
+        return self._feeds(x)
+
+    def checked_targets(self, target, batch: int) -> np.ndarray:
+        """One target per item (-1: arg-max) from None, an int or one int per item, checked against the width."""
+        return self._targets(target, batch)
+
+    def _feeds(self, x) -> dict[str, np.ndarray]:
+        if isinstance(x, dict):
+            arrays = dict(x)
+        else:
+            if len(self.inputs) != 1:
+                raise InputError(f"the model has {len(self.inputs)} inputs ({', '.join(i.name for i in self.inputs)})"
+                                 "; pass a dict of arrays by input name")
+            arrays = {self.inputs[0].name: x}
+        known = {i.name for i in self.inputs}
+        extra = set(arrays) - known
+        if extra:
+            raise InputError(f"unknown input(s) {', '.join(sorted(extra))}; the model's inputs are "
+                             f"{', '.join(sorted(known))}")
+        feeds = {}
+        for spec in self.inputs:
+            if spec.name not in arrays:
+                raise InputError(f"input {spec.name!r} is missing")
+            a = np.asarray(arrays[spec.name])
+            if not _native(spec.dtype) or not _native(a.dtype):
+                odd = spec.dtype if not _native(spec.dtype) else a.dtype
+                raise InputError(f"input {spec.name!r} has element type {odd} (an 8-bit, 4-bit or brain float), which "
+                                 "onnxruntime's Python API cannot take; give float16/32/64 data (export the model "
+                                 "with such an input)")
+            if a.dtype == object:
+                raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
+            if spec.dtype.kind == "f":
+                if a.dtype.kind not in "f":
+                    raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
+                if not np.all(np.isfinite(a)):
+                    if np.isnan(a).any():
+                        raise InputError(f"input {spec.name!r} contains NaN or Inf ({int(np.isnan(a).sum())} NaN); "
+                                         "clean the data first")
+                    raise InputError(f"input {spec.name!r} contains NaN or Inf ({int(np.isinf(a).sum())} infinite "
+                                     "values): if it is an additive attention mask, give a large finite negative "
+                                     "value instead of -inf (e.g. -1e4 or numpy.finfo('float32').min: the same "
+                                     "attention, and relevance 0 at masked positions); else clean the data first")
+                a = a.astype(spec.dtype, copy=False)
+            elif a.dtype.kind not in "iub" or (spec.dtype.kind == "b") != (a.dtype.kind == "b"):
+                raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
+            else:
+                a = a.astype(spec.dtype, copy=False)
+            if spec.dims:
+                if a.ndim == len(spec.dims) - 1 and all(
+                        d is None or d == s for d, s in zip(spec.dims[1:], a.shape)):
+                    a = a[None]  # a single sample without its batch axis
+                if a.ndim != len(spec.dims) or any(d is not None and d != s for d, s in
+                                                   zip(spec.dims[1:], a.shape[1:])):
+                    want = "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(spec.dims))
+                    raise InputError(f"input {spec.name!r} has shape {'x'.join(map(str, a.shape))}; the model "
+                                     f"wants {want}")
+            feeds[spec.name] = np.asarray(a, order="C")  # not ascontiguousarray: it makes a scalar (1,)
+        return feeds
+
+    def _targets(self, target, batch: int) -> np.ndarray:
+        if target is None or (isinstance(target, str) and target == "argmax"):
+            return np.full(batch, -1, dtype=np.int64)
+        t = np.asarray(target)
+        if t.dtype.kind not in "iu":
+            raise InputError(f"target must be an int or one int per batch item, not {target!r}")
+        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        if t.shape != (batch,):
+            raise InputError(f"{t.size} targets for a batch of {batch}; give one int or one per item")
+        width = self.output_width()
+        if width is not None and (np.any(t < 0) or np.any(t >= width)):
+            raise InputError(f"target {_brief(t)} out of range: the explained output has {width} entries per item")
+        return np.ascontiguousarray(t)
+
+    def output_width(self) -> int | None:
+        if self._width is None:
+            for o in self.session.session.get_outputs():
+                if o.name == self.explained_output:
+                    dims = o.shape if self.whole else o.shape[1:]
+                    if all(isinstance(d, int) for d in dims):
+                        self._width = int(np.prod(dims))
+        return self._width
+
+    # ---------------------------------------------------------------------- explain
+    def _positions(self, target, position, batch: int, feeds: dict):
+        """For sequence outputs: (class targets, positions) from a class target and a position (default: the last,
+        -1; negative positions count from the end)."""
+        rows, per_row = self.sequence_rows
+        if rows is None and self._rows_from is not None:
+            name, axis = self._rows_from
+            rows = int(feeds[name].shape[axis])
+        if isinstance(target, tuple):
+            if position is not None or len(target) != 2:
+                raise InputError("give the target as (position, class), or as a class with position=...")
+            position, target = target
+        pos = np.asarray(-1 if position is None else position)
+        if pos.dtype.kind not in "iu":
+            raise InputError(f"position must be an int or one int per batch item, not {position!r}")
+        pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
+        if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
+            raise InputError(f"position {_brief(pos)} does not fit: the explained output has {rows} positions "
+                             f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
+        if target is None or (isinstance(target, str) and target == "argmax"):
+            return np.full(batch, -1, dtype=np.int64), np.ascontiguousarray(pos)
+        t = np.asarray(target)
+        if t.dtype.kind not in "iu":
+            raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
+        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        if t.shape != (batch,) or np.any(t < 0) or (per_row is not None and np.any(t >= per_row)):
+            raise InputError(f"target {_brief(t)} out of range: each position of the explained output has "
+                             f"{per_row} entries")
+        return np.ascontiguousarray(t), np.ascontiguousarray(pos)
+
+    def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
+        """Relevance of the inputs for ``target`` (None: arg-max per item; an int; one int per item).
+
+        Sequence outputs (rank >= 3, N x T x C...): ``target`` is a class at ``position`` (an index along axis 1;
+        default: the last position, as for a causal LM's next-token logits), or a ``(position, class)`` tuple;
+        None takes the arg-max class at that position.
+        """
+        start = start or self.start
+        if start not in ("logit", "one-hot"):
+            raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
+        feeds = self._feeds(x)
+        batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)  # scalar inputs only: one item
+        if batch == 0:
+            raise InputError("the batch is empty (0 items); give at least one item")
+        positions = None
+        if self.sequence_rows is not None:
+            targets, positions = self._positions(target, position, batch, feeds)
+        elif position is not None or isinstance(target, tuple):
+            raise InputError(f"position is only for sequence outputs (rank >= 3); {self.explained_output!r} has "
+                             "one entry set per item: give the target as a flat index")
+        else:
+            targets = self._targets(target, 1 if self.whole else batch)
+        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        if static_one and batch > 1 and self.ledger:
+            raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
+        deployed = self._deployed_run(feeds)
+        if deployed is not None and self.sequence_rows is None and not self.whole and np.all(targets < 0) and \
+                self.explained_output in deployed and deployed[self.explained_output].shape[:1] == (batch,):
+            # arg-max: the deployed model's prediction (the explained forward's can differ where they disagree)
+            targets = np.argmax(np.asarray(deployed[self.explained_output]).reshape(batch, -1), axis=1)
+        if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
+            parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
+                               None if positions is None else positions[i:i + 1])
+                     for i in range(batch)]
+            merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        else:
+            merged = self._run(feeds, targets, start, positions)
+        per_row = self._check_width(merged, targets)
+        self._check_finite(merged, feeds, targets, start, positions)
+        rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
+        self._check_conserved(merged, list(rel.values()), feeds, start, positions)
+        relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
+        used = merged[TARGET_OUTPUT]
+        pos_used = None
+        if self.sequence_rows is not None:
+            pos_used, used = used // per_row, used % per_row
+        forward = {n: merged[n] for n in self.output_names}
+        outputs, gap = forward, None
+        if deployed is not None:
+            outputs = {n: deployed.get(n, forward[n]) for n in self.output_names}
+            gap = self._gap(feeds, outputs, forward, batch)
+        return Explanation(relevance=relevance,
+                           outputs=outputs, forward=forward, deployed_gap=gap,
+                           target=used,
+                           relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
+                           explained_output=self.explained_output, position=pos_used,
+                           explained_value=merged.get(VALUE_OUTPUT),
+                           ledger=None if not self.ledger else
+                           {"entering": merged[LEDGER_ENTERING],
+                            "leaving": merged[LEDGER_LEAVING]})
+
+    def _deployed_run(self, feeds: dict) -> dict | None:
+        """The deployed model's outputs, or None (a float model; or it fails on this input: said once, and the
+        outputs are the explained forward's)."""
+        if self.deployed_session is None:
+            return None
+        try:
+            return self.deployed_outputs(feeds)
+        except LrpError as exc:
+            if self.deployed_note is None:
+                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
+            return None
+
+    def deployed_outputs(self, feeds: dict, session=None) -> dict:
+        """The deployed model's outputs on ``feeds`` (the relevance model's inputs), run as written by onnxruntime
+        (``session``: another session of it, e.g. with other config entries); fixed-batch-1 models item by item."""
+        session = session or self.deployed_session
+        types = session.input_types
+        feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
+        feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
+                 for k, v in feeds.items() if k in types}
+        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
+        if static_one and batch > 1 and not self.whole:
+            parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
+                                  for k, v in feeds.items()}) for i in range(batch)]
+            return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return session.run(feeds)
+
+    def _gap(self, feeds, outputs: dict, forward: dict, batch: int):
+        """The gap on the explained output, its cause found on the first one beyond the tolerance, one warning."""
+        name = self.explained_output
+        gap = gaps.measure(name, outputs[name], forward[name], self.output_step, 1 if self.whole else batch)
+        if not gap.beyond:
+            return gap
+        if self._gap_reason is None:
+            self._gap_reason = gaps.cause(self, feeds, forward[name], gap)
+        gap = dataclasses.replace(gap, reason=self._gap_reason)
+        if self.gap_warnings and not self._gap_warned:
+            self._gap_warned = True
+            warnings.warn(gap.message(), LrpWarning, stacklevel=3)
+        return gap
+
+    def _check_width(self, merged: dict, targets) -> int | None:
+        """Given targets against the explained output's width as it came out of this run (outputs with dynamic
+        trailing axes: a target past the end would select nothing, an all-zero relevance); returns the entries
+        per position of a sequence output."""
+        y = merged[self.explained_output]
+        if self.sequence_rows is not None:
+            width = self.sequence_rows[1] if self.sequence_rows[1] is not None else int(np.prod(y.shape[2:]))
+        else:
+            width = int(y.size if self.whole else np.prod(y.shape[1:]))
+        if np.any(np.asarray(targets) >= width):
+            per = "at each position" if self.sequence_rows is not None else "per item"
+            raise InputError(f"target {_brief(np.asarray(targets))} out of range: the explained output "
+                             f"{self.explained_output!r} has {width} entries {per} for this input; nothing was "
+                             "returned")
+        return width
+
+    def _run(self, feeds, targets, start, positions=None):
+        feeds = dict(feeds)
+        if positions is not None:
+            feeds[POSITION_INPUT] = positions
+        feeds[TARGET_INPUT] = targets
+        feeds[ONE_HOT_INPUT] = np.array(start == "one-hot")
+        return self.session.run(feeds)
+
+    def _check_conserved(self, merged: dict, relevance: list, feeds, start, positions) -> None:
+        """Warn (``strict``: raise) when the input relevance of an item is far from its start relevance
+        (:mod:`onnx_lrp.run.conservation`); the ledger that names the nodes is built only then."""
+        if not relevance or VALUE_OUTPUT not in merged or getattr(self, "_reading_ledger", False):
+            return
+        values = np.asarray(merged[VALUE_OUTPUT], np.float64).reshape(-1)
+        starts = values if start == "logit" else np.ones_like(values)
+        got = conservation.per_item(relevance, len(starts))
+        if got is None:
+            return
+        sums, peaks = got
+        bad = np.flatnonzero(conservation.far(sums, peaks, starts))
+        if not len(bad):
+            return
+        ratio = np.abs(np.log10(np.maximum(np.abs(sums[bad]), 1e-300) / np.abs(starts[bad])))
+        item = int(bad[np.argmax(np.maximum(ratio, np.log10(np.maximum(peaks[bad], 1e-300) / np.abs(starts[bad]))))])
+        found = None
+        try:
+            found = self._culprits(feeds, item, int(np.asarray(merged[TARGET_OUTPUT]).reshape(-1)[item]), start,
+                                   None if positions is None else positions[item:item + 1])
+        except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
+            found = None
+        text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
+                                    float(starts[item]), start, found, getattr(self, "composite_name", "?"))
+        if getattr(self, "strict", False):
+            raise NumericError(text + "; nothing was returned (strict)")
+        warnings.warn(text, LrpWarning, stacklevel=3)
+
+    def _culprits(self, feeds, item: int, target: int, start, positions):
+        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model, and so
+        does :class:`onnx_lrp.run.carried.CarriedRunner`, a Runner from a payload in a Ray actor; a bare Runner has no
+        loader to build it with)."""
+        return None
+
+    def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
+        """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then
+        (only on failure) a diagnostic run that names the first node where it appeared."""
+        names = [self.explained_output] + [n for n in merged if n.startswith(RELEVANCE_PREFIX)]
+        bad = [n for n in names if n in merged and merged[n].dtype.kind == "f" and not np.isfinite(merged[n]).all()]
+        if not bad:
+            return
+        a = merged[bad[0]]
+        rows = np.flatnonzero((~np.isfinite(a)).reshape(len(a), -1).any(1)) if a.ndim else []
+        item = int(rows[0]) if len(rows) else 0
+        where = None
+        try:
+            from .diagnose import locate  # onnx_ir and the loader: only on this failure
+
+            where = locate(self, feeds, targets, start, positions, item)
+        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
+            where = None
+        what = "output" if bad[0] == self.explained_output else "relevance"
+        raise NumericError(f"non-finite (NaN/Inf) {what} {bad[0]!r} for batch item {item}: "
+                           + (where or "the node where it first appeared could not be located")
+                           + "; nothing was returned")
+
+
+def _brief(a: np.ndarray) -> str:
+    """An index array for a message: one value when all items share it, else the first few and the count."""
+    vals = np.asarray(a).reshape(-1).tolist()
+    if len(set(vals)) == 1:
+        return f"{vals[0]}" + (f" (all {len(vals)} items)" if len(vals) > 1 else "")
+    return "[" + ", ".join(map(str, vals[:6])) + (f", ... ({len(vals)} items)]" if len(vals) > 6 else "]")
+
+
+def _native(dt: np.dtype) -> bool:
+    """numpy's own element types (not ml_dtypes' float8/float4/bfloat16/int4, which onnxruntime cannot take)."""
+    return dt.kind in "iub" and dt.type.__module__ == "numpy" or dt in (np.float16, np.float32, np.float64) \
+        or dt == object
+
+
+__all__ = ["Runner", "Explanation", "InputSpec"]
