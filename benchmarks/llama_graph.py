@@ -169,10 +169,11 @@ class _Builder:
         self.dtype, self.low = DTYPES[dtype][0], DTYPES[dtype][1]
         self.rope = self.unsqueezed = None  # the rotary cos / sin, and their Unsqueeze for the attention
 
-    def op(self, scope: str, op_type: str, inputs, out: str | None = None, **attrs) -> ir.Value:
+    def op(self, scope: str, op_type: str, inputs, out: str | None = None, node_name: str | None = None,
+           **attrs) -> ir.Value:
         k = self.counts.get((scope, op_type), 0)
         self.counts[(scope, op_type)] = k + 1
-        name = f"{scope}/{op_type}" + (f"_{k}" if k else "")
+        name = node_name or f"{scope}/{op_type}" + (f"_{k}" if k else "")
         value = ir.Value(name=out or f"{name}_output_0")
         self.nodes.append(ir.node(op_type, list(inputs), attrs or None, outputs=[value], name=name))
         return value
@@ -206,18 +207,21 @@ def _rotate(b: _Builder, scope: str, t: ir.Value, cos: ir.Value, sin: ir.Value, 
     return b.op(scope, "Add", [t_cos, b.op(scope, "Mul", [rotated, sin])])
 
 
+def _expand(b: _Builder, scope: str, t: ir.Value, dims: list) -> ir.Value:
+    """torch's ``expand`` as exported: the target shape through ConstantOfShape / Equal / Where (-1 keeps a dim)."""
+    target = b.ints(scope, dims)
+    ones = b.op(scope, "ConstantOfShape", [b.ints(scope, [len(dims)])], value=ir.tensor(np.array([1], np.int64)))
+    minus = b.op(scope, "Mul", [ones, b.ints(scope, [-1], scalar=True)])
+    return b.op(scope, "Expand", [t, b.op(scope, "Where", [b.op(scope, "Equal", [target, minus]), ones, target])])
+
+
 def _repeat_kv(b: _Builder, scope: str, t: ir.Value, shape: Shape, seq: int) -> ir.Value:
-    """repeat_kv as exported: Unsqueeze, Expand to [1, kv, n_rep, seq, dh] (its shape through Where), Reshape."""
+    """repeat_kv as exported: Unsqueeze, Expand to [1, kv, n_rep, seq, dh], Reshape to [1, heads, seq, dh]."""
     n_rep, dh = shape.heads // shape.kv, shape.head_dim
     if n_rep == 1:
         return t
-    t = b.op(scope, "Unsqueeze", [t, b.ints(scope, [2])])
-    target = b.ints(scope, [1, shape.kv, n_rep, seq, dh])
-    ones = b.op(scope, "ConstantOfShape", [b.ints(scope, [5])], value=ir.tensor(np.array([1], np.int64)))
-    minus = b.op(scope, "Mul", [ones, b.ints(scope, [-1], scalar=True)])
-    where = b.op(scope, "Where", [b.op(scope, "Equal", [target, minus]), ones, target])
-    return b.op(scope, "Reshape", [b.op(scope, "Expand", [t, where]), b.ints(scope, [1, shape.heads, seq, dh])],
-                allowzero=0)
+    t = _expand(b, scope, b.op(scope, "Unsqueeze", [t, b.ints(scope, [2])]), [1, shape.kv, n_rep, seq, dh])
+    return b.op(scope, "Reshape", [t, b.ints(scope, [1, shape.heads, seq, dh])], allowzero=0)
 
 
 def _attention(b: _Builder, scope: str, x: ir.Value, w: dict, shape: Shape, seq: int) -> ir.Value:
@@ -263,20 +267,27 @@ def _layer(b: _Builder, i: int, h: ir.Value, w: dict, shape: Shape, seq: int) ->
     return b.op(scope, "Add", [residual, down])
 
 
-def _rope(b: _Builder, freqs: np.ndarray, seq: int) -> None:
-    """cos / sin of the folded angle table [1, seq, head_dim] (float32), times the attention scaling, cast to the
-    model's type (``b.rope``)."""
-    angles = np.arange(seq, dtype=np.float32)[:, None] * freqs[None, :]
-    table = b.const("/m/model/rotary_emb", np.concatenate([angles, angles], -1)[None])
+def _rope(b: _Builder, freqs: np.ndarray, seq: int, rope: str) -> None:
+    """cos / sin of the angle table [1, seq, head_dim] (float32), times the attention scaling, cast to the model's
+    type (``b.rope``). ``rope="folded"`` (transformers 5: position * inv_freq): the exporter folds the table into a
+    Constant; ``"computed"`` (transformers 4: inv_freq[None, :, None] expanded, MatMul with the positions [1, 1,
+    seq], transposed) it is computed from an unscoped Constant of inv_freq."""
+    s = "/m/model/rotary_emb"
+    if rope == "folded":
+        angles = np.arange(seq, dtype=np.float32)[:, None] * freqs[None, :]
+        table = b.const(s, np.concatenate([angles, angles], -1)[None])
+    else:
+        inv = b.op("", "Constant", [], value=ir.tensor(freqs.reshape(1, -1, 1)), node_name="Constant_0",
+                   out="onnx::Expand_0")
+        inv = b.op(s, "Cast", [b.op(s, "Cast", [_expand(b, s, inv, [1, -1, 1])], to=ir.DataType.FLOAT.value)],
+                   to=ir.DataType.FLOAT.value)
+        angles = b.op(s, "MatMul", [inv, b.const(s, np.arange(seq, dtype=np.float32).reshape(1, 1, seq))])
+        angles = b.op(s, "Transpose", [angles], perm=[0, 2, 1])
+        table = b.op(s, "Concat", [angles, angles], axis=-1)
     out = []
     for fn in ("Cos", "Sin"):
-        out.append(b.op("/m/model/rotary_emb", "Mul", [b.op("/m/model/rotary_emb", fn, [table]),
-                                                        b.const("/m/model/rotary_emb", np.float32(1))]))
-    b.rope = tuple(b.op("/m/model/rotary_emb", "Cast", [t], to=b.dtype.value) for t in out)
-
-
-_SHORT = {"self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v", "self_attn.o_proj": "o",
-          "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down"}
+        out.append(b.op(s, "Mul", [b.op(s, fn, [table]), b.const(s, np.float32(1))]))
+    b.rope = tuple(b.op(s, "Cast", [t], to=b.dtype.value) for t in out)
 
 
 def _weights(shape: Shape, dtype: str, data: _Data, weights, seed: int, round_to: str | None) -> list:
@@ -294,14 +305,14 @@ def _weights(shape: Shape, dtype: str, data: _Data, weights, seed: int, round_to
 
 def write(folder, shape: Shape, seq: int, dtype: str = "float32", *, weights=None, seed: int = 0,
           round_to: str | None = None, freqs: np.ndarray | None = None, threads: int | None = None,
-          name: str = "llama.onnx", external: bool | None = None) -> Path:
+          name: str = "llama.onnx", external: bool | None = None, rope: str = "folded") -> Path:
     """Write ``folder/name`` and its data file ``name.data``; returns the model's path.
 
     ``weights``: float32 arrays by state-dict name in torch's layout (default: drawn from ``seed``);
     ``round_to``: draw, round to this type, store in ``dtype`` (a float32 twin of a bfloat16 model);
     ``freqs``: the rotary inverse frequencies (default :func:`inv_freq`);
     ``external``: weights in the data file, or in the model file (None: as torch.onnx stores them, in the data file
-    from 2 GiB of weights on)."""
+    from 2 GiB of weights on); ``rope``: the rotary table as transformers 5 ("folded") or 4 ("computed") exports."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     data = _Data(folder, name + ".data", threads or os.cpu_count() or 1)
@@ -311,7 +322,7 @@ def write(folder, shape: Shape, seq: int, dtype: str = "float32", *, weights=Non
         data.close()
     b = _Builder(dtype)
     x = ir.Value(name="embeds", shape=ir.Shape([1, seq, shape.hidden]), type=ir.TensorType(b.dtype))
-    _rope(b, inv_freq(shape, round_to or dtype) if freqs is None else np.asarray(freqs, np.float32), seq)
+    _rope(b, inv_freq(shape, round_to or dtype) if freqs is None else np.asarray(freqs, np.float32), seq, rope)
     per = iter(inits)
     h = x
     for i in range(shape.layers):
