@@ -36,6 +36,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,8 @@ def main(argv=None):
                     help="what a float16 / bfloat16 model's relevance is computed in (auto: model on CUDA)")
     ap.add_argument("--build", default="auto", choices=("auto", "export", "direct"),
                     help="export with torch.onnx, or write the same graph directly (auto: direct from 1b)")
+    ap.add_argument("--no-twin", dest="twin", action="store_false",
+                    help="skip the float32 twin's relevance (a float16 / bfloat16 model)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ref-python", default=sys.executable)
@@ -129,6 +132,7 @@ def main(argv=None):
     if args.build == "auto":
         args.build = "direct" if args.size in DIRECT_SIZES else "export"
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: the folder below is still removed
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="bench_llm_"))
     tmp.mkdir(parents=True, exist_ok=True)
     try:
@@ -218,7 +222,7 @@ def explain(args, built: dict) -> dict:
                             threads=args.threads or None, precision=args.precision)
     build_s = time.perf_counter() - t1
     print(f"relevance computed in {ex.model_precision} (--precision {args.precision}, {ex.device})", flush=True)
-    x, target = built["x"], built.get("target")
+    x, target = built["x"].astype(ex.inputs[0].dtype), built.get("target")
     e = ex.explain(x, target=target, position=-1)
     target = int(np.asarray(e.target).reshape(-1)[0])
     explain_s = best(lambda: ex.explain(x, target=target, position=-1), args.repeat)
@@ -228,10 +232,10 @@ def explain(args, built: dict) -> dict:
         res["gpu_peak_bytes"] = gpu.stop()
     relevance = np.asarray(e.relevance)
     del ex, e
-    if args.dtype != "float32":
+    if args.dtype != "float32" and args.twin:
         ex32 = onnx_lrp.Explainer(str(built["path"]), composite="attnlrp", device=args.device,
                                   threads=args.threads or None, precision="float32")
-        r32 = np.asarray(ex32.explain(x, target=target, position=-1).relevance)
+        r32 = np.asarray(ex32.explain(built["x"], target=target, position=-1).relevance)
         del ex32
         tok, tok32 = relevance.sum(-1)[0], r32.sum(-1)[0]
         res.update(rel_l2_vs_float32=rel_l2(relevance, r32), rel_l2_tokens_vs_float32=rel_l2(tok, tok32),
@@ -282,7 +286,7 @@ def _run(args, tmp: Path) -> dict:
     built = build(args, tmp)
     w_bytes = weights_bytes(built["path"])
     print(f"{args.size}: {built['params'] / 1e9:.2f} B parameters, {w_bytes / 1e9:.2f} GB on disk ({args.dtype}), "
-          f"{sum(1 for f in tmp.iterdir() if f.is_file())} files; "
+          f"{sum(1 for f in tmp.iterdir() if f.is_file() and not f.name.endswith('.npy'))} files; "
           f"{'written' if args.build == 'direct' else 'exported'} in {built['build_s']:.0f} s", flush=True)
     res = dict(size=args.size, dtype=args.dtype, device=args.device, precision=args.precision, build=args.build,
                seq=args.seq, params=built["params"], weights_bytes=w_bytes, graph_s=built["build_s"])

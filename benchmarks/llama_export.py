@@ -128,13 +128,14 @@ def main(argv=None):
         emb = model.get_input_embeddings()(ids)
     export(model, emb, out)
     np.save(out + ".x.npy", emb.float().numpy())
+    if twin:  # the float32 model of the same rounded weights (onnxruntime's CPU provider has no bfloat16 kernels);
+        export(model.float(), emb.float(), twin)  # before LXT patches transformers' modules
+        model = model.to(dt)  # exactly the rounded weights again
     res["export_s"] = time.perf_counter() - t0
     try:
         lxt(model, emb, device, res, out + ".lxt.npy")
     except ImportError as exc:
         res["lxt_error"] = f"{type(exc).__name__}: {exc}"
-    if twin:  # the float32 model of the same rounded weights (onnxruntime's CPU provider has no bfloat16 kernels)
-        export(model.float(), emb.float(), twin)
     print(json.dumps(res), flush=True)
 
 

@@ -228,10 +228,10 @@ def _attention(b: _Builder, scope: str, x: ir.Value, w: dict, shape: Shape, seq:
     """Self-attention; cos / sin (``b.rope``) are unsqueezed by the first layer, whose Unsqueeze nodes every layer
     reads (the exporter's common-subexpression elimination)."""
     dh = shape.head_dim
-    heads = []
+    heads, views = [], []
     for p in "qkv":  # the exporter writes q's MatMul, then the three views' shapes, then the rest in order
         t = b.op(f"{scope}/{p}_proj", "MatMul", [x, w[p]])
-        views = views if heads else [b.ints(scope, [1, seq, -1, dh]) for _ in range(3)]
+        views = views or [b.ints(scope, [1, seq, -1, dh]) for _ in range(3)]
         t = b.op(scope, "Reshape", [t, views[len(heads)]], allowzero=0)
         heads.append(b.op(scope, "Transpose", [t], perm=[0, 2, 1, 3]))
     q, k, v = heads

@@ -183,12 +183,12 @@ def numpy_llama(w: dict, x: np.ndarray, shape, freqs: np.ndarray, dtype=np.float
     """LLaMA's forward from its definition (RMSNorm, rotary embedding on q / k, causal grouped-query attention with
     each key-value head serving heads // kv query heads, SiLU-gated MLP, residuals), logits [seq, vocab]."""
     seq, dh, n_rep = x.shape[1], shape.head_dim, shape.heads // shape.kv
-    f = lambda name: np.asarray(w[name], dtype)  # noqa: E731
-    rms = lambda t, g: g * t / np.sqrt((t * t).mean(-1, keepdims=True) + shape.eps)  # noqa: E731
+    f = lambda name: np.asarray(w[name], dtype)
+    rms = lambda t, g: g * t / np.sqrt((t * t).mean(-1, keepdims=True) + shape.eps)
     angles = np.arange(seq, dtype=dtype)[:, None] * np.asarray(freqs, dtype)[None]
     cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
-    rope = lambda t: t * cos + np.concatenate([-t[..., dh // 2:], t[..., :dh // 2]], -1) * sin  # noqa: E731
-    heads = lambda t, n: t.reshape(seq, n, dh).transpose(1, 0, 2)  # noqa: E731
+    rope = lambda t: t * cos + np.concatenate([-t[..., dh // 2:], t[..., :dh // 2]], -1) * sin
+    heads = lambda t, n: t.reshape(seq, n, dh).transpose(1, 0, 2)
     future = np.triu(np.ones((seq, seq), bool), 1)
     h = np.asarray(x[0], dtype)
     for i in range(shape.layers):
