@@ -56,6 +56,7 @@ SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary
 }
 DIRECT_SIZES = ("1b", "8b")  # --build auto: written directly (an export takes minutes)
 
+
 def weights_bytes(path: Path) -> int:
     """Bytes of the model file and every data file beside it (torch.onnx writes one file per tensor)."""
     return sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file() and not f.name.endswith(".npy"))
@@ -143,10 +144,11 @@ def main(argv=None):
 
 
 def build(args, tmp: Path) -> dict:
-    """The model (``path``), its input (``x``, float32), parameters, seconds, the forward twin (or None), LXT's."""
+    """The model (``path``), its input (``x``, float32), parameters, seconds, LXT's figures, and the float32 model
+    of the same weights whose forward is timed where onnxruntime cannot run the model (``forward_twin``, or None)."""
     path, t0 = tmp / "llama.onnx", time.perf_counter()
     twin = tmp / "float32" / "llama.onnx" if args.dtype == "bfloat16" and args.device == "cpu" else None
-    if twin:  # onnxruntime's CPU provider has no bfloat16 kernels: the forward of the same weights in float32
+    if twin:  # onnxruntime's CPU provider has no bfloat16 kernels
         twin.parent.mkdir(exist_ok=True)
     if args.build == "direct":
         import llama_graph
@@ -165,7 +167,7 @@ def build(args, tmp: Path) -> dict:
             sys.exit(f"export failed:\n{ref.stderr[-2500:]}")
         info = json.loads(ref.stdout.strip().splitlines()[-1])
         info["x"] = np.load(str(path) + ".x.npy")
-    info.update(path=path, twin=twin, build_s=time.perf_counter() - t0)
+    info.update(path=path, forward_twin=twin, build_s=time.perf_counter() - t0)
     return info
 
 
@@ -197,11 +199,11 @@ def forward(args, built: dict) -> dict:
     try:
         sess = ort.InferenceSession(str(path), opts, providers=providers)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's CPU provider has no bfloat16 kernels
-        if built["twin"] is None:
+        if built["forward_twin"] is None:
             raise
         print(f"plain onnxruntime cannot run the {args.dtype} model ({str(exc).splitlines()[0][:120]}); forward "
               "timed on the float32 model of the same weights")
-        sess, of = ort.InferenceSession(str(built["twin"]), opts, providers=providers), "float32"
+        sess, of = ort.InferenceSession(str(built["forward_twin"]), opts, providers=providers), "float32"
     feed = feed_of(sess, built["x"])
     forward_s = best(lambda: sess.run(None, feed), args.repeat)
     out = dict(forward_s=forward_s, forward_dtype=of, forward_peak_rss_bytes=vm_hwm())

@@ -67,6 +67,18 @@ def torch_llama():
     return torch, llama_export
 
 
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, torch_llama):
+    """(exported, direct, x) per dtype, made once."""
+    made = {}
+
+    def get(dtype: str):
+        if dtype not in made:
+            made[dtype] = _export_and_write(tmp_path_factory.mktemp(dtype), torch_llama, dtype)
+        return made[dtype]
+    return get
+
+
 def _export_and_write(tmp_path, torch_llama, dtype: str):
     torch, llama_export = torch_llama
     model, ids = llama_export.make_model(TINY, SEQ)
@@ -146,8 +158,8 @@ def _attribute_differences(na, nb, folder_a: Path, folder_b: Path) -> list:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_direct_graph_is_the_export(tmp_path, torch_llama, dtype):
-    exported, direct, x = _export_and_write(tmp_path, torch_llama, dtype)
+def test_direct_graph_is_the_export(exports, dtype):
+    exported, direct, x = exports(dtype)
     assert _differences(exported, direct) == []
     if dtype != "bfloat16":  # onnxruntime's CPU provider has no bfloat16 kernels
         np.testing.assert_array_equal(_run(direct, x), _run(exported, x))
@@ -157,9 +169,9 @@ def test_direct_graph_is_the_export(tmp_path, torch_llama, dtype):
     assert np.abs(r_exp).sum() > 0
 
 
-def test_a_wrong_graph_is_told_apart(tmp_path, torch_llama):
-    """The comparison sees a one-element change in a weight, in a Constant and in an attribute."""
-    exported, direct, _ = _export_and_write(tmp_path, torch_llama, "float32")
+def test_a_wrong_graph_is_told_apart(tmp_path, exports):
+    """The comparison sees a one-element change in a weight and in a Constant, and a changed attribute."""
+    exported, direct, _ = exports("float32")
     model = ir.load(str(direct))
     w = model.graph.initializers["m.model.layers.1.mlp.up_proj.weight.T"]
     a = w.const_value.numpy().copy()
@@ -167,9 +179,14 @@ def test_a_wrong_graph_is_told_apart(tmp_path, torch_llama):
     w.const_value = ir.tensor(a, name=w.name)
     node = next(n for n in model.graph if n.op_type == "Softmax")
     node.attributes["axis"] = ir.AttrInt64("axis", 3)
-    ir.save(model, str(direct.parent / "changed.onnx"))
-    found = _differences(exported, direct.parent / "changed.onnx")
+    mask = next(n for n in model.graph if n.op_type == "Constant" and len(n.attributes["value"].value.shape) == 4)
+    m = mask.attributes["value"].value.numpy().copy()
+    m[0, 0, 1, 0] = m[0, 0, 0, 1]  # position 1 no longer sees position 0
+    mask.attributes["value"] = ir.AttrTensor("value", ir.tensor(m))
+    ir.save(model, str(tmp_path / "changed.onnx"))
+    found = _differences(exported, tmp_path / "changed.onnx")
     assert any("up_proj" in d for d in found) and any("Softmax" in d and "axis" in d for d in found)
+    assert any(mask.name in d and "value" in d for d in found)
 
 
 # ---- against a numpy transcription of LLaMA (no transformers) ------------------------------------------------------
