@@ -52,6 +52,7 @@ import numpy as np
 
 from .core.errors import InputError
 from .core.interface import FORWARD_PREFIX
+from .metrics import similarity
 from .run import deployed_gap as gaps
 
 
@@ -165,20 +166,6 @@ def load_thresholds(config: "str | os.PathLike | None" = None, overrides: dict |
 
 
 # ---------------------------------------------------------------------------------------------- metrics
-def rankdata(a: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties get their average rank (scipy.stats.rankdata's default)."""
-    a = np.asarray(a, dtype=np.float64).ravel()
-    order = np.argsort(a, kind="mergesort")
-    sa = a[order]
-    boundaries = np.flatnonzero(np.diff(sa) != 0) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [a.size]])
-    avg = (starts + ends + 1) / 2.0  # ranks start+1..end averaged
-    ranks = np.empty(a.size, dtype=np.float64)
-    ranks[order] = np.repeat(avg, ends - starts)
-    return ranks
-
-
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0.0 or nb == 0.0:
@@ -196,13 +183,20 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = rankdata(a), rankdata(b)
-    ra -= ra.mean()
-    rb -= rb.mean()
-    na, nb = float(np.linalg.norm(ra)), float(np.linalg.norm(rb))
-    if na == 0.0 or nb == 0.0:  # a constant vector has no ranking: equal only to another constant one
-        return 1.0 if na == nb else 0.0
-    return float(np.dot(ra, rb) / (na * nb))
+    """Spearman rank correlation of two relevance maps (:func:`onnx_lrp.metrics.similarity.spearman`).
+
+    A constant map has no ranking (there the correlation is undefined: NaN); a regression check compares a map with
+    its baseline, so two constant maps (e.g. all zero both times) count as the same ranking (1.0) and a constant map
+    against a varying one as no agreement (0.0)."""
+    rho = similarity.spearman(a, b)
+    if not math.isnan(rho):
+        return rho
+    return 1.0 if _constant(a) and _constant(b) else 0.0
+
+
+def _constant(a: np.ndarray) -> bool:
+    a = np.asarray(a).ravel()
+    return bool(np.all(a == a[0])) if a.size else True
 
 
 def topk_count(n: int, percent: float) -> int:
@@ -666,7 +660,7 @@ def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") ->
 
 
 __all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_thresholds", "parse_threshold",
-           "rankdata", "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
+           "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
            "failures", "Result", "Sample", "Comparison", "compare", "explain_all", "model_sha256",
            "deployed_difference", "deployed_difference_message",
            "composite_source", "params_to_json", "params_from_json", "Snapshot", "snapshot_arrays", "read_snapshot",
