@@ -20,6 +20,7 @@ from onnx_lrp.core.errors import InputError
 from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.metrics import tracking
 from onnx_lrp.run import deployed_gap as gaps
+from onnx_lrp.run.batches import explain_all
 
 from . import heatmap as hm
 from .explain import parse_target
@@ -285,7 +286,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     _targets(targets, len(batch))
     gap_list = []
     with Progress("explaining") as bar:
-        rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
+        rel, outs, used = explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
     arrays = rg.snapshot_arrays(
         inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
         composite_toml=comp_toml, params=params, start=start, output=output_name,
@@ -356,7 +357,7 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     gap_list = []
     with Progress("explaining") as bar:
         if engine == "local":
-            rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update, gaps_out=gap_list)
+            rel, outs, _ = explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update, gaps_out=gap_list)
         else:
             rel, outs, _ = explain_arrays(ex, arrays, snap.targets, batch_size, engine, workers, ray_address,
                                           progress=bar.update)
@@ -441,9 +442,9 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     n = len(batch)
     gap_list = []  # MODEL_B's deployed outputs against its explained forward
     with Progress("explaining") as bar:
-        rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size,
+        rel_a, outs_a, used = explain_all(ex_a, batch.arrays, targets, batch_size,
                                              progress=lambda d, t: bar.update(d, 2 * t))
-        rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size,
+        rel_b, outs_b, _ = explain_all(ex_b, arrays_b, used, batch_size,
                                           progress=lambda d, t: bar.update(n + d, 2 * t), gaps_out=gap_list)
     base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a,
                      outs_a.get(FORWARD_PREFIX + ex_a.explained_output))
