@@ -18,16 +18,7 @@ from onnx_lrp.run.batches import explain_chunks, merge, slices
 from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import (
-    build_explainer,
-    common,
-    composite_with,
-    image_zbox,
-    input_options,
-    precision_note,
-    preprocess,
-    rule_params,
-)
+from .options import common, explainer_setup, input_options, precision_note, preprocess
 from .text import pop_text_options, run_text, text_options
 
 
@@ -280,29 +271,25 @@ def _destinations(o: ExplainOptions) -> _Destinations:
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
-    pre = preprocess(o.rule_kw)
-    params = rule_params(o.rule_kw)
-    comp = composite_with(o.composite, {})
-    zbox_note = image_zbox(o.model, dest.data_kind, comp, params, pre)
-    comp = composite_with(comp, params)
+    setup = explainer_setup(o.model, o.composite, o.rule_kw, data_kind=dest.data_kind)
     t0 = time.perf_counter()
-    ex = build_explainer(o.model, comp, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
-                         start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32, precision=o.precision)
+    ex = setup.build(o.model, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
+                     start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32, precision=o.precision)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
-    if zbox_note:
-        _say(zbox_note)
+    if setup.zbox_note:
+        _say(setup.zbox_note)
     if len(ex.relevance_inputs) > 1 and dest.out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {dest.out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
-    batch = _read(dest, ex, pre)
+    batch = _read(dest, ex, setup.pre)
     t1 = time.perf_counter()
     merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
-    res = _result(o, dest, ex, comp, batch, merged, t_build, t_explain)
+    res = _result(o, dest, ex, setup.composite, batch, merged, t_build, t_explain)
     if dest.tokens is not None:
         from onnx_lrp.io.tokens import tokens_for
         res.token_rows = _token_rows(dest.tokens, res.relevance, res.n)
