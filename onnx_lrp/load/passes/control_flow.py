@@ -19,7 +19,7 @@ time are unrolled, ``If`` with a constant condition is replaced by the branch it
 Unrolling is bounded (``MAX_UNROLLED`` body nodes times iterations per node). A node that stays (dynamic trip
 count, data-dependent condition, too large) gets ``node.meta['lrp_control']``: the one-line reason the rewriter
 refuses it with. The pass uses graph helpers only; evaluating the condition's slice is given to it (``evaluate``,
-built by :mod:`onnx_lrp.load.proto`, the only module that may run onnx's reference evaluator).
+built by :mod:`onnx_lrp.load.proto.evaluate`: only the proto package may run onnx's reference evaluator).
 """
 from __future__ import annotations
 
