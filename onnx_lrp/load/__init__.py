@@ -16,8 +16,7 @@ from ..core import meta
 from ..core.graph import mark_presumed
 from .builder import Report
 from .fold import check_sizes, fold_constants, mark_shape_only, name_everything, refresh_shapes, reinfer_shapes
-from .passes import canonize as standard
-from .passes import control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
+from .passes import canonize, control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
 from .proto.check import check
 from .proto.digest import data_files, model_sha256
 from .proto.evaluate import condition_evaluator
@@ -50,7 +49,7 @@ def load(source, name: str | None = None, constants: dict | None = None,
     fold_constants(model)
     unroll_control_flow(model)  # static Loop/Scan unrolled, If with a constant condition inlined
     deployed_forms(model)  # Q/DQ, QOperator, dynamic quant, float16, ORT fused ops
-    standard.StandardForm()(model)
+    canonize.StandardForm()(model)
     fold_constants(model)  # canonization can expose new constant chains
     model.graph.sort()
     # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and
