@@ -29,8 +29,10 @@ from ..core.interface import (
     VALUE_OUTPUT,
     Step,
 )
+from ..rules.base import Rule
 from ..rules.composite import Composite, NodeInfo
-from ..rules.rules import LinearRule, Pass, Rule, ZBox
+from ..rules.elementwise import Pass
+from ..rules.linear import LinearRule, ZBox
 from . import patterns
 from .composite_check import check_composite
 from .engine import Layer, Rel, all_chunks

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from ...core.emitter import Emitter
 from ...core.graph import carries, const, is_param, static_dims
+from ..families import Family
 from .base import RuleOp, register, stabilized
 
 
@@ -85,7 +86,7 @@ class Recurrent(RuleOp):
     """LSTM / GRU / RNN with constant weights: LRP for LSTMs (``rules.recurrent.Recurrent``)."""
 
     kind = "recurrent"
-    family = "recurrent"
+    family = Family.RECURRENT
     refusal = "a recurrent layer (use recurrent)"
     op_types = ("LSTM", "GRU", "RNN")
     multi_output = True  # relevance may arrive at Y_h / Y_c alone
