@@ -12,7 +12,8 @@ from ..core.graph import carries, is_param, static_dims
 from ..core.interface import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, Step
 from ..rules.elementwise import Pass
 from ..rules.linear import LinearRule
-from .engine import Layer, Rel, all_chunks
+from .engine import Layer, Rel
+from .weight_bases import all_chunks
 from .ledger import Ledger
 from .ops import REGISTRY
 from .ops.transformer import token_relevance
