@@ -136,31 +136,34 @@ class LinearRule(Rule):
         return all(t.x in ("identity", "positive", "negative") for g in self.groups() for t in g.terms)
 
 
+class PlainRule(LinearRule):
+    """One group of the unmodified layer (epsilon, norm): exact in gradient form at epsilon = 0 (LRP-0 = gradient x
+    input), and on a normalisation with its scale held as on the linear map n -> n / s it is (``HELD_SCALE``)."""
+
+    plain: ClassVar[bool] = True
+    families: ClassVar[Mapping[Family, FamilyRule]] = family_table({Family.NORM_SCALE: HELD_SCALE})
+
+    def groups(self):
+        return (Group((Term(),)),)
+
+
 @register_rule(aliases=("lrp0",))
 @dataclass(frozen=True)
-class Epsilon(LinearRule):
+class Epsilon(PlainRule):
     """R_i = x_i sum_j w_ij R_j / stab(z_j)  (LRP-epsilon, Bach et al. 2015; epsilon = 0 is LRP-0)."""
 
     name: ClassVar[str] = "epsilon"
-    plain: ClassVar[bool] = True
-    families: ClassVar[Mapping[Family, FamilyRule]] = family_table({Family.NORM_SCALE: HELD_SCALE})
     epsilon: float = 1e-6
 
-    def groups(self):
-        return (Group((Term(),)),)
 
 @register_rule
 @dataclass(frozen=True)
-class Norm(LinearRule):
+class Norm(PlainRule):
     """R_i = x_i sum_j w_ij R_j / stab(z_j) with the layer's own weights, for sums and average pools (zennit Norm)."""
 
     name: ClassVar[str] = "norm"
-    plain: ClassVar[bool] = True
-    families: ClassVar[Mapping[Family, FamilyRule]] = family_table({Family.NORM_SCALE: HELD_SCALE})
     stabilizer: float = 1e-6
 
-    def groups(self):
-        return (Group((Term(),)),)
 
 @register_rule(aliases=("z-plus",))
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ class ZBox(LinearRule):
 
     def __post_init__(self):
         if self.low is None or self.high is None:
-            return  # refused when the rule is applied (onnx_lrp.lrp.rewriter.check_bounds), naming the composite
+            return  # refused when the rule is applied (onnx_lrp.lrp.plan.check_bounds), naming the composite
         if isinstance(self.low, (int, float)) and isinstance(self.high, (int, float)):  # without numpy
             if self.low > self.high:
                 raise ValueError("zbox rule needs low <= high")
@@ -285,5 +288,5 @@ class WSquare(LinearRule):
         return (Group((Term("ones", SQUARE, SQUARE, tag="w2"),)),)
 
 
-__all__ = ["WeightMod", "IDENTITY", "POSITIVE", "NEGATIVE", "ONES", "SQUARE", "Term", "Group", "LinearRule", "HELD_SCALE",
-           "Epsilon", "Norm", "ZPlus", "AlphaBeta", "Gamma", "ZBox", "Flat", "WSquare"]
+__all__ = ["WeightMod", "IDENTITY", "POSITIVE", "NEGATIVE", "ONES", "SQUARE", "Term", "Group", "LinearRule",
+           "HELD_SCALE", "PlainRule", "Epsilon", "Norm", "ZPlus", "AlphaBeta", "Gamma", "ZBox", "Flat", "WSquare"]

@@ -124,7 +124,7 @@ class LinearStep:
 
     def normalise(self, gtag: str, group, combo: dict, bias, sign: int) -> tuple[ir.Value, float]:
         """(s_g, k): s_g = coef-free r_out * mask_g / (k stab(z_g)), k the factor the denominator was divided by
-        (1 but where ``_masked_denominator`` folds z's coefficient out), which the transposes' weights take. z_g
+        (1 but where ``masked_denominator`` folds z's coefficient out), which the transposes' weights take. z_g
         from the shared forwards (f(x; W) for the unmodified input is the forward output minus its bias). Where z
         feeds only a Relu (``relu_out``) the relevance is zero wherever z <= 0, so a mask z > 0 needs no emitting
         (``linear_rule`` drops groups masked to z < 0)."""
