@@ -11,7 +11,8 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from . import heatmap as hm
-from .io import AtomicOutputs, OutputError, check_writable, load_inputs
+from .dataset import check_source_preprocessing, has_images
+from .io import AtomicOutputs, OutputError, check_writable, data_kind
 from .options import common, explainer_setup, input_options, preprocess
 
 
@@ -27,8 +28,8 @@ def _concepts_arg(top: int | None, concepts: str | None):
                          "concepts (e.g. '35;71,2')") from None
 
 
-def _one_item(input_path, ex, pre, item: int) -> np.ndarray:
-    batch = load_inputs(input_path, ex.inputs, pre)
+def _one_item(input_path, ex, setup, item: int) -> np.ndarray:
+    batch = setup.read(input_path, ex.inputs)
     arrays = list(batch.arrays.values())
     if len(arrays) != 1:
         raise InputError(f"concepts need a model with one input; this one has {len(arrays)}")
@@ -38,8 +39,18 @@ def _one_item(input_path, ex, pre, item: int) -> np.ndarray:
     return a[item:item + 1]
 
 
-def _build(model, composite, rule_kw, pre):
-    return explainer_setup(model, composite, rule_kw, pre=pre).build(model)
+def _build(model, composite, rule_kw, pre, inputs=None, source: bool = False):
+    """(setup, explainer) of the options. ``inputs``: the INPUT path (or, with ``source``, the dataset SOURCE),
+    whose kind sets the box-rule bounds (:func:`explainer_setup`); a SOURCE of arrays is refused the preprocessing
+    its reader does not apply (:func:`check_source_preprocessing`)."""
+    kind = None
+    if source:
+        check_source_preprocessing(inputs, pre)
+        kind = lambda: "image" if has_images(inputs) else "array"  # noqa: E731
+    elif inputs is not None:
+        kind = lambda: data_kind(inputs)  # noqa: E731
+    setup = explainer_setup(model, composite, rule_kw, pre=pre, data_kind=kind)
+    return setup, setup.build(model)
 
 
 def _layer_help(ex) -> None:
@@ -104,7 +115,7 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
     Prints each concept's share of the relevance at the layer; --heatmap draws the conditional heatmaps.
     """
     pre = preprocess(kw)
-    ex = _build(model, composite, kw, pre)
+    setup, ex = _build(model, composite, kw, pre, input_path)
     if list_layers:
         _layer_help(ex)
         return
@@ -115,7 +126,7 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
             check_writable(p)
     if out and Path(out).suffix.lower() != ".npz":
         raise OutputError(f"-o {out}: give a file name ending in .npz")
-    x = _one_item(input_path, ex, pre, item)
+    x = _one_item(input_path, ex, setup, item)
     res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(top, concept_spec),
                               exclude_parallel=not include_parallel, record=list(record), init=init)
     rows = [dict(channels=g, share=float(s)) for g, s in zip(res.concepts, res.shares)]
@@ -161,8 +172,8 @@ def concept_graph(model, input_path, layer, concept, width, target, item, as_jso
         widths = [int(w) for w in width.split(",")]
     except ValueError:
         raise InputError(f"--width {width!r}: give positive ints separated by ',' (e.g. 5,2)") from None
-    ex = _build(model, composite, kw, pre)
-    x = _one_item(input_path, ex, pre, item)
+    setup, ex = _build(model, composite, kw, pre, input_path)
+    x = _one_item(input_path, ex, setup, item)
     if concept is None:
         concept = int(np.argmax(ex.concept_relevance(x, target, layer)[0]))
     g = ex.concept_graph(x, target, layer, concept, width=widths)
@@ -207,7 +218,7 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
     from onnx_lrp.io.inputs import input_infos
 
     pre = preprocess(kw)
-    ex = _build(model, composite, kw, pre)
+    _, ex = _build(model, composite, kw, pre, source, source=True)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
     targets = None
@@ -246,7 +257,7 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
         raise InputError(f"--channels {channels!r}: give ints separated by ','") from None
     if heatmap_path:
         check_writable(heatmap_path)
-    ex = _build(model, composite, kw, pre)
+    _, ex = _build(model, composite, kw, pre, source, source=True)
     rm = crp.relmax_load(ex, out_dir)
     src = open_source(source, input_infos(ex.inputs), pre)
     for c in chans:

@@ -9,7 +9,7 @@ import click
 
 from onnx_lrp.core.errors import InputError
 
-from .io import IMAGE_SUFFIXES
+from .io import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 from .options import explainer_setup
 
 
@@ -57,11 +57,27 @@ def pop_dataset_options(kw: dict) -> dict | None:
     return opts
 
 
-def _has_images(source: str) -> bool:
+def has_images(source: str) -> bool:
+    """Whether a dataset SOURCE (a directory searched recursively, a glob or a file) holds images."""
     p = Path(source)
     if p.is_dir():
         return any(q.suffix.lower() in IMAGE_SUFFIXES for q in p.rglob("*"))
     return p.suffix.lower() in IMAGE_SUFFIXES
+
+
+def check_source_preprocessing(source, pre) -> None:
+    """A dataset SOURCE of arrays (.npy/.npz files, or a directory or glob of them) with --size/--crop/--mean/--std:
+    refused, since its reader feeds arrays as they are (the options apply to images and to Parquet image columns);
+    a single run (explain without --out-dir) normalises arrays too."""
+    if not (pre.normalised or pre.size is not None or pre.crop):
+        return
+    p = Path(source)
+    suffixes = {q.suffix.lower() for q in p.rglob("*") if q.is_file()} if p.is_dir() else {p.suffix.lower()}
+    if suffixes & set(IMAGE_SUFFIXES + (".parquet",)) or not suffixes & set(ARRAY_SUFFIXES):
+        return
+    given = [o for o, v in (("--size", pre.size), ("--crop", pre.crop), ("--mean/--std", pre.normalised)) if v]
+    raise InputError(f"{', '.join(given)}: the dataset reader feeds the arrays of {source} as they are; preprocess "
+                     "them before saving, or explain them without --out-dir (a single run normalises arrays)")
 
 
 def run_dataset(model, source, ds: dict, *, targets, output_name, start, device, batch_size, relevance_at, pre,
@@ -74,9 +90,10 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
     if given:
         raise InputError(f"{', '.join(given)} write(s) single-run outputs; with --out-dir the relevance goes to "
                          "OUT/shards (drop them, or drop --out-dir)")
+    check_source_preprocessing(source, pre)
     # images among the sources: ZBox bounds from the pixel range after --mean/--std (no note in dataset mode)
     setup = explainer_setup(model, composite, rule_kw, pre=pre,
-                            data_kind=lambda: "image" if _has_images(source) else "array")
+                            data_kind=lambda: "image" if has_images(source) else "array")
     summary = onnx_lrp.explain_dataset(
         model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=batch_size,
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
@@ -96,4 +113,4 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
     return 1 if summary["failed"] else 0
 
 
-__all__ = ["dataset_options", "pop_dataset_options", "run_dataset"]
+__all__ = ["check_source_preprocessing", "dataset_options", "has_images", "pop_dataset_options", "run_dataset"]

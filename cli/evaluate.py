@@ -11,7 +11,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, check_writable, data_kind, load_inputs
+from .io import AtomicOutputs, OutputError, check_writable, data_kind
 from .options import common, explainer_setup, input_options
 
 
@@ -165,7 +165,7 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
         check_writable(Path(plot_path))
     orders = _orders(order)
     ex = setup.build(model, device=device)
-    batch = load_inputs(input_path, ex.inputs, setup.pre)
+    batch = setup.read(input_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{input_path} holds no items; give at least one")
     x = next(iter(batch.arrays.values()))

@@ -17,7 +17,7 @@ from onnx_lrp.run.batches import explain_chunks, merge, slices
 
 from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
-from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
+from .io import AtomicOutputs, OutputError, check_writable, input_kind
 from .options import common, explainer_setup, input_options, precision_note, preprocess
 from .text import pop_text_options, run_text, text_options
 
@@ -44,13 +44,13 @@ def parse_target(text: str | None, what: str = "--target"):
 
 
 def default_output(input_path: Path, kind: str) -> Path:
-    """Next to the input: ``x.npy`` -> ``x.relevance.npy``; a directory or .npz -> ``<name>.relevance.npz``."""
+    """In the current directory (never beside the input unasked), named after it: ``x.npy`` -> ``x.relevance.npy``;
+    a directory or .npz -> ``<name>.relevance.npz``."""
     input_path = Path(input_path)
     if kind == "directory":
-        input_path = input_path.resolve()  # "." has no name of its own
-        return input_path.parent / f"{input_path.name}.relevance.npz"
+        return Path(f"{input_path.resolve().name}.relevance.npz")  # "." has no name of its own
     suffix = ".npz" if kind == "npz" else ".npy"
-    return input_path.with_name(f"{input_path.stem}.relevance{suffix}")
+    return Path(f"{input_path.stem}.relevance{suffix}")
 
 
 def _say(msg: str) -> None:
@@ -142,7 +142,8 @@ def explain(**kw):
                         html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
                         refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
                                  "--heatmap": o.heatmap_path, "--position": o.position,
-                                 "--relevance-at": o.relevance_at, "--output": o.output_name})
+                                 "--relevance-at": o.relevance_at, "--output": o.output_name,
+                                 **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
     if o.input_path is None:
         raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
@@ -285,7 +286,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     if len(ex.relevance_inputs) > 1 and dest.out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {dest.out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
-    batch = _read(dest, ex, setup.pre)
+    batch = _read(dest, ex, setup)
     t1 = time.perf_counter()
     merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
@@ -297,9 +298,9 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     return res
 
 
-def _read(dest: _Destinations, ex, pre):
+def _read(dest: _Destinations, ex, setup):
     """The inputs as one batch; refused when empty or when --target / --position do not give one per item."""
-    batch = load_inputs(dest.input_path, ex.inputs, pre)
+    batch = setup.read(dest.input_path, ex.inputs)
     n = len(batch)
     if n == 0:
         raise InputError(f"{dest.input_path} holds no items (an empty batch); give at least one")

@@ -2,7 +2,9 @@
 (:func:`explainer_setup`: preprocessing, rule parameters, ZBox bounds, composite) that every such command calls."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 import numpy as np
@@ -10,7 +12,19 @@ from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
 
 from onnx_lrp.core.errors import InputError
 
-from .io import IMAGENET_MEAN, IMAGENET_STD, Preprocess, image_layout, model_input_dims, parse_floats, parse_size
+from .io import (
+    ARRAY_SUFFIXES,
+    IMAGE_SUFFIXES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Batch,
+    Preprocess,
+    channels_last,
+    load_inputs,
+    model_input_dims,
+    parse_floats,
+    parse_size,
+)
 
 
 DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/build/auto_composite.py
@@ -163,22 +177,40 @@ def preprocess(kw: dict) -> Preprocess:
     return pre
 
 
-def image_zbox(model, data_kind, comp: Composite, params: dict, pre: Preprocess) -> str | None:
-    """For image inputs and a composite with ZBox but no --low/--high: set the bounds from the pixel range after
-    --mean/--std in ``params``; returns the note to print (None when nothing was set). ``data_kind``: the inputs'
-    kind, or a function giving it (called only for a composite with ZBox and no bounds given)."""
-    if data_kind is None or not takes(comp, "low") or "low" in params or "high" in params:
-        return None
-    if (data_kind() if callable(data_kind) else data_kind) != "image":
-        return None
-    infos = model_input_dims(model)
-    if len(infos) != 1:
-        return None
-    low, high = pre.box(image_layout(infos[0]))
-    params["low"], params["high"] = low, high
+KNOWN_RANGE = ("image", "pixels")  # items in [0, 1] before --mean/--std: images and uint8 arrays (divided by 255)
+
+
+def box_bounds(model, data_kind, comp: Composite, params: dict, pre: Preprocess) -> tuple[str | None, str | None]:
+    """The bounds of a box rule (ZBox) when the composite has one and no --low/--high were given, set in ``params``:
+    the range [0, 1] after normalisation (low = (0 - mean) / std, high = (1 - mean) / std per channel) when
+    --mean/--std are given, whatever the input kind (they normalise every kind), or [0, 1] for images and uint8
+    arrays, whose range is known. ``data_kind``: the inputs' kind, or a function giving it (called only when it
+    matters). Returns (the note to print, "mean/std" or "pixels"), or (None, None) when nothing was set."""
+    if not takes(comp, "low") or "low" in params or "high" in params:
+        return None, None
+    if not pre.normalised and (data_kind() if callable(data_kind) else data_kind) not in KNOWN_RANGE:
+        return None, None
+    floats = [i for i in model_input_dims(model) if i.dtype.kind == "f"]
+    if len(floats) != 1:
+        return None, None
+    dims = floats[0].dims
+    channels = (dims[-1] if channels_last(dims) else dims[1]) if len(dims) >= 2 else 1
+    params["low"], params["high"] = pre.bounds(channels, len(dims) or 4, f"the model input {floats[0].name!r}")
     source = "from --mean/--std" if pre.normalised else "for pixels in [0, 1] (no --mean/--std given)"
-    return (f"ZBox bounds {source}: low {[round(float(v), 4) for v in low.ravel()]}, "
-            f"high {[round(float(v), 4) for v in high.ravel()]}")
+    note = (f"ZBox bounds {source}: low {[round(float(v), 4) for v in params['low'].ravel()]}, "
+            f"high {[round(float(v), 4) for v in params['high'].ravel()]}")
+    return note, ("mean/std" if pre.normalised else "pixels")
+
+
+def check_model_arg(model) -> None:
+    """MODEL given an input file or a directory (MODEL and INPUT swapped): refused naming the order."""
+    if not isinstance(model, (str, os.PathLike)):
+        return
+    path = Path(model)
+    if path.is_dir() or path.suffix.lower() in ARRAY_SUFFIXES + IMAGE_SUFFIXES:
+        what = "a directory" if path.is_dir() else f"an input file ({path.suffix.lower()})"
+        raise InputError(f"MODEL {model} is {what}, not an ONNX model: the first argument is the model (.onnx), the "
+                         "second the input, as in onnx-lrp explain MODEL.onnx INPUT")
 
 
 BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say so on stderr
@@ -194,7 +226,6 @@ def build_explainer(model, composite: Composite, **kw):
     """``onnx_lrp.Explainer(model, composite, **kw)``; for large model files one line on stderr says what is
     happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size, so
     small models and failures keep stderr to one line)."""
-    import os
     import time
 
     import onnx_lrp
@@ -226,6 +257,7 @@ class Setup:
     constants: dict
     input_shapes: dict
     zbox_note: str | None = None
+    bounds_from: str | None = None  # "mean/std" or "pixels" when the box-rule bounds were derived (box_bounds)
 
     def bindings(self) -> dict:
         """The --constant and --input-shape keywords of an Explainer (only those given)."""
@@ -234,6 +266,22 @@ class Setup:
     def build(self, model, **kw):
         """The explainer of ``model`` with this composite and these bindings (:func:`build_explainer`)."""
         return build_explainer(model, self.composite, **self.bindings(), **kw)
+
+    def read(self, path, specs) -> Batch:
+        """The inputs at ``path`` for a model with inputs ``specs``, preprocessed (:func:`load_inputs`); their notes
+        on stderr. Refused when the box-rule bounds came from --mean/--std but the arrays were not in [0, 1] before
+        normalisation (normalised already?); warned when --mean/--std normalise values outside [0, 1]."""
+        batch = load_inputs(path, specs, self.pre)
+        for note in dict.fromkeys(batch.notes):
+            click.echo(f"onnx-lrp: {note}", err=True)
+        if batch.outside_unit and self.bounds_from == "mean/std":
+            raise InputError(f"{batch.outside_unit}, outside [0, 1]: the box-rule bounds from --mean/--std are those "
+                             "of values in [0, 1] before normalisation; if the array is normalised already, drop "
+                             "--mean/--std and give its range with --low/--high")
+        if batch.outside_unit:
+            click.echo(f"onnx-lrp: warning: {batch.outside_unit}, outside [0, 1]: --mean/--std normalise arrays as "
+                       "they do pixels in [0, 1]; drop them if the array is normalised already", err=True)
+        return batch
 
 
 def explainer_setup(model, composite, kw: dict, *, data_kind=None, pre: Preprocess | None = None) -> Setup:
@@ -244,13 +292,14 @@ def explainer_setup(model, composite, kw: dict, *, data_kind=None, pre: Preproce
     ``data_kind``: the kind of the inputs ("image", "npy", ...), or a function giving it, called only when it
     matters: for image inputs and a composite with ZBox but no --low/--high, the bounds are the pixel range after
     --mean/--std (:func:`image_zbox`)."""
+    check_model_arg(model)
     pre = preprocess(kw) if pre is None else pre
     constants = parse_constants(kw.pop("constants", ()))
     input_shapes = parse_input_shapes(kw.pop("input_shapes", ()))
     params = rule_params(kw)
     comp = composite_with(composite, {})
-    note = image_zbox(model, data_kind, comp, params, pre)
-    return Setup(pre, params, composite_with(comp, params), constants, input_shapes, note)
+    note, source = box_bounds(model, data_kind, comp, params, pre)
+    return Setup(pre, params, composite_with(comp, params), constants, input_shapes, note, source)
 
 
 def common(f):
@@ -261,5 +310,5 @@ def common(f):
 __all__ = ["DEFAULT_COMPOSITE", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
            "precision_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
-           "parse_input_shapes", "image_zbox",
+           "parse_input_shapes", "box_bounds", "check_model_arg",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -24,7 +24,7 @@ from onnx_lrp.run.batches import explain_all
 
 from . import heatmap as hm
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, Progress, check_writable, data_kind, load_inputs, model_channel_axis
+from .io import AtomicOutputs, OutputError, Progress, check_writable, data_kind, model_channel_axis
 from .options import Setup, build_explainer, common, explainer_setup, input_options
 
 
@@ -275,7 +275,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     t0 = time.perf_counter()
     ex = _explainer(model, setup.composite, output_name, start, **setup.bindings())
     comp_name, comp_toml = rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
-    batch = load_inputs(inputs_path, ex.inputs, setup.pre)
+    batch = setup.read(inputs_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
@@ -446,7 +446,7 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     t0 = time.perf_counter()
     ex_a = _explainer(model_a, comp_rules, output_name, start, **setup.bindings())
     ex_b = _explainer(model_b, comp_rules, output_name, start, **setup.bindings())
-    batch = load_inputs(inputs_path, ex_a.inputs, setup.pre)
+    batch = setup.read(inputs_path, ex_a.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))

@@ -13,7 +13,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import data_kind, load_inputs
+from .io import data_kind
 from .options import common, explainer_setup, input_options
 
 
@@ -78,7 +78,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = setup.build(model, device=device, output=output_name, start=start, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
-    batch = load_inputs(input_path, ex.inputs, setup.pre)
+    batch = setup.read(input_path, ex.inputs)
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
     feeds = {name: a[item:item + 1] for name, a in batch.arrays.items()}
