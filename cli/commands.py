@@ -8,30 +8,31 @@ from pathlib import Path
 import click
 
 from .io import AtomicOutputs, OutputError, check_writable
-from .options import common, explainer_setup
+from .helpfmt import Command
+from .options import BINDING_ROWS, RULE_ROWS, common, explainer_setup
 from .signature import signature, signature_lines, suggestion
 
 
-@click.command("rewrite")
+@click.command("rewrite", cls=Command, sections=[
+    ("Options", ["out", "output_name", "relevance_at", "computed_weights", *RULE_ROWS, *BINDING_ROWS])],
+    examples=["onnx-lrp rewrite models/digits_cnn.onnx -o digits.lrp.onnx",
+              "onnx-lrp rewrite resnet18.onnx -o resnet18.lrp.onnx --computed-weights"])
 @click.argument("model", metavar="MODEL")
 @click.option("-o", "--out", "out", default=None, metavar="OUT.onnx",
-              help="Where to write the relevance model (default: MODEL with .lrp.onnx beside it).")
+              help="Where to write it (default: ./MODEL.lrp.onnx).")
 @common
 @click.option("--output", "output_name", default=None, metavar="NAME",
-              help="Model output to explain, for models with several (default: the first).")
+              help="Output to explain (default: the first).")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
-              help="Add an output with the relevance of this intermediate tensor (repeatable).")
+              help="Also this tensor's relevance (repeatable).")
 @click.option("--computed-weights", is_flag=True,
-              help="Store no modified weight copies (W+, |W|, transposed kernels): compute them in the graph from "
-                   "the original weights (onnxruntime folds them at load): a file about the model's size instead of "
-                   "2-4x, loading about 1 s slower for a ResNet18.")
+              help="No weight copies: about the model's size.")
 def rewrite(model, out, output_name, relevance_at, computed_weights, composite, **rule_kw):
     """Write MODEL's relevance model: one ONNX file that runs in stock onnxruntime, without onnx-lrp.
 
-    It has the original inputs and outputs, plus outputs lrp/relevance/<input> (one per float input),
-    lrp/target_used and lrp/explained_value (the logit at the target), and two more inputs: lrp/target (int64 [N],
-    -1 = arg-max) and lrp/one_hot (bool scalar: true starts from 1 instead of the target's output value); sequence
-    outputs add lrp/position (int64 [N], -1 = the last).
+    It has the model's inputs and outputs, plus outputs lrp/relevance/<input>, lrp/target_used and
+    lrp/explained_value, and inputs lrp/target (int64 [N], -1 = arg-max) and lrp/one_hot (bool); sequence outputs
+    add lrp/position (docs/python-api.md).
     """
     import onnx_lrp
 
@@ -76,14 +77,16 @@ def model_bytes_on_disk(model) -> int:
     return path.stat().st_size + sum(f.stat().st_size for f in loader.data_files(path))
 
 
-@click.command("inspect")
+@click.command("inspect", cls=Command, sections=[("Options", ["output_name", "as_json", "wide", *RULE_ROWS,
+                                                                *BINDING_ROWS])],
+               examples=["onnx-lrp inspect models/digits_cnn.onnx",
+                         "onnx-lrp inspect resnet18.onnx -c epsilon-gamma-box --json"])
 @click.argument("model", metavar="MODEL")
 @common
 @click.option("--output", "output_name", default=None, metavar="NAME",
-              help="Model output to explain, for models with several (default: the first).")
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON (names always whole).")
-@click.option("--wide", is_flag=True, help="One line per node however long its names (default: long names wrap "
-                                          "onto their own line, never cut).")
+              help="Output to explain (default: the first).")
+@click.option("--json", "as_json", is_flag=True, help="Print it all as JSON (names whole).")
+@click.option("--wide", is_flag=True, help="One line per node, however long its names.")
 def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     """MODEL's inputs and outputs, the rule the composite assigns to every node, and an explain command line.
 

@@ -20,9 +20,7 @@ def dataset_options(f):
     """--out-dir (switches explain into dataset mode) and its engine options; collected by pop_dataset_options."""
     opts = [
         click.option("--out-dir", "out_dir", default=None, metavar="OUT",
-                     help="Dataset mode: explain every item of INPUT (a directory searched recursively, a glob, a "
-                          ".npy/.npz with a batch axis, or Parquet) into OUT/shards/part-NNNNN.npz with "
-                          "OUT/manifest.json and OUT/errors.jsonl; rerunning the same command resumes."),
+                     help="A dataset into shards (docs/dataset.md)."),
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Dataset mode: run here (threads read and write around onnxruntime) or on Ray Data "
                           "(pip install 'onnx-lrp[ray]')."),

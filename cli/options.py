@@ -12,6 +12,7 @@ from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
 
 from onnx_lrp.core.errors import InputError
 
+from .helpfmt import Row
 from .io import (
     ARRAY_SUFFIXES,
     IMAGE_SUFFIXES,
@@ -31,10 +32,8 @@ DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/build/auto_composite.
 
 
 def composite_option(f):
-    return click.option("--composite", "-c", default=DEFAULT_COMPOSITE, show_default=True, metavar="NAME|FILE",
-                        help=f"Built-in composite ({', '.join(builtin_names())}) or a composite TOML file; "
-                             "auto: epsilon-plus-flat for ReLU networks, attnlrp for other non-linearities (SiLU, "
-                             "GELU, hard-swish, attention). `onnx-lrp composites` lists them.")(f)
+    return click.option("--composite", "-c", default=DEFAULT_COMPOSITE, metavar="NAME|FILE",
+                        help="auto, a name (onnx-lrp composites) or TOML.")(f)
 
 
 def rule_options(f):
@@ -43,9 +42,10 @@ def rule_options(f):
         click.option("--epsilon", type=float, default=None, help="Epsilon of the epsilon rules."),
         click.option("--gamma", type=float, default=None, help="Gamma of the gamma rules (>= 0)."),
         click.option("--low", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="ZBox lower bound of the input (one value or one per channel)."),
+                     help="Box-rule lower bound of the input (one value or one per channel; default: from "
+                          "--mean/--std)."),
         click.option("--high", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="ZBox upper bound of the input (one value or one per channel)."),
+                     help="Box-rule upper bound of the input (see --low)."),
         click.option("--alpha", type=float, default=None, help="Alpha of the alpha-beta rules (alpha - beta = 1)."),
         click.option("--beta", type=float, default=None, help="Beta of the alpha-beta rules."),
         click.option("--stabilizer", type=float, default=None,
@@ -69,9 +69,8 @@ def bounds(text: str | None, what: str):
 
 def constant_option(f):
     return click.option("--constant", "constants", multiple=True, metavar="NAME=VALUE",
-                        help="Bind the model input NAME to a fixed value (repeatable; a number or comma-separated "
-                             "numbers): an integer input that an If branches on, e.g. a sample rate "
-                             "(--constant sr=16000). The input is no longer fed.")(f)
+                        help="Bind the model input NAME to a fixed value, e.g. a sample rate an If branches on "
+                             "(--constant sr=16000); repeatable.")(f)
 
 
 def parse_constants(items) -> dict:
@@ -93,10 +92,9 @@ def parse_constants(items) -> dict:
 
 
 def input_shape_option(f):
-    return click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=DxDx...",
-                        help="Fix the dynamic dimensions of the model input NAME (repeatable; sizes joined by x, "
-                             "static ones as they are): a shape check that an If branches on then folds, e.g. "
-                             "--input-shape input=1x512 --input-shape state=2x1x128.")(f)
+    return click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=DxD...",
+                        help="Fix the dynamic sizes of the model input NAME (--input-shape x=1x512), so that a shape "
+                             "check an If branches on folds; repeatable.")(f)
 
 
 def parse_input_shapes(items) -> dict:
@@ -145,27 +143,37 @@ def takes(composite: Composite, param: str) -> bool:
 
 
 def input_options(f):
-    """--size --mean --std --crop: how image inputs become model inputs; collected by :func:`preprocess`.
+    """--size --mean --std --crop: how inputs become model inputs; collected by :func:`preprocess`.
 
-    One definition for every command that reads inputs (explain, trace, snapshot, diff)."""
+    One definition for every command that reads inputs (explain, trace, snapshot, diff, evaluate, concepts, relmax).
+    """
     opts = [
         click.option("--size", default=None, metavar="H[,W]",
                      help="Images: resize to this size (default: the model's input size)."),
         click.option("--crop", is_flag=True,
-                     help="Images: keep the aspect ratio: resize the shorter side, then cut the centre to --size "
-                          "(default: resize to --size, which stretches non-square images)."),
+                     help="Images: keep the aspect ratio (resize the shorter side, cut the centre)."),
         click.option("--mean", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="Images: pixels are scaled to [0,1], then (x - mean) / std per channel (default 0). "
-                          f"ImageNet models: --mean {','.join(map(str, IMAGENET_MEAN))} "
-                          f"--std {','.join(map(str, IMAGENET_STD))}."),
-        click.option("--std", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="Images: see --mean (default 1). For image inputs without --low/--high, the ZBox bounds "
-                          "are the pixel range after this normalisation: low = (0 - mean) / std, "
-                          "high = (1 - mean) / std per channel."),
+                     help="Normalise every input kind, (x - mean) / std per channel, images and uint8 arrays scaled "
+                          f"to [0, 1] first (ImageNet: --mean {','.join(map(str, IMAGENET_MEAN))} "
+                          f"--std {','.join(map(str, IMAGENET_STD))}); the box-rule bounds follow from them."),
+        click.option("--std", default=None, metavar="FLOAT[,FLOAT...]", help="See --mean (default 1)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+# help rows (cli.helpfmt) of the shared options, for the sections of every command's help: one line each at 80
+# columns (the option column 30 wide, the help 44); docs/cli.md says the rest
+RULE_ROWS = ["composite",
+             Row(("epsilon", "gamma", "stabilizer"), "Rule parameters (default: the composite's).",
+                 left="--epsilon/--gamma/--stabilizer"),
+             Row(("alpha", "beta"), "Alpha-beta rules (alpha - beta = 1)."),
+             Row(("low", "high"), "Box bounds (default: from --mean/--std).", left="--low/--high F[,F...]")]
+INPUT_ROWS = [Row(("mean", "std"), "Normalise any input: (x - mean) / std.", left="--mean/--std F[,F...]"),
+              Row(("size", "crop"), "Resize images (--crop: keep the aspect).", left="--size H[,W], --crop")]
+BINDING_ROWS = [Row(("constants", "input_shapes"), "Bind an input to a value / fix its sizes.",
+                    left="--constant, --input-shape")]
 
 
 def preprocess(kw: dict) -> Preprocess:
@@ -307,7 +315,7 @@ def common(f):
     return composite_option(rule_options(constant_option(input_shape_option(f))))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
+__all__ = ["BINDING_ROWS", "DEFAULT_COMPOSITE", "INPUT_ROWS", "RULE_ROWS", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
            "precision_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
            "parse_input_shapes", "box_bounds", "check_model_arg",

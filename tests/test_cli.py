@@ -301,7 +301,7 @@ def test_help_and_version():
     text = " ".join(run("explain", "--help").stdout.split())
     for opt in ("--composite", "--target", "--output", "--epsilon", "--gamma", "--low", "--high", "--alpha",
                 "--beta", "--start", "--device", "--batch-size", "--relevance-at", "--heatmap", "--cmap", "--size",
-                "--mean", "--std", "--crop", "--json", "(default 0)", "(default 1)", "low = (0 - mean) / std"):
+                "--mean", "--std", "--crop", "--json", "Normalise any input: (x - mean) / std."):
         assert opt in text, opt
     assert onnx_lrp.__version__ in run("--version").stdout
 
