@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 
 from onnx_lrp.core.errors import InputError
 
-from .io import ARRAY_SUFFIXES, IMAGE_SUFFIXES
+from .io import ARRAY_SUFFIXES, IMAGE_SUFFIXES, stored_dtypes
 from .options import explainer_setup
 
 
@@ -64,12 +65,16 @@ def has_images(source: str) -> bool:
 
 
 def check_source_preprocessing(source, pre) -> None:
-    """A dataset SOURCE of arrays (.npy/.npz files, or a directory or glob of them) with --size/--crop/--mean/--std:
-    refused, since its reader feeds arrays as they are (the options apply to images and to Parquet image columns);
-    a single run (explain without --out-dir) normalises arrays too."""
+    """A dataset SOURCE of arrays (.npy/.npz files, or a directory or glob of them) with --size/--crop/--mean/--std,
+    or an .npy/.npz SOURCE of uint8 arrays: refused, since its reader feeds arrays as they are (the options apply to
+    images and to Parquet image columns); a single run (explain without --out-dir) reads them as it reads images."""
+    p = Path(source)
+    if p.is_file() and p.suffix.lower() in ARRAY_SUFFIXES and any(d == np.uint8 for d in stored_dtypes(p)):
+        raise InputError(f"{source} holds uint8 arrays, which the dataset reader feeds as they are: save them as "
+                         "floats (x.astype(np.float32) / 255 for pixels), or explain them without --out-dir, which "
+                         "reads uint8 as 8-bit pixels")
     if not (pre.normalised or pre.size is not None or pre.crop):
         return
-    p = Path(source)
     suffixes = {q.suffix.lower() for q in p.rglob("*") if q.is_file()} if p.is_dir() else {p.suffix.lower()}
     if suffixes & set(IMAGE_SUFFIXES + (".parquet",)) or not suffixes & set(ARRAY_SUFFIXES):
         return

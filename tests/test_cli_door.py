@@ -174,7 +174,10 @@ def test_preprocessing_that_cannot_apply_is_refused_in_one_line(tmp_path):
     np.save(tmp_path / "i64.npy", np.round(X * 255).astype(np.int64))
     msg = one_line_error(cli("explain", DIGITS, tmp_path / "i64.npy", "-o", tmp_path / "o.npy"))
     assert "dtype int64" in msg and "astype(np.float32)" in msg
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["i64.npy"]
+    np.save(tmp_path / "u8.npy", np.round(X * 255).astype(np.uint8))  # read as pixels by a single run only
+    msg = one_line_error(cli("explain", DIGITS, tmp_path / "u8.npy", "--out-dir", tmp_path / "out"))
+    assert "uint8 arrays" in msg and "without --out-dir" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["i64.npy", "u8.npy"]
 
 
 def test_outputs_go_to_the_current_directory_never_beside_the_inputs(tmp_path):
