@@ -33,10 +33,11 @@ def _one_item(input_path, ex, setup, item: int) -> np.ndarray:
     batch = setup.read(input_path, ex.inputs)
     arrays = list(batch.arrays.values())
     if len(arrays) != 1:
-        raise InputError(f"concepts need a model with one input; this one has {len(arrays)}")
+        raise InputError(f"concepts need a model with one input; this one has {len(arrays)}: use onnx-lrp explain "
+                         "--relevance-at TENSOR for the relevance at a layer")
     a = arrays[0]
     if not 0 <= item < len(a):
-        raise InputError(f"--item {item} out of range: {input_path} holds {len(a)} item(s)")
+        raise InputError(f"--item {item} out of range: {input_path} holds {len(a)} item(s); give 0 to {len(a) - 1}")
     return a[item:item + 1]
 
 
@@ -243,7 +244,8 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
         try:
             targets = np.load(labels)
         except (OSError, ValueError) as exc:
-            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc})") from None
+            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
+                             "saved with np.save") from None
     rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples, shard_size, batch_size, overwrite,
                           log=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "
@@ -283,7 +285,8 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
     src = open_source(source, input_infos(ex.inputs), pre)
     for c in chans:
         if not 0 <= c < rm.indices.shape[1]:
-            raise InputError(f"channel {c} out of range: {rm.layer!r} has {rm.indices.shape[1]} channels")
+            raise InputError(f"channel {c} out of range: {rm.layer!r} has {rm.indices.shape[1]} channels; give 0 to "
+                             f"{rm.indices.shape[1] - 1}")
         ids = ", ".join(f"{src.ids[int(i)]} ({s:+.3f})" for i, s in zip(rm.indices[:count, c], rm.scores[:count, c]))
         click.echo(f"channel {c}: {ids}")
     if heatmap_path:

@@ -34,14 +34,14 @@ def _mask(path, n: int, shape: tuple) -> np.ndarray:
     try:
         m = np.load(p, allow_pickle=False)
     except ValueError as exc:
-        raise InputError(f"--mask {path}: cannot read it ({exc})") from None
+        raise InputError(f"--mask {path}: cannot read it ({exc}); write it with np.save") from None
     if m.ndim == len(shape) - 1:
         m = m[None]
     try:
         np.broadcast_to(m, (n, *shape[1:]))
     except ValueError:
         raise InputError(f"--mask {path} has shape {'x'.join(map(str, m.shape))}; the input is "
-                         f"{'x'.join(map(str, shape))}") from None
+                         f"{'x'.join(map(str, shape))}: give a mask of one item's shape, or one per item") from None
     return m
 
 

@@ -89,7 +89,7 @@ class LrpGroup(click.Group):
 COMMANDS = {
     "explain": (".explain", "explain", "Explain MODEL's prediction for INPUT with LRP (heatmaps, .npy/.npz)."),
     "trace": (".trace", "trace", "The conservation ledger: where the relevance goes, node by node."),
-    "inspect": (".commands", "inspect", "The rule for every node of MODEL; exit 1 if any is unsupported."),
+    "inspect": (".commands", "inspect", "MODEL's inputs, outputs, the rule of every node; a command to explain it."),
     "rewrite": (".commands", "rewrite", "Write MODEL's relevance model for plain onnxruntime."),
     "composites": (".composites", "composites", "List the built-in composites and their rules."),
     "evaluate": (".evaluate", "evaluate", "Is the explanation faithful? Quantus metrics against a random floor."),
@@ -129,7 +129,7 @@ def main():
     \b
     onnx-lrp explain MODEL INPUT --heatmap heat.png   explain a prediction
     onnx-lrp trace MODEL INPUT                        where the relevance goes, node by node
-    onnx-lrp inspect MODEL                            the rule for every node; exit 1 if unsupported
+    onnx-lrp inspect MODEL                            inputs, outputs, the rule of every node, a command
     onnx-lrp rewrite MODEL -o MODEL.lrp.onnx          a relevance model for plain onnxruntime
     onnx-lrp composites                               the built-in composites
     onnx-lrp evaluate MODEL INPUT --plot curves.png   is the explanation faithful? (AOPC vs a random floor)

@@ -83,7 +83,8 @@ def parse_constants(items) -> dict:
         try:
             vals = [float(t) for t in text.split(",")]
         except ValueError:
-            raise InputError(f"--constant {item}: VALUE must be a number or comma-separated numbers") from None
+            raise InputError(f"--constant {item}: VALUE must be a number or comma-separated numbers (e.g. --constant "
+                             "sr=16000)") from None
         arr = np.asarray(vals if len(vals) > 1 else vals[0])
         if np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
@@ -124,7 +125,7 @@ def rule_params(kw: dict) -> dict:
     for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer"):
         v = params[k]
         if v is not None and not np.isfinite(v):
-            raise InputError(f"--{k} {v} is not a finite number")
+            raise InputError(f"--{k} {v} is not a finite number; give a finite one")
     return {k: v for k, v in params.items() if v is not None}
 
 

@@ -237,7 +237,7 @@ def faith_options(f):
 def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
     if len(rel) != 1 or len(arrays) != 1:
         raise InputError("faithfulness metrics need a model with one float input; this one has "
-                         f"{', '.join(sorted(arrays))}")
+                         f"{', '.join(sorted(arrays))}: drop --metrics")
     x = next(iter(arrays.values()))
     with Progress("faithfulness") as bar:
         bar.update(0, 1)

@@ -126,6 +126,10 @@ def test_mean_std_normalise_arrays_as_they_do_images(tmp_path):
     r = cli("explain", DIGITS, tmp_path / "u8.npy", "--mean", mean, "--std", std, "-o", tmp_path / "u.npy")
     assert r.exit_code == 0 and "uint8 values read as 8-bit pixels and divided by 255" in r.stderr
     close(np.load(tmp_path / "u.npy"), want)
+    # an array normalised already, normalised again: warned (no box rule needs its range here)
+    np.save(tmp_path / "normed.npy", (X - mean) / std)
+    r = cli("explain", DIGITS, tmp_path / "normed.npy", "--mean", mean, "--std", std, "-o", tmp_path / "n.npy")
+    assert r.exit_code == 0 and "warning: " in r.stderr and "normalised already" in r.stderr
 
 
 def test_box_bounds_follow_from_mean_std_for_every_kind(tmp_path):
