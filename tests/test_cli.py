@@ -522,10 +522,11 @@ def _write(path, data):
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_exits_2_with_one_line_and_no_file(case, tmp_path):
+def test_bad_input_exits_2_with_one_line_and_no_file(case, tmp_path, monkeypatch):
     setup, message = BAD[case]
     args = [str(a) for a in setup(tmp_path)]
     before = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)  # default outputs go to the current directory: checked too
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, (result.exit_code, result.output, result.stderr)
     assert result.stdout == ""

@@ -153,11 +153,12 @@ def test_auto_takes_the_rule_parameters_of_its_choice():
         onnx_lrp.Explainer(_act_net("SiLU"), gamma=0.5)
 
 
-def test_cli_summary_names_the_chosen_composite(tmp_path):
+def test_cli_summary_names_the_chosen_composite(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from onnx_lrp.cli.main import main
 
+    monkeypatch.chdir(tmp_path)  # the relevance goes to the current directory
     (tmp_path / "m.onnx").write_bytes(_act_net("SiLU"))
     np.save(tmp_path / "x.npy", X)
     r = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")])
