@@ -70,9 +70,9 @@ def composite_by_name(composite: Composite) -> str | None:
     try:
         source = composite.source
         again = _builtin(source) if source in builtin_names() else load_composite(source)
-    except Exception:  # noqa: BLE001 - not a name that loads (a file that moved, ...): pickled when carried
-        return None
-    return source if again == composite else None
+        return source if again == composite else None
+    except Exception:  # noqa: BLE001 - not a name that loads (a file that moved, ...), array parameters that do not
+        return None  # compare: pickled when carried
 
 
 # ------------------------------------------------------------------------------------------------ deployed model

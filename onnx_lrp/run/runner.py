@@ -83,6 +83,14 @@ def _field(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.relevance_model, name), doc=doc)
 
 
+def _listed(name: str, doc: str) -> property:
+    """A sequence field of the relevance model as a list (a copy), as the Explainer's API has always given it."""
+    def get(self):
+        value = getattr(self.relevance_model, name)
+        return None if value is None else list(value)
+    return property(get, doc=doc)
+
+
 def _option(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.options, name), doc=doc)
 
@@ -91,17 +99,17 @@ class Runner:
     """Runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` in one onnxruntime session:
     ``explain(x, target=...)``. ``session``: one already started for it (default: started here)."""
 
-    inputs = _field("inputs", "InputSpec per model input")
-    relevance_inputs = _field("relevance_inputs", "the inputs whose relevance is returned")
-    relevance_at = _field("relevance_at", "the other tensors whose relevance is returned")
+    inputs = _listed("inputs", "InputSpec per model input")
+    relevance_inputs = _listed("relevance_inputs", "the inputs whose relevance is returned")
+    relevance_at = _listed("relevance_at", "the other tensors whose relevance is returned")
     explained_output = _field("explained_output", "the model output whose entry is explained")
     explained_tensor = _field("explained_tensor", "where relevance starts (the logits behind a softmax)")
-    output_names = _field("output_names", "the model's own outputs")
+    output_names = _listed("output_names", "the model's own outputs")
     whole = _field("whole", "the explained output has no batch axis: the batch is one item")
     sequence_rows = _field("sequence_rows", "(positions, entries per position) of a sequence output, or None")
     output_step = _field("output_step", "a quantized explained output's quantization step, or None")
     ledger = _field("ledger", "whether the relevance model outputs the conservation ledger")
-    ledger_rows = _field("ledger_rows", "LedgerRow per node of the ledger (reverse order), or None")
+    ledger_rows = _listed("ledger_rows", "LedgerRow per node of the ledger (reverse order), or None")
     composite_name = _field("composite_name", "the composite's name")
     model_precision = _field("model_precision", "what the relevance model computes in")
     model_bytes = _field("model_bytes", "the relevance model's graph, serialised")
