@@ -23,7 +23,7 @@ class Explainer(Runner):
         composite, build_options, run_options = launch.split_options(
             composite, device, output, relevance_at, explain_logits, start, threads, ledger, constants, input_shapes,
             strict, precise, tf32, precision, **rule_params)
-        relevance_model, session = launch.launch(model, composite, build_options, run_options)
+        relevance_model, session = launch.build_and_start(model, composite, build_options, run_options)
         super().__init__(relevance_model, run_options, session)
 
     @property

@@ -55,7 +55,7 @@ def split_options(composite: "str | Path | Composite" = "auto", device: str = "c
     return composite, build_options, run_options
 
 
-def launch(model, composite, build_options: BuildOptions, run_options: RunOptions):
+def build_and_start(model, composite, build_options: BuildOptions, run_options: RunOptions):
     """(relevance model, its session): built and started. Where onnxruntime cannot start a float16 / bfloat16
     relevance model: precision="auto" builds it again in float32 (one warning), precision="model" is refused."""
     with only_lrp_errors("building the relevance model",
@@ -89,8 +89,8 @@ def runner(model, **options) -> Runner:
     """A :class:`onnx_lrp.run.runner.Runner` of ``model`` built with the Explainer's keyword arguments (composite,
     device, output, rule parameters, ...)."""
     composite, build_options, run_options = split_options(**options)
-    relevance_model, session = launch(model, composite, build_options, run_options)
+    relevance_model, session = build_and_start(model, composite, build_options, run_options)
     return Runner(relevance_model, run_options, session)
 
 
-__all__ = ["split_options", "launch", "runner"]
+__all__ = ["split_options", "build_and_start", "runner"]
