@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .io import AtomicOutputs, OutputError, check_writable
-from .options import bound_constants, bound_input_shapes, common, composite_with, rule_params
+from .options import common, explainer_setup
 
 
 @click.command("rewrite")
@@ -40,10 +40,9 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
     check_writable(out_path)
     if Path(model).exists() and out_path.exists() and out_path.resolve() == Path(model).resolve():
         raise OutputError(f"-o {out_path} is the input model; write the relevance model to another file")
-    comp = composite_with(composite, rule_params(rule_kw))
-    ex = onnx_lrp.Explainer(model, composite=comp, output=output_name, relevance_at=tuple(relevance_at),
-                            constants=bound_constants() or None,
-                            input_shapes=bound_input_shapes() or None)
+    setup = explainer_setup(model, composite, rule_kw)
+    ex = onnx_lrp.Explainer(model, composite=setup.composite, output=output_name, relevance_at=tuple(relevance_at),
+                            constants=setup.constants or None, input_shapes=setup.input_shapes or None)
     parts = ex.model_parts(computed_weights)
     if parts.large:  # MODEL.lrp.onnx + MODEL.lrp.onnx.data, the weights streamed from file to file
         ex.save(out_path, computed_weights)
@@ -95,10 +94,10 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     from onnx_lrp.core.errors import UnsupportedError
     from onnx_lrp.lrp import rewriter
 
-    comp = composite_with(composite, rule_params(rule_kw))
+    setup = explainer_setup(model, composite, rule_kw)
+    comp = setup.composite
     try:
-        ir_model = loader.load(model, constants=bound_constants() or None,
-                               input_shapes=bound_input_shapes() or None)
+        ir_model = loader.load(model, constants=setup.constants or None, input_shapes=setup.input_shapes or None)
     except UnsupportedError as exc:  # refused while loading (deployed forms): still a failed check, listed whole
         if as_json:
             click.echo(json.dumps(dict(model=str(model), composite=comp.name, nodes=exc.nodes,
@@ -124,26 +123,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
         click.echo(json.dumps(dict(model=str(model), composite=comp.name, explained=plan.output.name,
                                    nodes=rows, coverage=coverage), indent=2))
     else:
-        cols = [("name", "node"), ("op_type", "op"), ("role", "role"), ("kind", "kind"), ("rule", "rule"),
-                ("status", "status"), ("tensor", "output tensor")]
-        cap = None if wide else 40  # names are never cut: a longer one gets a line of its own
-        widths = {k: max(len(h), *(len(str(r[k])) for r in rows)) if rows else len(h) for k, h in cols}
-        if cap is not None:
-            widths = {k: min(cap, w) for k, w in widths.items()}
-        widths["tensor"] = 0  # the last column: the name to give --relevance-at
-        click.echo("  ".join(f"{h:<{widths[k]}}" for k, h in cols))
-        for r in rows:
-            cells = []
-            for k, _ in cols:
-                text = str(r[k])
-                if widths[k] and len(text) > widths[k]:  # whole name on its own line, the row below it
-                    click.echo(text)
-                    text = "\u21b3"  # "see above"
-                cells.append(f"{text:<{widths[k]}}")
-            line = "  ".join(cells)
-            if not r["supported"] and r["on_path"]:
-                line += f"  ({r['reason']})"
-            click.echo(line.rstrip())
+        _print_table(rows, wide)
         click.echo(f"coverage: {coverage['supported']}/{coverage['on_path']} nodes on the path to "
                    f"{plan.output.name!r} supported with composite {comp.name}" + (f" ({why})" if why else "")
                    + (f"; unsupported: {', '.join(coverage['unsupported'])}" if bad else ""))
@@ -156,6 +136,30 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     if plan.no_path:
         click.echo(f"onnx-lrp: {plan.no_path}", err=True)
         sys.exit(1)
+
+
+def _print_table(rows: list, wide: bool) -> None:
+    """inspect's table: one row per node; a name longer than its column gets a line of its own above the row."""
+    cols = [("name", "node"), ("op_type", "op"), ("role", "role"), ("kind", "kind"), ("rule", "rule"),
+            ("status", "status"), ("tensor", "output tensor")]
+    cap = None if wide else 40  # names are never cut: a longer one gets a line of its own
+    widths = {k: max(len(h), *(len(str(r[k])) for r in rows)) if rows else len(h) for k, h in cols}
+    if cap is not None:
+        widths = {k: min(cap, w) for k, w in widths.items()}
+    widths["tensor"] = 0  # the last column: the name to give --relevance-at
+    click.echo("  ".join(f"{h:<{widths[k]}}" for k, h in cols))
+    for r in rows:
+        cells = []
+        for k, _ in cols:
+            text = str(r[k])
+            if widths[k] and len(text) > widths[k]:  # whole name on its own line, the row below it
+                click.echo(text)
+                text = "\u21b3"  # "see above"
+            cells.append(f"{text:<{widths[k]}}")
+        line = "  ".join(cells)
+        if not r["supported"] and r["on_path"]:
+            line += f"  ({r['reason']})"
+        click.echo(line.rstrip())
 
 
 from .composites import composites  # noqa: E402  (kept importable from here)

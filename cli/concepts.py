@@ -12,7 +12,7 @@ from onnx_lrp.core.errors import InputError
 
 from . import heatmap as hm
 from .io import AtomicOutputs, OutputError, check_writable, load_inputs
-from .options import build_explainer, common, composite_with, input_options, preprocess, rule_params
+from .options import common, explainer_setup, input_options, preprocess
 
 
 def _concepts_arg(top: int | None, concepts: str | None):
@@ -38,8 +38,8 @@ def _one_item(input_path, ex, pre, item: int) -> np.ndarray:
     return a[item:item + 1]
 
 
-def _build(model, composite, rule_kw):
-    return build_explainer(model, composite_with(composite, rule_params(rule_kw)))
+def _build(model, composite, rule_kw, pre):
+    return explainer_setup(model, composite, rule_kw, pre=pre).build(model)
 
 
 def _layer_help(ex) -> None:
@@ -104,7 +104,7 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
     Prints each concept's share of the relevance at the layer; --heatmap draws the conditional heatmaps.
     """
     pre = preprocess(kw)
-    ex = _build(model, composite, kw)
+    ex = _build(model, composite, kw, pre)
     if list_layers:
         _layer_help(ex)
         return
@@ -161,7 +161,7 @@ def concept_graph(model, input_path, layer, concept, width, target, item, as_jso
         widths = [int(w) for w in width.split(",")]
     except ValueError:
         raise InputError(f"--width {width!r}: give positive ints separated by ',' (e.g. 5,2)") from None
-    ex = _build(model, composite, kw)
+    ex = _build(model, composite, kw, pre)
     x = _one_item(input_path, ex, pre, item)
     if concept is None:
         concept = int(np.argmax(ex.concept_relevance(x, target, layer)[0]))
@@ -207,7 +207,7 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
     from onnx_lrp.io.inputs import input_infos
 
     pre = preprocess(kw)
-    ex = _build(model, composite, kw)
+    ex = _build(model, composite, kw, pre)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
     targets = None
@@ -246,7 +246,7 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
         raise InputError(f"--channels {channels!r}: give ints separated by ','") from None
     if heatmap_path:
         check_writable(heatmap_path)
-    ex = _build(model, composite, kw)
+    ex = _build(model, composite, kw, pre)
     rm = crp.relmax_load(ex, out_dir)
     src = open_source(source, input_infos(ex.inputs), pre)
     for c in chans:

@@ -9,8 +9,8 @@ import click
 
 from onnx_lrp.core.errors import InputError
 
-from .io import IMAGE_SUFFIXES, image_layout, model_input_dims
-from .options import bound_constants, bound_input_shapes, composite_with, rule_params, takes
+from .io import IMAGE_SUFFIXES
+from .options import explainer_setup
 
 
 DATASET_KEYS = ("out_dir", "engine", "ray_address", "workers", "shard_size", "overwrite", "column")
@@ -74,21 +74,16 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
     if given:
         raise InputError(f"{', '.join(given)} write(s) single-run outputs; with --out-dir the relevance goes to "
                          "OUT/shards (drop them, or drop --out-dir)")
-    params = rule_params(rule_kw)
-    comp = composite_with(composite, {})
-    if takes(comp, "low") and "low" not in params and "high" not in params and _has_images(source):
-        infos = model_input_dims(model)
-        if len(infos) == 1:
-            params["low"], params["high"] = pre.box(image_layout(infos[0]))
-    comp = composite_with(comp, params)
+    # images among the sources: ZBox bounds from the pixel range after --mean/--std (no note in dataset mode)
+    setup = explainer_setup(model, composite, rule_kw, pre=pre,
+                            data_kind=lambda: "image" if _has_images(source) else "array")
     summary = onnx_lrp.explain_dataset(
         model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=batch_size,
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
         overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean, std=pre.std, crop=pre.crop,
-        column=ds["column"], composite=comp, device=device, tf32=tf32, precision=precision, strict=strict,
-        precise=precise, output=output_name, start=start,
-        relevance_at=tuple(relevance_at), **({"constants": bound_constants()} if bound_constants() else {}),
-        **({"input_shapes": bound_input_shapes()} if bound_input_shapes() else {}))
+        column=ds["column"], composite=setup.composite, device=device, tf32=tf32, precision=precision,
+        strict=strict, precise=precise, output=output_name, start=start, relevance_at=tuple(relevance_at),
+        **setup.bindings())
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

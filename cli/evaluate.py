@@ -11,8 +11,8 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .io import AtomicOutputs, OutputError, check_writable, data_kind, load_inputs
+from .options import common, explainer_setup, input_options
 
 
 METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
@@ -154,23 +154,18 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
     """
     import onnx_lrp
 
-    pre = preprocess(rule_kw)
-    params = rule_params(rule_kw)
-    kind = input_kind(input_path)
-    if kind == "directory":
-        from .io import directory_files
-        kind = directory_files(input_path)[0]
-    note = image_zbox(model, kind, composite_with(composite, {}), params, pre)
-    if note:
-        click.echo(f"onnx-lrp: {note}", err=True)
-    comp = composite_with(composite, params)
+    kind = data_kind(input_path)
+    setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
+    if setup.zbox_note:
+        click.echo(f"onnx-lrp: {setup.zbox_note}", err=True)
+    comp = setup.composite
     if plot_path is not None:
         if Path(plot_path).suffix.lower() != ".png":
             raise OutputError(f"--plot {plot_path}: give a .png file")
         check_writable(Path(plot_path))
     orders = _orders(order)
-    ex = build_explainer(model, comp, device=device)
-    batch = load_inputs(input_path, ex.inputs, pre)
+    ex = setup.build(model, device=device)
+    batch = load_inputs(input_path, ex.inputs, setup.pre)
     if len(batch) == 0:
         raise InputError(f"{input_path} holds no items; give at least one")
     x = next(iter(batch.arrays.values()))

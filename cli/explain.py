@@ -12,20 +12,13 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.run import deployed_gap
+from onnx_lrp.run.batches import explain_chunks, merge, slices
 
 from . import heatmap as hm
 from .dataset import dataset_options, pop_dataset_options, run_dataset
 from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import (
-    build_explainer,
-    common,
-    composite_with,
-    image_zbox,
-    input_options,
-    precision_note,
-    preprocess,
-    rule_params,
-)
+from .options import common, explainer_setup, input_options, precision_note, preprocess
 from .text import pop_text_options, run_text, text_options
 
 
@@ -278,61 +271,54 @@ def _destinations(o: ExplainOptions) -> _Destinations:
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
-    # ---- preprocessing, composite and rule parameters
-    pre = preprocess(o.rule_kw)
-    params = rule_params(o.rule_kw)
-    comp = composite_with(o.composite, {})
-    zbox_note = image_zbox(o.model, dest.data_kind, comp, params, pre)
-    comp = composite_with(comp, params)
-
-    # ---- build
+    setup = explainer_setup(o.model, o.composite, o.rule_kw, data_kind=dest.data_kind)
     t0 = time.perf_counter()
-    ex = build_explainer(o.model, comp, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
-                         start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32,
-                         precision=o.precision)
+    ex = setup.build(o.model, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
+                     start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32, precision=o.precision)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
-    if zbox_note:
-        _say(zbox_note)
-    out_path = dest.out_path
-    if len(ex.relevance_inputs) > 1 and out_path.suffix.lower() == ".npy":
-        raise OutputError(f"-o {out_path}: the model has {len(ex.relevance_inputs)} float inputs "
+    if setup.zbox_note:
+        _say(setup.zbox_note)
+    if len(ex.relevance_inputs) > 1 and dest.out_path.suffix.lower() == ".npy":
+        raise OutputError(f"-o {dest.out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
+    batch = _read(dest, ex, setup.pre)
+    t1 = time.perf_counter()
+    merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
+    t_explain = time.perf_counter() - t1
+    res = _result(o, dest, ex, setup.composite, batch, merged, t_build, t_explain)
+    if dest.tokens is not None:
+        from onnx_lrp.io.tokens import tokens_for
+        res.token_rows = _token_rows(dest.tokens, res.relevance, res.n)
+        res.item_tokens = [tokens_for(dest.tokens, i, res.n) for i in range(res.n)]
+    return res
 
-    # ---- inputs
+
+def _read(dest: _Destinations, ex, pre):
+    """The inputs as one batch; refused when empty or when --target / --position do not give one per item."""
     batch = load_inputs(dest.input_path, ex.inputs, pre)
     n = len(batch)
-    targets, positions = dest.targets, dest.positions
     if n == 0:
         raise InputError(f"{dest.input_path} holds no items (an empty batch); give at least one")
-    if isinstance(targets, list) and len(targets) != n:
-        raise InputError(f"--target gives {len(targets)} classes for {n} item(s); give one, or one per item")
-    if isinstance(positions, list) and len(positions) != n:
-        raise InputError(f"--position gives {len(positions)} positions for {n} item(s); give one, or one per item")
+    if isinstance(dest.targets, list) and len(dest.targets) != n:
+        raise InputError(f"--target gives {len(dest.targets)} classes for {n} item(s); give one, or one per item")
+    if isinstance(dest.positions, list) and len(dest.positions) != n:
+        raise InputError(f"--position gives {len(dest.positions)} positions for {n} item(s); give one, or one per "
+                         "item")
+    return batch
 
-    # ---- explain in batches
-    t1 = time.perf_counter()
-    results = _explain_batches(ex, batch, n, targets, positions, o.batch_size, t1)
-    t_explain = time.perf_counter() - t1
 
-    relevance = _merge([r.relevance for r in results])
-    outputs = {name: np.concatenate([r.outputs[name] for r in results]) for name in ex.output_names}
-    target_used = np.concatenate([r.target for r in results]).astype(np.int64)
-    rel_at = {name: np.concatenate([r.relevance_at[name] for r in results]) for name in o.relevance_at}
+def _result(o: ExplainOptions, dest: _Destinations, ex, comp, batch, m, t_build: float, t_explain: float) -> _Result:
+    """The merged arrays of the run, a summary row per item and the summary of the run."""
+    n = len(batch)
+    relevance, outputs, target_used, pos_used = m.relevance_as_explained(), m.outputs, m.target, m.position
     explained = outputs[ex.explained_output]
-    pos_used = None
-    if getattr(results[0], "position", None) is not None:  # sequence outputs: one explained position per item
-        pos_used = np.concatenate([np.asarray(r.position).reshape(-1) for r in results]).astype(np.int64)
     # what relevance starts from: the explained tensor at the target (the logit behind a softmax output)
-    start_values = (np.concatenate([np.asarray(r.explained_value).reshape(-1) for r in results])
-                    if getattr(results[0], "explained_value", None) is not None else None)
+    start_values = m.explained_value
     behind = getattr(ex, "explained_tensor", ex.explained_output) != ex.explained_output and start_values is not None
-    gap = worst_gap(results, [0] + list(np.cumsum([len(r.target) for r in results])[:-1]))
-
-    # ---- summary
     if pos_used is not None:  # the explained row of each item
         flat = np.stack([np.asarray(explained[i, pos_used[i]]).reshape(-1) for i in range(n)])
     else:
@@ -348,47 +334,39 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
                    device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
-                   explained_output=ex.explained_output, items=items, relevance_file=str(out_path),
+                   explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
     if behind:
         summary["logits"] = ex.explained_tensor
+    gap = deployed_gap.worst(m.gaps)
     if gap is not None:
         summary["deployed_gap"] = gap.as_dict()
         if gap.beyond:  # once, for the whole run
             _say("warning: " + gap.message(batch.names))
-    res = _Result(ex, comp, batch, n, relevance, outputs, explained, target_used, rel_at, pos_used, behind, items,
-                  summary, t_build, t_explain)
-    if dest.tokens is not None:
-        from onnx_lrp.io.tokens import tokens_for
-        res.token_rows = _token_rows(dest.tokens, relevance, n)
-        res.item_tokens = [tokens_for(dest.tokens, i, n) for i in range(n)]
-    return res
+    rel_at = {name: m.relevance_at[name] for name in o.relevance_at}
+    return _Result(ex, comp, batch, n, relevance, outputs, explained, target_used, rel_at, pos_used, behind, items,
+                   summary, t_build, t_explain)
 
 
-def _explain_batches(ex, batch, n: int, targets, positions, batch_size: int, t1: float) -> list:
-    """``ex.explain`` per batch of ``batch_size`` items, with a progress bar when the run will take a while."""
-    chunks = list(range(0, n, batch_size))
-    results = []
-    bar = None
+def _explain_batches(ex, batch, dest: _Destinations, batch_size: int, t1: float):
+    """``ex.explain`` per batch of ``batch_size`` items (:mod:`onnx_lrp.run.batches`), merged; a progress bar when
+    the run will take a while."""
+    total = -(-len(batch) // batch_size)
+    chunks, bar = [], None
     try:
-        for k, lo in enumerate(chunks):
-            hi = min(n, lo + batch_size)
-            feeds = {name: a[lo:hi] for name, a in batch.arrays.items()}
-            t = targets[lo:hi] if isinstance(targets, list) else targets
-            extra = {}
-            if positions is not None:
-                extra["position"] = positions[lo:hi] if isinstance(positions, list) else positions
-            results.append(ex.explain(feeds, target=t, **extra))
-            if k == 0 and len(chunks) > 1 and (time.perf_counter() - t1) * len(chunks) > PROGRESS_AFTER_S:
-                bar = click.progressbar(length=len(chunks), label="explaining", file=sys.stderr)
+        for chunk in explain_chunks(ex, slices(batch.arrays, batch_size), target=dest.targets,
+                                    position=dest.positions):
+            chunks.append(chunk)
+            if len(chunks) == 1 and total > 1 and (time.perf_counter() - t1) * total > PROGRESS_AFTER_S:
+                bar = click.progressbar(length=total, label="explaining", file=sys.stderr)
                 bar.__enter__()
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-    return results
+    return merge(ex, chunks)
 
 
 def _write(o: ExplainOptions, dest: _Destinations, res: _Result) -> list:
@@ -478,15 +456,6 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     click.echo(f"relevance -> {dest.out_path}" + heat_text + (f"; tokens -> {dest.html_out}" if dest.html_out else ""))
 
 
-def worst_gap(results, offsets):
-    """The gap between deployed outputs and the explained forward to report for a run of several chunks (items
-    counted over the whole run), or None without a deployed run."""
-    from onnx_lrp.run.deployed_gap import worst
-
-    return worst([r.deployed_gap.shifted(int(o)) for r, o in zip(results, offsets)
-                  if getattr(r, "deployed_gap", None) is not None])
-
-
 def _tile_label(it: dict, ex, start: str) -> list[str]:
     """Caption lines of one heatmap tile: the item, predicted class, explained target and the value explained."""
     where = f" @{it['position']}" if "position" in it else ""
@@ -507,12 +476,6 @@ def _token_rows(tokens, relevance, n):
         except InputError as exc:
             raise InputError(f"--tokens, item {i}: {exc}") from None
     return rows
-
-
-def _merge(parts):
-    if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
 
 
 TILES_PER_FILE = 48

@@ -6,6 +6,8 @@ zennit's (``zennit.image.CMAPS``): piecewise-linear between colour nodes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from onnx_lrp.core.errors import InputError
@@ -132,14 +134,35 @@ def _fit(draw, text: str, font, width: int) -> str:
     return text + "\u2026"
 
 
-def _layout(n, h, w, style, cols, scale, gap, caption_lines):
+@dataclass(frozen=True)
+class _Grid:
+    """:func:`render`'s layout: the tile scale, tiles per cell, cells per row, tile height and width, cell width,
+    caption height under each cell, title strip above the grid and the gap between cells."""
+
+    scale: int
+    per_cell: int
+    cols: int
+    th: int
+    tw: int
+    cell_w: int
+    cap: int
+    top: int
+    gap: int
+
+    def origin(self, index: int) -> tuple[int, int]:
+        """(top, left) of cell ``index``."""
+        r, c = divmod(index, self.cols)
+        return self.top + self.gap + r * (self.th + self.cap + self.gap), self.gap + c * (self.cell_w + self.gap)
+
+
+def _layout(n, h, w, style, cols, scale, gap, caption_lines, titles) -> _Grid:
     s = scale or tile_scale(h, w)
     per_cell = 2 if style == "beside" else 1
     cols = cols or min(n, MAX_COLS[style])
     th, tw = h * s, w * s
     cell_w = per_cell * tw + (per_cell - 1) * gap
     cap = caption_lines * LINE_H + (2 if caption_lines else 0)
-    return s, per_cell, cols, th, tw, cell_w, cap
+    return _Grid(s, per_cell, cols, th, tw, cell_w, cap, LINE_H + 2 if titles else 0, gap)
 
 
 def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "beside", cols: int | None = None,
@@ -156,7 +179,7 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
     ``colorbar``: a caption for a colour bar under the grid, from -max|R| (left) through 0 to +max|R| (right);
     ``titles``: per tile of a cell (e.g. ["baseline", "current", "difference"]) a title above the first row.
     """
-    from PIL import Image, ImageDraw
+    from PIL import Image
 
     if style not in STYLES:
         raise InputError(f"unknown heatmap style {style!r}; choose one of {', '.join(STYLES)}")
@@ -168,50 +191,60 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
     if images is None:
         style = "heatmap"
     lines = max((len(x) for x in labels), default=0) if labels else 0
-    s, per_cell, cols, th, tw, cell_w, cap = _layout(n, h, w, style, cols, scale, gap, lines)
-    top = LINE_H + 2 if titles else 0
-    rows = -(-n // cols)
-    width = gap + cols * (cell_w + gap)
+    g = _layout(n, h, w, style, cols, scale, gap, lines, titles)
+    rows = -(-n // g.cols)
+    width = gap + g.cols * (g.cell_w + gap)
     bar = BAR_H if colorbar else 0
-    canvas = np.empty((top + gap + rows * (th + cap + gap) + bar, width, 3), dtype=np.uint8)
+    canvas = np.empty((g.top + gap + rows * (g.th + g.cap + gap) + bar, width, 3), dtype=np.uint8)
     canvas[...] = background
     for i in range(n):
-        heat = colorize(maps[i], cmap)
-        tiles = [heat]
-        if style == "beside":
-            tiles = [np.asarray(images[i], dtype=np.uint8), heat]
-        elif style == "overlay":
-            grey = np.asarray(images[i], dtype=np.float64).mean(axis=-1, keepdims=True)
-            vmax = np.max(np.abs(maps[i])) or 1.0
-            alpha = np.clip(np.abs(maps[i]) / vmax, 0, 1)[..., None] ** 0.5
-            tiles = [np.round((1 - alpha) * grey + alpha * heat).astype(np.uint8)]
-        r, c = divmod(i, cols)
-        y0, x0 = top + gap + r * (th + cap + gap), gap + c * (cell_w + gap)
-        for k, tile in enumerate(tiles):
-            big = np.repeat(np.repeat(tile, s, axis=0), s, axis=1)
-            xk = x0 + k * (tw + gap)
-            canvas[y0:y0 + th, xk:xk + tw] = big
+        y0, x0 = g.origin(i)
+        for k, tile in enumerate(_tiles(maps[i], None if images is None else images[i], style, cmap)):
+            big = np.repeat(np.repeat(tile, g.scale, axis=0), g.scale, axis=1)
+            xk = x0 + k * (g.tw + gap)
+            canvas[y0:y0 + g.th, xk:xk + g.tw] = big
     if bar:  # the colour bar: the map's full range, as drawn in every tile
         x_lo, x_hi = gap, min(width - gap, gap + 256)
         ramp = apply_cmap(np.linspace(0, 1, x_hi - x_lo), cmap)
         y_bar = canvas.shape[0] - bar + 4
         canvas[y_bar:y_bar + 10, x_lo:x_hi] = ramp[None]
     image = Image.fromarray(canvas, mode="RGB")
-    if not (labels or bar or titles):
-        return image
+    if labels or bar or titles:
+        _captions(image, g, n, labels, titles, colorbar if bar else None)
+    return image
+
+
+def _tiles(rel: np.ndarray, image, style: str, cmap: str) -> list:
+    """The tiles of one cell: the heatmap; the input beside it; or the heatmap over a grey copy of the input."""
+    heat = colorize(rel, cmap)
+    if style == "beside":
+        return [np.asarray(image, dtype=np.uint8), heat]
+    if style == "overlay":
+        grey = np.asarray(image, dtype=np.float64).mean(axis=-1, keepdims=True)
+        vmax = np.max(np.abs(rel)) or 1.0
+        alpha = np.clip(np.abs(rel) / vmax, 0, 1)[..., None] ** 0.5
+        return [np.round((1 - alpha) * grey + alpha * heat).astype(np.uint8)]
+    return [heat]
+
+
+def _captions(image, g: _Grid, n: int, labels, titles, colorbar: str | None) -> None:
+    """The caption lines under the cells, the titles above the first row, the colour bar's labels."""
+    from PIL import ImageDraw
+
     draw, font = ImageDraw.Draw(image), _font()
+    gap, width = g.gap, image.width
     for i in range(n if labels else 0):
-        r, c = divmod(i, cols)
-        y0, x0 = top + gap + r * (th + cap + gap) + th + 1, gap + c * (cell_w + gap)
+        y0, x0 = g.origin(i)
         for k, line in enumerate(labels[i]):
-            draw.text((x0, y0 + k * LINE_H), _fit(draw, str(line), font, cell_w), fill=(0, 0, 0), font=font)
+            draw.text((x0, y0 + g.th + 1 + k * LINE_H), _fit(draw, str(line), font, g.cell_w), fill=(0, 0, 0),
+                      font=font)
     if titles:
-        for c in range(min(cols, n)):
+        for c in range(min(g.cols, n)):
             for k, title in enumerate(titles):
-                x = gap + c * (cell_w + gap) + k * (tw + gap)
-                draw.text((x, 1), _fit(draw, str(title), font, tw), fill=(0, 0, 0), font=font)
-    if bar:
-        y = canvas.shape[0] - bar + 16
+                x = gap + c * (g.cell_w + gap) + k * (g.tw + gap)
+                draw.text((x, 1), _fit(draw, str(title), font, g.tw), fill=(0, 0, 0), font=font)
+    if colorbar is not None:
+        y = image.height - BAR_H + 16
         x_hi = min(width - gap, gap + 256)
         draw.text((gap, y), "-max|R|", fill=(0, 0, 0), font=font)
         mid = "0"
@@ -219,18 +252,16 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
         draw.text((x_hi - draw.textlength("+max|R|", font=font), y), "+max|R|", fill=(0, 0, 0), font=font)
         if x_hi + 8 < width:
             draw.text((x_hi + 8, y - 12), _fit(draw, colorbar, font, width - x_hi - 10), fill=(0, 0, 0), font=font)
-    return image
 
 
 def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: int | None = None,
              scale: int | None = None, gap: int = 4, caption_lines: int = 0, titles: bool = False
              ) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of item ``index``'s heatmap tile in :func:`render`'s layout."""
-    s, per_cell, cols, th, tw, cell_w, cap = _layout(n, h, w, style, cols, scale, gap, caption_lines)
-    top = LINE_H + 2 if titles else 0
-    r, c = divmod(index, cols)
-    y0, x0 = top + gap + r * (th + cap + gap), gap + c * (cell_w + gap) + (per_cell - 1) * (tw + gap)
-    return x0, y0, x0 + tw, y0 + th
+    g = _layout(n, h, w, style, cols, scale, gap, caption_lines, titles)
+    y0, x0 = g.origin(index)
+    x0 += (g.per_cell - 1) * (g.tw + gap)
+    return x0, y0, x0 + g.tw, y0 + g.th
 
 
 __all__ = ["CMAPS", "DIVERGING", "IMAGE_FORMATS", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize",

@@ -40,6 +40,12 @@ from onnx_lrp.io.inputs import (
 )
 
 
+def data_kind(path) -> str:
+    """The kind of an input's items ("npy", "npz", "image"): a directory's is that of its files."""
+    kind = input_kind(path)
+    return directory_files(path)[0] if kind == "directory" else kind
+
+
 def parse_floats(text: str | None, what: str) -> tuple | None:
     if text is None:
         return None
@@ -198,6 +204,7 @@ def check_writable(path) -> None:
 
 
 __all__ = ["ARRAY_SUFFIXES", "AtomicOutputs", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD",
-           "ImageLayout", "InputInfo", "OutputError", "Preprocess", "Progress", "check_writable", "directory_files",
+           "ImageLayout", "InputInfo", "OutputError", "Preprocess", "Progress", "check_writable", "data_kind",
+           "directory_files",
            "image_layout", "input_infos", "input_kind", "load_image", "load_inputs", "load_npy", "load_npz",
            "model_channel_axis", "model_input_dims", "parse_floats", "parse_size"]

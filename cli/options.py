@@ -1,5 +1,8 @@
-"""Options shared by commands that build a relevance model (explain, rewrite, inspect, and regression commands)."""
+"""The options of the commands that build a relevance model, and their one reading into an explainer setup
+(:func:`explainer_setup`: preprocessing, rule parameters, ZBox bounds, composite) that every such command calls."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import click
 import numpy as np
@@ -10,7 +13,7 @@ from onnx_lrp.core.errors import InputError
 from .io import IMAGENET_MEAN, IMAGENET_STD, Preprocess, image_layout, model_input_dims, parse_floats, parse_size
 
 
-DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/choice.py
+DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/build/auto_composite.py
 
 
 def composite_option(f):
@@ -97,28 +100,8 @@ def parse_input_shapes(items) -> dict:
     return out
 
 
-def bound_input_shapes() -> dict:
-    """The --input-shape sizes of the running command (stored by :func:`rule_params`)."""
-    ctx = click.get_current_context(silent=True)
-    return dict(ctx.meta.get("onnx_lrp.input_shapes", {})) if ctx is not None else {}
-
-
-def bound_constants() -> dict:
-    """The --constant bindings of the running command (stored by :func:`rule_params`)."""
-    ctx = click.get_current_context(silent=True)
-    return dict(ctx.meta.get("onnx_lrp.constants", {})) if ctx is not None else {}
-
-
 def rule_params(kw: dict) -> dict:
-    """The rule parameters given on the command line (None = the composite's own), popped from ``kw``; the
-    --constant bindings and --input-shape sizes are popped too and kept for the explainer (:func:`bound_constants`,
-    :func:`bound_input_shapes`)."""
-    constants = parse_constants(kw.pop("constants", ()))
-    input_shapes = parse_input_shapes(kw.pop("input_shapes", ()))
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        ctx.meta["onnx_lrp.constants"] = constants
-        ctx.meta["onnx_lrp.input_shapes"] = input_shapes
+    """The rule parameters given on the command line (None = the composite's own), popped from ``kw``."""
     params = {k: kw.pop(k, None) for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer")}
     if params["alpha"] is not None and params["beta"] is None:
         params["beta"] = params["alpha"] - 1.0  # alpha - beta = 1
@@ -180,10 +163,13 @@ def preprocess(kw: dict) -> Preprocess:
     return pre
 
 
-def image_zbox(model, data_kind: str, comp: Composite, params: dict, pre: Preprocess) -> str | None:
+def image_zbox(model, data_kind, comp: Composite, params: dict, pre: Preprocess) -> str | None:
     """For image inputs and a composite with ZBox but no --low/--high: set the bounds from the pixel range after
-    --mean/--std in ``params``; returns the note to print (None when nothing was set)."""
-    if data_kind != "image" or not takes(comp, "low") or "low" in params or "high" in params:
+    --mean/--std in ``params``; returns the note to print (None when nothing was set). ``data_kind``: the inputs'
+    kind, or a function giving it (called only for a composite with ZBox and no bounds given)."""
+    if data_kind is None or not takes(comp, "low") or "low" in params or "high" in params:
+        return None
+    if (data_kind() if callable(data_kind) else data_kind) != "image":
         return None
     infos = model_input_dims(model)
     if len(infos) != 1:
@@ -222,14 +208,49 @@ def build_explainer(model, composite: Composite, **kw):
         click.echo(f"onnx-lrp: building the relevance model of {model} ({size / 2**20:.0f} MB, composite "
                    f"{composite.name}) ...", err=True)
     t0 = time.perf_counter()
-    if bound_constants():
-        kw.setdefault("constants", bound_constants())
-    if bound_input_shapes():
-        kw.setdefault("input_shapes", bound_input_shapes())
     ex = onnx_lrp.Explainer(model, composite=composite, **kw)
     if large:
         click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s ({ex.n_nodes} nodes)", err=True)
     return ex
+
+
+@dataclass
+class Setup:
+    """What the command line's options make of a model's explainer (:func:`explainer_setup`): the preprocessing of
+    image inputs, the rule parameters given, the composite with them, the --constant bindings and --input-shape
+    sizes, and the note to print when the ZBox bounds were taken from the pixel range (None otherwise)."""
+
+    pre: Preprocess
+    params: dict
+    composite: Composite
+    constants: dict
+    input_shapes: dict
+    zbox_note: str | None = None
+
+    def bindings(self) -> dict:
+        """The --constant and --input-shape keywords of an Explainer (only those given)."""
+        return {k: v for k, v in (("constants", self.constants), ("input_shapes", self.input_shapes)) if v}
+
+    def build(self, model, **kw):
+        """The explainer of ``model`` with this composite and these bindings (:func:`build_explainer`)."""
+        return build_explainer(model, self.composite, **self.bindings(), **kw)
+
+
+def explainer_setup(model, composite, kw: dict, *, data_kind=None, pre: Preprocess | None = None) -> Setup:
+    """The one reading of the options that set up an explainer, popped from ``kw``: --size/--mean/--std/--crop
+    (unless ``pre`` is given: read by the caller already, or a command without image inputs), --constant,
+    --input-shape, the rule parameters, and ``composite`` (a name or file) with them.
+
+    ``data_kind``: the kind of the inputs ("image", "npy", ...), or a function giving it, called only when it
+    matters: for image inputs and a composite with ZBox but no --low/--high, the bounds are the pixel range after
+    --mean/--std (:func:`image_zbox`)."""
+    pre = preprocess(kw) if pre is None else pre
+    constants = parse_constants(kw.pop("constants", ()))
+    input_shapes = parse_input_shapes(kw.pop("input_shapes", ()))
+    params = rule_params(kw)
+    comp = composite_with(composite, {})
+    note = image_zbox(model, data_kind, comp, params, pre)
+    return Setup(pre, params, composite_with(comp, params), constants, input_shapes, note)
 
 
 def common(f):
@@ -237,7 +258,7 @@ def common(f):
     return composite_option(rule_options(constant_option(input_shape_option(f))))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "bound_constants", "bound_input_shapes", "bounds", "build_explainer", "common",
+__all__ = ["DEFAULT_COMPOSITE", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
            "precision_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
            "parse_input_shapes", "image_zbox",

@@ -20,11 +20,12 @@ from onnx_lrp.core.errors import InputError
 from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.metrics import tracking
 from onnx_lrp.run import deployed_gap as gaps
+from onnx_lrp.run.batches import explain_all
 
 from . import heatmap as hm
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, Progress, check_writable, input_kind, load_inputs, model_channel_axis
-from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .io import AtomicOutputs, OutputError, Progress, check_writable, data_kind, load_inputs, model_channel_axis
+from .options import Setup, build_explainer, common, explainer_setup, input_options
 
 
 EXIT_DRIFT = 1
@@ -173,8 +174,16 @@ def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, input
     return EXIT_DRIFT if d or (faith is not None and not faith.passed) else 0
 
 
-def _explainer(model, comp, output_name, start):
-    ex = build_explainer(model, comp, output=output_name, start=start)
+def _setup(model, composite, kw: dict, inputs_path) -> Setup:
+    """The options' explainer setup (:func:`explainer_setup`); the ZBox note on stderr."""
+    setup = explainer_setup(model, composite, kw, data_kind=data_kind(inputs_path))
+    if setup.zbox_note:
+        _say(setup.zbox_note)
+    return setup
+
+
+def _explainer(model, composite, output_name, start, **bindings):
+    ex = build_explainer(model, composite, output=output_name, start=start, **bindings)
     ex.gap_warnings = False  # the report says it, once
     return ex
 
@@ -193,14 +202,6 @@ def _inputs_for(ex, arrays: dict, where: str) -> dict:
         raise InputError(f"{where} holds inputs {', '.join(sorted(arrays))} but the model's inputs are "
                          f"{', '.join(sorted(want))}; the model's interface changed: take a new snapshot")
     return arrays
-
-
-def _data_kind(path) -> str:
-    kind = input_kind(path)
-    if kind == "directory":
-        from .io import directory_files
-        kind = directory_files(path)[0]
-    return kind
 
 
 def _targets(targets, n):
@@ -270,25 +271,20 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     check_writable(out_path)
     tracked = tracking.parse_metrics(metrics)
     targets = parse_target(target)
-    pre = preprocess(rule_kw)
-    params = rule_params(rule_kw)
-    note = image_zbox(model, _data_kind(inputs_path), composite_with(composite, {}), params, pre)
-    if note:
-        _say(note)
-    comp = composite_with(composite, params)
+    setup = _setup(model, composite, rule_kw, inputs_path)
     t0 = time.perf_counter()
-    ex = _explainer(model, comp, output_name, start)
+    ex = _explainer(model, setup.composite, output_name, start, **setup.bindings())
     comp_name, comp_toml = rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
-    batch = load_inputs(inputs_path, ex.inputs, pre)
+    batch = load_inputs(inputs_path, ex.inputs, setup.pre)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
     gap_list = []
     with Progress("explaining") as bar:
-        rel, outs, used = rg.explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
+        rel, outs, used = explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
     arrays = rg.snapshot_arrays(
         inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
-        composite_toml=comp_toml, params=params, start=start, output=output_name,
+        composite_toml=comp_toml, params=setup.params, start=start, output=output_name,
         explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size,
         machine=gaps.machine_facts(ex.device), deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict())
     if tracked:
@@ -338,54 +334,24 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
     snap = rg.read_snapshot(baseline)
     meta = snap.meta
-    stored = tracking.read_stored(baseline, meta, len(snap.targets))
-    if tolerances and stored is None:
-        raise InputError(f"--metric-tol: baseline {baseline} holds no faithfulness metrics; take it with "
-                         "`onnx-lrp snapshot --metrics aopc,abpc`")
-    missing = [n for n in tolerances if stored is not None and n not in stored.settings["metrics"]]
-    if missing:
-        raise InputError(f"--metric-tol {missing[0]}: baseline {baseline} stores "
-                         f"{', '.join(stored.settings['metrics'])} only; take it with `onnx-lrp snapshot --metrics "
-                         f"{','.join(tracking.TRACKED)}`")
+    stored = _stored_faithfulness(baseline, meta, len(snap.targets), tolerances)
     t0 = time.perf_counter()
     ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
     batch_size = batch_size or int(meta.get("batch_size") or 32)
-    from onnx_lrp.dataset import explain_arrays
-
-    gap_list = []
-    with Progress("explaining") as bar:
-        if engine == "local":
-            rel, outs, _ = rg.explain_all(ex, arrays, snap.targets, batch_size, progress=bar.update, gaps_out=gap_list)
-        else:
-            rel, outs, _ = explain_arrays(ex, arrays, snap.targets, batch_size, engine, workers, ray_address,
-                                          progress=bar.update)
+    rel, outs, gap_list = _recompute(ex, arrays, snap.targets, batch_size, engine, workers, ray_address)
     base = snap.result()
     if ex.explained_output not in outs:
         raise InputError(f"the model has no output {meta['explained_output']!r}")
     cur = rg.Result(rel, outs[ex.explained_output], snap.targets, base.items, outs,
                     outs.get(FORWARD_PREFIX + ex.explained_output))
     comp = rg.compare(base, cur, th)
-    machine = gaps.machine_facts(ex.device) if base.forward is not None else None
-    deployed_diff = rg.deployed_difference(base, cur, getattr(ex, "output_step", None),
-                                           dict(baseline=meta.get("machine"), current=machine))
-    sha = rg.model_sha256(model)
-    from onnx_lrp import __version__
-
-    context = dict(command="check", model=str(model), baseline=str(baseline),
-                   composite=meta["composite"]["name"], start=meta["start"],
-                   explained_output=ex.explained_output, config=config_used,
-                   model_sha256=dict(baseline=meta.get("model", {}).get("sha256"), current=sha),
-                   model_changed=sha != meta.get("model", {}).get("sha256"),
-                   onnx_lrp_version=dict(baseline=meta.get("onnx_lrp_version"), current=__version__))
-    if deployed_diff is not None:
-        context["deployed_outputs"] = deployed_diff
-    if context["onnx_lrp_version"]["baseline"] != __version__:
-        _say(f"the baseline was made with onnx-lrp {meta.get('onnx_lrp_version')}, this is {__version__}: "
-             "differences can come from onnx-lrp itself")
+    context = _check_context(model, baseline, meta, ex, config_used, base, cur)
     click.echo(f"check {model} against {baseline}: {len(comp.samples)} sample(s), composite "
                f"{meta['composite']['name']}, model {'changed' if context['model_changed'] else 'unchanged'} "
-               f"(sha256 {sha[:12]})" + (f", thresholds from {config_used}" if config_used else ""))
+               f"(sha256 {context['model_sha256']['current'][:12]})"
+               + (f", thresholds from {config_used}" if config_used else ""))
+    deployed_diff = context.get("deployed_outputs")
     if deployed_diff is not None and deployed_diff["differ"]:
         click.echo(f"note: {rg.deployed_difference_message(deployed_diff, ex.explained_output)}")
     gap_now = _gap_note(gap_list, base.items)
@@ -399,6 +365,57 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
     code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, arrays, ex, max_rows,
                    "onnx-lrp check", time.perf_counter() - t0, faith, lines)
     raise SystemExit(code)
+
+
+def _stored_faithfulness(baseline, meta: dict, n: int, tolerances: dict):
+    """The faithfulness figures a snapshot stores (None without), refused when --metric-tol asks for others."""
+    stored = tracking.read_stored(baseline, meta, n)
+    if tolerances and stored is None:
+        raise InputError(f"--metric-tol: baseline {baseline} holds no faithfulness metrics; take it with "
+                         "`onnx-lrp snapshot --metrics aopc,abpc`")
+    missing = [n for n in tolerances if stored is not None and n not in stored.settings["metrics"]]
+    if missing:
+        raise InputError(f"--metric-tol {missing[0]}: baseline {baseline} stores "
+                         f"{', '.join(stored.settings['metrics'])} only; take it with `onnx-lrp snapshot --metrics "
+                         f"{','.join(tracking.TRACKED)}`")
+    return stored
+
+
+def _recompute(ex, arrays: dict, targets, batch_size: int, engine: str, workers, ray_address):
+    """(relevance, outputs, deployed-output gaps) of a snapshot's inputs, here or on Ray."""
+    from onnx_lrp.dataset import explain_arrays
+
+    gap_list = []
+    with Progress("explaining") as bar:
+        if engine == "local":
+            rel, outs, _ = explain_all(ex, arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
+        else:
+            rel, outs, _ = explain_arrays(ex, arrays, targets, batch_size, engine, workers, ray_address,
+                                          progress=bar.update)
+    return rel, outs, gap_list
+
+
+def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> dict:
+    """What a check's reports record besides the samples: model digests and versions of both runs, the deployed
+    outputs' difference between the two machines; a line on stderr when the onnx-lrp versions differ."""
+    from onnx_lrp import __version__
+
+    machine = gaps.machine_facts(ex.device) if base.forward is not None else None
+    deployed_diff = rg.deployed_difference(base, cur, getattr(ex, "output_step", None),
+                                           dict(baseline=meta.get("machine"), current=machine))
+    sha = rg.model_sha256(model)
+    context = dict(command="check", model=str(model), baseline=str(baseline),
+                   composite=meta["composite"]["name"], start=meta["start"],
+                   explained_output=ex.explained_output, config=config_used,
+                   model_sha256=dict(baseline=meta.get("model", {}).get("sha256"), current=sha),
+                   model_changed=sha != meta.get("model", {}).get("sha256"),
+                   onnx_lrp_version=dict(baseline=meta.get("onnx_lrp_version"), current=__version__))
+    if deployed_diff is not None:
+        context["deployed_outputs"] = deployed_diff
+    if context["onnx_lrp_version"]["baseline"] != __version__:
+        _say(f"the baseline was made with onnx-lrp {meta.get('onnx_lrp_version')}, this is {__version__}: "
+             "differences can come from onnx-lrp itself")
+    return context
 
 
 # ---------------------------------------------------------------------------------------------- diff
@@ -424,16 +441,12 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     th, config_used = _pop_thresholds(kw)
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
     targets = parse_target(target)
-    pre = preprocess(kw)
-    params = rule_params(kw)
-    note = image_zbox(model_a, _data_kind(inputs_path), composite_with(composite, {}), params, pre)
-    if note:
-        _say(note)
-    comp_rules = composite_with(composite, params)
+    setup = _setup(model_a, composite, kw, inputs_path)
+    comp_rules = setup.composite
     t0 = time.perf_counter()
-    ex_a = _explainer(model_a, comp_rules, output_name, start)
-    ex_b = _explainer(model_b, comp_rules, output_name, start)
-    batch = load_inputs(inputs_path, ex_a.inputs, pre)
+    ex_a = _explainer(model_a, comp_rules, output_name, start, **setup.bindings())
+    ex_b = _explainer(model_b, comp_rules, output_name, start, **setup.bindings())
+    batch = load_inputs(inputs_path, ex_a.inputs, setup.pre)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
@@ -441,9 +454,9 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     n = len(batch)
     gap_list = []  # MODEL_B's deployed outputs against its explained forward
     with Progress("explaining") as bar:
-        rel_a, outs_a, used = rg.explain_all(ex_a, batch.arrays, targets, batch_size,
+        rel_a, outs_a, used = explain_all(ex_a, batch.arrays, targets, batch_size,
                                              progress=lambda d, t: bar.update(d, 2 * t))
-        rel_b, outs_b, _ = rg.explain_all(ex_b, arrays_b, used, batch_size,
+        rel_b, outs_b, _ = explain_all(ex_b, arrays_b, used, batch_size,
                                           progress=lambda d, t: bar.update(n + d, 2 * t), gaps_out=gap_list)
     base = rg.Result(rel_a, outs_a[ex_a.explained_output], used, batch.names, outs_a,
                      outs_a.get(FORWARD_PREFIX + ex_a.explained_output))

@@ -20,8 +20,8 @@ import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
 
-from .io import AtomicOutputs, check_writable
-from .options import build_explainer, composite_with, precision_note, rule_params
+from .io import AtomicOutputs, Preprocess, check_writable
+from .options import explainer_setup, precision_note
 
 
 TEXT_KEYS = ("text", "tokenizer_path", "continuation")
@@ -53,6 +53,45 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
              token_scale, as_json, refused: dict) -> int:
     from onnx_lrp.io import tokens as tk
 
+    out_path, html_out = _text_outputs(opts, target, out, html_path, refused)
+    tokenizer = tk.load_tokenizer(opts["tokenizer_path"])
+    ids, n_prompt = tk.encode_text(tokenizer, opts["text"], opts["continuation"])
+    fed = ids if opts["continuation"] is None else ids[:-1]  # the last continuation token conditions nothing
+    setup = explainer_setup(model, composite, rule_kw, pre=Preprocess())  # text: the image options are not read
+    comp = setup.composite
+    t0 = time.perf_counter()
+    ex = setup.build(model, device=device, start=start, tf32=tf32, precision=precision)
+    t_build = time.perf_counter() - t0
+    if device == "auto":
+        why = ex.device_note or "onnxruntime has no CUDA provider here"
+        click.echo(f"onnx-lrp: --device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"),
+                   err=True)
+    if ex.sequence_rows is None:
+        raise InputError(f"--text explains a language model's next token: the explained output "
+                         f"{ex.explained_output!r} has no sequence axis (N x T x vocabulary)")
+    steps = [(len(fed) - 1, target)] if opts["continuation"] is None else \
+        [(p - 1, ids[p]) for p in range(n_prompt, len(ids))]
+    t1 = time.perf_counter()
+    relevance, explained = _explain_steps(ex, tk, tokenizer, fed, steps)
+    t_explain = time.perf_counter() - t1
+    words = tk.token_text(tokenizer, fed)
+    _write_text(out_path, html_out, relevance, fed, n_prompt, explained, words, token_scale)
+    summary = dict(model=str(model), text=opts["text"], continuation=opts["continuation"], composite=comp.name,
+                   start=start, device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"),
+                   precision=ex.model_precision,
+                   tokens=words, input_ids=[int(i) for i in fed], relevance=[float(v) for v in relevance],
+                   explained=explained, relevance_file=str(out_path) if out_path else None,
+                   html_file=str(html_out) if html_out else None, build_s=round(t_build, 4),
+                   explain_s=round(t_explain, 4))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return 0
+    _print_text(tk, ex, comp, explained, words, relevance, fed, token_scale, out_path, html_out, t_explain, t_build)
+    return 0
+
+
+def _text_outputs(opts: dict, target, out, html_path, refused: dict):
+    """(relevance file, HTML file), both checked before any work; the options that do not go with --text refused."""
     given = [name for name, value in refused.items() if value]
     if given:
         raise InputError(f"{', '.join(given)} cannot be combined with --text (the input is the text)")
@@ -72,26 +111,13 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
         check_writable(html_out)
     if isinstance(target, list):
         raise InputError("--target: give one token id (one text is one item)")
+    return out_path, html_out
 
-    tokenizer = tk.load_tokenizer(opts["tokenizer_path"])
-    ids, n_prompt = tk.encode_text(tokenizer, opts["text"], opts["continuation"])
-    fed = ids if opts["continuation"] is None else ids[:-1]  # the last continuation token conditions nothing
-    comp = composite_with(composite_with(composite, {}), rule_params(rule_kw))
-    t0 = time.perf_counter()
-    ex = build_explainer(model, comp, device=device, start=start, tf32=tf32, precision=precision)
-    t_build = time.perf_counter() - t0
-    if device == "auto":
-        why = ex.device_note or "onnxruntime has no CUDA provider here"
-        click.echo(f"onnx-lrp: --device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"),
-                   err=True)
-    if ex.sequence_rows is None:
-        raise InputError(f"--text explains a language model's next token: the explained output "
-                         f"{ex.explained_output!r} has no sequence axis (N x T x vocabulary)")
+
+def _explain_steps(ex, tk, tokenizer, fed, steps):
+    """Each (position, target) explained; the per-token relevance summed over them and a record per step."""
     feeds = tk.text_feeds(ex.inputs, fed)
     id_name = next(n for n in ex.relevance_inputs) if ex.relevance_inputs else None
-    steps = [(len(fed) - 1, target)] if opts["continuation"] is None else \
-        [(p - 1, ids[p]) for p in range(n_prompt, len(ids))]
-    t1 = time.perf_counter()
     relevance = np.zeros(len(fed), np.float64)
     explained = []
     for position, tgt in steps:
@@ -103,8 +129,11 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
         explained.append(dict(position=position, token_id=t, token=tk.token_text(tokenizer, [t])[0],
                               logit=float(logits[t]), predicted_id=int(np.argmax(logits)),
                               predicted=tk.token_text(tokenizer, [int(np.argmax(logits))])[0]))
-    t_explain = time.perf_counter() - t1
-    words = tk.token_text(tokenizer, fed)
+    return relevance, explained
+
+
+def _write_text(out_path, html_out, relevance, fed, n_prompt, explained, words, token_scale) -> None:
+    from onnx_lrp.io import tokens as tk
 
     with AtomicOutputs() as files:
         if out_path is not None and out_path.suffix.lower() == ".npy":
@@ -119,16 +148,9 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
             page = tk.html_page(words, relevance, f"relevance for {what}", token_scale)
             files.write_bytes(html_out, page.encode("utf-8"))
 
-    summary = dict(model=str(model), text=opts["text"], continuation=opts["continuation"], composite=comp.name,
-                   start=start, device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"),
-                   precision=ex.model_precision,
-                   tokens=words, input_ids=[int(i) for i in fed], relevance=[float(v) for v in relevance],
-                   explained=explained, relevance_file=str(out_path) if out_path else None,
-                   html_file=str(html_out) if html_out else None, build_s=round(t_build, 4),
-                   explain_s=round(t_explain, 4))
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return 0
+
+def _print_text(tk, ex, comp, explained, words, relevance, fed, token_scale, out_path, html_out, t_explain,
+                t_build) -> None:
     for e in explained:
         pred = "" if e["predicted_id"] == e["token_id"] else f" (the model predicts {e['predicted']!r})"
         click.echo(f"explained token {e['token']!r} (id {e['token_id']}, logit {e['logit']:.4g}) at position "
@@ -139,7 +161,6 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
                f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s)" + (f"; relevance -> {out_path}" if out_path else "")
                + (f"; tokens -> {html_out}" if html_out else ""))
-    return 0
 
 
 __all__ = ["text_options", "pop_text_options", "run_text"]

@@ -13,8 +13,8 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import input_kind, load_inputs
-from .options import build_explainer, common, composite_with, image_zbox, input_options, preprocess, rule_params
+from .io import data_kind, load_inputs
+from .options import common, explainer_setup, input_options
 
 
 def _say(msg: str) -> None:
@@ -66,34 +66,42 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     flight. Rows marked ! absorb more than --tolerance of the start relevance. The sums are read from the
     relevance model itself (extra ReduceSum outputs), so they are exactly what `explain` computes.
     """
-    pre = preprocess(rule_kw)
-    params = rule_params(rule_kw)
-    comp = composite_with(composite, {})
-    kind = input_kind(input_path)
-    data_kind = kind
-    if kind == "directory":
-        from .io import directory_files
-        data_kind = directory_files(input_path)[0]
-    note = image_zbox(model, data_kind, comp, params, pre)
-    if note:
-        _say(note)
-    comp = composite_with(comp, params)
+    kind = data_kind(input_path)
+    setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
+    if setup.zbox_note:
+        _say(setup.zbox_note)
     targets = parse_target(target)
     if isinstance(targets, list):
         raise InputError(f"--target {target!r}: trace explains one item; give one class")
     pos = parse_target(position, "--position") if position is not None else None
     if isinstance(pos, list):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
-    ex = build_explainer(model, comp, device=device, output=output_name, start=start, ledger=True)
+    ex = setup.build(model, device=device, output=output_name, start=start, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
-    batch = load_inputs(input_path, ex.inputs, pre)
+    batch = load_inputs(input_path, ex.inputs, setup.pre)
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
     feeds = {name: a[item:item + 1] for name, a in batch.arrays.items()}
     extra = {"position": pos} if pos is not None else {}
     res = ex.explain(feeds, target=targets, **extra)
+    summary = ledger_summary(ex, res, tolerance)
+    summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=ex.composite_name,
+                   start=start, explained_output=ex.explained_output, target=int(res.target[0]), **summary)
+    if res.position is not None:
+        summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
+    if start == "logit" and ex.explained_output in res.outputs:
+        summary["output_value_note"] = "start relevance = the explained output's value at the target"
+    if res.deployed_gap is not None:
+        summary["deployed_gap"] = res.deployed_gap.as_dict()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    _print_ledger(summary, ex, res.deployed_gap, batch.names[item], start, tolerance)
+
+
+def ledger_summary(ex, res, tolerance: float) -> dict:
+    """The ledger of one explanation: the rows (:func:`ledger_rows`), the start, input and absorbed relevance."""
     entering, leaving = res.ledger["entering"], res.ledger["leaving"]
-    y = np.asarray(res.outputs[ex.explained_output]) if ex.explained_output in res.outputs else None
     start_value = float(entering[0]) if len(entering) else 0.0
     rel = res.relevance.values() if isinstance(res.relevance, dict) else [res.relevance]
     input_sum = float(sum(np.asarray(r, np.float64).sum() for r in rel))
@@ -106,38 +114,29 @@ def trace(model, input_path, item, target, output_name, position, start, device,
             r["sinks"] = "token relevance (reported per token as the input relevance)"
             r["breaks"] = False
     absorbed = float(sum(r["absorbed"] for r in rows if not r["to_tokens"]))
-    breaks = [r for r in rows if r["breaks"]]
-    summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=ex.composite_name,
-                   start=start,
-                   explained_output=ex.explained_output, target=int(res.target[0]), start_relevance=start_value,
-                   input_relevance=input_sum, absorbed=absorbed, unaccounted=start_value - absorbed - input_sum,
-                   tolerance=tolerance, nodes=rows)
-    if res.position is not None:
-        summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
-    if y is not None and start == "logit":
-        summary["output_value_note"] = "start relevance = the explained output's value at the target"
-    gap = res.deployed_gap
-    if gap is not None:
-        summary["deployed_gap"] = gap.as_dict()
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return
+    return dict(start_relevance=start_value, input_relevance=input_sum, absorbed=absorbed,
+                unaccounted=start_value - absorbed - input_sum, tolerance=tolerance, nodes=rows)
+
+
+def _print_ledger(summary: dict, ex, gap, item_name: str, start: str, tolerance: float) -> None:
+    rows, start_value = summary["nodes"], summary["start_relevance"]
     width = max([len("node")] + [len(r["node"]) for r in rows])
     opw = max([len("op")] + [len(r["op_type"]) for r in rows])
     rw = max([len("rule")] + [len(r["rule"]) for r in rows])
-    click.echo(f"ledger of {batch.names[item]}: {ex.explained_output}[{int(res.target[0])}]"
+    click.echo(f"ledger of {item_name}: {ex.explained_output}[{summary['target']}]"
                + (f" at position {summary['position']}" if "position" in summary else "")
                + f", composite {ex.composite_name}, start {start}: relevance {start_value:.6g} enters at the output")
     if gap is not None and gap.beyond:
-        click.echo(f"note: {gap.message([batch.names[item]])}")
+        click.echo(f"note: {gap.message([item_name])}")
     click.echo(f"  {'node':<{width}}  {'op':<{opw}}  {'rule':<{rw}}  {'entering':>11}  {'leaving':>11}  "
                f"{'absorbed':>11}  {'running':>11}  absorbed by")
     for r in rows:
         mark = "!" if r["breaks"] else " "
         click.echo(f"{mark} {r['node']:<{width}}  {r['op_type']:<{opw}}  {r['rule']:<{rw}}  {r['entering']:>11.5g}  "
                    f"{r['leaving']:>11.5g}  {r['absorbed']:>11.4g}  {r['running']:>11.5g}  {r['sinks']}".rstrip())
-    click.echo(f"start {start_value:.6g} = input relevance {input_sum:.6g} + absorbed {absorbed:.6g}"
-               f" (unaccounted {summary['unaccounted']:.3g})")
+    click.echo(f"start {start_value:.6g} = input relevance {summary['input_relevance']:.6g} + absorbed "
+               f"{summary['absorbed']:.6g} (unaccounted {summary['unaccounted']:.3g})")
+    breaks = [r for r in rows if r["breaks"]]
     if breaks:
         click.echo(f"{len(breaks)} node(s) marked ! absorb more than {tolerance:g} x the start relevance: "
                    + ", ".join(r["node"] for r in breaks[:8]) + (" ..." if len(breaks) > 8 else ""))
@@ -145,4 +144,4 @@ def trace(model, input_path, item, target, output_name, position, start, device,
         click.echo(f"every node conserves within {tolerance:g} x the start relevance")
 
 
-__all__ = ["ledger_rows", "trace"]
+__all__ = ["ledger_rows", "ledger_summary", "trace"]

@@ -631,6 +631,37 @@ def test_rgb_image_for_an_nhwc_model_with_per_channel_normalisation(tmp_path):
     np.testing.assert_array_equal(im[y0:y1:s, x0:x1:s], hm.colorize(res.relevance[0].sum(-1), "bwr"))
 
 
+def test_explainer_setup_reads_the_options_once():
+    """cli.options.explainer_setup, the one reading of the options behind every command: ZBox bounds from the pixel
+    range after --mean/--std (low = (0 - mean) / std, high = (1 - mean) / std) only for image inputs and a ZBox
+    composite without --low/--high; the inputs' kind is asked for only then (a dataset source is not scanned for
+    nothing); --constant and --input-shape go to the explainer; every option is popped."""
+    from onnx_lrp.cli.options import explainer_setup
+
+    asked = []
+
+    def kind():
+        asked.append(True)
+        return "image"
+
+    kw = dict(mean="0.5", std="0.25", size=None, crop=False, constants=("sr=16000",),
+              input_shapes=("image=1x1x16x16",), epsilon=None, gamma=None, low=None, high=None, alpha=None,
+              beta=None, stabilizer=None)
+    s = explainer_setup(str(DIGITS), "epsilon-gamma-box", kw, data_kind=kind)
+    assert asked == [True] and kw == {} and "from --mean/--std" in s.zbox_note
+    np.testing.assert_array_equal(s.params["low"].ravel(), [-2.0])
+    np.testing.assert_array_equal(s.params["high"].ravel(), [2.0])
+    b = s.bindings()
+    assert sorted(b) == ["constants", "input_shapes"] and b["input_shapes"] == {"image": (1, 1, 16, 16)}
+    assert int(b["constants"]["sr"]) == 16000 and s.composite.name == "epsilon-gamma-box"
+    for composite, given in (("epsilon-plus-flat", {}), ("epsilon-gamma-box", {"low": "0", "high": "1"})):
+        asked.clear()
+        s = explainer_setup(str(DIGITS), composite, dict(given), data_kind=kind)
+        assert asked == [] and s.zbox_note is None and s.bindings() == {}
+    s = explainer_setup(str(DIGITS), "epsilon-gamma-box", {}, data_kind="npy")
+    assert "low" not in s.params and s.zbox_note is None
+
+
 def test_progress_bar_only_when_it_takes_long(tmp_path, monkeypatch):
     from onnx_lrp.cli import explain as explain_module
 

@@ -1,4 +1,4 @@
-"""onnxruntime's transformer-optimizer ops (onnx_lrp/load/passes/ort_fused.py) split back into standard ops.
+"""onnxruntime's transformer-optimizer ops (onnx_lrp/load/passes/ort_fused/) split back into standard ops.
 
 References: onnxruntime's own com.microsoft CPU kernels (each split graph's forward, run with ORT's graph
 optimisations off so that ORT cannot fuse it again, equals the contrib op on random inputs: every mask form, causal,

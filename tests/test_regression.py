@@ -27,11 +27,32 @@ logging.getLogger().setLevel(logging.ERROR)
 
 # ---------------------------------------------------------------------------------------------- metrics
 def test_rankdata_average_ties_brute_force():
+    from onnx_lrp.metrics import similarity
+
     rng = np.random.default_rng(0)
     a = rng.integers(0, 5, 40).astype(float)  # many ties
     # brute force: rank = 1 + #smaller + (#equal - 1) / 2
     want = np.array([1 + np.sum(a < v) + (np.sum(a == v) - 1) / 2 for v in a])
-    np.testing.assert_array_equal(rg.rankdata(a), want)
+    np.testing.assert_array_equal(similarity.rankdata(a), want)
+    np.testing.assert_array_equal(similarity.rankdata(a.astype(np.float32)), want)
+
+
+def test_constant_map_spearman_is_undefined_but_a_regression_check_compares_it():
+    """One Spearman (onnx_lrp.metrics.similarity), two callers: it is NaN on a constant map (no ranking: the
+    randomisation check's per-layer figure, averaged with nanmean); the regression check gives a constant map its
+    own meaning: two constant maps agree (1.0), a constant map against a varying one does not (0.0)."""
+    from onnx_lrp.metrics import similarity
+
+    z, c, v = np.zeros(6), np.full(6, 2.5), np.arange(6.0)
+    for a, b in ((z, v), (v, c), (z, z), (z, c)):
+        assert np.isnan(similarity.spearman(a, b))
+    assert rg.spearman(z, z) == 1.0 and rg.spearman(z, c) == 1.0 and rg.spearman(c, c) == 1.0
+    assert rg.spearman(z, v) == 0.0 and rg.spearman(v, c) == 0.0
+    assert rg.spearman(v, 2 * v + 1) == 1.0 and rg.spearman(v, -v) == -1.0  # varying maps: the plain correlation
+    same = rg.sample_metrics(z, z, np.ones(3), np.ones(3), 10)  # relevance all zero, before and now: no drift
+    assert same["spearman"] == 1.0 and rg.failures(same, rg.DEFAULT_THRESHOLDS) == []
+    flat = rg.sample_metrics(v, c, np.ones(3), np.ones(3), 10)  # the relevance lost its ranking: drift
+    assert flat["spearman"] == 0.0 and "spearman 0 < 0.95" in rg.failures(flat, rg.DEFAULT_THRESHOLDS)
 
 
 def test_spearman_matches_textbook_formula_without_ties():

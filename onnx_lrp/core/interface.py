@@ -14,7 +14,7 @@ VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the 
 RELEVANCE_PREFIX = "lrp/relevance/"
 LEDGER_ENTERING = "lrp/ledger/entering"
 LEDGER_LEAVING = "lrp/ledger/leaving"
-# the explained forward's outputs beside the deployed ones in a dict of outputs (onnx_lrp.regression.explain_all)
+# the explained forward's outputs beside the deployed ones in a dict of outputs (onnx_lrp.run.batches.explain_all)
 FORWARD_PREFIX = "lrp/forward/"
 
 

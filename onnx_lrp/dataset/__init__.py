@@ -193,7 +193,7 @@ def explain_arrays(ex, arrays: dict, targets=None, batch_size: int = 32, engine:
     if engine == "ray":
         from .ray import explain_arrays_ray
         return explain_arrays_ray(ex, arrays, targets, batch_size, workers, ray_address)
-    from ..regression import explain_all
+    from ..run.batches import explain_all
     return explain_all(ex, arrays, targets, batch_size, progress=progress)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import LrpError
 from ..core.files import atomic_write
+from ..run.batches import explain_chunks, stacked
 
 
 FORMAT = 1
@@ -36,53 +36,16 @@ class ShardResult:
     failed: list = field(default_factory=list)  # [{"item", "error"}]
 
 
-def _batches(ok: list, batch_size: int):
-    """Consecutive runs of at most batch_size items with equal shapes (stackable)."""
-    run = []
-    for i, arrays in ok:
-        key = tuple((k, a.shape, a.dtype.str) for k, a in arrays.items())
-        if run and (len(run) >= batch_size or run[0][0] != key):
-            yield [r[1] for r in run]
-            run = []
-        run.append((key, (i, arrays)))
-    if run:
-        yield [r[1] for r in run]
-
-
-def _target_for(targets, idx: list[int]):
-    if targets is None or isinstance(targets, (int, np.integer)):
-        return targets
-    return np.asarray([targets[i] for i in idx], np.int64)
-
-
 def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None = None):
     """Explain (index, arrays) items in batches: ([(indices, result arrays with a batch axis)], [(index, message)]).
 
-    A batch that fails (e.g. one item onnxruntime cannot run) is retried item by item, so one bad item costs only
-    itself; an item whose relevance is not finite is a failure, never returned."""
+    Consecutive items of equal shapes are stacked (:func:`onnx_lrp.run.batches.stacked`); a batch that fails (e.g.
+    one item onnxruntime cannot run) is retried item by item, so one bad item costs only itself; an item whose
+    relevance is not finite is a failure, never returned."""
     done, bad = [], []
-    for batch in _batches(ok, batch_size):
-        idx = [i for i, _ in batch]
-        feeds = {k: np.stack([a[k] for _, a in batch]) for k in batch[0][1]}
-        try:
-            res = ex.explain(feeds, target=_target_for(targets, idx), start=start)
-        except LrpError as exc:
-            if len(batch) == 1:
-                bad.append((idx[0], str(exc)))
-                continue
-            d, b = explain_items(ex, batch, 1, targets, start)
-            done += d
-            bad += b
-            continue
-        rel = res.relevance if isinstance(res.relevance, dict) else {None: res.relevance}
-        arrays = {("relevance" if k is None else f"relevance/{k}"): v for k, v in rel.items()}
-        arrays["targets"] = np.asarray(res.target, np.int64).reshape(-1)
-        arrays["outputs"] = res.outputs[ex.explained_output]
-        if res.forward is not None and res.forward is not res.outputs:  # quantized / float16: the explained forward
-            arrays["forward"] = res.forward[ex.explained_output]
-        if res.position is not None:
-            arrays["positions"] = np.asarray(res.position, np.int64).reshape(-1)
-        arrays.update({f"relevance_at/{k}": v for k, v in res.relevance_at.items()})
+    for chunk in explain_chunks(ex, stacked(ok, batch_size), target=targets, start=start,
+                                failed=lambda i, message: bad.append((i, message))):
+        idx, arrays = chunk.items, _arrays(ex, chunk.result)
         finite = {k: np.isfinite(v.reshape(len(idx), -1)).all(axis=1) for k, v in arrays.items()
                   if k.startswith("relevance")}
         keep = np.logical_and.reduce(list(finite.values())) if finite else np.ones(len(idx), bool)
@@ -95,6 +58,21 @@ def explain_items(ex, ok: list, batch_size: int, targets=None, start: str | None
         elif keep.any():
             done.append(([i for i, k in zip(idx, keep) if k], {k: v[keep] for k, v in arrays.items()}))
     return done, bad
+
+
+def _arrays(ex, res) -> dict:
+    """One explained batch as shard arrays: relevance (/<input>), targets, outputs, forward, positions,
+    relevance_at/<name>."""
+    rel = res.relevance if isinstance(res.relevance, dict) else {None: res.relevance}
+    arrays = {("relevance" if k is None else f"relevance/{k}"): v for k, v in rel.items()}
+    arrays["targets"] = np.asarray(res.target, np.int64).reshape(-1)
+    arrays["outputs"] = res.outputs[ex.explained_output]
+    if res.forward is not None and res.forward is not res.outputs:  # quantized / float16: the explained forward
+        arrays["forward"] = res.forward[ex.explained_output]
+    if res.position is not None:
+        arrays["positions"] = np.asarray(res.position, np.int64).reshape(-1)
+    arrays.update({f"relevance_at/{k}": v for k, v in res.relevance_at.items()})
+    return arrays
 
 
 def explain_shard(ex, source: Source, index: int, lo: int, hi: int, batch_size: int, targets=None,

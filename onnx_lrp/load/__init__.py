@@ -1,8 +1,8 @@
 """Loading: a model as exporters and deployments write it -> an ``onnx_ir.Model`` in the form the rules expect.
 
-``load(source)`` reads and checks the model (:mod:`.proto`, the only module that imports onnx), names every node,
+``load(source)`` reads and checks the model (:mod:`.proto`, the only package that imports onnx), names every node,
 folds constants (:mod:`.fold`), then runs the passes (:mod:`.passes`, one module per deployed or exported form) in
-the order below; the passes edit the graph with :mod:`.build`. The result: checked, at opset >= MIN_OPSET,
+the order below; the passes edit the graph with :mod:`.builder`. The result: checked, at opset >= MIN_OPSET,
 shape-inferred, every constant-foldable subgraph folded into initializers (a value is a *parameter* or carries an
 activation), static control flow unrolled, deployed forms brought back, canonized.
 """
@@ -16,28 +16,16 @@ from ..core import meta
 from ..core.graph import mark_presumed
 from .builder import Report
 from .fold import check_sizes, fold_constants, mark_shape_only, name_everything, refresh_shapes, reinfer_shapes
-from .passes import canonize as standard
-from .passes import control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
-from .proto import (
-    MAX_OPSET,
-    MIN_OPSET,
-    bind_constants,
-    check,
-    condition_evaluator,
-    data_files,
-    deserialize,
-    fix_input_shapes,
-    model_sha256,
-    opset_of,
-    prepare_proto,
-    read,
-    read_proto,
-    save_bytes,
-    save_parts,
-    serialize,
-    serialize_parts,
-    to_ir,
-)
+from .passes import canonize, control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
+from .proto.check import check
+from .proto.digest import data_files, model_sha256
+from .proto.evaluate import condition_evaluator
+from .proto.inputs import bind_constants, fix_input_shapes
+from .proto.opset import MAX_OPSET, MIN_OPSET, opset_of
+from .proto.prepare import prepare_proto
+from .proto.read import read, read_proto
+from .proto.save import save_bytes, save_parts
+from .proto.serialize import deserialize, serialize, serialize_parts, to_ir
 
 
 # deployed forms, first stage: read and rewrite the quantized forms (nothing else runs if one is refused)
@@ -61,7 +49,7 @@ def load(source, name: str | None = None, constants: dict | None = None,
     fold_constants(model)
     unroll_control_flow(model)  # static Loop/Scan unrolled, If with a constant condition inlined
     deployed_forms(model)  # Q/DQ, QOperator, dynamic quant, float16, ORT fused ops
-    standard.StandardForm()(model)
+    canonize.StandardForm()(model)
     fold_constants(model)  # canonization can expose new constant chains
     model.graph.sort()
     # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and

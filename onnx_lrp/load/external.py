@@ -1,14 +1,15 @@
 """Models of any size: weights stay in their external data files (memory-mapped), never in one protobuf.
 
 One protobuf cannot exceed 2 GiB, and copying every weight into one doubles the memory. So a model file is read
-without its external data (``onnx.load(..., load_external_data=False)``: only the graph; ``proto.check_files``
-checks the data files: inside the model's folder, long enough); the ``onnx_ir`` model reads them memory-mapped
-(``ExternalTensor``, :func:`attach`); checks and shape inference see the graph with the large weights as typed inputs
-(``proto.light_proto``, :func:`weightless`); and onnxruntime gets :class:`Parts`: the graph as bytes, the folder its
-external data lives in (``session.model_external_initializers_file_folder_path``) and the tensors onnx-lrp made in
-memory (folded constants, modified weights), handed over without a copy (``add_external_initializers``).
-``proto.save_large`` writes ``MODEL`` + ``MODEL.data`` for such a model, streaming the weights from file to file.
-This module needs no ``onnx`` (``load/proto.py`` is the only one that imports it).
+without its external data (``onnx.load(..., load_external_data=False)``: only the graph;
+``proto.external_data.check_files`` checks the data files: inside the model's folder, long enough); the ``onnx_ir``
+model reads them memory-mapped (``ExternalTensor``, :func:`attach`); checks and shape inference see the graph with
+the large weights as typed inputs (``proto.check.light_proto``, :func:`weightless`); and onnxruntime gets
+:class:`Parts`: the graph as bytes, the folder its external data lives in
+(``session.model_external_initializers_file_folder_path``) and the tensors onnx-lrp made in memory (folded
+constants, modified weights), handed over without a copy (``add_external_initializers``). ``proto.save.save_large``
+writes ``MODEL`` + ``MODEL.data`` for such a model, streaming the weights from file to file. This module needs no
+``onnx`` (the package ``load/proto/`` is the only one that imports it).
 """
 from __future__ import annotations
 

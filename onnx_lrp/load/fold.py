@@ -2,7 +2,7 @@
 Shape/Size of static shapes, static parts of shapes), unique names, shape re-inference after rewrites, the marks of
 values that carry no relevance (computed from shapes or integer inputs only) and the size check.
 
-Evaluating nodes and inferring shapes is :mod:`onnx_lrp.load.proto`'s (the only module that imports onnx).
+Evaluating nodes and inferring shapes is :mod:`onnx_lrp.load.proto`'s (the only package that imports onnx).
 """
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import onnx_ir as ir
 
 from ..core import meta
 from ..core.errors import ModelError
-from . import proto
 from .builder import to_initializer
+from .proto.evaluate import eval_node
+from .proto.opset import MIN_OPSET
+from .proto.prepare import reinferred
+from .proto.shapes import inferred_dims
 
 
 # ops never folded: random or stateful, or whose value must stay an activation
@@ -24,7 +27,7 @@ _FILL_LIMIT = 1 << 28  # ConstantOfShape: how IR <= 3 zoo models store weights (
 def fold_constants(model: ir.Model) -> int:
     """Replace every node whose inputs are all parameters (and Shape/Size of static shapes) by initializers."""
     graph = model.graph
-    opset = model.opset_imports.get("", proto.MIN_OPSET)
+    opset = model.opset_imports.get("", MIN_OPSET)
     outputs = {id(v) for v in graph.outputs}
     folded = 0
     for node in list(graph):
@@ -45,7 +48,7 @@ def fold_constants(model: ir.Model) -> int:
                     end = node.attributes.get_int("end", len(dims))
                     results = [dims[start:end]]
         elif all(v is None or v.const_value is not None for v in node.inputs):
-            results = proto.eval_node(node, opset)
+            results = eval_node(node, opset)
         elif node.op_type == "CastLike" and node.inputs[0] is not None and node.inputs[0].const_value is not None \
                 and node.inputs[1] is not None and node.inputs[1].dtype is not None:
             # a constant cast to an activation's type (Attention's function body: its zero): still a constant
@@ -81,7 +84,7 @@ def _shape_dims(v: ir.Value | None, opset: int, depth: int = 0) -> list | None:
         dims = _shape_dims(p.inputs[0], opset, depth + 1)
         if dims is None:
             return None
-        picked = proto.eval_node(p, opset, {0: np.arange(len(dims), dtype=np.int64)})
+        picked = eval_node(p, opset, {0: np.arange(len(dims), dtype=np.int64)})
         if picked is None or np.ndim(picked[0]) != 1:
             return None
         return [dims[int(i)] for i in picked[0]]
@@ -94,7 +97,7 @@ def _static_part_of_shape(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     dims = _shape_dims(node.inputs[0], opset)
     if dims is None:
         return None
-    picked = proto.eval_node(node, opset, {0: np.arange(len(dims), dtype=np.int64)})
+    picked = eval_node(node, opset, {0: np.arange(len(dims), dtype=np.int64)})
     if picked is None:
         return None
     chosen = [dims[int(i)] for i in np.ravel(picked[0])]
@@ -213,7 +216,7 @@ def refresh_shapes(model: ir.Model) -> int:
     if not todo:
         return 0
     changed = 0
-    for name, dims in proto.inferred_dims(model):
+    for name, dims in inferred_dims(model):
         v = todo.get(name)
         if v is None:
             continue
@@ -227,7 +230,7 @@ def refresh_shapes(model: ir.Model) -> int:
 
 def reinfer_shapes(model: ir.Model) -> None:
     """Shape inference again after splitting ops that onnx's inference did not know (types copied by name)."""
-    inferred = proto.reinferred(model)
+    inferred = reinferred(model)
     if inferred is None:
         return
     known = {}

@@ -1,5 +1,6 @@
-"""Similarity and complexity of explanations for the randomisation check: Spearman rank correlation, SSIM
-(Wang et al. 2004, scikit-image's defaults) and the discrete entropy of Quantus' EfficientMPRT."""
+"""Similarity and complexity of explanations: Spearman rank correlation (the randomisation check's and the
+regression checks'), SSIM (Wang et al. 2004, scikit-image's defaults) and the discrete entropy of Quantus'
+EfficientMPRT."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,10 @@ def rankdata(a: np.ndarray) -> np.ndarray:
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation of two arrays (flattened); NaN when either is constant."""
+    """Spearman rank correlation of two arrays (flattened), ties at their average rank.
+
+    NaN when either array is constant: it has no ranking, so the correlation is undefined (as scipy's and Quantus');
+    a caller that gives a constant map a meaning says so itself (:func:`onnx_lrp.regression.figures.spearman`)."""
     ra, rb = rankdata(a), rankdata(b)
     ra -= ra.mean()
     rb -= rb.mean()

@@ -19,7 +19,7 @@ time are unrolled, ``If`` with a constant condition is replaced by the branch it
 Unrolling is bounded (``MAX_UNROLLED`` body nodes times iterations per node). A node that stays (dynamic trip
 count, data-dependent condition, too large) gets ``node.meta['lrp_control']``: the one-line reason the rewriter
 refuses it with. The pass uses graph helpers only; evaluating the condition's slice is given to it (``evaluate``,
-built by :mod:`onnx_lrp.load.proto`, the only module that may run onnx's reference evaluator).
+built by :mod:`onnx_lrp.load.proto.evaluate`: only the proto package may run onnx's reference evaluator).
 """
 from __future__ import annotations
 
@@ -158,6 +158,46 @@ def _cond_slice(body: ir.Graph, n_carried: int) -> tuple[list[ir.Node], list[int
     return [n for n in body if id(n) in picked], sorted(carried)
 
 
+def _iterations(body: ir.Graph, c_in: ir.Value, initial: list, limit: int | None, bound: int, too_long: str,
+                evaluate: Evaluate) -> int:
+    """How many iterations a Loop with a condition runs: its condition evaluated per iteration (with the trip count
+    ``limit``, if any, and at most ``bound``; ``too_long`` is the refusal beyond), from the constant initial values
+    it depends on."""
+    n_carried = len(initial)
+    c0 = const(c_in)
+    if c0 is None:
+        raise _Keep(f"control flow: the Loop's initial condition is not a constant {_why_not_constant(c_in)}")
+    sl = _cond_slice(body, n_carried)
+    if isinstance(sl, str):
+        raise _Keep(f"control flow: the Loop's condition depends on {sl} (a data-dependent while loop); "
+                    f"{_WHAT_TO_DO}")
+    nodes, carried = sl
+    state = {}
+    for j in carried:
+        v = const(initial[j])
+        if v is None:
+            raise _Keep(f"control flow: the Loop's condition depends on the loop-carried value "
+                        f"{body.inputs[2 + j].name!r}, which is not a constant (a data-dependent while loop); "
+                        f"{_WHAT_TO_DO}")
+        state[j] = v
+    cond, k = bool(np.ravel(c0)[0]), 0
+    cap = min(limit, bound + 1) if limit is not None else bound + 1
+    run = evaluate(nodes, [body.inputs[0], body.inputs[1]] + [body.inputs[2 + j] for j in carried],
+                   [body.outputs[0]] + [body.outputs[1 + j] for j in carried])
+    if run is None:
+        raise _Keep("control flow: the Loop's condition cannot be evaluated at load time; " + _WHAT_TO_DO)
+    while cond and k < cap:
+        res = run([np.array(k, dtype=np.int64), np.array(cond)] + [state[j] for j in carried])
+        if res is None:
+            raise _Keep("control flow: the Loop's condition cannot be evaluated at load time; " + _WHAT_TO_DO)
+        cond = bool(np.ravel(res[0])[0])
+        state = {j: r for j, r in zip(carried, res[1:])}
+        k += 1
+    if k > bound:
+        raise _Keep(too_long)
+    return k
+
+
 def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: Names, created: list) -> None:
     body = node.attributes["body"].value
     m_in = node.inputs[0] if len(node.inputs) > 0 else None
@@ -177,40 +217,7 @@ def unroll_loop(graph: ir.Graph, node: ir.Node, evaluate: Evaluate, names: Names
         raise _Keep(too_long)
     # how many iterations run: the condition, evaluated per iteration where it matters (tf2onnx gives a while loop
     # both a trip count and a counter condition)
-    count = limit
-    if c_in is not None:
-        c0 = const(c_in)
-        if c0 is None:
-            raise _Keep(f"control flow: the Loop's initial condition is not a constant {_why_not_constant(c_in)}")
-        sl = _cond_slice(body, n_carried)
-        if isinstance(sl, str):
-            raise _Keep(f"control flow: the Loop's condition depends on {sl} (a data-dependent while loop); "
-                        f"{_WHAT_TO_DO}")
-        nodes, carried = sl
-        state = {}
-        for j in carried:
-            v = const(initial[j])
-            if v is None:
-                raise _Keep(f"control flow: the Loop's condition depends on the loop-carried value "
-                            f"{body.inputs[2 + j].name!r}, which is not a constant (a data-dependent while loop); "
-                            f"{_WHAT_TO_DO}")
-            state[j] = v
-        cond, k = bool(np.ravel(c0)[0]), 0
-        cap = min(limit, bound + 1) if limit is not None else bound + 1
-        run = evaluate(nodes, [body.inputs[0], body.inputs[1]] + [body.inputs[2 + j] for j in carried],
-                       [body.outputs[0]] + [body.outputs[1 + j] for j in carried])
-        if run is None:
-            raise _Keep("control flow: the Loop's condition cannot be evaluated at load time; " + _WHAT_TO_DO)
-        while cond and k < cap:
-            res = run([np.array(k, dtype=np.int64), np.array(cond)] + [state[j] for j in carried])
-            if res is None:
-                raise _Keep("control flow: the Loop's condition cannot be evaluated at load time; " + _WHAT_TO_DO)
-            cond = bool(np.ravel(res[0])[0])
-            state = {j: r for j, r in zip(carried, res[1:])}
-            k += 1
-        if k > bound:
-            raise _Keep(too_long)
-        count = k
+    count = limit if c_in is None else _iterations(body, c_in, initial, limit, bound, too_long, evaluate)
     if count is None:
         raise _Keep(f"control flow: the Loop has neither a trip count nor a condition; {_WHAT_TO_DO}")
     if count == 0 and n_scan:

@@ -52,9 +52,22 @@ _DIRECT8 = {"Reshape": (0,), "Flatten": (0,), "Transpose": (0,), "Squeeze": (0,)
 
 def _qop_rewrite(b: Builder, node: ir.Node, opset: int) -> str | None:
     """Rewrite one QLinearX node (see _QOP_STD/_QOP_MS); returns why not, or None when done."""
-    t, out = node.op_type, node.outputs[0]
     attrs = {k: a.value for k, a in node.attributes.items()}
-    fl = lambda v, shape=out.shape: as_float(v, shape)  # noqa: E731
+    if node.op_type in ("QLinearConv", "QLinearMatMul", "QGemm"):
+        done = _qop_linear(b, node, attrs)
+    else:
+        done = _qop_elementwise(b, node, attrs, opset)
+    if isinstance(done, str):
+        return done
+    y, ys, yz = done
+    b.requantize(as_float(y, node.outputs[0].shape), ys, yz, node.outputs[0])
+    return None
+
+
+def _qop_linear(b: Builder, node: ir.Node, attrs: dict) -> tuple | str:
+    """The float layer of a QLinearConv, QLinearMatMul or QGemm on dequantized inputs (int32 biases scaled to float),
+    with the output's scale and zero point: ``(y, y_scale, y_zero_point)``; or why not."""
+    t = node.op_type
     if t == "QLinearConv":
         x, xs, xz, w, ws, wz, ys, yz, bias = padded_inputs(node, 9)
         if const(w) is None or const(ws) is None or (bias is not None and (const(bias) is None or const(xs) is None)):
@@ -63,43 +76,47 @@ def _qop_rewrite(b: Builder, node: ir.Node, opset: int) -> str | None:
         if bias is not None:
             s = (np.asarray(const(xs), np.float32).reshape(()) * np.asarray(const(ws), np.float32).reshape(-1))
             ins.append(b.const((const(bias).astype(np.float64) * s).astype(np.float32), tag="bias"))
-        y = fl(b.op("Conv", ins, tag="conv", **attrs))
-    elif t == "QLinearMatMul":
+        return b.op("Conv", ins, tag="conv", **attrs), ys, yz
+    if t == "QLinearMatMul":
         a, as_, az, w, ws, wz, ys, yz = padded_inputs(node, 8)
-        y = fl(b.op("MatMul", [b.dequantize(a, as_, az, axis=-2 if not per_tensor(as_) else None, tag="a"),
-                               b.dequantize(w, ws, wz, axis=-1 if not per_tensor(ws) else None, tag="b")], tag="matmul"))
-    elif t == "QGemm":
-        a, as_, az, w, ws, wz, c, ys, yz = padded_inputs(node, 9)
-        alpha, trans_b = float(attrs.get("alpha", 1.0)), int(attrs.get("transB", 0))
-        ins = [b.dequantize(a, as_, az, tag="a"), b.dequantize(w, ws, wz, axis=0 if trans_b else 1, tag="b")]
-        if c is not None:  # int32 bias added before the output scale alpha * a_scale * b_scale
-            if const(c) is None or const(as_) is None or const(ws) is None:
-                return "its bias C, input scale or weight scale is not a constant"
-            s = alpha * np.asarray(const(as_), np.float64).reshape(()) * np.asarray(const(ws), np.float64).reshape(-1)
-            ins.append(b.const((const(c).astype(np.float64) * s).astype(np.float32), tag="bias"))
-        gattrs = {k: v for k, v in attrs.items() if k in ("alpha", "transA", "transB")}
-        y = fl(b.op("Gemm", ins, tag="gemm", beta=1.0, **gattrs))
-        b.requantize(y, ys, yz, out)
-        return None
-    elif t in ("QLinearAdd", "QLinearMul"):
+        return b.op("MatMul", [b.dequantize(a, as_, az, axis=-2 if not per_tensor(as_) else None, tag="a"),
+                               b.dequantize(w, ws, wz, axis=-1 if not per_tensor(ws) else None, tag="b")],
+                    tag="matmul"), ys, yz
+    a, as_, az, w, ws, wz, c, ys, yz = padded_inputs(node, 9)  # QGemm
+    alpha, trans_b = float(attrs.get("alpha", 1.0)), int(attrs.get("transB", 0))
+    ins = [b.dequantize(a, as_, az, tag="a"), b.dequantize(w, ws, wz, axis=0 if trans_b else 1, tag="b")]
+    if c is not None:  # int32 bias added before the output scale alpha * a_scale * b_scale
+        if const(c) is None or const(as_) is None or const(ws) is None:
+            return "its bias C, input scale or weight scale is not a constant"
+        s = alpha * np.asarray(const(as_), np.float64).reshape(()) * np.asarray(const(ws), np.float64).reshape(-1)
+        ins.append(b.const((const(c).astype(np.float64) * s).astype(np.float32), tag="bias"))
+    gattrs = {k: v for k, v in attrs.items() if k in ("alpha", "transA", "transB")}
+    return b.op("Gemm", ins, tag="gemm", beta=1.0, **gattrs), ys, yz
+
+
+def _qop_elementwise(b: Builder, node: ir.Node, attrs: dict, opset: int) -> tuple | str:
+    """The float op of the other QLinearX ops (element-wise, pools, Concat, Softmax, ReduceMean, Where) on
+    dequantized inputs, with the output's scale and zero point: ``(y, y_scale, y_zero_point)``; or why not."""
+    t = node.op_type
+    if t in ("QLinearAdd", "QLinearMul"):
         a, as_, az, c, cs, cz, ys, yz = padded_inputs(node, 8)
-        y = fl(b.op(t[7:], [b.dequantize(a, as_, az, tag="a"), b.dequantize(c, cs, cz, tag="b")], tag=t[7:].lower()))
+        y = b.op(t[7:], [b.dequantize(a, as_, az, tag="a"), b.dequantize(c, cs, cz, tag="b")], tag=t[7:].lower())
     elif t in ("QLinearAveragePool", "QLinearGlobalAveragePool"):
         if int(attrs.pop("channels_last", 0)):
             return "channels_last=1 (NHWC) is not supported"
         x, xs, xz, ys, yz = padded_inputs(node, 5)
-        y = fl(b.op(t[7:], [b.dequantize(x, xs, xz)], tag="pool", **attrs))
+        y = b.op(t[7:], [b.dequantize(x, xs, xz)], tag="pool", **attrs)
     elif t == "QLinearConcat":
         ys, yz = node.inputs[0], node.inputs[1]
         rest = list(node.inputs[2:])
         if len(rest) % 3:
             return "its inputs are not (tensor, scale, zero point) triples"
         xs = [b.dequantize(rest[i], rest[i + 1], rest[i + 2], tag=f"x{i // 3}") for i in range(0, len(rest), 3)]
-        y = fl(b.op("Concat", xs, tag="concat", axis=int(attrs.get("axis", 0))))
+        y = b.op("Concat", xs, tag="concat", axis=int(attrs.get("axis", 0)))
     elif t in ("QLinearSigmoid", "QLinearLeakyRelu"):
         x, xs, xz, ys, yz = padded_inputs(node, 5)
         extra = {"alpha": float(attrs.get("alpha", 0.01))} if t == "QLinearLeakyRelu" else {}
-        y = fl(b.op(t[7:], [b.dequantize(x, xs, xz)], tag=t[7:].lower(), **extra))
+        y = b.op(t[7:], [b.dequantize(x, xs, xz)], tag=t[7:].lower(), **extra)
     elif t == "QLinearSoftmax":
         x, xs, xz, ys, yz = padded_inputs(node, 5)
         axis = int(attrs.get("axis", -1))
@@ -107,7 +124,7 @@ def _qop_rewrite(b: Builder, node: ir.Node, opset: int) -> str | None:
         if int(attrs.get("opset", 13)) < 13 and axis != -1 and (rank is None or axis != rank - 1):
             return (f"opset-{int(attrs.get('opset'))} softmax semantics over the flattened trailing axes "
                     f"(axis {axis} is not the last)")
-        y = fl(b.op("Softmax", [b.dequantize(x, xs, xz)], tag="softmax", axis=axis))
+        y = b.op("Softmax", [b.dequantize(x, xs, xz)], tag="softmax", axis=axis)
     elif t == "QLinearReduceMean":
         x, xs, xz, ys, yz = padded_inputs(node, 5)
         axes, keep = attrs.get("axes"), int(attrs.get("keepdims", 1))
@@ -116,14 +133,12 @@ def _qop_rewrite(b: Builder, node: ir.Node, opset: int) -> str | None:
             y = b.op("ReduceMean", [xf, b.const(np.asarray(list(axes), np.int64), "axes")], tag="mean", keepdims=keep)
         else:
             y = b.op("ReduceMean", [xf], tag="mean", keepdims=keep, **({"axes": list(axes)} if axes else {}))
-        y = fl(y)
     elif t == "QLinearWhere":
         cond, x, xs, xz, w, ws, wz, ys, yz = padded_inputs(node, 9)
-        y = fl(b.op("Where", [cond, b.dequantize(x, xs, xz, tag="x"), b.dequantize(w, ws, wz, tag="y")], tag="where"))
+        y = b.op("Where", [cond, b.dequantize(x, xs, xz, tag="x"), b.dequantize(w, ws, wz, tag="y")], tag="where")
     else:
         return "not a QOperator op"
-    b.requantize(y, ys, yz, out)
-    return None
+    return y, ys, yz
 
 
 def _direct8_qparams(v: ir.Value, node: ir.Node) -> tuple | None:

@@ -1,0 +1,164 @@
+"""The checks a ``ModelProto`` passes before it is loaded: text fields are valid UTF-8, every initializer holds as
+many values as its dimensions say, the data types and input shapes fit the op schemas (strict shape inference);
+``light_proto`` is the model the ONNX checker reads (weights by type and shape only)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+from ...core.errors import ModelError
+from .. import external
+
+
+def check(model_bytes: bytes) -> None:
+    """Run onnx.checker on serialized bytes (used by tests and ``rewrite``)."""
+    onnx.checker.check_model(onnx.load_model_from_string(model_bytes), full_check=True)
+
+
+def check_text(proto: onnx.ModelProto, name: str) -> None:
+    """Names, op types and domains must be valid UTF-8 (protobuf hands invalid ones over as bytes)."""
+    bad = _bad_text(proto, "model")
+    if bad is not None:
+        raise ModelError(f"{name}: {bad} is not valid UTF-8 text; the file is corrupt (re-export it)")
+    for init in proto.graph.initializer:
+        _check_tensor(init, name)
+
+
+def _bad_text(msg, where: str) -> str | None:
+    """The first string field (names, op types, domains, doc strings ...) that protobuf handed over as bytes."""
+    for fd, value in msg.ListFields():
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if fd.type == fd.TYPE_STRING:
+            if any(isinstance(v, bytes) for v in (value if repeated else [value])):
+                return f"{where}.{fd.name}"
+        elif fd.type == fd.TYPE_MESSAGE:
+            for k, item in enumerate(value if repeated else [value]):
+                label = getattr(item, "name", "") if fd.name in ("node", "input", "output", "initializer") else ""
+                index = f"[{label if isinstance(label, str) and label else k}]" if repeated else ""
+                found = _bad_text(item, f"{where}.{fd.name}{index}")
+                if found:
+                    return found
+    return None
+
+
+def _check_tensor(t: onnx.TensorProto, name: str) -> None:
+    """The data of an initializer must hold exactly prod(dims) values (else every later read of it fails)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type in (onnx.TensorProto.STRING,
+                                                                       onnx.TensorProto.UNDEFINED):
+        return
+    count = int(np.prod(list(t.dims), dtype=np.float64))
+    if any(d < 0 for d in t.dims):
+        raise ModelError(f"{name}: initializer {t.name!r} has a negative dimension {list(t.dims)}; the file is corrupt")
+    try:
+        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+    except Exception:  # noqa: BLE001 - an unknown or sub-byte type: left to onnxruntime
+        return
+    if np_dtype.itemsize == 0 or t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return
+    if t.HasField("raw_data"):
+        have = len(t.raw_data) / np_dtype.itemsize
+    else:
+        fields = [f for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data") if
+                  len(getattr(t, f))]
+        have = len(getattr(t, fields[0])) if fields else 0
+        if np_dtype.kind == "c":
+            have /= 2
+    if have != count:
+        raise ModelError(f"{name}: initializer {t.name!r} holds {have:g} values for dimensions {list(t.dims)} "
+                         f"({count}); the file is corrupt (re-export it)")
+
+
+def light_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its large or external initializers as typed graph inputs (no data copied): what the ONNX
+    checker and type checks read; the model itself is unchanged."""
+    light = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, f, getattr(proto, f))
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    g, src = light.graph, proto.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    names = {v.name for v in src.input}
+    for init in src.initializer:
+        small = int(np.prod(init.dims, dtype=np.float64)) <= external.LIGHT
+        if init.data_location != onnx.TensorProto.EXTERNAL and small:
+            g.initializer.append(init)
+        elif init.name not in names:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
+def check_types(proto: onnx.ModelProto, name: str) -> None:
+    """Refuse a standard op given a data type its schema does not allow (e.g. a Conv on int32: an input whose type
+    was changed), and ops whose input shapes contradict each other (a declared input size the rest of the graph was
+    not exported for). Strict inference lists the error of each node; ops of other domains have no schema and
+    pass."""
+    light = onnx.ModelProto()  # large initializers matter by type and shape only: typed inputs, no data copied
+    light.ir_version = proto.ir_version
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    g = light.graph
+    g.node.extend(proto.graph.node)
+    for i, node in enumerate(g.node):  # so that the error names every node it lists (as the loader will)
+        node.name = node.name or f"{node.op_type}_{i}"
+    g.input.extend(proto.graph.input)
+    # the declared shapes of the graph's outputs are annotations (onnxruntime only warns when they are wrong, and
+    # some exporters write wrong ones: ddddocr's CRNN declares 1 x ? for a T x 1 x 8210 output): their types are
+    # kept, their shapes are not held against the graph
+    g.output.extend(_types_only(proto.graph.output))
+    g.value_info.extend(proto.graph.value_info)
+    names = {v.name for v in proto.graph.input}
+    for init in proto.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.float64)) <= 4096:
+            g.initializer.append(init)
+        elif init.name not in names:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    try:
+        shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
+    except Exception as exc:  # onnx.shape_inference.InferenceError
+        text = " ".join(str(exc).split())
+        if "type" in text.lower() and ("typestr" in text or "Type Error" in text or "unsupported type" in text
+                                       or "inconsistent type" in text or "type mismatch" in text.lower()):
+            raise ModelError(f"{name}: {text[:300]}; the data types do not fit the ops (re-export the model)") \
+                from None
+        # a complaint about a node's input shapes; not one about its attributes (the op handlers name those
+        # "malformed" more precisely), nor one from inside a function body's inference (onnx's own expansions,
+        # e.g. MeanVarianceNormalization's, draw some on valid models)
+        conflict = next((m for m in SHAPE_CONFLICT.finditer(str(exc))
+                         if "Inference error" not in m.group(3) and "ttribute" not in m.group(3)), None)
+        if conflict:
+            op, node, why = conflict.groups()
+            raise ModelError(f"{name}: the shapes do not fit at node {node} ({op}: {why.strip()}), from the "
+                             f"declared input shape(s) {_declared(proto)}; give the shapes the model was exported "
+                             "for (--input-shape NAME=DxD..., input_shapes=) or fix the export") from None
+
+
+def _types_only(values) -> list:
+    """Copies of value infos with their element types and without their shapes."""
+    out = []
+    for v in values:
+        w = onnx.ValueInfoProto()
+        w.CopyFrom(v)
+        if w.type.HasField("tensor_type"):
+            w.type.tensor_type.ClearField("shape")
+        out.append(w)
+    return out
+
+
+# strict shape inference's complaint about a node's input shapes (not a type left unknown after an earlier error)
+SHAPE_CONFLICT = re.compile(r"\(op_type:(\w+), node name: ([^\n]*?)\): \[ShapeInferenceError\] ([^\n]*)")
+
+
+def _declared(proto: onnx.ModelProto) -> str:
+    def dims(v):
+        shape = v.type.tensor_type.shape
+        return "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim)
+    inits = {t.name for t in proto.graph.initializer}
+    return ", ".join(f"{v.name} {dims(v)}" for v in proto.graph.input if v.name not in inits)

@@ -1,0 +1,56 @@
+"""Regression checks for explanations (``onnx-lrp snapshot / check / diff``); no onnx import.
+
+The package: :mod:`.thresholds` (when a sample drifts: the thresholds and the metrics beyond them), :mod:`.figures`
+(the per-sample metrics), :mod:`.compare` (two explanation sets compared sample by sample), :mod:`.snapshot` (the
+snapshot file: format, writing, reading) and :mod:`.report` (the table, JSON and JUnit XML). Explaining the items in
+chunks is :func:`onnx_lrp.run.batches.explain_all`.
+"""
+from __future__ import annotations
+
+from .compare import (
+    Comparison,
+    Result,
+    Sample,
+    compare,
+    deployed_difference,
+    deployed_difference_message,
+)
+from .figures import (
+    cosine,
+    output_diff,
+    rel_l2,
+    sample_metrics,
+    spearman,
+    topk_count,
+    topk_iou,
+)
+from .report import format_table, junit_xml, report_dict, report_json
+from .snapshot import (
+    FORMAT,
+    FORMAT_VERSION,
+    Snapshot,
+    composite_source,
+    model_sha256,
+    params_from_json,
+    params_to_json,
+    read_snapshot,
+    snapshot_arrays,
+)
+from .thresholds import (
+    CONFIG_NAME,
+    DEFAULT_THRESHOLDS,
+    METRIC_HELP,
+    METRICS,
+    Thresholds,
+    failures,
+    load_thresholds,
+    parse_threshold,
+)
+
+
+__all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_thresholds", "parse_threshold",
+           "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
+           "failures", "Result", "Sample", "Comparison", "compare", "model_sha256",
+           "deployed_difference", "deployed_difference_message",
+           "composite_source", "params_to_json", "params_from_json", "Snapshot", "snapshot_arrays", "read_snapshot",
+           "format_table", "report_dict", "report_json", "junit_xml", "FORMAT", "FORMAT_VERSION", "CONFIG_NAME"]

@@ -1,0 +1,141 @@
+"""Comparing two explanation sets of the same items, sample by sample: the metrics, the drifted samples, and how far
+the deployed outputs of two machines are apart."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.errors import InputError
+from ..run import deployed_gap as gaps
+from .figures import sample_metrics
+from .thresholds import DEFAULT_THRESHOLDS, METRICS, Thresholds, failures
+
+
+@dataclass
+class Result:
+    """One explanation set: relevance by input name, the explained output, targets, item names."""
+
+    relevance: dict
+    explained: np.ndarray
+    targets: np.ndarray
+    items: list
+    outputs: dict = field(default_factory=dict)
+    forward: np.ndarray | None = None  # the explained forward's explained output, where it differs from ``explained``
+
+    @property
+    def explained_forward(self) -> np.ndarray:
+        return self.explained if self.forward is None else self.forward
+
+
+@dataclass
+class Sample:
+    item: str
+    index: int
+    target: int
+    predicted_baseline: int
+    predicted_current: int
+    metrics: dict
+    failed: list
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
+@dataclass
+class Comparison:
+    samples: list
+    thresholds: Thresholds
+
+    @property
+    def drifted(self) -> list:
+        return [s for s in self.samples if not s.passed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.drifted
+
+    def summary(self) -> dict:
+        """Per metric over samples: mean, min, max (finite values; NaN when none)."""
+        out = {}
+        for name in METRICS:
+            vals = np.array([s.metrics[name] for s in self.samples], dtype=np.float64)
+            fin = vals[np.isfinite(vals)]
+            out[name] = dict(mean=float(fin.mean()) if fin.size else math.nan,
+                             min=float(vals.min()) if vals.size else math.nan,
+                             max=float(vals.max()) if vals.size else math.nan)
+            # the bad end: the largest value of a "max" metric, the smallest of a "min" metric; NaN counts as worst
+            bad_high = METRICS[name][1] == "max"
+            order = np.where(np.isnan(vals), -np.inf if not bad_high else np.inf, vals)
+            k = (int(np.argmax(order)) if bad_high else int(np.argmin(order))) if vals.size else None
+            out[name]["worst"] = float(vals[k]) if k is not None else math.nan
+            out[name]["worst_item"] = self.samples[k].item if k is not None else None
+            out[name]["p95"] = (float(np.percentile(fin, 95 if bad_high else 5)) if fin.size else math.nan)
+        return out
+
+
+def flat_relevance(relevance: dict, i: int) -> np.ndarray:
+    return np.concatenate([np.asarray(relevance[k][i], np.float64).ravel() for k in sorted(relevance)])
+
+
+def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
+    if sorted(base.relevance) != sorted(cur.relevance):
+        raise InputError(f"the relevance is for inputs {', '.join(sorted(cur.relevance))} but the baseline has "
+                         f"{', '.join(sorted(base.relevance))}; the model's inputs changed")
+    n = len(base.items)
+    for k in base.relevance:
+        if base.relevance[k].shape != cur.relevance[k].shape:
+            raise InputError(f"relevance of input {k!r} has shape {'x'.join(map(str, cur.relevance[k].shape))} but "
+                             f"the baseline's is {'x'.join(map(str, base.relevance[k].shape))}")
+    if base.explained.shape[0] != n or cur.explained.shape[0] != n:
+        raise InputError("baseline and current explanations have different numbers of items")
+    yb = base.explained.reshape(n, -1)
+    yc = cur.explained.reshape(n, -1)
+    if yb.shape != yc.shape:
+        raise InputError(f"the explained output has {yc.shape[1]} entries per item but the baseline's has "
+                         f"{yb.shape[1]}")
+    # output_diff on the explained forward: deployed int8 outputs differ between CPUs (deployed_difference)
+    fb = base.explained_forward.reshape(n, -1)
+    fc = cur.explained_forward.reshape(n, -1)
+    samples = []
+    for i in range(n):
+        m = sample_metrics(flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i), fb[i], fc[i],
+                           th.topk_percent)
+        samples.append(Sample(str(base.items[i]), i, int(base.targets[i]), int(np.argmax(yb[i])),
+                              int(np.argmax(yc[i])) if np.all(np.isfinite(yc[i])) else -1, m, failures(m, th)))
+    return Comparison(samples, th)
+
+
+def deployed_difference(base: Result, cur: Result, step: float | None, machines: dict | None = None) -> dict | None:
+    """How far the deployed outputs of the current run are from the baseline's (both stored as outputs), for
+    models with a deployed run (``forward`` stored): int8 kernels compute differently on CPUs with and without
+    VNNI, so a baseline from another machine can differ here while the explanation (compared on the explained
+    forward) does not. None for float models."""
+    if base.forward is None or base.explained.shape != cur.explained.shape:
+        return None
+    n = len(base.items)
+    g = gaps.measure("", base.explained, cur.explained, step, n)
+    return dict(max_abs=g.max_abs, item=str(base.items[g.item]) if n else None, index=g.index,
+                tolerance=g.tolerance, differ=g.beyond, machines=machines or {})
+
+
+def deployed_difference_message(d: dict, output: str) -> str:
+    """One line for a deployed difference beyond the tolerance, with the int8 facts of both machines."""
+    m = d.get("machines") or {}
+
+    def fact(x):
+        if not x:
+            return "unknown"
+        sat = x.get("int8_saturates")
+        return ("int8 sums saturate" if sat else "int8 sums exact" if sat is False else "int8 unknown") + \
+            f", onnxruntime {x.get('onnxruntime')}, flags {','.join(x.get('cpu_flags') or []) or '?'}"
+    return (f"the deployed outputs differ from the baseline's by up to {d['max_abs']:.3g} on {output}[{d['index']}] "
+            f"of {d['item']} (tolerance {d['tolerance']:.3g}): onnxruntime's int8 kernels compute differently on the "
+            f"baseline's machine ({fact(m.get('baseline'))}) and this one ({fact(m.get('current'))}); the "
+            "explanations are compared on the explained forward, which does not depend on the int8 kernels")
+
+
+__all__ = ["Comparison", "Result", "Sample", "compare", "deployed_difference", "deployed_difference_message",
+           "flat_relevance"]

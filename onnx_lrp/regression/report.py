@@ -1,0 +1,106 @@
+"""Reports of a regression check: the table on stdout, the JSON report and JUnit XML for CI systems."""
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from .compare import Comparison
+from .thresholds import METRICS
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "nan"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    return f"{v:.4f}" if abs(v) < 1000 else f"{v:.3g}"
+
+
+def format_table(comp: Comparison, max_rows: int | None = None) -> str:
+    """A readable table: one row per sample, then the thresholds and a per-metric summary."""
+    names = list(METRICS)
+    width = max([len("item")] + [len(s.item) for s in comp.samples])
+    head = f"{'item':<{width}}  {'target':>6}  {'pred':>7}  " + "  ".join(f"{n:>11}" for n in names) + "  status"
+    lines = [head, "-" * len(head)]
+    rows = comp.samples if max_rows is None else comp.samples[:max_rows]
+    for s in rows:
+        pred = f"{s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline else
+                                            f">{s.predicted_current}")
+        status = "ok" if s.passed else "DRIFT: " + "; ".join(s.failed)
+        lines.append(f"{s.item:<{width}}  {s.target:>6}  {pred:>7}  " +
+                     "  ".join(f"{_fmt(s.metrics[n]):>11}" for n in names) + f"  {status}")
+    if max_rows is not None and len(comp.samples) > max_rows:
+        lines.append(f"... {len(comp.samples) - max_rows} more sample(s) (--report-json lists all)")
+    th = comp.thresholds
+    lim = []
+    for n in names:
+        key, direction = METRICS[n]
+        v = getattr(th, key)
+        lim.append(f"{'>=' if direction == 'min' else '<='}{v:g}" if v is not None else "off")
+    lines.append(f"{'threshold':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{x:>11}" for x in lim) +
+                 f"  (top-k: {th.topk_percent:g} %)")
+    summ = comp.summary()
+    lines.append(f"{'mean':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n]['mean']):>11}" for n in names))
+    for stat, label in (("p95", "95% worst"), ("worst", "worst")):  # the bad end of each metric (max or min)
+        lines.append(f"{label:<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{_fmt(summ[n][stat]):>11}" for n in names))
+    lines.append("worst item per metric: " + ", ".join(f"{n} {summ[n]['worst_item']}" for n in names
+                                                         if summ[n]['worst_item'] is not None))
+    return "\n".join(lines)
+
+
+def report_dict(comp: Comparison, context: dict) -> dict:
+    return dict(tool="onnx-lrp", **context, passed=comp.passed, thresholds=comp.thresholds.as_dict(),
+                n_samples=len(comp.samples), n_drifted=len(comp.drifted),
+                drifted=[s.item for s in comp.drifted],
+                summary=json_safe(comp.summary()),
+                samples=[dict(item=s.item, index=s.index, target=s.target, predicted_baseline=s.predicted_baseline,
+                              predicted_current=s.predicted_current, passed=s.passed, failed=s.failed,
+                              metrics=json_safe(s.metrics)) for s in comp.samples])
+
+
+def json_safe(obj):
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    return obj
+
+
+def report_json(comp: Comparison, context: dict) -> str:
+    return json.dumps(report_dict(comp, context), indent=2) + "\n"
+
+
+def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") -> str:
+    """JUnit XML: one testcase per sample (a <failure> for drifted ones), metrics as properties and in
+    system-out, thresholds as suite properties."""
+    model = Path(str(context.get("model", "model"))).stem
+    root = ET.Element("testsuites", name="onnx-lrp", tests=str(len(comp.samples)), failures=str(len(comp.drifted)))
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(comp.samples)), failures=str(len(comp.drifted)),
+                       errors="0", skipped="0", time=f"{float(context.get('seconds', 0.0)):.3f}")
+    props = ET.SubElement(ts, "properties")
+    for k, v in comp.thresholds.as_dict().items():
+        ET.SubElement(props, "property", name=f"threshold.{k}", value="off" if v is None else f"{v:g}")
+    for k in ("model", "baseline", "model_a", "model_b", "composite"):
+        if context.get(k) is not None:
+            ET.SubElement(props, "property", name=k, value=str(context[k]))
+    deployed = context.get("deployed_outputs")
+    if deployed:  # the deployed outputs of the baseline's machine and this one (onnx-lrp check)
+        ET.SubElement(props, "property", name="deployed_outputs.max_abs_diff", value=f"{deployed['max_abs']:.4g}")
+        ET.SubElement(props, "property", name="deployed_outputs.differ", value=str(bool(deployed["differ"])).lower())
+    for s in comp.samples:
+        tc = ET.SubElement(ts, "testcase", classname=f"onnx-lrp.{model}", name=s.item, time="0")
+        tprops = ET.SubElement(tc, "properties")
+        for n in METRICS:
+            ET.SubElement(tprops, "property", name=n, value=_fmt(s.metrics[n]))
+        figures = ", ".join(f"{n}={_fmt(s.metrics[n])}" for n in METRICS)
+        if s.failed:
+            f = ET.SubElement(tc, "failure", message="; ".join(s.failed), type="RelevanceDrift")
+            f.text = f"target {s.target}: {figures}"
+        ET.SubElement(tc, "system-out").text = f"target {s.target}: {figures}"
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+__all__ = ["format_table", "json_safe", "junit_xml", "report_dict", "report_json"]

@@ -1,0 +1,203 @@
+"""The snapshot file of ``onnx-lrp snapshot``: its format, writing its arrays and reading them back validated.
+
+A **snapshot** (``onnx-lrp snapshot``) is a plain ``.npz`` (written with ``np.savez_compressed``, read with
+``allow_pickle=False``) holding everything a later check needs, so that the check is reproducible from the file
+alone:
+
+==========================  ==========================================================================
+``meta``                    a JSON string: format and version, onnx-lrp version, the model's SHA-256 and
+                            file name, the composite (its TOML text and name), rule-parameter overrides,
+                            ``start``, the explained output, the target request, item names, date
+``inputs/<name>``           the model inputs, as fed to the model
+``targets``                 int64 [N]: the explained index per item (arg-max resolved at snapshot time)
+``outputs/<name>``          every model output (quantized and float16 models: the deployed model's, as
+                            onnxruntime computed them on the snapshot's machine)
+``forward/<name>``          quantized and float16 models only: the explained output of the explained forward
+                            (the float path the relevance is computed on)
+``relevance/<name>``        the relevance of every float input
+==========================  ==========================================================================
+
+``meta`` also records the machine (``machine``: architecture, onnxruntime version, int8 CPU flags, whether
+onnxruntime's int8 sums saturate there) and the gap between deployed outputs and explained forward
+(``deployed_gap``), so that a check on another CPU can say when the deployed outputs differ between the two.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import InputError
+from ..core.interface import FORWARD_PREFIX
+from .compare import Result
+from .report import json_safe
+
+
+FORMAT = "onnx-lrp-snapshot"
+FORMAT_VERSION = 1
+
+
+def model_sha256(path) -> str:
+    """The digest of a model file together with its external data files (the loader's)."""
+    from ..load import model_sha256 as digest
+
+    return digest(path)
+
+
+def composite_source(spec) -> tuple[str, str]:
+    """(name, TOML text) of a built-in composite name or a composite file."""
+    from ..rules.composite import BUILTIN_DIR, builtin_names
+
+    text = str(spec)
+    path = Path(text)
+    if path.suffix == ".toml" or path.exists():
+        try:
+            return path.stem, path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"composite file {path} cannot be read ({exc})") from None
+    key = text.replace("_", "-").lower()
+    builtin = BUILTIN_DIR / f"{key}.toml"
+    if not builtin.is_file():
+        raise InputError(f"unknown composite {text!r}; built-in composites: {', '.join(builtin_names())}")
+    return key, builtin.read_text(encoding="utf-8")
+
+
+def params_to_json(params: dict) -> dict:
+    """Rule-parameter overrides as JSON (arrays as {"array": nested lists, "dtype": ...})."""
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, np.ndarray) or isinstance(v, (list, tuple)):
+            a = np.asarray(v)
+            out[k] = {"array": a.tolist(), "dtype": str(a.dtype)}
+        elif isinstance(v, (np.floating, np.integer)):
+            out[k] = v.item()
+        else:
+            out[k] = v
+    return out
+
+
+def params_from_json(data: dict) -> dict:
+    out = {}
+    for k, v in (data or {}).items():
+        out[k] = np.asarray(v["array"], dtype=v.get("dtype", "float32")) if isinstance(v, dict) else v
+    return out
+
+
+@dataclass
+class Snapshot:
+    meta: dict
+    inputs: dict
+    targets: np.ndarray
+    outputs: dict
+    relevance: dict
+    forward: dict = field(default_factory=dict)
+
+    @property
+    def items(self) -> list:
+        return list(self.meta.get("items") or [f"item[{i}]" for i in range(len(self.targets))])
+
+    def composite(self):
+        """The stored composite with its parameter overrides."""
+        from ..rules.composite import parse_composite
+
+        c = self.meta["composite"]
+        try:
+            return parse_composite(c["toml"], source=c["name"]).with_params(**params_from_json(c.get("params")))
+        except ValueError as exc:
+            raise InputError(f"the snapshot's composite cannot be used: {exc}") from None
+
+    def result(self) -> Result:
+        name = self.meta["explained_output"]
+        return Result(self.relevance, self.outputs[name], self.targets, self.items, self.outputs,
+                      self.forward.get(name))
+
+
+def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, model_path, composite_name: str,
+                    composite_toml: str, params: dict, start: str, output: str | None, explained_output: str,
+                    target_request, items: list, batch_size: int = 32, notes: list | None = None,
+                    machine: dict | None = None, deployed_gap: dict | None = None) -> dict:
+    """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
+    from .. import __version__
+
+    meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=__version__,
+                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                model=dict(file=Path(model_path).name, sha256=model_sha256(model_path)),
+                composite=dict(name=composite_name, toml=composite_toml, params=params_to_json(params)),
+                start=start, output=output, explained_output=explained_output,
+                target_request=target_request, items=[str(i) for i in items], batch_size=int(batch_size),
+                inputs=sorted(inputs), relevance=sorted(relevance),
+                outputs=sorted(k for k in outputs if not k.startswith(FORWARD_PREFIX)), notes=notes or [],
+                machine=machine, deployed_gap=json_safe(deployed_gap) if deployed_gap else None)
+    arrays = {"meta": np.array(json.dumps(meta))}
+    arrays.update({f"inputs/{k}": np.asarray(v) for k, v in inputs.items()})
+    arrays["targets"] = np.asarray(targets, np.int64)
+    for k, v in outputs.items():
+        forward = k.startswith(FORWARD_PREFIX)
+        arrays[f"forward/{k[len(FORWARD_PREFIX):]}" if forward else f"outputs/{k}"] = np.asarray(v)
+    arrays.update({f"relevance/{k}": np.asarray(v) for k, v in relevance.items()})
+    return arrays
+
+
+def read_snapshot(path) -> Snapshot:
+    """Read and validate a snapshot (never unpickles); one-line InputError on anything wrong."""
+    import zipfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"baseline {path} not found; create it with `onnx-lrp snapshot MODEL INPUTS -o {path}`")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a plain .npy array
+            raise InputError(f"baseline {path} is a single array, not an onnx-lrp snapshot (.npz); create one with "
+                             "`onnx-lrp snapshot MODEL INPUTS -o baseline.npz`")
+        with loaded as z:
+            data = {k: z[k] for k in z.files}
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise InputError(f"baseline {path} holds pickled objects or is not an .npz ({str(exc).splitlines()[0]}); "
+                         "snapshots hold plain arrays only: recreate it with `onnx-lrp snapshot`") from None
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise InputError(f"baseline {path} is not a valid .npz file ({type(exc).__name__}); it may be truncated; "
+                         "recreate it with `onnx-lrp snapshot`") from None
+    if "meta" not in data:
+        raise InputError(f"baseline {path} is an .npz but not an onnx-lrp snapshot (no 'meta'); create one with "
+                         "`onnx-lrp snapshot`")
+    try:
+        meta = json.loads(str(data["meta"]))
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise InputError(f"baseline {path}: its metadata is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise InputError(f"baseline {path} is not an onnx-lrp snapshot (format {meta.get('format')!r})")
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise InputError(f"baseline {path} has snapshot format {meta.get('format_version')}, newer than this "
+                         f"onnx-lrp reads ({FORMAT_VERSION}); upgrade onnx-lrp")
+    for key in ("composite", "explained_output", "start", "items"):
+        if key not in meta:
+            raise InputError(f"baseline {path}: its metadata lacks {key!r}; recreate it with `onnx-lrp snapshot`")
+
+    def group(prefix):
+        return {k[len(prefix):]: v for k, v in data.items() if k.startswith(prefix)}
+
+    snap = Snapshot(meta, group("inputs/"), np.asarray(data.get("targets", np.zeros(0)), np.int64),
+                    group("outputs/"), group("relevance/"), group("forward/"))
+    n = len(snap.targets)
+    if not snap.inputs or not snap.relevance or meta["explained_output"] not in snap.outputs:
+        raise InputError(f"baseline {path} lacks inputs, relevance or the explained output "
+                         f"{meta['explained_output']!r}; recreate it with `onnx-lrp snapshot`")
+    for kind, arrs in (("inputs", snap.inputs), ("outputs", snap.outputs), ("relevance", snap.relevance),
+                       ("forward", snap.forward)):
+        for k, a in arrs.items():
+            if a.ndim == 0 or a.shape[0] != n:
+                raise InputError(f"baseline {path}: {kind}/{k} has {a.shape[0] if a.ndim else 0} items but "
+                                 f"targets has {n}; the file is inconsistent")
+    if len(meta["items"]) != n:
+        raise InputError(f"baseline {path}: {len(meta['items'])} item names for {n} items")
+    return snap
+
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Snapshot", "composite_source", "model_sha256", "params_from_json",
+           "params_to_json", "read_snapshot", "snapshot_arrays"]
