@@ -26,7 +26,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rules import RULE_ALIASES, RULES, Epsilon, LinearRule, Norm, Pass, Rule, make_rule
+from .base import RULE_ALIASES, RULES, Rule, make_rule
+from .elementwise import Pass
+from .linear import Epsilon, LinearRule, Norm
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 BASE_DIR = BUILTIN_DIR / "base"  # shared blocks that composites can `extends`

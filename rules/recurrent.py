@@ -1,7 +1,7 @@
 """The rule for recurrent layers (ONNX LSTM, GRU, RNN): LRP for LSTMs (Arras et al. 2017, "Explaining Recurrent
 Neural Network Predictions in Sentiment Analysis"; Arras et al. 2019, "Explaining and Interpreting LSTMs").
 
-It holds numbers and says what it does on a recurrent op (``propagate_recurrent``); how the relevance recurrence is
+It holds numbers and says what it does on a recurrent op (its ``families`` entry); how the relevance recurrence is
 emitted (a backward Scan over time) lives beside the ops,
 in ``onnx_lrp.lrp.ops.recurrent``. Per time step t (``stab(z) = z + eps (sign(z) + (z == 0))``; gates i, f, o, z, r
 get no relevance; element-wise non-linearities pass relevance unchanged):
@@ -20,9 +20,15 @@ get no relevance; element-wise non-linearities pass relevance unchanged):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
-from .rules import Rule, register_rule
+from ..lrp.families import Family, FamilyRule, family_table
+from .base import Rule, register_rule
+
+
+def _recurrence(rule, em, layer, r_outs):
+    """The relevance recurrence over time, emitted by the op (``onnx_lrp.lrp.ops.recurrent``)."""
+    return layer.op.propagate(em, layer, rule, r_outs)
 
 
 @register_rule
@@ -31,14 +37,12 @@ class Recurrent(Rule):
     """LSTM/GRU/RNN: epsilon on W x + R h + b, gate ⊙ signal -> all to the signal, c_t = f c + i g split as a sum by stab(c_t) (Arras et al. 2017, 2019)."""
 
     name: ClassVar[str] = "recurrent"
+    families: ClassVar[Mapping[Family, FamilyRule]] = family_table({Family.RECURRENT: FamilyRule(_recurrence)})
     epsilon: float = 1e-6
 
     def __post_init__(self):
         if not self.epsilon >= 0:
             raise ValueError(f"recurrent rule needs epsilon >= 0 (got {self.epsilon})")
-
-    def propagate_recurrent(self, em, layer, r_outs):
-        return layer.op.propagate(em, layer, self, r_outs)
 
 
 __all__ = ["Recurrent"]

@@ -1,6 +1,9 @@
 """Facts of onnx_ir values and nodes that every stage reads: which values carry relevance, static shapes, constants,
-subgraphs and the values they capture."""
+subgraphs and the values they capture, what lies upstream of a value."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import numpy as np
 import onnx_ir as ir
@@ -99,3 +102,35 @@ def subgraphs(node: ir.Node) -> list[ir.Graph]:
 def const(v: ir.Value | None) -> np.ndarray | None:
     """The value's constant array, or None when it is computed."""
     return None if v is None or v.const_value is None else v.const_value.numpy()
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What lies upstream of a value (``ancestors``): ids of the nodes and of the values reached."""
+
+    nodes: frozenset
+    values: frozenset
+
+
+def ancestors(v: ir.Value, follow: Callable[[ir.Value], bool] = lambda u: True,
+              inputs: Callable[[ir.Node], Iterable] = lambda n: n.inputs) -> Upstream:
+    """The nodes and values ``v`` is computed from, walking backwards from ``v``'s producer.
+
+    ``inputs(node)`` lists what a node reads (its inputs by default; a caller may add relayed or captured values),
+    ``follow(u)`` says whether the walk passes an input ``u`` (e.g. ``carries``: only float activations). ``values``
+    holds ``v`` and every followed input of a reached node (graph inputs among them), ``nodes`` the producers of
+    those (``v``'s first)."""
+    nodes: set[int] = set()
+    values = {id(v)}
+    stack = [v.producer()] if v.producer() is not None else []
+    while stack:
+        n = stack.pop()
+        if id(n) in nodes:
+            continue
+        nodes.add(id(n))
+        for u in inputs(n):
+            if u is not None and follow(u):
+                values.add(id(u))
+                if u.producer() is not None:
+                    stack.append(u.producer())
+    return Upstream(frozenset(nodes), frozenset(values))

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from ...core.emitter import Emitter  # noqa: F401
 from ...core.graph import carries, static_dims
+from ..families import Family
 
 
 @dataclass(frozen=True)
@@ -157,19 +158,22 @@ class ActivationOp(Op):
 
 class RuleOp(Op):
     """An op whose rules are written for it alone (products of activations, softmax, recurrent cells, ...): a rule
-    that applies to it implements ``propagate_<family>(em, layer, r_outs)`` (the emitted relevance of ``layer.xs``,
-    None where an input gets none) and, where it is exact in gradient form, ``gradient_form_<family>(op)`` and
-    ``propagate_grad_<family>`` (mapping the ``Rel`` of the output to the ``Rel`` of each input; see
-    ``onnx_lrp.lrp.engine.Rel``), calling the op's own steps. ``refusal`` names the op for the rules that do not."""
+    that applies to it has an entry for the op's ``family`` in its ``families`` table (``onnx_lrp.lrp.families``),
+    whose handlers call the op's own steps. ``refusal`` names the op for the rules that have none."""
 
     category = "own"
-    family: str = ""
+    family: Family
     refusal: str = ""
 
     def fits(self, rule) -> str | None:
-        if hasattr(rule, "propagate_" + self.family):
-            return None
-        return f"rule {rule.name} on {self.refusal}"
+        """Exactly what the rule's ``propagate`` and ``propagate_grad`` will look up: the family's entry, and a
+        ``propagate_grad`` handler where the entry claims gradient form."""
+        entry = rule.families.get(self.family)
+        if entry is None:
+            return f"rule {rule.name} on {self.refusal}"
+        if entry.gradient_form is not None and entry.propagate_grad is None:
+            return f"rule {rule.name} on {self.refusal}: it claims gradient form without a propagate_grad handler"
+        return None
 
 
 def stabilized(em: Emitter, z: ir.Value, eps: float, tag: str = "stab") -> ir.Value:

@@ -4,7 +4,7 @@ The Gradient rule multiplies by f'(x) where it is given here (piecewise-linear a
 f(0) != 0 (``at_zero``: Sigmoid, HardSigmoid, Exp, Softplus, Cos, Clip with 0 outside [min, max]) are of kind
 ``offset-activation``: the identity rule is refused on them, the built-in composites give them
 ``gradient-x-input`` (R_x = x f'(x) R_y / f(x), which needs ``derivative``). As gates (``h * sigmoid(s)``) they
-receive no relevance at all (``onnx_lrp.lrp.ops.transformer.Gate``).
+receive no relevance at all (``onnx_lrp.lrp.ops.gates.Gate``).
 """
 from __future__ import annotations
 

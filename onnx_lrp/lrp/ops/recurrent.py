@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from ...core.emitter import Emitter
 from ...core.graph import carries, const, is_param, static_dims
+from ..families import Family
 from .base import RuleOp, register, stabilized
 
 
@@ -85,7 +86,7 @@ class Recurrent(RuleOp):
     """LSTM / GRU / RNN with constant weights: LRP for LSTMs (``rules.recurrent.Recurrent``)."""
 
     kind = "recurrent"
-    family = "recurrent"
+    family = Family.RECURRENT
     refusal = "a recurrent layer (use recurrent)"
     op_types = ("LSTM", "GRU", "RNN")
     multi_output = True  # relevance may arrive at Y_h / Y_c alone
@@ -127,80 +128,24 @@ class Recurrent(RuleOp):
 
     # ------------------------------------------------------------------------------------------ emission
     def propagate(self, em: Emitter, layer, rule, r_outs: list) -> list:
+        """The relevance of X (and of the initial states that are activations): per direction, the forward scan
+        recomputes what the rule needs, the backward scan runs the relevance recurrence (``_direction``)."""
         node = layer.node
-        t = node.op_type
-        eps = float(rule.epsilon)
-        direction = node.attributes.get_string("direction", "forward")
-        dirs = [0, 1] if direction == "bidirectional" else [0]
-        w_all, r_all = const(node.inputs[1]), const(node.inputs[2])
-        hidden = r_all.shape[-1]
-        g = _GATES[t]
-        b_all = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-        if b_all is None:
-            b_all = np.zeros((len(dirs), 2 * g * hidden), dtype=w_all.dtype)
-        p_all = const(node.inputs[7]) if t == "LSTM" and len(node.inputs) > 7 and node.inputs[7] is not None else None
-        clip = node.attributes.get_float("clip", 0.0) if "clip" in node.attributes else None
-        acts = _acts(node)
-        per_dir = len(_DEFAULT_ACTS[t])
-
-        def opt(i):
-            return node.inputs[i] if len(node.inputs) > i and node.inputs[i] is not None else None
-
+        spec = _Spec.of(node, float(rule.epsilon))
         x = node.inputs[0]
-        lens = opt(4)
+        lens = _opt(node, 4)
         if lens is not None:
             lens = em.op("Cast", lens, to=ir.DataType.INT64.value, tag="lens")
         # zeros [B, H] for absent initial states and relevance
-        bh_shape = em.op("Concat", em.op("Shape", x, start=1, end=2, tag="batch"), em.ints([hidden]), axis=0,
+        bh_shape = em.op("Concat", em.op("Shape", x, start=1, end=2, tag="batch"), em.ints([spec.hidden]), axis=0,
                          tag="bh_shape")
         zeros_bh = em.op("ConstantOfShape", bh_shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros_bh")
-        mask = None
-        if lens is not None:  # [T, B, 1]: step t of item b is inside its length
-            steps = em.op("Range", em.op("Squeeze", em.ints([0]), tag="zero"),  # Range takes 0-d scalars
-                          em.op("Squeeze", em.op("Shape", x, start=0, end=1, tag="T"), tag="T_n"),
-                          em.op("Squeeze", em.ints([1]), tag="one"), tag="steps")
-            mask = em.op("Less", em.op("Unsqueeze", steps, em.ints([1]), tag="steps_col"),
-                         em.op("Unsqueeze", lens, em.ints([0]), tag="lens_row"), tag="mask_tb")
-            mask = em.op("Unsqueeze", mask, em.ints([2]), tag="mask")
-
-        # layout 0: Y [T, D, B, H], Y_h / Y_c / initial states [D, B, H]
-        r_y = r_outs[0]
-        r_yh = r_outs[1] if len(r_outs) > 1 else None
-        r_yc = r_outs[2] if len(r_outs) > 2 else None
-        init_h = opt(5)
-        init_c = opt(6) if t == "LSTM" else None
-
-        def reverse_t(v, tag):
-            if lens is not None:
-                return em.op("ReverseSequence", v, lens, batch_axis=1, time_axis=0, tag=tag)
-            return em.op("Slice", v, em.ints([-1]), em.ints([-(2 ** 62)]), em.ints([0]), em.ints([-1]), tag=tag)
-
+        mask = _length_mask(em, x, lens) if lens is not None else None
         r_x_parts, r_h0, r_c0 = [], [], []
-        for d in dirs:
-            rev = direction == "reverse" or d == 1
+        for d in spec.dirs:
             with em.scope(f"{node.name}/dir{d}"):
-                xd = reverse_t(x, "x_rev") if rev else x
-                w, r, b = w_all[d], r_all[d], b_all[d]
-                a_fw = [_ACTS[a.lower()] for a in acts[d * per_dir:(d + 1) * per_dir]]
-                h0 = _take(em, init_h, d, 0, "h0") if init_h is not None else zeros_bh
-                c0 = None
-                if t == "LSTM":
-                    c0 = _take(em, init_c, d, 0, "c0") if init_c is not None else zeros_bh
-                ry = None
-                if r_y is not None:
-                    ry = _take(em, r_y, d, 1, "r_y")
-                    if rev:
-                        ry = reverse_t(ry, "r_y_rev")
-                ryh = _take(em, r_yh, d, 0, "r_yh") if r_yh is not None else zeros_bh
-                ryc = None
-                if t == "LSTM":
-                    ryc = _take(em, r_yc, d, 0, "r_yc") if r_yc is not None else zeros_bh
-                step = dict(LSTM=_lstm, GRU=_gru, RNN=_rnn)[t]
-                s_sig, w_sig, rh, rc = step(em, Cell(node, xd, w, r, b, p_all[d] if p_all is not None else None,
-                                                     clip, a_fw, h0, c0, ry, ryh, ryc, mask, eps, hidden))
-                jt = em.op("MatMul", s_sig, em.const(w_sig, tag="w_signal"), tag="JTs_x")
-                rx = em.mul(xd, jt, tag="r_x")
-                r_x_parts.append(reverse_t(rx, "r_x_unrev") if rev else rx)
+                rx, rh, rc = _direction(em, spec, d, r_outs, lens, mask, zeros_bh)
+                r_x_parts.append(rx)
                 r_h0.append(em.op("Unsqueeze", rh, em.ints([0]), tag="r_h0"))
                 if rc is not None:
                     r_c0.append(em.op("Unsqueeze", rc, em.ints([0]), tag="r_c0"))
@@ -211,6 +156,94 @@ class Recurrent(RuleOp):
                     continue
                 out[i] = parts[0] if len(parts) == 1 else em.op("Concat", *parts, axis=0, tag=f"r_init{i}")
         return [out[i] for i in self.relevance_inputs(node)]
+
+
+def _opt(node: ir.Node, i: int) -> ir.Value | None:
+    """Optional input i (None when absent)."""
+    return node.inputs[i] if len(node.inputs) > i and node.inputs[i] is not None else None
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What one recurrent node fixes: its type, directions, weights per direction (W, R, B, peepholes P), hidden
+    size, clip, activations, and the rule's epsilon."""
+
+    node: ir.Node
+    direction: str
+    dirs: list
+    w_all: np.ndarray
+    r_all: np.ndarray
+    b_all: np.ndarray
+    p_all: np.ndarray | None
+    hidden: int
+    clip: float | None
+    acts: list
+    eps: float
+
+    @classmethod
+    def of(cls, node: ir.Node, eps: float) -> "_Spec":
+        t = node.op_type
+        direction = node.attributes.get_string("direction", "forward")
+        dirs = [0, 1] if direction == "bidirectional" else [0]
+        w_all, r_all = const(node.inputs[1]), const(node.inputs[2])
+        hidden = r_all.shape[-1]
+        b_all = const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+        if b_all is None:
+            b_all = np.zeros((len(dirs), 2 * _GATES[t] * hidden), dtype=w_all.dtype)
+        p_all = const(node.inputs[7]) if t == "LSTM" and len(node.inputs) > 7 and node.inputs[7] is not None else None
+        clip = node.attributes.get_float("clip", 0.0) if "clip" in node.attributes else None
+        return cls(node, direction, dirs, w_all, r_all, b_all, p_all, hidden, clip, _acts(node), eps)
+
+
+def _length_mask(em: Emitter, x: ir.Value, lens: ir.Value) -> ir.Value:
+    """[T, B, 1]: step t of item b is inside its length."""
+    steps = em.op("Range", em.op("Squeeze", em.ints([0]), tag="zero"),  # Range takes 0-d scalars
+                  em.op("Squeeze", em.op("Shape", x, start=0, end=1, tag="T"), tag="T_n"),
+                  em.op("Squeeze", em.ints([1]), tag="one"), tag="steps")
+    mask = em.op("Less", em.op("Unsqueeze", steps, em.ints([1]), tag="steps_col"),
+                 em.op("Unsqueeze", lens, em.ints([0]), tag="lens_row"), tag="mask_tb")
+    return em.op("Unsqueeze", mask, em.ints([2]), tag="mask")
+
+
+def _reverse_t(em: Emitter, v: ir.Value, lens: ir.Value | None, tag: str) -> ir.Value:
+    """v reversed along time (axis 0), within each item's length where ``lens`` is given."""
+    if lens is not None:
+        return em.op("ReverseSequence", v, lens, batch_axis=1, time_axis=0, tag=tag)
+    return em.op("Slice", v, em.ints([-1]), em.ints([-(2 ** 62)]), em.ints([0]), em.ints([-1]), tag=tag)
+
+
+def _direction(em: Emitter, spec: _Spec, d: int, r_outs: list, lens, mask, zeros_bh) -> tuple:
+    """(R_x, R_h0, R_c0 or None) of direction d (layout 0: Y [T, D, B, H], Y_h / Y_c / initial states [D, B, H])."""
+    node, t = spec.node, spec.node.op_type
+    rev = spec.direction == "reverse" or d == 1
+    x = node.inputs[0]
+    xd = _reverse_t(em, x, lens, "x_rev") if rev else x
+    per_dir = len(_DEFAULT_ACTS[t])
+    a_fw = [_ACTS[a.lower()] for a in spec.acts[d * per_dir:(d + 1) * per_dir]]
+    init_h, init_c = _opt(node, 5), (_opt(node, 6) if t == "LSTM" else None)
+    h0 = _take(em, init_h, d, 0, "h0") if init_h is not None else zeros_bh
+    c0 = None
+    if t == "LSTM":
+        c0 = _take(em, init_c, d, 0, "c0") if init_c is not None else zeros_bh
+    r_y = r_outs[0]
+    r_yh = r_outs[1] if len(r_outs) > 1 else None
+    r_yc = r_outs[2] if len(r_outs) > 2 else None
+    ry = None
+    if r_y is not None:
+        ry = _take(em, r_y, d, 1, "r_y")
+        if rev:
+            ry = _reverse_t(em, ry, lens, "r_y_rev")
+    ryh = _take(em, r_yh, d, 0, "r_yh") if r_yh is not None else zeros_bh
+    ryc = None
+    if t == "LSTM":
+        ryc = _take(em, r_yc, d, 0, "r_yc") if r_yc is not None else zeros_bh
+    step = dict(LSTM=_lstm, GRU=_gru, RNN=_rnn)[t]
+    p = spec.p_all[d] if spec.p_all is not None else None
+    s_sig, w_sig, rh, rc = step(em, Cell(node, xd, spec.w_all[d], spec.r_all[d], spec.b_all[d], p, spec.clip, a_fw,
+                                         h0, c0, ry, ryh, ryc, mask, spec.eps, spec.hidden))
+    jt = em.op("MatMul", s_sig, em.const(w_sig, tag="w_signal"), tag="JTs_x")
+    rx = em.mul(xd, jt, tag="r_x")
+    return (_reverse_t(em, rx, lens, "r_x_unrev") if rev else rx), rh, rc
 
 
 # ------------------------------------------------------------------------------------------ cells

@@ -1,11 +1,8 @@
-"""Ops of exported transformers: products of two activations, softmax, normalisations, masks and lookups.
+"""Ops of exported transformers: softmax, normalisations, masks and lookups, and the one dispatcher of MatMul / Mul /
+Div over what they can mean.
 
-- ``Product`` (kind ``bilinear``): MatMul / Mul / Einsum of activations (attention scores, attention x values, gated
-  MLPs). Rules: ``uniform`` (AttnLRP: each of the k activation factors gets ``x ⊙ J_x^T(R / (k·stab(z)))``),
-  ``cp`` (CP-LRP: gates — softmax and non-linearity outputs — held constant), ``zero``.
-- ``Gate`` (kind ``gate``): a Mul recognised by ``onnx_lrp.lrp.patterns.match_gate`` as a signal times a sigmoid /
-  hard-sigmoid gate (squeeze-excitation, GLU, LSTM gates). Rules: ``signal-take-all`` (the gate is a constant
-  multiplier: ``R_h = R_z`` summed over broadcast axes, ``R_g = 0``; Arras et al. 2017), ``uniform``, ``cp``, ``zero``.
+- ``Products``: MatMul / Mul / Div as a linear map of one activation, a product of two activations (``Product``,
+  kind ``bilinear``: ``onnx_lrp.lrp.ops.products``), a gate (``onnx_lrp.lrp.ops.gates``), or another pattern below.
 - ``ElementwiseOfOne`` (kind ``activation``): a Mul recognised by ``onnx_lrp.lrp.patterns`` as a non-linearity of one
   tensor (SiLU, GELU, ...): relevance passes to that tensor (identity rule).
 - ``NormScale`` (kind ``normalization``): ``n / s`` with ``s`` the detached std / rms of ``n`` (decomposed
@@ -27,6 +24,7 @@ from ...core import meta
 from ...core.emitter import Emitter
 from ...core.graph import carries, const, is_param, static_dims
 from .. import patterns
+from ..families import Family
 from .base import (
     ActivationOp,
     LinearOp,
@@ -37,11 +35,12 @@ from .base import (
     ShapeOp,
     affine_back,
     affine_out,
-    out_dims,
     register,
     stabilized,
 )
+from .gates import GATE
 from .linear import ElementwiseBinary, MatMul
+from .products import PRODUCT_MUL, Einsum, Product
 from .shape import Gather
 
 
@@ -50,176 +49,6 @@ def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
     if em.opset >= 18:
         return em.op("ReduceMean", v, em.ints(axes), keepdims=1, tag=tag)
     return em.op("ReduceMean", v, axes=list(axes), keepdims=1, tag=tag)
-
-
-# ------------------------------------------------------------------------------------------ products
-def _swap_last(em: Emitter, v: ir.Value, rank: int, tag: str) -> ir.Value:
-    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    return em.op("Transpose", v, perm=perm, tag=tag)
-
-
-def _einsum_terms(eq: str):
-    lhs, out = eq.replace(" ", "").split("->")
-    return lhs.split(","), out
-
-
-class Product(RuleOp):
-    """z = a @ b, a ⊙ b or einsum(a, b) with two activation operands (or one activation and a constant). Rules:
-    ``propagate_product`` (uniform, cp, zero) with the steps ``share`` / ``share_grad`` over the operands they
-    choose (``operands``, or ``free_operands``: CP-LRP holds the gates)."""
-
-    kind = "bilinear"
-    family = "product"
-    refusal = "a product of activations (use uniform, cp or zero)"
-
-    def __init__(self, op_type):
-        self.op_types = (op_type,)
-
-    def relevance_inputs(self, node):
-        return [i for i, v in enumerate(node.inputs[:2]) if carries(v)]
-
-    def check(self, node):
-        if len(node.inputs) != 2:
-            return f"{len(node.inputs)} operands (two are supported)"
-        for v in node.inputs:
-            if static_dims(v) is None:
-                return "operand rank unknown"
-        if node.op_type == "MatMul" and any(len(v.shape) < 2 for v in node.inputs):
-            return "1-D operand of a MatMul of activations"
-        if node.op_type == "Einsum":
-            eq = node.attributes.get_string("equation", "")
-            if "->" not in eq or "..." in eq:
-                return "einsum equation without an explicit output or with an ellipsis"
-            ins, out = _einsum_terms(eq)
-            for i, term in enumerate(ins):
-                other = ins[1 - i]
-                if any(c not in out and c not in other for c in term):
-                    return f"index summed inside operand {i} alone ({eq})"
-        return None
-
-    # J^T of the product with respect to operand i, the others fixed
-    def vjp(self, em: Emitter, node: ir.Node, s: ir.Value, i: int) -> ir.Value:
-        a, b = node.inputs[0], node.inputs[1]
-        zd = out_dims(node)
-        x = node.inputs[i]
-        if node.op_type == "Mul":
-            g = em.mul(s, node.inputs[1 - i], tag=f"JTs{i}")
-        elif node.op_type == "MatMul":
-            if i == 0:
-                g = em.op("MatMul", s, _swap_last(em, b, len(b.shape), "bT"), tag="JTs0")
-            else:
-                g = em.op("MatMul", _swap_last(em, a, len(a.shape), "aT"), s, tag="JTs1")
-        else:  # Einsum
-            ins, out = _einsum_terms(node.attributes.get_string("equation"))
-            g = em.op("Einsum", s, node.inputs[1 - i], equation=f"{out},{ins[1 - i]}->{ins[i]}", tag=f"JTs{i}")
-            return g
-        xd = static_dims(x)
-        if xd is not None and zd is not None and (len(xd) < len(zd) or any(
-                d == 1 and e != 1 for d, e in zip(xd[::-1], zd[::-1]))):
-            if node.op_type == "MatMul":
-                g_dims = zd[:-2] + xd[-2:]
-                g = em.unbroadcast(g, g_dims, x, tag=f"JTs{i}_sum")
-            else:
-                g = em.unbroadcast(g, zd, x, tag=f"JTs{i}_sum")
-        return g
-
-    def operands(self, node) -> list[int]:
-        """The operands that carry relevance (uniform: all of them share it)."""
-        return self.relevance_inputs(node)
-
-    def free_operands(self, node) -> list[int]:
-        """The operands that are no gate (CP-LRP), see ``cp_shares``."""
-        return cp_shares(node, self.relevance_inputs(node))
-
-    def share(self, em, layer, r_outs, among: list[int], eps: float, tag: str) -> list:
-        """R_i = x_i ⊙ J_i^T(R / (k stab(z))) for the k operands ``among`` (None for the others)."""
-        node = layer.node
-        idx = self.relevance_inputs(node)
-        r_out = r_outs[0]
-        if r_out is None or not among:
-            return [None] * len(idx)
-        z = node.outputs[0]
-        k = len(among)
-        s = em.div(r_out, stabilized(em, z, eps, tag=f"{tag}_stab"), tag=f"{tag}_s")
-        s = em.scale(s, 1.0 / k, tag=f"{tag}_s_k")
-        got = {i: em.mul(node.inputs[i], self.vjp(em, node, s, i), tag=f"{tag}_r{i}") for i in among}
-        return [got.get(i) for i in idx]
-
-    def share_grad(self, em, layer, r_outs, among: list[int]) -> list:
-        """g_i = J_i^T g / k for the k operands that share the relevance (LRP-0 limit of ``share``)."""
-        node = layer.node
-        idx = self.relevance_inputs(node)
-        if r_outs[0] is None or not among:
-            return [None] * len(idx)
-        s = em.scale(r_outs[0].normalised(em, node.outputs[0]), 1.0 / len(among), tag="s_k")
-        return [Rel(self.vjp(em, node, s, i), node.inputs[i]) if i in among else None for i in idx]
-
-
-# how strongly an operand is a gate (CP-LRP holds the strongest): attention weights and sigmoid gates over
-# smooth activations (a SiLU / GELU output that is multiplied by a sigmoid gate is that gate's signal)
-_GATE_RANK = {"softmax": 3, "sigmoid": 2, "hardsigmoid": 2}
-
-
-def cp_shares(node: ir.Node, idx: list[int]) -> list[int]:
-    """The operands CP-LRP gives relevance: those that are no gate; when every operand is a gate, those that are
-    the weakest gates (exactly one side is held when the two differ; both share when they are alike)."""
-    ranks = {i: (None if (g := patterns.gate_source(node.inputs[i])) is None else _GATE_RANK.get(g, 1)) for i in idx}
-    free = [i for i in idx if ranks[i] is None]
-    if free or not idx:
-        return free
-    low = min(ranks.values())
-    return [i for i in idx if ranks[i] == low]
-
-
-class Gate(RuleOp):
-    """z = h ⊙ g with g a sigmoid / hard-sigmoid gate (``patterns.match_gate``); ``layer.xs`` is [h, g]. Rules:
-    ``propagate_gate`` (signal-take-all: the steps ``signal`` / ``signal_grad``; uniform, cp, zero: as on any
-    product, ``as_product``)."""
-
-    kind = "gate"
-    family = "gate"
-    refusal = "a gated product (use signal-take-all, uniform, cp or zero)"
-    op_types = ()
-
-    def relevance_values(self, node):
-        m = meta.PATTERN.get(node)
-        return [m.source, m.gate]
-
-    def _index(self, node, v):
-        return next(i for i, u in enumerate(node.inputs[:2]) if u is v)
-
-    def signal_grad(self, em, layer, r_outs):
-        """signal-take-all: g_h = J_h^T g (the gate held: g ⊙ gate, summed over broadcast axes), nothing to g."""
-        node = layer.node
-        if r_outs[0] is None:
-            return [None, None]
-        h, r = layer.xs[0], r_outs[0]
-        if r.ref is not node.outputs[0]:  # relevance in hand: R_h = R_z, no division by z
-            return [Rel(self.signal(em, layer, [r.as_relevance(em, tag="r_out")])[0]), None]
-        return [Rel(PRODUCT_MUL.vjp(em, node, r.value, self._index(node, h)), h), None]
-
-    def signal(self, em, layer, r_outs):
-        """signal-take-all: R_h = R_z (summed over broadcast axes), R_g = 0."""
-        node = layer.node
-        r = r_outs[0]
-        if r is None:
-            return [None, None]
-        h = layer.xs[0]
-        zd, hd = static_dims(node.outputs[0]), static_dims(h)
-        if hd is not None and zd is not None and hd != zd:
-            r = em.unbroadcast(r, zd, h, tag="r_sum")
-        return [r, None]
-
-    def as_product(self, em, layer, rule, r_outs, grad):
-        """uniform / cp on the two factors, as for any product of activations (cp holds the gate)."""
-        node = layer.node
-        if r_outs[0] is None:
-            return [None, None]
-        idx = PRODUCT_MUL.relevance_inputs(node)
-        plain = type(layer)(node, PRODUCT_MUL, [node.inputs[i] for i in idx], layer.z, layer.nonneg)
-        got = rule.propagate_grad(em, plain, r_outs) if grad else rule.propagate(em, plain, r_outs)
-        by_value = {id(node.inputs[i]): r for i, r in zip(idx, got)}
-        return [by_value.get(id(x)) for x in layer.xs]
 
 
 class ElementwiseOfOne(ActivationOp):
@@ -268,11 +97,12 @@ def _affine_of(v: ir.Value, x: ir.Value, depth: int = 0) -> bool:
 
 
 class NormScale(RuleOp):
-    """n / s (or n * (1/s)) with s the detached std or rms of n: linear in n. Rules: ``propagate_norm_scale``
-    (epsilon, norm: ``held_scale``; pass; gradient: ``held_scale_gradient``)."""
+    """n / s (or n * (1/s)) with s the detached std or rms of n: linear in n. Steps for the rules of family
+    ``norm_scale``: ``held_scale`` / ``held_scale_grad`` (epsilon, norm), ``held_scale_gradient`` (gradient); pass
+    needs none."""
 
     kind = "normalization"
-    family = "norm_scale"
+    family = Family.NORM_SCALE
     refusal = "a normalisation with a detached scale (use epsilon or pass)"
     op_types = ()
 
@@ -349,19 +179,10 @@ class Products(Op):
 
 ELEMENTWISE_OF_ONE = ElementwiseOfOne()
 NORM_SCALE = NormScale()
-GATE = Gate()
-PRODUCT_MUL = Product("Mul")
 register(Products(MatMul(), Product("MatMul")))
 register(Products(ElementwiseBinary("Mul"), PRODUCT_MUL))
 register(Products(ElementwiseBinary("Div"), None))
-
-
-@register
-class Einsum(Product):
-    """Einsum of two operands: a product (of activations, or of an activation and a constant)."""
-
-    def __init__(self):
-        super().__init__("Einsum")
+register(Einsum)
 
 
 # ------------------------------------------------------------------------------------------ normalisations
@@ -435,11 +256,11 @@ register(LayerNorm)
 # ------------------------------------------------------------------------------------------ softmax
 @register
 class Softmax(RuleOp):
-    """R_in = x ⊙ (R_out − softmax(x) ΣR_out) along the softmax axis (AttnLRP). Rules: ``propagate_softmax``
-    (softmax: ``attn`` / ``attn_grad``; gradient: ``gradient``; zero)."""
+    """R_in = x ⊙ (R_out − softmax(x) ΣR_out) along the softmax axis (AttnLRP). Steps for the rules of family
+    ``softmax``: ``attn`` / ``attn_grad`` (softmax), ``gradient`` (gradient); zero needs none."""
 
     kind = "softmax"
-    family = "softmax"
+    family = Family.SOFTMAX
     refusal = "a softmax (use softmax, gradient or zero)"
     op_types = ("Softmax",)
     nonneg = "always"
@@ -733,5 +554,5 @@ def token_relevance(em: Emitter, graph: ir.Graph, ids: ir.Value, relevance_of) -
     return em.op("Cast", r, to=em.dtype.value, tag="tokens_f")
 
 
-__all__ = ["Product", "Gate", "cp_shares", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile",
+__all__ = ["Products", "ElementwiseOfOne", "NormScale", "LayerNorm", "Softmax", "Where", "Tile",
            "Trilu", "Leaf", "Lookup", "PowerLike", "embedding_lookups", "id_values", "token_relevance"]
