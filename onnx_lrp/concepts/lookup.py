@@ -1,5 +1,5 @@
 """Looking up tensors of the canonized forward graph for concepts: the layers (Conv/Gemm/MatMul outputs), a tensor by
-name, the nearest layers upstream of a layer, and the tensors on the way to the explained one."""
+name and the nearest layers upstream of a layer."""
 from __future__ import annotations
 
 import onnx_ir as ir
@@ -63,22 +63,4 @@ def input_layers(graph: ir.Graph, name: str, layers: list[str] | None = None) ->
     return found
 
 
-def below(y: ir.Value) -> set[int]:
-    """The ids of ``y`` and of every float activation it is computed from (its ancestors through carried values):
-    the tensors that relevance starting at ``y`` reaches."""
-    found, seen = {id(y)}, set()
-    stack = [y.producer()] if y.producer() is not None else []
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for v in node.inputs:
-            if v is not None and carries(v):
-                found.add(id(v))
-                if v.producer() is not None:
-                    stack.append(v.producer())
-    return found
-
-
-__all__ = ["LAYER_OPS", "layer_names", "listing", "find_tensor", "input_layers", "below"]
+__all__ = ["LAYER_OPS", "layer_names", "listing", "find_tensor", "input_layers"]

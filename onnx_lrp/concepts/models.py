@@ -9,11 +9,12 @@ import onnx_ir as ir
 from .. import load as loader
 from ..build.stages import only_lrp_errors
 from ..core.errors import InputError
+from ..core.graph import ancestors, carries
 from ..core.relevance_model import BuildSource
 from ..lrp import rewriter
 from ..rules.composite import load_composite
 from ..run import runtime
-from .lookup import below, find_tensor, layer_names, listing
+from .lookup import find_tensor, layer_names, listing
 from .variants import build_masked, build_seeded, build_upper
 
 
@@ -54,7 +55,7 @@ class Models:
         graph = self.graph()
         if self._below is None:
             y, _ = rewriter.explained_value(graph, self.source.options.output, self.source.options.explain_logits)
-            self._below = (y.name, below(y))
+            self._below = (y.name, ancestors(y, carries).values)  # what relevance starting at y reaches
         y_name, reached = self._below
         for name in names:
             if id(find_tensor(graph, name)) not in reached:
