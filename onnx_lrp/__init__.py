@@ -14,7 +14,7 @@ from .core.errors import (
 __version__ = "0.1.0"
 
 __all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "RelevanceModel",
-           "build", "LrpError", "LrpWarning", "ModelError", "InputError", "UnsupportedError", "DeviceError",
+           "BuildOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError", "InputError", "UnsupportedError", "DeviceError",
            "NumericError", "InternalError", "__version__"]
 
 
@@ -31,12 +31,12 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name == "RelMax":  # concept relevance maximisation (onnx_lrp.concepts)
         from .concepts import RelMax
         return RelMax
-    if name == "RelevanceModel":
-        from .core.relevance_model import RelevanceModel
-        return RelevanceModel
-    if name == "build":  # the package onnx_lrp.build, callable: onnx_lrp.build(model, composite, options)
-        import importlib
-        return importlib.import_module(".build", __name__)
+    if name in ("RelevanceModel", "BuildOptions"):
+        from .core import relevance_model
+        return getattr(relevance_model, name)
+    if name == "build_relevance_model":  # onnx_lrp.build.build: load, choose, rewrite, precision, serialise
+        from .build import build
+        return build
     raise AttributeError(f"module 'onnx_lrp' has no attribute {name!r}")
 
 

@@ -229,16 +229,16 @@ def test_relevance_at_one_name_and_save_errors(tmp_path):
 
 
 def test_build_and_a_runner_are_the_explainer():
-    """``onnx_lrp.build`` (the package, callable) makes the RelevanceModel an Explainer runs: a Runner of it gives the
+    """``onnx_lrp.build_relevance_model`` makes the RelevanceModel an Explainer runs: a Runner of it gives the
     Explainer's relevance bit for bit and the numpy oracle's; the relevance model is a frozen value, and
     ``dir(onnx_lrp)`` lists the public API."""
     import dataclasses
 
-    from onnx_lrp.core.relevance_model import BuildOptions
+    from onnx_lrp import BuildOptions
     from onnx_lrp.run.runner import Runner, RunOptions
 
     x = RNG.standard_normal((3, 5)).astype(np.float32)
-    rm = onnx_lrp.build(mlp(), "epsilon", BuildOptions(relevance_at=("a",)))
+    rm = onnx_lrp.build_relevance_model(mlp(), "epsilon", BuildOptions(relevance_at=("a",)))
     assert isinstance(rm, onnx_lrp.RelevanceModel) and rm.composite_name == "epsilon"
     assert [s.name for s in rm.inputs] == ["x"] and rm.relevance_inputs == ("x",) and rm.explained_output == "y"
     got = Runner(rm, RunOptions(threads=1)).explain(x, target=2)
@@ -250,7 +250,7 @@ def test_build_and_a_runner_are_the_explainer():
     with pytest.raises(dataclasses.FrozenInstanceError):
         rm.explained_output = "a"
     public = {"Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "RelevanceModel",
-              "build", "LrpError", "InputError", "ModelError", "UnsupportedError", "DeviceError", "NumericError",
+              "BuildOptions", "build_relevance_model", "LrpError", "InputError", "ModelError", "UnsupportedError", "DeviceError", "NumericError",
               "InternalError", "LrpWarning"}
     assert public <= set(dir(onnx_lrp))
     assert all(getattr(onnx_lrp, name) is not None for name in public)

@@ -3,13 +3,11 @@ to the one graph that computes the forward pass and the relevance (:mod:`.stages
 rewrite, precision, serialise), with the automatic composite (:mod:`.auto_composite`), the float16 / bfloat16
 precision pass (:mod:`.precision`) and computed weights (:mod:`.computed_weights`).
 
-``onnx_lrp.build`` is this package and, called, this function: ``onnx_lrp.build("model.onnx", "epsilon")``.
+Public as ``onnx_lrp.build_relevance_model`` (with ``onnx_lrp.BuildOptions``).
 """
 from __future__ import annotations
 
 import gc
-import sys
-import types
 
 from ..core.relevance_model import BuildOptions, BuildSource, RelevanceModel
 from . import stages
@@ -46,15 +44,5 @@ def build(model, composite="auto", options: BuildOptions = BuildOptions()) -> Re
         if parts.folder is not None:
             gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them
         return relevance_model
-
-
-class _Callable(types.ModuleType):
-    """This package, callable as :func:`build` (its name in the public API, ``onnx_lrp.build(...)``)."""
-
-    def __call__(self, model, composite="auto", options: BuildOptions = BuildOptions()) -> RelevanceModel:
-        return build(model, composite, options)
-
-
-sys.modules[__name__].__class__ = _Callable
 
 __all__ = ["build", "BuildOptions", "RelevanceModel"]
