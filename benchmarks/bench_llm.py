@@ -45,15 +45,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from llama_graph import SIZES
 from timing import best
 
-SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary
-    "tiny": (64, 128, 2, 4, 2, 256),
-    "0.1b": (512, 2048, 16, 8, 4, 32000),
-    "0.6b": (1024, 4096, 36, 16, 8, 32000),
-    "1b": (2048, 8192, 16, 32, 8, 128256),
-    "8b": (4096, 14336, 32, 32, 8, 128256),
-}
 DIRECT_SIZES = ("1b", "8b")  # --build auto: written directly (an export takes minutes)
 
 

@@ -49,9 +49,18 @@ INLINE_MAX = 2 << 30  # bytes of weights from which they are external data (torc
 INT64_MAX = np.iinfo(np.int64).max
 
 
+SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary
+    "tiny": (64, 128, 2, 4, 2, 256),
+    "0.1b": (512, 2048, 16, 8, 4, 32000),
+    "0.6b": (1024, 4096, 36, 16, 8, 32000),
+    "1b": (2048, 8192, 16, 32, 8, 128256),
+    "8b": (4096, 14336, 32, 32, 8, 128256),
+}
+
+
 @dataclass(frozen=True)
 class Shape:
-    """A LLaMA configuration: what ``bench_llm.SIZES`` lists (LlamaConfig's defaults for the rest)."""
+    """A LLaMA configuration: what :data:`SIZES` lists (LlamaConfig's defaults for the rest)."""
 
     hidden: int
     inter: int
@@ -350,8 +359,6 @@ def write(folder, shape: Shape, seq: int, dtype: str = "float32", *, weights=Non
 
 def main(argv=None):
     import argparse
-
-    from bench_llm import SIZES
 
     ap = argparse.ArgumentParser(description="write the LLaMA graph of bench_llm directly (random weights)")
     ap.add_argument("folder")

@@ -95,7 +95,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     no rule. Exit 1 when a node on the path is unsupported or no input reaches the output.
     """
     from onnx_lrp import load as loader
-    from onnx_lrp.build import auto_composite as choice
+    from onnx_lrp.building import auto_composite as choice
     from onnx_lrp.core.errors import UnsupportedError
     from onnx_lrp.lrp import rewriter
 

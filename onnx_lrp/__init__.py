@@ -34,8 +34,8 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name in ("RelevanceModel", "BuildOptions"):
         from .core import relevance_model
         return getattr(relevance_model, name)
-    if name == "build_relevance_model":  # onnx_lrp.build.build: load, choose, rewrite, precision, serialise
-        from .build import build
+    if name == "build_relevance_model":  # onnx_lrp.building.build: load, choose, rewrite, precision, serialise
+        from .building import build
         return build
     raise AttributeError(f"module 'onnx_lrp' has no attribute {name!r}")
 

@@ -11,7 +11,7 @@ from .run.runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanatio
 
 
 class Explainer(Runner):
-    """Builds the relevance model once (:func:`onnx_lrp.build.build`: load, canonize, rewrite) and runs it in one
+    """Builds the relevance model once (:func:`onnx_lrp.building.build`: load, canonize, rewrite) and runs it in one
     onnxruntime session (``explain``: :class:`onnx_lrp.run.runner.Runner`'s). ``relevance_model`` is what was built
     (:class:`onnx_lrp.core.relevance_model.RelevanceModel`), ``options`` how it runs."""
 
@@ -52,10 +52,10 @@ class Explainer(Runner):
         ``computed_weights``: store no modified copies of the weights (W+, |W|, transposed kernels, ...) but nodes
         that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
         the model's size instead of 2-4 times it. Returns the counts of
-        :func:`onnx_lrp.build.computed_weights.compute_in_graph`.
+        :func:`onnx_lrp.building.computed_weights.compute_in_graph`.
         """
         from . import load as loader
-        from .build.computed_weights import with_computed_weights
+        from .building.computed_weights import with_computed_weights
 
         parts, counts = with_computed_weights(self.relevance_model) if computed_weights else (self.model_parts(), None)
         try:
@@ -67,7 +67,7 @@ class Explainer(Runner):
     def model_parts(self, computed_weights: bool = False) -> external.Parts:
         """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
         if computed_weights:
-            from .build.computed_weights import with_computed_weights
+            from .building.computed_weights import with_computed_weights
 
             return with_computed_weights(self.relevance_model)[0]
         m = self.relevance_model

@@ -256,7 +256,7 @@ def test_deployed_float16_not_run_beside_above_its_bound(tmp_path, monkeypatch):
     with the size, and the outputs are the explained forward's; below it, it runs (outputs are its own)."""
     import warnings
 
-    from onnx_lrp.build import stages
+    from onnx_lrp.building import stages
 
     path = bigmodels.write_mlp(tmp_path, (16, 64, 4), dtype="float16")
     x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)

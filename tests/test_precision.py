@@ -19,7 +19,7 @@ import pytest
 
 import onnx_lrp
 from onnx_lrp import load as loader
-from onnx_lrp.build import precision
+from onnx_lrp.building import precision
 from onnx_lrp.lrp import rewriter
 from onnx_lrp.core.errors import InputError
 from onnx_lrp.rules.composite import load_composite

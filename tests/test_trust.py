@@ -84,17 +84,17 @@ def test_ledger_explainer_names_culprits_without_a_second_build():
 def test_a_model_that_never_conserves_builds_its_ledger_once(monkeypatch):
     # every call warns and names the node, but the ledger model is built on the first trip only (before: a whole
     # second Explainer per call, seconds on a ResNet50, on every explain of a model that does not conserve)
-    import onnx_lrp.build
+    import onnx_lrp.building
 
     built = []
-    real_build = onnx_lrp.build.build
+    real_build = onnx_lrp.building.build
 
-    def counting_build(model, composite="auto", options=onnx_lrp.build.BuildOptions()):
+    def counting_build(model, composite="auto", options=onnx_lrp.building.BuildOptions()):
         built.append(options.ledger)
         return real_build(model, composite, options)
 
     ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
-    monkeypatch.setattr(onnx_lrp.build, "build", counting_build)
+    monkeypatch.setattr(onnx_lrp.building, "build", counting_build)
     for _ in range(3):
         with pytest.warns(LrpWarning, match="dense1"):
             ex.explain(X, target=0)

@@ -7,7 +7,7 @@ import weakref
 import onnx_ir as ir
 
 from .. import load as loader
-from ..build.stages import only_lrp_errors
+from ..building.stages import only_lrp_errors
 from ..core.errors import InputError
 from ..core.graph import ancestors, carries
 from ..core.relevance_model import BuildSource

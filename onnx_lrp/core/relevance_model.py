@@ -1,4 +1,4 @@
-"""The relevance model as a value: what :func:`onnx_lrp.build.build` makes and :class:`onnx_lrp.run.runner.Runner`
+"""The relevance model as a value: what :func:`onnx_lrp.building.build` makes and :class:`onnx_lrp.run.runner.Runner`
 runs, and what rebuilds it.
 
 A :class:`RelevanceModel` is plain data (bytes, strings, tuples, numpy arrays and dtypes): it pickles into another
@@ -30,7 +30,7 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """How :func:`onnx_lrp.build.build` makes a relevance model (besides the model and the composite)."""
+    """How :func:`onnx_lrp.building.build` makes a relevance model (besides the model and the composite)."""
 
     output: str | None = None  # the explained output's name (None: the model's first output)
     explain_logits: bool = True  # an output behind a softmax: relevance starts from the logits before it
@@ -39,7 +39,7 @@ class BuildOptions:
     constants: dict | None = None  # inputs bound to constant values (input name -> value), folded by the loader
     input_shapes: dict | None = None  # dynamic input dimensions fixed (input name -> shape)
     #: float16 / bfloat16 models: "model" computes in their type (float32 where stability needs it), "float32" in
-    #: float32, "auto" the first on CUDA, the second on the CPU (onnx_lrp.build.precision)
+    #: float32, "auto" the first on CUDA, the second on the CPU (onnx_lrp.building.precision)
     precision: str = "auto"
     #: the device the relevance model is built for ("cpu" or "cuda"): it decides precision="auto" and whether a
     #: float16 deployed model fits beside the relevance model
@@ -74,7 +74,7 @@ class BuildSource:
     composite_by_name: str | None = None  # a built-in name (or TOML path) that loads this very composite again
 
     def composite_spec(self):
-        """The composite as :func:`onnx_lrp.build.build` takes it: a Composite, or the name it loads from (a
+        """The composite as :func:`onnx_lrp.building.build` takes it: a Composite, or the name it loads from (a
         carried composite is unpickled here: that imports onnx_lrp.rules)."""
         if isinstance(self.composite, bytes):
             return pickle.loads(zlib.decompress(self.composite))

@@ -9,9 +9,9 @@ import dataclasses
 import warnings
 from pathlib import Path
 
-from ..build import build
-from ..build import precision as precision_pass
-from ..build.stages import only_lrp_errors
+from ..building import build
+from ..building import precision as precision_pass
+from ..building.stages import only_lrp_errors
 from ..core.errors import InputError, LrpError, LrpWarning
 from ..core.relevance_model import BuildOptions
 from ..rules.composite import Composite, load_composite

@@ -3,7 +3,7 @@
 :class:`Runner` runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` (plain data) with :class:`RunOptions`
 and imports only numpy and onnx_lrp.run.runtime: a process that only runs (a Ray actor) starts without onnx_ir, onnx,
 the loader or the rewriter. Only when an item's relevance is not conserved does a Runner rebuild the relevance model
-with the conservation ledger (:func:`onnx_lrp.build.build`, from the relevance model's build source) to name the nodes
+with the conservation ledger (:func:`onnx_lrp.building.build`, from the relevance model's build source) to name the nodes
 that absorb or create it. :meth:`Runner.payload` / :meth:`Runner.from_payload` carry one to another process.
 """
 from __future__ import annotations
@@ -477,7 +477,7 @@ class Runner:
         if source is None or source.model is None:
             return None
         if start not in self._ledger_books:
-            from ..build import build  # the loader and the rewriter: only when the check trips
+            from ..building import build  # the loader and the rewriter: only when the check trips
 
             given = source.options
             options = BuildOptions(output=given.output, explain_logits=given.explain_logits, ledger=True,

@@ -1,4 +1,4 @@
-"""The stages of :func:`onnx_lrp.build.build`, one function each: load the model, choose the composite, read what is
+"""The stages of :func:`onnx_lrp.building.build`, one function each: load the model, choose the composite, read what is
 explained, rewrite, the precision pass, serialise, and whether the deployed model runs beside the relevance model."""
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def load(model, options: BuildOptions) -> ir.Model:
 
 def choose(composite, forward: ir.Model, options: BuildOptions) -> tuple[Composite, str]:
     """The composite (a name or TOML path loaded) and why it was chosen: for "auto" the built-in that fits the
-    network (:mod:`onnx_lrp.build.auto_composite`), else "" (given)."""
+    network (:mod:`onnx_lrp.building.auto_composite`), else "" (given)."""
     try:
         return choice.resolve(load_composite(composite), forward, options.output, options.explain_logits)
     except ValueError as exc:
@@ -223,7 +223,7 @@ def interface(relevance: ir.Model, what: Explained) -> Interface:
 # ------------------------------------------------------------------------------------------------ precision, bytes
 def precision(relevance: ir.Model, options: BuildOptions) -> tuple[str, int]:
     """(what the relevance model computes in, bytes of float16 / bfloat16 weights): a float16 / bfloat16 model in
-    its own type where :func:`onnx_lrp.build.precision.wanted` says so (:func:`~onnx_lrp.build.precision.
+    its own type where :func:`onnx_lrp.building.precision.wanted` says so (:func:`~onnx_lrp.building.precision.
     to_model_precision`), else float32."""
     low_bytes = external.low_precision_bytes(relevance)
     low_type = precision_pass.model_dtype(relevance)
