@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 import numpy as np
-from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
+from onnx_lrp.rules.composite import Composite, load_composite
 
 from onnx_lrp.core.errors import InputError
 

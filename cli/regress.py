@@ -412,11 +412,12 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
     """What a check's reports record besides the samples: model digests and versions of both runs, the deployed
     outputs' difference between the two machines; a line on stderr when the onnx-lrp versions differ."""
     from onnx_lrp import __version__
+    from onnx_lrp.load import model_sha256
 
     machine = gaps.machine_facts(ex.device) if base.forward is not None else None
     deployed_diff = rg.deployed_difference(base, cur, getattr(ex, "output_step", None),
                                            dict(baseline=meta.get("machine"), current=machine))
-    sha = rg.model_sha256(model)
+    sha = model_sha256(model)
     context = dict(command="check", model=str(model), baseline=str(baseline),
                    composite=meta["composite"]["name"], start=meta["start"],
                    explained_output=ex.explained_output, config=config_used,
@@ -458,6 +459,8 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     The same metrics and thresholds as `check`; exit 0 when every sample is within them, 1 when any drifted.
     MODEL_B is explained at MODEL_A's targets.
     """
+    from onnx_lrp.load import model_sha256
+
     th, config_used = _pop_thresholds(kw)
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
     targets = parse_target(target)
@@ -486,7 +489,7 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     context = dict(command="diff", model=str(model_b), model_a=str(model_a), model_b=str(model_b),
                    inputs=str(inputs_path), composite=comp_rules.name, start=start,
                    explained_output=ex_a.explained_output, config=config_used,
-                   model_sha256=dict(a=rg.model_sha256(model_a), b=rg.model_sha256(model_b)))
+                   model_sha256=dict(a=model_sha256(model_a), b=model_sha256(model_b)))
     click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
                + (f", thresholds from {config_used}" if config_used else ""))
     gap_b = _gap_note(gap_list, batch.names)

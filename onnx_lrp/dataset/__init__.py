@@ -145,7 +145,8 @@ def _checked_target(target, n: int):
 def _header(model, ex, src, source, engine, pre, column, target, start, shard_size, batch_size, options) -> dict:
     """The manifest's header: what a rerun must match to resume (model, composite, parameters, source)."""
     from .. import __version__
-    from ..regression import model_sha256, params_to_json
+    from ..load import model_sha256
+    from ..rules.params import params_to_json
     from ..rules.composite import load_composite
 
     params = {k: v for k, v in options.items() if k not in ("composite", "device", "threads", "tf32")}

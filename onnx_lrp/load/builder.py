@@ -3,8 +3,9 @@ value surgery every pass needs (:func:`take_over`, :func:`drop`, :func:`bypass`,
 the pass interface (:class:`LoadPass`, an ``onnx_ir`` in-place pass whose notes and refusals go to the model's
 :class:`Report`).
 
-A pass imports this module, :mod:`onnx_lrp.core.graph`, :mod:`onnx_lrp.core.errors` and op facts from :mod:`onnx_lrp.lrp.ops`;
-never the pipeline (:mod:`onnx_lrp.load`) nor another pass. The rewriter's emitter is :class:`onnx_lrp.core.emitter.Emitter`.
+A pass imports this module and the ground floor (:mod:`onnx_lrp.core`: graph facts, errors, meta keys, the numbers of
+quantization); never the pipeline (:mod:`onnx_lrp.load`), another pass, or a later stage. The rewriter's emitter is
+:class:`onnx_lrp.core.emitter.Emitter`.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import onnx_ir as ir
 
 from ..core.errors import ModelError, UnsupportedError
 from ..core.graph import const, unique_name
-from ..lrp.ops.quantize import dequantize, qparams_misfit
+from ..core.quantization import dequantize, qparams_misfit
 
 
 MS = "com.microsoft"

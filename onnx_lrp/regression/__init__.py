@@ -30,9 +30,6 @@ from .snapshot import (
     FORMAT_VERSION,
     Snapshot,
     composite_source,
-    model_sha256,
-    params_from_json,
-    params_to_json,
     read_snapshot,
     snapshot_arrays,
 )
@@ -50,7 +47,7 @@ from .thresholds import (
 
 __all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_thresholds", "parse_threshold",
            "cosine", "rel_l2", "spearman", "topk_iou", "topk_count", "output_diff", "sample_metrics",
-           "failures", "Result", "Sample", "Comparison", "compare", "model_sha256",
+           "failures", "Result", "Sample", "Comparison", "compare",
            "deployed_difference", "deployed_difference_message",
-           "composite_source", "params_to_json", "params_from_json", "Snapshot", "snapshot_arrays", "read_snapshot",
+           "composite_source", "Snapshot", "snapshot_arrays", "read_snapshot",
            "format_table", "report_dict", "report_json", "junit_xml", "FORMAT", "FORMAT_VERSION", "CONFIG_NAME"]

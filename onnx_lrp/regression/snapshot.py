@@ -32,19 +32,13 @@ import numpy as np
 
 from ..core.errors import InputError
 from ..core.interface import FORWARD_PREFIX
+from ..rules.params import params_from_json, params_to_json
 from .compare import Result
 from .report import json_safe
 
 
 FORMAT = "onnx-lrp-snapshot"
 FORMAT_VERSION = 1
-
-
-def model_sha256(path) -> str:
-    """The digest of a model file together with its external data files (the loader's)."""
-    from ..load import model_sha256 as digest
-
-    return digest(path)
 
 
 def composite_source(spec) -> tuple[str, str]:
@@ -63,27 +57,6 @@ def composite_source(spec) -> tuple[str, str]:
     if not builtin.is_file():
         raise InputError(f"unknown composite {text!r}; built-in composites: {', '.join(builtin_names())}")
     return key, builtin.read_text(encoding="utf-8")
-
-
-def params_to_json(params: dict) -> dict:
-    """Rule-parameter overrides as JSON (arrays as {"array": nested lists, "dtype": ...})."""
-    out = {}
-    for k, v in params.items():
-        if isinstance(v, np.ndarray) or isinstance(v, (list, tuple)):
-            a = np.asarray(v)
-            out[k] = {"array": a.tolist(), "dtype": str(a.dtype)}
-        elif isinstance(v, (np.floating, np.integer)):
-            out[k] = v.item()
-        else:
-            out[k] = v
-    return out
-
-
-def params_from_json(data: dict) -> dict:
-    out = {}
-    for k, v in (data or {}).items():
-        out[k] = np.asarray(v["array"], dtype=v.get("dtype", "float32")) if isinstance(v, dict) else v
-    return out
 
 
 @dataclass
@@ -120,6 +93,8 @@ def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, mo
                     target_request, items: list, batch_size: int = 32, notes: list | None = None,
                     machine: dict | None = None, deployed_gap: dict | None = None) -> dict:
     """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
+    from ..load import model_sha256  # the loader (onnx): only when a snapshot is written
+
     from .. import __version__
 
     meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=__version__,
@@ -199,5 +174,4 @@ def read_snapshot(path) -> Snapshot:
     return snap
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Snapshot", "composite_source", "model_sha256", "params_from_json",
-           "params_to_json", "read_snapshot", "snapshot_arrays"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Snapshot", "composite_source", "read_snapshot", "snapshot_arrays"]

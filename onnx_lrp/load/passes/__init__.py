@@ -1,9 +1,8 @@
 """The loading passes, one module per deployed or exported form (a package of modules where a form has several
 parts: :mod:`.canonize`, :mod:`.ort_fused`). Each is an ``onnx_ir`` in-place pass
 (:class:`onnx_lrp.load.builder.LoadPass`: ``pass_(model) -> PassResult``) whose notes and refusals go to the model's
-:class:`~onnx_lrp.load.builder.Report`; each imports only :mod:`onnx_lrp.load.builder`, :mod:`onnx_lrp.core.graph`,
-:mod:`onnx_lrp.core.errors` and op facts (:mod:`onnx_lrp.lrp.ops`) besides its own package, never the pipeline nor
-another pass.
+:class:`~onnx_lrp.load.builder.Report`; each imports only :mod:`onnx_lrp.load.builder` and :mod:`onnx_lrp.core`
+besides its own package, never the pipeline, another pass or a later stage.
 
 - :mod:`.ort_fused`: onnxruntime's fused ops (offline optimisation, the transformer optimiser), one table; the
   attention, norm and fused-layer splits in modules of their own.

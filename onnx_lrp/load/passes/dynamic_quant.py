@@ -25,7 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ...core import meta
-from ...lrp.ops.quantize import QUANTIZERS
+from ...core.quantization import QUANTIZERS
 from ..builder import (
     MS,
     Builder,

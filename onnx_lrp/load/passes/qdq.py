@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ...core.errors import ModelError
-from ...lrp.ops.quantize import INT8, QRANGE, dequantize, qparams_misfit, relay_sources
+from ...core.quantization import INT8, QRANGE, dequantize, qparams_misfit, relay_sources
 from ..builder import MS, LoadPass, Report, attr, const, to_initializer
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ...lrp.ops.quantize import INT8
+from ...core.quantization import INT8
 from ..builder import MS, Builder, LoadPass, Report, as_float, attr, const, drop, padded_inputs, per_tensor, take_over
 
 
