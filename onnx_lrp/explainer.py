@@ -189,6 +189,19 @@ class Explainer(Runner):
             raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         return self._computed_counts if computed_weights else None
 
+    def explain_text(self, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
+                     continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
+                     start: str | None = None):
+        """The relevance of each token of ``text`` (:func:`onnx_lrp.io.text.explain_text`): a text classifier's
+        class (``target``: None for the arg-max, an index or a label name), a token classifier's class at
+        ``position``, or a language model's next token (or ``continuation``). ``tokenizer``: the model's
+        tokenizer.json (or a ``tokenizers`` / transformers fast tokenizer). Returns a
+        :class:`onnx_lrp.io.text_result.TextExplanation` (``.tokens``, ``.relevance``, ``.html()``, ...)."""
+        from .io.text import explain_text
+
+        return explain_text(self, text, tokenizer, target, text_pair=text_pair, position=position,
+                            continuation=continuation, task=task, labels=labels, embeddings=embeddings, start=start)
+
     # ------------------------------------------------------------------ concepts (onnx_lrp.concepts)
     def concept_relevance(self, x, target=None, layer: str | None = None, channel_axis: int = 1,
                           abs_norm: bool = True) -> np.ndarray:
