@@ -8,33 +8,35 @@ from pathlib import Path
 import click
 
 from .io import AtomicOutputs, OutputError, check_writable
-from .options import common, explainer_setup
+from .helpfmt import Command
+from .options import BINDING_ROWS, RULE_ROWS, common, explainer_setup
+from .signature import signature, signature_lines, suggestion
 
 
-@click.command("rewrite")
+@click.command("rewrite", cls=Command, sections=[
+    ("Options", ["out", "output_name", "relevance_at", "computed_weights", *RULE_ROWS, *BINDING_ROWS])],
+    examples=["onnx-lrp rewrite models/digits_cnn.onnx -o digits.lrp.onnx",
+              "onnx-lrp rewrite resnet18.onnx -o resnet18.lrp.onnx --computed-weights"])
 @click.argument("model", metavar="MODEL")
 @click.option("-o", "--out", "out", default=None, metavar="OUT.onnx",
-              help="Where to write the relevance model (default: MODEL with .lrp.onnx beside it).")
+              help="Where to write it (default: ./MODEL.lrp.onnx).")
 @common
 @click.option("--output", "output_name", default=None, metavar="NAME",
-              help="Model output to explain, for models with several (default: the first).")
+              help="Output to explain (default: the first).")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
-              help="Add an output with the relevance of this intermediate tensor (repeatable).")
+              help="Also this tensor's relevance (repeatable).")
 @click.option("--computed-weights", is_flag=True,
-              help="Store no modified weight copies (W+, |W|, transposed kernels): compute them in the graph from "
-                   "the original weights (onnxruntime folds them at load): a file about the model's size instead of "
-                   "2-4x, loading about 1 s slower for a ResNet18.")
+              help="No weight copies: about the model's size.")
 def rewrite(model, out, output_name, relevance_at, computed_weights, composite, **rule_kw):
     """Write MODEL's relevance model: one ONNX file that runs in stock onnxruntime, without onnx-lrp.
 
-    It has the original inputs and outputs, plus outputs lrp/relevance/<input> (one per float input),
-    lrp/target_used and lrp/explained_value (the logit at the target), and two more inputs: lrp/target (int64 [N],
-    -1 = arg-max) and lrp/one_hot (bool scalar: true starts from 1 instead of the target's output value); sequence
-    outputs add lrp/position (int64 [N], -1 = the last).
+    It has the model's inputs and outputs, plus outputs lrp/relevance/<input>, lrp/target_used and
+    lrp/explained_value, and inputs lrp/target (int64 [N], -1 = arg-max) and lrp/one_hot (bool); sequence outputs
+    add lrp/position (docs/python-api.md).
     """
     import onnx_lrp
 
-    out_path = Path(out) if out else Path(model).with_name(Path(model).name.removesuffix(".onnx") + ".lrp.onnx")
+    out_path = Path(out) if out else Path(Path(model).name.removesuffix(".onnx") + ".lrp.onnx")  # here, not beside
     if out_path.suffix.lower() != ".onnx":
         raise OutputError(f"-o {out_path}: the relevance model is an ONNX file; give a name ending in .onnx")
     check_writable(out_path)
@@ -75,58 +77,53 @@ def model_bytes_on_disk(model) -> int:
     return path.stat().st_size + sum(f.stat().st_size for f in loader.data_files(path))
 
 
-@click.command("inspect")
+@click.command("inspect", cls=Command, sections=[("Options", ["output_name", "as_json", "wide", *RULE_ROWS,
+                                                                *BINDING_ROWS])],
+               examples=["onnx-lrp inspect models/digits_cnn.onnx",
+                         "onnx-lrp inspect resnet18.onnx -c epsilon-gamma-box --json"])
 @click.argument("model", metavar="MODEL")
 @common
 @click.option("--output", "output_name", default=None, metavar="NAME",
-              help="Model output to explain, for models with several (default: the first).")
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON (names always whole).")
-@click.option("--wide", is_flag=True, help="One line per node however long its names (default: long names wrap "
-                                          "onto their own line, never cut).")
+              help="Output to explain (default: the first).")
+@click.option("--json", "as_json", is_flag=True, help="Print it all as JSON (names whole).")
+@click.option("--wide", is_flag=True, help="One line per node, however long its names.")
 def inspect(model, output_name, as_json, wide, composite, **rule_kw):
-    """List MODEL's nodes with the rule the composite assigns to each; exit 1 if any is unsupported.
+    """MODEL's inputs and outputs, the rule the composite assigns to every node, and an explain command line.
 
-    Columns: node name, op type, role (activation: computes from the inputs; parameter: computes only from
-    weights), the rule, and whether onnx-lrp supports it. The output tensor of each node is the name to give
-    --relevance-at. Nodes off the path to the explained output need no rule.
+    Per node: name, op type, role (activation: computes from the inputs; parameter: only from weights), kind, rule,
+    status, and its output tensor (the name to give --relevance-at). Nodes off the path to the explained output need
+    no rule. Exit 1 when a node on the path is unsupported or no input reaches the output.
     """
     from onnx_lrp import load as loader
+    from onnx_lrp.build import auto_composite as choice
     from onnx_lrp.core.errors import UnsupportedError
     from onnx_lrp.lrp import rewriter
 
     setup = explainer_setup(model, composite, rule_kw)
-    comp = setup.composite
+    sig = signature(model, setup.constants)
     try:
         ir_model = loader.load(model, constants=setup.constants or None, input_shapes=setup.input_shapes or None)
     except UnsupportedError as exc:  # refused while loading (deployed forms): still a failed check, listed whole
-        if as_json:
-            click.echo(json.dumps(dict(model=str(model), composite=comp.name, nodes=exc.nodes,
-                                       coverage=dict(unsupported=[n["name"] for n in exc.nodes])), indent=2))
-        else:
-            for n in exc.nodes:
-                click.echo(f"{n['name']}  {n['op_type']}  UNSUPPORTED  ({n['reason']})")
-        click.echo(f"onnx-lrp: {str(exc).split('. ')[0]}", err=True)
-        sys.exit(1)
-    from onnx_lrp.build import auto_composite as choice
-    comp, why = choice.resolve(comp, ir_model, output_name)
+        _refused_while_loading(model, setup.composite, sig, exc, as_json)
+    comp, why = choice.resolve(setup.composite, ir_model, output_name)
     plan = rewriter.plan(ir_model, comp, output=output_name)
-    rows = rewriter.describe(plan)
-    tensors = {a.node.name: (a.node.outputs[0].name if a.node.outputs else "") for a in plan.assignments}
-    for row in rows:
-        row["tensor"] = tensors.get(row["name"], "")
-        row["status"] = ("ok" if row["supported"] else "UNSUPPORTED") if row["on_path"] else "off path"
-    on_path = [r for r in rows if r["on_path"]]
-    bad = [r for r in on_path if not r["supported"]]
-    coverage = dict(supported=len(on_path) - len(bad), on_path=len(on_path), nodes=len(rows),
-                    unsupported=[r["name"] for r in bad])
+    rows, coverage = _node_rows(plan)
+    bad = coverage["unsupported"]
+    tip = None if bad or plan.no_path else suggestion(model, sig, composite, output_name)
     if as_json:
-        click.echo(json.dumps(dict(model=str(model), composite=comp.name, explained=plan.output.name,
-                                   nodes=rows, coverage=coverage), indent=2))
+        click.echo(json.dumps(dict(model=str(model), composite=comp.name, explained=plan.output.name, **sig,
+                                   nodes=rows, coverage=coverage, suggested=tip), indent=2))
     else:
         _print_table(rows, wide)
+        for line in signature_lines(sig):
+            click.echo(line)
         click.echo(f"coverage: {coverage['supported']}/{coverage['on_path']} nodes on the path to "
                    f"{plan.output.name!r} supported with composite {comp.name}" + (f" ({why})" if why else "")
-                   + (f"; unsupported: {', '.join(coverage['unsupported'])}" if bad else ""))
+                   + (f"; unsupported: {', '.join(bad)}" if bad else ""))
+        if tip is not None:
+            click.echo(f"explain it: {tip['command']}")
+            for part in tip["note"].split("; "):
+                click.echo(f"  {part}")
     if bad:
         hint = rewriter.unsupported_hint(ir_model.graph, plan, comp).split(";")[0].split(": ")[-1]
         click.echo(f"onnx-lrp: {len(bad)} unsupported node(s); "
@@ -136,6 +133,35 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     if plan.no_path:
         click.echo(f"onnx-lrp: {plan.no_path}", err=True)
         sys.exit(1)
+
+
+def _node_rows(plan) -> tuple[list, dict]:
+    """inspect's rows (one per node, with its output tensor and status) and the coverage of the path."""
+    from onnx_lrp.lrp import rewriter
+
+    rows = rewriter.describe(plan)
+    tensors = {a.node.name: (a.node.outputs[0].name if a.node.outputs else "") for a in plan.assignments}
+    for row in rows:
+        row["tensor"] = tensors.get(row["name"], "")
+        row["status"] = ("ok" if row["supported"] else "UNSUPPORTED") if row["on_path"] else "off path"
+    on_path = [r for r in rows if r["on_path"]]
+    bad = [r["name"] for r in on_path if not r["supported"]]
+    return rows, dict(supported=len(on_path) - len(bad), on_path=len(on_path), nodes=len(rows), unsupported=bad)
+
+
+def _refused_while_loading(model, comp, sig: dict, exc, as_json: bool) -> None:
+    """The nodes the loader refused (deployed forms it cannot explain), listed whole; exit 1."""
+    if as_json:
+        click.echo(json.dumps(dict(model=str(model), composite=comp.name, **sig, nodes=exc.nodes,
+                                   coverage=dict(unsupported=[n["name"] for n in exc.nodes]), suggested=None),
+                              indent=2))
+    else:
+        for n in exc.nodes:
+            click.echo(f"{n['name']}  {n['op_type']}  UNSUPPORTED  ({n['reason']})")
+        for line in signature_lines(sig):
+            click.echo(line)
+    click.echo(f"onnx-lrp: {str(exc).split('. ')[0]}", err=True)
+    sys.exit(1)
 
 
 def _print_table(rows: list, wide: bool) -> None:

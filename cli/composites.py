@@ -6,14 +6,18 @@ from onnx_lrp.rules.composite import builtin_names, load_composite
 
 from onnx_lrp.core.errors import InputError
 
+from .helpfmt import Command
 
-@click.command("composites")
+
+@click.command("composites", cls=Command, examples=["onnx-lrp composites",
+                                                     "onnx-lrp composites epsilon-gamma-box my-composite.toml"])
 @click.argument("names", nargs=-1, metavar="[NAME|FILE]...")
 def composites(names):
-    """List the built-in composites (or the given ones) and the rule each maps every kind of layer to.
+    """List the built-in composites (or the given ones and composite files, checked) and the rule each maps every
+    kind of layer to.
 
     Entries are matched top to bottom, the first match wins. first_linear marks the linear layers nearest the
-    input.
+    input. docs/composites.md explains them.
     """
     for i, name in enumerate(names or builtin_names()):
         try:

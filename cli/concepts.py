@@ -11,8 +11,10 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from . import heatmap as hm
-from .io import AtomicOutputs, OutputError, check_writable, load_inputs
-from .options import common, explainer_setup, input_options, preprocess
+from .dataset import check_source_preprocessing, has_images
+from .helpfmt import Command, Group
+from .io import AtomicOutputs, OutputError, check_writable, data_kind
+from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, preprocess
 
 
 def _concepts_arg(top: int | None, concepts: str | None):
@@ -27,19 +29,30 @@ def _concepts_arg(top: int | None, concepts: str | None):
                          "concepts (e.g. '35;71,2')") from None
 
 
-def _one_item(input_path, ex, pre, item: int) -> np.ndarray:
-    batch = load_inputs(input_path, ex.inputs, pre)
+def _one_item(input_path, ex, setup, item: int) -> np.ndarray:
+    batch = setup.read(input_path, ex.inputs)
     arrays = list(batch.arrays.values())
     if len(arrays) != 1:
-        raise InputError(f"concepts need a model with one input; this one has {len(arrays)}")
+        raise InputError(f"concepts need a model with one input; this one has {len(arrays)}: use onnx-lrp explain "
+                         "--relevance-at TENSOR for the relevance at a layer")
     a = arrays[0]
     if not 0 <= item < len(a):
-        raise InputError(f"--item {item} out of range: {input_path} holds {len(a)} item(s)")
+        raise InputError(f"--item {item} out of range: {input_path} holds {len(a)} item(s); give 0 to {len(a) - 1}")
     return a[item:item + 1]
 
 
-def _build(model, composite, rule_kw, pre):
-    return explainer_setup(model, composite, rule_kw, pre=pre).build(model)
+def _build(model, composite, rule_kw, pre, inputs=None, source: bool = False):
+    """(setup, explainer) of the options. ``inputs``: the INPUT path (or, with ``source``, the dataset SOURCE),
+    whose kind sets the box-rule bounds (:func:`explainer_setup`); a SOURCE of arrays is refused the preprocessing
+    its reader does not apply (:func:`check_source_preprocessing`)."""
+    kind = None
+    if source:
+        check_source_preprocessing(inputs, pre)
+        kind = lambda: "image" if has_images(inputs) else "array"  # noqa: E731
+    elif inputs is not None:
+        kind = lambda: data_kind(inputs)  # noqa: E731
+    setup = explainer_setup(model, composite, rule_kw, pre=pre, data_kind=kind)
+    return setup, setup.build(model)
 
 
 def _layer_help(ex) -> None:
@@ -71,29 +84,36 @@ def concept_picture(res, x: np.ndarray, full: np.ndarray, scale: int | None = No
     return canvas
 
 
-@click.command("concepts")
+CONCEPT_SECTIONS = [("Explanations", ["target", "item", *RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])]
+LAYER = "/features/features.6/Conv_output_0"
+
+
+@click.command("concepts", cls=Command, sections=[
+    ("Concepts", ["layer", "top", "concept_spec", "include_parallel", "init", "record", "list_layers"]),
+    ("Outputs", ["heatmap_path", "out", "as_json"]), *CONCEPT_SECTIONS],
+    examples=["onnx-lrp concepts models/digits_cnn.onnx models/samples/npy/digit_3.npy \\",
+              f"    --layer {LAYER} --top 6 --heatmap concepts.png",
+              "onnx-lrp concepts models/digits_cnn.onnx --list-layers"])
 @click.argument("model", metavar="MODEL")
-@click.argument("input_path", metavar="INPUT", required=False)
-@click.option("--layer", default=None, metavar="TENSOR", help="The ONNX tensor whose channels are the concepts (a "
-              "Conv's output; --list-layers lists them).")
+@click.argument("input_path", metavar="[INPUT]", required=False)
+@click.option("--layer", default=None, metavar="TENSOR", help="Its channels are the concepts (a Conv's output).")
 @click.option("--top", type=click.IntRange(min=1), default=None, metavar="K",
-              help="The K channels with the largest shares of the relevance (default 6).")
-@click.option("--concepts", "concept_spec", default=None, metavar="C[,C...][;C...]",
-              help="Channels: ',' joins channels into one concept, ';' separates concepts (e.g. '35;71,2').")
-@click.option("--target", type=int, default=None, help="The class explained (default: the arg-max).")
-@click.option("--item", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which item of INPUT (concepts explain one).")
+              help="The K channels of largest share (default 6).")
+@click.option("--concepts", "concept_spec", default=None, metavar="C[,C..][;C..]",
+              help="These: ',' joins channels, ';' splits concepts.")
+@click.option("--target", type=int, default=None, metavar="INT", help="Class explained (default: the arg-max).")
+@click.option("--item", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Which item of INPUT (default 0).")
 @click.option("--include-parallel", is_flag=True,
-              help="Let relevance that bypasses the layer (skip connections) reach the heatmaps unmasked "
-                   "(zennit-crp exclude_parallel=False); default: only the graph below the layer.")
+              help="Keep relevance bypassing the layer (skips).")
 @click.option("--init", type=click.Choice(["logit", "abs", "one-hot", "activation"]), default="logit",
-              show_default=True, help="Start from the target's logit, its absolute value, 1, or the layer's "
-                                      "activation (no target).")
-@click.option("--record", multiple=True, metavar="TENSOR", help="Also return the conditioned relevance here.")
+              metavar="logit|abs|one-hot|activation", help="Start from the logit (default), |logit|, 1, or the "
+              "layer's activation (no target).")
+@click.option("--record", multiple=True, metavar="TENSOR", help="Also the conditioned relevance here.")
 @click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
-              help="A picture: the input, the full heatmap and one tile per concept with its share.")
-@click.option("-o", "--out", "out", default=None, metavar="OUT.npz", help="heatmaps, shares, concepts, record.")
-@click.option("--list-layers", is_flag=True, help="List the layer tensors of MODEL and exit.")
+              help="Input, heatmap and one tile per concept.")
+@click.option("-o", "--out", "out", default=None, metavar="OUT.npz", help="Heatmaps, shares, concepts, record.")
+@click.option("--list-layers", is_flag=True, help="List MODEL's layer tensors and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @common
 @input_options
@@ -104,7 +124,7 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
     Prints each concept's share of the relevance at the layer; --heatmap draws the conditional heatmaps.
     """
     pre = preprocess(kw)
-    ex = _build(model, composite, kw, pre)
+    setup, ex = _build(model, composite, kw, pre, input_path)
     if list_layers:
         _layer_help(ex)
         return
@@ -115,7 +135,7 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
             check_writable(p)
     if out and Path(out).suffix.lower() != ".npz":
         raise OutputError(f"-o {out}: give a file name ending in .npz")
-    x = _one_item(input_path, ex, pre, item)
+    x = _one_item(input_path, ex, setup, item)
     res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(top, concept_spec),
                               exclude_parallel=not include_parallel, record=list(record), init=init)
     rows = [dict(channels=g, share=float(s)) for g, s in zip(res.concepts, res.shares)]
@@ -141,16 +161,19 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
             click.echo(f"wrote {p}")
 
 
-@click.command("concept-graph")
+@click.command("concept-graph", cls=Command, sections=[
+    ("Graph", ["layer", "concept", "width", "as_json"]), *CONCEPT_SECTIONS],
+    examples=["onnx-lrp concept-graph models/digits_cnn.onnx models/samples/npy/digit_3.npy \\",
+              f"    --layer {LAYER} --width 5,2"])
 @click.argument("model", metavar="MODEL")
 @click.argument("input_path", metavar="INPUT")
-@click.option("--layer", required=True, metavar="TENSOR", help="The layer of the concept (a Conv's output).")
-@click.option("--concept", type=click.IntRange(min=0), default=None,
-              help="Its channel (default: the channel with the largest share).")
-@click.option("--width", default="5,2", show_default=True, metavar="W[,W...]",
-              help="Lower-level concepts kept per layer, one number per level.")
-@click.option("--target", type=int, default=None, help="The class explained (default: the arg-max).")
-@click.option("--item", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--layer", required=True, metavar="TENSOR", help="The concept's layer (a Conv's output).")
+@click.option("--concept", type=click.IntRange(min=0), default=None, metavar="C",
+              help="Its channel (default: the most relevant).")
+@click.option("--width", default="5,2", metavar="W[,W...]",
+              help="Concepts kept per level (default 5,2).")
+@click.option("--target", type=int, default=None, metavar="INT", help="Class explained (default: the arg-max).")
+@click.option("--item", type=click.IntRange(min=0), default=0, metavar="N", help="Which item of INPUT (default 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the graph as JSON.")
 @common
 @input_options
@@ -161,8 +184,8 @@ def concept_graph(model, input_path, layer, concept, width, target, item, as_jso
         widths = [int(w) for w in width.split(",")]
     except ValueError:
         raise InputError(f"--width {width!r}: give positive ints separated by ',' (e.g. 5,2)") from None
-    ex = _build(model, composite, kw, pre)
-    x = _one_item(input_path, ex, pre, item)
+    setup, ex = _build(model, composite, kw, pre, input_path)
+    x = _one_item(input_path, ex, setup, item)
     if concept is None:
         concept = int(np.argmax(ex.concept_relevance(x, target, layer)[0]))
     g = ex.concept_graph(x, target, layer, concept, width=widths)
@@ -182,21 +205,27 @@ def concept_graph(model, input_path, layer, concept, width, target, item, as_jso
     show(g.root, 1, {g.root})
 
 
-@click.group("relmax")
+@click.group("relmax", cls=Group, examples=[
+    "onnx-lrp relmax build model.onnx images/ --layer TENSOR --out-dir relmax/",
+    "onnx-lrp relmax show model.onnx images/ --out-dir relmax/ --channels 3,5"])
 def relmax():
     """Relevance maximisation: the reference samples of each channel over a dataset (build, then show)."""
 
 
-@relmax.command("build")
+@relmax.command("build", cls=Command, sections=[
+    ("Scan", ["layer", "out_dir", "labels", "samples", "shard_size", "batch_size", "overwrite"]),
+    ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])],
+    examples=["onnx-lrp relmax build model.onnx images/ --layer TENSOR --out-dir relmax/",
+              "onnx-lrp relmax build model.onnx data.parquet --layer TENSOR --out-dir relmax/"])
 @click.argument("model", metavar="MODEL")
 @click.argument("source", metavar="SOURCE")
-@click.option("--layer", required=True, metavar="TENSOR", help="The layer whose channels get references.")
+@click.option("--layer", required=True, metavar="TENSOR", help="Its channels get reference samples.")
 @click.option("--out-dir", required=True, metavar="DIR", help="Where the result goes; a rerun resumes.")
 @click.option("--labels", default=None, metavar="FILE.npy", help="One class per item (default: the arg-max).")
-@click.option("--samples", type=click.IntRange(min=1), default=40, show_default=True,
-              help="Reference samples kept per channel.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--samples", type=click.IntRange(min=1), default=40, metavar="N",
+              help="Reference samples kept per channel (40).")
+@click.option("--shard-size", type=click.IntRange(min=1), default=256, metavar="N", help="Items per shard (256).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @click.option("--overwrite", is_flag=True, help="Replace a result made with other settings.")
 @common
 @input_options
@@ -207,7 +236,7 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
     from onnx_lrp.io.inputs import input_infos
 
     pre = preprocess(kw)
-    ex = _build(model, composite, kw, pre)
+    _, ex = _build(model, composite, kw, pre, source, source=True)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
     targets = None
@@ -215,22 +244,27 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
         try:
             targets = np.load(labels)
         except (OSError, ValueError) as exc:
-            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc})") from None
+            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
+                             "saved with np.save") from None
     rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples, shard_size, batch_size, overwrite,
                           log=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "
                f"reference samples of {len(src)} items")
 
 
-@relmax.command("show")
+@relmax.command("show", cls=Command, sections=[
+    ("Show", ["out_dir", "channels", "count", "heatmap_path"]),
+    ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])],
+    examples=["onnx-lrp relmax show model.onnx images/ --out-dir relmax/ --channels 35,71 \\",
+              "    --heatmap refs.png"])
 @click.argument("model", metavar="MODEL")
 @click.argument("source", metavar="SOURCE")
 @click.option("--out-dir", required=True, metavar="DIR", help="What `relmax build` wrote.")
-@click.option("--channels", required=True, metavar="C[,C...]")
-@click.option("--count", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Reference samples per channel.")
+@click.option("--channels", required=True, metavar="C[,C...]", help="The channels to show.")
+@click.option("--count", type=click.IntRange(min=1), default=8, metavar="N",
+              help="Reference samples per channel (8).")
 @click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
-              help="One row per channel: the receptive-field heatmaps of its top samples.")
+              help="Their receptive-field heatmaps, a row each.")
 @common
 @input_options
 def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite, **kw):
@@ -246,12 +280,13 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
         raise InputError(f"--channels {channels!r}: give ints separated by ','") from None
     if heatmap_path:
         check_writable(heatmap_path)
-    ex = _build(model, composite, kw, pre)
+    _, ex = _build(model, composite, kw, pre, source, source=True)
     rm = crp.relmax_load(ex, out_dir)
     src = open_source(source, input_infos(ex.inputs), pre)
     for c in chans:
         if not 0 <= c < rm.indices.shape[1]:
-            raise InputError(f"channel {c} out of range: {rm.layer!r} has {rm.indices.shape[1]} channels")
+            raise InputError(f"channel {c} out of range: {rm.layer!r} has {rm.indices.shape[1]} channels; give 0 to "
+                             f"{rm.indices.shape[1] - 1}")
         ids = ", ".join(f"{src.ids[int(i)]} ({s:+.3f})" for i, s in zip(rm.indices[:count, c], rm.scores[:count, c]))
         click.echo(f"channel {c}: {ids}")
     if heatmap_path:

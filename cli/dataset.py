@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 
 from onnx_lrp.core.errors import InputError
 
-from .io import IMAGE_SUFFIXES
+from .io import ARRAY_SUFFIXES, IMAGE_SUFFIXES, stored_dtypes
 from .options import explainer_setup
 
 
@@ -20,9 +21,7 @@ def dataset_options(f):
     """--out-dir (switches explain into dataset mode) and its engine options; collected by pop_dataset_options."""
     opts = [
         click.option("--out-dir", "out_dir", default=None, metavar="OUT",
-                     help="Dataset mode: explain every item of INPUT (a directory searched recursively, a glob, a "
-                          ".npy/.npz with a batch axis, or Parquet) into OUT/shards/part-NNNNN.npz with "
-                          "OUT/manifest.json and OUT/errors.jsonl; rerunning the same command resumes."),
+                     help="A dataset into shards (docs/dataset.md)."),
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Dataset mode: run here (threads read and write around onnxruntime) or on Ray Data "
                           "(pip install 'onnx-lrp[ray]')."),
@@ -57,11 +56,31 @@ def pop_dataset_options(kw: dict) -> dict | None:
     return opts
 
 
-def _has_images(source: str) -> bool:
+def has_images(source: str) -> bool:
+    """Whether a dataset SOURCE (a directory searched recursively, a glob or a file) holds images."""
     p = Path(source)
     if p.is_dir():
         return any(q.suffix.lower() in IMAGE_SUFFIXES for q in p.rglob("*"))
     return p.suffix.lower() in IMAGE_SUFFIXES
+
+
+def check_source_preprocessing(source, pre) -> None:
+    """A dataset SOURCE of arrays (.npy/.npz files, or a directory or glob of them) with --size/--crop/--mean/--std,
+    or an .npy/.npz SOURCE of uint8 arrays: refused, since its reader feeds arrays as they are (the options apply to
+    images and to Parquet image columns); a single run (explain without --out-dir) reads them as it reads images."""
+    p = Path(source)
+    if p.is_file() and p.suffix.lower() in ARRAY_SUFFIXES and any(d == np.uint8 for d in stored_dtypes(p)):
+        raise InputError(f"{source} holds uint8 arrays, which the dataset reader feeds as they are: save them as "
+                         "floats (x.astype(np.float32) / 255 for pixels), or explain them without --out-dir, which "
+                         "reads uint8 as 8-bit pixels")
+    if not (pre.normalised or pre.size is not None or pre.crop):
+        return
+    suffixes = {q.suffix.lower() for q in p.rglob("*") if q.is_file()} if p.is_dir() else {p.suffix.lower()}
+    if suffixes & set(IMAGE_SUFFIXES + (".parquet",)) or not suffixes & set(ARRAY_SUFFIXES):
+        return
+    given = [o for o, v in (("--size", pre.size), ("--crop", pre.crop), ("--mean/--std", pre.normalised)) if v]
+    raise InputError(f"{', '.join(given)}: the dataset reader feeds the arrays of {source} as they are; preprocess "
+                     "them before saving, or explain them without --out-dir (a single run normalises arrays)")
 
 
 def run_dataset(model, source, ds: dict, *, targets, output_name, start, device, batch_size, relevance_at, pre,
@@ -74,9 +93,10 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
     if given:
         raise InputError(f"{', '.join(given)} write(s) single-run outputs; with --out-dir the relevance goes to "
                          "OUT/shards (drop them, or drop --out-dir)")
+    check_source_preprocessing(source, pre)
     # images among the sources: ZBox bounds from the pixel range after --mean/--std (no note in dataset mode)
     setup = explainer_setup(model, composite, rule_kw, pre=pre,
-                            data_kind=lambda: "image" if _has_images(source) else "array")
+                            data_kind=lambda: "image" if has_images(source) else "array")
     summary = onnx_lrp.explain_dataset(
         model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=batch_size,
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
@@ -96,4 +116,4 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
     return 1 if summary["failed"] else 0
 
 
-__all__ = ["dataset_options", "pop_dataset_options", "run_dataset"]
+__all__ = ["check_source_preprocessing", "dataset_options", "has_images", "pop_dataset_options", "run_dataset"]

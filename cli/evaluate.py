@@ -11,8 +11,9 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, check_writable, data_kind, load_inputs
-from .options import common, explainer_setup, input_options
+from .io import AtomicOutputs, OutputError, check_writable, data_kind
+from .helpfmt import Command, Row
+from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 
 
 METRICS = ("region-perturbation", "pixel-flipping", "faithfulness-correlation", "randomisation", "relevance-mass")
@@ -33,14 +34,14 @@ def _mask(path, n: int, shape: tuple) -> np.ndarray:
     try:
         m = np.load(p, allow_pickle=False)
     except ValueError as exc:
-        raise InputError(f"--mask {path}: cannot read it ({exc})") from None
+        raise InputError(f"--mask {path}: cannot read it ({exc}); write it with np.save") from None
     if m.ndim == len(shape) - 1:
         m = m[None]
     try:
         np.broadcast_to(m, (n, *shape[1:]))
     except ValueError:
         raise InputError(f"--mask {path} has shape {'x'.join(map(str, m.shape))}; the input is "
-                         f"{'x'.join(map(str, shape))}") from None
+                         f"{'x'.join(map(str, shape))}: give a mask of one item's shape, or one per item") from None
     return m
 
 
@@ -105,50 +106,55 @@ def plot(ev):
                      f"{ev.metric}")
 
 
-@click.command("evaluate")
+@click.command("evaluate", cls=Command, sections=[
+    ("Metric", ["metric", "target", "patch", "steps", "order", "baseline", "prob", "seed",
+                Row(("runs", "subset_size"), "faithfulness-correlation: subsets, size.", left="--runs N, --subset-size N"),
+                "mask", "layout"]),
+    ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS]),
+    ("Output", ["as_json", "plot_path", "device"])],
+    examples=["onnx-lrp evaluate models/digits_cnn.onnx models/samples/batch.npy --patch 2 \\",
+              "    --steps 40 --plot curves.png",
+              "onnx-lrp evaluate model.onnx x.npy -m randomisation --plot layers.png"])
 @click.argument("model", metavar="MODEL")
 @click.argument("input_path", metavar="INPUT")
-@click.option("--metric", "-m", type=click.Choice(METRICS), default="region-perturbation", show_default=True,
-              help="Quantus 0.6's definition of the metric.")
+@click.option("--metric", "-m", type=click.Choice(METRICS), default="region-perturbation", metavar="NAME",
+              help="One of the five above (default: the first).")
 @common
 @input_options
-@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
-              help="Class to explain and score: one for all items, one per item, or argmax.")
-@click.option("--patch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="region-perturbation: side of the square regions.")
-@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
-              help="region-perturbation: regions replaced; pixel-flipping: steps (features / steps per step).")
-@click.option("--order", "order", default="morf,lerf", show_default=True, metavar="morf,lerf",
-              help="Perturbation orders (a seeded random order is always added as the floor).")
+@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
+              help="Class, one per item, or argmax (default).")
+@click.option("--patch", type=click.IntRange(min=1), default=8, metavar="N",
+              help="region-perturbation: region side (8).")
+@click.option("--steps", type=click.IntRange(min=1), default=50, metavar="N",
+              help="Regions, or pixel-flipping steps (50).")
+@click.option("--order", "order", default="morf,lerf", metavar="morf,lerf",
+              help="Perturbation orders (+ a seeded random one).")
 @click.option("--baseline", type=click.Choice(["black", "white", "mean", "uniform"]), default="black",
-              show_default=True, help="Replacement value: the item's minimum, maximum, mean, or uniform in [0, 1).")
-@click.option("--prob", type=click.Choice(["softmax", "logit"]), default=None,
-              help="Score the target's softmax probability or logit (default: Quantus': softmax for the "
-                   "perturbation curves, logit for faithfulness-correlation).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seeds the random order, subsets, uniform baseline and randomised weights.")
-@click.option("--runs", type=click.IntRange(min=2), default=100, show_default=True,
-              help="faithfulness-correlation: random subsets.")
-@click.option("--subset-size", type=click.IntRange(min=1), default=224, show_default=True,
-              help="faithfulness-correlation: features per subset.")
+              metavar="black|white|mean|uniform", help="Replacement: min, max, mean, U[0, 1).")
+@click.option("--prob", type=click.Choice(["softmax", "logit"]), default=None, metavar="softmax|logit",
+              help="Score to perturb (default: as Quantus).")
+@click.option("--seed", type=int, default=0, metavar="INT", help="Seeds every random choice (default 0).")
+@click.option("--runs", type=click.IntRange(min=2), default=100, help="faithfulness-correlation: subsets (100).")
+@click.option("--subset-size", type=click.IntRange(min=1), default=224,
+              help="faithfulness-correlation: features per subset (224).")
 @click.option("--mask", default=None, metavar="MASK.npy", help="relevance-mass: 1 inside the region.")
 @click.option("--layout", type=click.Choice(["auto", "channels-first", "channels-last"]), default="auto",
-              show_default=True, help="Images are perturbed channel-first, as Quantus does; auto: channels last "
-                                      "when the last axis is the smallest (Quantus' rule).")
+              metavar="LAYOUT", help="auto (Quantus' rule), channels-first, -last.")
 @click.option("--json", "as_json", is_flag=True, help="Print every figure (per item too) as JSON.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
-              help="Draw the perturbation curves (mean over items) or the per-layer similarity.")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-              help="onnxruntime device.")
+              help="Draw the curves or the per-layer similarity.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", metavar="cpu|cuda|auto",
+              help="onnxruntime device (default cpu).")
 def evaluate(model, input_path, metric, target, patch, steps, order, baseline, prob, seed, runs, subset_size, mask,
              layout, as_json, plot_path, device, composite, **rule_kw):
     """Is the explanation faithful? Score MODEL's LRP explanations of INPUT with a Quantus 0.6 metric.
 
     \b
-    region-perturbation, pixel-flipping  AOPC per order, ABPC = LeRF - MoRF, AUC; beside a seeded random order
-    faithfulness-correlation             correlation of subset relevance with the drop it causes
-    relevance-mass                       share of the relevance inside --mask
-    randomisation                        weights randomised top-down (cascading): similarity per layer, eMPRT
+    region-perturbation       AOPC per order (MoRF, LeRF), ABPC; a random floor
+    pixel-flipping            the same, one feature set per step
+    faithfulness-correlation  subset relevance against the drop it causes
+    randomisation             cascading weight randomisation: similarity per layer
+    relevance-mass            share of the relevance inside --mask
 
     Exit 0, or 1 when the explanation does not beat its random floor.
     """
@@ -165,7 +171,7 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
         check_writable(Path(plot_path))
     orders = _orders(order)
     ex = setup.build(model, device=device)
-    batch = load_inputs(input_path, ex.inputs, setup.pre)
+    batch = setup.read(input_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{input_path} holds no items; give at least one")
     x = next(iter(batch.arrays.values()))

@@ -16,10 +16,11 @@ from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_chunks, merge, slices
 
 from . import heatmap as hm
-from .dataset import dataset_options, pop_dataset_options, run_dataset
-from .io import AtomicOutputs, OutputError, check_writable, input_kind, load_inputs
-from .options import common, explainer_setup, input_options, precision_note, preprocess
-from .text import pop_text_options, run_text, text_options
+from .dataset import DATASET_KEYS, dataset_options, pop_dataset_options, run_dataset
+from .helpfmt import Command, Row
+from .io import AtomicOutputs, OutputError, check_writable, data_kind, input_kind
+from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note, preprocess
+from .text import TEXT_KEYS, pop_text_options, run_text, text_options
 
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
@@ -44,94 +45,87 @@ def parse_target(text: str | None, what: str = "--target"):
 
 
 def default_output(input_path: Path, kind: str) -> Path:
-    """Next to the input: ``x.npy`` -> ``x.relevance.npy``; a directory or .npz -> ``<name>.relevance.npz``."""
+    """In the current directory (never beside the input unasked), named after it: ``x.npy`` -> ``x.relevance.npy``;
+    a directory or .npz -> ``<name>.relevance.npz``."""
     input_path = Path(input_path)
     if kind == "directory":
-        input_path = input_path.resolve()  # "." has no name of its own
-        return input_path.parent / f"{input_path.name}.relevance.npz"
+        return Path(f"{input_path.resolve().name}.relevance.npz")  # "." has no name of its own
     suffix = ".npz" if kind == "npz" else ".npy"
-    return input_path.with_name(f"{input_path.stem}.relevance{suffix}")
+    return Path(f"{input_path.stem}.relevance{suffix}")
 
 
 def _say(msg: str) -> None:
     click.echo(f"onnx-lrp: {msg}", err=True)
 
 
-@click.command("explain")
+EXAMPLES = [
+    "onnx-lrp explain models/digits_cnn.onnx models/samples/png \\",
+    "    --heatmap digits.png -o digits.npz",
+    "onnx-lrp explain resnet18.onnx cat.jpg --mean 0.485,0.456,0.406 \\",
+    "    --std 0.229,0.224,0.225 -c epsilon-gamma-box --heatmap cat.heat.png",
+]
+SECTIONS = [
+    ("What to explain", ["target", "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
+    ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
+    ("Outputs", ["out", "heatmap_path", Row(("cmap", "heatmap_style"), "Heatmap colours and layout.",
+                                            left="--cmap, --heatmap-style"), "as_json"]),
+    ("Running", [Row(TEXT_KEYS, "A text instead of INPUT (docs/text.md)."),
+                 Row(("tokens_path", "html_path", "token_scale"), "Token views of token-id arrays."),
+                 Row(("device", "tf32"), "cpu (default), cuda or auto; TF32 on CUDA.", left="--device D, --tf32"),
+                 "batch_size",
+                 Row(("precision", "precise"), "Numerics of float16 and deep models.", left="--precision P, --precise"),
+                 "strict",
+                 "out_dir", Row(DATASET_KEYS[1:], "Dataset mode's settings (docs/dataset.md).")]),
+]
+
+
+@click.command("explain", cls=Command, examples=EXAMPLES, sections=SECTIONS)
 @click.argument("model", metavar="MODEL")
-@click.argument("input_path", metavar="INPUT", required=False)
+@click.argument("input_path", metavar="[INPUT]", required=False)
 @common
-@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
-              help="Class (index into the explained output, flattened per item) to explain: one for all items, one "
-                   "per item, or argmax (each item's largest output).")
+@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
+              help="Class, one per item, or argmax (default).")
 @click.option("--output", "output_name", default=None, metavar="NAME",
-              help="Model output to explain, for models with several (default: the first). A softmax output is "
-                   "explained through its logits.")
+              help="Output to explain (default: the first).")
 @click.option("--position", default=None, metavar="INT[,INT...]",
-              help="Sequence outputs (N x T x C, e.g. a language model's logits): the position along T to explain, "
-                   "one for all items or one per item (default: the last).")
-@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
-              help="Initial relevance at the target: its output value (logit) or 1 (one-hot, as zennit).")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
+              help="Sequence outputs: position (default: last).")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
+              help="Start: the logit (default) or 1 (zennit).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", metavar="cpu|cuda|auto",
               help="onnxruntime device; auto takes CUDA when available and says which it used.")
-@click.option("--tf32", is_flag=True,
-              help="CUDA: TF32 convolutions and matrix products (faster; relevance drifts from the CPU's, see the "
-                   "README's GPU section). Off by default.")
-@click.option("--precision", type=click.Choice(["auto", "model", "float32"]), default="auto", show_default=True,
-              help="What a float16/bfloat16 model's relevance model computes in: model (its own type, float32 for "
-                   "divisions, stabilisers, softmax and norms), float32, or auto (model on CUDA, float32 on the CPU, "
-                   "which has no float16 kernels).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Items per model run.")
+@click.option("--tf32", is_flag=True, help="CUDA: TF32 convolutions and matrix products (faster, drifts; docs/gpu.md).")
+@click.option("--precision", type=click.Choice(["auto", "model", "float32"]), default="auto",
+              metavar="auto|model|float32",
+              help="What a float16/bfloat16 model's relevance is computed in (docs/deployed.md).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, help="Items per model run (default 32).", metavar="N")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
-              help="Also return the relevance of this intermediate tensor (repeatable; `onnx-lrp inspect` lists "
-                   "tensor names). Needs an .npz output.")
+              help="Also this tensor's relevance (repeatable).")
 @click.option("-o", "--out", "out", default=None, metavar="OUT.npy|OUT.npz",
-              help="Where to write the relevance: .npy (the relevance array) or .npz (relevance, outputs, targets, "
-                   "...). Default: next to INPUT, as <name>.relevance.npy (.npz for directories and .npz inputs).")
+              help="Relevance (default ./INPUT.relevance.npy).")
 @click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
-              help="Also write a heatmap (.png, .jpg, .webp, ...): one tile per item, relevance summed over channels, "
-                   "symmetric around 0, labelled; more than 48 items go to several files (FILE-2.png, ...).")
-@click.option("--cmap", type=click.Choice(list(hm.CMAPS)), default="bwr", show_default=True,
-              help="Heatmap colour map (zennit's; diverging: " + ", ".join(hm.DIVERGING) + ").")
-@click.option("--heatmap-style", type=click.Choice(hm.STYLES), default="beside", show_default=True,
-              help="With image-like inputs: the input beside the heatmap, the heatmap over the input, or the "
-                   "heatmap alone.")
+              help="Also a heatmap, one tile per item.")
+@click.option("--cmap", type=click.Choice(list(hm.CMAPS)), default="bwr",
+              help="Heatmap colour map (zennit's; default bwr).")
+@click.option("--heatmap-style", type=click.Choice(hm.STYLES), default="beside",
+              help="The input beside the heatmap (default), the heatmap over it, or alone.")
 @input_options
 @click.option("--tokens", "tokens_path", default=None, metavar="FILE.txt|FILE.json",
-              help="Token text, one token per line in input order (the same for every item), or a JSON list of token "
-                   "lists (one per item): colour the tokens by relevance in the terminal (summed over the embedding "
-                   "dimension for embedding inputs).")
-@click.option("--token-scale", type=click.FloatRange(min=50, max=100), default=100, show_default=True,
-              metavar="PERCENTILE",
-              help="Token colours: full colour at this percentile of |relevance| per item, clipped above (e.g. 95, "
-                   "so that one dominant token such as [CLS] does not wash out the rest).")
+              help="Token text for token-id arrays: one per line, or a JSON list of lists (one per item).")
+@click.option("--token-scale", type=click.FloatRange(min=50, max=100), default=100, metavar="PERCENTILE",
+              help="Token colours: full colour at this percentile of |relevance| (default 100).")
 @click.option("--html", "html_path", default=None, metavar="FILE.html",
-              help="With --tokens: write an HTML page with the tokens coloured by relevance (one paragraph per "
-                   "item).")
+              help="With --tokens: an HTML page with the tokens coloured by relevance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--precise", is_flag=True,
-              help="Run onnxruntime without its layout optimisations: closer to a float64 reference on deep residual "
-                   "CNNs (ResNet50: 4.5e-4 -> 8.9e-5 rel-L2), ~13 % slower.")
-@click.option("--strict", is_flag=True,
-              help="Fail (exit 1, nothing written) instead of warning when the relevance of an item sums to below "
-                   "1 % or above 100 x its start relevance, or explodes (for CI). With --out-dir: such items fail "
-                   "(listed in errors.jsonl, exit 1), the others are written.")
+              help="onnxruntime without layout optimisations: closer to float64 on deep CNNs, ~13 % slower.")
+@click.option("--strict", is_flag=True, help="Exit 1 if relevance is not conserved.")
 @text_options
 @dataset_options
 def explain(**kw):
-    """Explain MODEL's prediction for INPUT with LRP.
+    """Explain MODEL's prediction for INPUT with LRP: the relevance of every input element for a class.
 
-    INPUT is a .npy array (one item, or a batch on the first axis; never unpickled), a .npz with one array per
-    model input (by input name), an image (PNG, JPEG, ...), or a directory of files of one of these kinds
-    (explained as one batch, in sorted order). Or no INPUT but --text "..." --tokenizer tokenizer.json: a
-    language model's next token (or --continuation) explained over the text's tokens, coloured in the terminal.
-
-    With --out-dir OUT, explains a whole dataset in streaming shards instead (INPUT: a directory searched
-    recursively, a glob, a .npy/.npz with a batch axis, or Parquet); see --out-dir and the README.
-
-    Prints a summary per item: predicted class, explained target, the output's value there, the sum of the
-    relevance, and the time taken.
+    INPUT: an image, a .npy array (a batch on the first axis), a .npz (one array per model input), or a directory
+    of one kind. Prints a summary per item; writes the relevance, a heatmap if asked.
     """
     o = ExplainOptions.from_click(kw)
     ds = pop_dataset_options(o.rule_kw)
@@ -143,7 +137,8 @@ def explain(**kw):
                         html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
                         refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
                                  "--heatmap": o.heatmap_path,
-                                 "--relevance-at": o.relevance_at, "--output": o.output_name})
+                                 "--relevance-at": o.relevance_at, "--output": o.output_name,
+                                 **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
     if o.input_path is None:
         raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
@@ -235,10 +230,7 @@ def _destinations(o: ExplainOptions) -> _Destinations:
     """The output files (suffixes, writable, not the input), targets, positions and tokens: refused before any work."""
     input_path = Path(o.input_path)
     kind = input_kind(input_path)
-    data_kind = kind
-    if kind == "directory":
-        from .io import directory_files
-        data_kind = directory_files(input_path)[0]
+    items_kind = data_kind(input_path)  # a directory's is that of its files; "pixels" for uint8 arrays
     out_path = Path(o.out) if o.out else default_output(input_path, kind)
     if out_path.suffix.lower() not in (".npy", ".npz"):
         raise OutputError(f"-o {out_path}: the relevance is written as .npy or .npz; change the suffix")
@@ -267,7 +259,7 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         if html_out.suffix.lower() not in (".html", ".htm"):
             raise OutputError(f"--html {html_out}: give an .html file name")
         check_writable(html_out)
-    return _Destinations(input_path, data_kind, out_path, heat_path, html_out, tokens, targets, positions)
+    return _Destinations(input_path, items_kind, out_path, heat_path, html_out, tokens, targets, positions)
 
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
@@ -286,7 +278,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     if len(ex.relevance_inputs) > 1 and dest.out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {dest.out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
-    batch = _read(dest, ex, setup.pre)
+    batch = _read(dest, ex, setup)
     t1 = time.perf_counter()
     merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
@@ -298,9 +290,9 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     return res
 
 
-def _read(dest: _Destinations, ex, pre):
+def _read(dest: _Destinations, ex, setup):
     """The inputs as one batch; refused when empty or when --target / --position do not give one per item."""
-    batch = load_inputs(dest.input_path, ex.inputs, pre)
+    batch = setup.read(dest.input_path, ex.inputs)
     n = len(batch)
     if n == 0:
         raise InputError(f"{dest.input_path} holds no items (an empty batch); give at least one")

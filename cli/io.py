@@ -27,6 +27,7 @@ from onnx_lrp.io.inputs import (
     ImageLayout,
     InputInfo,
     Preprocess,
+    channels_last,
     directory_files,
     image_layout,
     input_infos,
@@ -37,13 +38,21 @@ from onnx_lrp.io.inputs import (
     load_npz,
     model_channel_axis,
     model_input_dims,
+    model_signature,
+    stored_dtypes,
 )
 
 
 def data_kind(path) -> str:
-    """The kind of an input's items ("npy", "npz", "image"): a directory's is that of its files."""
+    """The kind of an input's items ("npy", "npz", "image"): a directory's is that of its files; "pixels" for arrays
+    of uint8, which are read as 8-bit pixels as images are (their range is known: [0, 1] after dividing by 255)."""
     kind = input_kind(path)
-    return directory_files(path)[0] if kind == "directory" else kind
+    kind = directory_files(path)[0] if kind == "directory" else kind
+    if kind in ("npy", "npz"):
+        dtypes = stored_dtypes(path)
+        if dtypes and all(d == np.uint8 for d in dtypes):
+            return "pixels"
+    return kind
 
 
 def parse_floats(text: str | None, what: str) -> tuple | None:
@@ -204,7 +213,7 @@ def check_writable(path) -> None:
 
 
 __all__ = ["ARRAY_SUFFIXES", "AtomicOutputs", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD",
-           "ImageLayout", "InputInfo", "OutputError", "Preprocess", "Progress", "check_writable", "data_kind",
+           "ImageLayout", "InputInfo", "OutputError", "Preprocess", "Progress", "channels_last", "check_writable", "data_kind",
            "directory_files",
            "image_layout", "input_infos", "input_kind", "load_image", "load_inputs", "load_npy", "load_npz",
-           "model_channel_axis", "model_input_dims", "parse_floats", "parse_size"]
+           "model_channel_axis", "model_input_dims", "model_signature", "parse_floats", "parse_size", "stored_dtypes"]

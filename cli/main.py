@@ -1,11 +1,13 @@
 """The ``onnx-lrp`` command line: a click group; each command lives in its own module.
 
-Exit codes: 0 success; 1 a check failed (e.g. ``inspect`` found unsupported nodes); 2 bad usage or bad input
-(one line on stderr saying what is wrong and what to do, no traceback); 3 an internal error (a bug: set
-ONNX_LRP_DEBUG=1 for the traceback).
+Exit codes (docs/exit-codes.md): 0 success; 1 a result that fails a check (``inspect`` found unsupported nodes,
+``check`` found drift, ``--strict`` found relevance not conserved, relevance or output NaN/Inf: a
+:class:`~onnx_lrp.core.errors.NumericError`); 2 bad usage or bad input (one line on stderr saying what is wrong and
+what to do, no traceback); 3 an internal error (a bug: set ONNX_LRP_DEBUG=1 for the traceback), never for bad input.
 
 Adding a command is one line: ``main.add_command(my_command)``. A command signals a failed check with
-``sys.exit(1)`` (or ``ctx.exit(1)``) and bad input by raising :class:`onnx_lrp.LrpError` (``InputError`` ...).
+``sys.exit(1)`` (or raising ``NumericError``) and bad input by raising :class:`onnx_lrp.LrpError` (``InputError``
+...).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 import click
 
 from onnx_lrp import __version__
-from onnx_lrp.core.errors import InternalError, LrpError, LrpWarning
+from onnx_lrp.core.errors import InternalError, LrpError, LrpWarning, NumericError
 
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -65,6 +67,8 @@ class LrpGroup(click.Group):
             _fail(exc.format_message(), exc.exit_code or EXIT_BAD_INPUT)
         except InternalError as exc:  # a bug caught at the API boundary, named by node: still exit 3
             _fail(str(exc), EXIT_INTERNAL)
+        except NumericError as exc:  # the run finished, its result failed a check (--strict, NaN/Inf): not bad input
+            _fail(str(exc), EXIT_CHECK_FAILED)
         except LrpError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         except MemoryError:
@@ -85,7 +89,7 @@ class LrpGroup(click.Group):
 COMMANDS = {
     "explain": (".explain", "explain", "Explain MODEL's prediction for INPUT with LRP (heatmaps, .npy/.npz)."),
     "trace": (".trace", "trace", "The conservation ledger: where the relevance goes, node by node."),
-    "inspect": (".commands", "inspect", "The rule for every node of MODEL; exit 1 if any is unsupported."),
+    "inspect": (".commands", "inspect", "MODEL's inputs, outputs, the rule of every node; a command to explain it."),
     "rewrite": (".commands", "rewrite", "Write MODEL's relevance model for plain onnxruntime."),
     "composites": (".composites", "composites", "List the built-in composites and their rules."),
     "evaluate": (".evaluate", "evaluate", "Is the explanation faithful? Quantus metrics against a random floor."),
@@ -125,7 +129,7 @@ def main():
     \b
     onnx-lrp explain MODEL INPUT --heatmap heat.png   explain a prediction
     onnx-lrp trace MODEL INPUT                        where the relevance goes, node by node
-    onnx-lrp inspect MODEL                            the rule for every node; exit 1 if unsupported
+    onnx-lrp inspect MODEL                            inputs, outputs, the rule of every node, a command
     onnx-lrp rewrite MODEL -o MODEL.lrp.onnx          a relevance model for plain onnxruntime
     onnx-lrp composites                               the built-in composites
     onnx-lrp evaluate MODEL INPUT --plot curves.png   is the explanation faithful? (AOPC vs a random floor)

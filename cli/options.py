@@ -2,7 +2,9 @@
 (:func:`explainer_setup`: preprocessing, rule parameters, ZBox bounds, composite) that every such command calls."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 import numpy as np
@@ -10,17 +12,28 @@ from onnx_lrp.rules.composite import Composite, builtin_names, load_composite
 
 from onnx_lrp.core.errors import InputError
 
-from .io import IMAGENET_MEAN, IMAGENET_STD, Preprocess, image_layout, model_input_dims, parse_floats, parse_size
+from .helpfmt import Row
+from .io import (
+    ARRAY_SUFFIXES,
+    IMAGE_SUFFIXES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Batch,
+    Preprocess,
+    channels_last,
+    load_inputs,
+    model_input_dims,
+    parse_floats,
+    parse_size,
+)
 
 
 DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/build/auto_composite.py
 
 
 def composite_option(f):
-    return click.option("--composite", "-c", default=DEFAULT_COMPOSITE, show_default=True, metavar="NAME|FILE",
-                        help=f"Built-in composite ({', '.join(builtin_names())}) or a composite TOML file; "
-                             "auto: epsilon-plus-flat for ReLU networks, attnlrp for other non-linearities (SiLU, "
-                             "GELU, hard-swish, attention). `onnx-lrp composites` lists them.")(f)
+    return click.option("--composite", "-c", default=DEFAULT_COMPOSITE, metavar="NAME|FILE",
+                        help="auto, a name (onnx-lrp composites) or TOML.")(f)
 
 
 def rule_options(f):
@@ -29,9 +42,10 @@ def rule_options(f):
         click.option("--epsilon", type=float, default=None, help="Epsilon of the epsilon rules."),
         click.option("--gamma", type=float, default=None, help="Gamma of the gamma rules (>= 0)."),
         click.option("--low", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="ZBox lower bound of the input (one value or one per channel)."),
+                     help="Box-rule lower bound of the input (one value or one per channel; default: from "
+                          "--mean/--std)."),
         click.option("--high", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="ZBox upper bound of the input (one value or one per channel)."),
+                     help="Box-rule upper bound of the input (see --low)."),
         click.option("--alpha", type=float, default=None, help="Alpha of the alpha-beta rules (alpha - beta = 1)."),
         click.option("--beta", type=float, default=None, help="Beta of the alpha-beta rules."),
         click.option("--stabilizer", type=float, default=None,
@@ -55,9 +69,8 @@ def bounds(text: str | None, what: str):
 
 def constant_option(f):
     return click.option("--constant", "constants", multiple=True, metavar="NAME=VALUE",
-                        help="Bind the model input NAME to a fixed value (repeatable; a number or comma-separated "
-                             "numbers): an integer input that an If branches on, e.g. a sample rate "
-                             "(--constant sr=16000). The input is no longer fed.")(f)
+                        help="Bind the model input NAME to a fixed value, e.g. a sample rate an If branches on "
+                             "(--constant sr=16000); repeatable.")(f)
 
 
 def parse_constants(items) -> dict:
@@ -70,7 +83,8 @@ def parse_constants(items) -> dict:
         try:
             vals = [float(t) for t in text.split(",")]
         except ValueError:
-            raise InputError(f"--constant {item}: VALUE must be a number or comma-separated numbers") from None
+            raise InputError(f"--constant {item}: VALUE must be a number or comma-separated numbers (e.g. --constant "
+                             "sr=16000)") from None
         arr = np.asarray(vals if len(vals) > 1 else vals[0])
         if np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
@@ -79,10 +93,9 @@ def parse_constants(items) -> dict:
 
 
 def input_shape_option(f):
-    return click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=DxDx...",
-                        help="Fix the dynamic dimensions of the model input NAME (repeatable; sizes joined by x, "
-                             "static ones as they are): a shape check that an If branches on then folds, e.g. "
-                             "--input-shape input=1x512 --input-shape state=2x1x128.")(f)
+    return click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=DxD...",
+                        help="Fix the dynamic sizes of the model input NAME (--input-shape x=1x512), so that a shape "
+                             "check an If branches on folds; repeatable.")(f)
 
 
 def parse_input_shapes(items) -> dict:
@@ -112,7 +125,7 @@ def rule_params(kw: dict) -> dict:
     for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer"):
         v = params[k]
         if v is not None and not np.isfinite(v):
-            raise InputError(f"--{k} {v} is not a finite number")
+            raise InputError(f"--{k} {v} is not a finite number; give a finite one")
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -131,27 +144,37 @@ def takes(composite: Composite, param: str) -> bool:
 
 
 def input_options(f):
-    """--size --mean --std --crop: how image inputs become model inputs; collected by :func:`preprocess`.
+    """--size --mean --std --crop: how inputs become model inputs; collected by :func:`preprocess`.
 
-    One definition for every command that reads inputs (explain, trace, snapshot, diff)."""
+    One definition for every command that reads inputs (explain, trace, snapshot, diff, evaluate, concepts, relmax).
+    """
     opts = [
         click.option("--size", default=None, metavar="H[,W]",
                      help="Images: resize to this size (default: the model's input size)."),
         click.option("--crop", is_flag=True,
-                     help="Images: keep the aspect ratio: resize the shorter side, then cut the centre to --size "
-                          "(default: resize to --size, which stretches non-square images)."),
+                     help="Images: keep the aspect ratio (resize the shorter side, cut the centre)."),
         click.option("--mean", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="Images: pixels are scaled to [0,1], then (x - mean) / std per channel (default 0). "
-                          f"ImageNet models: --mean {','.join(map(str, IMAGENET_MEAN))} "
-                          f"--std {','.join(map(str, IMAGENET_STD))}."),
-        click.option("--std", default=None, metavar="FLOAT[,FLOAT...]",
-                     help="Images: see --mean (default 1). For image inputs without --low/--high, the ZBox bounds "
-                          "are the pixel range after this normalisation: low = (0 - mean) / std, "
-                          "high = (1 - mean) / std per channel."),
+                     help="Normalise every input kind, (x - mean) / std per channel, images and uint8 arrays scaled "
+                          f"to [0, 1] first (ImageNet: --mean {','.join(map(str, IMAGENET_MEAN))} "
+                          f"--std {','.join(map(str, IMAGENET_STD))}); the box-rule bounds follow from them."),
+        click.option("--std", default=None, metavar="FLOAT[,FLOAT...]", help="See --mean (default 1)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+# help rows (cli.helpfmt) of the shared options, for the sections of every command's help: one line each at 80
+# columns (the option column 30 wide, the help 44); docs/cli.md says the rest
+RULE_ROWS = ["composite",
+             Row(("epsilon", "gamma", "stabilizer"), "Rule parameters (default: the composite's).",
+                 left="--epsilon/--gamma/--stabilizer"),
+             Row(("alpha", "beta"), "Alpha-beta rules (alpha - beta = 1)."),
+             Row(("low", "high"), "Box bounds (default: from --mean/--std).", left="--low/--high F[,F...]")]
+INPUT_ROWS = [Row(("mean", "std"), "Normalise any input: (x - mean) / std.", left="--mean/--std F[,F...]"),
+              Row(("size", "crop"), "Resize images (--crop: keep the aspect).", left="--size H[,W], --crop")]
+BINDING_ROWS = [Row(("constants", "input_shapes"), "Bind an input to a value / fix its sizes.",
+                    left="--constant, --input-shape")]
 
 
 def preprocess(kw: dict) -> Preprocess:
@@ -163,22 +186,40 @@ def preprocess(kw: dict) -> Preprocess:
     return pre
 
 
-def image_zbox(model, data_kind, comp: Composite, params: dict, pre: Preprocess) -> str | None:
-    """For image inputs and a composite with ZBox but no --low/--high: set the bounds from the pixel range after
-    --mean/--std in ``params``; returns the note to print (None when nothing was set). ``data_kind``: the inputs'
-    kind, or a function giving it (called only for a composite with ZBox and no bounds given)."""
-    if data_kind is None or not takes(comp, "low") or "low" in params or "high" in params:
-        return None
-    if (data_kind() if callable(data_kind) else data_kind) != "image":
-        return None
-    infos = model_input_dims(model)
-    if len(infos) != 1:
-        return None
-    low, high = pre.box(image_layout(infos[0]))
-    params["low"], params["high"] = low, high
+KNOWN_RANGE = ("image", "pixels")  # items in [0, 1] before --mean/--std: images and uint8 arrays (divided by 255)
+
+
+def box_bounds(model, data_kind, comp: Composite, params: dict, pre: Preprocess) -> tuple[str | None, str | None]:
+    """The bounds of a box rule (ZBox) when the composite has one and no --low/--high were given, set in ``params``:
+    the range [0, 1] after normalisation (low = (0 - mean) / std, high = (1 - mean) / std per channel) when
+    --mean/--std are given, whatever the input kind (they normalise every kind), or [0, 1] for images and uint8
+    arrays, whose range is known. ``data_kind``: the inputs' kind, or a function giving it (called only when it
+    matters). Returns (the note to print, "mean/std" or "pixels"), or (None, None) when nothing was set."""
+    if not takes(comp, "low") or "low" in params or "high" in params:
+        return None, None
+    if not pre.normalised and (data_kind() if callable(data_kind) else data_kind) not in KNOWN_RANGE:
+        return None, None
+    floats = [i for i in model_input_dims(model) if i.dtype.kind == "f"]
+    if len(floats) != 1:
+        return None, None
+    dims = floats[0].dims
+    channels = (dims[-1] if channels_last(dims) else dims[1]) if len(dims) >= 2 else 1
+    params["low"], params["high"] = pre.bounds(channels, len(dims) or 4, f"the model input {floats[0].name!r}")
     source = "from --mean/--std" if pre.normalised else "for pixels in [0, 1] (no --mean/--std given)"
-    return (f"ZBox bounds {source}: low {[round(float(v), 4) for v in low.ravel()]}, "
-            f"high {[round(float(v), 4) for v in high.ravel()]}")
+    note = (f"ZBox bounds {source}: low {[round(float(v), 4) for v in params['low'].ravel()]}, "
+            f"high {[round(float(v), 4) for v in params['high'].ravel()]}")
+    return note, ("mean/std" if pre.normalised else "pixels")
+
+
+def check_model_arg(model) -> None:
+    """MODEL given an input file or a directory (MODEL and INPUT swapped): refused naming the order."""
+    if not isinstance(model, (str, os.PathLike)):
+        return
+    path = Path(model)
+    if path.is_dir() or path.suffix.lower() in ARRAY_SUFFIXES + IMAGE_SUFFIXES:
+        what = "a directory" if path.is_dir() else f"an input file ({path.suffix.lower()})"
+        raise InputError(f"MODEL {model} is {what}, not an ONNX model: the first argument is the model (.onnx), the "
+                         "second the input, as in onnx-lrp explain MODEL.onnx INPUT")
 
 
 BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say so on stderr
@@ -194,7 +235,6 @@ def build_explainer(model, composite: Composite, **kw):
     """``onnx_lrp.Explainer(model, composite, **kw)``; for large model files one line on stderr says what is
     happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size, so
     small models and failures keep stderr to one line)."""
-    import os
     import time
 
     import onnx_lrp
@@ -226,6 +266,7 @@ class Setup:
     constants: dict
     input_shapes: dict
     zbox_note: str | None = None
+    bounds_from: str | None = None  # "mean/std" or "pixels" when the box-rule bounds were derived (box_bounds)
 
     def bindings(self) -> dict:
         """The --constant and --input-shape keywords of an Explainer (only those given)."""
@@ -234,6 +275,22 @@ class Setup:
     def build(self, model, **kw):
         """The explainer of ``model`` with this composite and these bindings (:func:`build_explainer`)."""
         return build_explainer(model, self.composite, **self.bindings(), **kw)
+
+    def read(self, path, specs) -> Batch:
+        """The inputs at ``path`` for a model with inputs ``specs``, preprocessed (:func:`load_inputs`); their notes
+        on stderr. Refused when the box-rule bounds came from --mean/--std but the arrays were not in [0, 1] before
+        normalisation (normalised already?); warned when --mean/--std normalise values outside [0, 1]."""
+        batch = load_inputs(path, specs, self.pre)
+        for note in dict.fromkeys(batch.notes):
+            click.echo(f"onnx-lrp: {note}", err=True)
+        if batch.outside_unit and self.bounds_from == "mean/std":
+            raise InputError(f"{batch.outside_unit}, outside [0, 1]: the box-rule bounds from --mean/--std are those "
+                             "of values in [0, 1] before normalisation; if the array is normalised already, drop "
+                             "--mean/--std and give its range with --low/--high")
+        if batch.outside_unit:
+            click.echo(f"onnx-lrp: warning: {batch.outside_unit}, outside [0, 1]: --mean/--std normalise arrays as "
+                       "they do pixels in [0, 1]; drop them if the array is normalised already", err=True)
+        return batch
 
 
 def explainer_setup(model, composite, kw: dict, *, data_kind=None, pre: Preprocess | None = None) -> Setup:
@@ -244,13 +301,14 @@ def explainer_setup(model, composite, kw: dict, *, data_kind=None, pre: Preproce
     ``data_kind``: the kind of the inputs ("image", "npy", ...), or a function giving it, called only when it
     matters: for image inputs and a composite with ZBox but no --low/--high, the bounds are the pixel range after
     --mean/--std (:func:`image_zbox`)."""
+    check_model_arg(model)
     pre = preprocess(kw) if pre is None else pre
     constants = parse_constants(kw.pop("constants", ()))
     input_shapes = parse_input_shapes(kw.pop("input_shapes", ()))
     params = rule_params(kw)
     comp = composite_with(composite, {})
-    note = image_zbox(model, data_kind, comp, params, pre)
-    return Setup(pre, params, composite_with(comp, params), constants, input_shapes, note)
+    note, source = box_bounds(model, data_kind, comp, params, pre)
+    return Setup(pre, params, composite_with(comp, params), constants, input_shapes, note, source)
 
 
 def common(f):
@@ -258,8 +316,8 @@ def common(f):
     return composite_option(rule_options(constant_option(input_shape_option(f))))
 
 
-__all__ = ["DEFAULT_COMPOSITE", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
+__all__ = ["BINDING_ROWS", "DEFAULT_COMPOSITE", "INPUT_ROWS", "RULE_ROWS", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
            "precision_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
-           "parse_input_shapes", "image_zbox",
+           "parse_input_shapes", "box_bounds", "check_model_arg",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -24,8 +24,10 @@ from onnx_lrp.run.batches import explain_all
 
 from . import heatmap as hm
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, Progress, check_writable, data_kind, load_inputs, model_channel_axis
-from .options import Setup, build_explainer, common, explainer_setup, input_options
+from .io import AtomicOutputs, OutputError, Progress, check_writable, data_kind, model_channel_axis
+from .helpfmt import Command, Row
+from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
+                      input_options)
 
 
 EXIT_DRIFT = 1
@@ -41,33 +43,36 @@ def threshold_options(f):
     d = rg.DEFAULT_THRESHOLDS
     opts = [
         click.option("--max-output-diff", default=None, metavar="FLOAT|off",
-                     help=f"Most allowed max|y - y0| / max|y0| of the explained output (default {d.max_output_diff})."),
+                     help=f"Outputs: max|y - y0| / max|y0| ({d.max_output_diff})."),
         click.option("--min-cosine", default=None, metavar="FLOAT|off",
-                     help=f"Least allowed cosine similarity of the relevance (default {d.min_cosine})."),
+                     help=f"Relevance: cosine similarity ({d.min_cosine})."),
         click.option("--max-rel-l2", default=None, metavar="FLOAT|off",
-                     help=f"Most allowed ||r - r0|| / ||r0|| (default {d.max_rel_l2})."),
+                     help=f"Relevance: ||r - r0|| / ||r0|| ({d.max_rel_l2})."),
         click.option("--min-spearman", default=None, metavar="FLOAT|off",
-                     help=f"Least allowed Spearman rank correlation of the relevance (default {d.min_spearman})."),
+                     help=f"Relevance: Spearman rank correlation ({d.min_spearman})."),
         click.option("--min-topk-iou", default=None, metavar="FLOAT|off",
-                     help=f"Least allowed IoU of the top-k % most relevant features (default {d.min_topk_iou})."),
+                     help=f"Relevance: IoU of the top-k % ({d.min_topk_iou})."),
         click.option("--topk-percent", default=None, metavar="FLOAT",
-                     help=f"k of the top-k IoU, in percent of the features (default {d.topk_percent:g})."),
+                     help=f"k of the top-k IoU, in % ({d.topk_percent:g})."),
         click.option("--config", "config", default=None, metavar="FILE.toml",
-                     help=f"Thresholds from the [check] table of this TOML file (default: ./{rg.CONFIG_NAME} when it "
-                          "exists). Command-line values win."),
+                     help=f"Thresholds ([check]; default ./{rg.CONFIG_NAME})."),
         click.option("--report-json", "report_json", default=None, metavar="FILE.json",
-                     help="Also write every figure as JSON."),
+                     help="Also every figure as JSON."),
         click.option("--junit-xml", "junit_xml", default=None, metavar="FILE.xml",
-                     help="Also write a JUnit XML report (one test case per sample) for CI systems."),
+                     help="Also JUnit XML, one test case per sample."),
         click.option("--heatmap-dir", "heatmap_dir", default=None, metavar="DIR",
-                     help="Write baseline | current | difference heatmaps of every drifted sample here (created if "
-                          "missing)."),
-        click.option("--max-rows", type=click.IntRange(min=1), default=50, show_default=True,
-                     help="Rows of the table on stdout (the reports list every sample)."),
+                     help="Heatmaps of every drifted sample here."),
+        click.option("--max-rows", type=click.IntRange(min=1), default=50, metavar="N",
+                     help="Rows of the table on stdout (50)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+THRESHOLD_ROWS = ["max_output_diff", "min_cosine", "max_rel_l2", "min_spearman", "min_topk_iou", "topk_percent",
+                  "config"]
+REPORT_ROWS = ["report_json", "junit_xml", "heatmap_dir", "max_rows"]
 
 
 def _pop_thresholds(kw: dict) -> tuple[rg.Thresholds, str | None]:
@@ -215,16 +220,14 @@ def faith_options(f):
     """snapshot --metrics and the region-perturbation settings stored with them."""
     opts = [
         click.option("--metrics", default=None, metavar="aopc,abpc",
-                     help="Also store faithfulness (region perturbation: AOPC of the MoRF order, ABPC = LeRF - MoRF,"
-                          " beside a seeded random order) for `check --metric-tol`."),
-        click.option("--metric-patch", type=click.IntRange(min=1), default=8, show_default=True,
-                     help="--metrics: side of the regions."),
-        click.option("--metric-steps", type=click.IntRange(min=1), default=50, show_default=True,
-                     help="--metrics: regions replaced."),
+                     help="Also store faithfulness (for check --metric-tol)."),
+        click.option("--metric-patch", type=click.IntRange(min=1), default=8, metavar="N",
+                     help="--metrics: side of the regions (8)."),
+        click.option("--metric-steps", type=click.IntRange(min=1), default=50, metavar="N",
+                     help="--metrics: regions replaced (50)."),
         click.option("--metric-baseline", type=click.Choice(["black", "white", "mean", "uniform"]), default="black",
-                     show_default=True, help="--metrics: the replacement value."),
-        click.option("--metric-seed", type=int, default=0, show_default=True,
-                     help="--metrics: seeds the random order."),
+                     metavar="black|white|mean|uniform", help="--metrics: the replacement value (black)."),
+        click.option("--metric-seed", type=int, default=0, metavar="INT", help="--metrics: seeds the random order."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -234,7 +237,7 @@ def faith_options(f):
 def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
     if len(rel) != 1 or len(arrays) != 1:
         raise InputError("faithfulness metrics need a model with one float input; this one has "
-                         f"{', '.join(sorted(arrays))}")
+                         f"{', '.join(sorted(arrays))}: drop --metrics")
     x = next(iter(arrays.values()))
     with Progress("faithfulness") as bar:
         bar.update(0, 1)
@@ -244,26 +247,32 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 
 
 # ---------------------------------------------------------------------------------------------- snapshot
-@click.command("snapshot")
+@click.command("snapshot", cls=Command, sections=[
+    ("What to store", ["out", "target", "output_name", "start", "batch_size",
+                       Row(("metrics", "metric_patch", "metric_steps", "metric_baseline", "metric_seed"),
+                           "Faithfulness too (region perturbation), for check --metric-tol.")]),
+    ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])],
+    examples=["onnx-lrp snapshot models/digits_cnn.onnx models/samples/npy -o baseline.npz",
+              "onnx-lrp snapshot model.onnx inputs.npz -o baseline.npz --metrics aopc,abpc"])
 @click.argument("model", metavar="MODEL")
 @click.argument("inputs_path", metavar="INPUTS")
 @click.option("-o", "--out", "out", required=True, metavar="BASELINE.npz", help="Where to write the snapshot.")
 @common
-@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
-              help="Class to explain: one for all items, one per item, or argmax (resolved now and stored).")
-@click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to explain.")
-@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
-              help="Initial relevance at the target.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
+              help="Class, one per item, or argmax (default).")
+@click.option("--output", "output_name", default=None, metavar="NAME", help="Output to explain (default: the first).")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
+              help="Start: the logit (default) or 1 (zennit).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @faith_options
 @input_options
 def snapshot(model, inputs_path, out, target, output_name, start, batch_size, metrics, metric_patch, metric_steps,
              metric_baseline, metric_seed, composite, **rule_kw):
     """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
 
-    INPUTS is a .npy, a .npz (one array per model input), an image or a directory of these. The snapshot keeps the
-    inputs, the explained targets (arg-max resolved now), the outputs, the relevance, the composite (TOML text and
-    parameter overrides), the start, the onnx-lrp version and the model's SHA-256: a later check needs nothing else.
+    INPUTS: a .npy, a .npz (one array per model input), an image or a directory of these. The snapshot keeps the
+    inputs, targets (arg-max resolved now), outputs, relevance, composite and settings: a later check needs nothing
+    else (docs/ci-regression.md).
     """
     out_path = Path(out)
     if out_path.suffix.lower() != ".npz":
@@ -275,7 +284,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     t0 = time.perf_counter()
     ex = _explainer(model, setup.composite, output_name, start, **setup.bindings())
     comp_name, comp_toml = rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
-    batch = load_inputs(inputs_path, ex.inputs, setup.pre)
+    batch = setup.read(inputs_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))
@@ -305,29 +314,33 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
 
 
 # ---------------------------------------------------------------------------------------------- check
-@click.command("check")
+@click.command("check", cls=Command, sections=[
+    ("Thresholds (per sample)", THRESHOLD_ROWS),
+    ("Reports", REPORT_ROWS),
+    ("Running", ["batch_size", Row(("engine", "workers", "ray_address"), "Recompute here or on Ray Data."),
+                 "metric_tol"])],
+    examples=["onnx-lrp check models/digits_cnn.onnx baseline.npz",
+              "onnx-lrp check model.onnx baseline.npz --junit-xml lrp-junit.xml \\",
+              "    --report-json lrp-report.json --heatmap-dir drift/"])
 @click.argument("model", metavar="MODEL")
 @click.argument("baseline", metavar="BASELINE.npz")
 @threshold_options
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Items per model run (default: the snapshot's; dynamically quantized models depend on it).")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Items per model run (default: the snapshot's).")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", metavar="local|ray",
               help="Recompute here, or on Ray Data actors for large snapshots (pip install 'onnx-lrp[ray]').")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="--engine ray: actors (default: one per CPU, or per GPU).")
 @click.option("--ray-address", "ray_address", default=None, metavar="ADDR",
               help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
 @click.option("--metric-tol", "metric_tol", multiple=True, metavar="NAME=DROP|off",
-              help="Faithfulness stored by `snapshot --metrics`: fail when the paired mean of NAME (aopc, abpc) drops "
-                   f"by more than DROP (default {tracking.DEFAULT_TOLERANCE:g}); repeatable. A check also fails when "
-                   "the explanation no longer beats the random order.")
+              help=f"Faithfulness: most drop of aopc, abpc ({tracking.DEFAULT_TOLERANCE:g}).")
 def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_size, engine, workers, ray_address,
           metric_tol, **kw):
     """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
 
-    Metrics per sample: relative output difference, cosine similarity and relative L2 error of the relevance,
-    Spearman rank correlation, and IoU of the top-k % most relevant features. Exit 0 when every sample is within
-    the thresholds, 1 when any drifted (named on stdout and in the reports), 2 on bad input.
+    Exit 0 when every sample is within the thresholds, 1 when any drifted (named on stdout and in the reports),
+    2 on bad input (docs/ci-regression.md).
     """
     th, config_used = _pop_thresholds(kw)
     tolerances = tracking.parse_tolerances(metric_tol)
@@ -419,24 +432,31 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 
 
 # ---------------------------------------------------------------------------------------------- diff
-@click.command("diff")
+@click.command("diff", cls=Command, sections=[
+    ("What to explain", ["target", "output_name", "start", "batch_size", *RULE_ROWS]),
+    ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
+    ("Thresholds (per sample)", THRESHOLD_ROWS),
+    ("Reports", REPORT_ROWS)],
+    examples=["onnx-lrp diff model.onnx model.int8.onnx inputs.npz",
+              "onnx-lrp diff v1.onnx v2.onnx images/ --mean 0.5 --std 0.25 --max-rows 10"])
 @click.argument("model_a", metavar="MODEL_A")
 @click.argument("model_b", metavar="MODEL_B")
 @click.argument("inputs_path", metavar="INPUTS")
 @common
-@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT[,INT...]|argmax",
-              help="Class to explain (argmax: MODEL_A's prediction; MODEL_B is explained at the same targets).")
-@click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to explain.")
-@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
-              help="Initial relevance at the target.")
+@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
+              help="Class (argmax: MODEL_A's), one per item.")
+@click.option("--output", "output_name", default=None, metavar="NAME", help="Output to explain (default: the first).")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
+              help="Start: the logit (default) or 1 (zennit).")
 @threshold_options
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Items per model run.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @input_options
 def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, heatmap_dir, max_rows,
          batch_size, composite, **kw):
     """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
 
     The same metrics and thresholds as `check`; exit 0 when every sample is within them, 1 when any drifted.
+    MODEL_B is explained at MODEL_A's targets.
     """
     th, config_used = _pop_thresholds(kw)
     report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
@@ -446,7 +466,7 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     t0 = time.perf_counter()
     ex_a = _explainer(model_a, comp_rules, output_name, start, **setup.bindings())
     ex_b = _explainer(model_b, comp_rules, output_name, start, **setup.bindings())
-    batch = load_inputs(inputs_path, ex_a.inputs, setup.pre)
+    batch = setup.read(inputs_path, ex_a.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
     _targets(targets, len(batch))

@@ -24,7 +24,6 @@ from .options import explainer_setup, precision_note
 
 TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings")
 TASKS = ("text-classification", "token-classification", "text-generation")  # onnx_lrp.io.text_inputs.TASKS
-IMAGE_OPTIONS = ("size", "mean", "std", "crop")
 
 
 def text_options(f):
@@ -68,7 +67,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
 
     if isinstance(target, str) and target.strip().lower() in ("", "argmax"):
         target = None  # the default: the prediction
-    out_path, html_out = _text_outputs(model, opts, target, position, out, html_path, refused, rule_kw)
+    out_path, html_out = _text_outputs(model, opts, target, position, out, html_path, refused)
     tok_path = _tokenizer_path(model, opts["tokenizer_path"])
     tokenizer = tx.load_tokenizer(tok_path)
     enc = tx.encode(tokenizer, opts["text"], opts["text_pair"], opts["continuation"])
@@ -109,11 +108,10 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
     return 0
 
 
-def _text_outputs(model, opts: dict, target, position, out, html_path, refused: dict, rule_kw: dict):
+def _text_outputs(model, opts: dict, target, position, out, html_path, refused: dict):
     """(relevance file or None, HTML file), both checked before any work; the options that do not go with --text
     refused in one line."""
     given = [name for name, value in refused.items() if value]
-    given += [f"--{k}" for k in IMAGE_OPTIONS if rule_kw.get(k)]
     if given:
         raise InputError(f"{', '.join(given)} cannot be combined with --text (the input is the text)")
     if opts["text"] is None:

@@ -13,8 +13,9 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import data_kind, load_inputs
-from .options import common, explainer_setup, input_options
+from .io import data_kind
+from .helpfmt import Command
+from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 
 
 def _say(msg: str) -> None:
@@ -36,35 +37,35 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
     return out
 
 
-@click.command("trace")
+@click.command("trace", cls=Command, sections=[
+    ("What to explain", ["item", "target", "output_name", "position", "start", *RULE_ROWS]),
+    ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
+    ("Output", ["tolerance", "as_json", "device"])],
+    examples=["onnx-lrp trace models/digits_cnn.onnx models/samples/png/digit_3.png",
+              "onnx-lrp trace models/digits_cnn.onnx models/samples/batch.npy --item 8 --json"])
 @click.argument("model", metavar="MODEL")
 @click.argument("input_path", metavar="INPUT")
 @common
 @input_options
-@click.option("--item", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which item of INPUT to trace (a batch or directory holds several).")
-@click.option("--target", "-t", default="argmax", show_default=True, metavar="INT|argmax",
-              help="Class (index into the explained output, flattened per item) to explain.")
+@click.option("--item", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Which item of INPUT to trace (default 0).")
+@click.option("--target", "-t", default="argmax", metavar="INT|argmax", help="Class to explain (default: argmax).")
 @click.option("--output", "output_name", default=None, metavar="NAME",
-              help="Model output to explain, for models with several (default: the first).")
-@click.option("--position", default=None, metavar="INT",
-              help="Sequence outputs (N x T x C): the position along T to explain (default: the last).")
-@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", show_default=True,
-              help="Initial relevance at the target: its output value (logit) or 1 (one-hot, as zennit).")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True,
-              help="onnxruntime device.")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-3, show_default=True,
-              help="Mark nodes that absorb more than this fraction of the start relevance.")
+              help="Output to explain (default: the first).")
+@click.option("--position", default=None, metavar="INT", help="Sequence outputs: position (default: last).")
+@click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
+              help="Start: the logit (default) or 1 (zennit).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", metavar="cpu|cuda|auto",
+              help="onnxruntime device (default cpu).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-3, metavar="FRACTION",
+              help="Mark (!) nodes absorbing more (default 1e-3).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ledger as JSON.")
 def trace(model, input_path, item, target, output_name, position, start, device, tolerance, as_json, composite,
           **rule_kw):
     """The conservation ledger of one explanation: where the relevance goes, node by node.
 
-    Per node on the path from the explained output to the input, in reverse order: the relevance entering it
-    (from the output side), the relevance leaving it (to its inputs), the part absorbed (biases and stabilisers,
-    rules that do not conserve, relevance reaching parameters or integer inputs) and the running total still in
-    flight. Rows marked ! absorb more than --tolerance of the start relevance. The sums are read from the
-    relevance model itself (extra ReduceSum outputs), so they are exactly what `explain` computes.
+    Per node from the explained output to the input: the relevance entering, leaving, absorbed (biases,
+    stabilisers, rules that do not conserve) and still in flight, read from the relevance model itself.
     """
     kind = data_kind(input_path)
     setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
@@ -78,7 +79,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = setup.build(model, device=device, output=output_name, start=start, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
-    batch = load_inputs(input_path, ex.inputs, setup.pre)
+    batch = setup.read(input_path, ex.inputs)
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
     feeds = {name: a[item:item + 1] for name, a in batch.arrays.items()}

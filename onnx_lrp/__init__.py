@@ -13,9 +13,9 @@ from .core.errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "LrpError", "LrpWarning",
-           "ModelError", "InputError",
-           "UnsupportedError", "DeviceError", "NumericError", "InternalError", "__version__"]
+__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "RelevanceModel",
+           "build", "LrpError", "LrpWarning", "ModelError", "InputError", "UnsupportedError", "DeviceError",
+           "NumericError", "InternalError", "__version__"]
 
 
 def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
@@ -31,4 +31,14 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name == "RelMax":  # concept relevance maximisation (onnx_lrp.concepts)
         from .concepts import RelMax
         return RelMax
+    if name == "RelevanceModel":
+        from .core.relevance_model import RelevanceModel
+        return RelevanceModel
+    if name == "build":  # the package onnx_lrp.build, callable: onnx_lrp.build(model, composite, options)
+        import importlib
+        return importlib.import_module(".build", __name__)
     raise AttributeError(f"module 'onnx_lrp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -226,3 +226,51 @@ def test_relevance_at_one_name_and_save_errors(tmp_path):
     assert ex.explain(x).relevance_at["a"].shape == (2, 6)
     with pytest.raises(InputError, match="cannot write"):
         ex.save(tmp_path / "missing" / "m.onnx")
+
+
+def test_build_and_a_runner_are_the_explainer():
+    """``onnx_lrp.build`` (the package, callable) makes the RelevanceModel an Explainer runs: a Runner of it gives the
+    Explainer's relevance bit for bit and the numpy oracle's; the relevance model is a frozen value, and
+    ``dir(onnx_lrp)`` lists the public API."""
+    import dataclasses
+
+    from onnx_lrp.core.relevance_model import BuildOptions
+    from onnx_lrp.run.runner import Runner, RunOptions
+
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    rm = onnx_lrp.build(mlp(), "epsilon", BuildOptions(relevance_at=("a",)))
+    assert isinstance(rm, onnx_lrp.RelevanceModel) and rm.composite_name == "epsilon"
+    assert [s.name for s in rm.inputs] == ["x"] and rm.relevance_inputs == ("x",) and rm.explained_output == "y"
+    got = Runner(rm, RunOptions(threads=1)).explain(x, target=2)
+    want = onnx_lrp.Explainer(mlp(), composite="epsilon", relevance_at="a").explain(x, target=2)
+    np.testing.assert_array_equal(got.relevance, want.relevance)
+    np.testing.assert_array_equal(got.relevance_at["a"], want.relevance_at["a"])
+    oracle, _ = lrp_eps(x, lambda y: np.eye(4)[[2, 2, 2]] * y)
+    assert np.max(np.abs(got.relevance - oracle)) <= 1e-5 * np.max(np.abs(oracle))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rm.explained_output = "a"
+    public = {"Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "RelevanceModel",
+              "build", "LrpError", "InputError", "ModelError", "UnsupportedError", "DeviceError", "NumericError",
+              "InternalError", "LrpWarning"}
+    assert public <= set(dir(onnx_lrp))
+    assert all(getattr(onnx_lrp, name) is not None for name in public)
+
+
+def test_a_carried_relevance_model_holds_no_in_memory_model():
+    """Pickled (to another process), the build source carries a model file's absolute path, a model's bytes, and
+    nothing for an onnx_ir model in memory (which no other process can rebuild); the runner still explains it."""
+    import pickle
+
+    import onnx_ir as ir
+
+    from onnx_lrp.run.runner import Runner
+
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    in_memory = ir.serde.deserialize_model(onnx.load_from_string(mlp()))
+    ex = onnx_lrp.Explainer(in_memory, composite="epsilon")
+    assert ex.relevance_model.source.model is in_memory  # in this process: the model as given
+    carried = pickle.loads(pickle.dumps(ex.payload()))
+    assert carried[0].source.model is None and carried[0].source.composite == "epsilon"
+    np.testing.assert_array_equal(Runner.from_payload(carried).explain(x).relevance, ex.explain(x).relevance)
+    from_bytes = pickle.loads(pickle.dumps(onnx_lrp.Explainer(mlp(), composite="epsilon").payload()))
+    assert from_bytes[0].source.model == mlp()

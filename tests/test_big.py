@@ -256,12 +256,12 @@ def test_deployed_float16_not_run_beside_above_its_bound(tmp_path, monkeypatch):
     with the size, and the outputs are the explained forward's; below it, it runs (outputs are its own)."""
     import warnings
 
-    from onnx_lrp import explainer
+    from onnx_lrp.build import stages
 
     path = bigmodels.write_mlp(tmp_path, (16, 64, 4), dtype="float16")
     x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
     assert onnx_lrp.Explainer(str(path), composite="epsilon").deployed is not None
-    monkeypatch.setattr(explainer, "DEPLOYED_FLOAT16_MAX", 0)
+    monkeypatch.setattr(stages, "DEPLOYED_FLOAT16_MAX", 0)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         ex = onnx_lrp.Explainer(str(path), composite="epsilon")

@@ -189,7 +189,7 @@ def test_explain_npz_one_array_per_input(tmp_path):
     np.savez(tmp_path / "in.npz", b=b, a=a)
     run("explain", tmp_path / "two.onnx", tmp_path / "in.npz", "--composite", "epsilon", cwd=tmp_path)
     res = onnx_lrp.Explainer(str(tmp_path / "two.onnx"), composite="epsilon").explain({"a": a, "b": b})
-    with np.load(tmp_path / "in.relevance.npz") as z:  # default output: next to the input
+    with np.load(tmp_path / "in.relevance.npz") as z:  # default output: in the current directory
         close(z["relevance/a"], res.relevance["a"])
         close(z["relevance/b"], res.relevance["b"])
         # LRP-epsilon without biases conserves the explained logit
@@ -261,12 +261,13 @@ def test_inspect_lists_every_node_with_its_rule(tmp_path):
     rows = rewriter.describe(plan)
     lines = p.stdout.splitlines()
     assert lines[0].split()[:6] == ["node", "op", "role", "kind", "rule", "status"]
-    body = [line.split() for line in lines[1:-1]]
+    body = [line.split() for line in lines[1:lines.index("inputs:")]]  # the table, then the interface
     assert [(r[0], r[1], r[2], r[4]) for r in body] == [(r["name"], r["op_type"], r["role"], r["rule"])
                                                        for r in rows]
     assert [r[4] for r in body if r[1] == "Conv"] == ["zbox", "gamma", "gamma"]
-    assert lines[-1] == f"coverage: {len(rows) - 1}/{len(rows) - 1} nodes on the path to 'logits' supported " \
-                        "with composite epsilon-gamma-box"  # the Softmax is off the path to the logits
+    coverage = next(line for line in lines if line.startswith("coverage: "))
+    assert coverage == f"coverage: {len(rows) - 1}/{len(rows) - 1} nodes on the path to 'logits' supported " \
+                       "with composite epsilon-gamma-box"  # the Softmax is off the path to the logits
     # the tensors listed are the names --relevance-at takes
     assert RELU_TENSOR in p.stdout
     j = json.loads(run("inspect", DIGITS, "--json").stdout)
@@ -276,7 +277,7 @@ def test_inspect_lists_every_node_with_its_rule(tmp_path):
     p = run("inspect", tmp_path / "bad.onnx", expect=1)
     bad = [line for line in p.stdout.splitlines() if "UNSUPPORTED" in line]
     assert len(bad) == 1 and "LpNormalization" in bad[0]
-    assert p.stdout.splitlines()[-1].startswith("coverage: 2/3 nodes")
+    assert p.stdout.splitlines()[-1].startswith("coverage: 2/3 nodes")  # no command suggested: it would fail
     assert p.stderr.count("\n") == 1 and "1 unsupported node(s)" in p.stderr
     # explaining it is bad input (exit 2), not a failed check
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
@@ -300,7 +301,7 @@ def test_help_and_version():
     text = " ".join(run("explain", "--help").stdout.split())
     for opt in ("--composite", "--target", "--output", "--epsilon", "--gamma", "--low", "--high", "--alpha",
                 "--beta", "--start", "--device", "--batch-size", "--relevance-at", "--heatmap", "--cmap", "--size",
-                "--mean", "--std", "--crop", "--json", "(default 0)", "(default 1)", "low = (0 - mean) / std"):
+                "--mean", "--std", "--crop", "--json", "Normalise any input: (x - mean) / std."):
         assert opt in text, opt
     assert onnx_lrp.__version__ in run("--version").stdout
 
@@ -521,10 +522,11 @@ def _write(path, data):
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_exits_2_with_one_line_and_no_file(case, tmp_path):
+def test_bad_input_exits_2_with_one_line_and_no_file(case, tmp_path, monkeypatch):
     setup, message = BAD[case]
     args = [str(a) for a in setup(tmp_path)]
     before = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)  # default outputs go to the current directory: checked too
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, (result.exit_code, result.output, result.stderr)
     assert result.stdout == ""
@@ -632,34 +634,40 @@ def test_rgb_image_for_an_nhwc_model_with_per_channel_normalisation(tmp_path):
 
 
 def test_explainer_setup_reads_the_options_once():
-    """cli.options.explainer_setup, the one reading of the options behind every command: ZBox bounds from the pixel
-    range after --mean/--std (low = (0 - mean) / std, high = (1 - mean) / std) only for image inputs and a ZBox
-    composite without --low/--high; the inputs' kind is asked for only then (a dataset source is not scanned for
-    nothing); --constant and --input-shape go to the explainer; every option is popped."""
+    """cli.options.explainer_setup, the one reading of the options behind every command: for a ZBox composite
+    without --low/--high the bounds are the range [0, 1] after --mean/--std (low = (0 - mean) / std,
+    high = (1 - mean) / std) whatever the input kind (--mean/--std normalise every kind), or [0, 1] without them for
+    images and uint8 arrays ("pixels"), whose range is known; the inputs' kind is asked for only then (a dataset
+    source is not scanned for nothing); --constant and --input-shape go to the explainer; every option is popped."""
     from onnx_lrp.cli.options import explainer_setup
 
     asked = []
 
-    def kind():
-        asked.append(True)
-        return "image"
+    def kind(answer="npy"):
+        def ask():
+            asked.append(answer)
+            return answer
+        return ask
 
     kw = dict(mean="0.5", std="0.25", size=None, crop=False, constants=("sr=16000",),
               input_shapes=("image=1x1x16x16",), epsilon=None, gamma=None, low=None, high=None, alpha=None,
               beta=None, stabilizer=None)
-    s = explainer_setup(str(DIGITS), "epsilon-gamma-box", kw, data_kind=kind)
-    assert asked == [True] and kw == {} and "from --mean/--std" in s.zbox_note
+    s = explainer_setup(str(DIGITS), "epsilon-gamma-box", kw, data_kind=kind("npy"))
+    assert asked == [] and kw == {} and "from --mean/--std" in s.zbox_note and s.bounds_from == "mean/std"
     np.testing.assert_array_equal(s.params["low"].ravel(), [-2.0])
     np.testing.assert_array_equal(s.params["high"].ravel(), [2.0])
     b = s.bindings()
     assert sorted(b) == ["constants", "input_shapes"] and b["input_shapes"] == {"image": (1, 1, 16, 16)}
     assert int(b["constants"]["sr"]) == 16000 and s.composite.name == "epsilon-gamma-box"
     for composite, given in (("epsilon-plus-flat", {}), ("epsilon-gamma-box", {"low": "0", "high": "1"})):
-        asked.clear()
-        s = explainer_setup(str(DIGITS), composite, dict(given), data_kind=kind)
+        s = explainer_setup(str(DIGITS), composite, dict(given), data_kind=kind("image"))
         assert asked == [] and s.zbox_note is None and s.bindings() == {}
+    for known in ("image", "pixels"):
+        s = explainer_setup(str(DIGITS), "epsilon-gamma-box", {}, data_kind=kind(known))
+        assert s.bounds_from == "pixels" and "for pixels in [0, 1]" in s.zbox_note
+        np.testing.assert_array_equal(np.ravel([s.params["low"], s.params["high"]]), [0.0, 1.0])
     s = explainer_setup(str(DIGITS), "epsilon-gamma-box", {}, data_kind="npy")
-    assert "low" not in s.params and s.zbox_note is None
+    assert "low" not in s.params and s.zbox_note is None and asked == ["image", "pixels"]
 
 
 def test_progress_bar_only_when_it_takes_long(tmp_path, monkeypatch):

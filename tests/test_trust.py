@@ -84,17 +84,17 @@ def test_ledger_explainer_names_culprits_without_a_second_build():
 def test_a_model_that_never_conserves_builds_its_ledger_once(monkeypatch):
     # every call warns and names the node, but the ledger model is built on the first trip only (before: a whole
     # second Explainer per call, seconds on a ResNet50, on every explain of a model that does not conserve)
-    from onnx_lrp import explainer
+    import onnx_lrp.build
 
     built = []
-    real_init = explainer.Explainer.__init__
+    real_build = onnx_lrp.build.build
 
-    def counting_init(self, *args, **kwargs):
-        built.append(kwargs.get("ledger", False))
-        real_init(self, *args, **kwargs)
+    def counting_build(model, composite="auto", options=onnx_lrp.build.BuildOptions()):
+        built.append(options.ledger)
+        return real_build(model, composite, options)
 
     ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
-    monkeypatch.setattr(explainer.Explainer, "__init__", counting_init)
+    monkeypatch.setattr(onnx_lrp.build, "build", counting_build)
     for _ in range(3):
         with pytest.warns(LrpWarning, match="dense1"):
             ex.explain(X, target=0)
@@ -153,11 +153,12 @@ def test_auto_takes_the_rule_parameters_of_its_choice():
         onnx_lrp.Explainer(_act_net("SiLU"), gamma=0.5)
 
 
-def test_cli_summary_names_the_chosen_composite(tmp_path):
+def test_cli_summary_names_the_chosen_composite(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from onnx_lrp.cli.main import main
 
+    monkeypatch.chdir(tmp_path)  # the relevance goes to the current directory
     (tmp_path / "m.onnx").write_bytes(_act_net("SiLU"))
     np.save(tmp_path / "x.npy", X)
     r = CliRunner().invoke(main, ["explain", str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")])
@@ -330,11 +331,11 @@ def test_precise_session_runs_without_layout_optimisations():
 
 # ------------------------------------------------------------ Ray: the actor names the nodes too (issue 17)
 _ACTOR = """
-import pickle, sys, warnings
+import dataclasses, pickle, sys, warnings
 import numpy as np
 import onnx_lrp.ray  # what a Ray actor imports: ExplainBatch, whose runner comes from the plain-data payload
-payload, x, strict = pickle.loads(sys.stdin.buffer.read())
-payload = dict(payload, strict=strict)
+(relevance_model, options), x, strict = pickle.loads(sys.stdin.buffer.read())
+payload = (relevance_model, dataclasses.replace(options, strict=strict))
 batch = onnx_lrp.ray.ExplainBatch(relevance_model=payload, target=0, threads=1)
 heavy = lambda: sorted(m for m in ("onnx", "onnx_ir", "onnx_lrp.load", "onnx_lrp.lrp.rewriter") if m in sys.modules)
 with warnings.catch_warnings(record=True) as seen:
@@ -389,19 +390,25 @@ def test_a_ray_actor_names_the_nodes_that_absorb_the_relevance(tmp_path):
 def test_a_payload_from_model_bytes_carries_them_for_the_ledger():
     """A model given as bytes: the payload carries them (an actor has no file to read); an onnx_ir model in memory
     carries nothing (the warning then names no node)."""
-    from onnx_lrp.run.carried import CarriedRunner
+    import pickle
+
+    from onnx_lrp.run.runner import Runner
+
+    def carried(payload):  # what another process receives
+        return pickle.loads(pickle.dumps(payload))
 
     ex = onnx_lrp.Explainer(mlp(100.0), composite="epsilon")
-    assert ex.payload()["ledger_source"][:2] == (mlp(100.0), "epsilon")  # a built-in composite travels by name
+    source = carried(ex.payload())[0].source
+    assert (source.model, source.composite) == (mlp(100.0), "epsilon")  # a built-in composite travels by name
     with pytest.warns(LrpWarning, match="dense1 \\(Gemm, epsilon: \\+"):
-        CarriedRunner.from_payload(ex.payload()).explain(X, target=0)
+        Runner.from_payload(carried(ex.payload())).explain(X, target=0)
     # a composite with other parameters travels pickled: the carried runner names the same nodes and numbers
     tuned = onnx_lrp.Explainer(mlp(100.0), composite="epsilon", epsilon=0.01)
-    assert isinstance(tuned.payload()["ledger_source"][1], bytes)
+    assert isinstance(carried(tuned.payload())[0].source.composite, bytes)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         tuned.explain(X, target=0)
-        CarriedRunner.from_payload(tuned.payload()).explain(X, target=0)
+        Runner.from_payload(carried(tuned.payload())).explain(X, target=0)
     lines = [str(w.message) for w in seen if "conserved" in str(w.message)]
     assert len(lines) == 2 and lines[0] == lines[1] and "dense1 (Gemm, epsilon: +" in lines[0]
 

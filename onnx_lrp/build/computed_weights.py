@@ -17,7 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from .. import load as loader
 from ..core.emitter import Emitter
+from ..core.relevance_model import RelevanceModel
+from ..load.external import Parts
 
 
 MIN_ELEMENTS = 256  # smaller constants are not worth an expression
@@ -173,4 +176,15 @@ def compute_in_graph(model: ir.Model) -> dict:
     return done
 
 
-__all__ = ["compute_in_graph"]
+def with_computed_weights(relevance_model: RelevanceModel) -> tuple[Parts, dict]:
+    """The relevance model with its modified weights computed in the graph (:func:`compute_in_graph`), as
+    onnxruntime receives it, and the counts."""
+    model = loader.deserialize(relevance_model.model_bytes, relevance_model.model_folder)
+    for v in model.graph.initializers.values():  # the tensors onnx-lrp handed over from memory
+        if v.name in relevance_model.model_arrays:
+            v.const_value = ir.tensor(relevance_model.model_arrays[v.name], name=v.name)
+    counts = compute_in_graph(model)
+    return loader.serialize_parts(model), counts
+
+
+__all__ = ["compute_in_graph", "with_computed_weights"]

@@ -1,5 +1,5 @@
 """The relevance model's interface: the names of the inputs and outputs the rewriter adds (see onnx_lrp/rewriter.py)
-and the record of its walk. Written by the rewriter, fed and read by the runner; imports nothing, so that a process
+and the records of its walk (the steps, the ledger's rows). Written by the rewriter, fed and read by the runner; imports nothing, so that a process
 that only runs a built relevance model (a Ray actor) needs neither onnx_ir nor the rewriter."""
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ class Step:
     op_type: str
     rule: str
     values: tuple  # names of emitted relevance tensors (gradient-form factors included)
+
+
+@dataclass
+class LedgerRow:
+    """One row of the conservation ledger (:mod:`onnx_lrp.lrp.ledger`), what the table shows beside the numbers: the
+    node, its rule and where absorbed relevance can go."""
+
+    name: str
+    op_type: str
+    kind: str
+    rule: str
+    sinks: str  # what may absorb relevance at this node (bias, parameters, integer inputs, ...); "" = nothing

@@ -41,18 +41,18 @@ DEFAULT_SHARD_SIZE = 256
 ENGINES = ("local", "ray")
 
 
-def explainer_payload(ex) -> dict:
+def explainer_payload(ex) -> tuple:
     """What runs an Explainer's relevance model in another process without loading or rewriting the model again:
-    plain data (see :meth:`onnx_lrp.run.runner.Runner.payload`)."""
+    the relevance model and the run options (see :meth:`onnx_lrp.run.runner.Runner.payload`)."""
     return ex.payload()
 
 
-def explainer_from_payload(payload: dict, device: str | None = None, threads: int | None = None):
+def explainer_from_payload(payload, device: str | None = None, threads: int | None = None):
     """A :class:`onnx_lrp.run.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
     neither onnx_ir nor onnx."""
-    from ..run.carried import CarriedRunner
+    from ..run.runner import Runner
 
-    return CarriedRunner.from_payload(payload, device, threads)
+    return Runner.from_payload(payload, device, threads)
 
 
 def _composite_id(comp) -> dict:
@@ -77,48 +77,26 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
 
     ``explainer_options`` go to :class:`onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
     parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
-    (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer built by the caller.
+    (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer (or any
+    :class:`onnx_lrp.run.runner.Runner`) built by the caller.
     A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
     shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
     """
-    from .. import __version__
-    from ..explainer import Explainer
-    from ..regression import model_sha256, params_to_json
+    _check_engine(engine, batch_size, shard_size, workers)
+    if explainer is None:
+        from ..run.launch import runner  # the loader and the rewriter: in the driver only
 
-    if engine not in ENGINES:
-        raise InputError(f"engine {engine!r}: use local or ray")
-    if int(batch_size) < 1 or int(shard_size) < 1:
-        raise InputError("batch_size and shard_size must be >= 1")
-    if workers is not None and int(workers) < 1:
-        raise InputError("workers must be >= 1")
-    if engine == "ray":
-        from .ray import require_ray
-        require_ray()
-    ex = explainer or Explainer(model, **explainer_options)
+        explainer = runner(model, **explainer_options)
+    ex = explainer
     pre = Preprocess(tuple(size) if size is not None else None, tuple(np.atleast_1d(mean).tolist()),
                      tuple(np.atleast_1d(std).tolist()), crop=bool(crop))
     src = open_source(source, input_infos(ex.inputs), pre, column)
-    n = len(src)
-    if isinstance(target, str):
-        target = None if target == "argmax" else InputError(f"target {target!r}: give argmax, an int or a list")
-        if isinstance(target, Exception):
-            raise target
-    if target is not None and not isinstance(target, (int, np.integer)):
-        target = np.asarray(target, np.int64).reshape(-1)
-        if len(target) != n:
-            raise InputError(f"{len(target)} targets for {n} items; give one, or one per item")
+    target = _checked_target(target, len(src))
     start = explainer_options.get("start", ex.start)
-    params = {k: v for k, v in explainer_options.items() if k not in ("composite", "device", "threads", "tf32")}
-    header = dict(format=FORMAT, onnx_lrp_version=__version__, engine=engine, model=str(model),
-                  model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
-                  hashlib.sha256(ex.model_bytes).hexdigest(),
-                  composite=_composite_id(ex.composite),
-                  parameters=dict(params_to_json(params), target=_json_target(target), start=start,
-                                  output=ex.explained_output, size=list(pre.size) if pre.size else None,
-                                  mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=column),
-                  source=dict(path=str(source), kind=src.kind, fingerprint=src.fingerprint()),
-                  shard_size=int(shard_size), item_count=n, batch_size=int(batch_size))
+    header = _header(model, ex, src, source, engine, pre, column, target, start, shard_size, batch_size,
+                     explainer_options)
     out = Output(out_dir, header, int(shard_size), overwrite)
+    n = len(src)
     all_shards = [(k, lo, min(n, lo + shard_size)) for k, lo in enumerate(range(0, n, shard_size))]
     todo = [s for s in all_shards if s[0] not in out.done]
     prog = Progress(sum(hi - lo for _, lo, hi in todo), progress)
@@ -135,10 +113,58 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     seconds = time.perf_counter() - t0
     out.save(complete=True)
     prog.update(0, final=bool(todo) and progress)
+    return _summary(out, engine, n, len(all_shards), todo, seconds, t0)
+
+
+def _check_engine(engine: str, batch_size, shard_size, workers) -> None:
+    """The engine and its sizes, refused in one line (Ray: that it is installed) before any work."""
+    if engine not in ENGINES:
+        raise InputError(f"engine {engine!r}: use local or ray")
+    if int(batch_size) < 1 or int(shard_size) < 1:
+        raise InputError("batch_size and shard_size must be >= 1")
+    if workers is not None and int(workers) < 1:
+        raise InputError("workers must be >= 1")
+    if engine == "ray":
+        from .ray import require_ray
+        require_ray()
+
+
+def _checked_target(target, n: int):
+    """None (arg-max), one class index, or one index per item of the ``n``."""
+    if isinstance(target, str):
+        if target != "argmax":
+            raise InputError(f"target {target!r}: give argmax, an int or a list")
+        return None
+    if target is not None and not isinstance(target, (int, np.integer)):
+        target = np.asarray(target, np.int64).reshape(-1)
+        if len(target) != n:
+            raise InputError(f"{len(target)} targets for {n} items; give one, or one per item")
+    return target
+
+
+def _header(model, ex, src, source, engine, pre, column, target, start, shard_size, batch_size, options) -> dict:
+    """The manifest's header: what a rerun must match to resume (model, composite, parameters, source)."""
+    from .. import __version__
+    from ..regression import model_sha256, params_to_json
+    from ..rules.composite import load_composite
+
+    params = {k: v for k, v in options.items() if k not in ("composite", "device", "threads", "tf32")}
+    return dict(format=FORMAT, onnx_lrp_version=__version__, engine=engine, model=str(model),
+                model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
+                hashlib.sha256(ex.model_bytes).hexdigest(),
+                composite=_composite_id(load_composite(ex.relevance_model.source.composite_spec())),
+                parameters=dict(params_to_json(params), target=_json_target(target), start=start,
+                                output=ex.explained_output, size=list(pre.size) if pre.size else None,
+                                mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=column),
+                source=dict(path=str(source), kind=src.kind, fingerprint=src.fingerprint()),
+                shard_size=int(shard_size), item_count=len(src), batch_size=int(batch_size))
+
+
+def _summary(out, engine: str, n: int, shards: int, todo: list, seconds: float, t0: float) -> dict:
     m = out.manifest(True)
     done_items = sum(hi - lo for _, lo, hi in todo)
     return dict(out_dir=str(out.dir), engine=engine, items=n, explained=m["explained"], failed=len(m["failed"]),
-                shards=len(all_shards), shards_written=len(todo), shards_resumed=out.resumed,
+                shards=shards, shards_written=len(todo), shards_resumed=out.resumed,
                 seconds=round(seconds, 3),
                 first_shard_s=round(out.first_at - t0, 3) if out.first_at is not None else None,
                 items_per_s=round(done_items / seconds, 2) if seconds > 0 and todo else None,

@@ -22,7 +22,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError, LrpError
 from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.dataset.shards import explain_shard, write_shard
-from onnx_lrp.run.carried import CarriedRunner
+from onnx_lrp.run.runner import Runner
 
 
 INSTALL = "pip install 'onnx-lrp[ray]'"
@@ -41,35 +41,37 @@ def require_ray():
 def relevance_model(model, **explainer_options):
     """Build the relevance model once (load, canonize, rewrite) and put it in Ray's object store.
 
-    Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: plain data (the relevance model's bytes and
-    what running it needs, :meth:`onnx_lrp.run.runner.Runner.payload`); each actor then imports only numpy, onnxruntime
-    and :mod:`onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
-    from onnx_lrp.explainer import Explainer
+    Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: the relevance model and the run options
+    (:meth:`onnx_lrp.run.runner.Runner.payload`, plain data); each actor then imports only numpy, onnxruntime and
+    :mod:`onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
+    from onnx_lrp.run.launch import runner
 
     ray = require_ray()
-    return ray.put(Explainer(model, **explainer_options).payload())
+    return ray.put(runner(model, **explainer_options).payload())
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
-    """The actor's runner: from a payload (plain data; imports only numpy, onnxruntime and onnx_lrp.run.runner) or, given
-    a model file, a whole Explainer (load, canonize, rewrite in the actor)."""
+    """The actor's runner: from a payload or a relevance model (plain data; imports only numpy, onnxruntime and
+    onnx_lrp.run.runner) or, given a model file, built in the actor (load, canonize, rewrite)."""
     if relevance_model is not None:
         payload = relevance_model
         ray = require_ray()
         if isinstance(payload, ray.ObjectRef):
             payload = ray.get(payload)
-        return CarriedRunner.from_payload(payload, device, threads)
+        return Runner.from_payload(payload, device, threads)
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "
                          "onnx_lrp.ray.relevance_model)")
-    from onnx_lrp.explainer import Explainer
+    from onnx_lrp.run.launch import runner
 
-    return Explainer(model, device=device or "cpu", threads=threads, **explainer_options)
+    return runner(model, device=device or "cpu", threads=threads, **explainer_options)
 
 
 class ExplainBatch:
     """A callable class for ``Dataset.map_batches``: one :class:`onnx_lrp.run.runner.Runner` (one onnxruntime session)
-    per actor; ``explain`` as :meth:`onnx_lrp.Explainer.explain`.
+    per actor; ``explain`` as :meth:`onnx_lrp.Explainer.explain`. ``relevance_model``: what
+    :func:`relevance_model` put in the object store (or a :class:`onnx_lrp.RelevanceModel`, run with default
+    options).
 
     Input batches (numpy format) hold one column per model input; a ``target`` column, when present, gives each
     row's class (else ``target``: None = arg-max, or an int). Output: every other input column unchanged (ids

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..core.files import atomic_write
 from ..run.batches import explain_chunks, stacked
+from .sources import Source
 
 
 FORMAT = 1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, LrpError
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -41,17 +41,37 @@ def input_infos(specs) -> list[InputInfo]:
 
 def model_input_dims(model) -> list[InputInfo]:
     """The graph inputs of an ONNX model file, read without preparing the model (cheap)."""
+    return [InputInfo(v["name"], tuple(d if isinstance(d, int) else None for d in v["dims"]), np.dtype(v["dtype"])
+                      if v["dtype"] in NUMPY_TYPES else np.dtype(np.float32))
+            for v in model_signature(model)["inputs"]]
+
+
+NUMPY_TYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+               "uint64", "bool")
+
+
+def model_signature(model) -> dict:
+    """The graph inputs (initializers aside) and outputs of an ONNX model file, read without preparing the model:
+    ``{"inputs": [...], "outputs": [...]}``, each ``dict(name, dims, dtype)`` with dims an int, the name of a
+    symbolic axis (``"batch"``) or None, and dtype a numpy-style name (``"float32"``, ``"int64"``, ``"bfloat16"``)."""
+    import onnx_ir as ir
+
     from .. import load as loader  # the only package allowed to touch onnx
 
     proto = loader.read_proto(model)
     inits = {t.name for t in proto.graph.initializer}
-    out = []
-    for v in proto.graph.input:
-        if v.name in inits:
-            continue
-        dims = tuple((d.dim_value if d.HasField("dim_value") else None) for d in v.type.tensor_type.shape.dim)
-        out.append(InputInfo(v.name, dims))
-    return out
+
+    def described(v) -> dict:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        try:
+            dtype = str(ir.DataType(t.elem_type).numpy()) if t.elem_type else "unknown"
+        except (ValueError, TypeError):
+            dtype = ir.DataType(t.elem_type).name.lower()
+        return dict(name=v.name, dims=dims if t.HasField("shape") else None, dtype=dtype)
+
+    return dict(inputs=[described(v) for v in proto.graph.input if v.name not in inits],
+                outputs=[described(v) for v in proto.graph.output])
 
 
 def model_channel_axis(model, input_name: str, dims=()) -> int:
@@ -71,10 +91,7 @@ def model_channel_axis(model, input_name: str, dims=()) -> int:
                     return -1
                 if perm and perm[0] == [0, 1, 2, 3]:
                     return 1
-    dims = tuple(dims or ())
-    if len(dims) == 4 and dims[3] in (1, 3) and dims[1] not in (1, 3):
-        return -1
-    return 1
+    return -1 if channels_last(dims) else 1
 
 
 @dataclass(frozen=True)
@@ -95,7 +112,7 @@ def image_layout(info: InputInfo) -> ImageLayout:
     if len(dims) != 4:
         raise InputError(f"the model input {info.name!r} has {len(dims) or 'unknown'} dims; an image input needs a "
                          "4-D input (N,C,H,W); give a .npy array instead")
-    last = dims[3] in (1, 3) and dims[1] not in (1, 3)
+    last = channels_last(dims)
     c, h, w = (dims[3], dims[1], dims[2]) if last else (dims[1], dims[2], dims[3])
     c = 3 if c is None else c
     if c not in (1, 3):
@@ -115,25 +132,33 @@ class Preprocess:
     crop: bool = False  # keep the aspect ratio: scale the shorter side to fit, cut the centre
     normalised: bool = False  # --mean or --std was given (else the defaults 0 and 1)
 
-    def per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
-        mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
+    def per_channel(self, channels: int | None, where: str = "the model's input") -> tuple[np.ndarray, np.ndarray]:
+        """--mean and --std as one value per channel (``channels`` None: as many as given, or one)."""
+        mean, std = np.asarray(self.mean, np.float32).ravel(), np.asarray(self.std, np.float32).ravel()
+        if channels is None:
+            channels = max(mean.size, std.size)
         for what, arr in (("--mean", mean), ("--std", std)):
             if arr.size not in (1, channels):
-                raise InputError(f"{what} has {arr.size} values but the model takes {channels} channel(s); "
-                                 f"give 1 or {channels}")
+                give = "one value" if channels == 1 else f"one value or {channels} (one per channel)"
+                raise InputError(f"{what} has {arr.size} values but {where} has {channels} "
+                                 f"channel{'' if channels == 1 else 's'}; give {give}")
         if np.any(std <= 0):
             raise InputError("--std values must be > 0")
         return np.broadcast_to(mean, (channels,)).copy(), np.broadcast_to(std, (channels,)).copy()
 
-    def box(self, layout: ImageLayout) -> tuple[np.ndarray, np.ndarray]:
-        """ZBox bounds for images: the pixel range [0, 1] after normalisation, per channel.
-
-        Shaped [C, 1, 1]: ZBox applies to the input of the first convolution, and ONNX convolutions are always
-        channels-first (an NHWC model transposes its input before it).
-        """
-        mean, std = self.per_channel(layout.channels)
+    def bounds(self, channels: int | None, rank: int = 4, where: str = "the model's input") \
+            -> tuple[np.ndarray, np.ndarray]:
+        """Box-rule bounds: the range [0, 1] after normalisation, low = (0 - mean) / std, high = (1 - mean) / std per
+        channel, shaped [C, 1, ...] for an input of ``rank`` (batch axis included): the box rule applies to the input
+        of the first layer, and ONNX convolutions are channels-first (an NHWC model transposes its input before)."""
+        mean, std = self.per_channel(channels, where)
         low, high = (0.0 - mean) / std, (1.0 - mean) / std
-        return low.reshape(-1, 1, 1), high.reshape(-1, 1, 1)
+        shape = (-1,) + (1,) * max(0, rank - 2)
+        return low.reshape(shape), high.reshape(shape)
+
+    def box(self, layout: ImageLayout) -> tuple[np.ndarray, np.ndarray]:
+        """Box-rule bounds of an image input (:meth:`bounds`), shaped [C, 1, 1]."""
+        return self.bounds(layout.channels, 4)
 
 
 # ---------------------------------------------------------------------------------------------- readers
@@ -269,6 +294,8 @@ class Batch:
     images: list[np.ndarray] | None = None
     layout: ImageLayout | None = None
     files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line each for the user (e.g. uint8 read as pixels)
+    outside_unit: str | None = None  # --mean/--std normalised values outside [0, 1]: which file, which range
 
     def __len__(self) -> int:
         return len(self.names)
@@ -286,6 +313,9 @@ def input_kind(path: Path) -> str:
         return suffix[1:]
     if suffix in IMAGE_SUFFIXES:
         return "image"
+    if suffix == ".onnx":
+        raise InputError(f"input {path} is an ONNX model: the first argument is the model, the second the input "
+                         "(onnx-lrp explain MODEL.onnx INPUT)")
     raise InputError(f"input {path} has an unknown type {suffix or '(no suffix)'}; give .npy, .npz, an image "
                      f"({', '.join(IMAGE_SUFFIXES)}) or a directory of these")
 
@@ -322,7 +352,87 @@ def load_inputs(path, specs, pre: Preprocess = Preprocess()) -> Batch:
                                  f"{_shape(base)} ({chunks[0].dtype}); all files of a batch must agree")
         arrays[info.name] = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
     images = [im for part in parts for im in (part.images or [])] if kind == "image" else None
-    return Batch(arrays, names, kind, images, parts[0].layout, files)
+    if kind == "image":
+        return Batch(arrays, names, kind, images, parts[0].layout, files)
+    if pre.size is not None or pre.crop:
+        raise InputError(f"--size and --crop resize images, and {path} holds arrays: resize them before saving, or "
+                         "drop --size/--crop")
+    arrays, notes, outside = prepare_arrays(arrays, infos, pre, path)
+    return Batch(arrays, names, kind, None, None, files, notes, outside)
+
+
+def prepare_arrays(arrays: dict, infos: list[InputInfo], pre: Preprocess, path) -> tuple[dict, list, str | None]:
+    """Arrays for the model's float inputs by the rule images follow: a uint8 array holds 8-bit pixels and is divided
+    by 255; with --mean/--std the one float input is normalised, (x - mean) / std per channel (axis 1, or the last
+    of a 4-D input that looks channels-last, as :func:`image_layout` says). Other integer arrays for a float input are
+    refused. Returns (arrays, notes for the user, where float values lay outside [0, 1] before --mean/--std or
+    None)."""
+    out, notes, outside = dict(arrays), [], None
+    floats = [i for i in infos if i.dtype.kind == "f"]
+    if pre.normalised and len(floats) != 1:
+        raise InputError(f"--mean/--std normalise the model's one float input, but it has {len(floats)} "
+                         f"({', '.join(i.name for i in floats) or 'none'}): normalise the arrays before saving them "
+                         "and drop --mean/--std")
+    for info in floats:
+        a = out[info.name]
+        if a.dtype.kind in "biu" and a.dtype != np.uint8:
+            raise InputError(f"input {path} ({info.name}) has dtype {a.dtype} but the model takes {info.dtype}: save "
+                             "floats (np.save(path, x.astype(np.float32))); uint8 arrays are read as 8-bit pixels")
+        if a.dtype == np.uint8:
+            a = a.astype(np.float32) / np.float32(255.0)
+            notes.append(f"{Path(path).name}: uint8 values read as 8-bit pixels and divided by 255, as images are")
+        elif pre.normalised and a.size and (a.min() < 0 or a.max() > 1):
+            outside = f"{path} ({info.name}) holds values from {float(a.min()):.4g} to {float(a.max()):.4g}"
+        if pre.normalised:
+            a = _normalised(a, info, pre)
+        out[info.name] = a
+    return out, notes, outside
+
+
+def _normalised(a: np.ndarray, info: InputInfo, pre: Preprocess) -> np.ndarray:
+    """(a - mean) / std per channel of a batch ``a`` (axis 1; the last one for a channels-last 4-D input)."""
+    last = channels_last(info.dims or a.shape)
+    channels = a.shape[-1 if last else 1] if a.ndim >= 2 else 1
+    mean, std = pre.per_channel(channels, f"the model input {info.name!r}")
+    shape = (channels,) if last or a.ndim < 2 else (channels,) + (1,) * (a.ndim - 2)
+    dtype = np.result_type(a.dtype, np.float32)
+    return ((a.astype(dtype, copy=False) - mean.reshape(shape)) / std.reshape(shape)).astype(dtype, copy=False)
+
+
+def channels_last(dims) -> bool:
+    """A 4-D input whose last axis is 1 or 3 and second is not: channels last (NHWC, Keras), else channels first."""
+    dims = tuple(dims or ())
+    return len(dims) == 4 and dims[3] in (1, 3) and dims[1] not in (1, 3)
+
+
+def stored_dtypes(path) -> list[np.dtype]:
+    """The element types of the arrays in a .npy/.npz file (of the first file of a directory of them), read from
+    their headers only; [] for images and files that cannot be read (the reader reports those)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            kind, files = directory_files(path)
+            path = files[0]
+        suffix = path.suffix.lower()
+        if suffix == ".npy":
+            with open(path, "rb") as f:
+                return [_header_dtype(f)]
+        if suffix == ".npz":
+            with zipfile.ZipFile(path) as z:
+                out = []
+                for name in z.namelist():
+                    with z.open(name) as f:
+                        out.append(_header_dtype(f))
+                return out
+    except (OSError, ValueError, LrpError, zipfile.BadZipFile, EOFError):
+        return []
+    return []
+
+
+def _header_dtype(f) -> np.dtype:
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return read(f)[2]
 
 
 def _load_one(path: Path, kind: str, infos: list[InputInfo], pre: Preprocess) -> Batch:
@@ -407,6 +517,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = ["ARRAY_SUFFIXES", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo",
-           "Preprocess", "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind",
-           "load_image", "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims",
-           "normalise_pixels"]
+           "Preprocess", "channels_last", "decode_pixels", "directory_files", "image_layout", "input_infos",
+           "input_kind", "load_image", "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims",
+           "model_signature", "normalise_pixels", "prepare_arrays", "stored_dtypes"]

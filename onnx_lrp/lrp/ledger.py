@@ -10,29 +10,16 @@ pattern. Nothing here re-implements a rule: the sums read the very tensors the r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx_ir as ir
 
 from ..core.emitter import Emitter
 from ..core.graph import carries, is_param
-from ..core.interface import LEDGER_ENTERING, LEDGER_LEAVING
+from ..core.interface import LEDGER_ENTERING, LEDGER_LEAVING, LedgerRow
 
 
 ENTERING_OUTPUT = LEDGER_ENTERING
 LEAVING_OUTPUT = LEDGER_LEAVING
-
-
-@dataclass
-class LedgerRow:
-    """What the table shows beside the numbers: the node, its rule and where absorbed relevance can go."""
-
-    name: str
-    op_type: str
-    kind: str
-    rule: str
-    sinks: str  # what may absorb relevance at this node (bias, parameters, integer inputs, ...); "" = nothing
 
 
 def _sinks(node: ir.Node, kind: str, has_bias: bool) -> str:

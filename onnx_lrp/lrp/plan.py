@@ -174,9 +174,11 @@ def check_bounds(p: Plan, composite: Composite) -> None:
             continue
         if a.rule.low is None or a.rule.high is None:
             raise InputError(f"composite {composite.name!r} applies zbox to node {a.node.name} ({a.node.op_type}) but "
-                             "has no input bounds: give both the lowest and highest input value (Python: "
-                             "Explainer(..., low=0.0, high=1.0); command line: --low/--high, or --mean/--std for "
-                             "images; composite file: low = ..., high = ...)")
+                             "has no input bounds: give the lowest and highest value an input element can take "
+                             "(command line: --mean/--std, the bounds then follow from them, or --low/--high; "
+                             "Python: Explainer(..., low=, high=), for pixels in [0, 1] normalised with mean and "
+                             "std per channel low = (0 - mean) / std, high = (1 - mean) / std; composite file: "
+                             "low = ..., high = ...)")
         xs = a.op.relevance_values(a.node)
         dims = static_dims(xs[0]) if xs else None
         if not dims:

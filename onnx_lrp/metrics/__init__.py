@@ -145,11 +145,40 @@ def _channels_last(x: np.ndarray, given: bool | None) -> bool:
 def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
               features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device, explainer,
               explainer_kwargs):
-    from ..explainer import Explainer
+    from ..run.launch import runner
 
-    ex = explainer or Explainer(model, composite=composite, device=device, **explainer_kwargs)
+    ex = explainer or runner(model, composite=composite, device=device, **explainer_kwargs)
     name = _one_input(ex)
     x = _batch(x, ex.inputs[0])
+    target, a = _explained(ex, x, target, relevance)
+    ev = Evaluation(metric, dict(metric=metric, composite=ex.composite_name, prob=prob, seed=seed, baseline=baseline),
+                    target)
+    if metric == "randomisation":
+        ev.params.update(layer_order=layer_order, bins=bins)
+        _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
+                       3 if _channels_last(x, channels_last) else 1)
+        return ev
+    if metric == "relevance-mass":
+        _relevance_mass(ev, x, a, mask)
+        return ev
+    from .forward import Forward  # loads the model with onnx: imported when a metric runs
+
+    predict = Forward(model, ex.explained_tensor, name, ex.inputs[0].dims[0] if ex.inputs[0].dims else None,
+                      prob=prob, device=ex.device)
+    if _channels_last(x, channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
+        x, a = x.transpose(0, 3, 1, 2), a.transpose(0, 3, 1, 2)
+        ev.params["channels_last"] = True
+        predict = _Transposed(predict)
+    if metric == "faithfulness-correlation":
+        _faithfulness(ev, predict, x, a, target, runs, subset_size, baseline, seed)
+    else:
+        _perturbation(ev, predict, x, a, target, orders, patch, steps, baseline, seed, features_in_step)
+    ev.calls = predict.calls
+    return ev
+
+
+def _explained(ex, x: np.ndarray, target, relevance) -> tuple[np.ndarray, np.ndarray]:
+    """(target per item, relevance): as given, or explained by ``ex``; checked against the input."""
     a = None if relevance is None else np.asarray(relevance, dtype=x.dtype)
     if a is None or target is None or np.ndim(target) == 0:  # both given per item: nothing to explain
         res = ex.explain(x, target=target)
@@ -162,49 +191,40 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
                          f"{'x'.join(map(str, x.shape))}")
     if not np.all(np.isfinite(a)):
         raise InputError("the relevance holds NaN or Inf; it cannot be scored")
-    params = dict(metric=metric, composite=getattr(ex.composite, "name", str(composite)), prob=prob, seed=seed,
-                  baseline=baseline)
-    ev = Evaluation(metric, params, target)
-    if metric == "randomisation":
-        ev.params.update(layer_order=layer_order, bins=bins)
-        _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
-                       3 if _channels_last(x, channels_last) else 1)
-        return ev
-    if metric == "relevance-mass":
-        if mask is None:
-            raise InputError("relevance-mass needs a mask (--mask FILE.npy: 1 inside the region, per item)")
-        mask = np.asarray(mask)
-        try:
-            s = np.broadcast_to(mask.astype(bool), x.shape)
-        except ValueError:
-            raise InputError(f"the mask has shape {'x'.join(map(str, mask.shape))}; it must broadcast to the "
-                             f"input's {'x'.join(map(str, x.shape))}") from None
-        ev.scores["mass"] = correlation.relevance_mass(perturbation.normalise_by_max(a), s)
-        ev.scores["mass/random"] = s.reshape(len(x), -1).mean(axis=1)  # what relevance spread evenly puts inside
-        return ev
-    from .forward import Forward  # loads the model with onnx: imported when a metric runs
+    return target, a
 
-    predict = Forward(model, ex.explained_tensor, name, ex.inputs[0].dims[0] if ex.inputs[0].dims else None,
-                      prob=prob, device=ex.device)
-    if _channels_last(x, channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
-        x, a = x.transpose(0, 3, 1, 2), a.transpose(0, 3, 1, 2)
-        ev.params["channels_last"] = True
-        predict = _Transposed(predict)
+
+def _relevance_mass(ev: Evaluation, x: np.ndarray, a: np.ndarray, mask) -> None:
+    if mask is None:
+        raise InputError("relevance-mass needs a mask (--mask FILE.npy: 1 inside the region, per item)")
+    mask = np.asarray(mask)
+    try:
+        s = np.broadcast_to(mask.astype(bool), x.shape)
+    except ValueError:
+        raise InputError(f"the mask has shape {'x'.join(map(str, mask.shape))}; it must broadcast to the "
+                         f"input's {'x'.join(map(str, x.shape))}") from None
+    ev.scores["mass"] = correlation.relevance_mass(perturbation.normalise_by_max(a), s)
+    ev.scores["mass/random"] = s.reshape(len(x), -1).mean(axis=1)  # what relevance spread evenly puts inside
+
+
+def _faithfulness(ev: Evaluation, predict, x, a, target, runs, subset_size, baseline, seed) -> None:
+    ev.params.update(runs=runs, subset_size=subset_size)
+    floor = np.random.default_rng(seed).standard_normal(a.shape).astype(a.dtype)
+    out = correlation.faithfulness_correlation(predict, x, perturbation.normalise_by_max(a), target, runs,
+                                               subset_size, baseline, np.random.RandomState(seed), a_floor=floor)
+    ev.scores["correlation"] = out["correlation"]
+    ev.scores["correlation/random"] = out["correlation_floor"]
+
+
+def _perturbation(ev: Evaluation, predict, x, a, target, orders, patch, steps, baseline, seed,
+                  features_in_step) -> None:
+    """Region perturbation or pixel flipping: the curves per order (the random order added) and their scores."""
     a_n = perturbation.normalise_by_max(a)
-    if metric == "faithfulness-correlation":
-        ev.params.update(runs=runs, subset_size=subset_size)
-        floor = np.random.default_rng(seed).standard_normal(a.shape).astype(a.dtype)
-        out = correlation.faithfulness_correlation(predict, x, a_n, target, runs, subset_size, baseline,
-                                                   np.random.RandomState(seed), a_floor=floor)
-        ev.scores["correlation"] = out["correlation"]
-        ev.scores["correlation/random"] = out["correlation_floor"]
-        ev.calls = predict.calls
-        return ev
     orders = list(dict.fromkeys([*(orders or ()), "random"]))
     for o in orders:
         _check_choice("order", o, perturbation.ORDERS)
     rngs = {o: np.random.RandomState(seed) for o in orders}
-    if metric == "pixel-flipping":
+    if ev.metric == "pixel-flipping":
         n_features = int(np.prod(x.shape[1:]))
         k = features_in_step or max(1, -(-n_features // max(1, steps)))
         while n_features % k:  # Quantus needs the step to divide the features
@@ -218,13 +238,11 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
         ev.params.update(patch=patch, steps=next(iter(ev.curves.values())).shape[1] - 1)
     ev.params["orders"] = orders
     for o, curve in ev.curves.items():
-        ev.quantus[o] = perturbation.quantus_curve(metric, curve)
+        ev.quantus[o] = perturbation.quantus_curve(ev.metric, curve)
         ev.scores[f"aopc/{o}"] = perturbation.aopc(curve)
         ev.scores[f"auc/{o}"] = perturbation.trapezoid_auc(ev.quantus[o])
     if "morf" in ev.curves and "lerf" in ev.curves:
         ev.scores["abpc"] = ev.scores["aopc/morf"] - ev.scores["aopc/lerf"]
-    ev.calls = predict.calls
-    return ev
 
 
 class _Transposed:
@@ -243,19 +261,20 @@ class _Transposed:
 
 def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
                    channel_axis: int = 1):
-    from ..explainer import Explainer
+    from ..run.launch import runner
+    from ..run.runner import Runner
     from . import randomisation
 
-    if model is None or isinstance(model, Explainer):
+    if model is None or isinstance(model, Runner):
         raise InputError("the randomisation check rebuilds the relevance model: give the model (path or bytes)")
     spatial = x.ndim == 4
     maps0 = a.sum(axis=channel_axis) if spatial else None
     h0 = np.array([similarity.discrete_entropy(ai, bins) for ai in a])
     ev.layers.append(dict(layer="original", spearman=np.ones(len(x)), ssim=np.ones(len(x)), entropy=h0))
-    comp = ex.composite
+    comp = ex.relevance_model.source.composite_spec()
     last = None
     for layer, randomised in randomisation.cascade(model, seed, layer_order):
-        rex = Explainer(randomised, composite=comp, device=device, **explainer_kwargs)
+        rex = runner(randomised, composite=comp, device=device, **explainer_kwargs)
         ar = rex.explain(x, target=target).relevance
         row = dict(layer=layer,
                    spearman=np.array([similarity.spearman(np.abs(a0), np.abs(a1)) for a0, a1 in zip(a, ar)]),

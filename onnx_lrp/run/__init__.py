@@ -1,2 +1,3 @@
 """Running a built relevance model: the onnxruntime session, the runner (feeds, targets, results), the conservation
-check, the diagnosis of non-finite relevance and the gap to the deployed model."""
+check, the diagnosis of non-finite relevance, the gap to the deployed model, and the launch from a model and the
+Explainer's arguments (build, session, the float32 fallback)."""

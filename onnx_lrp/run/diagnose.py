@@ -9,48 +9,50 @@ import onnx_ir as ir
 from .. import load as loader
 from ..core.graph import carries
 from ..core.interface import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
+from ..core.relevance_model import RelevanceModel
 from . import runtime
 
 
-def diagnostic_session(run):
-    """A session over the relevance model that also returns every forward activation and every relevance
-    tensor of the walk (built once, only when needed)."""
-    if run._diag is None:
-        # not kept alive beside the session: rebuilt on failure
-        model = loader.deserialize(run.model_bytes, run.model_folder)
-        graph = model.graph
-        have = {id(v) for v in graph.outputs}
-        rel_type = next((o.type for o in graph.outputs if o.name.startswith(RELEVANCE_PREFIX)
-                         and o.type is not None), ir.TensorType(ir.DataType.FLOAT))
-        forward, extra = [], []
-        for node in graph:
-            if node.name.startswith("lrp/"):
-                continue
-            for o in node.outputs:
-                if not o.name.startswith("lrp/") and carries(o):
-                    forward.append((node, o))
-                    if id(o) not in have:
-                        extra.append(o)
-                        have.add(id(o))
-        by_name = {o.name: o for n in graph for o in n.outputs}
-        for step in run._trace:
-            for name in step.values:
-                v = by_name.get(name)
-                if v is not None and id(v) not in have:
-                    if v.type is None:
-                        v.type = rel_type
-                    extra.append(v)
-                    have.add(id(v))
-        graph.outputs.extend(extra)
-        forward = [(n.name, n.op_type, o.name) for n, o in forward]
-        run._diag = (runtime.Session(loader.serialize(model), run.device, data_folder=run.model_folder,
-                                     arrays=run.model_arrays, prepack=run.model_prepack,
-                                     tf32=getattr(run, "tf32", False)), forward)
-    return run._diag
+def diagnostic_session(relevance_model: RelevanceModel, device: str, tf32: bool = False):
+    """(session, forward activations as (node, op type, output)): a session over the relevance model that also
+    returns every forward activation and every relevance tensor of the walk (built only when needed)."""
+    model = loader.deserialize(relevance_model.model_bytes, relevance_model.model_folder)
+    graph = model.graph
+    have = {id(v) for v in graph.outputs}
+    rel_type = next((o.type for o in graph.outputs if o.name.startswith(RELEVANCE_PREFIX)
+                     and o.type is not None), ir.TensorType(ir.DataType.FLOAT))
+    forward, extra = [], []
+    for node in graph:
+        if node.name.startswith("lrp/"):
+            continue
+        for o in node.outputs:
+            if not o.name.startswith("lrp/") and carries(o):
+                forward.append((node, o))
+                if id(o) not in have:
+                    extra.append(o)
+                    have.add(id(o))
+    by_name = {o.name: o for n in graph for o in n.outputs}
+    for step in relevance_model.trace:
+        for name in step.values:
+            v = by_name.get(name)
+            if v is not None and id(v) not in have:
+                if v.type is None:
+                    v.type = rel_type
+                extra.append(v)
+                have.add(id(v))
+    graph.outputs.extend(extra)
+    forward = [(n.name, n.op_type, o.name) for n, o in forward]
+    session = runtime.Session(loader.serialize(model), device, data_folder=relevance_model.model_folder,
+                              arrays=relevance_model.model_arrays, prepack=relevance_model.model_prepack, tf32=tf32)
+    return session, forward
 
-def locate(run, feeds, targets, start, positions, item: int) -> str:
-    session, forward = diagnostic_session(run)
-    one = all(spec.dims and spec.dims[0] in (None, 1) for spec in run.inputs)
+
+def locate(rm: RelevanceModel, diagnostic, feeds, targets, start, positions, item: int) -> str:
+    """Where the relevance of item ``item`` first became non-finite, as the refusal says it: the forward node
+    (a non-finite activation) or the first node of the walk whose relevance is not finite and its rule.
+    ``diagnostic``: :func:`diagnostic_session`'s (session, forward activations)."""
+    session, forward = diagnostic
+    one = all(spec.dims and spec.dims[0] in (None, 1) for spec in rm.inputs)
     if one:
         feeds = {k: v[item:item + 1] for k, v in feeds.items()}
         targets = targets[item:item + 1]
@@ -67,14 +69,14 @@ def locate(run, feeds, targets, start, positions, item: int) -> str:
         return a is None or a.dtype.kind != "f" or bool(np.isfinite(a).all())
 
     first_forward = next(((n, op, o) for n, op, o in forward if not finite(o)), None)
-    if not finite(run.explained_output) or (first_forward is not None and
-                                             not all(finite(v) for s in run._trace[:1] for v in s.values)):
+    if not finite(rm.explained_output) or (first_forward is not None and
+                                             not all(finite(v) for s in rm.trace[:1] for v in s.values)):
         if first_forward is not None:
             n, op, o = first_forward
             return (f"the forward pass is already non-finite at node {n} ({op}, output {o!r}); "
                     "check the model's parameters (a NaN/Inf weight?) and the input's range")
         return "the forward pass is already non-finite; check the model's parameters and the input's range"
-    for step in run._trace:
+    for step in rm.trace:
         if not all(finite(v) for v in step.values):
             hint = ("its forward values are non-finite too (first: node "
                     f"{first_forward[0]}, {first_forward[1]})" if first_forward is not None else

@@ -1,9 +1,10 @@
 """Running a built relevance model: feed checks, target selection, the onnxruntime run and the result.
 
-:class:`Runner` holds what running needs (the relevance model's bytes, its input specs, output names, explained
-output, ...) as plain data and imports only numpy and onnx_lrp.run.runtime: a process that only runs (a Ray actor)
-starts without onnx_ir, onnx, the loader or the rewriter. :class:`onnx_lrp.Explainer` builds the relevance model
-and is a Runner; :meth:`Runner.payload` / :meth:`Runner.from_payload` carry one to another process.
+:class:`Runner` runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` (plain data) with :class:`RunOptions`
+and imports only numpy and onnx_lrp.run.runtime: a process that only runs (a Ray actor) starts without onnx_ir, onnx,
+the loader or the rewriter. Only when an item's relevance is not conserved does a Runner rebuild the relevance model
+with the conservation ledger (:func:`onnx_lrp.build.build`, from the relevance model's build source) to name the nodes
+that absorb or create it. :meth:`Runner.payload` / :meth:`Runner.from_payload` carry one to another process.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..core.interface import (
     TARGET_OUTPUT,
     VALUE_OUTPUT,
 )
+from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel
 from . import conservation, runtime
 from . import deployed_gap as gaps
 
@@ -58,55 +60,105 @@ class Explanation:
 
 
 @dataclass(frozen=True)
-class InputSpec:
-    name: str
-    dtype: np.dtype
-    dims: tuple  # ints and None
+class RunOptions:
+    """How a :class:`Runner` runs a relevance model: settings of the session and of each run, not of the graph (the
+    same relevance model runs with any of them; a Ray actor takes the builder's or its own)."""
+
+    device: str = "cpu"  # "cpu", "cuda" or "auto" (CUDA when it starts, else the CPU)
+    threads: int | None = None  # onnxruntime's intra-op threads (None: ONNX_LRP_THREADS, else onnxruntime's default)
+    start: str = "logit"  # the default start relevance: the explained logit, or 1 ("one-hot")
+    strict: bool = False  # relevance far from conserved (onnx_lrp.run.conservation): an error, not a warning
+    precise: bool = False  # onnxruntime without layout optimisations (runtime.Session)
+    tf32: bool = False  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; README "GPU")
+
+
+def open_session(model: RelevanceModel, options: RunOptions) -> runtime.Session:
+    """The onnxruntime session of ``model`` with ``options``."""
+    return runtime.Session(model.model_bytes, options.device, options.threads, data_folder=model.model_folder,
+                           arrays=model.model_arrays, prepack=model.model_prepack, precise=options.precise,
+                           tf32=options.tf32)
+
+
+def _field(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.relevance_model, name), doc=doc)
+
+
+def _listed(name: str, doc: str) -> property:
+    """A sequence field of the relevance model as a list (a copy), as the Explainer's API has always given it."""
+    def get(self):
+        value = getattr(self.relevance_model, name)
+        return None if value is None else list(value)
+    return property(get, doc=doc)
+
+
+def _option(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.options, name), doc=doc)
 
 
 class Runner:
-    """Runs a relevance model built by :class:`onnx_lrp.Explainer`: ``explain(x, target=...)``."""
+    """Runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` in one onnxruntime session:
+    ``explain(x, target=...)``. ``session``: one already started for it (default: started here)."""
 
-    #: the attributes that :meth:`payload` carries (all plain data: str, bool, tuples, numpy dtypes, bytes, arrays);
-    #: a large model's weights stay in its files (``model_folder``, read by each process) and only onnx-lrp's own
-    #: large tensors travel (``model_arrays``: in Ray's object store once, read there without a copy)
-    PAYLOAD = ("model_bytes", "model_folder", "model_arrays", "model_prepack", "inputs", "relevance_inputs",
-               "relevance_at", "explained_output", "explained_tensor", "output_names", "whole", "_rows_from",
-               "sequence_rows", "start", "device", "ledger", "_trace", "deployed", "deployed_kinds",
-               "deployed_constants", "output_step", "strict", "composite_name", "precise", "tf32", "ledger_source")
-
-    #: the deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
-    #: ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)
-    deployed = None
-    deployed_kinds: tuple = ()  # "int8", "float16": what makes the deployed forward differ from the explained one
-    deployed_constants: dict = {}  # inputs bound with Explainer(constants=...): fed to the deployed model
-    output_step = None  # the explained output's quantization step (the scale of the DequantizeLinear writing it)
+    inputs = _listed("inputs", "InputSpec per model input")
+    relevance_inputs = _listed("relevance_inputs", "the inputs whose relevance is returned")
+    relevance_at = _listed("relevance_at", "the other tensors whose relevance is returned")
+    explained_output = _field("explained_output", "the model output whose entry is explained")
+    explained_tensor = _field("explained_tensor", "where relevance starts (the logits behind a softmax)")
+    output_names = _listed("output_names", "the model's own outputs")
+    whole = _field("whole", "the explained output has no batch axis: the batch is one item")
+    sequence_rows = _field("sequence_rows", "(positions, entries per position) of a sequence output, or None")
+    output_step = _field("output_step", "a quantized explained output's quantization step, or None")
+    ledger = _field("ledger", "whether the relevance model outputs the conservation ledger")
+    ledger_rows = _listed("ledger_rows", "LedgerRow per node of the ledger (reverse order), or None")
+    composite_name = _field("composite_name", "the composite's name")
+    model_precision = _field("model_precision", "what the relevance model computes in")
+    model_bytes = _field("model_bytes", "the relevance model's graph, serialised")
+    model_folder = _field("model_folder", "the folder of its external data files, or None")
+    model_arrays = _field("model_arrays", "tensors handed to onnxruntime from memory")
+    model_prepack = _field("model_prepack", "whether onnxruntime pre-packs the weights")
+    start = _option("start", "the default start relevance")
+    strict = _option("strict", "relevance far from conserved is an error")
+    precise = _option("precise", "onnxruntime without layout optimisations")
+    tf32 = _option("tf32", "TF32 on CUDA")
     gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
-    #: what rebuilds the relevance model with the conservation ledger (the model file or bytes, the pickled
-    #: composite, the explainer options): a Runner in another process names the nodes from it (onnx_lrp.run.carried)
-    ledger_source = None
 
-    def payload(self) -> dict:
+    def __init__(self, model: RelevanceModel, options: RunOptions = RunOptions(), session=None):
+        self.relevance_model = model
+        self.options = options
+        self._started(session if session is not None else open_session(model, options))
+
+    @property
+    def deployed(self):
+        """The deployed model as onnxruntime loads it (bytes or a file path), run beside the relevance model so that
+        ``outputs`` are the deployed ones; None: the explained forward is the deployed model (a float model)."""
+        return None if self.relevance_model.deployed is None else self.relevance_model.deployed.source
+
+    @property
+    def deployed_kinds(self) -> tuple:
+        """"int8", "float16": what makes the deployed forward differ from the explained one."""
+        return () if self.relevance_model.deployed is None else self.relevance_model.deployed.kinds
+
+    @property
+    def deployed_constants(self) -> dict:
+        """Inputs bound to constants when building: fed to the deployed model too."""
+        return {} if self.relevance_model.deployed is None else self.relevance_model.deployed.constants
+
+    def payload(self) -> tuple:
         """What runs this relevance model in another process (a Ray actor) without loading or rewriting the model:
-        plain data, so that unpickling it imports nothing beyond this module. (Shipping onnxruntime's optimised
-        model instead was measured and dropped: docs/dataset.md, "Speed".)"""
-        p = {k: getattr(self, k) for k in self.PAYLOAD}
-        p["inputs"] = [InputSpec(s.name, np.dtype(s.dtype), tuple(s.dims)) for s in self.inputs]
-        p["_trace"] = list(self._trace)
-        return p
+        the relevance model and the run options (plain data: unpickling it imports nothing beyond this module and
+        :mod:`onnx_lrp.core.relevance_model`). (Shipping onnxruntime's optimised model instead was measured and
+        dropped: docs/dataset.md, "Speed".)"""
+        return self.relevance_model, dataclasses.replace(self.options, device=self.device, threads=None)
 
     @classmethod
-    def from_payload(cls, payload: dict, device: str | None = None, threads: int | None = None) -> "Runner":
-        """A Runner (one onnxruntime session) from :meth:`payload`; ``device``: another device than the builder's."""
-        self = cls.__new__(cls)
-        for k in cls.PAYLOAD:
-            setattr(self, k, payload[k])
+    def from_payload(cls, payload, device: str | None = None, threads: int | None = None) -> "Runner":
+        """A Runner (one onnxruntime session) from :meth:`payload`, or from a relevance model alone (default run
+        options); ``device``: another device than the builder's."""
+        model, options = (payload, RunOptions()) if isinstance(payload, RelevanceModel) else payload
+        options = dataclasses.replace(options, threads=threads)
         if device is not None:
-            self.device = runtime.resolve_device(device)
-        self._started(runtime.Session(self.model_bytes, self.device, threads, data_folder=self.model_folder,
-                                      arrays=self.model_arrays, prepack=self.model_prepack, precise=self.precise,
-                                      tf32=self.tf32))
-        return self
+            options = dataclasses.replace(options, device=runtime.resolve_device(device))
+        return cls(model, options)
 
     def _started(self, session) -> None:
         self.session = session
@@ -114,6 +166,8 @@ class Runner:
         self.device_note = session.fallback
         self._width = None
         self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
+        self._ledger_books: dict = {}  # start relevance -> the ledger's Runner, built on the first item that trips
+        self._reading_ledger = False  # this run only reads its ledger for another: no conservation check of its own
         self._gap_reason = None  # why the deployed outputs differ (onnx_lrp.run.deployed_gap.cause), found on the first gap
         self._gap_warned = False
         self.deployed_session = None
@@ -122,7 +176,7 @@ class Runner:
             try:
                 threads = getattr(session, "threads", None)
                 self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
-                                                        tf32=getattr(self, "tf32", False))
+                                                        tf32=self.tf32)
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
@@ -217,8 +271,8 @@ class Runner:
         """For sequence outputs: (class targets, positions) from a class target and a position (default: the last,
         -1; negative positions count from the end)."""
         rows, per_row = self.sequence_rows
-        if rows is None and self._rows_from is not None:
-            name, axis = self._rows_from
+        if rows is None and self.relevance_model.sequence_rows_from is not None:
+            name, axis = self.relevance_model.sequence_rows_from
             rows = int(feeds[name].shape[axis])
         if isinstance(target, tuple):
             if position is not None or len(target) != 2:
@@ -373,7 +427,7 @@ class Runner:
     def _check_conserved(self, merged: dict, relevance: list, feeds, start, positions) -> None:
         """Warn (``strict``: raise) when the input relevance of an item is far from its start relevance
         (:mod:`onnx_lrp.run.conservation`); the ledger that names the nodes is built only then."""
-        if not relevance or VALUE_OUTPUT not in merged or getattr(self, "_reading_ledger", False):
+        if not relevance or VALUE_OUTPUT not in merged or self._reading_ledger:
             return
         values = np.asarray(merged[VALUE_OUTPUT], np.float64).reshape(-1)
         starts = values if start == "logit" else np.ones_like(values)
@@ -393,16 +447,44 @@ class Runner:
         except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
             found = None
         text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
-                                    float(starts[item]), start, found, getattr(self, "composite_name", "?"))
-        if getattr(self, "strict", False):
+                                    float(starts[item]), start, found, self.composite_name)
+        if self.strict:
             raise NumericError(text + "; nothing was returned (strict)")
         warnings.warn(text, LrpWarning, stacklevel=3)
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
-        """The nodes that absorb or create most relevance for one item (an Explainer builds its ledger model, and so
-        does :class:`onnx_lrp.run.carried.CarriedRunner`, a Runner from a payload in a Ray actor; a bare Runner has no
-        loader to build it with)."""
-        return None
+        """The nodes that absorb or create most relevance for item ``item`` of ``feeds``, read from the ledger
+        (:func:`onnx_lrp.run.conservation.culprits`); None when nothing can rebuild the relevance model here."""
+        book = self if self.ledger else self._ledger_book(start)
+        if book is None:
+            return None
+        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
+        extra = {} if positions is None else {"position": positions}
+        if self.sequence_rows is not None:
+            target = target % (self.sequence_rows[1] or 1 << 62)
+        book._reading_ledger = True  # this run only reads the ledger: no check of its own
+        try:
+            res = book.explain(one, target=target, start=start, **extra)
+        finally:
+            book._reading_ledger = False
+        return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
+
+    def _ledger_book(self, start: str) -> "Runner | None":
+        """The relevance model rebuilt with the conservation ledger from its build source: built on the first item
+        that does not conserve and kept (one per start relevance), so that a model that never conserves pays the
+        build once, not on every call. None when the source holds no model (an onnx_ir model carried here)."""
+        source = self.relevance_model.source
+        if source is None or source.model is None:
+            return None
+        if start not in self._ledger_books:
+            from ..build import build  # the loader and the rewriter: only when the check trips
+
+            given = source.options
+            options = BuildOptions(output=given.output, explain_logits=given.explain_logits, ledger=True,
+                                   constants=given.constants, input_shapes=given.input_shapes)
+            self._ledger_books[start] = Runner(build(source.model, source.composite_spec(), options),
+                                               RunOptions(start=start))
+        return self._ledger_books[start]
 
     def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
         """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then
@@ -416,9 +498,11 @@ class Runner:
         item = int(rows[0]) if len(rows) else 0
         where = None
         try:
-            from .diagnose import locate  # onnx_ir and the loader: only on this failure
+            from . import diagnose  # onnx_ir and the loader: only on this failure
 
-            where = locate(self, feeds, targets, start, positions, item)
+            if self._diag is None:
+                self._diag = diagnose.diagnostic_session(self.relevance_model, self.device, self.tf32)
+            where = diagnose.locate(self.relevance_model, self._diag, feeds, targets, start, positions, item)
         except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
             where = None
         what = "output" if bad[0] == self.explained_output else "relevance"
@@ -441,4 +525,4 @@ def _native(dt: np.dtype) -> bool:
         or dt == object
 
 
-__all__ = ["Runner", "Explanation", "InputSpec"]
+__all__ = ["Runner", "RunOptions", "Explanation", "InputSpec", "open_session"]

@@ -151,8 +151,9 @@ def resolve_device(device: str) -> str:
         raise InputError(f"unknown device {device!r}; use cpu, cuda or auto")
     if device == "cuda" and "cuda" not in available_devices():
         raise DeviceError("CUDA was asked for but onnxruntime has no CUDAExecutionProvider here "
-                          f"(providers: {', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
-                          "matching CUDA, or use --device cpu")
+                          f"(providers: {', '.join(ort.get_available_providers())}); install onnx-lrp's CUDA build in "
+                          "place of the CPU one: pip uninstall -y onnxruntime && ONNX_LRP_RUNTIME=cuda pip install -e "
+                          ". (in the clone; README, Install), or use --device cpu")
     return device
 
 
