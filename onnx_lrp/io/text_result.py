@@ -52,8 +52,8 @@ class TextExplanation:
         """One line: what was explained, its logit, and what the model predicts."""
         if self.task == "text-generation" and self.continuation is not None:
             n = len(self.steps)
-            return (f"continuation {self.continuation!r} ({n} token{'s' if n > 1 else ''}, each explained from the "
-                    f"tokens before it): summed logit {self.logit:.4g}")
+            how = f"{n} tokens, each explained from the tokens before it" if n > 1 else "1 token"
+            return f"continuation {self.continuation!r} ({how}): summed logit {self.logit:.4g}"
         if self.task == "text-generation":
             said = f"next token {self.label!r} (id {self.target}): logit {self.logit:.4g}"
             return said + (", the model's prediction" if self.predicted == self.target else
