@@ -46,6 +46,8 @@ def explain_text(ex, text: str, tokenizer, target=None, *, text_pair: str | None
 
 def run(ex, tok, enc, *, text, text_pair, target, position, continuation, task, labels, embeddings,
         start) -> TextExplanation:
+    """:func:`explain_text` on a loaded tokenizer ``tok``, an encoded text ``enc`` and class names ``labels``: the
+    explained logits (one, or one per continuation token) and the relevance per token summed over them."""
     vocab = vocab_size(tok)
     n = len(enc.ids) - (1 if continuation is not None else 0)  # the last continuation token conditions nothing
     feeds, rel_name = model_feeds(ex.inputs, enc, n, embeddings, vocab)
