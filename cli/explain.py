@@ -131,11 +131,12 @@ def explain(**kw):
     ds = pop_dataset_options(o.rule_kw)
     text = pop_text_options(o.rule_kw)
     if text is not None:  # text in: its own module
-        return run_text(o.model, text, target=parse_target(o.target), start=o.start, device=o.device, tf32=o.tf32,
+        return run_text(o.model, text, target=o.target, position=o.position, start=o.start, device=o.device,
+                        tf32=o.tf32,
                         precision=o.precision, composite=o.composite, rule_kw=o.rule_kw, out=o.out,
                         html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
                         refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
-                                 "--heatmap": o.heatmap_path, "--position": o.position,
+                                 "--heatmap": o.heatmap_path,
                                  "--relevance-at": o.relevance_at, "--output": o.output_name,
                                  **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
     if o.input_path is None:

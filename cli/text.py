@@ -1,42 +1,53 @@
-"""``onnx-lrp explain MODEL --text "..." --tokenizer tokenizer.json [--continuation "..."]``: text in, tokens
-coloured by relevance out (terminal, and HTML with --html); no token-id files by hand.
+"""``onnx-lrp explain MODEL --text "..." [--tokenizer tokenizer.json]``: text in, tokens coloured by relevance out
+(the terminal, and an HTML token heatmap in the current directory or where --html says); no token-id files by hand.
 
-The tokenizer (Hugging Face ``tokenizers``, the optional extra ``onnx-lrp[text]``) builds the ids; the model's
-attention mask, position ids and token types are filled by input name (:func:`onnx_lrp.io.tokens.text_feeds`).
-Without --continuation the next token is explained (the arg-max at the last position, or --target); with it, each
-continuation token is explained at the position before it and the relevances are summed: the relevance of the
-continuation's summed logits, over the prompt and the continuation tokens that precede each one.
+The model's own tokenizer builds the inputs (:mod:`onnx_lrp.io.text_inputs`): the token ids (or, with --embeddings, their
+embeddings), attention mask, token types and positions by input name. What is explained follows from the explained
+output's shape: a text classifier's class (N x C: --target, a class index or label name; default the prediction), a
+token classifier's class at one token (N x T x C with C below the tokenizer's vocabulary: --position, default the
+first non-special token), or a language model's next token (N x T x V: at the last position, or each token of
+--continuation at the position before it, the relevances summed). --task overrides the last rule.
 """
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import click
 import numpy as np
 
-from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
 
-from .io import AtomicOutputs, Preprocess, check_writable
+from .io import AtomicOutputs, check_writable
 from .options import explainer_setup, precision_note
 
-
-TEXT_KEYS = ("text", "tokenizer_path", "continuation")
+TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings")
+TASKS = ("text-classification", "token-classification", "text-generation")  # onnx_lrp.io.text_inputs.TASKS
 
 
 def text_options(f):
     opts = [
         click.option("--text", default=None, metavar="TEXT",
-                     help="Explain this text (with --tokenizer) instead of an INPUT file: the model's next token, or "
-                          "--continuation."),
+                     help="Explain this text instead of an INPUT file (with the model's tokenizer): a classifier's "
+                          "class, a token classifier's class at --position, or a language model's next token."),
+        click.option("--text-pair", default=None, metavar="TEXT",
+                     help="With --text: the second text of a sentence pair (NLI, question/answer); token types 1."),
         click.option("--tokenizer", "tokenizer_path", default=None, metavar="tokenizer.json",
-                     help="The tokenizer.json that turns --text into token ids (needs pip install 'onnx-lrp[text]')."),
+                     help="The model's tokenizer.json (default: the one beside MODEL; needs pip install "
+                          "'onnx-lrp[text]')."),
         click.option("--continuation", default=None, metavar="TEXT",
-                     help="With --text: explain this continuation (its tokens' logits, summed) instead of the "
+                     help="Language models: explain this continuation (its tokens' logits, summed) instead of the "
                           "predicted next token."),
+        click.option("--task", type=click.Choice(TASKS), default=None,
+                     help="What the model does, when its output's shape does not tell: N x T x C logits with C at "
+                          "least the tokenizer's vocabulary are a language model's, else a token classifier's."),
+        click.option("--labels", default=None, metavar="FILE",
+                     help="Class names (a JSON list, a config.json with id2label, or one name per line); default: "
+                          "the model's id2label metadata, or the config.json beside MODEL. --target takes them."),
+        click.option("--embeddings", default=None, metavar="FILE.npy",
+                     help="For a model that takes embeddings (inputs_embeds) instead of token ids: the embedding "
+                          "table (vocabulary x hidden), or this text's embeddings (tokens x hidden)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -50,117 +61,159 @@ def pop_text_options(kw: dict) -> dict | None:
 
 
 def run_text(model, opts: dict, *, target, start, device, tf32, precision, composite, rule_kw, out, html_path,
-             token_scale, as_json, refused: dict) -> int:
-    from onnx_lrp.io import tokens as tk
+             token_scale, as_json, refused: dict, position=None) -> int:
+    from onnx_lrp.io import text_inputs as tx
+    from onnx_lrp.io.text import explain_text
 
-    out_path, html_out = _text_outputs(opts, target, out, html_path, refused)
-    tokenizer = tk.load_tokenizer(opts["tokenizer_path"])
-    ids, n_prompt = tk.encode_text(tokenizer, opts["text"], opts["continuation"])
-    fed = ids if opts["continuation"] is None else ids[:-1]  # the last continuation token conditions nothing
-    setup = explainer_setup(model, composite, rule_kw, pre=Preprocess())  # text: the image options are not read
-    comp = setup.composite
+    if isinstance(target, str) and target.strip().lower() in ("", "argmax"):
+        target = None  # the default: the prediction
+    out_path, html_out = _text_outputs(model, opts, target, position, out, html_path, refused)
+    tok_path = _tokenizer_path(model, opts["tokenizer_path"])
+    tokenizer = tx.load_tokenizer(tok_path)
+    enc = tx.encode(tokenizer, opts["text"], opts["text_pair"], opts["continuation"])
     t0 = time.perf_counter()
-    ex = setup.build(model, device=device, start=start, tf32=tf32, precision=precision)
+    ex, comp, note = _build(model, composite, rule_kw, enc, opts["continuation"] is not None, device=device,
+                            start=start, tf32=tf32, precision=precision)
     t_build = time.perf_counter() - t0
+    if note:
+        click.echo(f"onnx-lrp: {note}", err=True)
     if device == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         click.echo(f"onnx-lrp: --device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"),
                    err=True)
-    if ex.sequence_rows is None:
-        raise InputError(f"--text explains a language model's next token: the explained output "
-                         f"{ex.explained_output!r} has no sequence axis (N x T x vocabulary)")
-    steps = [(len(fed) - 1, target)] if opts["continuation"] is None else \
-        [(p - 1, ids[p]) for p in range(n_prompt, len(ids))]
+    labels = tx.read_labels(opts["labels"]) if opts["labels"] else tx.model_labels(ex) or _config_labels(model)
     t1 = time.perf_counter()
-    relevance, explained = _explain_steps(ex, tk, tokenizer, fed, steps)
+    res = explain_text(ex, opts["text"], tokenizer, target, text_pair=opts["text_pair"], position=position,
+                          continuation=opts["continuation"], task=opts["task"], labels=labels,
+                          embeddings=opts["embeddings"], start=start)
     t_explain = time.perf_counter() - t1
-    words = tk.token_text(tokenizer, fed)
-    _write_text(out_path, html_out, relevance, fed, n_prompt, explained, words, token_scale)
-    summary = dict(model=str(model), text=opts["text"], continuation=opts["continuation"], composite=comp.name,
-                   start=start, device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"),
-                   precision=ex.model_precision,
-                   tokens=words, input_ids=[int(i) for i in fed], relevance=[float(v) for v in relevance],
-                   explained=explained, relevance_file=str(out_path) if out_path else None,
-                   html_file=str(html_out) if html_out else None, build_s=round(t_build, 4),
-                   explain_s=round(t_explain, 4))
+    _write_text(out_path, html_out, res, token_scale)
+    name = getattr(ex, "composite_name", comp.name)  # "auto" resolved
     if as_json:
+        summary = dict(model=str(model), tokenizer=str(tok_path), composite=name, start=start,
+                       device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
+                       **res.to_dict(), relevance_file=str(out_path) if out_path else None,
+                       html_file=str(html_out), build_s=round(t_build, 4), explain_s=round(t_explain, 4))
         click.echo(json.dumps(summary, indent=2))
         return 0
-    _print_text(tk, ex, comp, explained, words, relevance, fed, token_scale, out_path, html_out, t_explain, t_build)
+    click.echo(f"{res.task}: {res.headline()}")
+    if res.predictions is not None:
+        click.echo("predicted per token: " + " ".join(f"{t.strip() or t}/{p}" for t, p in
+                                                      zip(res.tokens, res.predictions)))
+    click.echo(res.terminal(percentile=token_scale))
+    written = ", ".join(str(p) for p in (html_out, out_path) if p is not None)
+    click.echo(f"{len(res.tokens)} tokens, composite {name}, device {ex.device}"
+               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{t_explain:.3f} s (model built in {t_build:.3f} s); wrote {written}")
     return 0
 
 
-def _text_outputs(opts: dict, target, out, html_path, refused: dict):
-    """(relevance file, HTML file), both checked before any work; the options that do not go with --text refused."""
+def _text_outputs(model, opts: dict, target, position, out, html_path, refused: dict):
+    """(relevance file or None, HTML file), both checked before any work; the options that do not go with --text
+    refused in one line."""
     given = [name for name, value in refused.items() if value]
     if given:
         raise InputError(f"{', '.join(given)} cannot be combined with --text (the input is the text)")
-    if opts["text"] is None or opts["tokenizer_path"] is None:
-        raise InputError("--text and --tokenizer go together: give the text and the tokenizer.json that encodes it")
-    if opts["continuation"] is not None and target is not None:
-        raise InputError("--continuation sets the explained tokens; drop --target")
+    if opts["text"] is None:
+        names = [f"--{k.replace('_path', '').replace('_', '-')}" for k in TEXT_KEYS if opts.get(k) is not None]
+        raise InputError(f"{' and '.join(names)} {'go' if len(names) > 1 else 'goes'} with --text: give the text to "
+                         "explain")
+    if opts["continuation"] is not None and (target is not None or position is not None):
+        raise InputError("--continuation sets the explained tokens; drop --target and --position")
+    for name, value in (("--target", target), ("--position", position)):
+        if isinstance(value, str) and "," in value:
+            raise InputError(f"{name} {value}: give one value (one text is one item)")
     out_path = Path(out) if out else None
     if out_path is not None:
         if out_path.suffix.lower() not in (".npy", ".npz"):
             raise OutputError(f"-o {out_path}: the relevance is written as .npy or .npz; change the suffix")
         check_writable(out_path)
-    html_out = Path(html_path) if html_path else None
-    if html_out is not None:
-        if html_out.suffix.lower() not in (".html", ".htm"):
-            raise OutputError(f"--html {html_out}: give an .html file name")
-        check_writable(html_out)
-    if isinstance(target, list):
-        raise InputError("--target: give one token id (one text is one item)")
+    html_out = Path(html_path) if html_path else Path(f"{Path(str(model)).stem}.tokens.html")
+    if html_out.suffix.lower() not in (".html", ".htm"):
+        raise OutputError(f"--html {html_out}: give an .html file name")
+    check_writable(html_out)
     return out_path, html_out
 
 
-def _explain_steps(ex, tk, tokenizer, fed, steps):
-    """Each (position, target) explained; the per-token relevance summed over them and a record per step."""
-    feeds = tk.text_feeds(ex.inputs, fed)
-    id_name = next(n for n in ex.relevance_inputs) if ex.relevance_inputs else None
-    relevance = np.zeros(len(fed), np.float64)
-    explained = []
-    for position, tgt in steps:
-        res = ex.explain(feeds, target=tgt, position=position)
-        rel = res.relevance[id_name] if isinstance(res.relevance, dict) else res.relevance
-        relevance += tk.per_token(np.asarray(rel)[0], len(fed))
-        logits = np.asarray(res.outputs[ex.explained_output])[0, position]
-        t = int(res.target[0])
-        explained.append(dict(position=position, token_id=t, token=tk.token_text(tokenizer, [t])[0],
-                              logit=float(logits[t]), predicted_id=int(np.argmax(logits)),
-                              predicted=tk.token_text(tokenizer, [int(np.argmax(logits))])[0]))
-    return relevance, explained
+def _tokenizer_path(model, given) -> Path:
+    if given is not None:
+        return Path(given)
+    beside = Path(str(model)).parent / "tokenizer.json"
+    if beside.is_file():
+        return beside
+    raise InputError(f"--text needs the model's tokenizer: give --tokenizer tokenizer.json (there is none beside "
+                     f"{model})")
 
 
-def _write_text(out_path, html_out, relevance, fed, n_prompt, explained, words, token_scale) -> None:
-    from onnx_lrp.io import tokens as tk
+def _config_labels(model) -> dict | None:
+    """The id2label of a config.json beside the model (what transformers and optimum save), if any."""
+    from onnx_lrp.io.text_inputs import read_labels
 
+    p = Path(str(model)).parent / "config.json"
+    try:
+        config = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("id2label"), dict):
+        return None
+    try:
+        return read_labels(config["id2label"])
+    except InputError:
+        return None
+
+
+def _build(model, composite, rule_kw, enc, continuation: bool, **kw):
+    """The explainer; a model refused with its dynamic sequence axis is built again at this text's length (shape
+    computations that only fold with the length known, e.g. DeBERTa's relative positions exported by TorchScript).
+    Returns (explainer, composite, the note to print or None)."""
+    setup = explainer_setup(model, composite, rule_kw, pre=_no_images())
+    try:
+        return setup.build(model, **kw), setup.composite, None
+    except UnsupportedError as exc:
+        shapes = _text_shapes(model, len(enc.ids) - (1 if continuation else 0))
+        if setup.input_shapes or not shapes:
+            raise
+        setup.input_shapes = shapes
+        try:
+            ex = setup.build(model, **kw)
+        except UnsupportedError:
+            raise exc from None
+        return ex, setup.composite, (f"built for this text's {len(enc.ids)} tokens: with a dynamic sequence axis "
+                                     f"the model is refused ({str(exc).split(':')[0]})")
+
+
+def _no_images():
+    from .io import Preprocess
+
+    return Preprocess()  # text: the image options are refused above, never read
+
+
+def _text_shapes(model, n: int) -> dict | None:
+    """Every input with the batch of 1 and ``n`` tokens (None if an input has other dynamic axes)."""
+    from onnx_lrp.io.inputs import model_input_dims
+
+    shapes = {}
+    for info in model_input_dims(model):
+        dims = tuple(info.dims)
+        if len(dims) < 2 or any(d is None for d in dims[2:]):
+            return None
+        shapes[info.name] = (1, n) + dims[2:]
+    return shapes
+
+
+def _write_text(out_path, html_out, res, token_scale) -> None:
     with AtomicOutputs() as files:
+        rel = res.relevance.astype(np.float32)
         if out_path is not None and out_path.suffix.lower() == ".npy":
-            files.save_npy(out_path, relevance.astype(np.float32))
+            files.save_npy(out_path, rel)
         elif out_path is not None:
-            files.save_npz(out_path, dict(relevance=relevance.astype(np.float32),
-                                          input_ids=np.asarray(fed, np.int64), n_prompt=np.int64(n_prompt),
-                                          positions=np.asarray([e["position"] for e in explained], np.int64),
-                                          targets=np.asarray([e["token_id"] for e in explained], np.int64)))
-        if html_out is not None:
-            what = " + ".join(repr(e["token"]) for e in explained)
-            page = tk.html_page(words, relevance, f"relevance for {what}", token_scale)
-            files.write_bytes(html_out, page.encode("utf-8"))
-
-
-def _print_text(tk, ex, comp, explained, words, relevance, fed, token_scale, out_path, html_out, t_explain,
-                t_build) -> None:
-    for e in explained:
-        pred = "" if e["predicted_id"] == e["token_id"] else f" (the model predicts {e['predicted']!r})"
-        click.echo(f"explained token {e['token']!r} (id {e['token_id']}, logit {e['logit']:.4g}) at position "
-                   f"{e['position']}{pred}")
-    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    click.echo(tk.terminal(words, relevance, color=color, percentile=token_scale))
-    click.echo(f"{len(fed)} tokens, composite {comp.name}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
-               f"{t_explain:.3f} s (model built in {t_build:.3f} s)" + (f"; relevance -> {out_path}" if out_path else "")
-               + (f"; tokens -> {html_out}" if html_out else ""))
+            targets = res.target if isinstance(res.target, list) else [res.target]
+            files.save_npz(out_path, dict(relevance=rel, input_ids=np.asarray(res.input_ids, np.int64),
+                                          tokens=np.asarray(res.tokens, dtype=str), n_prompt=np.int64(res.n_prompt),
+                                          positions=np.asarray([-1 if s["position"] is None else s["position"]
+                                                                for s in res.steps], np.int64),
+                                          targets=np.asarray(targets, np.int64)))
+        files.write_bytes(html_out, res.html(percentile=token_scale).encode("utf-8"))
 
 
 __all__ = ["text_options", "pop_text_options", "run_text"]

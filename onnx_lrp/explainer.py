@@ -73,6 +73,19 @@ class Explainer(Runner):
         m = self.relevance_model
         return external.Parts(m.model_bytes, m.model_folder, m.model_arrays, m.model_prepack)
 
+    def explain_text(self, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
+                     continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
+                     start: str | None = None):
+        """The relevance of each token of ``text`` (:func:`onnx_lrp.io.text.explain_text`): a text classifier's
+        class (``target``: None for the arg-max, an index or a label name), a token classifier's class at
+        ``position``, or a language model's next token (or ``continuation``). ``tokenizer``: the model's
+        tokenizer.json (or a ``tokenizers`` / transformers fast tokenizer). Returns a
+        :class:`onnx_lrp.io.text_result.TextExplanation` (``.tokens``, ``.relevance``, ``.html()``, ...)."""
+        from .io.text import explain_text
+
+        return explain_text(self, text, tokenizer, target, text_pair=text_pair, position=position,
+                            continuation=continuation, task=task, labels=labels, embeddings=embeddings, start=start)
+
     # ------------------------------------------------------------------ concepts (onnx_lrp.concepts)
     def concept_relevance(self, x, target=None, layer: str | None = None, channel_axis: int = 1,
                           abs_norm: bool = True):

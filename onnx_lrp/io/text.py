@@ -1,0 +1,185 @@
+"""Text in: a text and the model's tokenizer -> the model's inputs -> relevance per token.
+
+:func:`explain_text` (``Explainer.explain_text``) covers the text models users have, told apart by the explained
+output's shape (:func:`onnx_lrp.io.text_inputs.task_of`):
+
+* ``text-classification`` (sentiment, NLI, intent; logits N x C): the class logit (``target``: the arg-max, a class
+  index, or a label name) explained over the tokens;
+* ``token-classification`` (NER, tagging; logits N x T x C with C smaller than the tokenizer's vocabulary): the class
+  logit of one token (``position``: default the first token that is not a special token);
+* ``text-generation`` (causal LMs; logits N x T x V with V at least the tokenizer's vocabulary): the next token at the
+  last position, or each token of a ``continuation`` at the position before it (the relevances summed).
+
+The model's inputs come from :mod:`onnx_lrp.io.text_inputs` (ids or embeddings, attention mask, token types,
+positions); the relevance per token is that of the tokens' embeddings, summed over the hidden axis.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.errors import InputError
+from . import tokens as tk
+from .text_inputs import TASKS, class_index, encode, load_tokenizer, model_feeds, model_labels, read_labels, task_of, \
+    vocab_size
+from .text_result import TextExplanation
+
+
+def explain_text(ex, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
+                 continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
+                 start: str | None = None) -> TextExplanation:
+    """Explain ``ex``'s prediction for ``text`` (see the module docstring): the relevance per token.
+
+    ``tokenizer``: a tokenizer.json (or its folder), a ``tokenizers.Tokenizer`` or a transformers fast tokenizer.
+    ``target``: a class index or name (classifiers), a token id or a token's text (language models); None: the
+    prediction. ``text_pair``: the second text of a sentence pair. ``position``: the explained token (token
+    classifiers; language models: the position whose next token is explained), an index or the token as it reads.
+    ``continuation``: language models: explain these tokens. ``task``: one of TASKS, when the output's shape does
+    not tell. ``labels``: class names (a list, a dict, or a file); default the model's ``id2label`` metadata.
+    ``embeddings``: for a model that takes embeddings, the table (vocabulary x hidden) or this text's (T x hidden),
+    an array or an .npy path. ``start``: the start relevance ("logit" or "one-hot"; default the explainer's)."""
+    tok = load_tokenizer(tokenizer)
+    enc = encode(tok, text, text_pair, continuation)
+    names = read_labels(labels) if labels is not None else model_labels(ex)
+    return run(ex, tok, enc, text=text, text_pair=text_pair, target=target, position=position,
+               continuation=continuation, task=task, labels=names, embeddings=embeddings, start=start)
+
+
+def run(ex, tok, enc, *, text, text_pair, target, position, continuation, task, labels, embeddings,
+        start) -> TextExplanation:
+    """:func:`explain_text` on a loaded tokenizer ``tok``, an encoded text ``enc`` and class names ``labels``: the
+    explained logits (one, or one per continuation token) and the relevance per token summed over them."""
+    vocab = vocab_size(tok)
+    n = len(enc.ids) - (1 if continuation is not None else 0)  # the last continuation token conditions nothing
+    feeds, rel_name = model_feeds(ex.inputs, enc, n, embeddings, vocab)
+    kind = _task(ex, tok, task, feeds, start)
+    _check(kind, position, continuation, target, text_pair)
+    if kind == "text-classification":
+        steps = [(None, class_index(target, labels, ex.output_width()))]
+    elif kind == "token-classification":
+        steps = [(token_position(position, enc, n, first_word=True),
+                  class_index(target, labels, ex.sequence_rows[1]))]
+    elif continuation is not None:
+        steps = [(p - 1, enc.ids[p]) for p in range(enc.n_prompt, len(enc.ids))]
+    else:
+        steps = [(token_position(position, enc, n, first_word=False), token_target(target, tok, vocab))]
+    relevance = np.zeros(n, np.float64)
+    records, explanations = [], []
+    for pos, tgt in steps:
+        res, rel = explain_one(ex, feeds, rel_name, pos, tgt, start, n)
+        relevance += rel
+        records.append(_record(ex, res, kind, pos, tok, labels))
+        explanations.append(res)
+    first = records[0]
+    names = labels if kind != "text-generation" else None
+    predictions = None
+    if kind == "token-classification":
+        logits = np.asarray(explanations[0].outputs[ex.explained_output])[0]
+        predictions = [_name(int(c), names) for c in logits.reshape(n, -1).argmax(-1)]
+    many = len(records) > 1
+    return TextExplanation(
+        text=text, text_pair=text_pair, continuation=continuation, task=kind, tokens=enc.shown[:n],
+        input_ids=list(enc.ids[:n]), relevance=relevance, special=[bool(s) for s in enc.special[:n]],
+        n_prompt=enc.n_prompt, target=[r["target"] for r in records] if many else first["target"],
+        label=continuation if many or continuation is not None else first["label"],
+        predicted=first["predicted"], predicted_label=first["predicted_label"],
+        logit=float(sum(r["logit"] for r in records)), position=first["position"], predictions=predictions,
+        steps=records, explanations=explanations)
+
+
+def _task(ex, tok, task, feeds, start) -> str:
+    """The task; for a sequence output whose entries per position the model does not declare, read from a run."""
+    if task is None and ex.sequence_rows is not None and ex.sequence_rows[1] is None:
+        probe = ex.explain(feeds, position=-1, start=start)
+        width = int(np.prod(np.asarray(probe.outputs[ex.explained_output]).shape[2:]))
+        return task_of(ex, tok, None, width)
+    return task_of(ex, tok, task)
+
+
+def _check(kind, position, continuation, target, text_pair) -> None:
+    if continuation is not None and kind != "text-generation":
+        raise InputError(f"a continuation is for language models; this model is a {kind.replace('-', ' ')} model "
+                         "(explain a class with target=..., or say task='text-generation' if it is a language model)")
+    if continuation is not None and (target is not None or position is not None):
+        raise InputError("the continuation sets the explained tokens and positions; drop the target and position")
+    if kind == "text-classification" and position is not None:
+        raise InputError("a position is for token classifiers and language models; this model classifies the whole "
+                         "text (N x classes)")
+    if kind == "text-generation" and text_pair is not None:
+        raise InputError("a sentence pair is for classifiers; a language model continues one text")
+
+
+def token_position(position, enc, n: int, first_word: bool) -> int:
+    """The explained position: an index (negative: from the end), a token as it reads (its first occurrence), or
+    None: the first token that is not a special token (``first_word``: token classifiers) or the last one."""
+    if position is None:
+        if first_word:
+            return next((i for i in range(n) if not enc.special[i]), 0)
+        return n - 1
+    if isinstance(position, str) and not position.strip().lstrip("-").isdigit():
+        want = position.strip().lower()
+        found = [i for i in range(n) if enc.shown[i].strip().lower() == want]
+        if not found:
+            raise InputError(f"position {position!r} is not a token of the text; its tokens: "
+                             + ", ".join(f"{i} {t.strip()!r}" for i, t in enumerate(enc.shown[:n])))
+        return found[0]
+    try:
+        p = int(position)
+    except (TypeError, ValueError):
+        raise InputError(f"position must be a token index or a token, not {position!r}") from None
+    if not -n <= p < n:
+        raise InputError(f"position {p} does not fit: the text has {n} tokens (give 0..{n - 1}, or -1 for the last)")
+    return p % n
+
+
+def token_target(target, tok, vocab: int) -> int | None:
+    """A language model's explained next token: None (the arg-max), a token id, or a token's text (one token)."""
+    if target is None or (isinstance(target, str) and target.strip().lower() in ("", "argmax")):
+        return None
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool) or \
+            isinstance(target, str) and target.strip().isdigit():
+        t = int(target)
+        if not 0 <= t < vocab:
+            raise InputError(f"target {t} is not a token id of this tokenizer (0..{vocab - 1})")
+        return t
+    if isinstance(target, str):
+        ids = tok.encode(target, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise InputError(f"target {target!r} is {len(ids)} tokens under this tokenizer; give one token (e.g. with "
+                             "its leading space: ' Paris'), or explain it as a continuation")
+        return int(ids[0])
+    raise InputError(f"target must be a token id or a token's text, not {target!r}")
+
+
+def explain_one(ex, feeds, rel_name: str, position, target, start, n: int):
+    """One explanation and its relevance per token (the relevance of ``rel_name``, summed over a hidden axis)."""
+    kw = {} if position is None else {"position": position}
+    res = ex.explain(feeds, target=target, start=start, **kw)
+    rel = res.relevance
+    if isinstance(rel, dict):
+        if rel_name not in rel:
+            raise InputError(f"the model returns no relevance for {rel_name!r} (no embedding lookup of the ids "
+                             "was found on the path to the explained output)")
+        rel = rel[rel_name]
+    return res, tk.per_token(np.asarray(rel)[0], n)
+
+
+def _name(index: int, labels: dict | None) -> str:
+    return labels.get(index, str(index)) if labels else str(index)
+
+
+def _record(ex, res, kind: str, position, tok, labels) -> dict:
+    """What one explanation explained: the position, the target and its label, its logit, the prediction there."""
+    out = np.asarray(res.outputs[ex.explained_output])[0]
+    row = out if position is None else out[position]
+    t, pred = int(np.asarray(res.target).reshape(-1)[0]), int(np.argmax(row))
+    if kind == "text-generation":
+        label, pred_label = tok.decode([t], skip_special_tokens=False), tok.decode([pred], skip_special_tokens=False)
+    else:
+        label = labels.get(t) if labels else None
+        pred_label = labels.get(pred) if labels else None
+    value = res.explained_value
+    logit = float(np.asarray(value).reshape(-1)[0]) if value is not None else float(row.reshape(-1)[t])
+    return dict(position=position, target=t, label=label, logit=logit, predicted=pred, predicted_label=pred_label)
+
+
+__all__ = ["TASKS", "TextExplanation", "explain_text", "run", "token_position", "token_target", "explain_one"]

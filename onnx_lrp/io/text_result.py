@@ -1,0 +1,131 @@
+"""What :func:`onnx_lrp.io.text.explain_text` returns: the tokens, one relevance per token, what was explained, and
+the views of it (an HTML token heatmap, shown inline in a notebook, and a terminal line)."""
+from __future__ import annotations
+
+import html
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.files import atomic_write
+from . import tokens as tk
+
+
+@dataclass(repr=False)
+class TextExplanation:
+    """The relevance of each token of a text for one explained output.
+
+    ``tokens`` read as in the text (a leading space where the text has one; special tokens as their vocabulary
+    entry), ``input_ids`` are the tokenizer's ids and ``relevance`` one value per token (float64: the relevance at
+    the token's embedding, summed over the hidden axis). ``task`` is "text-classification", "token-classification"
+    or "text-generation"; ``target`` the explained class (or token id; a list of ids for a continuation) and
+    ``label`` its name, ``predicted`` / ``predicted_label`` the model's arg-max; ``position`` the explained token
+    (token classifiers; language models: the position whose next token is explained); ``logit`` the explained
+    logit (summed over a continuation's tokens): with ``start="logit"`` the relevance sums to about it.
+    ``predictions``: a token classifier's arg-max class name at every token. ``steps``: one record per explained
+    logit; ``explanations``: the :class:`onnx_lrp.Explanation` of each.
+    """
+
+    text: str
+    tokens: list
+    input_ids: list
+    relevance: np.ndarray
+    task: str
+    target: object
+    label: str | None
+    predicted: int
+    predicted_label: str | None
+    logit: float
+    position: int | None = None
+    text_pair: str | None = None
+    continuation: str | None = None
+    special: list = field(default_factory=list)
+    n_prompt: int = 0
+    predictions: list | None = None
+    steps: list = field(default_factory=list)
+    explanations: list = field(default_factory=list)
+
+    # ----------------------------------------------------------------------------------------------- summary
+    def headline(self) -> str:
+        """One line: what was explained, its logit, and what the model predicts."""
+        if self.task == "text-generation" and self.continuation is not None:
+            n = len(self.steps)
+            how = f"{n} tokens, each explained from the tokens before it" if n > 1 else "1 token"
+            return f"continuation {self.continuation!r} ({how}): summed logit {self.logit:.4g}"
+        if self.task == "text-generation":
+            said = f"next token {self.label!r} (id {self.target}): logit {self.logit:.4g}"
+            return said + (", the model's prediction" if self.predicted == self.target else
+                           f"; the model predicts {self.predicted_label!r} (id {self.predicted})")
+        name = f"class {self.target}" + (f" {self.label!r}" if self.label is not None else "")
+        if self.task == "token-classification":
+            name += f" at token {self.position} {self.tokens[self.position].strip()!r}"
+        pred = f"class {self.predicted}" + (f" {self.predicted_label!r}" if self.predicted_label is not None else "")
+        return f"{name}: logit {self.logit:.4g}" + (", the model's prediction" if self.predicted == self.target
+                                                   else f"; the model predicts {pred}")
+
+    def top(self, k: int = 3) -> list:
+        """The ``k`` tokens of largest relevance: (token, relevance) pairs, largest first."""
+        order = np.argsort(-self.relevance, kind="stable")[:k]
+        return [(self.tokens[i], float(self.relevance[i])) for i in order]
+
+    def __repr__(self) -> str:
+        top = ", ".join(f"{t!r} {v:+.3g}" for t, v in self.top())
+        return (f"TextExplanation({self.task}: {self.headline()}; {len(self.tokens)} tokens, relevance sum "
+                f"{float(self.relevance.sum()):.4g}; most relevant: {top})")
+
+    def to_dict(self) -> dict:
+        """The explanation as JSON-ready data (``tokens`` and ``relevance`` as lists, one entry per token too)."""
+        return dict(task=self.task, text=self.text, text_pair=self.text_pair, continuation=self.continuation,
+                    tokens=list(self.tokens), input_ids=[int(i) for i in self.input_ids],
+                    relevance=[float(v) for v in self.relevance],
+                    token_relevance=[dict(token=t, id=int(i), relevance=float(v)) for t, i, v in
+                                     zip(self.tokens, self.input_ids, self.relevance)],
+                    target=self.target, label=self.label, predicted=self.predicted,
+                    predicted_label=self.predicted_label, position=self.position, logit=self.logit,
+                    predictions=self.predictions, explained=list(self.steps))
+
+    # ----------------------------------------------------------------------------------------------- views
+    def _marks(self) -> list:
+        if self.task == "token-classification" and self.position is not None:
+            return [self.position]
+        return list(range(self.n_prompt, len(self.tokens))) if self.continuation is not None else []
+
+    def _lines(self) -> list:
+        lines = [f"{self.task}: {self.headline()}"]
+        if self.predictions is not None:
+            lines.append("predicted per token: " + " ".join(f"{t.strip() or t}/{p}" for t, p in
+                                                            zip(self.tokens, self.predictions)))
+        if self.continuation is not None:
+            lines.append("the continuation's tokens are outlined: each is explained from the tokens before it")
+        elif self.task == "token-classification":
+            lines.append("the explained token is outlined")
+        return lines
+
+    def html(self, path=None, percentile: float = 100.0):
+        """The token heatmap as an HTML page (a str); with ``path``, written there (atomically) and the path
+        returned. ``percentile``: full colour at this percentile of |relevance| (e.g. 95: one dominant [CLS] does
+        not wash out the rest)."""
+        page = tk.html_page(self.tokens, self.relevance, f"onnx-lrp: {self.text[:60]}", percentile,
+                            marks=self._marks(), sep="", lines=self._lines())
+        if path is None:
+            return page
+        atomic_write(path, page.encode("utf-8"))
+        return path
+
+    def _repr_html_(self) -> str:
+        lines = "".join(f"<div>{html.escape(line)}</div>" for line in self._lines())
+        return (f"<div><style>{tk.STYLE}</style>{lines}<div>"
+                + tk.token_spans(self.tokens, self.relevance, 100.0, self._marks(), "")
+                + f"</div><div style=\"font-size:smaller\">{tk.scale_note(self.relevance)}</div></div>")
+
+    def terminal(self, color: bool | None = None, percentile: float = 100.0) -> str:
+        """The tokens coloured by relevance with 24-bit ANSI colours (default: when stdout is a terminal and
+        NO_COLOR is unset), else as ``token[relevance]``."""
+        if color is None:
+            color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        return tk.terminal(self.tokens, self.relevance, color=color, percentile=percentile, sep="" if color else " ")
+
+
+__all__ = ["TextExplanation"]
