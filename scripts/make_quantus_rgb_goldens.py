@@ -90,21 +90,18 @@ def run_quantus(name: str, model: bytes, x, a, y, mask) -> np.ndarray:
 
 def main():
     try:
-        import quantus  # noqa: F401
+        version = __import__("quantus").__version__
     except ImportError:
         sys.exit("quantus is not installed: pip install --no-deps quantus==0.6.0 (see the docstring)")
     warnings.simplefilter("ignore")
     model = rgb_model()
     x, a, y, mask = inputs(model)
-    arrays = dict(model=np.frombuffer(model, np.uint8), x=x, relevance=a, target=y, mask=mask)
-    for name in CASES:
-        arrays[f"out/{name}"] = run_quantus(name, model, x, a, y, mask)
-        print(name, arrays[f"out/{name}"].shape)
-    meta = dict(quantus=__import__("quantus").__version__, seed=SEED,
-                cases={k: dict(metric=c, ctor=kw, ours=ours) for k, (c, kw, ours) in CASES.items()})
-    arrays["meta"] = np.array(json.dumps(meta))
-    np.savez_compressed(OUT, **arrays)
-    print(f"wrote {OUT} ({OUT.stat().st_size / 1024:.1f} KiB)")
+    outs = {f"out/{k}": run_quantus(k, model, x, a, y, mask) for k in CASES}
+    meta = json.dumps(dict(quantus=version, seed=SEED, cases={k: dict(metric=c, ctor=kw, ours=ours)
+                                                               for k, (c, kw, ours) in CASES.items()}))
+    np.savez_compressed(OUT, model=np.frombuffer(model, np.uint8), x=x, relevance=a, target=y, mask=mask,
+                        meta=np.array(meta), **outs)
+    print(f"wrote {OUT}: " + ", ".join(f"{k} {v.shape}" for k, v in outs.items()))
 
 
 if __name__ == "__main__":

@@ -319,15 +319,12 @@ class Runner:
         if deployed is not None:
             outputs = {n: deployed.get(n, forward[n]) for n in self.output_names}
             gap = self._gap(feeds, outputs, forward, batch)
-        res = Explanation(relevance=relevance,
-                          outputs=outputs, forward=forward, deployed_gap=gap,
-                          target=used,
+        res = Explanation(relevance=relevance, outputs=outputs, forward=forward, deployed_gap=gap, target=used,
                           relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
                           explained_output=self.explained_output, position=pos_used,
-                          explained_value=merged.get(VALUE_OUTPUT),
+                          explained_value=merged.get(VALUE_OUTPUT), inputs=feeds,
                           ledger=None if not self.ledger else
-                          {"entering": merged[LEDGER_ENTERING],
-                           "leaving": merged[LEDGER_LEAVING]}, inputs=feeds)
+                          {"entering": merged[LEDGER_ENTERING], "leaving": merged[LEDGER_LEAVING]})
         return res.without_batch_axis(self.whole) if given_without_batch_axis(x, self.inputs) else res
 
     def _deployed_run(self, feeds: dict) -> dict | None:
