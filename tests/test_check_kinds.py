@@ -36,9 +36,10 @@ def edited(path: Path, change) -> Path:
     """The demo with the last Gemm's weight (input 1) or bias (2) changed by ``change(input, array) -> array``."""
     m = onnx.load(str(DEMO))
     last = [n for n in m.graph.node if n.op_type == "Gemm"][-1]
+    inputs = list(last.input)
     for t in m.graph.initializer:
-        if t.name in last.input[1:]:
-            t.CopyFrom(numpy_helper.from_array(change(list(last.input).index(t.name), numpy_helper.to_array(t)), t.name))
+        if t.name in inputs[1:]:
+            t.CopyFrom(numpy_helper.from_array(change(inputs.index(t.name), numpy_helper.to_array(t)), t.name))
     onnx.save(m, str(path))
     return path
 
@@ -165,3 +166,10 @@ def test_fail_on_refuses_unknown_kinds(value, words):
     assert words in str(e.value)
     assert rg.parse_fail_on("none") == () and rg.parse_fail_on(["predictions", "outputs"]) == ("outputs",
                                                                                                  "predictions")
+
+
+def test_result_objects_have_short_reprs(baseline):
+    snap = rg.read_snapshot(baseline)
+    for obj in (snap, snap.result()):
+        text = repr(obj)
+        assert len(text) < 400 and "[[" not in text and "float32[10x1x16x16]" in text, text

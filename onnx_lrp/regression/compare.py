@@ -29,6 +29,9 @@ class Result:
     def explained_forward(self) -> np.ndarray:
         return self.explained if self.forward is None else self.forward
 
+    def __repr__(self) -> str:
+        return brief_repr(self, ["relevance", "explained", "targets", "items", "outputs", "forward"])
+
 
 @dataclass
 class Sample:

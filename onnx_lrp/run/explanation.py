@@ -139,12 +139,14 @@ class Explanation:
             if name not in rel:
                 raise InputError(f"no relevance of input {name!r}; inputs with relevance: {', '.join(rel)}")
             rel = rel[name]
-        elif self.inputs:
-            name = next(iter(self.inputs)) if len(self.inputs) == 1 else None
+        rel = np.asarray(rel)
+        rel = rel if self.batched else rel[None]
+        if not isinstance(self.relevance, dict) and self.inputs:  # the float input of the relevance's shape
+            name = next((k for k, v in self.inputs.items() if np.shape(v) == rel.shape
+                         and np.asarray(v).dtype.kind == "f"), None)
             if input is not None and input != name:
                 raise InputError(f"no relevance of input {input!r}; the relevance is of {name!r}")
-        rel = np.asarray(rel)
-        return name, (rel if self.batched else rel[None])
+        return name, rel
 
     def _labels(self, rel: np.ndarray) -> list[list[str]]:
         """Caption lines per item: the item, the predicted class, the target (and position), the explained value
