@@ -54,10 +54,14 @@ def threshold_options(f):
                      help=f"Relevance: IoU of the top-k % ({d.min_topk_iou})."),
         click.option("--topk-percent", default=None, metavar="FLOAT",
                      help=f"k of the top-k IoU, in % ({d.topk_percent:g})."),
+        click.option("--fail-on", "fail_on", default=None, metavar="KINDS",
+                     help=f"What fails: {', '.join(rg.KINDS)} or none ({','.join(rg.DEFAULT_FAIL_ON)})."),
         click.option("--config", "config", default=None, metavar="FILE.toml",
                      help=f"Thresholds ([check]; default ./{rg.CONFIG_NAME})."),
         click.option("--report-json", "report_json", default=None, metavar="FILE.json",
                      help="Also every figure as JSON."),
+        click.option("--report-html", "report_html", default=None, metavar="FILE.html",
+                     help="Also one HTML page: the table and heatmaps."),
         click.option("--junit-xml", "junit_xml", default=None, metavar="FILE.xml",
                      help="Also JUnit XML, one test case per sample."),
         click.option("--heatmap-dir", "heatmap_dir", default=None, metavar="DIR",
@@ -71,31 +75,33 @@ def threshold_options(f):
 
 
 THRESHOLD_ROWS = ["max_output_diff", "min_cosine", "max_rel_l2", "min_spearman", "min_topk_iou", "topk_percent",
-                  "config"]
-REPORT_ROWS = ["report_json", "junit_xml", "heatmap_dir", "max_rows"]
+                  "fail_on", "config"]
+REPORT_ROWS = ["report_json", "junit_xml", "report_html", "heatmap_dir", "max_rows"]
 
 
 def _pop_thresholds(kw: dict) -> tuple[rg.Thresholds, str | None]:
     overrides = {k: kw.pop(k, None) for k in ("max_output_diff", "min_cosine", "max_rel_l2", "min_spearman",
-                                              "min_topk_iou", "topk_percent")}
+                                              "min_topk_iou", "topk_percent", "fail_on")}
     return rg.load_thresholds(kw.pop("config", None), overrides)
 
 
-def _check_outputs(report_json, junit_xml, heatmap_dir):
+def _check_outputs(report_json, junit_xml, report_html, heatmap_dir) -> dict:
+    """The report files by option (None where not asked for), each checked writable before anything runs."""
     paths = {}
-    for opt, p, suffix in (("--report-json", report_json, ".json"), ("--junit-xml", junit_xml, ".xml")):
+    for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml), ("--report-html", report_html)):
         if p is not None:
             p = Path(p)
             check_writable(p)
             paths[opt] = p
     if len({p.resolve() for p in paths.values()}) < len(paths):
-        raise OutputError("--report-json and --junit-xml name the same file; give two different files")
+        raise OutputError(f"{', '.join(paths)} name the same file; give different files")
     hdir = Path(heatmap_dir) if heatmap_dir else None
     if hdir is not None and hdir.exists() and not hdir.is_dir():
         raise OutputError(f"--heatmap-dir {hdir} is a file; give a directory")
     if hdir is not None and not hdir.exists():
         check_writable(hdir)  # created later: its parent must exist and be writable
-    return paths.get("--report-json"), paths.get("--junit-xml"), hdir
+    return dict(report_json=paths.get("--report-json"), junit_xml=paths.get("--junit-xml"),
+                report_html=paths.get("--report-html"), heatmap_dir=hdir)
 
 
 def _channel_axis(ex) -> int:
@@ -111,40 +117,51 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "item"
 
 
-def _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite, faith=None):
+def _maps(ex, base, cur):
+    """The first float input's relevance of the baseline and the current run as [N, H, W] maps."""
+    first = ex.relevance_inputs[0]
+    axis = _channel_axis(ex)
+    return hm.relevance_maps(base.relevance[first], axis), hm.relevance_maps(cur.relevance[first], axis)
+
+
+def _write_reports(comp, context, files: dict, base, cur, ex, suite, faith=None):
     written = []
+    heatmap_dir = files["heatmap_dir"]
+    maps = _maps(ex, base, cur) if files["report_html"] is not None or (heatmap_dir and comp.drifted) else None
     with AtomicOutputs() as w:
-        if report_json is not None:
-            written.append(w.write_bytes(report_json, rg.report_json(comp, context).encode()))
-        if junit_xml is not None:
+        if files["report_json"] is not None:
+            written.append(w.write_bytes(files["report_json"], rg.report_json(comp, context).encode()))
+        if files["junit_xml"] is not None:
             xml = rg.junit_xml(comp, context, suite=suite)
             if faith is not None:
                 xml = tracking.add_to_junit(xml, faith, Path(str(context.get("model", "model"))).stem)
-            written.append(w.write_bytes(junit_xml, xml.encode()))
+            written.append(w.write_bytes(files["junit_xml"], xml.encode()))
+        if files["report_html"] is not None:
+            written.append(w.write_bytes(files["report_html"], rg.report_html(comp, context, *maps).encode()))
         if heatmap_dir is not None and faith is not None:
             heatmap_dir.mkdir(parents=True, exist_ok=True)
             written.append(w.save_png(heatmap_dir / "faithfulness_curves.png", _faith_plot(faith, context)))
         if heatmap_dir is not None and comp.drifted:
             heatmap_dir.mkdir(parents=True, exist_ok=True)
-            first = ex.relevance_inputs[0]
-            axis = _channel_axis(ex)
-            rb = hm.relevance_maps(base.relevance[first], axis)
-            rc = hm.relevance_maps(cur.relevance[first], axis)
             for s in comp.drifted:
-                i = s.index
-                maps = np.stack([rb[i], rc[i], rc[i] - rb[i]])
-                m = s.metrics
-                pred = f"pred {s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline
-                                                         else f" -> {s.predicted_current}")
-                labels = [[f"baseline: {s.item}", f"target {s.target}, {pred}"],
-                          ["current", "; ".join(s.failed)[:200] or "drift"],
-                          ["difference (current - baseline)",
-                           f"cos {m['cosine']:.3f}  rel-L2 {m['rel_l2']:.3f}  out {m['output_diff']:.2g}"]]
-                big = hm.tile_scale(*maps.shape[1:], 200)
-                image = hm.render(maps, None, style="heatmap", cols=3, labels=labels, scale=big,
-                                  colorbar="each tile scaled to its own largest |relevance|")
-                written.append(w.save_png(heatmap_dir / f"{i:04d}_{_safe(s.item)}.png", image))
+                written.append(w.save_png(heatmap_dir / f"{s.index:04d}_{_safe(s.item)}.png", _drift_picture(s, *maps)))
     return written
+
+
+def _drift_picture(s, rb, rc):
+    """Baseline, current and difference heatmaps of one sample, with its figures in the captions."""
+    i = s.index
+    maps = np.stack([rb[i], rc[i], rc[i] - rb[i]])
+    m = s.metrics
+    pred = f"pred {s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline
+                                             else f" -> {s.predicted_current}")
+    labels = [[f"baseline: {s.item}", f"target {s.target}, {pred}"],
+              ["current", rg.sample_status(s)[:200]],
+              ["difference (current - baseline)",
+               f"cos {m['cosine']:.3f}  rel-L2 {m['rel_l2']:.3f}  out {m['output_diff']:.2g}"]]
+    big = hm.tile_scale(*maps.shape[1:], 200)
+    return hm.render(maps, None, style="heatmap", cols=3, labels=labels, scale=big,
+                     colorbar="each tile scaled to its own largest |relevance|")
 
 
 def _faith_plot(faith, context):
@@ -157,21 +174,26 @@ def _faith_plot(faith, context):
                      "regions replaced", "score of the target (mean over items)")
 
 
-def _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, max_rows, suite, seconds,
-            faith=None, faith_lines=()):
+def _report(comp, context, files: dict, base, cur, ex, max_rows, suite, seconds, faith=None, faith_lines=()):
     context = dict(context, seconds=round(seconds, 3))
     if faith is not None:
         context["faithfulness"] = faith.as_dict()
     click.echo(rg.format_table(comp, max_rows))
     for line in faith_lines:
         click.echo(line)
-    written = _write_reports(comp, context, report_json, junit_xml, heatmap_dir, base, cur, inputs, ex, suite, faith)
+    written = _write_reports(comp, context, files, base, cur, ex, suite, faith)
     n, d = len(comp.samples), len(comp.drifted)
+    fail_on = comp.thresholds.fail_on
+    for kind, count in comp.drift_counts().items():
+        if count and kind not in fail_on:
+            click.echo(f"note: {kind} drift in {count} of {n} sample(s), reported, not failing (--fail-on "
+                       f"{','.join(k for k in rg.KINDS if k in fail_on or k == kind)} fails on it)")
     if d:
+        kinds = ", ".join(f"{k} {v}" for k, v in comp.drift_counts().items() if k in fail_on and v)
         names = ", ".join(s.item for s in comp.drifted[:10]) + (f" and {d - 10} more" if d > 10 else "")
-        click.echo(f"DRIFT: {d} of {n} sample(s) beyond the thresholds: {names}")
+        click.echo(f"DRIFT: {d} of {n} sample(s) beyond the thresholds ({kinds}): {names}")
     else:
-        click.echo(f"OK: all {n} sample(s) within the thresholds")
+        click.echo(f"OK: all {n} sample(s) within the thresholds (fail on {', '.join(fail_on) or 'nothing'})")
     if faith is not None and not faith.passed:
         click.echo("FAITHFULNESS: " + "; ".join(faith.failed))
     for p in written:
@@ -321,7 +343,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
                  "metric_tol"])],
     examples=["onnx-lrp check models/digits_cnn.onnx baseline.npz",
               "onnx-lrp check model.onnx baseline.npz --junit-xml lrp-junit.xml \\",
-              "    --report-json lrp-report.json --heatmap-dir drift/"])
+              "    --report-html lrp-report.html --fail-on outputs,relevance,predictions"])
 @click.argument("model", metavar="MODEL")
 @click.argument("baseline", metavar="BASELINE.npz")
 @threshold_options
@@ -335,16 +357,17 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
               help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
 @click.option("--metric-tol", "metric_tol", multiple=True, metavar="NAME=DROP|off",
               help=f"Faithfulness: most drop of aopc, abpc ({tracking.DEFAULT_TOLERANCE:g}).")
-def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_size, engine, workers, ray_address,
-          metric_tol, **kw):
+def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max_rows, batch_size, engine, workers,
+          ray_address, metric_tol, **kw):
     """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
 
-    Exit 0 when every sample is within the thresholds, 1 when any drifted (named on stdout and in the reports),
-    2 on bad input (docs/ci-regression.md).
+    Output drift, relevance drift and changed predictions are reported apart; exit 1 when a kind --fail-on names
+    happened (default: relevance drift or a changed prediction; the samples named on stdout and in the reports), 0
+    when none did, 2 on bad input (docs/ci-regression.md).
     """
     th, config_used = _pop_thresholds(kw)
     tolerances = tracking.parse_tolerances(metric_tol)
-    report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
+    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir)
     snap = rg.read_snapshot(baseline)
     meta = snap.meta
     stored = _stored_faithfulness(baseline, meta, len(snap.targets), tolerances)
@@ -375,8 +398,8 @@ def check(model, baseline, report_json, junit_xml, heatmap_dir, max_rows, batch_
         ev = _faith_eval(model, ex, arrays, rel, snap.targets, stored.settings)
         faith = tracking.check(stored, ev, tolerances)
         lines = tracking.format_lines(faith, stored.settings)
-    code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, arrays, ex, max_rows,
-                   "onnx-lrp check", time.perf_counter() - t0, faith, lines)
+    code = _report(comp, context, files, base, cur, ex, max_rows, "onnx-lrp check", time.perf_counter() - t0, faith,
+                   lines)
     raise SystemExit(code)
 
 
@@ -452,17 +475,17 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 @threshold_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @input_options
-def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, heatmap_dir, max_rows,
-         batch_size, composite, **kw):
+def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, report_html, heatmap_dir,
+         max_rows, batch_size, composite, **kw):
     """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
 
-    The same metrics and thresholds as `check`; exit 0 when every sample is within them, 1 when any drifted.
+    The same metrics, thresholds and --fail-on as `check`; exit 1 when a kind of drift it names happened, else 0.
     MODEL_B is explained at MODEL_A's targets.
     """
     from onnx_lrp.load import model_sha256
 
     th, config_used = _pop_thresholds(kw)
-    report_json, junit_xml, heatmap_dir = _check_outputs(report_json, junit_xml, heatmap_dir)
+    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir)
     targets = parse_target(target)
     setup = _setup(model_a, composite, kw, inputs_path)
     comp_rules = setup.composite
@@ -495,8 +518,7 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     gap_b = _gap_note(gap_list, batch.names)
     if gap_b is not None:
         context["deployed_gap"] = gap_b
-    code = _report(comp, context, report_json, junit_xml, heatmap_dir, base, cur, batch.arrays, ex_b, max_rows,
-                   "onnx-lrp diff", time.perf_counter() - t0)
+    code = _report(comp, context, files, base, cur, ex_b, max_rows, "onnx-lrp diff", time.perf_counter() - t0)
     raise SystemExit(code)
 
 

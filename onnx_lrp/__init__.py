@@ -13,9 +13,9 @@ from .core.errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "RelMax", "RelevanceModel",
-           "BuildOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError", "InputError", "UnsupportedError", "DeviceError",
-           "NumericError", "InternalError", "__version__"]
+__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "plot", "RelMax",
+           "RelevanceModel", "BuildOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError",
+           "InputError", "UnsupportedError", "DeviceError", "NumericError", "InternalError", "__version__"]
 
 
 def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
@@ -28,6 +28,9 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name in ("evaluate", "Evaluation"):
         from . import metrics
         return getattr(metrics, name)
+    if name == "plot":  # heatmap pictures: onnx_lrp.plot.heatmap / imsave
+        import importlib
+        return importlib.import_module(".plot", __name__)
     if name == "RelMax":  # concept relevance maximisation (onnx_lrp.concepts)
         from .concepts import RelMax
         return RelMax

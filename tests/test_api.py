@@ -60,9 +60,10 @@ def test_targets_start_and_batches_match_a_numpy_oracle():
         ref, _ = lrp_eps(x, lambda y: np.eye(4)[t])
         np.testing.assert_array_equal(res.target, t)
         np.testing.assert_allclose(res.relevance, ref, rtol=1e-4, atol=1e-5)
-    # a single sample without its batch axis
+    # a single sample without its batch axis: relevance of its shape (tests/test_conventions.py has the rest)
     single = ex.explain(x[0], target=1)
-    np.testing.assert_allclose(single.relevance[0], ex.explain(x[:1], target=1).relevance[0], rtol=1e-6)
+    assert single.relevance.shape == x[0].shape
+    np.testing.assert_allclose(single.relevance, ex.explain(x[:1], target=1).relevance[0], rtol=1e-6)
 
 
 def test_logit_start_is_one_hot_start_times_the_logit():

@@ -104,13 +104,13 @@ def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
     np.testing.assert_array_equal(np.asarray(Image.open(png), np.float32)[None] / 255, x)
     res = api("epsilon-gamma-box", low=0.0, high=1.0).explain(x, target=5)
     rel = np.load(tmp_path / "r.npy", allow_pickle=False)
-    assert rel.shape == (1, 1, 16, 16)
-    close(rel, res.relevance)
+    assert rel.shape == (1, 1, 16, 16) and res.relevance.shape == (1, 16, 16)  # the CLI's batch; the item as given
+    close(rel[0], res.relevance)
     other_box = api("epsilon-gamma-box", low=-3.0, high=3.0).explain(x, target=5).relevance  # not what ran
     assert np.abs(other_box - rel).max() > 1e-3
     (item,) = summary["items"]
-    assert item == dict(item="digit_3.png", predicted=int(res.outputs["logits"][0].argmax()), target=5,
-                        output=pytest.approx(float(res.outputs["logits"][0, 5]), rel=1e-5),
+    assert item == dict(item="digit_3.png", predicted=int(res.outputs["logits"].argmax()), target=5,
+                        output=pytest.approx(float(res.outputs["logits"][5]), rel=1e-5),
                         relevance_sum=pytest.approx(float(res.relevance.sum()), rel=1e-4, abs=1e-5))
     assert summary["composite"] == "epsilon-gamma-box" and summary["device"] == "cpu"
     assert summary["heatmap_file"] == str(heat) and summary["explain_s"] >= 0
@@ -120,7 +120,7 @@ def test_explain_image_with_zbox_bounds_json_and_beside_heatmap(tmp_path):
     left = im[4:132:8, 4:132:8]
     np.testing.assert_array_equal(left, np.repeat(np.asarray(Image.open(png))[..., None], 3, axis=2))
     x0, y0, x1, y1 = hm.cell_box(0, 1, 16, 16, style="beside", caption_lines=3)
-    np.testing.assert_array_equal(im[y0:y1:8, x0:x1:8], hm.colorize(res.relevance[0].sum(0), "bwr"))
+    np.testing.assert_array_equal(im[y0:y1:8, x0:x1:8], hm.colorize(res.relevance.sum(0), "bwr"))
 
 
 def test_explain_directories_default_output_and_batches(tmp_path):

@@ -237,11 +237,14 @@ def test_check_fails_for_perturbed_layer(variants, baseline, tmp_path):
         assert s["metrics"]["cosine"] == pytest.approx(r["cosine"], abs=1e-6)
         assert s["metrics"]["rel_l2"] == pytest.approx(r["rel_l2"], rel=1e-4, abs=1e-6)
     th = rep["thresholds"]
+    assert th["fail_on"] == ["relevance", "predictions"]  # the default: output drift alone is reported, not failed
     for s in rep["samples"]:
         beyond = s["metrics"]["cosine"] < th["min_cosine"] or s["metrics"]["rel_l2"] > th["max_rel_l2"] or \
-            s["metrics"]["output_diff"] > th["max_output_diff"] or s["metrics"]["spearman"] < th["min_spearman"] \
-            or s["metrics"]["topk_iou"] < th["min_topk_iou"]
-        assert beyond == (not s["passed"])
+            s["metrics"]["spearman"] < th["min_spearman"] or s["metrics"]["topk_iou"] < th["min_topk_iou"]
+        changed = s["predicted_baseline"] != s["predicted_current"]
+        assert beyond == ("relevance" in s["drift"]) and changed == ("predictions" in s["drift"])
+        assert (s["metrics"]["output_diff"] > th["max_output_diff"]) == ("outputs" in s["drift"])
+        assert (beyond or changed) == (not s["passed"])
     # JUnit: one failure per drifted sample, carrying the figures
     cases = ET.parse(tmp_path / "j.xml").getroot().findall("testsuite/testcase")
     failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
@@ -336,4 +339,5 @@ def test_baseline_from_another_cpu_fails_only_on_explanation_drift(variants, tmp
     arrays["relevance/image"][2] = arrays["relevance/image"][2] ** 2
     np.savez_compressed(other, **arrays)
     code, out, err = run_here("check", variants["qdq"], other, cwd=tmp_path)
-    assert code == 1 and "DRIFT: 1 of 10 sample(s) beyond the thresholds: batch.npy[2]" in out, out + err
+    assert code == 1 and "DRIFT: 1 of 10 sample(s) beyond the thresholds (relevance 1): batch.npy[2]" in out, \
+        out + err

@@ -278,8 +278,8 @@ def test_softmax_output_summary_shows_the_logit_relevance_starts_from(tmp_path):
     import json
     item = json.loads(r.output[r.output.index("{"):])["items"][0]
     res = onnx_lrp.Explainer(str(DIGITS)).explain(np.load(ROOT / "models" / "samples" / "npy" / "digit_8.npy"))
-    assert item["logit"] == pytest.approx(float(res.outputs["logits"][0, item["target"]]), rel=1e-6)
-    assert item["output"] == pytest.approx(float(res.outputs["probabilities"][0, item["target"]]), rel=1e-6)
+    assert item["logit"] == pytest.approx(float(res.outputs["logits"][item["target"]]), rel=1e-6)  # one item
+    assert item["output"] == pytest.approx(float(res.outputs["probabilities"][item["target"]]), rel=1e-6)
     text = cli("explain", DIGITS, PNG / "digit_8.png", "-o", tmp_path / "r.npy", "--output", "probabilities").output
     assert "logit logits" in text and "output probabilities" in text and "relevance starts from the logit" in text
 

@@ -60,6 +60,16 @@ class Evaluation:
             out["beats_random"] = bool(out[floor[0]] > out[floor[1]])
         return out
 
+    def __repr__(self) -> str:
+        """Short: the metric, the number of items, the mean of each score, whether it beats its random floor."""
+        summ = self.summary()
+        beats = summ.pop("beats_random", None)
+        means = ", ".join(f"{k!r}: {v:.4g}" for k, v in list(summ.items())[:10])
+        more = f", ... ({len(summ)} scores)" if len(summ) > 10 else ""
+        return (f"Evaluation(metric={self.metric!r}, items={len(self.target)}, mean={{{means}{more}}}"
+                + (f", beats_random={beats}" if beats is not None else "")
+                + (f", layers={len(self.layers)}" if self.layers else "") + ")")
+
     def as_dict(self) -> dict:
         return {"metric": self.metric, "params": self.params, "target": self.target.tolist(),
                 "summary": {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
@@ -158,6 +168,7 @@ def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orde
         _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
                        3 if _channels_last(x, channels_last) else 1)
         return ev
+    a = np.broadcast_to(a, x.shape)  # N x 1 x H x W over the channels, as Quantus' metrics do
     if metric == "relevance-mass":
         _relevance_mass(ev, x, a, mask)
         return ev
@@ -186,12 +197,50 @@ def _explained(ex, x: np.ndarray, target, relevance) -> tuple[np.ndarray, np.nda
     target = np.asarray(target, np.int64)
     if target.shape != (len(x),):
         raise InputError(f"{target.size} targets for {len(x)} item(s); give one per item")
-    if a.shape != x.shape:
-        raise InputError(f"relevance has shape {'x'.join(map(str, a.shape))}; the input has "
-                         f"{'x'.join(map(str, x.shape))}")
+    a = attribution_layout(a, x.shape)
     if not np.all(np.isfinite(a)):
         raise InputError("the relevance holds NaN or Inf; it cannot be scored")
     return target, a
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def attribution_layout(a: np.ndarray, x_shape: tuple) -> np.ndarray:
+    """The relevance ``a`` in a layout that broadcasts to the input's shape ``x_shape``, as Quantus 0.6 takes it.
+
+    Accepted: the input's shape; axes of length 1 where the input has more (N x 1 x H x W for N x C x H x W inputs:
+    Quantus' own attribution layout, ``quantus.explain`` sums over the channels keeping the axis); fewer axes, whose
+    place Quantus' ``expand_attribution_channel`` infers: the relevance's axes longer than 1 are the one run of
+    consecutive axes of the input with those lengths (N x H x W for N x C x H x W becomes N x 1 x H x W). The
+    perturbation metrics then broadcast it over the other axes (``np.broadcast_to``, as Quantus' metrics do);
+    anything else is refused in one line.
+    """
+    n, item = x_shape[0], tuple(x_shape[1:])
+    given = a.shape
+    if a.ndim == 0 or a.shape[0] != n:
+        raise InputError(f"relevance has shape {_shape(given)} for {n} item(s) of shape {_shape(item)}; give one "
+                         "relevance per item")
+    core = [d for d in a.shape[1:] if d != 1]
+    if a.ndim < len(x_shape) and core:
+        runs = [j for j in range(len(item) - len(core) + 1) if list(item[j:j + len(core)]) == core]
+        if len(runs) == 1:
+            at = range(runs[0], runs[0] + len(core))
+            a = a.reshape((n, *[item[j] if j in at else 1 for j in range(len(item))]))
+    if a.ndim != len(x_shape) or not core or any(d not in (1, x) for d, x in zip(a.shape[1:], item)):
+        raise InputError(f"relevance has shape {_shape(given)}; the input has {_shape(x_shape)}: give the input's "
+                         f"shape, or axes of length 1 where it broadcasts (N x 1 x H x W for N x C x H x W inputs, "
+                         "as Quantus), or leave such axes out where their place is unique (N x H x W)")
+    return a
+
+
+def summed_like(r: np.ndarray, shape: tuple) -> np.ndarray:
+    """``r`` (the input's shape) summed over the axes where ``shape`` has length 1 and ``r`` more, keeping them: the
+    relevance of a randomised model in the layout the original was given in (``quantus.explain`` sums over the
+    channels, keeping the axis)."""
+    axes = tuple(k for k, (d, e) in enumerate(zip(shape, r.shape)) if d == 1 and e != 1)
+    return r.sum(axis=axes, keepdims=True) if axes else r
 
 
 def _relevance_mass(ev: Evaluation, x: np.ndarray, a: np.ndarray, mask) -> None:
@@ -275,7 +324,7 @@ def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device,
     last = None
     for layer, randomised in randomisation.cascade(model, seed, layer_order):
         rex = runner(randomised, composite=comp, device=device, **explainer_kwargs)
-        ar = rex.explain(x, target=target).relevance
+        ar = summed_like(rex.explain(x, target=target).relevance, a.shape)
         row = dict(layer=layer,
                    spearman=np.array([similarity.spearman(np.abs(a0), np.abs(a1)) for a0, a1 in zip(a, ar)]),
                    ssim=np.array([similarity.ssim(m0, m1) for m0, m1 in zip(maps0, ar.sum(axis=channel_axis))])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.brief import brief_repr
 from ..core.errors import InputError
 
 
@@ -96,6 +97,9 @@ class Stored:
     scores: dict
     curves: dict
 
+    def __repr__(self) -> str:
+        return brief_repr(self, ["settings", "scores", "curves"])
+
 
 def read_stored(path, meta: dict, n: int) -> Stored | None:
     """The faithfulness figures of a snapshot (validated by regression.read_snapshot first), None if it has none."""
@@ -140,6 +144,9 @@ class FaithCheck:
 
     def as_dict(self) -> dict:
         return dict(passed=self.passed, failed=self.failed, metrics=self.rows, random_floor=self.floor)
+
+    def __repr__(self) -> str:
+        return f"FaithCheck(passed={self.passed}, failed={self.failed!r})"
 
 
 def check(stored: Stored, ev, tolerances: dict) -> FaithCheck:

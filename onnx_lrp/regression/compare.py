@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.brief import brief_repr
 from ..core.errors import InputError
 from ..run import deployed_gap as gaps
 from .figures import sample_metrics
-from .thresholds import DEFAULT_THRESHOLDS, METRICS, Thresholds, failures
+from .thresholds import DEFAULT_THRESHOLDS, KINDS, METRICS, Thresholds, drift
 
 
 @dataclass
@@ -28,9 +29,16 @@ class Result:
     def explained_forward(self) -> np.ndarray:
         return self.explained if self.forward is None else self.forward
 
+    def __repr__(self) -> str:
+        return brief_repr(self, ["relevance", "explained", "targets", "items", "outputs", "forward"])
+
 
 @dataclass
 class Sample:
+    """One item of a comparison: its metrics, its drift by kind (``drift``: kind -> the metrics beyond their
+    thresholds, or the changed prediction) and what of it fails the check (``failed``: the messages of the kinds
+    in ``fail_on``; ``failed_kinds`` those kinds)."""
+
     item: str
     index: int
     target: int
@@ -38,10 +46,16 @@ class Sample:
     predicted_current: int
     metrics: dict
     failed: list
+    drift: dict = field(default_factory=dict)
+    failed_kinds: tuple = ()
 
     @property
     def passed(self) -> bool:
         return not self.failed
+
+    def __repr__(self) -> str:
+        return brief_repr(self, ["item", "target", "predicted_baseline", "predicted_current", "metrics", "drift",
+                                 "failed_kinds"])
 
 
 @dataclass
@@ -51,7 +65,17 @@ class Comparison:
 
     @property
     def drifted(self) -> list:
+        """The samples that fail the check (a drift of a kind in ``thresholds.fail_on``)."""
         return [s for s in self.samples if not s.passed]
+
+    def drift_counts(self) -> dict:
+        """Per kind of drift (:data:`KINDS`): how many samples show it, failing the check or not."""
+        return {k: sum(k in s.drift for s in self.samples) for k in KINDS}
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in self.drift_counts().items())
+        return (f"Comparison(samples={len(self.samples)}, failing={len(self.drifted)}, drift: {counts}, "
+                f"fail_on={list(self.thresholds.fail_on)})")
 
     @property
     def passed(self) -> bool:
@@ -103,8 +127,12 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     for i in range(n):
         m = sample_metrics(flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i), fb[i], fc[i],
                            th.topk_percent)
-        samples.append(Sample(str(base.items[i]), i, int(base.targets[i]), int(np.argmax(yb[i])),
-                              int(np.argmax(yc[i])) if np.all(np.isfinite(yc[i])) else -1, m, failures(m, th)))
+        # the predictions of the explained forward too: the same on every CPU (the deployed int8 outputs are not)
+        pred = int(np.argmax(fb[i])), int(np.argmax(fc[i])) if np.all(np.isfinite(fc[i])) else -1
+        kinds = drift(m, th, pred)
+        failing = tuple(k for k in kinds if k in th.fail_on)
+        samples.append(Sample(str(base.items[i]), i, int(base.targets[i]), pred[0], pred[1], m,
+                              [msg for k in failing for msg in kinds[k]], kinds, failing))
     return Comparison(samples, th)
 
 

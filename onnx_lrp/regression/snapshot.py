@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.brief import brief_repr
 from ..core.errors import InputError
 from ..core.interface import FORWARD_PREFIX
 from ..rules.params import params_from_json, params_to_json
@@ -71,6 +72,11 @@ class Snapshot:
     @property
     def items(self) -> list:
         return list(self.meta.get("items") or [f"item[{i}]" for i in range(len(self.targets))])
+
+    def __repr__(self) -> str:
+        meta = {k: self.meta.get(k) for k in ("explained_output", "start", "onnx_lrp_version") if k in self.meta}
+        return brief_repr(self, ["inputs", "targets", "outputs", "relevance", "forward"])[:-1] + \
+            f", composite={self.meta.get('composite', {}).get('name')!r}, meta={meta})"
 
     def composite(self):
         """The stored composite with its parameter overrides."""

@@ -1,9 +1,14 @@
-"""When a sample of a regression check drifts: the thresholds (defaults, the ``[check]`` table of ``.onnx-lrp.toml``,
-the command line) and the metrics of a sample beyond them.
+"""When a sample of a regression check drifts, and which drift fails the check: the thresholds (defaults, the
+``[check]`` table of ``.onnx-lrp.toml``, the command line) and the metrics of a sample beyond them.
 
-A sample **drifts** when any metric is on the wrong side of its threshold, or its relevance is not finite.
-Thresholds (:class:`Thresholds`) have documented defaults, can be set in a TOML file (``[check]`` table of
-``.onnx-lrp.toml``) and on the command line; a threshold set to ``false`` / ``off`` is not checked.
+A sample drifts in three kinds, told apart (:data:`KINDS`): **outputs** (``output_diff`` beyond its threshold: the
+model computes other numbers), **relevance** (a relevance metric on the wrong side of its threshold, or relevance that
+is not finite: the explanation moved) and **predictions** (the arg-max of the explained output changed).
+``Thresholds.fail_on`` names the kinds that fail the check (default: relevance and predictions; output drift alone
+is reported, not failed: a re-export or quantization that moves the logits a little but explains the same is no
+regression of the explanation). Thresholds (:class:`Thresholds`) have documented defaults, can be set in a TOML
+file (``[check]`` table of ``.onnx-lrp.toml``) and on the command line; a threshold set to ``false`` / ``off`` is
+not checked.
 """
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ METRICS = {
     "spearman": ("min_spearman", "min"),
     "topk_iou": ("min_topk_iou", "min"),
 }
+# the kinds of drift, each with the metrics that show it (predictions: the arg-max, not a metric)
+KINDS = ("outputs", "relevance", "predictions")
+KIND_OF_METRIC = {"output_diff": "outputs", "cosine": "relevance", "rel_l2": "relevance", "spearman": "relevance",
+                  "topk_iou": "relevance"}
+KIND_NAMES = {"outputs": "OutputDrift", "relevance": "RelevanceDrift", "predictions": "PredictionChanged"}
+DEFAULT_FAIL_ON = ("relevance", "predictions")
 METRIC_HELP = {
     "output_diff": "max |y - y0| / max |y0| of the explained output",
     "cosine": "cosine similarity of the relevance",
@@ -52,20 +63,44 @@ class Thresholds:
     min_spearman: float | None = 0.95
     min_topk_iou: float | None = 0.8
     topk_percent: float = 10.0
+    fail_on: tuple = DEFAULT_FAIL_ON  # the kinds of drift that fail the check (KINDS)
 
     def replace(self, **kw) -> "Thresholds":
         return dataclasses.replace(self, **kw)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["fail_on"] = list(self.fail_on)
+        return d
 
 
 DEFAULT_THRESHOLDS = Thresholds()
 _FIELDS = {f.name for f in dataclasses.fields(Thresholds)}
 
 
+def parse_fail_on(value) -> tuple:
+    """The kinds of drift that fail a check, from ``outputs,relevance`` (command line), a TOML list of them, or
+    ``none`` (nothing fails: report only); in the order of :data:`KINDS`."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise InputError(f"fail_on = {value!r}: give a list of {', '.join(KINDS)} (or \"none\")")
+    if items in (["none"], []):
+        return ()
+    unknown = [v for v in items if v not in KINDS]
+    if unknown:
+        raise InputError(f"fail_on: unknown kind {unknown[0]!r}; give any of {', '.join(KINDS)} (comma-separated), "
+                         "or none")
+    return tuple(k for k in KINDS if k in items)
+
+
 def parse_threshold(value, key: str):
-    """A threshold from TOML or the command line: a number, or off/false/none (not checked)."""
+    """A threshold from TOML or the command line: a number, or off/false/none (not checked); ``fail_on``: the kinds
+    of drift that fail (:func:`parse_fail_on`)."""
+    if key == "fail_on":
+        return parse_fail_on(value)
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in (
             "off", "false", "none", "no")):
         if key == "topk_percent":
@@ -125,21 +160,31 @@ def load_thresholds(config: "str | os.PathLike | None" = None, overrides: dict |
 
 
 def failures(metrics: dict, th: Thresholds) -> list[str]:
-    """The metrics of one sample beyond their thresholds, as readable strings."""
-    out = []
+    """The metrics of one sample beyond their thresholds, as readable strings (any kind)."""
+    return [m for kind in ("outputs", "relevance") for m in drift(metrics, th).get(kind, [])]
+
+
+def drift(metrics: dict, th: Thresholds, predicted: tuple[int, int] | None = None) -> dict[str, list[str]]:
+    """The drift of one sample by kind (:data:`KINDS`; only kinds that drifted): the metrics beyond their
+    thresholds as readable strings, and ``predicted`` (baseline, current) when the arg-max changed."""
+    out: dict[str, list[str]] = {}
     for name, (key, direction) in METRICS.items():
         limit = getattr(th, key)
         v = metrics[name]
         if limit is None:
             continue
+        kind = out.setdefault(KIND_OF_METRIC[name], [])
         if v is None or (isinstance(v, float) and math.isnan(v)):
-            out.append(f"{name} is not finite")
+            kind.append(f"{name} is not finite")
         elif direction == "min" and v < limit:
-            out.append(f"{name} {v:.4g} < {limit:g}")
+            kind.append(f"{name} {v:.4g} < {limit:g}")
         elif direction == "max" and v > limit:
-            out.append(f"{name} {v:.4g} > {limit:g}")
-    return out
+            kind.append(f"{name} {v:.4g} > {limit:g}")
+    if predicted is not None and predicted[0] != predicted[1]:
+        out["predictions"] = [f"prediction {predicted[0]} -> {predicted[1]}"]
+    return {k: out[k] for k in KINDS if out.get(k)}
 
 
-__all__ = ["CONFIG_NAME", "CONFIG_TABLE", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "Thresholds", "failures",
-           "load_thresholds", "parse_threshold"]
+__all__ = ["CONFIG_NAME", "CONFIG_TABLE", "DEFAULT_FAIL_ON", "DEFAULT_THRESHOLDS", "KINDS", "KIND_NAMES",
+           "KIND_OF_METRIC", "METRICS", "METRIC_HELP", "Thresholds", "drift", "failures", "load_thresholds",
+           "parse_fail_on", "parse_threshold"]

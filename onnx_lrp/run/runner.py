@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,35 +28,7 @@ from ..core.interface import (
 from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel
 from . import conservation, runtime
 from . import deployed_gap as gaps
-
-
-@dataclass
-class Explanation:
-    """What one ``explain`` call returns.
-
-    ``relevance`` has the shape of ``x`` (a dict by input name when the model has several float inputs);
-    ``outputs`` holds the model's outputs by name; ``target`` the explained index per batch item (into the
-    explained output flattened per item); ``relevance_at`` the relevance of tensors asked for by name.
-    For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the explained
-    position per item and ``target`` the class at that position. For integer inputs (token ids), ``relevance`` is
-    per token: the relevance at the output of their embedding lookups, summed over the embedding dimension.
-
-    For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
-    machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
-    computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
-    are apart on the explained output (:class:`onnx_lrp.run.deployed_gap.Gap`; None without a deployed run).
-    """
-
-    relevance: object
-    outputs: dict
-    target: np.ndarray
-    relevance_at: dict = field(default_factory=dict)
-    explained_output: str = ""
-    position: object = None
-    explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
-    ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
-    forward: dict | None = None  # the explained forward's outputs (is ``outputs`` when there is no deployed run)
-    deployed_gap: object = None  # onnx_lrp.run.deployed_gap.Gap of the explained output, or None
+from .explanation import Explanation, given_without_batch_axis
 
 
 @dataclass(frozen=True)
@@ -347,15 +319,13 @@ class Runner:
         if deployed is not None:
             outputs = {n: deployed.get(n, forward[n]) for n in self.output_names}
             gap = self._gap(feeds, outputs, forward, batch)
-        return Explanation(relevance=relevance,
-                           outputs=outputs, forward=forward, deployed_gap=gap,
-                           target=used,
-                           relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
-                           explained_output=self.explained_output, position=pos_used,
-                           explained_value=merged.get(VALUE_OUTPUT),
-                           ledger=None if not self.ledger else
-                           {"entering": merged[LEDGER_ENTERING],
-                            "leaving": merged[LEDGER_LEAVING]})
+        res = Explanation(relevance=relevance, outputs=outputs, forward=forward, deployed_gap=gap, target=used,
+                          relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
+                          explained_output=self.explained_output, position=pos_used,
+                          explained_value=merged.get(VALUE_OUTPUT), inputs=feeds,
+                          ledger=None if not self.ledger else
+                          {"entering": merged[LEDGER_ENTERING], "leaving": merged[LEDGER_LEAVING]})
+        return res.without_batch_axis(self.whole) if given_without_batch_axis(x, self.inputs) else res
 
     def _deployed_run(self, feeds: dict) -> dict | None:
         """The deployed model's outputs, or None (a float model; or it fails on this input: said once, and the

@@ -1,0 +1,188 @@
+"""What one ``explain`` call returns: :class:`Explanation` (the relevance, the outputs, the targets), its short
+``repr`` and its heatmap picture (``heatmap()``, ``_repr_png_`` for notebooks).
+
+An item given without its batch axis gets every per-item field without one too, as a PyTorch module called on an
+unbatched input answers (zennit and captum return the input's shape): :func:`given_without_batch_axis` tells such a
+call from its inputs, :meth:`Explanation.without_batch_axis` drops the axis.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.brief import brief_repr
+
+NOTEBOOK_ITEMS = 48  # _repr_png_ draws at most this many items (as the CLI's --heatmap puts on one page)
+
+
+@dataclass(repr=False)
+class Explanation:
+    """What one ``explain`` call returns.
+
+    ``relevance`` has the shape of ``x`` as given, with or without its batch axis (a dict by input name when the
+    model has several float inputs); ``outputs`` holds the model's outputs by name; ``target`` the explained index
+    per batch item (into the explained output flattened per item); ``relevance_at`` the relevance of tensors asked
+    for by name. For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the
+    explained position per item and ``target`` the class at that position. For integer inputs (token ids),
+    ``relevance`` is per token: the relevance at the output of their embedding lookups, summed over the embedding
+    dimension.
+
+    One item given without its batch axis (every input one axis short of the model's, e.g. an image [C, H, W] for
+    a model of [N, C, H, W]; for a dict, every input so): ``batched`` is False and no per-item field has a batch
+    axis either: ``relevance`` is [C, H, W], ``target``, ``position`` and ``explained_value`` are numpy scalars, and
+    ``outputs``, ``forward`` and ``relevance_at`` lose their leading axis of length 1 (the logits [K], not [1, K]);
+    as a PyTorch module called on an unbatched input answers.
+
+    For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
+    machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
+    computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
+    are apart on the explained output (:class:`onnx_lrp.run.deployed_gap.Gap`; None without a deployed run).
+
+    ``heatmap()`` draws it (a PIL image; a notebook shows the Explanation as that picture).
+    """
+
+    relevance: object
+    outputs: dict
+    target: np.ndarray
+    relevance_at: dict = field(default_factory=dict)
+    explained_output: str = ""
+    position: object = None
+    explained_value: object = None  # the explained tensor at the target per item: the logit (before a softmax)
+    ledger: dict | None = None  # with Explainer(ledger=True): {"entering": [K], "leaving": [K]}, summed over the batch
+    forward: dict | None = None  # the explained forward's outputs (is ``outputs`` when there is no deployed run)
+    deployed_gap: object = None  # onnx_lrp.run.deployed_gap.Gap of the explained output, or None
+    batched: bool = True  # False: one item given without its batch axis; no per-item field has one then
+    inputs: dict | None = None  # the model's inputs as fed, by name, with the batch axis (what heatmap() draws)
+
+    def __repr__(self) -> str:
+        shown = ["relevance", "target", "position", "explained_output", "explained_value", "outputs"]
+        if self.forward is not None and self.forward is not self.outputs:
+            shown.append("forward")
+        shown += ["relevance_at", "ledger", "deployed_gap"]
+        text = brief_repr(self, shown)
+        return text if self.batched else text[:-1] + ", batched=False)"
+
+    # ------------------------------------------------------------------------------------------ the batch axis
+    def without_batch_axis(self, whole: bool = False) -> "Explanation":
+        """The same result for one item given without its batch axis (see the class): per-item fields lose it.
+        ``whole``: the explained output has no batch axis (the batch is one item): the model's tensors keep theirs."""
+        def item(a):
+            return a if a is None else np.asarray(a).reshape(-1)[0]
+
+        def lead(tensors):
+            if whole or tensors is None:
+                return tensors
+            return {k: (v[0] if np.ndim(v) and np.shape(v)[0] == 1 else v) for k, v in tensors.items()}
+
+        rel = self.relevance
+        rel = {k: v[0] for k, v in rel.items()} if isinstance(rel, dict) else rel[0]
+        outputs = lead(self.outputs)
+        forward = outputs if self.forward is self.outputs else lead(self.forward)
+        return dataclasses.replace(self, relevance=rel, outputs=outputs, forward=forward, target=item(self.target),
+                                   position=item(self.position), explained_value=item(self.explained_value),
+                                   relevance_at=lead(self.relevance_at), batched=False)
+
+    # ------------------------------------------------------------------------------------------ pictures
+    def heatmap(self, path=None, *, input: str | None = None, style: str = "beside", cmap: str = "bwr",
+                channel_axis: int | None = None, labels: bool = True, cols: int | None = None,
+                scale: int | None = None, format: str | None = None):
+        """The picture ``onnx-lrp explain --heatmap`` draws, as a PIL image; with ``path``, also written there (the
+        format from the suffix, or ``format``).
+
+        One tile per item: the relevance of ``input`` (default: the first relevance input) summed over its channels
+        (``channel_axis``: None takes 1 unless the shape looks channels-last), symmetric around zero, each tile
+        scaled to its own largest |relevance|; ``style`` ``beside`` draws the input beside it where it is a picture
+        (1 or 3 channels), ``overlay`` the heatmap over it, ``heatmap`` the heatmap alone. ``labels``: captions
+        under each tile (item, predicted class, target, the explained value and the relevance's sum), and a colour
+        bar. :func:`onnx_lrp.plot.heatmap` draws arrays the same way.
+        """
+        from ..io import heatmap as hm
+
+        name, rel = self._drawn(input)
+        x = (self.inputs or {}).get(name)
+        if x is not None and (np.shape(x) != rel.shape or np.asarray(x).dtype.kind != "f"
+                              or hm.display_images(x, _axis(rel, channel_axis)) is None):
+            x = None  # token ids, or not a picture: the heatmap alone
+        image = hm.picture(rel, x, channel_axis=channel_axis, cmap=cmap, style=style, cols=cols, scale=scale,
+                           labels=self._labels(rel) if labels else None,
+                           colorbar="colours scaled per tile to its largest |relevance|" if labels else None)
+        if path is not None:
+            hm.save_picture(image, path, format)
+        return image
+
+    def _repr_png_(self) -> bytes | None:
+        """The heatmap as PNG bytes for notebooks (None, and the text ``repr`` shows, when it cannot be drawn or
+        holds more than NOTEBOOK_ITEMS items: call ``heatmap()`` for those)."""
+        from ..core.errors import LrpError
+
+        try:
+            name, rel = self._drawn(None)
+            if len(rel) > NOTEBOOK_ITEMS:
+                return None
+            buf = io.BytesIO()
+            self.heatmap(input=name).save(buf, format="PNG")
+            return buf.getvalue()
+        except LrpError:
+            return None
+
+    def _drawn(self, input: str | None) -> tuple[str | None, np.ndarray]:
+        """(input name, relevance with its batch axis) of the input to draw."""
+        from ..core.errors import InputError
+
+        rel = self.relevance
+        name = None
+        if isinstance(rel, dict):
+            name = input if input is not None else next(iter(rel), None)
+            if name not in rel:
+                raise InputError(f"no relevance of input {name!r}; inputs with relevance: {', '.join(rel)}")
+            rel = rel[name]
+        rel = np.asarray(rel)
+        rel = rel if self.batched else rel[None]
+        if not isinstance(self.relevance, dict) and self.inputs:  # the float input of the relevance's shape
+            name = next((k for k, v in self.inputs.items() if np.shape(v) == rel.shape
+                         and np.asarray(v).dtype.kind == "f"), None)
+            if input is not None and input != name:
+                raise InputError(f"no relevance of input {input!r}; the relevance is of {name!r}")
+        return name, rel
+
+    def _labels(self, rel: np.ndarray) -> list[list[str]]:
+        """Caption lines per item: the item, the predicted class, the target (and position), the explained value
+        and the sum of the drawn relevance."""
+        n = len(rel)
+        target = np.asarray(self.target).reshape(-1)
+        pos = None if self.position is None else np.asarray(self.position).reshape(-1)
+        value = None if self.explained_value is None else np.asarray(self.explained_value).reshape(-1)
+        y = self.outputs.get(self.explained_output) if self.outputs else None
+        lines = []
+        for i in range(n):
+            pred = ""
+            if y is not None:
+                yi = np.asarray(y)[i] if self.batched and np.ndim(y) and np.shape(y)[0] == n else np.asarray(y)
+                yi = yi[int(pos[i])] if pos is not None and yi.ndim >= 2 else yi
+                pred = f"pred {int(np.argmax(yi))}  "
+            at = f" @{int(pos[i])}" if pos is not None else ""
+            first, second = f"item {i}", f"{pred}target {int(target[i % len(target)])}{at}"
+            third = (f"logit {float(value[i % len(value)]):.4g}  " if value is not None else "") + \
+                f"sum R {float(np.sum(rel[i], dtype=np.float64)):.4g}"
+            lines.append([first, second, third])
+        return lines
+
+
+def _axis(rel: np.ndarray, channel_axis: int | None) -> int:
+    from ..io.inputs import channels_last
+
+    return channel_axis if channel_axis is not None else (-1 if channels_last(rel.shape) else 1)
+
+
+def given_without_batch_axis(x, specs) -> bool:
+    """Whether ``x`` (an array, or a dict by input name) is one item without its batch axis: every input the model
+    gives a batch axis is one axis short of the model's rank (inputs without dims, e.g. scalars, do not count)."""
+    given = x if isinstance(x, dict) else ({specs[0].name: x} if len(specs) == 1 else {})
+    ranks = [(np.ndim(given[s.name]), len(s.dims)) for s in specs if s.dims and s.name in given]
+    return bool(ranks) and all(got == want - 1 for got, want in ranks)
+
+
+__all__ = ["Explanation", "given_without_batch_axis"]
