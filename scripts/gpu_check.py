@@ -6,6 +6,8 @@ as JSON lines to $OUT/results.jsonl.
     python scripts/gpu_check.py fullsize [--device cuda|cpu] [--quick] # ResNet50, VGG16: CUDA vs CPU, TF32 off / on
     python scripts/gpu_check.py engine [--device cuda|cpu] [--quick]   # ResNet50 EPF: CLI, dataset engine, images/s
     python scripts/gpu_check.py precision [--device cuda|cpu] [--quick] # float16 / bfloat16 in the model's precision
+    python scripts/gpu_check.py profile                                 # the worst bench_cnn row's profile -> $OUT
+    python scripts/gpu_check.py summary                                 # the steps and the goals, one table
 
 ``--device cpu`` runs every part with the CPU provider in place of CUDA (a dry run on a machine without a GPU);
 ``--quick`` shrinks the models and batches for that dry run.
@@ -311,20 +313,90 @@ def precision(args) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---------------------------------------------------------------------------------------------- profile, summary
+def rows(part: str) -> list[dict]:
+    path = OUT / "results.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+            if r.get("part") == part]
+
+
+def profile(args) -> None:
+    """onnxruntime's profile of the relevance model of the worst bench_cnn row (explain / forward over its target)
+    copied to $OUT/profile_worst.json (open it in chrome://tracing or Perfetto)."""
+    cnn = [r for r in rows("bench_cnn") if r.get("profile_files")]
+    if not cnn:
+        print("no bench_cnn row with a profile", flush=True)
+        return
+    worst = max(cnn, key=lambda r: r["ratio"] / r["target"])
+    src = Path(worst["profile_files"]["relevance"])
+    dst = OUT / "profile_worst.json"
+    shutil.copy(src, dst)
+    print(f"worst row: {worst['arch']} b{worst['batch']} {worst['composite']} (explain/forward {worst['ratio']:.2f}, "
+          f"target {worst['target']}); its relevance model's profile: {dst} ({dst.stat().st_size / 1e6:.1f} MB)",
+          flush=True)
+
+
+def _steps() -> list[list[str]]:
+    path = OUT / "steps.tsv"
+    return [line.split("\t") for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def summary(args) -> None:
+    """One table: each step (its limit, the seconds it took, how it ended), then the goals of issue 29 per row."""
+    print(f"{'step':24s} {'limit s':>7s} {'took s':>6s}  result")
+    for name, cap, took, rc in _steps():
+        result = {"0": "ok", "124": "TIME LIMIT", "137": "KILLED (time limit)", "skipped": "skipped"}.get(
+            rc, f"FAILED (exit {rc})")
+        print(f"{name:24s} {cap:>7s} {took:>6s}  {result}")
+    print(f"\n{'bench_cnn':28s} {'x fwd':>6s} {'goal':>5s} {'host %':>6s} {'MiB out':>7s} {'fwd kern':>8s} "
+          f"{'lrp kern':>8s} {'lrp wall':>8s} {'zennit/ours':>11s} {'CPU nodes':>9s}")
+    for r in rows("bench_cnn"):
+        goal = 3.0 if r["composite"] == "epsilon-plus-flat" else 4.6
+        p = r.get("profile") or {}
+        kern = {k: (v.get("kernels_ms") if v.get("kernels_ms") is not None else v.get("nodes_ms")) for k, v in p.items()}
+        cpu = sum(1 for k in p.values() for n in k.get("cpu_nodes", []) if n.startswith("lrp/"))
+        zen = r.get("zennit_s") or float("nan")
+        print(f"{r['arch'] + ' b' + str(r['batch']) + ' ' + r['composite'][8:]:28s} {r['ratio']:6.2f} {goal:5.1f} "
+              f"{100 * r['host_share']:6.2f} {r['bytes_to_host'] / 2**20:7.1f} {kern.get('forward') or 0:8.2f} "
+              f"{kern.get('relevance') or 0:8.2f} {(p.get('relevance') or {}).get('run_ms', 0):8.2f} "
+              f"{zen / r['explain_s']:11.2f} {cpu:9d}")
+    for r in rows("bert"):
+        if "explain_ms" in r:
+            print(f"BERT-base tf32={r['tf32']} b{r['batch']}: {r['explain_ms'] / r['forward_ms']:.2f}x the forward "
+                  "(goal b16 <= 2.5)")
+    for f in sorted(OUT.glob("llm_*.json")):
+        r = json.loads(f.read_text())
+        print(f"LLaMA {r['size']} {r['dtype']}: explain/forward {r.get('explain_over_forward', float('nan')):.2f} "
+              f"(goal <= 3), GPU peak {r.get('gpu_peak_over_weights', float('nan')):.2f}x the weights (goal <= 2.5), "
+              f"vs float32 twin rel-L2 {r.get('rel_l2_vs_float32', float('nan')):.2e} top-10 same "
+              f"{r.get('top10_tokens_same_as_float32')}")
+    for r in rows("engine"):
+        if r.get("what") == "dataset":
+            print(f"dataset engine: {r['summary'].get('items_per_s')} items/s (exit {r['rc']})")
+        elif r.get("what", "").startswith("cli"):
+            print(f"{r['what']}: exit {r['rc']}, {r['wall_s']:.1f} s, stderr lines {len(r['stderr'].splitlines())}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["sweep", "bert", "fullsize", "engine", "precision"])
+    ap.add_argument("part", choices=["sweep", "bert", "fullsize", "engine", "precision", "profile", "summary"])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--precision", default="auto", choices=["auto", "model", "float32"],
                     help="precision: what the float16 / bfloat16 models compute in (auto: model on CUDA)")
     ap.add_argument("--keep", action="store_true", help="keep the exported models under $OUT")
     ap.add_argument("--batch", type=int, default=128, help="engine: the batch of the images/s rows")
-    ap.add_argument("--items", type=int, default=2048, help="engine: images through the dataset engine")
+    ap.add_argument("--items", type=int, default=512, help="engine: images through the dataset engine")
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
+    import warnings
+
+    warnings.simplefilter("ignore")  # the random-weight models' conservation warnings are not what is checked here
     t0 = time.perf_counter()
-    {"sweep": sweep, "bert": bert, "fullsize": fullsize, "engine": engine, "precision": precision}[args.part](args)
+    {"sweep": sweep, "bert": bert, "fullsize": fullsize, "engine": engine, "precision": precision,
+     "profile": profile, "summary": summary}[args.part](args)
     print(f"[{args.part}: {time.perf_counter() - t0:.1f} s]", flush=True)
     return 0
 

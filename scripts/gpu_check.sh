@@ -1,47 +1,72 @@
 #!/usr/bin/env bash
-# The GPU check of issues 18 and 20, in one run on the device machine (DEVELOPERS.md / ../shared/hooks/gpu):
-#   1. the CUDA tests (tests/test_cuda.py: every family CUDA vs CPU; test_cuda_safe.py)
-#   2. the family sweep: explain on CUDA, relevance vs CPU rel-L2 with TF32 off and on (scripts/gpu_check.py sweep)
-#   3. BERT-base attnlrp on CUDA, b1 / b16, TF32 off / on, next to PyTorch's forward + backward
-#   4. benchmarks/bench_cnn.py --device cuda: ResNet50 / VGG16 at b1, b16, b64, epsilon-plus-flat and
-#      epsilon-gamma-box (TF32 off, the default)
-#      and their relevance vs the CPU's, TF32 off and on (gpu_check.py fullsize)
-#   5. --device cuda through the CLI (and --device auto) and the dataset engine: ResNet50 EPF images/s
-#   6. bench_cnn at b16 with --tf32;  7. float16 / bfloat16 relevance in the model's precision (gpu_check.py
-#      precision) and benchmarks/bench_llm.py on CUDA in bfloat16 (model precision, vs its float32 twin)
-# Usage: scripts/gpu_check.sh [--cpu]      (--cpu: every part with the CPU provider, small sizes: a dry run)
-# Logs: $OUT/gpu_check.log and $OUT/results.jsonl (OUT defaults to a new temporary folder).
+# The GPU check (issue 29), in one run of at most 8 minutes on the device machine (../shared/hooks/gpu/README.md:
+# onnxruntime-gpu and the project wheel installed into /tmp/site, PYTHONPATH=/tmp/site). Steps in priority order, each
+# under its own time limit (never past the budget left), then one summary table:
+#   1. the CUDA tests: every family CUDA vs CPU, no relevance node on the CPU provider (onnxruntime's own placement),
+#      device arrays left on the GPU, a quiet command line; the CUDA-safety, placement, IOBinding and quiet tests
+#   2. the family sweep: explain on CUDA, relevance vs the CPU's, TF32 off / on   (scripts/gpu_check.py sweep)
+#   3. bench_cnn: ResNet50 / VGG16 at b16 and b128, epsilon-plus-flat and epsilon-gamma-box, zennit on the same GPU,
+#      the time split: kernels (onnxruntime's profile), session wall, explain wall, the share outside the run
+#   4. BERT-base attnlrp, b1 / b16                                                (scripts/gpu_check.py bert)
+#   5. bench_llm 1 B and 8 B in bfloat16, written directly (scripts/gpu_llm.sh)
+#   6. the command line with --device cuda / auto and the dataset engine          (scripts/gpu_check.py engine)
+#   7. onnxruntime's profile of the worst bench_cnn row -> $OUT/profile_worst.json
+# Usage: scripts/gpu_check.sh [--cpu]   (--cpu: every step with the CPU provider at tiny sizes: the rehearsal)
+# The tests run as `python -P -m pytest` so that the installed onnx-lrp (the wheel) is tested, not the checkout's
+# folder. Logs: $OUT/gpu_check.log, $OUT/results.jsonl, $OUT/steps.tsv (OUT defaults to a new temporary folder).
+# GPU_CHECK_BUDGET (seconds, default 480; 3x that with --cpu) is the whole run's; GPU_CHECK_SKIP lists steps to leave
+# out (e.g. "llm-8b"). The limits sum to the budget: cuda-tests 90, family-sweep 35, bench-cnn 100, bert-base 40,
+# llm-1b 45, llm-8b 110, cli-engine 40, worst-profile 10 (a step never gets more than the budget left).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$(mktemp -d)} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-dev=cuda; quick=""; cnn="--models resnet50,vgg16 --batches 1,16,64 --size 224"
-if [ "${1:-}" = "--cpu" ]; then dev=cpu; quick="--quick"; cnn="--models resnet18 --batches 1,2 --size 64 --repeat 2"; fi
+: > "$OUT/steps.tsv"
 PY=${PYTHON:-python3}
-log=$OUT/gpu_check.log
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+SKIP=" ${GPU_CHECK_SKIP:-} "
+T0=$(date +%s)
+dev=cuda; quick=""; llm1=1b; llm2=8b; scale=1
+cnn=(--models resnet50,vgg16 --batches 16,128 --size 224 --repeat 3)
+if [ "${1:-}" = "--cpu" ]; then  # the rehearsal: tiny sizes, and 3x the limits (a shared 2-core machine)
+  dev=cpu; quick="--quick"; llm1=tiny; llm2=tiny; scale=3
+  cnn=(--models resnet18 --batches 1,2 --size 64 --repeat 2)
+fi
+BUDGET=${GPU_CHECK_BUDGET:-$((480 * scale))}
+
+# step NAME LIMIT COMMAND...: runs COMMAND under min(LIMIT, budget left) seconds and records how it ended
+step() {
+  local name=$1 cap=$(($2 * scale))
+  shift 2
+  local left=$((BUDGET - ($(date +%s) - T0)))
+  ((cap > left)) && cap=$left
+  if [[ "$SKIP" == *" $name "* ]] || ((cap < 5)); then
+    echo "=== $name: skipped"
+    printf '%s\t%s\t%s\t%s\n' "$name" 0 0 skipped >> "$OUT/steps.tsv"
+    return
+  fi
+  echo
+  echo "=== $name (limit ${cap} s, $(date -u +%H:%M:%S))"
+  local start=$(date +%s)
+  timeout --kill-after=10 "$cap" "$@"
+  local rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$name" "$cap" "$(($(date +%s) - start))" "$rc" >> "$OUT/steps.tsv"
+}
+
 {
-  step "environment"
-  $PY -c "import onnxruntime as o, onnx_lrp, sys; print('python', sys.version.split()[0], 'onnxruntime', o.__version__, o.get_available_providers())"
+  echo "=== environment"
+  $PY -c "import onnxruntime as o, onnx_lrp, sys; print('python', sys.version.split()[0], 'onnxruntime', o.__version__, o.get_available_providers(), 'onnx_lrp from', onnx_lrp.__file__)"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  step "1. CUDA tests"
-  ONNX_LRP_PARITY_DEVICE=$dev timeout 150 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_safe.py 2>&1 | tail -15
-  step "2. family sweep"
-  timeout 120 $PY scripts/gpu_check.py sweep --device $dev $quick
-  step "3. BERT-base attnlrp"
-  timeout 150 $PY scripts/gpu_check.py bert --device $dev $quick
-  step "4. bench_cnn (TF32 off)"
-  timeout 200 $PY benchmarks/bench_cnn.py --device $dev $cnn --composites epsilon-plus-flat,epsilon-gamma-box --no-zennit
-  step "4c. ResNet50 / VGG16 relevance vs CPU"
-  timeout 150 $PY scripts/gpu_check.py fullsize --device $dev $quick
-  step "5. CLI and dataset engine"
-  timeout 150 $PY scripts/gpu_check.py engine --device $dev $quick
-  step "6. bench_cnn b16 with TF32"
-  [ "$dev" = cuda ] && timeout 120 $PY benchmarks/bench_cnn.py --device cuda --tf32 --models resnet50,vgg16 --batches 16 --composites epsilon-plus-flat,epsilon-gamma-box --no-zennit
-  step "7. float16 / bfloat16 in the model's precision"
-  timeout 150 $PY scripts/gpu_check.py precision --device $dev $quick
-  step "7b. bench_llm (bfloat16, model precision)"
-  llm="--size 0.1b"; [ "$dev" = cpu ] && llm="--size tiny"
-  timeout 200 $PY benchmarks/bench_llm.py ${BENCH_LLM_ARGS:---device $dev --dtype bfloat16 --precision auto $llm}
-  step "done"
-} 2>&1 | tee "$log"
+  step cuda-tests 90 env ONNX_LRP_PARITY_DEVICE=$dev $PY -P -m pytest -q -W ignore -p no:cacheprovider \
+    tests/test_cuda.py tests/test_cuda_safe.py tests/test_placement.py tests/test_quiet_cuda.py tests/test_iobinding.py
+  step family-sweep 35 $PY scripts/gpu_check.py sweep --device $dev $quick
+  step bench-cnn 100 $PY benchmarks/bench_cnn.py --device $dev "${cnn[@]}" \
+    --composites epsilon-plus-flat,epsilon-gamma-box --profile --json "$OUT/results.jsonl"
+  step bert-base 40 $PY scripts/gpu_check.py bert --device $dev $quick
+  step llm-1b 45 env LLM_SIZES=$llm1 LLM_TIMEOUT=$((43 * scale)) bash scripts/gpu_llm.sh ${quick:+--cpu}
+  step llm-8b 110 env LLM_SIZES=$llm2 LLM_TIMEOUT=$((108 * scale)) bash scripts/gpu_llm.sh ${quick:+--cpu}
+  step cli-engine 40 $PY scripts/gpu_check.py engine --device $dev $quick
+  step worst-profile 10 $PY scripts/gpu_check.py profile
+  echo
+  echo "=== summary ($(($(date +%s) - T0)) s of the ${BUDGET} s budget)"
+  $PY scripts/gpu_check.py summary
+} 2>&1 | tee "$OUT/gpu_check.log"

@@ -160,8 +160,8 @@ def test_devices():
 CUDA_OPS = {"Abs", "Add", "ArgMax", "Cast", "Clip", "Concat", "ConstantOfShape", "Conv", "ConvTranspose",
             "DepthToSpace", "Div", "Equal", "Expand", "Flatten", "Gather", "Gemm", "Greater", "GreaterOrEqual",
             "Identity", "Less", "MatMul", "Max", "MaxPool", "Min", "Mul", "Neg", "OneHot", "Pad", "ReduceSum",
-            "Relu", "Reshape", "ScatterElements", "Shape", "Size", "Slice", "Softmax", "Split", "Sqrt", "Sub", "Sum",
-            "Transpose", "Unsqueeze", "Where", "Reciprocal", "Sigmoid", "Tanh", "Exp", "Sign", "Not", "And"}
+            "ReduceMax", "Relu", "Reshape", "ScatterElements", "Shape", "Size", "Slice", "Softmax", "Split", "Sqrt",
+            "Sub", "Sum", "Transpose", "Unsqueeze", "Where", "Reciprocal", "Sigmoid", "Tanh", "Exp", "Sign", "Not", "And"}
 
 
 @pytest.mark.parametrize("composite", ["epsilon", "epsilon-plus-flat", "epsilon-gamma-box",

@@ -14,6 +14,13 @@ VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the 
 RELEVANCE_PREFIX = "lrp/relevance/"
 LEDGER_ENTERING = "lrp/ledger/entering"
 LEDGER_LEAVING = "lrp/ledger/leaving"
+# the run-time checks computed in the graph (onnx_lrp.lrp.rewriter.check_outputs), read by the runner instead of the relevance arrays:
+# per relevance input, the float64 sum and the largest |entry| of each row (batch item), and one float64 probe that is
+# finite exactly when the inputs, the explained output and every returned relevance are (float32 data: exactly;
+# float64 data: a non-finite probe may be an overflow, which the runner confirms on the arrays)
+CHECK_SUM_PREFIX = "lrp/check/sum/"
+CHECK_PEAK_PREFIX = "lrp/check/peak/"
+CHECK_FINITE = "lrp/check/finite"
 # the explained forward's outputs beside the deployed ones in a dict of outputs (onnx_lrp.run.batches.explain_all)
 FORWARD_PREFIX = "lrp/forward/"
 

@@ -34,6 +34,23 @@ def per_item(relevance: list[np.ndarray], batch: int) -> tuple[np.ndarray, np.nd
     return sums, peaks
 
 
+def per_item_rows(rows: list[tuple[np.ndarray, np.ndarray, bool]], batch: int
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`per_item` from the relevance graph's own per-row sums and peaks (``lrp/check/sum|peak/<input>``: one
+    row per entry of each relevance input's leading axis; ``scalar``: the input has rank 0): the same judgement
+    without reading the relevance arrays."""
+    sums, peaks = np.zeros(batch), np.zeros(batch)
+    for row_sums, row_peaks, scalar in rows:
+        s, p = np.asarray(row_sums, np.float64).reshape(-1), np.asarray(row_peaks, np.float64).reshape(-1)
+        if batch == 1:
+            s, p = s.sum(keepdims=True), p.max(initial=0.0, keepdims=True)
+        elif scalar or len(s) != batch:
+            return None
+        sums += s
+        peaks = np.maximum(peaks, p)
+    return sums, peaks
+
+
 def far(sums: np.ndarray, peaks: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Items whose input relevance is far from their start relevance (items that start from 0 are not judged)."""
     starts = np.abs(np.asarray(starts, np.float64).reshape(-1))
@@ -76,4 +93,4 @@ def culprits(rows, entering, leaving, n: int = 3) -> list[tuple[str, str, str, f
     return [(rows[i].name, rows[i].op_type, rows[i].rule, float(absorbed[i])) for i in order if absorbed[i] != 0]
 
 
-__all__ = ["CEILING", "FLOOR", "PEAK", "culprits", "far", "message", "per_item"]
+__all__ = ["CEILING", "FLOOR", "PEAK", "culprits", "far", "message", "per_item", "per_item_rows"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import InputError, LrpError, LrpWarning, NumericError
+from ..core.errors import InputError, LrpError, LrpWarning
 from ..core.interface import (
     LEDGER_ENTERING,
     LEDGER_LEAVING,
@@ -26,7 +26,7 @@ from ..core.interface import (
     VALUE_OUTPUT,
 )
 from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel
-from . import conservation, runtime
+from . import binding, checks, conservation, runtime
 from . import deployed_gap as gaps
 from .explanation import Explanation, given_without_batch_axis
 
@@ -67,7 +67,7 @@ def _option(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.options, name), doc=doc)
 
 
-class Runner:
+class Runner(checks.RunChecks):
     """Runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` in one onnxruntime session:
     ``explain(x, target=...)``. ``session``: one already started for it (default: started here)."""
 
@@ -93,6 +93,7 @@ class Runner:
     precise = _option("precise", "onnxruntime without layout optimisations")
     tf32 = _option("tf32", "TF32 on CUDA")
     gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
+    last_transfer: dict | None = None  # bytes host -> device and device -> host of the last run (binding.bytes_moved)
 
     def __init__(self, model: RelevanceModel, options: RunOptions = RunOptions(), session=None):
         self.relevance_model = model
@@ -162,7 +163,10 @@ class Runner:
         """One target per item (-1: arg-max) from None, an int or one int per item, checked against the width."""
         return self._targets(target, batch)
 
-    def _feeds(self, x) -> dict[str, np.ndarray]:
+    def _feeds(self, x, finite: bool = True) -> dict:
+        """The checked feeds by input name: numpy arrays cast to the input's type, or device arrays
+        (:class:`onnx_lrp.run.binding.DeviceArray`, bound in place). ``finite``: refuse NaN / Inf on the host here
+        (else the relevance graph's probe finds them, :meth:`_check_finite`)."""
         if isinstance(x, dict):
             arrays = dict(x)
         else:
@@ -179,41 +183,34 @@ class Runner:
         for spec in self.inputs:
             if spec.name not in arrays:
                 raise InputError(f"input {spec.name!r} is missing")
-            a = np.asarray(arrays[spec.name])
+            device = binding.classify(arrays[spec.name])
+            a = np.asarray(arrays[spec.name]) if device is None else device
             if not _native(spec.dtype) or not _native(a.dtype):
                 odd = spec.dtype if not _native(spec.dtype) else a.dtype
                 raise InputError(f"input {spec.name!r} has element type {odd} (an 8-bit, 4-bit or brain float), which "
                                  "onnxruntime's Python API cannot take; give float16/32/64 data (export the model "
                                  "with such an input)")
-            if a.dtype == object:
-                raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
-            if spec.dtype.kind == "f":
-                if a.dtype.kind not in "f":
-                    raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
-                if not np.all(np.isfinite(a)):
-                    if np.isnan(a).any():
-                        raise InputError(f"input {spec.name!r} contains NaN or Inf ({int(np.isnan(a).sum())} NaN); "
-                                         "clean the data first")
-                    raise InputError(f"input {spec.name!r} contains NaN or Inf ({int(np.isinf(a).sum())} infinite "
-                                     "values): if it is an additive attention mask, give a large finite negative "
-                                     "value instead of -inf (e.g. -1e4 or numpy.finfo('float32').min: the same "
-                                     "attention, and relevance 0 at masked positions); else clean the data first")
-                a = a.astype(spec.dtype, copy=False)
-            elif a.dtype.kind not in "iub" or (spec.dtype.kind == "b") != (a.dtype.kind == "b"):
-                raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
-            else:
-                a = a.astype(spec.dtype, copy=False)
-            if spec.dims:
-                if a.ndim == len(spec.dims) - 1 and all(
-                        d is None or d == s for d, s in zip(spec.dims[1:], a.shape)):
-                    a = a[None]  # a single sample without its batch axis
-                if a.ndim != len(spec.dims) or any(d is not None and d != s for d, s in
-                                                   zip(spec.dims[1:], a.shape[1:])):
-                    want = "x".join("N" if i == 0 else ("?" if d is None else str(d)) for i, d in enumerate(spec.dims))
-                    raise InputError(f"input {spec.name!r} has shape {'x'.join(map(str, a.shape))}; the model "
-                                     f"wants {want}")
-            feeds[spec.name] = np.asarray(a, order="C")  # not ascontiguousarray: it makes a scalar (1,)
+            feeds[spec.name] = self._feed(spec, a, finite) if device is None else binding.device_feed(spec, device)
         return feeds
+
+    def _feed(self, spec: InputSpec, a: np.ndarray, finite: bool) -> np.ndarray:
+        if a.dtype == object:
+            raise InputError(f"input {spec.name!r} holds Python objects; give a numeric array")
+        if spec.dtype.kind == "f":
+            if a.dtype.kind not in "f":
+                raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
+            if finite:
+                checks.refuse_non_finite(spec.name, a)
+            a = a.astype(spec.dtype, copy=False)
+        elif a.dtype.kind not in "iub" or (spec.dtype.kind == "b") != (a.dtype.kind == "b"):
+            raise InputError(f"input {spec.name!r} has dtype {a.dtype}; the model wants {spec.dtype}")
+        else:
+            a = a.astype(spec.dtype, copy=False)
+        if spec.dims:
+            if a.ndim == len(spec.dims) - 1 and binding.fits(spec.dims[1:], a.shape):
+                a = a[None]  # a single sample without its batch axis
+            binding.check_shape(spec, a.shape)
+        return np.asarray(a, order="C")  # not ascontiguousarray: it makes a scalar (1,)
 
     def _targets(self, target, batch: int) -> np.ndarray:
         if target is None or (isinstance(target, str) and target == "argmax"):
@@ -226,13 +223,14 @@ class Runner:
             raise InputError(f"{t.size} targets for a batch of {batch}; give one int or one per item")
         width = self.output_width()
         if width is not None and (np.any(t < 0) or np.any(t >= width)):
-            raise InputError(f"target {_brief(t)} out of range: the explained output has {width} entries per item")
+            raise InputError(f"target {checks.brief(t)} out of range: the explained output has {width} entries per item")
         return np.ascontiguousarray(t)
 
     def output_width(self) -> int | None:
         if self._width is None:
             for o in self.session.session.get_outputs():
-                if o.name == self.explained_output:
+                # onnxruntime reports a declared shape it could not reconcile with the graph as rank 0: unknown
+                if o.name == self.explained_output and o.shape is not None and len(o.shape) >= 2 - self.whole:
                     dims = o.shape if self.whole else o.shape[1:]
                     if all(isinstance(d, int) for d in dims):
                         self._width = int(np.prod(dims))
@@ -255,7 +253,7 @@ class Runner:
             raise InputError(f"position must be an int or one int per batch item, not {position!r}")
         pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
         if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
-            raise InputError(f"position {_brief(pos)} does not fit: the explained output has {rows} positions "
+            raise InputError(f"position {checks.brief(pos)} does not fit: the explained output has {rows} positions "
                              f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
         if target is None or (isinstance(target, str) and target == "argmax"):
             return np.full(batch, -1, dtype=np.int64), np.ascontiguousarray(pos)
@@ -264,7 +262,7 @@ class Runner:
             raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
         t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
         if t.shape != (batch,) or np.any(t < 0) or (per_row is not None and np.any(t >= per_row)):
-            raise InputError(f"target {_brief(t)} out of range: each position of the explained output has "
+            raise InputError(f"target {checks.brief(t)} out of range: each position of the explained output has "
                              f"{per_row} entries")
         return np.ascontiguousarray(t), np.ascontiguousarray(pos)
 
@@ -278,7 +276,7 @@ class Runner:
         start = start or self.start
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
-        feeds = self._feeds(x)
+        feeds = self._feeds(x, finite=self._finite_on_host())
         batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)  # scalar inputs only: one item
         if batch == 0:
             raise InputError("the batch is empty (0 items); give at least one item")
@@ -299,7 +297,7 @@ class Runner:
             # arg-max: the deployed model's prediction (the explained forward's can differ where they disagree)
             targets = np.argmax(np.asarray(deployed[self.explained_output]).reshape(batch, -1), axis=1)
         if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
-            parts = [self._run({k: v[i:i + 1] for k, v in feeds.items()}, targets[i:i + 1], start,
+            parts = [self._run(_item(feeds, i), targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
                      for i in range(batch)]
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -333,7 +331,7 @@ class Runner:
         if self.deployed_session is None:
             return None
         try:
-            return self.deployed_outputs(feeds)
+            return self.deployed_outputs(binding.on_host(feeds, "a quantized or float16 model's deployed run"))
         except LrpError as exc:
             if self.deployed_note is None:
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
@@ -363,28 +361,12 @@ class Runner:
         if not gap.beyond:
             return gap
         if self._gap_reason is None:
-            self._gap_reason = gaps.cause(self, feeds, forward[name], gap)
+            self._gap_reason = gaps.cause(self, binding.on_host(feeds, "the deployed model's gap"), forward[name], gap)
         gap = dataclasses.replace(gap, reason=self._gap_reason)
         if self.gap_warnings and not self._gap_warned:
             self._gap_warned = True
             warnings.warn(gap.message(), LrpWarning, stacklevel=3)
         return gap
-
-    def _check_width(self, merged: dict, targets) -> int | None:
-        """Given targets against the explained output's width as it came out of this run (outputs with dynamic
-        trailing axes: a target past the end would select nothing, an all-zero relevance); returns the entries
-        per position of a sequence output."""
-        y = merged[self.explained_output]
-        if self.sequence_rows is not None:
-            width = self.sequence_rows[1] if self.sequence_rows[1] is not None else int(np.prod(y.shape[2:]))
-        else:
-            width = int(y.size if self.whole else np.prod(y.shape[1:]))
-        if np.any(np.asarray(targets) >= width):
-            per = "at each position" if self.sequence_rows is not None else "per item"
-            raise InputError(f"target {_brief(np.asarray(targets))} out of range: the explained output "
-                             f"{self.explained_output!r} has {width} entries {per} for this input; nothing was "
-                             "returned")
-        return width
 
     def _run(self, feeds, targets, start, positions=None):
         feeds = dict(feeds)
@@ -392,35 +374,27 @@ class Runner:
             feeds[POSITION_INPUT] = positions
         feeds[TARGET_INPUT] = targets
         feeds[ONE_HOT_INPUT] = np.array(start == "one-hot")
-        return self.session.run(feeds)
+        return self.run_bound(feeds)
 
-    def _check_conserved(self, merged: dict, relevance: list, feeds, start, positions) -> None:
-        """Warn (``strict``: raise) when the input relevance of an item is far from its start relevance
-        (:mod:`onnx_lrp.run.conservation`); the ledger that names the nodes is built only then."""
-        if not relevance or VALUE_OUTPUT not in merged or self._reading_ledger:
-            return
-        values = np.asarray(merged[VALUE_OUTPUT], np.float64).reshape(-1)
-        starts = values if start == "logit" else np.ones_like(values)
-        got = conservation.per_item(relevance, len(starts))
-        if got is None:
-            return
-        sums, peaks = got
-        bad = np.flatnonzero(conservation.far(sums, peaks, starts))
-        if not len(bad):
-            return
-        ratio = np.abs(np.log10(np.maximum(np.abs(sums[bad]), 1e-300) / np.abs(starts[bad])))
-        item = int(bad[np.argmax(np.maximum(ratio, np.log10(np.maximum(peaks[bad], 1e-300) / np.abs(starts[bad]))))])
-        found = None
-        try:
-            found = self._culprits(feeds, item, int(np.asarray(merged[TARGET_OUTPUT]).reshape(-1)[item]), start,
-                                   None if positions is None else positions[item:item + 1])
-        except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
-            found = None
-        text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
-                                    float(starts[item]), start, found, self.composite_name)
-        if self.strict:
-            raise NumericError(text + "; nothing was returned (strict)")
-        warnings.warn(text, LrpWarning, stacklevel=3)
+    def run_bound(self, feeds: dict) -> dict:
+        """One run of the relevance model through onnxruntime's IOBinding (:mod:`onnx_lrp.run.binding`): the
+        small outputs (target, explained value, checks, ledger) come to the host as numpy; the others as numpy
+        for host feeds, else stay beside the first device array and come back as its kind. ``last_transfer`` then
+        holds the bytes that crossed between host and device."""
+        session = self.session
+        if not hasattr(session, "run_bound"):  # a session of another kind: its own run, host arrays
+            return session.run(binding.on_host(feeds, "this session"))
+        names = session.output_names
+        small = {n for n in names if n.startswith(_SMALL_PREFIXES) or n in (TARGET_OUTPUT, VALUE_OUTPUT)}
+        plan = binding.plan(self.device, feeds, names, small)
+        like = binding.first_device_array(feeds)
+        for a in feeds.values():
+            if isinstance(a, binding.DeviceArray):
+                binding.settle(a)
+        values = session.run_bound(feeds, plan)
+        out = {n: v.numpy() if like is None or n in small else binding.to_kind(v, like) for n, v in values.items()}
+        self.last_transfer = binding.bytes_moved(plan, feeds, out)
+        return out
 
     def _culprits(self, feeds, item: int, target: int, start, positions):
         """The nodes that absorb or create most relevance for item ``item`` of ``feeds``, read from the ledger
@@ -456,37 +430,13 @@ class Runner:
                                                RunOptions(start=start))
         return self._ledger_books[start]
 
-    def _check_finite(self, merged: dict, feeds, targets, start, positions) -> None:
-        """Refuse NaN/Inf in the explained output or any returned relevance: one reduction per returned array, then
-        (only on failure) a diagnostic run that names the first node where it appeared."""
-        names = [self.explained_output] + [n for n in merged if n.startswith(RELEVANCE_PREFIX)]
-        bad = [n for n in names if n in merged and merged[n].dtype.kind == "f" and not np.isfinite(merged[n]).all()]
-        if not bad:
-            return
-        a = merged[bad[0]]
-        rows = np.flatnonzero((~np.isfinite(a)).reshape(len(a), -1).any(1)) if a.ndim else []
-        item = int(rows[0]) if len(rows) else 0
-        where = None
-        try:
-            from . import diagnose  # onnx_ir and the loader: only on this failure
-
-            if self._diag is None:
-                self._diag = diagnose.diagnostic_session(self.relevance_model, self.device, self.tf32)
-            where = diagnose.locate(self.relevance_model, self._diag, feeds, targets, start, positions, item)
-        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
-            where = None
-        what = "output" if bad[0] == self.explained_output else "relevance"
-        raise NumericError(f"non-finite (NaN/Inf) {what} {bad[0]!r} for batch item {item}: "
-                           + (where or "the node where it first appeared could not be located")
-                           + "; nothing was returned")
+# outputs that always come to the host: a few numbers per item (the checks, the ledger's sums per node)
+_SMALL_PREFIXES = ("lrp/check/", "lrp/ledger/")
 
 
-def _brief(a: np.ndarray) -> str:
-    """An index array for a message: one value when all items share it, else the first few and the count."""
-    vals = np.asarray(a).reshape(-1).tolist()
-    if len(set(vals)) == 1:
-        return f"{vals[0]}" + (f" (all {len(vals)} items)" if len(vals) > 1 else "")
-    return "[" + ", ".join(map(str, vals[:6])) + (f", ... ({len(vals)} items)]" if len(vals) > 6 else "]")
+def _item(feeds: dict, i: int) -> dict:
+    """Item ``i`` of the feeds (on the host: a model with a fixed batch of 1 runs item by item)."""
+    return {k: v[i:i + 1] for k, v in binding.on_host(feeds, "a model with a fixed batch of 1").items()}
 
 
 def _native(dt: np.dtype) -> bool:

@@ -71,6 +71,47 @@ def quiet() -> None:
 quiet()
 
 
+@contextlib.contextmanager
+def quiet_while(active: bool = True):
+    """onnxruntime's process-wide log at fatal only while inside (``active``): on CUDA, onnxruntime logs the cuDNN
+    frontend's refusals of a convolution plan as errors on stderr ("[cudnn_frontend] Error: No execution plans
+    support the graph", ``CudaErrString`` in onnxruntime's cudnn_fe_call.cc) and then falls back to another plan:
+    nothing failed. Real failures still raise (onnx-lrp reports them in one line); outside, :func:`quiet`'s level."""
+    if not active or ort is None or not hasattr(ort, "set_default_logger_severity"):
+        yield
+        return
+    ort.set_default_logger_severity(4)
+    try:
+        yield
+    finally:
+        quiet()
+
+
+@contextlib.contextmanager
+def captured_stderr(active: bool = True):
+    """What native libraries write to file descriptor 2 while inside (onnxruntime's providers, CUDA, cuDNN write
+    there directly, past Python's ``sys.stderr``): held in a temporary file instead of the terminal; yields a list
+    that holds those lines on exit (the caller puts the first of them in its error when something failed)."""
+    lines: list[str] = []
+    if not active:
+        yield lines
+        return
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(line for line in tmp.read().decode("utf-8", "replace").splitlines() if line.strip())
+
+
 _preloaded = False
 
 
@@ -103,6 +144,28 @@ def cuda_options(tf32: bool = False) -> dict:
     and matrix products with 10-bit mantissas: relevance then differs from the CPU's by rel-L2 up to ~2e-2
     (VGG16), 1e-3 (ResNet50) on an H200; README "GPU" has the measured drift and speed."""
     return {"use_tf32": "1" if tf32 else "0"}
+
+
+def basic_optimized(model_bytes: bytes, folder=None) -> bytes:
+    """The model after onnxruntime's basic (level 1) graph optimisations, as a CPU session writes it: the graph
+    onnxruntime partitions between its providers (constants folded, redundant nodes gone; :mod:`.placement`)."""
+    import tempfile
+
+    check_install()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.log_severity_level = 4
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    if folder is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    with tempfile.TemporaryDirectory(prefix="onnx-lrp-opt-") as tmp:
+        path = os.path.join(tmp, "basic.onnx")
+        opts.optimized_model_filepath = path
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "basic.data")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        ort.InferenceSession(model_bytes, sess_options=opts, providers=["CPUExecutionProvider"])
+        with open(path, "rb") as f:
+            return f.read()
 
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -231,14 +294,16 @@ class Session:
             preload_cuda()
             providers = [("CUDAExecutionProvider", cuda_options(self.tf32))] + providers[1:]
         _external_data(opts, self.data_folder, self.arrays, self.prepack)
-        try:
-            with warnings.catch_warnings():  # onnxruntime's own warnings (e.g. an unavailable provider) stay quiet
+        cuda = self.device == "cuda"
+        try:  # onnxruntime's own warnings (e.g. an unavailable provider) and the CUDA libraries' lines stay quiet
+            with warnings.catch_warnings(), quiet_while(cuda), captured_stderr(cuda) as said:
                 warnings.simplefilter("ignore")
                 self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if self.device == "cuda":
-                raise DeviceError(f"onnxruntime could not start the model on CUDA ({msg}); check the CUDA and "
+            if cuda:
+                why = f"; the CUDA libraries said: {said[0][:200]}" if said else ""
+                raise DeviceError(f"onnxruntime could not start the model on CUDA ({msg}{why}); check the CUDA and "
                                   "cuDNN libraries, or use --device cpu") from None
             node = re.search(r"node with name '([^']*)'|Node \(([^)]*)\)", msg)
             foreign = re.search(r"([\w.]+):\w+\(-?\d+\) is not a registered function/op", msg)
@@ -263,24 +328,74 @@ class Session:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
         names = outputs or self.output_names
         try:
-            values = self.session.run(names, feeds)
+            with quiet_while(self.device == "cuda"):
+                values = self.session.run(names, feeds)
         except Exception as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if self.deployed:
-                raise ModelError(f"onnxruntime cannot run the deployed model itself on this input: "
-                                 f"{msg.split('Status Message:')[-1].strip()[:200]}") from None
-            node = re.search(r"running (\w+) node\. Name:'([^']*)'", msg)
-            if node and not node.group(2).startswith("lrp/"):  # a node of the model itself, not of the relevance
-                raise ModelError(f"onnxruntime cannot run node {node.group(2)} ({node.group(1)}) of the model "
-                                 f"itself on this input: {msg.split('Status Message:')[-1].strip()[:200]}; check that "
-                                 "the model runs in plain onnxruntime on this input (a model traced for one input, "
-                                 "e.g. a MoE export's unrolled expert loop, fails on others; an old opset lifted to 17 "
-                                 "can break, e.g. PRelu slopes: re-export with opset >= 17)") from None
-            if node and node.group(2).startswith("lrp/start/"):  # rows of the explained output are not the items
-                raise InputError("the explained output's first axis does not follow the inputs' batch axis at run "
-                                 "time (its rows are not the input items), so no target can be set per item: "
-                                 "explain another output (--output) or re-export the model so that its output "
-                                 f"keeps the batch axis (onnxruntime: {msg.split('Status Message:')[-1].strip()[:120]})"
-                                 ) from None
-            raise InputError(f"onnxruntime failed to run the model: {msg}") from None
+            raise self._run_failed(exc) from None
         return dict(zip(names, values))
+
+    def run_bound(self, feeds: dict, plan) -> dict:
+        """One run through onnxruntime's IOBinding (:mod:`onnx_lrp.run.binding`): host arrays bound where they are
+        (copied to the device once on CUDA), device arrays (:class:`~onnx_lrp.run.binding.DeviceArray`) bound in
+        place, each output bound where ``plan`` puts it. Returns onnxruntime ``OrtValue``s by output name."""
+        bound = self.session.io_binding()
+        alive = []  # OrtValues over the caller's device memory: referenced until the run is over
+        for place in plan.inputs:
+            a = feeds[place.name]
+            if hasattr(a, "kind"):  # a DeviceArray
+                if a.kind == "ortvalue" and a.shape == tuple(a.value.shape()):
+                    bound.bind_ortvalue_input(place.name, a.value)
+                    continue
+                ptr, owner = _pointer(a)
+                alive.append(owner)
+                bound.bind_input(place.name, a.device, a.index, a.dtype.type, list(a.shape), ptr)
+            else:
+                bound.bind_cpu_input(place.name, a)
+        for place in plan.outputs:
+            bound.bind_output(place.name, place.device, place.index)
+        try:
+            with quiet_while(self.device == "cuda"):
+                self.session.run_with_iobinding(bound)
+        except Exception as exc:
+            raise self._run_failed(exc) from None
+        return dict(zip([p.name for p in plan.outputs], bound.get_outputs()))
+
+    def _run_failed(self, exc: Exception) -> Exception:
+        """onnxruntime's exception of a failed run as the one-line error onnx-lrp raises."""
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if self.deployed:
+            return ModelError(f"onnxruntime cannot run the deployed model itself on this input: "
+                              f"{msg.split('Status Message:')[-1].strip()[:200]}")
+        node = re.search(r"running (\w+) node\. Name:'([^']*)'", msg)
+        if node and not node.group(2).startswith("lrp/"):  # a node of the model itself, not of the relevance
+            return ModelError(f"onnxruntime cannot run node {node.group(2)} ({node.group(1)}) of the model "
+                              f"itself on this input: {msg.split('Status Message:')[-1].strip()[:200]}; check that "
+                              "the model runs in plain onnxruntime on this input (a model traced for one input, "
+                              "e.g. a MoE export's unrolled expert loop, fails on others; an old opset lifted to 17 "
+                              "can break, e.g. PRelu slopes: re-export with opset >= 17)")
+        if node and node.group(2).startswith("lrp/start/"):  # rows of the explained output are not the items
+            return InputError("the explained output's first axis does not follow the inputs' batch axis at run "
+                              "time (its rows are not the input items), so no target can be set per item: "
+                              "explain another output (--output) or re-export the model so that its output "
+                              f"keeps the batch axis (onnxruntime: {msg.split('Status Message:')[-1].strip()[:120]})")
+        return InputError(f"onnxruntime failed to run the model: {msg}")
+
+
+def _pointer(a) -> tuple[int, object]:
+    """(address, the object that owns it) of a device array's memory: the library's own pointer where it gives
+    one (torch ``data_ptr()``, cupy ``data.ptr``, ``__cuda_array_interface__``), else an OrtValue over it
+    (DLPack)."""
+    v = a.value
+    if callable(getattr(v, "data_ptr", None)):
+        return int(v.data_ptr()), v
+    data = getattr(v, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return int(data.ptr), v
+    try:
+        cai = getattr(v, "__cuda_array_interface__", None)
+    except Exception:  # noqa: BLE001 - torch refuses it on tensors that require grad
+        cai = None
+    if cai is not None:
+        return int(cai["data"][0]), v
+    owner = ort.OrtValue.from_dlpack(v)
+    return int(owner.data_ptr()), owner

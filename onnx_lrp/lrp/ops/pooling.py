@@ -254,8 +254,14 @@ class MaxPool(_Pool):
         x = node.inputs[0]
         idx = em.op("Reshape", self.indices(em, node), em.ints([-1]), tag="argmax_flat")
         s_flat = em.op("Reshape", s, em.ints([-1]), tag="s_flat")
-        size = em.op("Reshape", em.op("Size", x, tag="x_size"), em.ints([1]), tag="x_size1")
-        zeros = em.op("ConstantOfShape", size, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros")
+        # zeros shaped like x, flattened: x's shape is read where it lives (a shape computed from Size(x) would be a
+        # node onnxruntime runs on the CPU in a CUDA session, with a device synchronisation before it)
+        dims = static_dims(x)
+        if dims is not None and all(d is not None for d in dims):
+            zeros = em.op("ConstantOfShape", em.ints([int(np.prod(dims))]),
+                          value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros")
+        else:
+            zeros = em.op("Reshape", em.zeros_like(x, tag="zeros_x"), em.ints([-1]), tag="zeros")
         g = em.op("ScatterElements", zeros, idx, s_flat, axis=0, reduction="add", tag="scatter")
         return [em.reshape_like(g, x, tag="JTs")]
 

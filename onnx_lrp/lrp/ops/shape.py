@@ -103,13 +103,48 @@ class Concat(ShapeOp):
         rank = len(node.inputs[0].shape)
         ax = _axis(node, rank)
         sizes = [static_dims(v)[ax] for v in node.inputs]
-        if any(d is None for d in sizes):  # sizes known at run time (e.g. a class token expanded to a dynamic batch)
-            split = em.op("Concat", *[em.op("Shape", v, start=ax, end=ax + 1, tag="size") for v in node.inputs],
-                          axis=0, tag="sizes")
-        else:
-            split = em.ints(sizes)
-        parts = em.op_multi("Split", [r_outs[0], split], len(sizes), axis=ax, tag="r_part")
+        if sum(d is None for d in sizes) == 1:  # one size known at run time (a class token and dynamic patches)
+            return [p for p, v in zip(_parts_around(em, r_outs[0], sizes, ax), node.inputs) if carries(v)]
+        if any(d is None for d in sizes):  # several: cut one part after the other at sizes read at run time
+            return [p for p, v in zip(_parts_in_turn(em, r_outs[0], node.inputs, sizes, ax), node.inputs)
+                    if carries(v)]
+        parts = em.op_multi("Split", [r_outs[0], em.ints(sizes)], len(sizes), axis=ax, tag="r_part")
         return [p for p, v in zip(parts, node.inputs) if carries(v)]
+
+
+def _parts_in_turn(em, r, inputs: list, sizes: list, ax: int) -> list:
+    """r cut along ``ax`` into parts as long as ``inputs`` are, one after the other: each cut reads its length
+    straight from a Shape (the bounds a CUDA Slice takes on the host), so no size is added up on the host (a
+    Concat of Shapes would run on the CPU in a CUDA session, after a device synchronisation)."""
+    parts, rest = [], r
+    for i, (v, size) in enumerate(zip(inputs, sizes)):
+        if i == len(inputs) - 1:
+            parts.append(rest)
+            break
+        n = em.ints([size]) if size is not None else em.op("Shape", v, start=ax, end=ax + 1, tag="size")
+        parts.append(em.op("Slice", rest, em.ints([0]), n, em.ints([ax]), tag="r_part"))
+        rest = em.op("Slice", rest, n, em.ints([2 ** 63 - 1]), em.ints([ax]), tag="r_rest")
+    return parts
+
+
+def _parts_around(em, r, sizes: list, ax: int) -> list:
+    """r cut along ``ax`` into parts of ``sizes`` where one size is unknown: constant bounds from the start for
+    the parts before it, from the end for the parts after it (no size computed at run time)."""
+    unknown = sizes.index(None)
+    end_all = 2 ** 63 - 1
+    parts = []
+    for i, size in enumerate(sizes):
+        if i < unknown:
+            lo = sum(sizes[:i])
+            bounds = (lo, lo + size)
+        elif i == unknown:
+            after = sum(sizes[i + 1:])
+            bounds = (sum(sizes[:i]), -after if after else end_all)
+        else:
+            from_end = sum(sizes[i:])
+            bounds = (-from_end, -from_end + size if -from_end + size < 0 else end_all)
+        parts.append(em.op("Slice", r, em.ints([bounds[0]]), em.ints([bounds[1]]), em.ints([ax]), tag="r_part"))
+    return parts
 
 
 @register
@@ -130,14 +165,31 @@ class Split(ShapeOp):
 
 
 def scatter_axis(em, r, x_like_shape, axis, idx, tag):
-    """Scatter-add r's slices along ``axis`` into zeros of shape ``x_like_shape`` at positions ``idx``."""
+    """Scatter-add r's slices along ``axis`` into zeros of shape ``x_like_shape`` at positions ``idx``
+    (``x_like_shape``: the rank and either the target shape, "value", or zeros of it, "zeros")."""
     shape = [1] * x_like_shape["rank"]
     shape[axis] = len(idx)
     ind = em.const(np.asarray(idx, dtype=np.int64).reshape(shape), tag=f"{tag}_idx", dtype=np.int64)
     ind = em.op("Expand", ind, em.shape_of(r, tag=f"{tag}_rshape"), tag=f"{tag}_idx_full")
-    zeros = em.op("ConstantOfShape", x_like_shape["value"], value=ir.tensor(np.zeros(1, dtype=em.np_dtype)),
-                  tag=f"{tag}_zeros")
+    zeros = x_like_shape.get("zeros")
+    if zeros is None:
+        zeros = em.op("ConstantOfShape", x_like_shape["value"], value=ir.tensor(np.zeros(1, dtype=em.np_dtype)),
+                      tag=f"{tag}_zeros")
     return em.op("ScatterElements", zeros, ind, r, axis=axis, reduction="add", tag=tag)
+
+
+def zeros_along(em, r, rank: int, axis: int, k: int, n: int, tag: str):
+    """Zeros shaped like ``r`` (of ``rank``) but ``n`` long along ``axis`` (where ``r`` is ``k`` long): ``r``'s zeros padded or
+    cut along the axis by constants. Built from ``r``'s own shape, not from a shape computed with Shape arithmetic
+    (such nodes run on the CPU in a CUDA session, each after a device synchronisation; run/placement.py)."""
+    zeros = em.zeros_like(r, tag=f"{tag}_zeros_r")
+    if n > k:
+        pads = [0] * (2 * rank)
+        pads[rank + axis] = n - k
+        return em.op("Pad", zeros, em.ints(pads), tag=f"{tag}_zeros")
+    if n < k:
+        return em.op("Slice", zeros, em.ints([0]), em.ints([n]), em.ints([axis]), tag=f"{tag}_zeros")
+    return zeros
 
 
 def _keeps_all(start, end, step) -> bool:
@@ -191,27 +243,41 @@ class Slice(ShapeOp):
         r = r_outs[0]
         x = node.inputs[0]
         dims = static_dims(x)
-        for ax, idx, n in reversed(self._plan(node)):
+        plan = self._plan(node)
+        for j in reversed(range(len(plan))):
+            ax, idx, n = plan[j]
             if idx is None:  # dynamic axis: the forward's own Slice of arange(size) gives the kept indices
                 size = em.op("Shape", x, start=ax, end=ax + 1, tag="x_size")
                 ramp = em.op("Range", em.scalar(0, np.int64), em.op("Squeeze", size, tag="x_size0"),
                              em.scalar(1, np.int64), tag="ramp")
                 st, en, sp = n
                 kept = em.op("Slice", ramp, em.ints([st]), em.ints([en]), em.ints([0]), em.ints([sp]), tag="kept")
-                shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), size, axis=0,
-                              tag="full_shape")
                 ind = em.op("Reshape", kept, em.ints([-1 if a == ax else 1 for a in range(len(dims))]),
                             tag="kept_axis")
                 ind = em.op("Expand", ind, em.shape_of(r, tag="r_shape_k"), tag="kept_full")
-                zeros = em.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)),
-                              tag="r_unslice_zeros")
+                zeros = self._zeros_restored(em, node, x, plan[:j])
                 r = em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag="r_unslice")
                 continue
-            # the target shape: r's shape with this axis restored to n
-            shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
-                          tag="full_shape")
-            r = scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, idx, tag="r_unslice")
+            # zeros shaped like r with this axis restored to n
+            zeros = zeros_along(em, r, len(dims), ax, len(idx), n, tag="r_unslice")
+            r = scatter_axis(em, r, {"rank": len(dims), "zeros": zeros}, ax, idx, tag="r_unslice")
         return [r]
+
+    def _zeros_restored(self, em, node, x, remaining: list):
+        """Zeros shaped like the relevance once the axes not in ``remaining`` are restored: x's zeros sliced by the
+        forward's own constant bounds along the ``remaining`` axes."""
+        zeros = em.zeros_like(x, tag="x_zeros")
+        for ax, idx, n in remaining:
+            if idx is not None and not idx:
+                st, en, sp = 0, 0, 1
+            else:
+                st, en, sp = n if idx is None else (idx[0], idx[-1] + (1 if idx[-1] >= idx[0] else -1),
+                                                    idx[1] - idx[0] if len(idx) > 1 else 1)
+            if idx is not None and en < 0:  # a reversed slice that reaches index 0
+                en = -(2 ** 63)
+            zeros = em.op("Slice", zeros, em.ints([st]), em.ints([en]), em.ints([ax]), em.ints([sp]),
+                          tag="x_zeros_sliced")
+        return zeros
 
 
 class Gather(ShapeOp):
@@ -237,18 +303,28 @@ class Gather(ShapeOp):
         n = dims[ax]
         idx = const(node.inputs[1]).astype(np.int64)
         flat = np.where(idx < 0, idx + n, idx).reshape(-1)
-        r = r_outs[0]
-        # bring r to x's rank: the index dimensions become one axis of length len(flat)
         x_shape = em.shape_of(x, tag="x_shape")
-        if idx.ndim != 1:
-            head = em.op("Slice", x_shape, em.ints([0]), em.ints([ax]), tag="head")
-            tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([len(dims)]), tag="tail")
-            shape = em.op("Concat", head, em.ints([len(flat)]), tail, axis=0, tag="r_shape3")
-            r = em.op("Reshape", r, shape, tag="r_flat_idx")
+        r = index_axis_as_one(em, r_outs[0], x, x_shape, ax, idx.ndim, len(flat))
         return [scatter_axis(em, r, {"rank": len(dims), "value": x_shape}, ax, list(flat), tag="r_in")]
 
 
 _COPY_PADS = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}  # ONNX mode -> numpy.pad mode (same indices)
+
+
+def index_axis_as_one(em, r, x, x_shape, ax: int, index_rank: int, count: int):
+    """The relevance of a Gather's output (x's axis ``ax`` replaced by the index's ``index_rank`` axes) with those
+    axes as one axis of ``count`` entries (-1: unknown): nothing for a 1-D index, else a Reshape that copies the
+    leading axes (0) and names the trailing ones where they are static; only else a shape computed from x's (which
+    onnxruntime runs on the CPU in a CUDA session)."""
+    if index_rank == 1:
+        return r
+    tail = (static_dims(x) or [None] * len(x.shape))[ax + 1:]
+    if all(d is not None for d in tail):
+        return em.op("Reshape", r, em.ints([0] * ax + [count] + list(tail)), tag="r_flat_idx")
+    head = em.op("Slice", x_shape, em.ints([0]), em.ints([ax]), tag="head")
+    tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([len(x.shape)]), tag="tail")
+    shape = em.op("Concat", head, em.ints([count]), tail, axis=0, tag="r_shape3")
+    return em.op("Reshape", r, shape, tag="r_flat_idx")
 
 
 def index_ramp(em, x, ax, tag):
@@ -366,9 +442,8 @@ class Pad(ShapeOp):
             n = dims[ax]
             if n is not None and begin is not None:
                 idx = np.pad(np.arange(n), (int(begin[i]), int(end[i])), mode=_COPY_PADS[mode])
-                shape = em.op("ScatterElements", em.shape_of(r, tag="r_shape"), em.ints([ax]), em.ints([n]), axis=0,
-                              tag="full_shape")
-                r = scatter_axis(em, r, {"rank": len(dims), "value": shape}, ax, list(idx), tag="r_unpad")
+                zeros = zeros_along(em, r, len(dims), ax, len(idx), n, tag="r_unpad")
+                r = scatter_axis(em, r, {"rank": len(dims), "zeros": zeros}, ax, list(idx), tag="r_unpad")
                 continue
             if begin is not None:
                 be = em.ints([int(begin[i]), int(end[i])])

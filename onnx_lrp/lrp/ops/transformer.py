@@ -41,7 +41,7 @@ from .base import (
 from .gates import GATE
 from .linear import ElementwiseBinary, MatMul
 from .products import PRODUCT_MUL, Einsum, Product
-from .shape import Gather
+from .shape import Gather, index_axis_as_one
 
 
 def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
@@ -434,16 +434,27 @@ class Lookup(ShapeOp):
         rank = len(dims)
         ax = node.attributes.get_int("axis", 0) % rank
         x_shape = em.shape_of(x, tag="x_shape")
-        n = em.scalar(dims[ax], np.int64) if dims[ax] is not None else em.op(
-            "Gather", x_shape, em.scalar(ax, np.int64), axis=0, tag="n")
-        idx = em.op("Cast", idx, to=ir.DataType.INT64.value, tag="idx64")
-        flat = em.op("Reshape", idx, em.ints([-1]), tag="idx_flat")
-        neg = em.op("Less", flat, em.scalar(0, np.int64), tag="idx_neg")
-        flat = em.op("Where", neg, em.add(flat, n, tag="idx_wrap"), flat, tag="idx_pos")
-        head = em.op("Slice", x_shape, em.ints([0]), em.ints([ax]), tag="head")
-        tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([rank]), tag="tail")
-        r = em.op("Reshape", r_outs[0], em.op("Concat", head, em.ints([-1]), tail, axis=0, tag="r_shape"), tag="r3")
-        ind = em.op("Reshape", flat, em.ints([1] * ax + [-1] + [1] * (rank - ax - 1)), tag="idx_r")
+        index_rank = len(idx.shape) if idx.shape is not None else None
+        known = const(idx)
+        if known is not None:  # constant indices: wrapped here where the axis is static, else negative for the
+            flat = known.astype(np.int64).reshape(-1)  # scatter (ScatterElements takes [-n, n-1]): no run-time shape
+            flat = np.where(flat < 0, flat + dims[ax], flat) if dims[ax] is not None else flat
+            ind = em.const(flat.reshape([1] * ax + [-1] + [1] * (rank - ax - 1)), tag="idx_r", dtype=np.int64)
+        else:
+            n = em.scalar(dims[ax], np.int64) if dims[ax] is not None else em.op(
+                "Gather", x_shape, em.scalar(ax, np.int64), axis=0, tag="n")
+            idx = em.op("Cast", idx, to=ir.DataType.INT64.value, tag="idx64")
+            flat = em.op("Reshape", idx, em.ints([-1]), tag="idx_flat")
+            neg = em.op("Less", flat, em.scalar(0, np.int64), tag="idx_neg")
+            flat = em.op("Where", neg, em.add(flat, n, tag="idx_wrap"), flat, tag="idx_pos")
+            ind = em.op("Reshape", flat, em.ints([1] * ax + [-1] + [1] * (rank - ax - 1)), tag="idx_r")
+        if index_rank is None:
+            head = em.op("Slice", x_shape, em.ints([0]), em.ints([ax]), tag="head")
+            tail = em.op("Slice", x_shape, em.ints([ax + 1]), em.ints([rank]), tag="tail")
+            r = em.op("Reshape", r_outs[0], em.op("Concat", head, em.ints([-1]), tail, axis=0, tag="r_shape"),
+                      tag="r3")
+        else:
+            r = index_axis_as_one(em, r_outs[0], x, x_shape, ax, index_rank, -1)
         ind = em.op("Expand", ind, em.shape_of(r, tag="r3_shape"), tag="idx_full")
         zeros = em.op("ConstantOfShape", x_shape, value=ir.tensor(np.zeros(1, dtype=em.np_dtype)), tag="zeros")
         return [em.op("ScatterElements", zeros, ind, r, axis=ax, reduction="add", tag="r_in")]
