@@ -117,7 +117,7 @@ SECTIONS = [
               help="With --tokens: an HTML page with the tokens coloured by relevance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--precise", is_flag=True,
-              help="onnxruntime without layout optimisations: closer to float64 on deep CNNs, ~13 % slower.")
+              help="onnxruntime without layout optimisations: rounds otherwise (not closer to float64), ~13 % slower.")
 @click.option("--strict", is_flag=True, help="Exit 1 if relevance is not conserved.")
 @text_options
 @dataset_options

@@ -214,12 +214,17 @@ def randomise_batchnorm(model: nn.Module, seed: int) -> None:
                 mod.bias.copy_(torch.rand(n, generator=g) * 0.4 - 0.2)
 
 
-def large_model(name: str):
-    """(model in eval mode, canonizer factory) for a torchvision architecture with random weights."""
+def large_model(name: str, bn_stats: str = "random"):
+    """(model in eval mode, canonizer factory) for a torchvision architecture with random weights; ``bn_stats``:
+    "random" (randomised BatchNorm statistics and affine parameters) or "torchvision" (its own initialisation:
+    mean 0, variance 1, weight 1, bias 0)."""
     import torchvision
     torch.manual_seed({"vgg16": 1, "resnet18": 2, "resnet50": 3, "densenet121": 4, "mobilenet_v2": 5}[name])
     m = getattr(torchvision.models, name)(weights=None)
-    randomise_batchnorm(m, seed=len(name))
+    if bn_stats == "random":
+        randomise_batchnorm(m, seed=len(name))
+    elif bn_stats != "torchvision":
+        raise ValueError(f"bn_stats must be 'random' or 'torchvision', not {bn_stats!r}")
     if name == "vgg16":
         return m.eval(), lambda: [VGGCanonizer()]
     if name.startswith("resnet"):
@@ -270,8 +275,9 @@ def export(model: nn.Module, x: torch.Tensor, exporter: str) -> bytes:
 
 def zennit_relevance(model: nn.Module, x: torch.Tensor, composite: str, canonizers, target=None,
                      capture=()) -> tuple[np.ndarray, np.ndarray, dict]:
-    """zennit's relevance at the input (start: one-hot at the target), the targets, and the relevance arriving at
-    the outputs of the modules named in ``capture`` (for per-layer debugging). ``x`` is cast to the model's dtype:
+    """zennit's relevance at the input (start: one-hot at the target: the arg-max, one class, or one per item), the
+    targets, and the relevance arriving at the outputs of the modules named in ``capture`` (for per-layer
+    debugging). ``x`` is cast to the model's dtype:
     the references are computed with a float64 copy of the model (``as_float64``), so that they hold the exact
     answer to ~1e-12 even where LRP-epsilon is ill-conditioned (the small set; the large set by default uses the
     float32 model, see --float64), and are stored as float32."""
@@ -290,7 +296,10 @@ def zennit_relevance(model: nn.Module, x: torch.Tensor, composite: str, canonize
         finally:
             for h in handles:
                 h.remove()
-        t = out.argmax(1) if target is None else torch.full((x.shape[0],), int(target), dtype=torch.long)
+        if target is None:
+            t = out.argmax(1)
+        else:  # one class for every item, or one per item
+            t = torch.as_tensor(np.broadcast_to(np.asarray(target), (x.shape[0],)).copy(), dtype=torch.long)
         onehot = torch.zeros_like(out)
         onehot[torch.arange(x.shape[0]), t] = 1.0
         (grad,) = torch.autograd.grad(out, x, onehot)

@@ -274,8 +274,10 @@ class Session:
 
     def _start(self, model_bytes: bytes, threads: int | None, quiet: bool = False) -> None:
         opts = ort.SessionOptions()
-        # precise: no layout optimisations (NCHWc blocked convolutions), which lose digits on deep residual nets:
-        # ResNet50 vs zennit float64 (epsilon 0.01) 4.5e-4 -> 8.9e-5, zennit's own float32 5.6e-5; ~13 % slower
+        # precise: no layout optimisations (NCHWc blocked convolutions): the same float32 computation rounded
+        # otherwise, ~13 % slower. Not more exact: both are as close to a float64 run of the relevance model as
+        # zennit's float32 is to its float64 (ResNet50 224 px: 4.8e-7 without, 7.9e-7 with, zennit 5.5e-7); each
+        # can round a max-pool near-tie the other way (docs/limitations.md, Numerics)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if self.precise else \
             ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if not self.deployed:

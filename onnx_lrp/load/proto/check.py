@@ -140,6 +140,32 @@ def check_types(proto: onnx.ModelProto, name: str) -> None:
                              "for (--input-shape NAME=DxD..., input_shapes=) or fix the export") from None
 
 
+def check_recorded_sizes(proto: onnx.ModelProto, recorded: list, name: str) -> None:
+    """Refuse a model whose declared inputs give a value other sizes than the exporter recorded for it (an input
+    declared 17 x 17 in a graph exported for 16 x 16: a Reshape to a fixed size hides it from the ops' own checks,
+    and the relevance model could not run). ``proto`` has no value_info; ``recorded`` is what the exporter wrote.
+    A recorded shape that is only a permutation of the inferred one is a layout label, not a size (jax2onnx 0.17
+    leaves NHWC shapes on values its layout pass made NCHW), and passes."""
+    inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    got = {v.name: _static_dims(v) for v in inferred.graph.value_info}
+    for v in recorded:
+        want, have = _static_dims(v), got.get(v.name)
+        if want is None or have is None or len(want) != len(have) or sorted(want) == sorted(have):
+            continue
+        raise ModelError(f"{name}: the declared input shape(s) {_declared(proto)} give {v.name} the shape "
+                         f"{'x'.join(map(str, have))}, where the exporter recorded {'x'.join(map(str, want))} (the "
+                         "graph was exported for another input size); declare the input size the model was exported "
+                         "for, or re-export it for this one")
+
+
+def _static_dims(v: onnx.ValueInfoProto) -> list | None:
+    """The dimensions of a tensor value when all of them are known numbers, else None."""
+    if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+        return None
+    dims = v.type.tensor_type.shape.dim
+    return [d.dim_value for d in dims] if all(d.HasField("dim_value") for d in dims) else None
+
+
 def _types_only(values) -> list:
     """Copies of value infos with their element types and without their shapes."""
     out = []

@@ -10,7 +10,7 @@ from onnx import shape_inference, version_converter
 
 from ...core.errors import ModelError
 from .. import external
-from .check import check_text, check_types, light_proto
+from .check import check_recorded_sizes, check_text, check_types, light_proto
 from .fixups import contrib_to_ms_domain
 from .opset import (KNOWN_OPSET, MAX_OPSET, MIN_OPSET, expand_function_ops, legacy_prelu_slopes, opset_of,
                     relabel_newer_opset)
@@ -53,8 +53,10 @@ def prepare_proto(proto: onnx.ModelProto, name: str = "model") -> onnx.ModelProt
         if "existing shape differ" in str(exc):
             # the exporter's value_info contradicts the ops (jax2onnx 0.17 leaves NHWC shapes on values its layout
             # pass made NCHW): drop the intermediate shapes and infer them from the ops
+            recorded = list(proto.graph.value_info)
             proto = onnx.ModelProto.FromString(proto.SerializeToString())
             del proto.graph.value_info[:]
+            check_recorded_sizes(proto, recorded, name)
         elif "Incompatible dimensions" in str(exc):  # e.g. a declared input size the graph's weights do not fit
             where = " ".join(str(exc).split())
             first = re.search(r"\(op_type:[^)]*\): \[ShapeInferenceError\] Incompatible dimensions[^(]*", where)
