@@ -13,7 +13,7 @@ from .core.errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["Explainer", "Explanation", "explain_dataset", "evaluate", "Evaluation", "plot", "RelMax",
+__all__ = ["Explainer", "Explanation", "TextExplanation", "explain_dataset", "evaluate", "Evaluation", "plot", "RelMax",
            "RelevanceModel", "BuildOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError",
            "InputError", "UnsupportedError", "DeviceError", "NumericError", "InternalError", "__version__"]
 
@@ -22,6 +22,9 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name in ("Explainer", "Explanation"):
         from . import explainer
         return getattr(explainer, name)
+    if name == "TextExplanation":  # what Explainer.explain_text returns
+        from .io.text_result import TextExplanation
+        return TextExplanation
     if name == "explain_dataset":
         from .dataset import explain_dataset
         return explain_dataset
@@ -43,5 +46,5 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     raise AttributeError(f"module 'onnx_lrp' has no attribute {name!r}")
 
 
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+def __dir__():  # the public API (and the stage packages imported so far), not the module's own machinery
+    return sorted(set(__all__) | {k for k in globals() if not k.startswith("_")})

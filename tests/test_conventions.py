@@ -153,6 +153,29 @@ def test_notebooks_show_a_picture_and_a_short_repr(ex):
     assert "beats_random=True" in text and "[[" not in text
 
 
+def test_the_explainer_its_relevance_model_and_concepts_have_short_reprs(ex):
+    """What a notebook prints for the objects a user holds: the model, the composite, the inputs with their
+    dimensions; never the relevance model's bytes (a megabyte of text before) nor an array's values; dir() and
+    the package name the result classes (TextExplanation too)."""
+    text = repr(ex)
+    assert text.startswith(f"Explainer({DIGITS!r}, composite='epsilon-plus-flat', device='cpu', ") and len(text) < 400
+    assert "inputs=[image: float32[? x 1 x 16 x 16]]" in text and "explained_output='logits'" in text
+    text = repr(ex.relevance_model)
+    assert text.startswith("RelevanceModel(composite='epsilon-plus-flat'") and len(text) < 400, text[:400]
+    assert "\\x" not in text and "graph=" in text and "MiB" in text
+    layer = "/features/features.6/Conv_output_0"
+    concepts = ex.explain_concepts(X[:1], layer=layer, concepts="top:3")
+    text = repr(concepts)
+    assert text.startswith(f"ConceptExplanation(layer={layer!r}, concepts=[[") and len(text) < 400, text
+    assert "heatmaps=float32[3x1x16x16]" in text and "shares=float64[3]" in text and "[[0." not in text
+    graph = ex.concept_graph(X[:1], layer=layer, width=(2,))
+    assert repr(graph) == (f"ConceptGraph(root=({layer!r}, 0), target={graph.target}, nodes={len(graph.nodes)}, "
+                           f"edges={sum(map(len, graph.edges.values()))})")
+    assert {"TextExplanation", "Explanation", "Explainer"} <= set(dir(onnx_lrp)) and "annotations" not in dir(onnx_lrp)
+    from onnx_lrp.io.text_result import TextExplanation
+    assert onnx_lrp.TextExplanation is TextExplanation
+
+
 # ------------------------------------------------------------------------------------------ Quantus' layout
 @pytest.fixture(scope="module")
 def rgb():

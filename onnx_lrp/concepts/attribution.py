@@ -25,6 +25,10 @@ class ConceptGraph:
     edges: dict
     target: int
 
+    def __repr__(self) -> str:
+        return (f"ConceptGraph(root={self.root!r}, target={self.target}, nodes={len(self.nodes)}, "
+                f"edges={sum(len(e) for e in self.edges.values())})")
+
 
 def concept_graph(ex, x, target=None, layer=None, concept: int = 0, width=(5, 2), layers=None,
                   abs_norm: bool = True, batch_size: int = 16) -> ConceptGraph:

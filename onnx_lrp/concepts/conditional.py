@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.brief import brief_repr
 from ..core.errors import InputError
 from ..core.interface import RELEVANCE_PREFIX
 from .running import channel_axis_of, run_masked, run_seeded, shares_of, upper_pass
@@ -60,7 +61,7 @@ def given_masks(masks: np.ndarray, shape: tuple, layer: str) -> np.ndarray:
     return masks
 
 
-@dataclass
+@dataclass(repr=False)
 class ConceptExplanation:
     """What ``Explainer.explain_concepts`` returns for one item and K concepts.
 
@@ -83,6 +84,9 @@ class ConceptExplanation:
     exclude_parallel: bool = True
     init: str = "logit"
     x: np.ndarray | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        return brief_repr(self, ["layer", "concepts", "heatmaps", "shares", "target", "logit", "relevance_at"])
 
 
 def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_parallel: bool = True, record=(),

@@ -153,5 +153,18 @@ class RelevanceModel:
         """Whether the relevance model outputs the conservation ledger (``ledger_rows`` names its rows)."""
         return self.ledger_rows is not None
 
+    def __repr__(self) -> str:  # never the graph's bytes (megabytes in a notebook)
+        return (f"RelevanceModel(composite={self.composite_name!r}, inputs={describe_inputs(self.inputs)}, "
+                f"explained_output={self.explained_output!r}, relevance_inputs={list(self.relevance_inputs)}, "
+                f"precision={self.model_precision!r}, forward_nodes={self.forward_nodes}, "
+                f"graph={len(self.model_bytes) / 2**20:.3g} MiB" + (", ledger=True" if self.ledger else "") + ")")
 
-__all__ = ["InputSpec", "BuildOptions", "Deployed", "BuildSource", "RelevanceModel", "carried_model"]
+
+def describe_inputs(inputs) -> str:
+    """``image: float32[N x 1 x 28 x 28], ...`` of InputSpecs (N or ? where a dimension is dynamic)."""
+    def dims(spec):
+        return " x ".join("?" if d is None else str(d) for d in spec.dims)
+    return "[" + ", ".join(f"{s.name}: {np.dtype(s.dtype).name}[{dims(s)}]" for s in inputs) + "]"
+
+
+__all__ = ["InputSpec", "BuildOptions", "Deployed", "BuildSource", "RelevanceModel", "carried_model", "describe_inputs"]

@@ -25,7 +25,7 @@ from ..core.interface import (
     TARGET_OUTPUT,
     VALUE_OUTPUT,
 )
-from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel
+from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel, describe_inputs
 from . import binding, checks, conservation, runtime
 from . import deployed_gap as gaps
 from .explanation import Explanation, given_without_batch_axis
@@ -99,6 +99,13 @@ class Runner(checks.RunChecks):
         self.relevance_model = model
         self.options = options
         self._started(session if session is not None else open_session(model, options))
+
+    def __repr__(self) -> str:
+        model = self.relevance_model
+        given = model.source.model
+        where = repr(given) if isinstance(given, str) else f"<{type(given).__name__}>"
+        return (f"{type(self).__name__}({where}, composite={model.composite_name!r}, device={self.device!r}, "
+                f"inputs={describe_inputs(model.inputs)}, explained_output={model.explained_output!r})")
 
     @property
     def deployed(self):
