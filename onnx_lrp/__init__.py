@@ -9,9 +9,7 @@ from .core.errors import (
     NumericError,
     UnsupportedError,
 )
-
-
-__version__ = "0.1.0"
+from .core.version import VERSION as __version__
 
 __all__ = ["Explainer", "Explanation", "TextExplanation", "explain_dataset", "evaluate", "Evaluation", "plot", "RelMax",
            "RelevanceModel", "BuildOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError",

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError
+from ..core.version import VERSION
 from ..io.inputs import Preprocess, input_infos
 from .local import Output, Progress, cpu_cores, run_local
 from .shards import ERRORS, FORMAT, MANIFEST, SHARD_DIR, explain_items, explain_shard, write_shard  # noqa: F401
@@ -144,13 +145,12 @@ def _checked_target(target, n: int):
 
 def _header(model, ex, src, source, engine, pre, column, target, start, shard_size, batch_size, options) -> dict:
     """The manifest's header: what a rerun must match to resume (model, composite, parameters, source)."""
-    from .. import __version__
     from ..load import model_sha256
     from ..rules.params import params_to_json
     from ..rules.composite import load_composite
 
     params = {k: v for k, v in options.items() if k not in ("composite", "device", "threads", "tf32")}
-    return dict(format=FORMAT, onnx_lrp_version=__version__, engine=engine, model=str(model),
+    return dict(format=FORMAT, onnx_lrp_version=VERSION, engine=engine, model=str(model),
                 model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
                 hashlib.sha256(ex.model_bytes).hexdigest(),
                 composite=_composite_id(load_composite(ex.relevance_model.source.composite_spec())),

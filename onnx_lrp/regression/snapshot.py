@@ -33,6 +33,7 @@ import numpy as np
 from ..core.brief import brief_repr
 from ..core.errors import InputError
 from ..core.interface import FORWARD_PREFIX
+from ..core.version import VERSION
 from ..rules.params import params_from_json, params_to_json
 from .compare import Result
 from .report import json_safe
@@ -101,9 +102,8 @@ def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, mo
     """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
     from ..load import model_sha256  # the loader (onnx): only when a snapshot is written
 
-    from .. import __version__
 
-    meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=__version__,
+    meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=VERSION,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 model=dict(file=Path(model_path).name, sha256=model_sha256(model_path)),
                 composite=dict(name=composite_name, toml=composite_toml, params=params_to_json(params)),
