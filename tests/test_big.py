@@ -77,7 +77,7 @@ def test_big_model_explained_rewritten_and_checked(big, tmp_path):
 
 
 def test_several_data_files_and_inspect(tmp_path):
-    path = bigmodels.write_mlp(tmp_path, (32, 64, 64, 10), files=2)
+    path = bigmodels.write_mlp(tmp_path, (32, 256, 256, 10), files=2)  # 0.3 MB of weights: the graph is ~8 kB
     x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
     ex = onnx_lrp.Explainer(str(path), composite="epsilon")
     ref = bigmodels.epsilon_oracle(bigmodels.weights(path), x, 4)

@@ -34,7 +34,8 @@ class Explanation:
     a model of [N, C, H, W]; for a dict, every input so): ``batched`` is False and no per-item field has a batch
     axis either: ``relevance`` is [C, H, W], ``target``, ``position`` and ``explained_value`` are numpy scalars, and
     ``outputs``, ``forward`` and ``relevance_at`` lose their leading axis of length 1 (the logits [K], not [1, K]);
-    as a PyTorch module called on an unbatched input answers.
+    as a PyTorch module called on an unbatched input answers. (Tensors returned as onnxruntime ``OrtValue``s, for
+    an ``OrtValue`` input, keep the axis: an OrtValue cannot be viewed in another shape.)
 
     For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
     machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
@@ -75,10 +76,13 @@ class Explanation:
         def lead(tensors):
             if whole or tensors is None:
                 return tensors
-            return {k: (v[0] if np.ndim(v) and np.shape(v)[0] == 1 else v) for k, v in tensors.items()}
+            return {k: (v[0] if viewable(v) and np.ndim(v) and np.shape(v)[0] == 1 else v) for k, v in tensors.items()}
 
         rel = self.relevance
-        rel = {k: v[0] for k, v in rel.items()} if isinstance(rel, dict) else rel[0]
+        def first(a):
+            return a[0] if viewable(a) else a
+
+        rel = {k: first(v) for k, v in rel.items()} if isinstance(rel, dict) else first(rel)
         outputs = lead(self.outputs)
         forward = outputs if self.forward is self.outputs else lead(self.forward)
         return dataclasses.replace(self, relevance=rel, outputs=outputs, forward=forward, target=item(self.target),
@@ -175,6 +179,12 @@ def _axis(rel: np.ndarray, channel_axis: int | None) -> int:
     from ..io.inputs import channels_last
 
     return channel_axis if channel_axis is not None else (-1 if channels_last(rel.shape) else 1)
+
+
+def viewable(a) -> bool:
+    """Whether an array returned can be indexed to a view of its first item: numpy, torch and cupy arrays; not an
+    onnxruntime ``OrtValue`` (which keeps its batch axis of one)."""
+    return hasattr(a, "__getitem__")
 
 
 def given_without_batch_axis(x, specs) -> bool:
