@@ -1,7 +1,7 @@
 """Digests of what onnx-lrp computes over a set of models: shows that a restructuring changed no behaviour.
 
     python scripts/fingerprint.py write OUT.json [--only SUBSTRING] [--folders simple,light,...]
-    python scripts/fingerprint.py compare A.json B.json
+    python scripts/fingerprint.py compare A.json B.json [--values]
 
 ``write`` explains every model of the set with every built-in composite (one thread, fixed inputs) and records, per
 model x composite, either the refusal's message or the SHA-256 of the relevance model's bytes, of the relevance and
@@ -115,8 +115,19 @@ def write(out: str, folders, only, max_mb: float = 200.0) -> None:
     print(f"{len(result)} models, {explained} model x composite runs explained -> {out}")
 
 
-def compare(a: str, b: str) -> int:
+def _values(record: dict | None) -> dict | None:
+    """What a run computed, without the relevance model's bytes and the refusal's wording: the relevance, outputs and
+    target digests, or the kind of failure."""
+    if record is None:
+        return None
+    return {k: (v if k in ("relevance", "outputs", "target") else "") for k, v in record.items() if k != "graph"}
+
+
+def compare(a: str, b: str, values: bool = False) -> int:
     A, B = json.loads(Path(a).read_text()), json.loads(Path(b).read_text())
+    if values:  # a change that emits another graph for the same numbers, or words a refusal otherwise
+        A = {m: {c: _values(r) for c, r in runs.items()} for m, runs in A.items()}
+        B = {m: {c: _values(r) for c, r in runs.items()} for m, runs in B.items()}
     diffs = []
     for name in sorted(set(A) | set(B)):
         if name not in A or name not in B:
@@ -126,7 +137,7 @@ def compare(a: str, b: str) -> int:
             if A[name].get(comp) != B[name].get(comp):
                 diffs.append(f"{name} [{comp}]: {A[name].get(comp)} != {B[name].get(comp)}")
     runs = sum(len(m) for m in A.values())
-    explained = sum("graph" in r for m in A.values() for r in m.values())
+    explained = sum("relevance" in r for m in A.values() for r in m.values())
     print(f"{len(A)} models, {runs} runs ({explained} explained): {len(diffs)} differ")
     for d in diffs:
         print(" ", d[:400])
@@ -144,11 +155,13 @@ def main() -> int:
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
+    c.add_argument("--values", action="store_true",
+                   help="compare what was computed only (not the relevance model's bytes nor a refusal's wording)")
     args = p.parse_args()
     if args.cmd == "write":
         write(args.out, tuple(f for f in args.folders.split(",") if f), args.only, args.max_mb)
         return 0
-    return compare(args.a, args.b)
+    return compare(args.a, args.b, args.values)
 
 
 if __name__ == "__main__":
