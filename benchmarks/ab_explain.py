@@ -8,7 +8,7 @@ ratios to the forward, the share of this version's call spent outside onnxruntim
 is bit-identical (else its rel-L2).
 
     python benchmarks/ab_explain.py --other /tmp/house --model resnet50 --batch 16 --composite epsilon-plus-flat
-    python benchmarks/ab_explain.py --other /tmp/house --model bert --batch 4          # BERT-base (onnx.helper)
+    python benchmarks/ab_explain.py --other /tmp/house --model bert --batch 1          # BERT-base (onnx.helper; batch 1)
 
 torch and torchvision build the CNNs (random weights, as benchmarks/bench_cnn.py does).
 """
