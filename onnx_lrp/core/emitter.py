@@ -103,6 +103,19 @@ class Emitter:
     def div(self, a, b, tag="div"):
         return self.op("Div", a, b, tag=tag)
 
+    def reduce_mean(self, v, axes, tag: str):
+        """ReduceMean keeping dims (axes as an input from opset 18, as an attribute before)."""
+        if self.opset >= 18:
+            return self.op("ReduceMean", v, self.ints(axes), keepdims=1, tag=tag)
+        return self.op("ReduceMean", v, axes=list(axes), keepdims=1, tag=tag)
+
+    def inv_std(self, d, axes, eps: float):
+        """1 / sqrt(mean(d * d over ``axes``) + eps) of centred (or, for RMS norms, raw) values ``d``: a
+        normalisation's scale."""
+        var = self.reduce_mean(self.mul(d, d, tag="sq"), axes, "var")
+        return self.op("Reciprocal", self.op("Sqrt", self.add(var, self.scalar(eps), tag="var_eps"), tag="std"),
+                       tag="inv_std")
+
     def neg(self, a, tag="neg"):
         return self.op("Neg", a, tag=tag)
 

@@ -12,12 +12,6 @@ from ...core.graph import const, is_param, static_dims
 from .base import LinearOp, Params, affine_back, affine_out, register
 
 
-def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
-    if em.opset >= 18:
-        return em.op("ReduceMean", v, em.ints(axes), keepdims=1, tag=tag)
-    return em.op("ReduceMean", v, axes=list(axes), keepdims=1, tag=tag)
-
-
 @register
 class GroupNorm(LinearOp):
     """InstanceNormalization / GroupNormalization, normalising scale held constant (kind ``layernorm``)."""
@@ -55,7 +49,7 @@ class GroupNorm(LinearOp):
         return em.op("Reshape", v, em.ints([0, self.groups(node), -1]), tag=tag)
 
     def _center(self, em, v, tag):
-        return em.sub(v, _reduce_mean(em, v, [2], f"{tag}_mean"), tag=tag)
+        return em.sub(v, em.reduce_mean(v, [2], f"{tag}_mean"), tag=tag)
 
     def inv_scale(self, em: Emitter, node: ir.Node) -> ir.Value:
         """1 / std per item and group of the forward input ([N, G, 1]), computed once per node."""
@@ -63,10 +57,7 @@ class GroupNorm(LinearOp):
         if cached is not None and cached[0] is em:
             return cached[1]
         d = self._center(em, self._grouped(em, node, node.inputs[0], "xg"), "xc")
-        var = _reduce_mean(em, em.mul(d, d, tag="sq"), [2], "var")
-        eps = node.attributes.get_float("epsilon", 1e-5)
-        inv = em.op("Reciprocal", em.op("Sqrt", em.add(var, em.scalar(eps), tag="var_eps"), tag="std"),
-                    tag="inv_std")
+        inv = em.inv_std(d, [2], node.attributes.get_float("epsilon", 1e-5))
         meta.INV_SCALE.set(node, (em, inv))
         return inv
 

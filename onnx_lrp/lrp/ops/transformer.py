@@ -44,13 +44,6 @@ from .products import PRODUCT_MUL, Einsum, Product
 from .shape import Gather, index_axis_as_one
 
 
-def _reduce_mean(em: Emitter, v: ir.Value, axes: list, tag: str) -> ir.Value:
-    """ReduceMean keeping dims (axes as an input from opset 18, as an attribute before)."""
-    if em.opset >= 18:
-        return em.op("ReduceMean", v, em.ints(axes), keepdims=1, tag=tag)
-    return em.op("ReduceMean", v, axes=list(axes), keepdims=1, tag=tag)
-
-
 class ElementwiseOfOne(ActivationOp):
     """A Mul or Div that computes a non-linearity of one tensor (x * Sigmoid(x), GELU subgraphs, x / (1 + |x|)):
     relevance goes to x."""
@@ -221,7 +214,7 @@ class LayerNorm(LinearOp):
     def _center(self, em, node, v, tag):
         if not self.centered(node):
             return v
-        mean = _reduce_mean(em, v, self.axes(node), f"{tag}_mean")
+        mean = em.reduce_mean(v, self.axes(node), f"{tag}_mean")
         return em.sub(v, mean, tag=tag)
 
     def inv_scale(self, em: Emitter, node: ir.Node) -> ir.Value:
@@ -233,10 +226,7 @@ class LayerNorm(LinearOp):
             return cached[1]
         x = node.inputs[0]
         d = self._center(em, node, x, "xc")
-        var = _reduce_mean(em, em.mul(d, d, tag="sq"), self.axes(node), "var")
-        eps = node.attributes.get_float("epsilon", 1e-5)
-        inv = em.op("Reciprocal", em.op("Sqrt", em.add(var, em.scalar(eps), tag="var_eps"), tag="std"),
-                    tag="inv_std")
+        inv = em.inv_std(d, self.axes(node), node.attributes.get_float("epsilon", 1e-5))
         meta.INV_SCALE.set(node, (em, inv))
         return inv
 
