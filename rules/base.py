@@ -1,9 +1,10 @@
 """The rule interface (``Rule``: fits, propagate, gradient form, zero preservation) and the registry of rules by name.
 
-A rule carries its behaviour, as zennit's hooks do, and dispatches on the op's ``category``: ``linear``, ``move``,
-``activation``, or ``own`` (an op with rules of its own: products, gates, softmax, ...), where it looks the op's
-family up in its ``families`` table (``onnx_lrp.lrp.families``). Composites name rules by their registered names
-(``register_rule``, ``make_rule``).
+A rule carries its behaviour, as zennit's hooks do, and dispatches on the op's ``category`` (``Category``):
+``linear``, ``move``, ``activation``, or ``own`` (an op with rules of its own: products, gates, softmax, ...), where it
+looks the op's family up in its ``families`` table (``onnx_lrp.lrp.families``). The engine reads what it must know of
+a rule from its properties (``passes_through``, ``linear``, ``is_box``), never from its class. Composites name rules
+by their registered names (``register_rule``, ``make_rule``).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import dataclasses
 from typing import ClassVar, Mapping
 
 from ..lrp.families import NO_FAMILIES, Family, FamilyRule
+from ..lrp.vocabulary import INHERIT, Category, Kind, ZeroKeeping
 
 
 RULES: dict[str, type["Rule"]] = {}
@@ -47,6 +49,10 @@ class Rule:
     name: ClassVar[str] = ""
     needs_params: ClassVar[bool] = False
     explodes_at_offset: ClassVar[bool] = False  # pass and gradient-x-input: refused together on f(0) != 0 with no f'
+    # what the engine may know of a rule without knowing the rule (it never imports onnx_lrp.rules):
+    passes_through: ClassVar[bool] = False  # the identity R_in = R_out (Pass): a Relu under it keeps zeros, ...
+    linear: ClassVar[bool] = False  # given as groups of terms of the generic linear step (``LinearRule``)
+    is_box: ClassVar[bool] = False  # reads the input's bounds ``low`` / ``high`` (ZBox), checked before emitting
     families: ClassVar[Mapping[Family, FamilyRule]] = NO_FAMILIES
 
     def params(self) -> dict:
@@ -58,11 +64,11 @@ class Rule:
 
     # ---------------------------------------------------------------------------------------------- fits
     def fits(self, op) -> str | None:
-        if op.category == "own":
+        if op.category is Category.OWN:
             return op.fits(self)
-        if op.category == "move":
+        if op.category is Category.MOVE:
             return self.fits_move(op)
-        return self.fits_linear(op) if op.category == "linear" else self.fits_activation(op)
+        return self.fits_linear(op) if op.category is Category.LINEAR else self.fits_activation(op)
 
     def fits_move(self, op) -> str | None:
         return f"rule {self.name} on a shape op (use gradient)"
@@ -71,7 +77,7 @@ class Rule:
         return f"rule {self.name} is not known to the engine"
 
     def fits_activation(self, op) -> str | None:
-        if op.kind == "offset-activation" and not op.has_derivative() and self.explodes_at_offset:
+        if op.kind == Kind.OFFSET_ACTIVATION and not op.has_derivative() and self.explodes_at_offset:
             return ("element-wise function with f(0) != 0 (or not provably 0) and no known derivative: neither the "
                     "identity rule (it would explode) nor gradient-x-input applies; write it with ops onnx-lrp knows")
         return self.fits_linear(op)
@@ -79,9 +85,9 @@ class Rule:
     # ---------------------------------------------------------------------------------------------- emission
     def propagate(self, em, layer, r_outs: list) -> list:
         """Relevance for the layer's relevance inputs from the relevance of its outputs."""
-        if layer.op.category == "move":
+        if layer.op.category is Category.MOVE:
             return engine().move(em, layer, r_outs)
-        if layer.op.category == "own":
+        if layer.op.category is Category.OWN:
             return self.families[layer.op.family].propagate(self, em, layer, r_outs)
         return self.propagate_one(em, layer, r_outs[0])
 
@@ -90,25 +96,25 @@ class Rule:
 
     def gradient_form(self, op) -> bool:
         """Whether the rule on this op is exact in gradient form, ``g_in = J^T g_out`` (see ``Rel``)."""
-        if op.category == "move":
+        if op.category is Category.MOVE:
             return True  # moves: the same transpose in both forms
-        if op.category == "own":
+        if op.category is Category.OWN:
             entry = self.families.get(op.family)
             return entry is not None and entry.gradient_form is not None and entry.gradient_form(self, op)
         return False
 
     def propagate_grad(self, em, layer, r_outs: list) -> list:
         """``propagate`` for rules with ``gradient_form``: takes and gives ``Rel``."""
-        if layer.op.category == "move":
+        if layer.op.category is Category.MOVE:
             return engine().move_grad(em, layer, r_outs)
-        if layer.op.category == "own":
+        if layer.op.category is Category.OWN:
             return self.families[layer.op.family].propagate_grad(self, em, layer, r_outs)
         raise AssertionError(f"rule {self.name} on {layer.node.op_type} claimed a gradient form it has no step for")
 
-    def zero_preserving(self, op, node) -> "bool | str":
+    def zero_preserving(self, op, node) -> "bool | ZeroKeeping":
         """Whether the relevance the rule gives the inputs is zero wherever the input value is zero: True, False, or
-        "inherit" (as the relevance of the outputs: moves, max pools and Pass through a Relu)."""
-        return "inherit" if op.category == "move" else False
+        ``INHERIT`` (as the relevance of the outputs: moves, max pools and Pass through a Relu)."""
+        return INHERIT if op.category is Category.MOVE else False
 
 
 def make_rule(name: str, **params) -> Rule:

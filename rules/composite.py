@@ -26,6 +26,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..lrp.vocabulary import Kind, NodeInfo
 from .base import RULE_ALIASES, RULES, Rule, make_rule
 from .elementwise import Pass
 from .linear import Epsilon, LinearRule, Norm
@@ -36,16 +37,6 @@ MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
 AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
 AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
                     "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """What a composite may match on."""
-
-    name: str
-    op_type: str
-    kind: str
-    first_linear: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +75,12 @@ class Composite:
             if entry.matches(info):
                 return entry.rule
         return None
+
+    @staticmethod
+    def pass_rule() -> Rule:
+        """The identity rule the planner gives the nodes that hand relevance on unchanged whatever the composite says
+        (an Add whose bias the layer before it absorbed, a node held inside a recognised pattern)."""
+        return Pass()
 
     def with_params(self, **params) -> "Composite":
         """Override rule parameters (``epsilon``, ``gamma``, ``low``, ...) in every rule that has them.
@@ -138,11 +135,11 @@ def lrp0_batchnorm(entries: list) -> list:
     and the whole is gradient x input. Only in composites whose linear rules are all epsilon/norm (LRP-0 now)."""
     if any(isinstance(e.rule, LinearRule) and not isinstance(e.rule, (Epsilon, Norm)) for e in entries):
         return entries  # z+, gamma, flat, ...: not gradient form below the BatchNorm, so LRP-0 there would divide
-    passes = any(isinstance(e.rule, Pass) and "batchnorm" in (e.match.get("kind") if isinstance(
+    passes = any(e.rule.passes_through and Kind.BATCHNORM in (e.match.get("kind") if isinstance(
         e.match.get("kind"), list) else [e.match.get("kind")]) for e in entries)
     if not passes:
         return entries
-    return [Entry({"kind": "batchnorm"}, Epsilon(epsilon=0.0))] + entries
+    return [Entry({"kind": Kind.BATCHNORM}, Epsilon(epsilon=0.0))] + entries
 
 
 def _kind(value) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from ..lrp.families import Family, FamilyRule, family_table
+from ..lrp.vocabulary import INHERIT, Category, Kind
 from .base import Rule, engine, register_rule
 
 
@@ -31,6 +32,7 @@ class Pass(Rule):
 
     name: ClassVar[str] = "pass"
     explodes_at_offset: ClassVar[bool] = True
+    passes_through: ClassVar[bool] = True
     families: ClassVar[Mapping[Family, FamilyRule]] = family_table({Family.NORM_SCALE: FamilyRule(_unchanged)})
 
     def fits_move(self, op):
@@ -40,10 +42,10 @@ class Pass(Rule):
         return None
 
     def fits_activation(self, op):
-        if op.kind == "offset-activation":
+        if op.kind == Kind.OFFSET_ACTIVATION:
             return super().fits_activation(op) or (
                 "identity rule (pass) on a function with f(0) != 0: R_x = R_y explodes when the next layer "
-                "divides it by x ~ 0; give kind \"offset-activation\" the rule \"gradient-x-input\" "
+                f"divides it by x ~ 0; give kind \"{Kind.OFFSET_ACTIVATION}\" the rule \"gradient-x-input\" "
                 "(x * sigmoid(s) gates are recognised and need none)")
         return None
 
@@ -51,18 +53,18 @@ class Pass(Rule):
         return [r_out]
 
     def gradient_form(self, op):
-        if op.category == "activation":
+        if op.category is Category.ACTIVATION:
             return op.has_pass_grad()
         return super().gradient_form(op)
 
     def propagate_grad(self, em, layer, r_outs):
-        if layer.op.category == "activation":
+        if layer.op.category is Category.ACTIVATION:
             return engine().pass_grad(em, layer, r_outs)
         return super().propagate_grad(em, layer, r_outs)
 
     def zero_preserving(self, op, node):
-        if op.category != "move" and op.zero_below_zero(node):
-            return "inherit"  # zero exactly where the input is <= 0
+        if op.category is not Category.MOVE and op.zero_below_zero(node):
+            return INHERIT  # zero exactly where the input is <= 0
         return super().zero_preserving(op, node)
 
 
@@ -90,13 +92,13 @@ class Gradient(Rule):
         return engine().gradient(em, layer, r_out)
 
     def gradient_form(self, op):
-        return op.kind == "maxpool" or super().gradient_form(op)
+        return op.kind == Kind.MAXPOOL or super().gradient_form(op)
 
     def propagate_grad(self, em, layer, r_outs):
         return engine().move_grad(em, layer, r_outs)
 
     def zero_preserving(self, op, node):
-        return "inherit" if op.kind == "maxpool" else super().zero_preserving(op, node)
+        return INHERIT if op.kind == Kind.MAXPOOL else super().zero_preserving(op, node)
 
 
 @register_rule(aliases=("gxi", "gradient_x_input", "gradient*input"))
@@ -116,15 +118,15 @@ class GradientXInput(Rule):
         return super().fits_activation(op)
 
     def propagate_one(self, em, layer, r_out):
-        if layer.op.category != "activation":
+        if layer.op.category is not Category.ACTIVATION:
             return super().propagate_one(em, layer, r_out)
         return engine().gradient_x_input(em, layer, r_out)
 
     def gradient_form(self, op):
-        return op.category == "activation" or super().gradient_form(op)
+        return op.category is Category.ACTIVATION or super().gradient_form(op)
 
     def propagate_grad(self, em, layer, r_outs):
-        if layer.op.category == "activation":
+        if layer.op.category is Category.ACTIVATION:
             return engine().gradient_x_input_grad(em, layer, r_outs)
         return super().propagate_grad(em, layer, r_outs)
 

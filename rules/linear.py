@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Mapping
 
 from ..lrp.families import Family, FamilyRule, family_table
+from ..lrp.vocabulary import Category, XMod, ZMask
 from .base import Rule, engine, register_rule
 
 
@@ -58,11 +59,11 @@ SQUARE = WeightMod("square", lambda a: a * a)
 class Term:
     """One summand ``sign * f(xmod(x); wmod(w), bmod(b))`` of a group.
 
-    ``x`` names the input modifier: ``identity``, ``positive``, ``negative``, ``ones``, or ``constant`` (then
-    ``x_value`` holds the array, e.g. ZBox's bounds). ``b`` is None when the term carries no bias.
+    ``x`` names the input modifier (``XMod``): ``identity``, ``positive``, ``negative``, ``ones``, or ``constant``
+    (then ``x_value`` holds the array, e.g. ZBox's bounds). ``b`` is None when the term carries no bias.
     """
 
-    x: str = "identity"
+    x: XMod = XMod.IDENTITY
     w: WeightMod = IDENTITY
     b: WeightMod | None = IDENTITY
     sign: float = 1.0
@@ -72,11 +73,11 @@ class Term:
 
 @dataclass(frozen=True)
 class Group:
-    """Terms sharing one denominator; ``mask`` keeps outputs whose forward z is ``positive``/``negative``."""
+    """Terms sharing one denominator; ``mask`` (``ZMask``) keeps outputs whose forward z is positive / negative."""
 
     terms: tuple[Term, ...]
     coef: float = 1.0
-    mask: str | None = None
+    mask: ZMask | None = None
     tag: str = ""
 
 
@@ -102,6 +103,7 @@ class LinearRule(Rule):
     norm), which for epsilon = 0 is exact in gradient form (LRP-0 = gradient x input)."""
 
     plain: ClassVar[bool] = False
+    linear: ClassVar[bool] = True
 
     def groups(self) -> tuple[Group, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -118,22 +120,22 @@ class LinearRule(Rule):
         return f"rule {self.name} needs a linear op (use pass)"
 
     def propagate_one(self, em, layer, r_out):
-        if layer.op.category != "linear":
+        if layer.op.category is not Category.LINEAR:
             return super().propagate_one(em, layer, r_out)
         return engine().linear_rule(em, layer, self, r_out)
 
     def gradient_form(self, op):
-        if op.category == "linear":
+        if op.category is Category.LINEAR:
             return self.plain and self.eps() == 0
         return super().gradient_form(op)
 
     def propagate_grad(self, em, layer, r_outs):
-        if layer.op.category == "linear":
+        if layer.op.category is Category.LINEAR:
             return engine().linear_grad(em, layer, r_outs)
         return super().propagate_grad(em, layer, r_outs)
 
     def zero_preserving(self, op, node):
-        return all(t.x in ("identity", "positive", "negative") for g in self.groups() for t in g.terms)
+        return all(t.x in (XMod.IDENTITY, XMod.POSITIVE, XMod.NEGATIVE) for g in self.groups() for t in g.terms)
 
 
 class PlainRule(LinearRule):
@@ -175,7 +177,8 @@ class ZPlus(LinearRule):
     stabilizer: float = 1e-6
 
     def groups(self):
-        return (Group((Term("positive", POSITIVE, POSITIVE, tag="pp"), Term("negative", NEGATIVE, None, tag="nn"))),)
+        return (Group((Term(XMod.POSITIVE, POSITIVE, POSITIVE, tag="pp"),
+                       Term(XMod.NEGATIVE, NEGATIVE, None, tag="nn"))),)
 
 
 @register_rule(aliases=("alpha_beta", "alphabeta"))
@@ -195,9 +198,11 @@ class AlphaBeta(LinearRule):
                              f"beta={self.beta})")
 
     def groups(self):
-        g_alpha = Group((Term("positive", POSITIVE, POSITIVE, tag="pp"), Term("negative", NEGATIVE, None, tag="nn")),
+        g_alpha = Group((Term(XMod.POSITIVE, POSITIVE, POSITIVE, tag="pp"),
+                         Term(XMod.NEGATIVE, NEGATIVE, None, tag="nn")),
                         coef=self.alpha, tag="alpha")
-        g_beta = Group((Term("positive", NEGATIVE, NEGATIVE, tag="pn"), Term("negative", POSITIVE, None, tag="np")),
+        g_beta = Group((Term(XMod.POSITIVE, NEGATIVE, NEGATIVE, tag="pn"),
+                        Term(XMod.NEGATIVE, POSITIVE, None, tag="np")),
                        coef=-self.beta, tag="beta")
         return (g_alpha, g_beta) if self.beta != 0 else (g_alpha,)
 
@@ -221,10 +226,10 @@ class Gamma(LinearRule):
         up = WeightMod(f"w+{g}w+", lambda a: a + g * np.clip(a, 0, None))
         down = WeightMod(f"w+{g}w-", lambda a: a + g * np.clip(a, None, 0))
 
-        pos_out = Group((Term("positive", up, up, tag="pu"), Term("negative", down, None, tag="nd")),
-                        mask="positive", tag="pos")
-        neg_out = Group((Term("positive", down, down, tag="pd"), Term("negative", up, None, tag="nu")),
-                        mask="negative", tag="neg")
+        pos_out = Group((Term(XMod.POSITIVE, up, up, tag="pu"), Term(XMod.NEGATIVE, down, None, tag="nd")),
+                        mask=ZMask.POSITIVE, tag="pos")
+        neg_out = Group((Term(XMod.POSITIVE, down, down, tag="pd"), Term(XMod.NEGATIVE, up, None, tag="nu")),
+                        mask=ZMask.NEGATIVE, tag="neg")
         return (pos_out, neg_out)
 
 
@@ -235,6 +240,7 @@ class ZBox(LinearRule):
 
     name: ClassVar[str] = "zbox"
     needs_params: ClassVar[bool] = True
+    is_box: ClassVar[bool] = True
     low: object = None  # no default (as in zennit): the input's range must be given
     high: object = None
     stabilizer: float = 1e-6
@@ -258,8 +264,8 @@ class ZBox(LinearRule):
         lo = np.asarray(self.low, dtype=np.float32)
         hi = np.asarray(self.high, dtype=np.float32)
         return (Group((Term(tag="x"),
-                       Term("constant", POSITIVE, POSITIVE, sign=-1.0, x_value=lo, tag="low"),
-                       Term("constant", NEGATIVE, NEGATIVE, sign=-1.0, x_value=hi, tag="high"))),)
+                       Term(XMod.CONSTANT, POSITIVE, POSITIVE, sign=-1.0, x_value=lo, tag="low"),
+                       Term(XMod.CONSTANT, NEGATIVE, NEGATIVE, sign=-1.0, x_value=hi, tag="high"))),)
 
 
 @register_rule
@@ -272,7 +278,7 @@ class Flat(LinearRule):
     stabilizer: float = 1e-6
 
     def groups(self):
-        return (Group((Term("ones", ONES, None, tag="flat"),)),)
+        return (Group((Term(XMod.ONES, ONES, None, tag="flat"),)),)
 
 
 @register_rule(aliases=("w-square", "w2"))
@@ -285,7 +291,7 @@ class WSquare(LinearRule):
     stabilizer: float = 1e-6
 
     def groups(self):
-        return (Group((Term("ones", SQUARE, SQUARE, tag="w2"),)),)
+        return (Group((Term(XMod.ONES, SQUARE, SQUARE, tag="w2"),)),)
 
 
 __all__ = ["WeightMod", "IDENTITY", "POSITIVE", "NEGATIVE", "ONES", "SQUARE", "Term", "Group", "LinearRule",

@@ -18,12 +18,13 @@ import onnx_ir as ir
 
 from ..core import meta
 from ..core.errors import InputError
+from ..lrp.vocabulary import Kind
 from ..rules.composite import Composite, load_composite
 
 
 RELU_COMPOSITE = "epsilon-plus-flat"
 OTHER_COMPOSITE = "attnlrp"
-_NONLINEAR_KINDS = ("activation", "offset-activation", "gate", "held", "softmax", "bilinear")
+_NONLINEAR_KINDS = (Kind.ACTIVATION, Kind.OFFSET_ACTIVATION, Kind.GATE, Kind.HELD, Kind.SOFTMAX, Kind.BILINEAR)
 
 
 def _const(v: ir.Value | None) -> np.ndarray | None:
@@ -55,10 +56,10 @@ def other_nonlinearities(plan) -> Counter:
     kind = {id(a.node): a.kind for a in plan.assignments}
     found = Counter()
     for a in plan.assignments:
-        if not a.on_path or a.kind not in _NONLINEAR_KINDS or a.kind == "gate" or relu_like(a.node):
+        if not a.on_path or a.kind not in _NONLINEAR_KINDS or a.kind == Kind.GATE or relu_like(a.node):
             continue
         users = [u.node for o in a.node.outputs for u in o.uses()]
-        if a.kind in ("offset-activation", "held") and users and all(kind.get(id(n)) == "gate" for n in users):
+        if a.kind in (Kind.OFFSET_ACTIVATION, Kind.HELD) and users and all(kind.get(id(n)) == Kind.GATE for n in users):
             continue  # the sigmoid of a gate
         if meta.INSIDE.has(a.node):
             continue  # a member of a recognised pattern: counted once, at its head

@@ -10,6 +10,7 @@ import onnx_ir as ir
 from ..core.emitter import Emitter
 from .ops import Params
 from .ops.base import stabilized
+from .vocabulary import XMod
 from .weight_bases import weight_ratio
 
 
@@ -51,7 +52,7 @@ def masked_denominator(step, gtag: str, combo: dict, bias, eps_signed: float, un
                             Params(w_rest, b_rest, key=("rest", gtag)))
         step.rests.append((w_rest, b_rest, q))
     nonneg_q = factor == 1.0 and bool(np.all(w_rest >= 0)) and bool(np.all(b_rest > 0)) and (
-        how in ("positive", "abs") or (how == "identity" and all(layer.nonneg)))
+        how in (XMod.POSITIVE, XMod.ABS) or (how == XMod.IDENTITY and all(layer.nonneg)))
     if unmasked and c_id == 1.0 and nonneg_q and layer.relu_out is not layer.z:
         return em.add(layer.relu_out, q, tag=f"{gtag}_stab"), 1.0  # relu(z) + Q: Q >= eps, z_g + eps where z > 0
     first = step.first_raw
@@ -76,7 +77,7 @@ def _remainder(step, combo: dict, bias, eps_signed: float):
     """(c, W_rest, b_rest, x key) with z_g +- eps = c z + f(x'; W_rest, b_rest) (eps in b_rest), or None when the
     remainder reads more than one modified input."""
     em, weights = step.em, step.weights
-    ident = (("identity", id(None)), "W")
+    ident = ((XMod.IDENTITY, id(None)), "W")
     c_id = combo.get(ident, 0.0)
     rest = {k: c for k, c in combo.items() if k != ident}
     if len({xk for xk, _ in rest}) != 1:
@@ -106,7 +107,7 @@ def _shared_remainder(step, w_rest, b_rest) -> tuple:
 def denominator(step, gtag: str, combo: dict, bias, sign: int) -> ir.Value:
     """stab(z_g) for any group (zennit's stabiliser, with the shortcuts its sign allows)."""
     em, layer, op, node, eps = step.em, step.layer, step.op, step.node, step.eps
-    ident = (("identity", id(None)), "W")
+    ident = ((XMod.IDENTITY, id(None)), "W")
     # z_g = sum of f(x'; W') (+ b') with a positive sign (z+: x+ W+ and x- W-): b' + eps ride on the first
     # convolution as its bias (two passes fewer; zennit's conv(x', W', b') + eps rounds once more, ~1e-7 relative)
     fold_eps = bool(eps) and sign > 0 and node.op_type == "Conv" and bool(combo) and ident not in combo \

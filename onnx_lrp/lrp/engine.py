@@ -16,6 +16,7 @@ from ..core.emitter import Emitter
 from .layer import Layer
 from .linear_step import linear_rule
 from .ops.base import Rel
+from .vocabulary import Category
 
 
 def move(em: Emitter, layer: Layer, r_outs: list) -> list:
@@ -29,14 +30,17 @@ def move_grad(em: Emitter, layer: Layer, r_outs: list) -> list:
     op, node = layer.op, layer.node
     grad = all(r is None or r.ref is o for r, o in zip(r_outs, node.outputs))
     vals = [None if r is None else (r.value if grad else r.as_relevance(em, tag="r_out")) for r in r_outs]
-    ins = op.transpose(em, node, vals) if op.category == "move" else op.transpose(em, node, vals[0], op.params(node))
+    if op.category is Category.MOVE:
+        ins = op.transpose(em, node, vals)
+    else:
+        ins = op.transpose(em, node, vals[0], op.params(node))
     return [None if v is None else Rel(v, x if grad else None) for v, x in zip(ins, layer.xs)]
 
 
 def gradient(em: Emitter, layer: Layer, r_out: ir.Value) -> list:
     """R_in = J^T R_out: the op's transpose (linear ops) or f'(x) R_out (element-wise functions)."""
     op = layer.op
-    if op.category == "linear":
+    if op.category is Category.LINEAR:
         return op.transpose(em, layer.node, r_out, op.params(layer.node))
     return [em.mul(r_out, op.derivative(em, layer.node), tag="r_in")]
 

@@ -7,6 +7,7 @@ import onnx_ir as ir
 
 from ..core.emitter import Emitter
 from ..core.graph import static_dims
+from .vocabulary import XMod
 
 
 class Layer:
@@ -26,24 +27,24 @@ class Layer:
     def x_mod(self, em: Emitter, i: int, how: str, value=None) -> ir.Value | None:
         """The modified input (None means 'ones', handled by the caller)."""
         x = self.xs[i]
-        if how == "identity" or (how == "positive" and self.nonneg[i]):
+        if how == XMod.IDENTITY or (how == XMod.POSITIVE and self.nonneg[i]):
             return x
         key = (i, how, id(value))
         if key not in self._mods:
-            if how == "positive":
+            if how == XMod.POSITIVE:
                 self._mods[key] = em.positive(x, tag=f"x{i}+")
-            elif how == "negative":
+            elif how == XMod.NEGATIVE:
                 self._mods[key] = em.negative(x, tag=f"x{i}-")
-            elif how == "abs":
+            elif how == XMod.ABS:
                 self._mods[key] = em.op("Abs", x, tag=f"x{i}_abs")
-            elif how == "ones":
+            elif how == XMod.ONES:
                 dims = static_dims(x)
                 if dims is not None and all(d is not None for d in dims[1:]):
                     self._mods[key] = em.const(np.ones([1] + dims[1:]), tag=f"x{i}_ones")
                 else:
                     self._mods[key] = em.op("ConstantOfShape", em.shape_of(x), value=ir.tensor(
                         np.ones(1, dtype=em.np_dtype)), tag=f"x{i}_ones")
-            elif how == "constant":
+            elif how == XMod.CONSTANT:
                 dims = static_dims(x)
                 arr = np.asarray(value, dtype=em.np_dtype)
                 if dims is None:

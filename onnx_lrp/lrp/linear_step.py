@@ -21,6 +21,7 @@ from .denominators import denominator, masked_denominator
 from .layer import Layer
 from .ops import LinearOp, Params
 from .ops.base import Rel
+from .vocabulary import XMod, ZMask
 from .weight_bases import Basis, beyond, channel_scale, definite_sign, same_bias, symmetric
 
 
@@ -49,7 +50,7 @@ class LinearStep:
     def forward(self, xkey, bkey) -> ir.Value:
         em, layer, op, node = self.em, self.layer, self.op, self.node
         forwards, weights = self.forwards, self.weights
-        if (xkey, bkey) not in forwards and bkey == "W-" and xkey == ("identity", id(None)):
+        if (xkey, bkey) not in forwards and bkey == "W-" and xkey == (XMod.IDENTITY, id(None)):
             # f(x; W-) = f(x; W) - f(x; W+), f(x; W) = z - b: one convolution fewer (benign in the forward)
             zf = layer.z if self.b_orig is None else em.sub(
                 layer.z, op.bias_const(em, node, self.b_orig, tag="b_orig"), tag="z_nobias")
@@ -70,13 +71,13 @@ class LinearStep:
         bias = None
         sign = 1
         for k, term in enumerate(group.terms):
-            if term.x == "negative" and all(layer.nonneg):
+            if term.x == XMod.NEGATIVE and all(layer.nonneg):
                 continue  # x- = 0 after a Relu: the term vanishes
             wm = term.w(p0.w) if p0.w is not None else None
             bm = term.b(p0.b) if (term.b is not None and p0.b is not None) else None
             if wm is not None and not np.any(wm) and (bm is None or not np.any(bm)):
                 continue
-            how = "identity" if term.x == "positive" and all(layer.nonneg) else term.x
+            how = XMod.IDENTITY if term.x == XMod.POSITIVE and all(layer.nonneg) else term.x
             xkey = (how, id(term.x_value))
             self.x_of[xkey] = (how, term.x_value)
             if wm is not None:
@@ -94,8 +95,8 @@ class LinearStep:
                 combo[(xkey, bkey)] = combo.get((xkey, bkey), 0.0) + term.sign * c
             if bm is not None and np.any(bm):
                 bias = term.sign * bm if bias is None else bias + term.sign * bm
-            x_sign = {"identity": 1 if all(layer.nonneg) else 0, "positive": 1, "negative": -1, "ones": 1,
-                      "constant": definite_sign(term.x_value)}[how]
+            x_sign = {XMod.IDENTITY: 1 if all(layer.nonneg) else 0, XMod.POSITIVE: 1, XMod.NEGATIVE: -1,
+                      XMod.ONES: 1, XMod.CONSTANT: definite_sign(term.x_value)}[how]
             t_sign = term.sign * x_sign * definite_sign(wm) if wm is not None else term.sign * x_sign
             b_sign = term.sign * definite_sign(bm)
             if t_sign <= 0 or b_sign <= 0:
@@ -106,8 +107,8 @@ class LinearStep:
             if sym is not None and len(sym) < len(combo):
                 combo = sym
                 exact_w.clear()
-                self.x_of[("identity", id(None))] = ("identity", None)
-                self.x_of[("abs", id(None))] = ("abs", None)
+                self.x_of[(XMod.IDENTITY, id(None))] = (XMod.IDENTITY, None)
+                self.x_of[(XMod.ABS, id(None))] = (XMod.ABS, None)
                 for _, bkey in combo:
                     self.weights.setdefault(bkey, basis.params(bkey))
         return combo, bias, sign
@@ -129,15 +130,16 @@ class LinearStep:
         feeds only a Relu (``relu_out``) the relevance is zero wherever z <= 0, so a mask z > 0 needs no emitting
         (``linear_rule`` drops groups masked to z < 0)."""
         em, layer, node, eps = self.em, self.layer, self.node, self.eps
-        mask = None if layer.relu_out is not None and group.mask == "positive" else group.mask
+        mask = None if layer.relu_out is not None and group.mask == ZMask.POSITIVE else group.mask
         stab, k = None, 1.0
+        kept = {1 if group.mask == ZMask.POSITIVE else -1}
         if group.mask is not None and eps and node.op_type == "Conv" and len(layer.xs) == 1 and \
-                beyond(group, self.p0.w, self.p0.b, all(layer.nonneg)) <= {1 if group.mask == "positive" else -1}:
+                beyond(group, self.p0.w, self.p0.b, all(layer.nonneg)) <= kept:
             # z_g - z has the mask's sign: where the mask keeps, stab(z_g) = z_g +- eps, from z and one convolution
-            stab, k = masked_denominator(self, gtag, combo, bias, eps if group.mask == "positive" else -eps,
+            stab, k = masked_denominator(self, gtag, combo, bias, eps if group.mask == ZMask.POSITIVE else -eps,
                                                unmasked=mask is None)
         if stab is None and mask is None and self._of_z() and eps and sign == 0 and layer.relu_out is None and \
-                combo == {(("identity", id(None)), "W"): 1.0} and same_bias(bias, self.b_orig):
+                combo == {((XMod.IDENTITY, id(None)), "W"): 1.0} and same_bias(bias, self.b_orig):
             # R = z * g and z_g = z: s = z g / (z + eps sign(z)) = g |z| / (|z| + eps), zennit's stabiliser of either
             # sign without its passes (for z = 0 both are 0)
             mag = em.op("Abs", layer.z, tag=f"{gtag}_abs")
@@ -151,9 +153,9 @@ class LinearStep:
         """r_out * [z > 0] (or [z < 0]), once per layer; exact where every denominator is finite and non-zero."""
         em, layer = self.em, self.layer
         if mask not in self.masked:
-            other = "negative" if mask == "positive" else "positive"
+            other = ZMask.NEGATIVE if mask == ZMask.POSITIVE else ZMask.POSITIVE
             if self._of_z():  # R = z * g: R [z > 0] = max(z, 0) g, R [z < 0] = min(z, 0) g (equal where z = 0: 0)
-                part = (em.positive_part if mask == "positive" else em.negative)(layer.z, tag=f"z_{mask[:3]}")
+                part = (em.positive_part if mask == ZMask.POSITIVE else em.negative)(layer.z, tag=f"z_{mask[:3]}")
                 self.masked[mask] = em.mul(part, self.rel.value, tag=f"r_{mask[:3]}")
             elif other in self.masked and layer.zero_at_zero:  # r_out = 0 where z = 0: the complement by one Sub
                 self.masked[mask] = em.sub(self.r_plain(), self.masked[other], tag=f"r_{mask[:3]}")
@@ -161,7 +163,7 @@ class LinearStep:
                 # [z > 0] as clip(z * 2^126, 0, 1): 1 for every positive normal float, 0 for z <= 0 (a positive
                 # denormal, |z| < 1.2e-38, would get a fraction); two light passes and a multiply instead of a
                 # comparison and a Cast (slow in onnxruntime) or a Where (about 8x a Mul there)
-                gain = em.scalar(2.0 ** 126 if mask == "positive" else -2.0 ** 126)
+                gain = em.scalar(2.0 ** 126 if mask == ZMask.POSITIVE else -2.0 ** 126)
                 keep = em.op("Clip", em.mul(layer.z, gain, tag=f"{mask[:3]}_gain"), em.scalar(0.0),
                              em.scalar(1.0), tag=f"{mask[:3]}_mask")
                 self.masked[mask] = em.mul(self.r_plain(), keep, tag=f"r_{mask[:3]}")
@@ -199,9 +201,9 @@ class LinearStep:
                         grads_sum[i].append(g)
             for i, gs in enumerate(grads_sum):
                 g = em.sum(gs, tag=f"JTt{i}")
-                if how == "ones":
+                if how == XMod.ONES:
                     contributions[i].append(g)
-                elif how == "identity" and i in layer.grad_out:
+                elif how == XMod.IDENTITY and i in layer.grad_out:
                     contributions[i].append(Rel(g, layer.xs[i]))  # x J^T s, multiplied once x's parts are summed
                 else:
                     contributions[i].append(em.mul(layer.x_mod(em, i, how, value), g, tag=f"r{i}"))
@@ -225,7 +227,7 @@ class LinearStep:
         folded: dict = {}
         for xkey in list(per_x):
             how, value = self.x_of[xkey]
-            scale = channel_scale(value, static_dims(layer.xs[0])) if how == "constant" else None
+            scale = channel_scale(value, static_dims(layer.xs[0])) if how == XMod.CONSTANT else None
             by_group = per_x[xkey]
             if scale is None or any(self.weights[b].w is None for _, _, bc in by_group.values() for b in bc) or \
                     len(by_group) > len({b for _, _, bc in by_group.values() for b in bc}):
@@ -259,7 +261,7 @@ def linear_rule(em: Emitter, layer: Layer, rule, r_out: "ir.Value | Rel") -> lis
     step = LinearStep(em, layer, rule, r_out if isinstance(r_out, Rel) else Rel(r_out))
     groups_s = []  # per group: (s_g, coef_g, {(x key, basis key): coef}, group index)
     for gi, group in enumerate(rule.groups()):
-        if layer.relu_out is not None and group.mask == "negative":
+        if layer.relu_out is not None and group.mask == ZMask.NEGATIVE:
             continue  # kept only where z < 0, where the relevance is zero already (z feeds only a Relu): s_g = 0
         combo, bias, sign = step.collect(gi, group)
         if not combo and bias is None:

@@ -11,14 +11,11 @@ import onnx_ir as ir
 from ..core import meta
 from ..core.errors import InputError, LrpError, internal_error
 from ..core.graph import ancestors, captured_values, carries, static_dims
-from ..rules.base import Rule
-from ..rules.composite import Composite, NodeInfo
-from ..rules.elementwise import Pass
-from ..rules.linear import ZBox
 from . import patterns
 from .composite_check import check_composite
 from .ops import REGISTRY
 from .target import SOFTMAX, explained_value
+from .vocabulary import LAYER_KINDS, Category, CompositeView, Kind, NodeInfo, RuleView
 
 
 @dataclass
@@ -28,8 +25,8 @@ class Assignment:
 
     node: ir.Node
     op: object
-    rule: Rule | None
-    kind: str
+    rule: RuleView | None
+    kind: Kind | str
     supported: bool
     reason: str = ""
     on_path: bool = True
@@ -71,7 +68,7 @@ def _on_path(y: ir.Value) -> frozenset:
     return ancestors(y, follow=carries, inputs=lambda n: list(n.inputs) + relay_sources(n) + captured_values(n)).nodes
 
 
-def plan(model: ir.Model, composite: Composite, output: str | None = None, explain_logits: bool = True) -> Plan:
+def plan(model: ir.Model, composite: CompositeView, output: str | None = None, explain_logits: bool = True) -> Plan:
     """Assign an op handler and a rule to every node; nothing is emitted."""
     graph = model.graph
     check_composite(composite, graph)
@@ -100,21 +97,22 @@ def plan(model: ir.Model, composite: Composite, output: str | None = None, expla
     return result
 
 
-def _assign(node: ir.Node, composite: Composite, reached: set, on_path: bool) -> Assignment:
+def _assign(node: ir.Node, composite: CompositeView, reached: set, on_path: bool) -> Assignment:
     """The node's assignment; ``reached`` (ids of values computed from an input without a linear layer between)
     grows by the node's outputs where they are."""
     dispatcher = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     op = dispatcher.resolve(node) if dispatcher is not None else None
-    kind = op.kind if op is not None else "unknown"
+    kind = op.kind if op is not None else Kind.UNKNOWN
     feeds = any(id(v) in reached for v in node.inputs if v is not None)
-    first = feeds and kind in ("convolution", "dense")
-    if feeds and not first and kind != "recurrent":  # a recurrent layer is linear in its input too
+    first = feeds and kind in LAYER_KINDS
+    if feeds and not first and kind != Kind.RECURRENT:  # a recurrent layer is linear in its input too
         reached.update(id(o) for o in node.outputs if not meta.SHAPE_ONLY.get(o, False))
     a = Assignment(node, op, None, kind, True, on_path=on_path, first_linear=first)
-    if meta.ABSORBED_BY.has(node):
-        a.kind, a.rule, a.reason = "bias", Pass(), "bias folded into " + meta.ABSORBED_BY.get(node).name
+    if meta.ABSORBED_BY.has(node):  # relevance passes to the layer's output (the composite's identity rule)
+        a.kind, a.rule = Kind.BIAS, composite.pass_rule()
+        a.reason = "bias folded into " + meta.ABSORBED_BY.get(node).name
     elif meta.INSIDE.has(node):  # inside a recognised pattern (held scale, GELU/SiLU chain): no relevance
-        a.kind, a.rule, a.reason = "held", Pass(), "inside a recognised " + meta.INSIDE.get(node)
+        a.kind, a.rule, a.reason = Kind.HELD, composite.pass_rule(), "inside a recognised " + meta.INSIDE.get(node)
     elif dispatcher is None and node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
         a.supported, a.reason = False, meta.CONTROL_FLOW_REASON.get(node, _CONTROL_FLOW[node.op_type])
     elif dispatcher is None:
@@ -128,24 +126,24 @@ def _assign(node: ir.Node, composite: Composite, reached: set, on_path: bool) ->
     return a
 
 
-def _assign_rule(a: Assignment, composite: Composite) -> None:
+def _assign_rule(a: Assignment, composite: CompositeView) -> None:
     """The composite's rule for a node whose handler accepts it, or why it is unsupported."""
     node, op = a.node, a.op
     rule = composite.rule_for(NodeInfo(node.name, node.op_type, a.kind, a.first_linear))
     if rule is None:
-        a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {a.kind!r}"
+        a.supported, a.reason = False, f"composite {composite.name!r} assigns no rule to kind {str(a.kind)!r}"
         return
     a.rule = rule
     misfit = rule.fits(op)
     if misfit:
         a.supported, a.reason = False, misfit
-    elif op.category in ("linear", "activation") and any(carries(o) for o in node.outputs) \
+    elif op.category in (Category.LINEAR, Category.ACTIVATION) and any(carries(o) for o in node.outputs) \
             and not op.relevance_values(node):
         a.supported, a.reason = False, ("no float activation among its inputs (parameters or "
                                         "integer tensors only): relevance cannot pass it")
 
 
-def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
+def unsupported_hint(graph: ir.Graph, p: Plan, composite: CompositeView) -> str:
     """What to do about unsupported nodes, by why they are unsupported: the transformer composite when the graph has
     softmax attention."""
     full = "`onnx-lrp inspect MODEL` lists every node"
@@ -154,23 +152,23 @@ def unsupported_hint(graph: ir.Graph, p: Plan, composite: Composite) -> str:
         return ("The model is malformed there (the ONNX checker lets it pass, onnxruntime would not run it): "
                 f"re-export it; {full}.")
     softmax = any(a.on_path and a.node.op_type in SOFTMAX for a in p.assignments)
-    bilinear = any(a.on_path and a.kind == "bilinear" for a in p.assignments)
+    bilinear = any(a.on_path and a.kind == Kind.BILINEAR for a in p.assignments)
     if (softmax or bilinear) and composite.name not in ("attnlrp", "cp-lrp"):
         what = "softmax attention" if softmax else "products of two activations"
         return (f"The graph has {what}: explain it with --composite attnlrp (or cp-lrp), whose rules cover them; "
                 f"{full}.")
     if bad and all(a.reason.startswith("control flow:") for a in bad):
         return f"{full}."  # the reason says what to do
-    if bad and all(a.op is None and a.kind == "unknown" for a in bad):
+    if bad and all(a.op is None and a.kind == Kind.UNKNOWN for a in bad):
         return f"{full}; add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "
             "their input's relevance) or add a handler in onnx_lrp/ops.")
 
 
-def check_bounds(p: Plan, composite: Composite) -> None:
+def check_bounds(p: Plan, composite: CompositeView) -> None:
     """ZBox needs the input's range (no silent default) and bounds that broadcast against one item of its input."""
     for a in p.assignments:
-        if not (a.on_path and a.supported and isinstance(a.rule, ZBox)):
+        if not (a.on_path and a.supported and a.rule.is_box):
             continue
         if a.rule.low is None or a.rule.high is None:
             raise InputError(f"composite {composite.name!r} applies zbox to node {a.node.name} ({a.node.op_type}) but "

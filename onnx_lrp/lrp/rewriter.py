@@ -28,14 +28,14 @@ from ..core.interface import (
     TARGET_INPUT,
     TARGET_OUTPUT,
 )
-from ..rules.composite import Composite
 from .ops import ActivationOp
 from .plan import Plan, check_bounds, describe, plan, unsupported_hint
 from .target import explained_value, whole_output
+from .vocabulary import CompositeView
 from .walk import Walk
 
 
-def rewrite(model: ir.Model, composite: Composite, output: str | None = None, relevance_at=(),
+def rewrite(model: ir.Model, composite: CompositeView, output: str | None = None, relevance_at=(),
             explain_logits: bool = True, ledger: list | None = None, trace: list | None = None) -> ir.Model:
     """Append the relevance graph to ``model`` (in place) and return it.
 

@@ -10,15 +10,14 @@ from ..core.emitter import Emitter
 from ..core.errors import InputError, LrpError, UnsupportedError, internal_error
 from ..core.graph import carries, is_param, static_dims
 from ..core.interface import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, Step
-from ..rules.elementwise import Pass
-from ..rules.linear import LinearRule
 from .engine import Layer, Rel
 from .weight_bases import all_chunks
-from .ledger import Ledger
+from .ledger import NO_LEDGER, Ledger
 from .ops import REGISTRY
 from .ops.transformer import token_relevance
 from .plan import Assignment, Plan, no_path
 from .target import start_relevance
+from .vocabulary import INHERIT, Category, Kind
 
 
 def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
@@ -72,7 +71,7 @@ class Walk:
         # relevance known to vanish where the value does
         self.zero_where_zero: dict[int, bool] = {id(p.explained): False}
         self.by_node = {id(a.node): a for a in p.assignments}
-        self.book = Ledger(em, ledger) if ledger is not None else None
+        self.book = Ledger(em, ledger) if ledger is not None else NO_LEDGER
         self.reached = 0
 
     # ---------------------------------------------------------------------------------------------- sums
@@ -126,53 +125,70 @@ class Walk:
             raise internal_error(current, exc) from exc
 
     def step(self, node: ir.Node, a: Assignment) -> None:
-        """The rule of one node: the relevance of its outputs, summed, to its relevance inputs."""
-        em, book, rel, zero_where_zero = self.em, self.book, self.rel, self.zero_where_zero
-        grad = a.kind == "bias" or (a.op is not None and a.rule.gradient_form(a.op))
+        """The rule of one node: the relevance of its outputs, summed, to its relevance inputs; the ledger books what
+        enters and leaves (``NO_LEDGER``: nothing)."""
+        grad = a.kind == Kind.BIAS or (a.op is not None and a.rule.gradient_form(a.op))
         # a linear rule's own step takes its relevance as it comes (``linear_rule``: in gradient form relative to z
         # it saves passes; else it multiplies it out once); the ledger books relevance as tensors
-        takes_rel = self._takes_rel(a) and book is None
+        takes_rel = self._takes_rel(a) and not self.book.active
         r_outs = [(self.total_rel if grad or takes_rel else self.total)(o, node.name) for o in node.outputs]
         if all(r is None for r in r_outs):
             return
-        if book is not None:
-            book.enter(node, a, r_outs, a.op.category == "linear" and (
-                meta.BIAS.has(node) or meta.BIAS_ADD.has(node) or len(node.inputs) > 2))
-        if a.kind == "held":
-            return
-        if a.kind == "bias":  # the Add folded into the preceding layer: relevance passes to the layer's output
-            src = next(v for v in node.inputs if carries(v))
-            rel.setdefault(id(src), []).append(r_outs[0])
-            if book is not None:
-                book.leave(node, r_outs[:1])
-            zero_where_zero[id(src)] = False
-            return
-        xs = a.op.relevance_values(node)
-        z = node.outputs[0]
-        if a.op.category == "linear" and meta.BIAS_ADD.has(node):
-            z = meta.BIAS_ADD.get(node).outputs[0]
-        layer = Layer(node, a.op, xs, z, [self.nonneg.get(id(x), False) for x in xs])
-        if not (a.op.category == "move" or a.op.multi_output) and r_outs[0] is None:
-            return
-        layer.relu_out = _relu_after(z, self.by_node, zero_where_zero)
-        layer.zero_at_zero = zero_where_zero.get(id(z), False)
-        if not grad and a.op.category == "linear":
-            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._gives_rel(x))
-        elif grad and a.op.category == "activation":
-            layer.keep_ref = self._converted_below(node.inputs[0])
-        with em.scope(node.name):
+        self.book.enter(node, a, r_outs)
+        if a.kind == Kind.HELD:  # inside a recognised pattern: the relevance stays there
+            r_ins = []
+        elif a.kind == Kind.BIAS:
+            r_ins = self._pass_through(node, r_outs[0])
+        else:
+            r_ins = self._rule_step(node, a, r_outs, grad)
+        self.book.leave(node, r_ins)
+
+    def _pass_through(self, node: ir.Node, r_out) -> list:
+        """The Add folded into the preceding layer: its relevance passes to the layer's output as it is."""
+        src = next(v for v in node.inputs if carries(v))
+        self.rel.setdefault(id(src), []).append(r_out)
+        self.zero_where_zero[id(src)] = False
+        return [r_out]
+
+    def _rule_step(self, node: ir.Node, a: Assignment, r_outs: list, grad: bool) -> list:
+        """The rule's step (in gradient form when ``grad``): the relevance of the node's relevance inputs, given to
+        them; none when the rule reads only the first output's relevance and none arrived there."""
+        if not (a.op.category is Category.MOVE or a.op.multi_output) and r_outs[0] is None:
+            return []
+        layer = self._layer(node, a, grad)
+        with self.em.scope(node.name):
             if grad:
-                r_ins = a.rule.propagate_grad(em, layer, r_outs)
+                r_ins = a.rule.propagate_grad(self.em, layer, r_outs)
             else:
                 r_ins = [None if r is None else r if isinstance(r, Rel) else Rel(r)
-                         for r in a.rule.propagate(em, layer, r_outs)]
-        if book is not None:
-            book.leave(node, r_ins)
+                         for r in a.rule.propagate(self.em, layer, r_outs)]
         self.steps.append(Step(node.name, node.op_type, a.rule.name if a.rule is not None else "-",
                                tuple(v.name for r in r_ins if r is not None for v in (r.value, r.ref)
                                      if v is not None and v.name.startswith("lrp/"))))
+        self._give(node, a, layer.xs, r_ins)
+        return r_ins
+
+    def _layer(self, node: ir.Node, a: Assignment, grad: bool) -> Layer:
+        """The node as its rule sees it: its relevance inputs, its output after a folded bias Add, and what the walk
+        knows of the relevance around it."""
+        xs = a.op.relevance_values(node)
+        z = node.outputs[0]
+        if a.op.category is Category.LINEAR and meta.BIAS_ADD.has(node):
+            z = meta.BIAS_ADD.get(node).outputs[0]
+        layer = Layer(node, a.op, xs, z, [self.nonneg.get(id(x), False) for x in xs])
+        layer.relu_out = _relu_after(z, self.by_node, self.zero_where_zero)
+        layer.zero_at_zero = self.zero_where_zero.get(id(z), False)
+        if not grad and a.op.category is Category.LINEAR:
+            layer.grad_out = frozenset(i for i, x in enumerate(xs) if self._gives_rel(x))
+        elif grad and a.op.category is Category.ACTIVATION:
+            layer.keep_ref = self._converted_below(node.inputs[0])
+        return layer
+
+    def _give(self, node: ir.Node, a: Assignment, xs: list, r_ins: list) -> None:
+        """Each input's part of the relevance, and whether its relevance is known to vanish where it does."""
+        rel, zero_where_zero = self.rel, self.zero_where_zero
         keeps = a.rule.zero_preserving(a.op, node)
-        if keeps == "inherit":
+        if keeps is INHERIT:
             keeps = all(zero_where_zero.get(id(o), False) for o in node.outputs if id(o) in rel)
         for x, r in zip(xs, r_ins):
             if r is not None:
@@ -182,8 +198,9 @@ class Walk:
     @staticmethod
     def _takes_rel(a: Assignment) -> bool:
         """A linear rule on a linear op with one output, not in gradient form: ``linear_rule`` reads ``Rel``."""
-        return a.kind != "bias" and a.op is not None and a.op.category == "linear" and not a.op.multi_output and \
-            isinstance(a.rule, LinearRule) and not a.rule.gradient_form(a.op) and len(a.node.outputs) == 1
+        return a.kind != Kind.BIAS and a.op is not None and a.op.category is Category.LINEAR and \
+            not a.op.multi_output and a.rule is not None and a.rule.linear and not a.rule.gradient_form(a.op) and \
+            len(a.node.outputs) == 1
 
     def _gives_rel(self, x: ir.Value) -> bool:
         """Whether a linear step may give input x's relevance in gradient form, x J^T s: x feeds several layers
@@ -192,7 +209,7 @@ class Walk:
             return True
         node = x.producer()
         a = self.by_node.get(id(node)) if node is not None else None
-        return a is not None and a.on_path and self.book is None and self._takes_rel(a) and \
+        return a is not None and a.on_path and not self.book.active and self._takes_rel(a) and \
             len({id(u.node) for u in x.uses()}) == 1
 
     def _fork(self, x: ir.Value) -> bool:
@@ -214,14 +231,15 @@ class Walk:
             a = self.by_node.get(id(node))
             if a is None or not a.on_path or a.op is None:
                 return False
-            if a.kind == "bias":
+            if a.kind == Kind.BIAS:
                 v = next(i for i in node.inputs if carries(i))
                 continue
-            if a.op.category == "activation" and isinstance(a.rule, Pass) and len(node.outputs) == 1 and \
+            if a.op.category is Category.ACTIVATION and a.rule is not None and a.rule.passes_through and \
+                    len(node.outputs) == 1 and \
                     node.inputs and static_dims(node.inputs[0]) == static_dims(node.outputs[0]):
                 v = node.inputs[0]
                 continue
-            return a.kind != "held" and a.rule is not None and not a.rule.gradient_form(a.op)
+            return a.kind != Kind.HELD and a.rule is not None and not a.rule.gradient_form(a.op)
         return False
 
     # ---------------------------------------------------------------------------------------------- outputs
@@ -284,10 +302,7 @@ class Walk:
 
     def extra_outputs(self) -> list[ir.Value]:
         """The target used, the explained value and the ledger's sums."""
-        outputs = [self.target_used, self.explained_value]
-        if self.book is not None:
-            outputs.extend(self.book.finish())
-        return outputs
+        return [self.target_used, self.explained_value] + self.book.finish()
 
 
 def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value | None:
@@ -299,7 +314,8 @@ def _relu_after(z: ir.Value, by_node: dict, zero_where_zero: dict) -> ir.Value |
     relu = uses[0].node
     a = by_node.get(id(relu))
     rectifier = REGISTRY.get(relu.op_type)
-    if rectifier is None or not rectifier.zero_below_zero(relu) or a is None or not isinstance(a.rule, Pass):
+    if rectifier is None or not rectifier.zero_below_zero(relu) or a is None or a.rule is None or \
+            not a.rule.passes_through:
         return None
     out = relu.outputs[0]
     if not zero_where_zero.get(id(out), False):

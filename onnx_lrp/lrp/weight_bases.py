@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ops import Params
+from .vocabulary import XMod
 
 
 def definite_sign(arr) -> int:
@@ -81,8 +82,8 @@ class Basis:
 
 
 # x+ = (x + |x|) / 2, x- = (x - |x|) / 2, and the same for W: parts in the basis {x, |x|} x {W, |W|}
-_X_SYM = {"identity": {"identity": 1.0}, "positive": {"identity": 0.5, "abs": 0.5},
-          "negative": {"identity": 0.5, "abs": -0.5}}
+_X_SYM = {XMod.IDENTITY: {XMod.IDENTITY: 1.0}, XMod.POSITIVE: {XMod.IDENTITY: 0.5, XMod.ABS: 0.5},
+          XMod.NEGATIVE: {XMod.IDENTITY: 0.5, XMod.ABS: -0.5}}
 _W_SYM = {"W": {"W": 1.0}, "W+": {"W": 0.5, "|W|": 0.5}, "W-": {"W": 0.5, "|W|": -0.5}}
 _SAFE = 0.5  # the least |sum| / sum|parts| of a weight's coefficient over the four sign patterns of (x, w)
 
@@ -106,7 +107,8 @@ def symmetric(combo: dict, x_of: dict) -> dict | None:
     parts = sum(abs(c) for c in out.values())
     for sx in (1, -1):
         for sw in (1, -1):
-            value = sum(c * (sx if k[0][0] == "identity" else 1) * (sw if k[1] == "W" else 1) for k, c in out.items())
+            value = sum(c * (sx if k[0][0] == XMod.IDENTITY else 1) * (sw if k[1] == "W" else 1)
+                        for k, c in out.items())
             if abs(value) < _SAFE * parts:
                 return None
     return out
@@ -157,21 +159,21 @@ def beyond(group, w, b, nonneg: bool) -> set:
     seen = []
     b_sum = None
     for term in group.terms:
-        if term.x == "negative" and nonneg:
+        if term.x == XMod.NEGATIVE and nonneg:
             continue
-        how = "identity" if term.x == "positive" and nonneg else term.x
-        if term.sign != 1.0 or how not in ("identity", "positive", "negative"):
+        how = XMod.IDENTITY if term.x == XMod.POSITIVE and nonneg else term.x
+        if term.sign != 1.0 or how not in (XMod.IDENTITY, XMod.POSITIVE, XMod.NEGATIVE):
             return {0}
         seen.append(how)
         d = term.w(w) - w
         if np.any(d):
             ds = definite_sign(d)
-            if ds == 0 or (how == "identity" and not nonneg):
+            if ds == 0 or (how == XMod.IDENTITY and not nonneg):
                 return {0}
-            signs.add(-ds if how == "negative" else ds)
+            signs.add(-ds if how == XMod.NEGATIVE else ds)
         if term.b is not None and b is not None:
             b_sum = term.b(b) if b_sum is None else b_sum + term.b(b)
-    if sorted(seen) not in (["identity"], ["negative", "positive"]):
+    if sorted(seen) not in ([XMod.IDENTITY], [XMod.NEGATIVE, XMod.POSITIVE]):
         return {0}
     db = (b_sum if b_sum is not None else 0.0) - (b if b is not None else 0.0)
     if np.any(db):

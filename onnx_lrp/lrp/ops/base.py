@@ -18,6 +18,7 @@ import onnx_ir as ir
 from ...core.emitter import Emitter  # noqa: F401
 from ...core.graph import carries, static_dims
 from ..families import Family
+from ..vocabulary import Category, Kind, Nonneg
 
 
 @dataclass(frozen=True)
@@ -30,17 +31,17 @@ class Params:
 
 
 class Op:
-    kind: str = ""
+    kind: "Kind | str" = ""
     op_types: tuple[str, ...] = ()
-    # how rules see the op (they dispatch on it, ``onnx_lrp.rules.Rule``): "linear", "move", "activation", or
-    # "own" (the op applies its rules itself)
-    category: str = ""
+    # how rules see the op (they dispatch on it, ``onnx_lrp.rules.Rule``): linear, move, activation, or own (the op
+    # applies its rules itself)
+    category: Category | None = None
 
     data_inputs: tuple[int, ...] | None = None  # the inputs that can carry relevance (None: every input)
     multi_output: bool = False  # relevance may reach any output, not only the first (e.g. LSTM's Y_h alone)
-    # when the output is known to be >= 0: "always", "inputs" (when every input is), "first" (when the data input
-    # is; the others are shapes, indices or axes), None (never known)
-    nonneg: str | None = None
+    # when the output is known to be >= 0: ALWAYS, INPUTS (when every input is), FIRST (when the data input is; the
+    # others are shapes, indices or axes), None (never known)
+    nonneg: Nonneg | None = None
 
     def relevance_inputs(self, node: ir.Node) -> list[int]:
         """Indices of the inputs relevance flows into (float activations among ``data_inputs``)."""
@@ -62,11 +63,11 @@ class Op:
 
     def nonneg_output(self, node: ir.Node, inputs_nonneg: list[bool]) -> bool:
         """Whether the output is known to be >= 0, given which inputs are (see ``nonneg``)."""
-        if self.nonneg == "always":
+        if self.nonneg is Nonneg.ALWAYS:
             return True
-        if self.nonneg == "inputs":
+        if self.nonneg is Nonneg.INPUTS:
             return all(inputs_nonneg)
-        if self.nonneg == "first":
+        if self.nonneg is Nonneg.FIRST:
             return all(inputs_nonneg[:1])
         return False
 
@@ -83,7 +84,7 @@ class Op:
 class LinearOp(Op):
     """z = f(x; w, b), linear in x (one or more activation inputs) for fixed parameters."""
 
-    category = "linear"
+    category = Category.LINEAR
     has_params: bool = True
 
     def params(self, node: ir.Node) -> Params:
@@ -108,8 +109,8 @@ def rank_known(self, node: ir.Node) -> str | None:
 
 
 class ShapeOp(Op):
-    kind = "shape"
-    category = "move"
+    kind = Kind.SHAPE
+    category = Category.MOVE
 
     def transpose(self, em: Emitter, node: ir.Node, r_outs: list) -> list:
         raise NotImplementedError
@@ -120,9 +121,9 @@ class ActivationOp(Op):
     node resolves to a copy of kind ``offset-activation``: the identity rule would give ``R_x = R_y`` although y does
     not vanish with x, and the next LRP-0/epsilon step divides it by x (f(x)/x is unbounded near x = 0)."""
 
-    kind = "activation"
-    category = "activation"
-    variant_kinds = ("offset-activation",)  # kinds ``resolve`` can give a node (composites may match them)
+    kind = Kind.ACTIVATION
+    category = Category.ACTIVATION
+    variant_kinds = (Kind.OFFSET_ACTIVATION,)  # kinds ``resolve`` can give a node (composites may match them)
 
     data_inputs = (0,)
 
@@ -131,12 +132,12 @@ class ActivationOp(Op):
         return 0.0
 
     def resolve(self, node: ir.Node) -> "Op":
-        if self.kind == "offset-activation" or self.at_zero(node) == 0.0:
+        if self.kind == Kind.OFFSET_ACTIVATION or self.at_zero(node) == 0.0:
             return self
         variant = self.__dict__.get("_offset_variant")
         if variant is None:
             variant = copy.copy(self)
-            variant.kind = "offset-activation"
+            variant.kind = Kind.OFFSET_ACTIVATION
             self._offset_variant = variant
         return variant
 
@@ -161,7 +162,7 @@ class RuleOp(Op):
     that applies to it has an entry for the op's ``family`` in its ``families`` table (``onnx_lrp.lrp.families``),
     whose handlers call the op's own steps. ``refusal`` names the op for the rules that have none."""
 
-    category = "own"
+    category = Category.OWN
     family: Family
     refusal: str = ""
 

@@ -12,12 +12,13 @@ import numpy as np
 
 from ...core.graph import const
 from .base import ActivationOp, register
+from ..vocabulary import Kind, Nonneg
 
 
 @register
 class Relu(ActivationOp):
     op_types = ("Relu",)
-    nonneg = "always"
+    nonneg = Nonneg.ALWAYS
 
     def zero_below_zero(self, node):
         return True
@@ -44,7 +45,7 @@ class LeakyRelu(ActivationOp):
 @register
 class Sigmoid(ActivationOp):
     op_types = ("Sigmoid",)
-    nonneg = "always"
+    nonneg = Nonneg.ALWAYS
 
     def at_zero(self, node):
         return 0.5
@@ -66,7 +67,7 @@ class Tanh(ActivationOp):
 @register
 class HardSigmoid(ActivationOp):
     op_types = ("HardSigmoid",)
-    nonneg = "always"
+    nonneg = Nonneg.ALWAYS
 
     def at_zero(self, node):
         return min(max(node.attributes.get_float("beta", 0.5), 0.0), 1.0)
@@ -82,7 +83,7 @@ class HardSigmoid(ActivationOp):
 @register
 class Exp(ActivationOp):
     op_types = ("Exp",)
-    nonneg = "always"
+    nonneg = Nonneg.ALWAYS
 
     def at_zero(self, node):
         return 1.0
@@ -94,7 +95,7 @@ class Exp(ActivationOp):
 @register
 class Softplus(ActivationOp):
     op_types = ("Softplus",)
-    nonneg = "always"
+    nonneg = Nonneg.ALWAYS
 
     def at_zero(self, node):
         return float(np.log(2.0))
@@ -175,7 +176,7 @@ register(type("OtherActivation", (ActivationOp,), {
 class LRN(ActivationOp):
     """Local response normalisation: treated as an element-wise op (Pass), as in zennit's AlexNet use."""
 
-    kind = "lrn"
+    kind = Kind.LRN
     op_types = ("LRN",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 

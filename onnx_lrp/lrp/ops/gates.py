@@ -10,6 +10,7 @@ from ...core.graph import static_dims
 from ..families import Family
 from .base import Rel, RuleOp
 from .products import PRODUCT_MUL
+from ..vocabulary import Kind
 
 
 class Gate(RuleOp):
@@ -17,7 +18,7 @@ class Gate(RuleOp):
     rules of family ``gate``: ``signal`` / ``signal_grad`` (signal-take-all), ``as_product`` (uniform, cp, zero: as on
     any product)."""
 
-    kind = "gate"
+    kind = Kind.GATE
     family = Family.GATE
     refusal = "a gated product (use signal-take-all, uniform, cp or zero)"
     op_types = ()

@@ -13,6 +13,7 @@ from ...core import meta
 from ...core.emitter import Emitter
 from ...core.graph import carries, const, is_param, static_dims
 from .base import LinearOp, Op, Params, out_dims, register, spatial_static
+from ..vocabulary import Kind, Nonneg
 
 
 def _attr_ints(node, name, default):
@@ -54,7 +55,7 @@ def _like(v: ir.Value, x: ir.Value) -> ir.Value:
 
 
 class _Conv(LinearOp):
-    kind = "convolution"
+    kind = Kind.CONVOLUTION
 
     def geometry(self, node):
         x, z = node.inputs[0], node.outputs[0]
@@ -239,7 +240,7 @@ class ConvTranspose(_Conv):
 class Gemm(LinearOp):
     """z = alpha x W(^T) + beta c; J^T s = s W (a MatMul with the weight as stored, or Gemm with transB)."""
 
-    kind = "dense"
+    kind = Kind.DENSE
     op_types = ("Gemm",)
 
     data_inputs = (0,)
@@ -296,7 +297,7 @@ class Gemm(LinearOp):
 class MatMul(LinearOp):
     """z = x W (or W x) with a constant W; J^T s = s W^T (or W^T s), summed over broadcast batch axes."""
 
-    kind = "dense"
+    kind = Kind.DENSE
     op_types = ("MatMul",)
 
     def _side(self, node):
@@ -353,7 +354,7 @@ class MatMul(LinearOp):
 class Affine(LinearOp):
     """z = x * w + b with constants w, b broadcast element-wise; J^T s = unbroadcast(s * w)."""
 
-    kind = "affine"
+    kind = Kind.AFFINE
 
     def __init__(self, op_type):
         self.op_types = (op_type,)
@@ -417,7 +418,7 @@ def _broadcast_misfit(node) -> str | None:
 class BatchNormalization(Affine):
     """Inference-mode BatchNormalization not folded into a layer: z = x * a + c, per channel."""
 
-    kind = "batchnorm"
+    kind = Kind.BATCHNORM
 
     def __init__(self):
         super().__init__("BatchNormalization")
@@ -450,15 +451,15 @@ class ChannelAffine(Affine):
     """x * w + b with w, b constant per channel, not foldable into a layer (an unfolded BatchNormalization written
     as Mul/Add, e.g. by tf2onnx; ``canonize.mark_channel_affine``): BatchNormalization's kind."""
 
-    kind = "batchnorm"
+    kind = Kind.BATCHNORM
 
 
 class Sum(LinearOp):
     """z = x1 + x2 + ... (Sub: x1 - x2) of activations; J^T s = +-s, summed over broadcast axes."""
 
-    kind = "sum"
+    kind = Kind.SUM
     has_params = False
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     def __init__(self, op_type):
         self.op_types = (op_type,)

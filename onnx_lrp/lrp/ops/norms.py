@@ -10,13 +10,14 @@ from ...core import meta
 from ...core.emitter import Emitter
 from ...core.graph import const, is_param, static_dims
 from .base import LinearOp, Params, affine_back, affine_out, register
+from ..vocabulary import Kind
 
 
 @register
 class GroupNorm(LinearOp):
     """InstanceNormalization / GroupNormalization, normalising scale held constant (kind ``layernorm``)."""
 
-    kind = "layernorm"
+    kind = Kind.LAYERNORM
     op_types = ("InstanceNormalization", "GroupNormalization")
     data_inputs = (0,)
 

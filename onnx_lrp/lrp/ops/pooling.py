@@ -8,6 +8,7 @@ from ...core import meta
 from ...core.graph import const, static_dims
 from .base import LinearOp, Params, register, spatial_static
 from .linear import fit_to
+from ..vocabulary import Kind, Nonneg
 
 
 class _Pool(LinearOp):
@@ -67,9 +68,9 @@ def _window_counts(size, k, st, pb, pe, out, include_pad):
 class AveragePool(_Pool):
     """z = mean over windows; J^T s = conv_transpose(s / divisor, ones) per channel."""
 
-    kind = "avgpool"
+    kind = Kind.AVGPOOL
     op_types = ("AveragePool",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     def check(self, node):
         bad = _window_misfit(node)
@@ -213,25 +214,25 @@ class _Reduce(_Pool):
 
 @register
 class GlobalAveragePool(_Reduce):
-    kind = "avgpool"
+    kind = Kind.AVGPOOL
     op_types = ("GlobalAveragePool", "ReduceMean")
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
 
 @register
 class ReduceSum(_Reduce):
-    kind = "sum"
+    kind = Kind.SUM
     op_types = ("ReduceSum",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
 
 @register
 class MaxPool(_Pool):
     """z = max over windows; J^T s scatters s to each window's arg-max (summed where windows overlap)."""
 
-    kind = "maxpool"
+    kind = Kind.MAXPOOL
     op_types = ("MaxPool",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     def check(self, node):
         bad = _window_misfit(node)
@@ -270,9 +271,9 @@ class MaxPool(_Pool):
 class GlobalMaxPool(_Reduce):
     """z = max (min) over axes; J^T s = s spread evenly over the positions that attain it (as torch.amax)."""
 
-    kind = "maxpool"
+    kind = Kind.MAXPOOL
     op_types = ("GlobalMaxPool", "ReduceMax", "ReduceMin")
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     def mean(self, node):
         return False
@@ -289,7 +290,7 @@ class ReduceNorm(_Reduce):
     """ReduceL1 = sum |x|, ReduceL2 = sqrt(sum x^2): positively homogeneous of degree 1, so x . J^T (R / z) splits
     R in proportion to |x_i| (L1) or x_i^2 (L2) and conserves it (Euler). J^T s = sign(x) s, resp. x / z s."""
 
-    kind = "sum"
+    kind = Kind.SUM
     op_types = ("ReduceL1", "ReduceL2")
 
     def mean(self, node):

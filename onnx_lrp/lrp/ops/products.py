@@ -14,6 +14,7 @@ from ...core.graph import carries, static_dims
 from .. import patterns
 from ..families import Family
 from .base import Rel, RuleOp, out_dims, stabilized
+from ..vocabulary import Kind
 
 
 def _swap_last(em: Emitter, v: ir.Value, rank: int, tag: str) -> ir.Value:
@@ -31,7 +32,7 @@ class Product(RuleOp):
     rules of family ``product`` (uniform, cp, zero): ``share`` / ``share_grad`` over the operands they choose
     (``operands``, or ``free_operands``: CP-LRP holds the gates)."""
 
-    kind = "bilinear"
+    kind = Kind.BILINEAR
     family = Family.PRODUCT
     refusal = "a product of activations (use uniform, cp or zero)"
 

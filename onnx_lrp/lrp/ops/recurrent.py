@@ -28,6 +28,7 @@ from ...core.emitter import Emitter
 from ...core.graph import carries, const, is_param, static_dims
 from ..families import Family
 from .base import RuleOp, register, stabilized
+from ..vocabulary import Kind
 
 
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
@@ -85,7 +86,7 @@ def _acts(node) -> list[str]:
 class Recurrent(RuleOp):
     """LSTM / GRU / RNN with constant weights: LRP for LSTMs (``rules.recurrent.Recurrent``)."""
 
-    kind = "recurrent"
+    kind = Kind.RECURRENT
     family = Family.RECURRENT
     refusal = "a recurrent layer (use recurrent)"
     op_types = ("LSTM", "GRU", "RNN")

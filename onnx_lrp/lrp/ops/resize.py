@@ -19,6 +19,7 @@ import onnx_ir as ir
 from ...core.graph import const, static_dims
 from .base import LinearOp, Params, register
 from .shape import index_ramp, scatter_axis, scatter_runtime
+from ..vocabulary import Kind, Nonneg
 
 
 _TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
@@ -81,9 +82,9 @@ def interpolation_matrix(n_in: int, n_out: int, scale: float, mode: str, transfo
 class Resize(LinearOp):
     """Resize with mode nearest or linear; J^T s = s x_1 A_1^T ... (one MatMul per resized axis)."""
 
-    kind = "avgpool"
+    kind = Kind.AVGPOOL
     op_types = ("Resize",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
     has_params = False
     data_inputs = (0,)
 

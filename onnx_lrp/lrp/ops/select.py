@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from ...core.graph import carries, const, is_param, static_dims
 from .base import ActivationOp, LinearOp, Op, Params, ShapeOp, out_dims, rank_known, register
+from ..vocabulary import Kind, Nonneg
 
 
 def _indices_wrapped(em, idx: ir.Value, sizes: ir.Value, tag: str) -> ir.Value:
@@ -135,7 +136,7 @@ class TopK(ShapeOp):
     (like a max pool); the integer indices output carries no relevance."""
 
     op_types = ("TopK",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
     data_inputs = (0,)
 
     check = rank_known
@@ -155,7 +156,7 @@ class ExtremumOf(LinearOp):
     """Max / Min of several activations (and constants), winner takes all as in max pooling: each input gets the
     output's relevance where it attains the extremum, split evenly between ties; constants that win keep theirs."""
 
-    kind = "maxpool"
+    kind = Kind.MAXPOOL
     has_params = False
 
     def __init__(self, op_type):
@@ -225,8 +226,8 @@ class Extremum(Op):
         self.op_types = (op_type,)
         self.of_many = ExtremumOf(op_type)
         self.with_const = ExtremumWithConstant(op_type)
-        self.kind = "maxpool"
-        self.nonneg = "inputs"
+        self.kind = Kind.MAXPOOL
+        self.nonneg = Nonneg.INPUTS
 
     def resolve(self, node):
         acts = [v for v in node.inputs if carries(v)]

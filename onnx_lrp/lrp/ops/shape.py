@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from ...core.graph import carries, const, static_dims
 from .base import ShapeOp, rank_known, register
+from ..vocabulary import Nonneg
 
 
 @register
@@ -18,7 +19,7 @@ class ReshapeLike(ShapeOp):
     """Reshape, Flatten, Squeeze, Unsqueeze: J^T r = reshape(r, shape(x))."""
 
     op_types = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
-    nonneg = "first"
+    nonneg = Nonneg.FIRST
 
     data_inputs = (0,)
 
@@ -29,7 +30,7 @@ class ReshapeLike(ShapeOp):
 @register
 class Transpose(ShapeOp):
     op_types = ("Transpose",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     data_inputs = (0,)
 
@@ -85,7 +86,7 @@ class Concat(ShapeOp):
     """J^T r = split r along the axis into the inputs' sizes (static)."""
 
     op_types = ("Concat",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     def check(self, node):
         x = node.inputs[0]
@@ -152,7 +153,7 @@ class Split(ShapeOp):
     """J^T (r_1, ..., r_k) = concat(r_i, zeros where an output got no relevance)."""
 
     op_types = ("Split",)
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     data_inputs = (0,)
 
@@ -203,7 +204,7 @@ class Slice(ShapeOp):
     """J^T r = r scattered back to the sliced positions, zeros elsewhere (any steps, constant bounds)."""
 
     op_types = ("Slice",)
-    nonneg = "first"
+    nonneg = Nonneg.FIRST
 
     data_inputs = (0,)
 
@@ -284,7 +285,7 @@ class Gather(ShapeOp):
     """Gather with constant indices from an activation: J^T r = scatter-add r into zeros at the indices."""
 
     op_types = ("Gather",)
-    nonneg = "first"
+    nonneg = Nonneg.FIRST
 
     data_inputs = (0,)
 
@@ -460,7 +461,7 @@ class Expand(ShapeOp):
     """J^T r = r summed over the broadcast axes (Expand, Tile-free broadcasting)."""
 
     op_types = ("Expand",)
-    nonneg = "first"
+    nonneg = Nonneg.FIRST
 
     data_inputs = (0,)
 
@@ -494,7 +495,7 @@ class DepthSpace(ShapeOp):
     (reshape r to the transposed shape, inverse permutation, reshape to x)."""
 
     op_types = ("DepthToSpace", "SpaceToDepth")
-    nonneg = "inputs"
+    nonneg = Nonneg.INPUTS
 
     data_inputs = (0,)
 

@@ -42,6 +42,7 @@ from .gates import GATE
 from .linear import ElementwiseBinary, MatMul
 from .products import PRODUCT_MUL, Einsum, Product
 from .shape import Gather, index_axis_as_one
+from ..vocabulary import Kind, Nonneg
 
 
 class ElementwiseOfOne(ActivationOp):
@@ -94,7 +95,7 @@ class NormScale(RuleOp):
     ``norm_scale``: ``held_scale`` / ``held_scale_grad`` (epsilon, norm), ``held_scale_gradient`` (gradient); pass
     needs none."""
 
-    kind = "normalization"
+    kind = Kind.NORMALIZATION
     family = Family.NORM_SCALE
     refusal = "a normalisation with a detached scale (use epsilon or pass)"
     op_types = ()
@@ -182,7 +183,7 @@ register(Einsum)
 class LayerNorm(LinearOp):
     """LayerNormalization / RMSNormalization / SimplifiedLayerNormalization, normalising scale held constant."""
 
-    kind = "layernorm"
+    kind = Kind.LAYERNORM
     op_types = ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization")
 
     data_inputs = (0,)
@@ -249,11 +250,11 @@ class Softmax(RuleOp):
     """R_in = x ⊙ (R_out − softmax(x) ΣR_out) along the softmax axis (AttnLRP). Steps for the rules of family
     ``softmax``: ``attn`` / ``attn_grad`` (softmax), ``gradient`` (gradient); zero needs none."""
 
-    kind = "softmax"
+    kind = Kind.SOFTMAX
     family = Family.SOFTMAX
     refusal = "a softmax (use softmax, gradient or zero)"
     op_types = ("Softmax",)
-    nonneg = "always"
+    nonneg = Nonneg.ALWAYS
 
     data_inputs = (0,)
 
