@@ -139,7 +139,8 @@ def lrp0_batchnorm(entries: list) -> list:
         e.match.get("kind"), list) else [e.match.get("kind")]) for e in entries)
     if not passes:
         return entries
-    return [Entry({"kind": Kind.BATCHNORM}, Epsilon(epsilon=0.0))] + entries
+    # the kind's value, a str: dataset manifests hash repr(composite)
+    return [Entry({"kind": Kind.BATCHNORM.value}, Epsilon(epsilon=0.0))] + entries
 
 
 def _kind(value) -> str:

@@ -321,3 +321,52 @@ def test_every_meta_key_is_a_named_constant():
     assert set(meta.KEYS) == {v for v in vars(meta).values() if isinstance(v, meta.Key)}
     assert _meta_key_literals(ast.parse('n.meta["lrp_x"]; n.meta.get("lrp_y"); "lrp_z" in n.meta; K = "lrp_bias"'),
                               names) == [1, 1, 1, 1]
+
+
+def _rule_imports(module: str) -> list[str]:
+    """The imports of ``module`` that name onnx_lrp.rules or a module of it (function-local ones included)."""
+    return [f"{module} -> {t} (line {line})" for t, _, line, _ in _imports(module)[1]
+            if t == "onnx_lrp.rules" or t.startswith("onnx_lrp.rules.")]
+
+
+def test_the_engine_imports_no_rule(tmp_path, monkeypatch):
+    """Nothing under onnx_lrp/lrp imports onnx_lrp.rules: the engine reads a rule's properties (``passes_through``,
+    ``linear``, ``is_box``) and a composite through ``onnx_lrp.lrp.vocabulary``'s views, never their classes; the
+    arrow runs rules -> lrp only (rules/ lives apart, so the package mapping alone would hide a tie back)."""
+    engine = [m for m in MODULES if m == "onnx_lrp.lrp" or m.startswith("onnx_lrp.lrp.")]
+    assert len(engine) > 10 and "onnx_lrp.lrp.walk" in engine
+    assert [hit for m in engine for hit in _rule_imports(m)] == []
+    assert any(t.startswith("onnx_lrp.lrp") for t, _, _, _ in _imports("onnx_lrp.rules.base")[1])  # rules -> lrp
+    old = tmp_path / "walk.py"  # the check sees the old forms, at top level and inside a function
+    old.write_text("from ..rules.elementwise import Pass\n\ndef f():\n    from ..rules import linear\n"
+                   "    import onnx_lrp.rules.composite\n", encoding="utf-8")
+    monkeypatch.setitem(MODULES, "onnx_lrp.lrp.walk", old)
+    assert len(_rule_imports("onnx_lrp.lrp.walk")) == 3
+
+
+def _category_literals(tree: ast.AST) -> list[int]:
+    """Lines comparing an attribute ``category`` with a string literal (``op.category == "linear"``, either side,
+    or ``in`` a tuple / list / set of them)."""
+    def literal(n):
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            return any(literal(e) for e in n.elts)
+        return isinstance(n, ast.Constant) and isinstance(n.value, str)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "category" for s in sides) and any(map(literal, sides)):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_category_is_compared_with_a_string():
+    """Op categories are ``onnx_lrp.lrp.vocabulary.Category`` members (``op.category is Category.LINEAR``), never
+    strings, in onnx_lrp/, rules/ and cli/."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in MODULES.values()
+                 for line in _category_literals(ast.parse(path.read_text(encoding="utf-8")))]
+    assert offenders == [], f"category compared with a string (use Category): {offenders}"
+    assert _category_literals(ast.parse('op.category == "linear"\n"move" != a.op.category\n'
+                                        'op.category in ("linear", "activation")\nop.category is Category.MOVE\n'
+                                        'kind == "linear"\n')) == [1, 2, 3]
