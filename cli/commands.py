@@ -130,7 +130,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
         hint = rewriter.unsupported_hint(ir_model.graph, plan, comp).split(";")[0].split(": ")[-1]
         click.echo(f"onnx-lrp: {len(bad)} unsupported node(s); "
                    + (hint if "attnlrp" in hint else "map them to a rule in a composite file or add a handler in "
-                      "onnx_lrp/ops"), err=True)
+                      "onnx_lrp/lrp/ops"), err=True)
         sys.exit(1)
     if plan.no_path:
         click.echo(f"onnx-lrp: {plan.no_path}", err=True)
