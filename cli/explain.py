@@ -509,7 +509,7 @@ def _heatmap(ex, batch, relevance, cmap, style, labels, heat_path, model):
     spec = next(s for s in ex.inputs if s.name == first)
     channel_axis = layout.channel_axis if layout is not None else model_channel_axis(model, first, spec.dims)
     maps = hm.relevance_maps(rel, channel_axis)
-    images = batch.images if batch.kind == "image" else hm.display_images(batch.arrays[first], channel_axis)
+    images = batch.images if batch.kind == Kind.IMAGE else hm.display_images(batch.arrays[first], channel_axis)
     n = len(maps)
     pages = []
     for k, lo in enumerate(range(0, n, TILES_PER_FILE)):
