@@ -1,4 +1,4 @@
-"""``onnx-lrp rewrite`` and ``onnx-lrp inspect`` (``composites`` lives in composites.py: it imports no numpy)."""
+"""``onnx-lrp rewrite`` and ``onnx-lrp inspect`` (``composites`` lives in cli/composites.py: it imports no numpy)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
-from .io import AtomicOutputs, OutputError, check_writable
+from onnx_lrp.core.errors import OutputError
+
 from .helpfmt import Command
+from .io import AtomicOutputs, check_writable
 from .options import BINDING_ROWS, RULE_ROWS, common, explainer_setup
 from .signature import signature, signature_lines, suggestion
 
@@ -128,7 +130,7 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
         hint = rewriter.unsupported_hint(ir_model.graph, plan, comp).split(";")[0].split(": ")[-1]
         click.echo(f"onnx-lrp: {len(bad)} unsupported node(s); "
                    + (hint if "attnlrp" in hint else "map them to a rule in a composite file or add a handler in "
-                      "onnx_lrp/ops"), err=True)
+                      "onnx_lrp/lrp/ops"), err=True)
         sys.exit(1)
     if plan.no_path:
         click.echo(f"onnx-lrp: {plan.no_path}", err=True)
@@ -188,7 +190,4 @@ def _print_table(rows: list, wide: bool) -> None:
         click.echo(line.rstrip())
 
 
-from .composites import composites  # noqa: E402  (kept importable from here)
-
-
-__all__ = ["rewrite", "inspect", "composites"]
+__all__ = ["rewrite", "inspect"]

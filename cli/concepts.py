@@ -8,12 +8,14 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.io import heatmap as hm
+from onnx_lrp.io.inputs import items_kind
+from onnx_lrp.io.kinds import Kind
 
-from . import heatmap as hm
 from .dataset import check_source_preprocessing, has_images
 from .helpfmt import Command, Group
-from .io import AtomicOutputs, OutputError, check_writable, data_kind
+from .io import AtomicOutputs, check_writable
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, preprocess
 
 
@@ -48,9 +50,9 @@ def _build(model, composite, rule_kw, pre, inputs=None, source: bool = False):
     kind = None
     if source:
         check_source_preprocessing(inputs, pre)
-        kind = lambda: "image" if has_images(inputs) else "array"  # noqa: E731
+        kind = lambda: Kind.IMAGE if has_images(inputs) else Kind.NPY  # noqa: E731 (the range of arrays is unknown)
     elif inputs is not None:
-        kind = lambda: data_kind(inputs)  # noqa: E731
+        kind = lambda: items_kind(inputs)  # noqa: E731
     setup = explainer_setup(model, composite, rule_kw, pre=pre, data_kind=kind)
     return setup, setup.build(model)
 

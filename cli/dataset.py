@@ -9,8 +9,9 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.io.inputs import stored_dtypes
+from onnx_lrp.io.kinds import ARRAY_KINDS, KINDS, Kind, is_kind, kind_of
 
-from .io import ARRAY_SUFFIXES, IMAGE_SUFFIXES, stored_dtypes
 from .options import explainer_setup
 
 
@@ -60,8 +61,8 @@ def has_images(source: str) -> bool:
     """Whether a dataset SOURCE (a directory searched recursively, a glob or a file) holds images."""
     p = Path(source)
     if p.is_dir():
-        return any(q.suffix.lower() in IMAGE_SUFFIXES for q in p.rglob("*"))
-    return p.suffix.lower() in IMAGE_SUFFIXES
+        return any(is_kind(q, Kind.IMAGE) for q in p.rglob("*"))
+    return is_kind(p, Kind.IMAGE)
 
 
 def check_source_preprocessing(source, pre) -> None:
@@ -69,14 +70,15 @@ def check_source_preprocessing(source, pre) -> None:
     or an .npy/.npz SOURCE of uint8 arrays: refused, since its reader feeds arrays as they are (the options apply to
     images and to Parquet image columns); a single run (explain without --out-dir) reads them as it reads images."""
     p = Path(source)
-    if p.is_file() and p.suffix.lower() in ARRAY_SUFFIXES and any(d == np.uint8 for d in stored_dtypes(p)):
+    if p.is_file() and is_kind(p, *ARRAY_KINDS) and any(d == np.uint8 for d in stored_dtypes(p)):
         raise InputError(f"{source} holds uint8 arrays, which the dataset reader feeds as they are: save them as "
                          "floats (x.astype(np.float32) / 255 for pixels), or explain them without --out-dir, which "
                          "reads uint8 as 8-bit pixels")
     if not (pre.normalised or pre.size is not None or pre.crop):
         return
-    suffixes = {q.suffix.lower() for q in p.rglob("*") if q.is_file()} if p.is_dir() else {p.suffix.lower()}
-    if suffixes & set(IMAGE_SUFFIXES + (".parquet",)) or not suffixes & set(ARRAY_SUFFIXES):
+    kinds = {kind_of(q) for q in p.rglob("*") if q.is_file()} if p.is_dir() else {kind_of(p)}
+    kinds.discard(None)
+    if any(KINDS[k].preprocessed for k in kinds) or not kinds & set(ARRAY_KINDS):
         return
     given = [o for o, v in (("--size", pre.size), ("--crop", pre.crop), ("--mean/--std", pre.normalised)) if v]
     raise InputError(f"{', '.join(given)}: the dataset reader feeds the arrays of {source} as they are; preprocess "

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 import numpy as np
 
-from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.io.inputs import items_kind
 
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, check_writable, data_kind
 from .helpfmt import Command, Row
+from .io import AtomicOutputs, check_writable
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 
 
@@ -160,7 +161,7 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
     """
     import onnx_lrp
 
-    kind = data_kind(input_path)
+    kind = items_kind(input_path)
     setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
     if setup.zbox_note:
         click.echo(f"onnx-lrp: {setup.zbox_note}", err=True)

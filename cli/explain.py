@@ -7,18 +7,21 @@ import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 import click
 import numpy as np
 
-from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.io import heatmap as hm
+from onnx_lrp.io.inputs import input_kind, items_kind
+from onnx_lrp.io.kinds import Kind, relevance_name
 from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_chunks, merge, slices
 
-from . import heatmap as hm
 from .dataset import DATASET_KEYS, dataset_options, pop_dataset_options, run_dataset
 from .helpfmt import Command, Row
-from .io import AtomicOutputs, OutputError, check_writable, data_kind, input_kind
+from .io import AtomicOutputs, check_writable
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note, preprocess
 from .text import TEXT_KEYS, pop_text_options, run_text, text_options
 
@@ -42,16 +45,6 @@ def parse_target(text: str | None, what: str = "--target"):
     if any(v < 0 for v in vals):
         raise InputError(f"{what} {text!r}: indices are >= 0")
     return vals[0] if len(vals) == 1 else vals
-
-
-def default_output(input_path: Path, kind: str) -> Path:
-    """In the current directory (never beside the input unasked), named after it: ``x.npy`` -> ``x.relevance.npy``;
-    a directory or .npz -> ``<name>.relevance.npz``."""
-    input_path = Path(input_path)
-    if kind == "directory":
-        return Path(f"{input_path.resolve().name}.relevance.npz")  # "." has no name of its own
-    suffix = ".npz" if kind == "npz" else ".npy"
-    return Path(f"{input_path.stem}.relevance{suffix}")
 
 
 def _say(msg: str) -> None:
@@ -130,30 +123,63 @@ def explain(**kw):
     o = ExplainOptions.from_click(kw)
     ds = pop_dataset_options(o.rule_kw)
     text = pop_text_options(o.rule_kw)
-    if text is not None:  # text in: its own module
-        return run_text(o.model, text, target=o.target, position=o.position, start=o.start, device=o.device,
-                        tf32=o.tf32,
-                        precision=o.precision, composite=o.composite, rule_kw=o.rule_kw, out=o.out,
-                        html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
-                        refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
-                                 "--heatmap": o.heatmap_path,
-                                 "--relevance-at": o.relevance_at, "--output": o.output_name,
-                                 **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
-    if o.input_path is None:
-        raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
-    if ds is not None:  # dataset mode: its own module
-        return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
-                           start=o.start, device=o.device, tf32=o.tf32, precision=o.precision, strict=o.strict,
-                           precise=o.precise,
-                           batch_size=o.batch_size,
-                           relevance_at=o.relevance_at,
-                           pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
-                           refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
-                                    "--html": o.html_path, "--position": o.position})
+    mode = next(m for m in MODES if m.chosen(ds, text))
+    return mode.run(o, ds, text)
+
+
+def _text_mode(o: "ExplainOptions", ds, text):
+    """--text: a text instead of INPUT, explained by its own module (cli/text.py)."""
+    return run_text(o.model, text, target=o.target, position=o.position, start=o.start, device=o.device,
+                    tf32=o.tf32,
+                    precision=o.precision, composite=o.composite, rule_kw=o.rule_kw, out=o.out,
+                    html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
+                    refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
+                             "--heatmap": o.heatmap_path,
+                             "--relevance-at": o.relevance_at, "--output": o.output_name,
+                             **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
+
+
+def _dataset_mode(o: "ExplainOptions", ds, text):
+    """--out-dir: every item of SOURCE into shards, by its own module (cli/dataset.py)."""
+    _need_input(o)
+    return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
+                       start=o.start, device=o.device, tf32=o.tf32, precision=o.precision, strict=o.strict,
+                       precise=o.precise,
+                       batch_size=o.batch_size,
+                       relevance_at=o.relevance_at,
+                       pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
+                       refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
+                                "--html": o.html_path, "--position": o.position})
+
+
+def _files_mode(o: "ExplainOptions", ds, text):
+    """INPUT (arrays, images or a directory of one kind): one run, the relevance and heatmaps written here."""
+    _need_input(o)
     dest = _destinations(o)
     res = _run(o, dest)
     heat_files = _write(o, dest, res)
     _report(o, dest, res, heat_files)
+
+
+def _need_input(o: "ExplainOptions") -> None:
+    if o.input_path is None:
+        raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way ``explain`` runs: ``chosen(dataset options, text options)`` says whether it is this one."""
+
+    name: str
+    chosen: Callable[[dict | None, dict | None], bool]
+    run: Callable[["ExplainOptions", dict | None, dict | None], object]
+
+
+MODES = (  # the first that is chosen runs
+    Mode("text", lambda ds, text: text is not None, _text_mode),
+    Mode("dataset", lambda ds, text: ds is not None, _dataset_mode),
+    Mode("arrays and images", lambda ds, text: True, _files_mode),
+)
 
 
 @dataclass
@@ -196,7 +222,7 @@ class _Destinations:
     """What the run writes and reads besides the model, checked before any work."""
 
     input_path: Path
-    data_kind: str
+    data_kind: Kind  # of the items (items_kind)
     out_path: Path
     heat_path: Path | None
     html_out: Path | None
@@ -230,8 +256,8 @@ def _destinations(o: ExplainOptions) -> _Destinations:
     """The output files (suffixes, writable, not the input), targets, positions and tokens: refused before any work."""
     input_path = Path(o.input_path)
     kind = input_kind(input_path)
-    items_kind = data_kind(input_path)  # a directory's is that of its files; "pixels" for uint8 arrays
-    out_path = Path(o.out) if o.out else default_output(input_path, kind)
+    items = items_kind(input_path)  # a directory's is that of its files; PIXELS for uint8 arrays
+    out_path = Path(o.out) if o.out else relevance_name(input_path, kind)
     if out_path.suffix.lower() not in (".npy", ".npz"):
         raise OutputError(f"-o {out_path}: the relevance is written as .npy or .npz; change the suffix")
     if o.relevance_at and out_path.suffix.lower() == ".npy":
@@ -259,7 +285,7 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         if html_out.suffix.lower() not in (".html", ".htm"):
             raise OutputError(f"--html {html_out}: give an .html file name")
         check_writable(html_out)
-    return _Destinations(input_path, items_kind, out_path, heat_path, html_out, tokens, targets, positions)
+    return _Destinations(input_path, items, out_path, heat_path, html_out, tokens, targets, positions)
 
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
@@ -311,7 +337,7 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, comp, batch, m, t_build:
     explained = outputs[ex.explained_output]
     # what relevance starts from: the explained tensor at the target (the logit behind a softmax output)
     start_values = m.explained_value
-    behind = getattr(ex, "explained_tensor", ex.explained_output) != ex.explained_output and start_values is not None
+    behind = ex.explained_tensor != ex.explained_output and start_values is not None
     if pos_used is not None:  # the explained row of each item
         flat = np.stack([np.asarray(explained[i, pos_used[i]]).reshape(-1) for i in range(n)])
     else:
@@ -476,14 +502,14 @@ TILES_PER_FILE = 48
 
 def _heatmap(ex, batch, relevance, cmap, style, labels, heat_path, model):
     """(path, image) pages of the first float input's relevance: at most TILES_PER_FILE items per file."""
-    from .io import model_channel_axis
+    from onnx_lrp.io.inputs import model_channel_axis
     first = ex.relevance_inputs[0]
     rel = relevance[first] if isinstance(relevance, dict) else relevance
     layout = batch.layout
     spec = next(s for s in ex.inputs if s.name == first)
     channel_axis = layout.channel_axis if layout is not None else model_channel_axis(model, first, spec.dims)
     maps = hm.relevance_maps(rel, channel_axis)
-    images = batch.images if batch.kind == "image" else hm.display_images(batch.arrays[first], channel_axis)
+    images = batch.images if batch.kind == Kind.IMAGE else hm.display_images(batch.arrays[first], channel_axis)
     n = len(maps)
     pages = []
     for k, lo in enumerate(range(0, n, TILES_PER_FILE)):

@@ -1,7 +1,8 @@
-"""Reading inputs and writing outputs for the command line; reusable by every command.
+"""Reading options and writing outputs for the command line; reusable by every command.
 
-* The readers (:func:`load_inputs`, :func:`load_image`, ``.npy``/``.npz``, :class:`Preprocess`) live in
-  :mod:`onnx_lrp.io.inputs` (the API uses them too) and are re-exported here.
+* The readers of model inputs (:func:`~onnx_lrp.io.inputs.load_inputs`, :class:`~onnx_lrp.io.inputs.Preprocess`)
+  live in :mod:`onnx_lrp.io.inputs` (the API uses them too), the kinds of input files in :mod:`onnx_lrp.io.kinds`;
+  the commands import them from there.
 * :class:`AtomicOutputs` writes several files as one transaction: each goes to a temporary file in its target's
   directory and is renamed over the target only when all of them were written, so a failed run leaves no
   half-written file and never clobbers an existing output.
@@ -18,41 +19,6 @@ import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
 from onnx_lrp.core.files import temporary_beside
-from onnx_lrp.io.inputs import (
-    ARRAY_SUFFIXES,
-    IMAGE_SUFFIXES,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Batch,
-    ImageLayout,
-    InputInfo,
-    Preprocess,
-    channels_last,
-    directory_files,
-    image_layout,
-    input_infos,
-    input_kind,
-    load_image,
-    load_inputs,
-    load_npy,
-    load_npz,
-    model_channel_axis,
-    model_input_dims,
-    model_signature,
-    stored_dtypes,
-)
-
-
-def data_kind(path) -> str:
-    """The kind of an input's items ("npy", "npz", "image"): a directory's is that of its files; "pixels" for arrays
-    of uint8, which are read as 8-bit pixels as images are (their range is known: [0, 1] after dividing by 255)."""
-    kind = input_kind(path)
-    kind = directory_files(path)[0] if kind == "directory" else kind
-    if kind in ("npy", "npz"):
-        dtypes = stored_dtypes(path)
-        if dtypes and all(d == np.uint8 for d in dtypes):
-            return "pixels"
-    return kind
 
 
 def parse_floats(text: str | None, what: str) -> tuple | None:
@@ -170,7 +136,7 @@ class AtomicOutputs:
 
     def save_image(self, path, image) -> Path:
         """A Pillow image in the format its suffix names (.png, .jpg, .webp, ...)."""
-        from .heatmap import IMAGE_FORMATS
+        from onnx_lrp.io.heatmap import IMAGE_FORMATS
         fmt = IMAGE_FORMATS.get(Path(path).suffix.lower(), "PNG")
         extra = {"quality": 95} if fmt in ("JPEG", "WEBP") else {}
         return self.write(path, lambda f: image.save(f, format=fmt, **extra))
@@ -212,8 +178,4 @@ def check_writable(path) -> None:
         raise OutputError(f"cannot write {path}: it is read-only; choose another path")
 
 
-__all__ = ["ARRAY_SUFFIXES", "AtomicOutputs", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD",
-           "ImageLayout", "InputInfo", "OutputError", "Preprocess", "Progress", "channels_last", "check_writable", "data_kind",
-           "directory_files",
-           "image_layout", "input_infos", "input_kind", "load_image", "load_inputs", "load_npy", "load_npz",
-           "model_channel_axis", "model_input_dims", "model_signature", "parse_floats", "parse_size", "stored_dtypes"]
+__all__ = ["AtomicOutputs", "Progress", "check_writable", "parse_floats", "parse_size"]

@@ -13,9 +13,7 @@ from onnx_lrp.rules.composite import Composite, load_composite
 from onnx_lrp.core.errors import InputError
 
 from .helpfmt import Row
-from .io import (
-    ARRAY_SUFFIXES,
-    IMAGE_SUFFIXES,
+from onnx_lrp.io.inputs import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Batch,
@@ -23,9 +21,10 @@ from .io import (
     channels_last,
     load_inputs,
     model_input_dims,
-    parse_floats,
-    parse_size,
 )
+from onnx_lrp.io.kinds import UNIT_RANGE, is_kind
+
+from .io import parse_floats, parse_size
 
 
 DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/build/auto_composite.py
@@ -186,7 +185,7 @@ def preprocess(kw: dict) -> Preprocess:
     return pre
 
 
-KNOWN_RANGE = ("image", "pixels")  # items in [0, 1] before --mean/--std: images and uint8 arrays (divided by 255)
+KNOWN_RANGE = UNIT_RANGE  # items in [0, 1] before --mean/--std: images and uint8 arrays (divided by 255)
 
 
 def box_bounds(model, data_kind, comp: Composite, params: dict, pre: Preprocess) -> tuple[str | None, str | None]:
@@ -216,7 +215,7 @@ def check_model_arg(model) -> None:
     if not isinstance(model, (str, os.PathLike)):
         return
     path = Path(model)
-    if path.is_dir() or path.suffix.lower() in ARRAY_SUFFIXES + IMAGE_SUFFIXES:
+    if path.is_dir() or is_kind(path):
         what = "a directory" if path.is_dir() else f"an input file ({path.suffix.lower()})"
         raise InputError(f"MODEL {model} is {what}, not an ONNX model: the first argument is the model (.onnx), the "
                          "second the input, as in onnx-lrp explain MODEL.onnx INPUT")

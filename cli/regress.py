@@ -16,16 +16,17 @@ import click
 import numpy as np
 
 from onnx_lrp import regression as rg
-from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.errors import InputError, OutputError
 from onnx_lrp.core.interface import FORWARD_PREFIX
+from onnx_lrp.io import heatmap as hm
+from onnx_lrp.io.inputs import items_kind, model_channel_axis
 from onnx_lrp.metrics import tracking
 from onnx_lrp.run import deployed_gap as gaps
 from onnx_lrp.run.batches import explain_all
 
-from . import heatmap as hm
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, Progress, check_writable, data_kind, model_channel_axis
 from .helpfmt import Command, Row
+from .io import AtomicOutputs, Progress, check_writable
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
                       input_options)
 
@@ -203,7 +204,7 @@ def _report(comp, context, files: dict, base, cur, ex, max_rows, suite, seconds,
 
 def _setup(model, composite, kw: dict, inputs_path) -> Setup:
     """The options' explainer setup (:func:`explainer_setup`); the ZBox note on stderr."""
-    setup = explainer_setup(model, composite, kw, data_kind=data_kind(inputs_path))
+    setup = explainer_setup(model, composite, kw, data_kind=items_kind(inputs_path))
     if setup.zbox_note:
         _say(setup.zbox_note)
     return setup
@@ -438,7 +439,7 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
     from onnx_lrp.load import model_sha256
 
     machine = gaps.machine_facts(ex.device) if base.forward is not None else None
-    deployed_diff = rg.deployed_difference(base, cur, getattr(ex, "output_step", None),
+    deployed_diff = rg.deployed_difference(base, cur, ex.output_step,
                                            dict(baseline=meta.get("machine"), current=machine))
     sha = model_sha256(model)
     context = dict(command="check", model=str(model), baseline=str(baseline),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .io import IMAGENET_MEAN, IMAGENET_STD, channels_last, model_signature
+from onnx_lrp.io.inputs import IMAGENET_MEAN, IMAGENET_STD, channels_last, model_signature
 
 TOKEN_NAMES = ("input_ids", "ids", "tokens", "token_ids")
 

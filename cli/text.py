@@ -88,7 +88,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
                           embeddings=opts["embeddings"], start=start)
     t_explain = time.perf_counter() - t1
     _write_text(out_path, html_out, res, token_scale)
-    name = getattr(ex, "composite_name", comp.name)  # "auto" resolved
+    name = ex.composite_name  # "auto" resolved
     if as_json:
         summary = dict(model=str(model), tokenizer=str(tok_path), composite=name, start=start,
                        device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
@@ -183,7 +183,7 @@ def _build(model, composite, rule_kw, enc, continuation: bool, **kw):
 
 
 def _no_images():
-    from .io import Preprocess
+    from onnx_lrp.io.inputs import Preprocess
 
     return Preprocess()  # text: the image options are refused above, never read
 

@@ -11,9 +11,9 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.io.inputs import items_kind
 
 from .explain import parse_target
-from .io import data_kind
 from .helpfmt import Command
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 
@@ -67,7 +67,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     Per node from the explained output to the input: the relevance entering, leaving, absorbed (biases,
     stabilisers, rules that do not conserve) and still in flight, read from the relevance model itself.
     """
-    kind = data_kind(input_path)
+    kind = items_kind(input_path)
     setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
     if setup.zbox_note:
         _say(setup.zbox_note)

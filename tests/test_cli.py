@@ -20,8 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import onnx_lrp
-from onnx_lrp.cli import heatmap as hm
-from onnx_lrp.cli.io import AtomicOutputs, OutputError
+from onnx_lrp.io import heatmap as hm
+from onnx_lrp.cli.io import AtomicOutputs
+from onnx_lrp.core.errors import OutputError
 from onnx_lrp.cli.main import main
 from onnx_lrp.rules.composite import builtin_names, load_composite
 

@@ -1,8 +1,8 @@
-"""Heatmaps (onnx_lrp.cli.heatmap): colour maps, symmetric scaling, channel sums and the tile layout."""
+"""Heatmaps (onnx_lrp.io.heatmap): colour maps, symmetric scaling, channel sums and the tile layout."""
 import numpy as np
 import pytest
 
-from onnx_lrp.cli import heatmap as hm
+from onnx_lrp.io import heatmap as hm
 from onnx_lrp.core.errors import InputError
 
 

@@ -246,7 +246,7 @@ def _nhwc_ambiguous(path):
 
 
 def test_channels_last_npy_drawn_over_the_models_channel_axis(tmp_path):
-    from onnx_lrp.cli import heatmap as hm
+    from onnx_lrp.io import heatmap as hm
 
     _nhwc_ambiguous(tmp_path / "m.onnx")
     x = np.random.default_rng(1).normal(size=(1, 3, 6, 3)).astype(np.float32)

@@ -1,6 +1,7 @@
-"""The relevance model's interface: the names of the inputs and outputs the rewriter adds (see onnx_lrp/rewriter.py)
-and the records of its walk (the steps, the ledger's rows). Written by the rewriter, fed and read by the runner; imports nothing, so that a process
-that only runs a built relevance model (a Ray actor) needs neither onnx_ir nor the rewriter."""
+"""The relevance model's interface: the names of the inputs and outputs the rewriter adds
+(onnx_lrp/lrp/rewriter.py) and the records of its walk (the steps, the ledger's rows). Written by the rewriter, fed
+and read by the runner (onnx_lrp/run/runner.py); imports nothing, so that a process that only runs a built relevance
+model (a Ray actor) needs neither onnx_ir nor the rewriter."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,10 +15,10 @@ VALUE_OUTPUT = "lrp/explained_value"  # the explained tensor at the target (the 
 RELEVANCE_PREFIX = "lrp/relevance/"
 LEDGER_ENTERING = "lrp/ledger/entering"
 LEDGER_LEAVING = "lrp/ledger/leaving"
-# the run-time checks computed in the graph (onnx_lrp.lrp.rewriter.check_outputs), read by the runner instead of the relevance arrays:
-# per relevance input, the float64 sum and the largest |entry| of each row (batch item), and one float64 probe that is
-# finite exactly when the inputs, the explained output and every returned relevance are (float32 data: exactly;
-# float64 data: a non-finite probe may be an overflow, which the runner confirms on the arrays)
+# the run-time checks computed in the graph (onnx_lrp.lrp.rewriter.check_outputs), read by the runner instead of the
+# relevance arrays: per relevance input, the float64 sum and the largest |entry| of each row (batch item), and one
+# float64 probe that is finite exactly when the inputs, the explained output and every returned relevance are
+# (float32 data: exactly; float64 data: a non-finite probe may be an overflow, which the runner confirms on the arrays)
 CHECK_SUM_PREFIX = "lrp/check/sum/"
 CHECK_PEAK_PREFIX = "lrp/check/peak/"
 CHECK_FINITE = "lrp/check/finite"

@@ -12,8 +12,6 @@ import numpy as np
 
 from ..core.errors import InputError, LrpError
 from ..io.inputs import (
-    ARRAY_SUFFIXES,
-    IMAGE_SUFFIXES,
     Preprocess,
     decode_pixels,
     image_layout,
@@ -22,6 +20,7 @@ from ..io.inputs import (
     load_npz,
     normalise_pixels,
 )
+from ..io.kinds import FILE_KINDS, KINDS, Kind, is_kind, kind_of
 
 
 GLOB_CHARS = "*?["
@@ -111,7 +110,7 @@ class FileSource(Source):
         ok, bad, images = [], [], []
         for i in range(lo, hi):
             try:
-                if self.files[i].lower().endswith(IMAGE_SUFFIXES):
+                if is_kind(self.files[i], Kind.IMAGE):
                     info = self._single("an image")
                     images.append((i, decode_pixels(self.files[i], image_layout(info), self.pre)))
                     continue
@@ -135,12 +134,12 @@ class FileSource(Source):
 
     def read_item(self, i: int) -> dict:
         path = Path(self.files[i])
-        suffix = path.suffix.lower()
-        if suffix in IMAGE_SUFFIXES:
+        kind = kind_of(path)
+        if kind is Kind.IMAGE:
             info = self._single("an image")
             x, _ = load_image(path, image_layout(info), self.pre)
             return {info.name: x}
-        if suffix == ".npy":
+        if kind is Kind.NPY:
             info = self._single("a .npy file")
             return {info.name: _one_item(load_npy(path), info, self.ids[i])}
         arrays = load_npz(path)
@@ -248,7 +247,7 @@ class ArraySource(Source):
         if arrays is not None:
             return arrays
         path = Path(self.path)
-        if path.suffix.lower() == ".npy":
+        if is_kind(path, Kind.NPY):
             if len(self.infos) != 1:
                 raise InputError(f"the model has {len(self.infos)} inputs; a .npy file holds one array; give a .npz "
                                  f"with arrays named {', '.join(i.name for i in self.infos)}")
@@ -401,8 +400,7 @@ def open_source(source, infos, pre: Preprocess = Preprocess(), column: str | Non
     text = str(source)
     path = Path(text)
     if not path.exists() and any(c in text for c in GLOB_CHARS):
-        files = sorted(Path(p) for p in globlib.glob(text, recursive=True) if Path(p).is_file()
-                       and Path(p).suffix.lower() in IMAGE_SUFFIXES + ARRAY_SUFFIXES)
+        files = sorted(Path(p) for p in globlib.glob(text, recursive=True) if Path(p).is_file() and is_kind(p))
         if not files:
             raise InputError(f"the pattern {text!r} matches no image, .npy or .npz file")
         root = Path(os.path.commonpath([str(f.parent) for f in files]))
@@ -411,19 +409,18 @@ def open_source(source, infos, pre: Preprocess = Preprocess(), column: str | Non
         raise InputError(f"source {path} not found; give a directory, a glob, a .npy/.npz or a Parquet dataset")
     if path.is_dir():
         rel = list_files(path)
-        if rel and all(r.lower().endswith(".parquet") for r in rel):
+        if rel and all(is_kind(r, Kind.PARQUET) for r in rel):
             return ParquetSource(path, infos, pre, column)
-        rel = [r for r in rel if r.lower().endswith(IMAGE_SUFFIXES + ARRAY_SUFFIXES)]
+        rel = [r for r in rel if is_kind(r)]
         if not rel:
             raise InputError(f"directory {path} holds no image, .npy, .npz or .parquet files")
         return FileSource(path, [os.path.join(path, r) for r in rel], path, infos, pre, ids=rel)
-    suffix = path.suffix.lower()
-    if suffix in ARRAY_SUFFIXES:
-        return ArraySource(path, infos, pre)
-    if suffix == ".parquet":
+    kind = kind_of(path)
+    if kind is Kind.PARQUET:
         return ParquetSource(path, infos, pre, column)
-    if suffix in IMAGE_SUFFIXES:
-        return FileSource(path, [path], path.parent, infos, pre)
+    if kind in FILE_KINDS:  # a file of rows (.npy/.npz), or one item (an image)
+        return ArraySource(path, infos, pre) if KINDS[kind].rows else FileSource(path, [path], path.parent, infos, pre)
+    suffix = path.suffix.lower()
     raise InputError(f"source {path} has an unknown type {suffix or '(no suffix)'}; give a directory, a glob, a "
                      ".npy/.npz with a batch axis or a Parquet dataset")
 

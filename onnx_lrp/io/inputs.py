@@ -1,6 +1,6 @@
 """Reading model inputs: ``.npy`` (never unpickled), ``.npz`` (one array per model input, by name), images
-(PNG/JPEG/..., resized and normalised) or a directory of these, for the API (onnx_lrp.dataset) and the command line
-(cli/io.py re-exports these names).
+(PNG/JPEG/..., resized and normalised) or a directory of these, for the API (onnx_lrp.dataset) and the command line.
+Which kind a file is, the table of kinds says (:mod:`onnx_lrp.io.kinds`); the readers of each kind are here.
 
 * :func:`load_inputs` reads a file or a directory of files of one kind into one :class:`Batch`.
 * :func:`load_image` decodes one image; :func:`decode_pixels` + :func:`normalise_pixels` are its two halves, so
@@ -18,10 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError, LrpError
+from .kinds import ARRAY_KINDS, DIRECTORY, FILE_KINDS, Kind, kind_of, suffixes
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-ARRAY_SUFFIXES = (".npy", ".npz")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -290,7 +289,7 @@ class Batch:
 
     arrays: dict[str, np.ndarray]
     names: list[str]
-    kind: str  # "npy", "npz" or "image"
+    kind: Kind  # NPY, NPZ or IMAGE
     images: list[np.ndarray] | None = None
     layout: ImageLayout | None = None
     files: list[Path] = field(default_factory=list)
@@ -302,33 +301,44 @@ class Batch:
 
 
 def input_kind(path: Path) -> str:
-    """'npy', 'npz', 'image' or 'directory' from the path alone; unknown suffixes raise."""
+    """The :class:`Kind` of a file from its suffix alone (one of FILE_KINDS), or DIRECTORY; unknown suffixes raise."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"input {path} not found; check the path")
     if path.is_dir():
-        return "directory"
+        return DIRECTORY
+    kind = kind_of(path)
+    if kind in FILE_KINDS:
+        return kind
     suffix = path.suffix.lower()
-    if suffix in ARRAY_SUFFIXES:
-        return suffix[1:]
-    if suffix in IMAGE_SUFFIXES:
-        return "image"
     if suffix == ".onnx":
         raise InputError(f"input {path} is an ONNX model: the first argument is the model, the second the input "
                          "(onnx-lrp explain MODEL.onnx INPUT)")
     raise InputError(f"input {path} has an unknown type {suffix or '(no suffix)'}; give .npy, .npz, an image "
-                     f"({', '.join(IMAGE_SUFFIXES)}) or a directory of these")
+                     f"({', '.join(suffixes(Kind.IMAGE))}) or a directory of these")
 
 
-def directory_files(path: Path) -> tuple[str, list[Path]]:
+def directory_files(path: Path) -> tuple[Kind, list[Path]]:
     files = sorted(p for p in Path(path).iterdir() if p.is_file() and not p.name.startswith(".")
-                   and p.suffix.lower() in ARRAY_SUFFIXES + IMAGE_SUFFIXES)
+                   and kind_of(p) in FILE_KINDS)
     if not files:
         raise InputError(f"directory {path} holds no .npy, .npz or image files")
-    kinds = {("image" if p.suffix.lower() in IMAGE_SUFFIXES else p.suffix.lower()[1:]) for p in files}
+    kinds = {kind_of(p) for p in files}
     if len(kinds) > 1:
         raise InputError(f"directory {path} mixes {', '.join(sorted(kinds))} files; keep one kind per directory")
     return kinds.pop(), files
+
+
+def items_kind(path) -> Kind:
+    """The kind of an input's items: a directory's is that of its files; PIXELS for .npy/.npz arrays of uint8, which
+    are read as 8-bit pixels as images are (their range is known: [0, 1] after dividing by 255)."""
+    kind = input_kind(path)
+    kind = directory_files(path)[0] if kind == DIRECTORY else kind
+    if kind in ARRAY_KINDS:
+        dtypes = stored_dtypes(path)
+        if dtypes and all(d == np.uint8 for d in dtypes):
+            return Kind.PIXELS
+    return kind
 
 
 def load_inputs(path, specs, pre: Preprocess = Preprocess()) -> Batch:
@@ -336,7 +346,7 @@ def load_inputs(path, specs, pre: Preprocess = Preprocess()) -> Batch:
     infos = input_infos(specs)
     path = Path(path)
     kind = input_kind(path)
-    if kind == "directory":
+    if kind == DIRECTORY:
         kind, files = directory_files(path)
     else:
         files = [path]
@@ -351,8 +361,8 @@ def load_inputs(path, specs, pre: Preprocess = Preprocess()) -> Batch:
                 raise InputError(f"input {f} has shape {_shape(c.shape[1:])} ({c.dtype}) but {files[0].name} has "
                                  f"{_shape(base)} ({chunks[0].dtype}); all files of a batch must agree")
         arrays[info.name] = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-    images = [im for part in parts for im in (part.images or [])] if kind == "image" else None
-    if kind == "image":
+    images = [im for part in parts for im in (part.images or [])] if kind is Kind.IMAGE else None
+    if kind is Kind.IMAGE:
         return Batch(arrays, names, kind, images, parts[0].layout, files)
     if pre.size is not None or pre.crop:
         raise InputError(f"--size and --crop resize images, and {path} holds arrays: resize them before saving, or "
@@ -413,11 +423,11 @@ def stored_dtypes(path) -> list[np.dtype]:
         if path.is_dir():
             kind, files = directory_files(path)
             path = files[0]
-        suffix = path.suffix.lower()
-        if suffix == ".npy":
+        kind = kind_of(path)
+        if kind is Kind.NPY:
             with open(path, "rb") as f:
                 return [_header_dtype(f)]
-        if suffix == ".npz":
+        if kind is Kind.NPZ:
             with zipfile.ZipFile(path) as z:
                 out = []
                 for name in z.namelist():
@@ -435,15 +445,15 @@ def _header_dtype(f) -> np.dtype:
     return read(f)[2]
 
 
-def _load_one(path: Path, kind: str, infos: list[InputInfo], pre: Preprocess) -> Batch:
-    if kind == "image":
+def _load_one(path: Path, kind: Kind, infos: list[InputInfo], pre: Preprocess) -> Batch:
+    if kind is Kind.IMAGE:
         if len(infos) != 1:
             raise InputError(f"the model has {len(infos)} inputs ({', '.join(i.name for i in infos)}); an image "
                              "feeds one; give a .npz with one array per input")
         layout = image_layout(infos[0])
         x, display = load_image(path, layout, pre)
-        return Batch({infos[0].name: x[None]}, [path.name], "image", [display], layout)
-    if kind == "npy":
+        return Batch({infos[0].name: x[None]}, [path.name], kind, [display], layout)
+    if kind is Kind.NPY:
         if len(infos) != 1:
             raise InputError(f"the model has {len(infos)} inputs ({', '.join(i.name for i in infos)}); a .npy file "
                              f"holds one array; give a .npz with arrays named {', '.join(i.name for i in infos)}")
@@ -516,7 +526,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "cannot parse"
 
 
-__all__ = ["ARRAY_SUFFIXES", "Batch", "IMAGE_SUFFIXES", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo",
-           "Preprocess", "channels_last", "decode_pixels", "directory_files", "image_layout", "input_infos",
-           "input_kind", "load_image", "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims",
-           "model_signature", "normalise_pixels", "prepare_arrays", "stored_dtypes"]
+__all__ = ["Batch", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo", "Preprocess", "channels_last",
+           "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind", "items_kind", "load_image",
+           "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims", "model_signature",
+           "normalise_pixels", "prepare_arrays", "stored_dtypes"]
