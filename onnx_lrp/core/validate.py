@@ -28,7 +28,8 @@ def expect(value, kind, where: str, hint: str = ""):
         or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
         want = " or ".join(_NAMES.get(k, k.__name__) for k in kinds)
-        raise InputError(f"{where} is {_kind(value)} ({_short(value)}); give {want}" + (f" {hint}" if hint else ""))
+        raise InputError(f"{where} is {_kind(value)} ({_short(value)}); give {want}"
+                         + (f"; {hint}" if hint else ""))
     return value
 
 
@@ -37,7 +38,7 @@ def expect_int(value, where: str, lo: int | None = None, hi: int | None = None, 
     v = expect(value, int, where, hint)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
-        raise InputError(f"{where} is {v}; give an integer {bounds}" + (f" {hint}" if hint else ""))
+        raise InputError(f"{where} is {v}; give an integer {bounds}" + (f"; {hint}" if hint else ""))
     return v
 
 
@@ -63,13 +64,13 @@ def loads_json(text, where: str, hint: str = ""):
         return json.loads(text)
     except UnicodeDecodeError as exc:
         raise InputError(f"{where} is not UTF-8 text (byte {exc.start}); give a UTF-8 JSON file"
-                         + (f" ({hint})" if hint else "")) from None
+                         + (f"; {hint}" if hint else "")) from None
     except RecursionError:
         raise InputError(f"{where} is nested too deeply to read; give a flat JSON file"
-                         + (f" ({hint})" if hint else "")) from None
+                         + (f"; {hint}" if hint else "")) from None
     except ValueError as exc:
         raise InputError(f"{where} is not valid JSON ({' '.join(str(exc).split())})"
-                         + (f"; give {hint}" if hint else "")) from None
+                         + (f"; {hint}" if hint else "")) from None
 
 
 def read_json(path, where: str | None = None, hint: str = ""):

@@ -180,7 +180,7 @@ def read_snapshot(path) -> Snapshot:
 def _check_meta(meta, path) -> dict:
     """The snapshot's metadata, every field a later check uses of the type it needs (one line otherwise)."""
     where = f"baseline {path}: its metadata"
-    expect(meta, dict, where, "(a JSON object); recreate the baseline with `onnx-lrp snapshot`")
+    expect(meta, dict, where, "recreate the baseline with `onnx-lrp snapshot`")
     if meta.get("format") != FORMAT:
         raise InputError(f"baseline {path} is not an onnx-lrp snapshot (format {meta.get('format')!r})")
     version = expect_int(meta.get("format_version", 0), f"{where}: format_version", 0)
@@ -190,7 +190,7 @@ def _check_meta(meta, path) -> dict:
     for key in ("composite", "explained_output", "start", "items"):
         if key not in meta:
             raise InputError(f"baseline {path}: its metadata lacks {key!r}; recreate it with `onnx-lrp snapshot`")
-    hint = "; recreate the baseline with `onnx-lrp snapshot`"
+    hint = "recreate the baseline with `onnx-lrp snapshot`"
     comp = expect(meta["composite"], dict, f"{where}: composite", hint)
     expect(comp.get("name"), str, f"{where}: composite.name", hint)
     expect(comp.get("toml"), str, f"{where}: composite.toml", hint)
