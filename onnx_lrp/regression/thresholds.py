@@ -140,6 +140,9 @@ def load_thresholds(config: "str | os.PathLike | None" = None, overrides: dict |
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"config file {path} is not valid TOML ({exc})") from None
+        except RecursionError:
+            raise InputError(f"config file {path} is nested too deeply to read; give a plain [{CONFIG_TABLE}] "
+                             "table") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"config file {path} cannot be read ({exc})") from None
         table = data.get(CONFIG_TABLE, {})
