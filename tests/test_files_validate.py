@@ -203,6 +203,11 @@ def test_a_deeply_nested_check_config_is_refused(tmp_path):
         rg.load_thresholds(p)
     p.write_bytes(b"[check]\nmin_cosine = 0.9\n")
     assert rg.load_thresholds(p)[0].min_cosine == 0.9
+    deep = tmp_path / "deep.toml"  # a composite file too: one line, not a RecursionError (exit 3)
+    deep.write_text("a = " + "[" * 50000 + "]" * 50000)
+    refused(*invoke("composites", deep)[::2], "nested too deeply")
+    refused(*invoke("inspect", DIGITS, "-c", deep)[::2], "nested too deeply")
+    refused(*invoke("check", DIGITS, deep, "--config", deep)[::2], "nested too deeply")
 
 
 # ---------------------------------------------------------------------------------------------- 2. environment
@@ -394,11 +399,12 @@ DEEP = b"[" * 100000 + b"]" * 100000
 
 def _malformed(valid: bytes, suffix: str) -> dict:
     """Malformed versions of a file whose valid content is ``valid``: empty, random bytes, truncated, another kind
-    of valid file (a PNG; a model where a PNG goes), a JSON list, a deeply nested JSON, invalid UTF-8."""
+    of valid file (a PNG; a model where a PNG goes), a JSON list, a deeply nested JSON (TOML), invalid UTF-8."""
     rng = np.random.default_rng(len(valid))
     return {"empty": b"", "random": b"\x01" + rng.integers(0, 256, 300, dtype=np.uint8).tobytes(),
             "truncated": valid[:max(1, len(valid) // 2)], "other-kind": DIGITS.read_bytes() if suffix == ".png"
-            else PNG, "json-list": b"[1, 2, 3]", "deep-json": DEEP, "not-utf8": b"\xff\xfe\xfd{\x80"}
+            else PNG, "json-list": b"[1, 2, 3]",
+            "deep": b"a = " + DEEP if suffix == ".toml" else DEEP, "not-utf8": b"\xff\xfe\xfd{\x80"}
 
 
 def _slots(base: Path) -> list:

@@ -237,6 +237,6 @@ def _bytes(n) -> str:
     return f"{n:.1f} TiB"
 
 
-__all__ = ["CAP_VARIABLE", "array_cap", "available_memory", "check_name", "check_npy", "check_npz", "check_size", "env_int", "expect",
-           "expect_int", "expect_list_of", "inside", "loads_json", "max_threads", "npy_nbytes", "read_json",
-           "read_text"]
+__all__ = ["CAP_VARIABLE", "array_cap", "available_memory", "check_name", "check_npy", "check_npz", "check_size",
+           "env_int", "expect", "expect_int", "expect_list_of", "inside", "loads_json", "max_threads", "npy_nbytes",
+           "read_json", "read_text"]
