@@ -243,7 +243,9 @@ def test_every_environment_variable_read_is_known():
         for p in base.rglob("*.py"):
             found |= set(re.findall(r"environ(?:\.get)?\(?\[?[\"']([A-Z_]+)", p.read_text(encoding="utf-8")))
             found |= set(re.findall(r"env_int\(\s*[\"']([A-Z_]+)", p.read_text(encoding="utf-8")))
-    assert found == {"ONNX_LRP_THREADS", "NO_COLOR", "ONNX_LRP_DEBUG"}, found
+            found |= set(re.findall(r"_VARIABLE = [\"']([A-Z_]+)", p.read_text(encoding="utf-8")))
+    # the first two are range-checked integers (env_int); NO_COLOR and ONNX_LRP_DEBUG are flags: set or not
+    assert found == {"ONNX_LRP_THREADS", "ONNX_LRP_MAX_ARRAY_BYTES", "NO_COLOR", "ONNX_LRP_DEBUG"}, found
 
 
 # ---------------------------------------------------------------------------------------------- 3. archive caps
