@@ -50,7 +50,7 @@ def _show_warnings_in_one_line() -> None:
 # options that name a file or folder to write: a control character there (a newline, an escape sequence) would reach
 # the terminal, the file system and the captions drawn into images raw; refused before any work
 FILE_OPTIONS = ("--heatmap", "--heatmap-dir", "--plot", "-o", "--out", "--out-dir", "--report-json", "--report-html",
-                "--junit-xml", "--html", "--tokens")
+                "--junit-xml", "--html")
 
 
 def check_file_names(args: list) -> None:
