@@ -30,6 +30,12 @@ RNG = np.random.default_rng(37)
 X = RNG.random((2, 1, 16, 16)).astype(np.float32)
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Every command runs in its own folder: default outputs (e.g. ``MODEL.tokens.html``) never land in the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 def invoke(*args, env=None):
     """(exit code, stdout, stderr) of the command line run in this process."""
     r = CliRunner().invoke(main, [str(a) for a in args], env=env)
