@@ -2,6 +2,7 @@
 refuses in one line (:class:`InputError`, exit 2) naming where the value came from and what to give instead."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -139,8 +140,10 @@ def check_name(path, option: str) -> None:
                          "without control characters")
 
 
+@functools.lru_cache(maxsize=1)
 def available_memory() -> int | None:
-    """Bytes of memory available now (Linux: MemAvailable), else None."""
+    """Bytes of memory available (Linux: MemAvailable), else None; read once per process (a dataset checks every
+    image against the cap)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
