@@ -47,12 +47,36 @@ def _show_warnings_in_one_line() -> None:
     warnings.showwarning = show
 
 
+# options that name a file or folder to write: a control character there (a newline, an escape sequence) would reach
+# the terminal, the file system and the captions drawn into images raw; refused before any work
+FILE_OPTIONS = ("--heatmap", "--heatmap-dir", "--plot", "-o", "--out", "--out-dir", "--report-json", "--report-html",
+                "--junit-xml", "--html")
+
+
+def check_file_names(args: list) -> None:
+    """Refuse a file name with a control character given to any of FILE_OPTIONS (``--opt VALUE`` or
+    ``--opt=VALUE``), in one line (InputError: exit 2)."""
+    from onnx_lrp.core.validate import check_name
+
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str) or arg == "--":
+            if arg == "--":
+                return
+            continue
+        name, eq, value = arg.partition("=")
+        if name in FILE_OPTIONS:
+            given = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+            if isinstance(given, str):
+                check_name(given, name)
+
+
 class LrpGroup(click.Group):
     """Runs a command and turns every expected failure into one line on stderr and an exit code."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         _show_warnings_in_one_line()
         try:
+            check_file_names(sys.argv[1:] if args is None else list(args))
             rv = super().main(args=args, prog_name=prog_name or "onnx-lrp", complete_var=complete_var,
                               standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as exc:  # bare `onnx-lrp` or `onnx-lrp explain`: the help

@@ -125,6 +125,9 @@ def rule_params(kw: dict) -> dict:
         v = params[k]
         if v is not None and not np.isfinite(v):
             raise InputError(f"--{k} {v} is not a finite number; give a finite one")
+        if v is not None and abs(v) > float(np.finfo(np.float32).max):  # it would be Inf in the model's float32
+            raise InputError(f"--{k} {v:g} is beyond float32's range (|x| <= 3.4e38), in which the model computes; "
+                             "give a smaller number")
     return {k: v for k, v in params.items() if v is not None}
 
 

@@ -149,11 +149,12 @@ def _config_labels(model) -> dict | None:
     """The id2label of a config.json beside the model (what transformers and optimum save), if any."""
     from onnx_lrp.io.text_inputs import read_labels
 
+    from onnx_lrp.core.validate import read_json
+
     p = Path(str(model)).parent / "config.json"
-    try:
-        config = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
-    except (OSError, ValueError):
-        return None
+    # a config.json that is not UTF-8 JSON (or nested too deeply to read) is refused in one line; one without
+    # usable id2label is ignored
+    config = read_json(p, f"{p} (beside the model)", "fix it or move it away") if p.is_file() else None
     if not isinstance(config, dict) or not isinstance(config.get("id2label"), dict):
         return None
     try:

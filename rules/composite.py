@@ -216,6 +216,8 @@ def parse_composite(text: str, source: str = "<string>") -> Composite:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"composite {source}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"composite {source}: nested too deeply to read; give a plain composite file") from None
     entries = _entries(data, source)
     base = data.get("extends")
     if base is not None:

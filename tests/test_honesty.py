@@ -97,7 +97,8 @@ def test_a_nan_weight_names_the_first_non_finite_forward_node():
     m = make_model([node("Gemm", ["x", "w1", "b1"], "h", transB=1), node("Relu", ["h"], "a"),
                     node("Gemm", ["a", "w2", "b2"], "y", transB=1)], {"x": ["N", 4]}, ["y"],
                    {"w1": w, "b1": np.zeros(4, np.float32), "w2": W2, "b2": np.zeros(3, np.float32)})
-    with pytest.raises(NumericError, match=r"non-finite \(NaN/Inf\) output 'y' for batch item 0: the forward pass "
+    # a forward pass already non-finite comes from what was given (here a NaN weight): bad input, exit 2 (issue 37)
+    with pytest.raises(InputError, match=r"non-finite \(NaN/Inf\) output 'y' for batch item 0: the forward pass "
                                            r"is already non-finite at node Gemm_h \(Gemm, output 'h'\)"):
         onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon").explain(X)
 

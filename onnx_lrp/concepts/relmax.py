@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from ..core.errors import InputError
 from ..core.files import atomic_write
 from ..core.interface import RELEVANCE_PREFIX
+from ..core.validate import check_npz, expect, expect_list_of, read_json
 from .running import channel_axis_of, run_seeded, shares_of, upper_pass
 
 
@@ -141,7 +143,9 @@ def _manifest(path: Path, setup: dict, overwrite: bool) -> dict:
     with another setup is refused unless ``overwrite``."""
     manifest = {"setup": setup, "shards": {}}
     if path.exists():
-        old = json.loads(path.read_text())
+        old = _read_manifest(path, overwrite)
+        if old is None:  # unreadable, and --overwrite: start again
+            return manifest
         if old.get("setup") != setup and not overwrite:
             diff = ", ".join(k for k in setup if old.get("setup", {}).get(k) != setup[k])
             raise InputError(f"{path} was written for another run (differs in: {diff}); use another "
@@ -149,6 +153,29 @@ def _manifest(path: Path, setup: dict, overwrite: bool) -> dict:
         if old.get("setup") == setup:
             manifest = old
     return manifest
+
+
+def _read_manifest(path: Path, overwrite: bool) -> dict | None:
+    """An earlier run's relmax.json, every field checked (None: unreadable but ``overwrite`` starts again)."""
+    hint = "use another --out-dir, or --overwrite to start again"
+    try:
+        old = expect(read_json(path), dict, f"{path}", hint)
+        expect(old.get("setup"), dict, f"{path}: setup", hint)
+        for k, rec in expect(old.get("shards"), dict, f"{path}: shards", hint).items():
+            where = f"{path}: shards.{k}"
+            if not k.isdigit():
+                raise InputError(f"{where}: a shard's key is its index; {hint}")
+            expect(rec, dict, where, hint)
+            expect(rec.get("sha256"), str, f"{where}.sha256", hint)
+            items = expect_list_of(rec.get("items"), int, f"{where}.items", hint)
+            if len(items) != 2:
+                raise InputError(f"{where}.items has {len(items)} entries; give [first, end]; {hint}")
+            expect_list_of(rec.get("failed", []), dict, f"{where}.failed", hint)
+    except InputError:
+        if overwrite:
+            return None
+        raise
+    return old
 
 
 def _shard(explainer, source, layer: str, samples: int, lo: int, hi: int, labels, batch_size: int):
@@ -174,9 +201,24 @@ def relmax_load(explainer, out_dir) -> RelMax:
     path = Path(out_dir) / "relmax.npz"
     if not path.exists():
         raise InputError(f"{path} not found; run `onnx-lrp relmax build` with this --out-dir first")
-    data = np.load(path)
-    rm = RelMax(explainer, str(data["layer"]), samples=len(data["indices"]))
-    rm.indices, rm.scores, rm.rf = data["indices"], data["scores"], data["rf"]
+    check_npz(path, str(path))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path} is not a readable RelMax result ({type(exc).__name__}); run `onnx-lrp relmax "
+                         "build --overwrite` with this --out-dir again") from None
+    missing = [k for k in ("indices", "scores", "rf", "layer") if k not in data]
+    if missing:
+        raise InputError(f"{path} lacks {', '.join(missing)}; run `onnx-lrp relmax build --overwrite` again")
+    ind, sc, rf, layer = data["indices"], data["scores"], data["rf"], data["layer"]
+    if (ind.ndim != 2 or ind.dtype.kind not in "iu" or rf.dtype.kind not in "iu" or sc.dtype.kind != "f"
+            or sc.shape != ind.shape or rf.shape != ind.shape or not len(ind) or layer.dtype.kind != "U"
+            or layer.ndim != 0 or (ind.size and ind.min() < 0)):
+        raise InputError(f"{path} is not a consistent RelMax result (indices, scores, rf: samples x channels of "
+                         "the same shape; layer: a name); run `onnx-lrp relmax build --overwrite` again")
+    rm = RelMax(explainer, str(layer), samples=len(ind))
+    rm.indices, rm.scores, rm.rf = ind, sc, rf
     return rm
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -175,7 +174,9 @@ def _summary(out, engine: str, n: int, shards: int, todo: list, seconds: float, 
 def read_shards(out_dir) -> dict:
     """All shards of a finished OUT concatenated in item order: {"items", "relevance", "targets", "outputs", ...}."""
     out_dir = Path(out_dir)
-    manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    from .local import read_manifest
+
+    manifest = read_manifest(out_dir / MANIFEST, "run `onnx-lrp explain ... --out-dir` again to rewrite it")
     parts = collections.defaultdict(list)
     for rec in manifest["shards"]:
         with np.load(out_dir / rec["file"], allow_pickle=False) as z:

@@ -64,10 +64,7 @@ class Output:
         p = self.dir / MANIFEST
         if not p.exists():
             return None
-        try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{p} is not a readable manifest ({exc}); use --overwrite to start again") from None
+        return read_manifest(p, "use --overwrite to start again")
 
     def add(self, rec: dict) -> None:
         """Record a written shard; the manifest is rewritten at most every MANIFEST_EVERY_S seconds (and at the
@@ -98,6 +95,28 @@ class Output:
 
 
 MANIFEST_EVERY_S = 1.0
+
+
+def read_manifest(path, hint: str) -> dict:
+    """A dataset run's manifest, every field a resume or a reader uses checked: one line naming the field
+    otherwise; a shard's ``file`` must stay inside the manifest's folder."""
+    from ..core.validate import expect, expect_int, inside, read_json
+
+    p = Path(path)
+    m = expect(read_json(p, f"manifest {p}", hint), dict, f"manifest {p}", hint)
+    for i, rec in enumerate(expect(m.get("shards", []), list, f"manifest {p}: shards", hint)):
+        where = f"manifest {p}: shards[{i}]"
+        expect(rec, dict, where, hint)
+        expect_int(rec.get("index"), f"{where}.index", 0, None, hint)
+        expect(rec.get("sha256"), str, f"{where}.sha256", hint)
+        expect_list_of_failed = expect(rec.get("failed", []), list, f"{where}.failed", hint)
+        for j, f in enumerate(expect_list_of_failed):
+            expect(f, dict, f"{where}.failed[{j}]", hint)
+        expect_int(rec.get("explained", 0), f"{where}.explained", 0, None, hint)
+        if "file" not in rec:
+            raise InputError(f"{where} lacks 'file'; {hint}")
+        inside(p.parent, rec["file"], f"{where}.file")
+    return m
 
 
 MATCH_KEYS = ("format", "model_sha256", "composite", "parameters", "source", "shard_size", "item_count")

@@ -166,6 +166,9 @@ def load_npy(path: Path) -> np.ndarray:
     path = Path(path)
     _check_file(path)
     _check_npy_magic(path)
+    from ..core.validate import check_npy
+
+    check_npy(path, f"input {path}")  # the declared shape x itemsize against the cap, before reading
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as exc:
@@ -205,6 +208,9 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
     path = Path(path)
     _check_file(path)
     _check_magic(path, ZIP_MAGIC, ".npz", "np.savez")
+    from ..core.validate import check_npz
+
+    check_npz(path, f"input {path}")  # the members' declared sizes against the cap, before inflating any
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
@@ -235,6 +241,11 @@ def image_size(layout: ImageLayout, pre: Preprocess, path) -> tuple[int, int]:
     size = pre.size or ((layout.height, layout.width) if layout.height and layout.width else None)
     if size is None:
         raise InputError(f"the model's input size is dynamic; give --size H,W to resize {Path(path).name}")
+    from ..core.validate import check_size
+
+    # the decoded, resized image as float32 model input: refused before decoding when beyond the cap
+    check_size(int(size[0]) * int(size[1]) * max(3, layout.channels) * 4, f"image {Path(path).name} at size "
+               f"{size[0]}x{size[1]}")
     return size
 
 

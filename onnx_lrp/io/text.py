@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, LrpError
 from . import tokens as tk
 from .text_inputs import TASKS, class_index, encode, load_tokenizer, model_feeds, model_labels, read_labels, task_of, \
     vocab_size
@@ -47,7 +47,52 @@ def explain_text(ex, text: str, tokenizer, target=None, *, text_pair: str | None
 def run(ex, tok, enc, *, text, text_pair, target, position, continuation, task, labels, embeddings,
         start) -> TextExplanation:
     """:func:`explain_text` on a loaded tokenizer ``tok``, an encoded text ``enc`` and class names ``labels``: the
-    explained logits (one, or one per continuation token) and the relevance per token summed over them."""
+    explained logits (one, or one per continuation token) and the relevance per token summed over them. A text
+    longer than the model's positions (its position embedding table's rows) is refused in one line with both
+    lengths."""
+    try:
+        return _run(ex, tok, enc, text=text, text_pair=text_pair, target=target, position=position,
+                    continuation=continuation, task=task, labels=labels, embeddings=embeddings, start=start)
+    except LrpError:
+        n = len(enc.ids) - (1 if continuation is not None else 0)
+        limit = position_limit(ex)
+        if limit is not None and n > limit[0]:
+            raise InputError(f"the text has {n} tokens, more than the model's {limit[0]} positions (position table "
+                             f"{limit[1]!r}); shorten it by {n - limit[0]} token(s)") from None
+        raise
+
+
+def position_limit(ex) -> "tuple[int, str] | None":
+    """(rows, name) of the model's position embedding table, or None when none is found: a 2-D initializer as wide
+    as the token embedding table (the Gather of the token ids), other than it, that a Gather (by other indices) or
+    a Slice reads rows of."""
+    from .. import load as loader
+
+    try:
+        rm = ex.relevance_model
+        graph = loader.deserialize(rm.model_bytes, rm.model_folder).graph
+        ids = {s.name for s in ex.inputs if np.issubdtype(np.dtype(s.dtype), np.integer)}
+    except Exception:  # noqa: BLE001 - best effort: the original refusal stands without it
+        return None
+
+    def table(v):
+        return v is not None and v.is_initializer() and v.shape is not None and len(v.shape) == 2 and \
+            all(isinstance(d, int) for d in v.shape)
+
+    words = [n.inputs[0] for n in graph if n.op_type == "Gather" and table(n.inputs[0]) and len(n.inputs) > 1
+             and n.inputs[1] is not None and n.inputs[1].name in ids]
+    if not words:
+        return None
+    hidden = {w.shape[1] for w in words}
+    found = [(int(n.inputs[0].shape[0]), n.inputs[0].name) for n in graph
+             if n.op_type in ("Gather", "Slice") and n.inputs and table(n.inputs[0]) and n.inputs[0] not in words
+             and n.inputs[0].shape[1] in hidden and not (n.op_type == "Gather" and n.inputs[1].name in ids)
+             and (n.op_type != "Gather" or n.attributes.get_int("axis", 0) == 0)]
+    return min(found) if found else None
+
+
+def _run(ex, tok, enc, *, text, text_pair, target, position, continuation, task, labels, embeddings,
+         start) -> TextExplanation:
     vocab = vocab_size(tok)
     n = len(enc.ids) - (1 if continuation is not None else 0)  # the last continuation token conditions nothing
     feeds, rel_name = model_feeds(ex.inputs, enc, n, embeddings, vocab)

@@ -221,12 +221,17 @@ def read_labels(labels) -> dict | None:
     if labels is None:
         return None
     if isinstance(labels, (str, Path)):
-        labels = tk.read_list_file(labels, "labels file", "a JSON list, a config.json with id2label, or a text "
+        path = labels
+        labels = tk.read_list_file(path, "labels file", "a JSON list, a config.json with id2label, or a text "
                                    "file with one class name per line")
         if isinstance(labels, dict) and "id2label" in labels:
             labels = labels["id2label"]
         elif isinstance(labels, list) and all(isinstance(v, str) for v in labels):
             labels = [v.strip() for v in labels if v.strip()]
+        names = labels.values() if isinstance(labels, dict) else labels if isinstance(labels, list) else ()
+        if not isinstance(labels, (list, dict)) or not all(isinstance(v, str) for v in names):
+            raise InputError(f"labels file {path}: give a JSON list of class names, a dict of class index -> name "
+                             "(or a config.json with id2label), or a text file with one class name per line")
     if isinstance(labels, (list, tuple)):
         return {i: str(v) for i, v in enumerate(labels)}
     if isinstance(labels, dict):

@@ -21,15 +21,13 @@ def read_list_file(path, what: str, hint: str):
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{what} {p} not found; give {hint}")
-    text = p.read_text(encoding="utf-8")
+    from ..core.validate import loads_json, read_text
+
+    text = read_text(p, f"{what} {p}")  # not UTF-8: one line
     if p.suffix.lower() != ".json":
         lines = text.split("\n")
         return [line.rstrip("\r") for line in (lines[:-1] if lines and lines[-1] == "" else lines)]
-    import json
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{what} {p} is not valid JSON ({exc}); give {hint}") from None
+    return loads_json(text, f"{what} {p}", f"give {hint}")  # invalid or nested too deeply: one line
 
 
 def read_tokens(path) -> "list[str] | list[list[str]]":

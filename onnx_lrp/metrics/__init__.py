@@ -247,6 +247,11 @@ def _relevance_mass(ev: Evaluation, x: np.ndarray, a: np.ndarray, mask) -> None:
     if mask is None:
         raise InputError("relevance-mass needs a mask (--mask FILE.npy: 1 inside the region, per item)")
     mask = np.asarray(mask)
+    if mask.dtype.kind not in "biuf" or mask.ndim == 0:
+        raise InputError(f"the mask is {'a 0-d array' if mask.ndim == 0 else f'of dtype {mask.dtype}'}; give a "
+                         "numeric array of 0 and 1 (1 inside the region), one item's shape or one per item")
+    if mask.dtype.kind == "f" and not np.all(np.isfinite(mask)):
+        raise InputError("the mask holds NaN or infinite values; give 0 and 1 (1 inside the region)")
     try:
         s = np.broadcast_to(mask.astype(bool), x.shape)
     except ValueError:

@@ -33,6 +33,7 @@ import numpy as np
 from ..core.brief import brief_repr
 from ..core.errors import InputError
 from ..core.interface import FORWARD_PREFIX
+from ..core.validate import check_npz, expect, expect_int, expect_list_of, loads_json
 from ..core.version import VERSION
 from ..rules.params import params_from_json, params_to_json
 from .compare import Result
@@ -86,7 +87,7 @@ class Snapshot:
         c = self.meta["composite"]
         try:
             return parse_composite(c["toml"], source=c["name"]).with_params(**params_from_json(c.get("params")))
-        except ValueError as exc:
+        except (ValueError, TypeError, KeyError) as exc:
             raise InputError(f"the snapshot's composite cannot be used: {exc}") from None
 
     def result(self) -> Result:
@@ -129,6 +130,7 @@ def read_snapshot(path) -> Snapshot:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"baseline {path} not found; create it with `onnx-lrp snapshot MODEL INPUTS -o {path}`")
+    check_npz(path, f"baseline {path}")  # the members' declared sizes against the cap, before inflating
     try:
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a plain .npy array
@@ -147,23 +149,16 @@ def read_snapshot(path) -> Snapshot:
     if "meta" not in data:
         raise InputError(f"baseline {path} is an .npz but not an onnx-lrp snapshot (no 'meta'); create one with "
                          "`onnx-lrp snapshot`")
-    try:
-        meta = json.loads(str(data["meta"]))
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise InputError(f"baseline {path}: its metadata is not valid JSON ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise InputError(f"baseline {path} is not an onnx-lrp snapshot (format {meta.get('format')!r})")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise InputError(f"baseline {path} has snapshot format {meta.get('format_version')}, newer than this "
-                         f"onnx-lrp reads ({FORMAT_VERSION}); upgrade onnx-lrp")
-    for key in ("composite", "explained_output", "start", "items"):
-        if key not in meta:
-            raise InputError(f"baseline {path}: its metadata lacks {key!r}; recreate it with `onnx-lrp snapshot`")
+    meta = _check_meta(loads_json(str(data["meta"]), f"baseline {path}: its metadata"), path)
 
     def group(prefix):
         return {k[len(prefix):]: v for k, v in data.items() if k.startswith(prefix)}
 
-    snap = Snapshot(meta, group("inputs/"), np.asarray(data.get("targets", np.zeros(0)), np.int64),
+    targets = np.asarray(data.get("targets", np.zeros(0, np.int64)))
+    if targets.dtype.kind not in "iu" or targets.ndim != 1:
+        raise InputError(f"baseline {path}: targets is {targets.dtype} of shape {'x'.join(map(str, targets.shape))}; "
+                         "a snapshot holds one integer class per item: recreate it with `onnx-lrp snapshot`")
+    snap = Snapshot(meta, group("inputs/"), targets.astype(np.int64),
                     group("outputs/"), group("relevance/"), group("forward/"))
     n = len(snap.targets)
     if not snap.inputs or not snap.relevance or meta["explained_output"] not in snap.outputs:
@@ -172,12 +167,52 @@ def read_snapshot(path) -> Snapshot:
     for kind, arrs in (("inputs", snap.inputs), ("outputs", snap.outputs), ("relevance", snap.relevance),
                        ("forward", snap.forward)):
         for k, a in arrs.items():
+            if a.dtype.kind not in "biuf":
+                raise InputError(f"baseline {path}: {kind}/{k} holds {a.dtype}, not numbers; the file is inconsistent")
             if a.ndim == 0 or a.shape[0] != n:
                 raise InputError(f"baseline {path}: {kind}/{k} has {a.shape[0] if a.ndim else 0} items but "
                                  f"targets has {n}; the file is inconsistent")
     if len(meta["items"]) != n:
         raise InputError(f"baseline {path}: {len(meta['items'])} item names for {n} items")
     return snap
+
+
+def _check_meta(meta, path) -> dict:
+    """The snapshot's metadata, every field a later check uses of the type it needs (one line otherwise)."""
+    where = f"baseline {path}: its metadata"
+    expect(meta, dict, where, "recreate the baseline with `onnx-lrp snapshot`")
+    if meta.get("format") != FORMAT:
+        raise InputError(f"baseline {path} is not an onnx-lrp snapshot (format {meta.get('format')!r})")
+    version = expect_int(meta.get("format_version", 0), f"{where}: format_version", 0)
+    if version > FORMAT_VERSION:
+        raise InputError(f"baseline {path} has snapshot format {version}, newer than this onnx-lrp reads "
+                         f"({FORMAT_VERSION}); upgrade onnx-lrp")
+    for key in ("composite", "explained_output", "start", "items"):
+        if key not in meta:
+            raise InputError(f"baseline {path}: its metadata lacks {key!r}; recreate it with `onnx-lrp snapshot`")
+    hint = "recreate the baseline with `onnx-lrp snapshot`"
+    comp = expect(meta["composite"], dict, f"{where}: composite", hint)
+    expect(comp.get("name"), str, f"{where}: composite.name", hint)
+    expect(comp.get("toml"), str, f"{where}: composite.toml", hint)
+    params = expect(comp.get("params") or {}, dict, f"{where}: composite.params", hint)
+    for k, v in params.items():
+        expect(v, (int, float, str, list, dict), f"{where}: composite.params.{k}", hint)
+        if isinstance(v, dict):
+            expect(v.get("array"), (int, float, list), f"{where}: composite.params.{k}.array", hint)
+            expect(v.get("dtype", "float32"), str, f"{where}: composite.params.{k}.dtype", hint)
+    expect(meta["explained_output"], str, f"{where}: explained_output", hint)
+    expect(meta["start"], str, f"{where}: start", hint)
+    expect(meta.get("output"), (str, type(None)), f"{where}: output", hint)
+    expect_list_of(meta["items"], str, f"{where}: items", hint)
+    if meta.get("batch_size") is not None:
+        expect_int(meta["batch_size"], f"{where}: batch_size", 1, None, hint)
+    model = expect(meta.get("model", {}), dict, f"{where}: model", hint)
+    expect(model.get("sha256"), (str, type(None)), f"{where}: model.sha256", hint)
+    for key in ("machine", "deployed_gap"):
+        expect(meta.get(key), (dict, type(None)), f"{where}: {key}", hint)
+    expect(meta.get("notes", []), list, f"{where}: notes", hint)
+    expect(meta.get("onnx_lrp_version"), (str, type(None)), f"{where}: onnx_lrp_version", hint)
+    return meta
 
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Snapshot", "composite_source", "read_snapshot", "snapshot_arrays"]

@@ -140,8 +140,14 @@ def load_thresholds(config: "str | os.PathLike | None" = None, overrides: dict |
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"config file {path} is not valid TOML ({exc})") from None
+        except RecursionError:
+            raise InputError(f"config file {path} is nested too deeply to read; give a plain [{CONFIG_TABLE}] "
+                             "table") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"config file {path} cannot be read ({exc})") from None
+        if config is not None and CONFIG_TABLE not in data:  # given on purpose: it must say something
+            raise InputError(f"config file {path} has no [{CONFIG_TABLE}] table; give the thresholds there (e.g. "
+                             f"[{CONFIG_TABLE}] min_cosine = 0.99)")
         table = data.get(CONFIG_TABLE, {})
         if not isinstance(table, dict):
             raise InputError(f"config file {path}: [{CONFIG_TABLE}] must be a table")

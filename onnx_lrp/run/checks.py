@@ -106,17 +106,18 @@ class RunChecks:
         a = merged[bad[0]]
         rows = np.flatnonzero((~np.isfinite(a)).reshape(len(a), -1).any(1)) if a.ndim else []
         item = int(rows[0]) if len(rows) else 0
-        where = None
+        where, error = None, NumericError
         try:
             from . import diagnose  # onnx_ir and the loader: only on this failure
 
             if self._diag is None:
                 self._diag = diagnose.diagnostic_session(self.relevance_model, self.device, self.tf32)
             where = diagnose.locate(self.relevance_model, self._diag, feeds, targets, start, positions, item)
+            error = diagnose.error_class(where)  # a forward already non-finite: bad input (exit 2), not a result
         except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
             where = None
         what = "output" if bad[0] == self.explained_output else "relevance"
-        raise NumericError(f"non-finite (NaN/Inf) {what} {bad[0]!r} for batch item {item}: "
+        raise error(f"non-finite (NaN/Inf) {what} {bad[0]!r} for batch item {item}: "
                            + (where or "the node where it first appeared could not be located")
                            + "; nothing was returned")
 

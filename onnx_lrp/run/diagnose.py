@@ -7,10 +7,21 @@ import numpy as np
 import onnx_ir as ir
 
 from .. import load as loader
+from ..core.errors import InputError, NumericError
 from ..core.graph import carries
 from ..core.interface import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
 from ..core.relevance_model import RelevanceModel
 from . import runtime
+
+
+FORWARD_NON_FINITE = "the forward pass is already non-finite"
+
+
+def error_class(where: str | None) -> type:
+    """The class of the refusal :func:`locate`'s finding makes: a forward pass that is already non-finite comes from
+    what was given (the input's range, the model's weights), so it is bad input (InputError: exit 2); relevance
+    that became non-finite under a rule is a result that failed (NumericError: exit 1)."""
+    return InputError if where is not None and where.startswith(FORWARD_NON_FINITE) else NumericError
 
 
 def diagnostic_session(relevance_model: RelevanceModel, device: str, tf32: bool = False):
@@ -73,9 +84,9 @@ def locate(rm: RelevanceModel, diagnostic, feeds, targets, start, positions, ite
                                              not all(finite(v) for s in rm.trace[:1] for v in s.values)):
         if first_forward is not None:
             n, op, o = first_forward
-            return (f"the forward pass is already non-finite at node {n} ({op}, output {o!r}); "
+            return (f"{FORWARD_NON_FINITE} at node {n} ({op}, output {o!r}); "
                     "check the model's parameters (a NaN/Inf weight?) and the input's range")
-        return "the forward pass is already non-finite; check the model's parameters and the input's range"
+        return f"{FORWARD_NON_FINITE}; check the model's parameters and the input's range"
     for step in rm.trace:
         if not all(finite(v) for v in step.values):
             hint = ("its forward values are non-finite too (first: node "

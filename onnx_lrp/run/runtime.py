@@ -286,7 +286,7 @@ class Session:
             opts.add_session_config_entry("session.disable_quant_qdq", "1")
         for key, value in self.config.items():
             opts.add_session_config_entry(key, value)
-        threads = threads if threads is not None else int(os.environ.get("ONNX_LRP_THREADS", "0"))
+        threads = _threads(threads)
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
@@ -401,3 +401,13 @@ def _pointer(a) -> tuple[int, object]:
         return int(cai["data"][0]), v
     owner = ort.OrtValue.from_dlpack(v)
     return int(owner.data_ptr()), owner
+
+
+def _threads(threads) -> int:
+    """The intra-op thread count: ``threads`` when given, else ONNX_LRP_THREADS (0 or unset: onnxruntime's
+    default); both range-checked (0 to 4 x the CPUs, at most 1024: onnxruntime crashes on absurd counts)."""
+    from ..core.validate import env_int, expect_int, max_threads
+
+    if threads is None:
+        return env_int("ONNX_LRP_THREADS", 0, 0, max_threads())
+    return expect_int(threads, "threads", 0, max_threads())
