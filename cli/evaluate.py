@@ -11,7 +11,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 
 from .explain import parse_target
-from .io import AtomicOutputs, OutputError, check_writable, data_kind
+from .io import AtomicOutputs, OutputError, check_writable, data_kind, guard
 from .helpfmt import Command, Row
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 
@@ -169,6 +169,7 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
         if Path(plot_path).suffix.lower() != ".png":
             raise OutputError(f"--plot {plot_path}: give a .png file")
         check_writable(Path(plot_path))
+        guard([("the input", input_path), ("the --mask", mask)], [("--plot", plot_path)], models=[("the model", model)])
     orders = _orders(order)
     ex = setup.build(model, device=device)
     batch = setup.read(input_path, ex.inputs)

@@ -18,7 +18,7 @@ from onnx_lrp.run.batches import explain_chunks, merge, slices
 from . import heatmap as hm
 from .dataset import DATASET_KEYS, dataset_options, pop_dataset_options, run_dataset
 from .helpfmt import Command, Row
-from .io import AtomicOutputs, OutputError, check_writable, data_kind, input_kind
+from .io import AtomicOutputs, OutputError, check_writable, data_kind, guard, input_kind
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note, preprocess
 from .text import TEXT_KEYS, pop_text_options, run_text, text_options
 
@@ -259,6 +259,8 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         if html_out.suffix.lower() not in (".html", ".htm"):
             raise OutputError(f"--html {html_out}: give an .html file name")
         check_writable(html_out)
+    guard([("the input", input_path), ("the --tokens file", o.tokens_path)],
+          [("-o", out_path), ("--heatmap", heat_path), ("--html", html_out)], models=[("the model", o.model)])
     return _Destinations(input_path, items_kind, out_path, heat_path, html_out, tokens, targets, positions)
 
 
@@ -389,6 +391,8 @@ def _write(o: ExplainOptions, dest: _Destinations, res: _Result) -> list:
             labels = [_tile_label(it, res.ex, o.start) for it in items]
             for path, image in _heatmap(res.ex, res.batch, relevance, o.cmap, o.heatmap_style, labels,
                                         dest.heat_path, o.model):
+                if path != dest.heat_path:  # one file per page: each checked against the inputs as --heatmap was
+                    guard([("the input", dest.input_path)], [("--heatmap", path)], models=[("the model", o.model)])
                 w.save_image(path, image)
                 heat_files.append(path)
         if dest.html_out is not None:

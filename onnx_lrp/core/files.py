@@ -147,17 +147,6 @@ def _file_key(path) -> "tuple | None":
     return (st.st_dev, st.st_ino)
 
 
-def _input_files(what: str, path) -> list[tuple[str, Path]]:
-    """``path`` as (what, file) pairs: a folder stands for every file directly in it."""
-    path = Path(path)
-    if path.is_dir():
-        try:
-            return [(f"{what} (a file of {path})", path / n) for n in sorted(os.listdir(path))]
-        except OSError:
-            return []
-    return [(what, path)]
-
-
 def same_file(a, b) -> bool:
     """Whether ``a`` and ``b`` name one file: the same resolved path, or the same file through a link."""
     if os.path.realpath(a) == os.path.realpath(b):
@@ -166,39 +155,42 @@ def same_file(a, b) -> bool:
     return ka is not None and ka == _file_key(b)
 
 
+def _input_hit(out: Path, inputs: list) -> "tuple | None":
+    """The (what, path) of ``inputs`` that the existing file ``out`` is (a folder input: a file directly in it)."""
+    real, key = os.path.realpath(out), _file_key(out)
+    for what, p in inputs:
+        if os.path.isdir(p):
+            if os.path.dirname(real) == os.path.realpath(p) and not os.path.isdir(out):
+                return f"{what} (a file of {p})", out
+        elif os.path.realpath(p) == real or (key is not None and key == _file_key(p)):
+            return what, p
+    return None
+
+
 def guard_outputs(inputs: Iterable, outputs: Iterable) -> None:
     """Refuse (:class:`OutputError`, one line naming both paths) before anything is written when an output names
     one of the inputs or two outputs name one file, compared by resolved path and by file identity (symlinks and hard
     links count).
 
     ``inputs``: (what, path) pairs, e.g. ("the model", "m.onnx"), ("the baseline", "base.npz"); a folder stands for
-    every file in it (a folder of images). ``outputs``: (option, path) pairs, e.g. ("--junit-xml", "out.xml");
-    None paths are skipped."""
+    every file directly in it (a folder of images). ``outputs``: (option, path) pairs, e.g. ("--junit-xml",
+    "out.xml"); None paths are skipped. Only an output that exists can be an input: the inputs are looked at then."""
     outs = [(opt, Path(p)) for opt, p in outputs if p is not None]
-    ins = [pair for what, p in inputs if p is not None for pair in _input_files(what, p)]
-    keys = {}
-    for what, p in ins:
-        k = _file_key(p)
-        if k is not None:
-            keys.setdefault(k, (what, p))
+    ins = [(what, Path(p)) for what, p in inputs if p is not None]
     seen: dict = {}
     for opt, out in outs:
-        real = os.path.realpath(out)
-        k = _file_key(out)
-        hit = keys.get(k) if k is not None else None
-        if hit is None:
-            hit = next(((w, p) for w, p in ins if os.path.realpath(p) == real), None)
+        exists = os.path.lexists(out)
+        hit = _input_hit(out, ins) if exists else None
         if hit is not None:
             what, p = hit
             same = "" if os.path.abspath(p) == os.path.abspath(out) else f" ({p})"
             raise OutputError(f"{opt} {out} is {what}{same}; writing it would destroy that input: write to "
                               "another file")
-        other = seen.get(real) or (seen.get(k) if k is not None else None)
+        real = os.path.realpath(out)
+        other = seen.get(real)
         if other is not None:
             raise OutputError(f"{other[0]} and {opt} both name {out}; give two different files")
         seen[real] = (opt, out)
-        if k is not None:
-            seen[k] = (opt, out)
 
 
 def require_suffix(option: str, path, suffixes: Iterable[str], what: str) -> None:
