@@ -9,6 +9,7 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.files import require_suffix
 
 from . import heatmap as hm
 from .dataset import check_source_preprocessing, has_images

@@ -12,6 +12,7 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.files import printable
 from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_chunks, merge, slices
 
@@ -412,7 +413,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         click.echo(json.dumps(res.summary, indent=2))
         return
     ex, items, n, pos_used, behind = res.ex, res.items, res.n, res.pos_used, res.behind
-    width = max(len("item"), *(len(it["item"]) for it in items[:SUMMARY_ROWS]))
+    width = max(len("item"), *(len(printable(it["item"])) for it in items[:SUMMARY_ROWS]))
     out_head = f"output {ex.explained_output}"
     ow = max(12, len(out_head))
     extra_head = ""
@@ -428,7 +429,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
             extra += f"  {it['position']:>8}"
         if behind:
             extra += f"  {it['logit']:>{lw}.6g}"
-        click.echo(f"{it['item']:<{width}}  {it['predicted']:>9}  {it['target']:>6}{extra}  {it['output']:>{ow}.6g}  "
+        click.echo(f"{printable(it['item']):<{width}}  {it['predicted']:>9}  {it['target']:>6}{extra}  {it['output']:>{ow}.6g}  "
                    f"{it['relevance_sum']:>13.6g}")
     if n > SUMMARY_ROWS:
         click.echo(f"... {n - SUMMARY_ROWS} more item(s) (--json lists all)")
@@ -445,7 +446,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         for it, toks, row in zip(items, res.item_tokens, res.token_rows):
             where = f" (position {it['position']})" if "position" in it else ""
-            click.echo(f"{it['item']}{where}: {terminal(toks, row, color=color, percentile=o.token_scale)}")
+            click.echo(f"{printable(it['item'])}{where}: {terminal(toks, row, color=color, percentile=o.token_scale)}")
     heat_text = ""
     if heat_files:
         heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \

@@ -17,7 +17,7 @@ import numpy as np
 
 from onnx_lrp import regression as rg
 from onnx_lrp.core.errors import InputError
-from onnx_lrp.core.files import require_suffix
+from onnx_lrp.core.files import printable, require_suffix
 from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.metrics import tracking
 from onnx_lrp.run import deployed_gap as gaps
@@ -93,14 +93,12 @@ REPORT_SUFFIXES = {"--report-json": ((".json",), "the JSON report"), "--junit-xm
 def _check_outputs(report_json, junit_xml, report_html, heatmap_dir, inputs=(), models=()) -> dict:
     """The report files by option (None where not asked for), each checked before anything runs: its suffix,
     writable, not one of ``inputs`` / ``models`` (with their data files; :func:`cli.io.guard`)."""
-    paths = {}
-    for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml), ("--report-html", report_html)):
-        if p is not None:
-            p = Path(p)
-            require_suffix(opt, p, *REPORT_SUFFIXES[opt])
-            check_writable(p)
-            paths[opt] = p
-    guard(inputs, list(paths.items()), models=models)
+    paths = {opt: Path(p) for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml),
+                                         ("--report-html", report_html)) if p is not None}
+    guard(inputs, list(paths.items()), models=models)  # first: the refusal names the input it would destroy
+    for opt, p in paths.items():
+        require_suffix(opt, p, *REPORT_SUFFIXES[opt])
+        check_writable(p)
     if len({p.resolve() for p in paths.values()}) < len(paths):
         raise OutputError(f"{', '.join(paths)} name the same file; give different files")
     hdir = Path(heatmap_dir) if heatmap_dir else None
@@ -142,7 +140,7 @@ def _write_reports(comp, context, files: dict, base, cur, ex, suite, faith=None)
         if files["junit_xml"] is not None:
             xml = rg.junit_xml(comp, context, suite=suite)
             if faith is not None:
-                xml = tracking.add_to_junit(xml, faith, Path(str(context.get("model", "model"))).stem)
+                xml = tracking.add_to_junit(xml, faith, printable(Path(str(context.get("model", "model"))).stem))
             written.append(w.write_bytes(files["junit_xml"], xml.encode()))
         if files["report_html"] is not None:
             written.append(w.write_bytes(files["report_html"], rg.report_html(comp, context, *maps).encode()))
