@@ -385,3 +385,17 @@ def test_heatmap_caption_with_a_newline_draws_one_line():
     image = hm.render(maps, None, labels=[["a\nb\x1b[2J"], ["c"]])
     same = hm.render(maps, None, labels=[["a\\x0ab\\x1b[2J"], ["c"]])
     assert np.array_equal(np.asarray(image), np.asarray(same))
+
+
+def test_folder_lock_records_the_pid_and_is_taken_over_within_one_process(tmp_path):
+    first = cf.FolderLock(tmp_path)
+    assert (tmp_path / cf.LOCK_NAME).read_text().strip() == str(os.getpid())
+    second = cf.FolderLock(tmp_path)  # an earlier run's object still alive (a traceback holds it): no self-refusal
+    first.release()  # the earlier object going away does not drop the lock the second now holds
+    code = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert code.returncode != 0 and f"process {os.getpid()}" in code.stderr
+    second.release()
+    code = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert code.returncode == 0 and "locked" in code.stdout, code.stderr
