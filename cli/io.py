@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
-from onnx_lrp.core.files import guard_outputs, require_suffix, temporary_beside
+from onnx_lrp.core.files import guard_outputs, temporary_beside
 from onnx_lrp.io.inputs import (
     ARRAY_SUFFIXES,
     IMAGE_SUFFIXES,
