@@ -211,13 +211,13 @@ def model_files(model, what: str = "the model") -> list[tuple[str, Path]]:
 def guard(inputs, outputs, models=()) -> None:
     """Refuse (one line naming both paths, before anything is written) an output that names an input, by resolved
     path (:func:`onnx_lrp.core.files.guard_outputs`). ``inputs`` and ``outputs``: (what / option, path) pairs (None
-    paths skipped; a folder input stands for its files); ``models``: (what, model path) pairs whose external data
+    paths skipped; a folder input stands for the files in it that a reader reads: arrays, images, Parquet); ``models``: (what, model path) pairs whose external data
     files count as inputs too (read only when some output already exists: a new file can overwrite nothing)."""
     outputs = [(opt, Path(p)) for opt, p in outputs if p is not None]
     inputs = [(w, p) for w, p in inputs if p is not None]
     if any(os.path.lexists(p) for _, p in outputs):
         inputs += [pair for what, m in models if m is not None for pair in model_files(m, what)]
-    guard_outputs(inputs, outputs)
+    guard_outputs(inputs, outputs, folder_suffixes=ARRAY_SUFFIXES + IMAGE_SUFFIXES + (".parquet",))
 
 
 def check_writable(path) -> None:

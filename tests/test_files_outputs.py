@@ -399,3 +399,18 @@ def test_folder_lock_records_the_pid_and_is_taken_over_within_one_process(tmp_pa
     code = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert code.returncode == 0 and "locked" in code.stdout, code.stderr
+
+
+def test_a_rerun_may_replace_its_own_report_inside_an_input_folder(tmp_path):
+    """A folder input stands for the items its reader reads (arrays, images, not hidden): a report written into it
+    is not an input, an image there is."""
+    d = tmp_path / "png"
+    shutil.copytree(SAMPLES / "png", d)
+    (d / "r.json").write_text("{}")
+    (d / ".h.png").write_bytes(b"old")
+    cf.guard_outputs([("the input", d)], [("--report-json", d / "r.json"), ("--heatmap", d / ".h.png")],
+                     folder_suffixes=(".png", ".npy"))
+    with pytest.raises(OutputError, match="digit_1.png is the input"):
+        cf.guard_outputs([("the input", d)], [("--heatmap", d / "digit_1.png")], folder_suffixes=(".png",))
+    with pytest.raises(OutputError, match="r.json is the input"):  # without suffixes: every file of the folder
+        cf.guard_outputs([("the input", d)], [("--report-json", d / "r.json")])

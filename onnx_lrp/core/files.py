@@ -155,32 +155,37 @@ def same_file(a, b) -> bool:
     return ka is not None and ka == _file_key(b)
 
 
-def _input_hit(out: Path, inputs: list) -> "tuple | None":
-    """The (what, path) of ``inputs`` that the existing file ``out`` is (a folder input: a file directly in it)."""
+def _input_hit(out: Path, inputs: list, suffixes) -> "tuple | None":
+    """The (what, path) of ``inputs`` that the existing file ``out`` is (a folder input: a file directly in it, not
+    hidden, with one of ``suffixes`` when given: one the folder's reader reads)."""
     real, key = os.path.realpath(out), _file_key(out)
+    item = suffixes is None or (not os.path.basename(real).startswith(".")
+                                and os.path.splitext(real)[1].lower() in suffixes)
     for what, p in inputs:
         if os.path.isdir(p):
-            if os.path.dirname(real) == os.path.realpath(p) and not os.path.isdir(out):
+            if item and os.path.dirname(real) == os.path.realpath(p) and not os.path.isdir(out):
                 return f"{what} (a file of {p})", out
         elif os.path.realpath(p) == real or (key is not None and key == _file_key(p)):
             return what, p
     return None
 
 
-def guard_outputs(inputs: Iterable, outputs: Iterable) -> None:
+def guard_outputs(inputs: Iterable, outputs: Iterable, folder_suffixes: "Iterable[str] | None" = None) -> None:
     """Refuse (:class:`OutputError`, one line naming both paths) before anything is written when an output names
     one of the inputs or two outputs name one file, compared by resolved path and by file identity (symlinks and hard
     links count).
 
     ``inputs``: (what, path) pairs, e.g. ("the model", "m.onnx"), ("the baseline", "base.npz"); a folder stands for
-    every file directly in it (a folder of images). ``outputs``: (option, path) pairs, e.g. ("--junit-xml",
-    "out.xml"); None paths are skipped. Only an output that exists can be an input: the inputs are looked at then."""
+    every file directly in it (a folder of images; with ``folder_suffixes``, only its files with those suffixes, not
+    hidden: the items its reader reads). ``outputs``: (option, path) pairs, e.g. ("--junit-xml", "out.xml"); None
+    paths are skipped. Only an output that exists can be an input: the inputs are looked at then."""
+    suffixes = None if folder_suffixes is None else tuple(s.lower() for s in folder_suffixes)
     outs = [(opt, Path(p)) for opt, p in outputs if p is not None]
     ins = [(what, Path(p)) for what, p in inputs if p is not None]
     seen: dict = {}
     for opt, out in outs:
         exists = os.path.lexists(out)
-        hit = _input_hit(out, ins) if exists else None
+        hit = _input_hit(out, ins, suffixes) if exists else None
         if hit is not None:
             what, p = hit
             same = "" if os.path.abspath(p) == os.path.abspath(out) else f" ({p})"
