@@ -10,7 +10,7 @@ import click
 from onnx_lrp.core.errors import OutputError
 
 from .helpfmt import Command
-from .io import AtomicOutputs, check_writable
+from .io import AtomicOutputs, check_writable, guard
 from .options import BINDING_ROWS, RULE_ROWS, common, explainer_setup
 from .signature import signature, signature_lines, suggestion
 
@@ -44,6 +44,9 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
     check_writable(out_path)
     if Path(model).exists() and out_path.exists() and out_path.resolve() == Path(model).resolve():
         raise OutputError(f"-o {out_path} is the input model; write the relevance model to another file")
+    # MODEL.lrp.onnx.data too (written with a large model): never over the model's own data files
+    guard([], [("-o", out_path), ("-o's data file", out_path.with_name(out_path.name + ".data"))],
+          models=[("the model", model)])
     setup = explainer_setup(model, composite, rule_kw)
     ex = onnx_lrp.Explainer(model, composite=setup.composite, output=output_name, relevance_at=tuple(relevance_at),
                             constants=setup.constants or None, input_shapes=setup.input_shapes or None)

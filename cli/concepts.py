@@ -9,13 +9,14 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.core.files import require_suffix
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind
 from onnx_lrp.io.kinds import Kind
 
 from .dataset import check_source_preprocessing, has_images
 from .helpfmt import Command, Group
-from .io import AtomicOutputs, check_writable
+from .io import AtomicOutputs, check_writable, guard
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, preprocess
 
 
@@ -137,6 +138,9 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
             check_writable(p)
     if out and Path(out).suffix.lower() != ".npz":
         raise OutputError(f"-o {out}: give a file name ending in .npz")
+    if heatmap_path:
+        require_suffix("--heatmap", heatmap_path, (".png",), "the picture")
+    guard([("the input", input_path)], [("--heatmap", heatmap_path), ("-o", out)], models=[("the model", model)])
     x = _one_item(input_path, ex, setup, item)
     res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(top, concept_spec),
                               exclude_parallel=not include_parallel, record=list(record), init=init)
@@ -238,6 +242,8 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
     from onnx_lrp.io.inputs import input_infos
 
     pre = preprocess(kw)
+    guard([("the source", source), ("the --labels file", labels)],
+          [("--out-dir", Path(out_dir) / n) for n in ("relmax.npz", "relmax.json")], models=[("the model", model)])
     _, ex = _build(model, composite, kw, pre, source, source=True)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
@@ -281,7 +287,11 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
     except ValueError:
         raise InputError(f"--channels {channels!r}: give ints separated by ','") from None
     if heatmap_path:
+        require_suffix("--heatmap", heatmap_path, (".png",), "the picture")
         check_writable(heatmap_path)
+        guard([("the source", source), ("a file of --out-dir", Path(out_dir) / "relmax.npz"),
+               ("a file of --out-dir", Path(out_dir) / "relmax.json")], [("--heatmap", heatmap_path)],
+              models=[("the model", model)])
     _, ex = _build(model, composite, kw, pre, source, source=True)
     rm = crp.relmax_load(ex, out_dir)
     src = open_source(source, input_infos(ex.inputs), pre)

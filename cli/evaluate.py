@@ -13,7 +13,7 @@ from onnx_lrp.io.inputs import items_kind
 
 from .explain import parse_target
 from .helpfmt import Command, Row
-from .io import AtomicOutputs, check_writable
+from .io import AtomicOutputs, check_writable, guard
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 
 
@@ -170,6 +170,7 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
         if Path(plot_path).suffix.lower() != ".png":
             raise OutputError(f"--plot {plot_path}: give a .png file")
         check_writable(Path(plot_path))
+        guard([("the input", input_path), ("the --mask", mask)], [("--plot", plot_path)], models=[("the model", model)])
     orders = _orders(order)
     ex = setup.build(model, device=device)
     batch = setup.read(input_path, ex.inputs)

@@ -13,6 +13,7 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.core.files import printable
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import input_kind, items_kind
 from onnx_lrp.io.kinds import Kind, relevance_name
@@ -21,7 +22,7 @@ from onnx_lrp.run.batches import explain_chunks, merge, slices
 
 from .dataset import DATASET_KEYS, dataset_options, pop_dataset_options, run_dataset
 from .helpfmt import Command, Row
-from .io import AtomicOutputs, check_writable
+from .io import AtomicOutputs, check_writable, guard
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note, preprocess
 from .text import TEXT_KEYS, pop_text_options, run_text, text_options
 
@@ -285,6 +286,8 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         if html_out.suffix.lower() not in (".html", ".htm"):
             raise OutputError(f"--html {html_out}: give an .html file name")
         check_writable(html_out)
+    guard([("the input", input_path), ("the --tokens file", o.tokens_path)],
+          [("-o", out_path), ("--heatmap", heat_path), ("--html", html_out)], models=[("the model", o.model)])
     return _Destinations(input_path, items, out_path, heat_path, html_out, tokens, targets, positions)
 
 
@@ -415,6 +418,8 @@ def _write(o: ExplainOptions, dest: _Destinations, res: _Result) -> list:
             labels = [_tile_label(it, res.ex, o.start) for it in items]
             for path, image in _heatmap(res.ex, res.batch, relevance, o.cmap, o.heatmap_style, labels,
                                         dest.heat_path, o.model):
+                if path != dest.heat_path:  # one file per page: each checked against the inputs as --heatmap was
+                    guard([("the input", dest.input_path)], [("--heatmap", path)], models=[("the model", o.model)])
                 w.save_image(path, image)
                 heat_files.append(path)
         if dest.html_out is not None:
@@ -434,7 +439,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         click.echo(json.dumps(res.summary, indent=2))
         return
     ex, items, n, pos_used, behind = res.ex, res.items, res.n, res.pos_used, res.behind
-    width = max(len("item"), *(len(it["item"]) for it in items[:SUMMARY_ROWS]))
+    width = max(len("item"), *(len(printable(it["item"])) for it in items[:SUMMARY_ROWS]))
     out_head = f"output {ex.explained_output}"
     ow = max(12, len(out_head))
     extra_head = ""
@@ -450,7 +455,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
             extra += f"  {it['position']:>8}"
         if behind:
             extra += f"  {it['logit']:>{lw}.6g}"
-        click.echo(f"{it['item']:<{width}}  {it['predicted']:>9}  {it['target']:>6}{extra}  {it['output']:>{ow}.6g}  "
+        click.echo(f"{printable(it['item']):<{width}}  {it['predicted']:>9}  {it['target']:>6}{extra}  {it['output']:>{ow}.6g}  "
                    f"{it['relevance_sum']:>13.6g}")
     if n > SUMMARY_ROWS:
         click.echo(f"... {n - SUMMARY_ROWS} more item(s) (--json lists all)")
@@ -467,7 +472,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         for it, toks, row in zip(items, res.item_tokens, res.token_rows):
             where = f" (position {it['position']})" if "position" in it else ""
-            click.echo(f"{it['item']}{where}: {terminal(toks, row, color=color, percentile=o.token_scale)}")
+            click.echo(f"{printable(it['item'])}{where}: {terminal(toks, row, color=color, percentile=o.token_scale)}")
     heat_text = ""
     if heat_files:
         heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \

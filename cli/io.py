@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
-from onnx_lrp.core.files import temporary_beside
+from onnx_lrp.core.files import guard_outputs, temporary_beside
+from onnx_lrp.io.kinds import Kind, suffixes
 
 
 def parse_floats(text: str | None, what: str) -> tuple | None:
@@ -157,6 +158,33 @@ class AtomicOutputs:
             except FileNotFoundError:
                 pass
         self._pending = []
+
+
+def model_files(model, what: str = "the model") -> list[tuple[str, Path]]:
+    """MODEL and the external data files it names, as :func:`guard` inputs (a model that cannot be read: the file
+    alone; loading refuses it later)."""
+    pairs = [(what, Path(model))]
+    if not Path(model).is_file():
+        return pairs
+    from onnx_lrp import load as loader
+    from onnx_lrp.core.errors import LrpError
+    try:
+        pairs += [(f"{what}'s external data file", f) for f in loader.data_files(model)]
+    except (LrpError, OSError, ValueError):
+        pass
+    return pairs
+
+
+def guard(inputs, outputs, models=()) -> None:
+    """Refuse (one line naming both paths, before anything is written) an output that names an input, by resolved
+    path (:func:`onnx_lrp.core.files.guard_outputs`). ``inputs`` and ``outputs``: (what / option, path) pairs (None
+    paths skipped; a folder input stands for the files in it that a reader reads: arrays, images, Parquet); ``models``: (what, model path) pairs whose external data
+    files count as inputs too (read only when some output already exists: a new file can overwrite nothing)."""
+    outputs = [(opt, Path(p)) for opt, p in outputs if p is not None]
+    inputs = [(w, p) for w, p in inputs if p is not None]
+    if any(os.path.lexists(p) for _, p in outputs):
+        inputs += [pair for what, m in models if m is not None for pair in model_files(m, what)]
+    guard_outputs(inputs, outputs, folder_suffixes=suffixes(*Kind))  # what a folder input's readers read
 
 
 def check_writable(path) -> None:

@@ -18,13 +18,14 @@ import click
 
 from onnx_lrp import __version__
 from onnx_lrp.core.errors import InternalError, LrpError, LrpWarning, NumericError
+from onnx_lrp.core.files import printable
 
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def _fail(message: str, code: int) -> None:
-    text = " ".join(str(message).split())  # one line, always
+    text = printable(" ".join(str(message).split()))  # one line, always; no terminal control sequence
     click.echo(f"onnx-lrp: error: {text}", err=True)
     sys.exit(code)
 
@@ -39,7 +40,7 @@ def _show_warnings_in_one_line() -> None:
 
     def show(message, category, *a, **k):
         if issubclass(category, LrpWarning):
-            click.echo(f"onnx-lrp: warning: {' '.join(str(message).split())}", err=True)
+            click.echo(f"onnx-lrp: warning: {printable(' '.join(str(message).split()))}", err=True)
         else:
             previous(message, category, *a, **k)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from onnx_lrp import regression as rg
 from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.core.files import printable, require_suffix
 from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind, model_channel_axis
@@ -26,7 +27,7 @@ from onnx_lrp.run.batches import explain_all
 
 from .explain import parse_target
 from .helpfmt import Command, Row
-from .io import AtomicOutputs, Progress, check_writable
+from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
                       input_options)
 
@@ -86,14 +87,19 @@ def _pop_thresholds(kw: dict) -> tuple[rg.Thresholds, str | None]:
     return rg.load_thresholds(kw.pop("config", None), overrides)
 
 
-def _check_outputs(report_json, junit_xml, report_html, heatmap_dir) -> dict:
-    """The report files by option (None where not asked for), each checked writable before anything runs."""
-    paths = {}
-    for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml), ("--report-html", report_html)):
-        if p is not None:
-            p = Path(p)
-            check_writable(p)
-            paths[opt] = p
+REPORT_SUFFIXES = {"--report-json": ((".json",), "the JSON report"), "--junit-xml": ((".xml",), "the JUnit report"),
+                   "--report-html": ((".html", ".htm"), "the HTML report")}
+
+
+def _check_outputs(report_json, junit_xml, report_html, heatmap_dir, inputs=(), models=()) -> dict:
+    """The report files by option (None where not asked for), each checked before anything runs: its suffix,
+    writable, not one of ``inputs`` / ``models`` (with their data files; :func:`cli.io.guard`)."""
+    paths = {opt: Path(p) for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml),
+                                         ("--report-html", report_html)) if p is not None}
+    guard(inputs, list(paths.items()), models=models)  # first: the refusal names the input it would destroy
+    for opt, p in paths.items():
+        require_suffix(opt, p, *REPORT_SUFFIXES[opt])
+        check_writable(p)
     if len({p.resolve() for p in paths.values()}) < len(paths):
         raise OutputError(f"{', '.join(paths)} name the same file; give different files")
     hdir = Path(heatmap_dir) if heatmap_dir else None
@@ -102,7 +108,7 @@ def _check_outputs(report_json, junit_xml, report_html, heatmap_dir) -> dict:
     if hdir is not None and not hdir.exists():
         check_writable(hdir)  # created later: its parent must exist and be writable
     return dict(report_json=paths.get("--report-json"), junit_xml=paths.get("--junit-xml"),
-                report_html=paths.get("--report-html"), heatmap_dir=hdir)
+                report_html=paths.get("--report-html"), heatmap_dir=hdir, inputs=list(inputs), models=list(models))
 
 
 def _channel_axis(ex) -> int:
@@ -135,16 +141,19 @@ def _write_reports(comp, context, files: dict, base, cur, ex, suite, faith=None)
         if files["junit_xml"] is not None:
             xml = rg.junit_xml(comp, context, suite=suite)
             if faith is not None:
-                xml = tracking.add_to_junit(xml, faith, Path(str(context.get("model", "model"))).stem)
+                xml = tracking.add_to_junit(xml, faith, printable(Path(str(context.get("model", "model"))).stem))
             written.append(w.write_bytes(files["junit_xml"], xml.encode()))
         if files["report_html"] is not None:
             written.append(w.write_bytes(files["report_html"], rg.report_html(comp, context, *maps).encode()))
         if heatmap_dir is not None and faith is not None:
             heatmap_dir.mkdir(parents=True, exist_ok=True)
+            guard(files["inputs"], [("--heatmap-dir", heatmap_dir / "faithfulness_curves.png")], models=files["models"])
             written.append(w.save_png(heatmap_dir / "faithfulness_curves.png", _faith_plot(faith, context)))
         if heatmap_dir is not None and comp.drifted:
             heatmap_dir.mkdir(parents=True, exist_ok=True)
-            for s in comp.drifted:
+            for s in comp.drifted:  # names known only now: each checked against the inputs before the commit
+                guard(files["inputs"], [("--heatmap-dir", heatmap_dir / f"{s.index:04d}_{_safe(s.item)}.png")],
+                      models=files["models"])
                 written.append(w.save_png(heatmap_dir / f"{s.index:04d}_{_safe(s.item)}.png", _drift_picture(s, *maps)))
     return written
 
@@ -301,6 +310,7 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     if out_path.suffix.lower() != ".npz":
         raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
     check_writable(out_path)
+    guard([("the input", inputs_path)], [("-o", out_path)], models=[("the model", model)])
     tracked = tracking.parse_metrics(metrics)
     targets = parse_target(target)
     setup = _setup(model, composite, rule_kw, inputs_path)
@@ -368,7 +378,8 @@ def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max
     """
     th, config_used = _pop_thresholds(kw)
     tolerances = tracking.parse_tolerances(metric_tol)
-    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir)
+    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir,
+                           [("the baseline", baseline), ("the --config file", config_used)], [("the model", model)])
     snap = rg.read_snapshot(baseline)
     meta = snap.meta
     stored = _stored_faithfulness(baseline, meta, len(snap.targets), tolerances)
@@ -486,7 +497,9 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     from onnx_lrp.load import model_sha256
 
     th, config_used = _pop_thresholds(kw)
-    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir)
+    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir,
+                           [("the input", inputs_path), ("the --config file", config_used)],
+                           [("MODEL_A", model_a), ("MODEL_B", model_b)])
     targets = parse_target(target)
     setup = _setup(model_a, composite, kw, inputs_path)
     comp_rules = setup.composite

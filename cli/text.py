@@ -19,7 +19,7 @@ import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
 
-from .io import AtomicOutputs, check_writable
+from .io import AtomicOutputs, check_writable, guard
 from .options import explainer_setup, precision_note
 
 TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings")
@@ -132,6 +132,10 @@ def _text_outputs(model, opts: dict, target, position, out, html_path, refused: 
     if html_out.suffix.lower() not in (".html", ".htm"):
         raise OutputError(f"--html {html_out}: give an .html file name")
     check_writable(html_out)
+    beside = Path(str(model)).parent
+    guard([("the tokenizer", opts["tokenizer_path"] or beside / "tokenizer.json"), ("the --labels file", opts["labels"]),
+           ("the --embeddings file", opts["embeddings"]), ("the config", beside / "config.json")],
+          [("-o", out_path), ("--html", html_out)], models=[("the model", model)])
     return out_path, html_out
 
 

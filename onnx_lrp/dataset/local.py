@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError, OutputError
-from ..core.files import atomic_write, sha256_file
-from .shards import ERRORS, MANIFEST, SHARD_DIR, compute_shard, write_shard
+from ..core.files import FolderLock, atomic_write, sha256_file, temporaries
+from .shards import ERRORS, MANIFEST, SHARD_DIR, check_out_dir, compute_shard, write_shard
 from .sources import Source
 
 
@@ -31,6 +31,7 @@ class Output:
         self.lock = threading.Lock()
         if self.dir.exists() and not self.dir.is_dir():
             raise OutputError(f"--out-dir {self.dir} is a file; give a directory")
+        check_out_dir(self.dir, header.get("source", {}))
         try:
             (self.dir / SHARD_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -38,6 +39,7 @@ class Output:
                 from None
         if not os.access(self.dir, os.W_OK):
             raise OutputError(f"--out-dir {self.dir} is not writable; choose another directory")
+        self.folder_lock = FolderLock(self.dir)  # one run per OUT: a second exits at once, naming the holder
         self.done: dict[int, dict] = {}
         old = None if overwrite else self._read()
         if old is not None:
@@ -50,7 +52,7 @@ class Output:
                 p = self.dir / rec["file"]
                 if p.is_file() and sha256_file(p) == rec["sha256"]:
                     self.done[int(rec["index"])] = rec
-        stale = [*(self.dir / SHARD_DIR).glob(".part-*.tmp"), *self.dir.glob(f".{MANIFEST}.*.tmp")]
+        stale = [*temporaries(self.dir / SHARD_DIR), *temporaries(self.dir)]  # under the lock: a killed run's
         if overwrite:
             stale += [self.dir / MANIFEST, self.dir / ERRORS, *(self.dir / SHARD_DIR).glob("part-*.npz")]
         for p in stale:  # temporary files of a killed run, never visible under the shard names

@@ -6,12 +6,14 @@ from __future__ import annotations
 import collections
 import hashlib
 import io
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import OutputError
 from ..core.files import atomic_write
 from ..run.batches import explain_chunks, stacked
 from .sources import Source
@@ -130,4 +132,23 @@ def write_shard(out_dir: Path, res: ShardResult) -> dict:
                 sha256=hashlib.sha256(data).hexdigest(), failed=res.failed)
 
 
-__all__ = ["ShardResult", "explain_items", "explain_shard", "compute_shard", "write_shard", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]
+def check_out_dir(out_dir, source: dict) -> None:
+    """Refuse an OUT inside the source folder of a "files" source (a directory is searched recursively, and so is a
+    glob with ``**``): its shards would be read back as items. ``source``: the manifest header's source record."""
+    if source.get("kind") != "files":
+        return
+    text = str(source.get("path", ""))
+    parts = Path(text).parts
+    wild = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), None)
+    if wild is not None and "**" not in text:  # a glob of fixed depth: OUT/shards/part-*.npz lie deeper
+        return
+    root = Path(text) if wild is None else Path(*parts[:wild]) if wild else Path(".")
+    if not root.is_dir():
+        return
+    real_out, real_root = os.path.realpath(out_dir), os.path.realpath(root)
+    if real_out == real_root or real_out.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise OutputError(f"--out-dir {out_dir} is inside the source {text}: its shards would be read as items; "
+                          "choose a folder outside the source")
+
+
+__all__ = ["ShardResult", "check_out_dir", "explain_items", "explain_shard", "compute_shard", "write_shard", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import InputError, OutputError
+from ..core.files import printable
 
 
 def _hex(code: str) -> tuple[int, int, int]:
@@ -127,7 +128,9 @@ def _font():
 
 
 def _fit(draw, text: str, font, width: int) -> str:
-    """``text`` cut with an ellipsis to fit ``width`` pixels."""
+    """``text`` (control characters escaped: a newline draws no second line) cut with an ellipsis to fit ``width``
+    pixels."""
+    text = printable(text)
     if draw.textlength(text, font=font) <= width:
         return text
     while text and draw.textlength(text + "\u2026", font=font) > width:

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ..io import heatmap as hm
+from ..core.files import printable
 from .compare import Comparison
 from .report import fmt, drift_line, sample_status
 from .thresholds import METRICS
@@ -35,6 +36,11 @@ tr.drift td:first-child { border-left: 4px solid #c88a12; }
 .status { max-width: 500px; }
 .small { color: #555; font-size: 12px; }
 """
+
+
+def _escape(text) -> str:
+    """HTML-escaped, control characters shown as text (``\\x1b``): a name cannot smuggle markup or terminal codes."""
+    return html.escape(printable(text))
 
 
 def _png(image) -> str:
@@ -59,7 +65,7 @@ def _beyond(s, name: str, th) -> bool:
 
 
 def _head(comp: Comparison, context: dict) -> list[str]:
-    e = html.escape
+    e = _escape
     n, d = len(comp.samples), len(comp.drifted)
     verdict = (f'<span class="verdict fail">FAIL</span> {d} of {n} sample(s) fail' if d else
                f'<span class="verdict pass">PASS</span> all {n} sample(s) pass')
@@ -80,7 +86,7 @@ def _head(comp: Comparison, context: dict) -> list[str]:
 
 
 def _table(comp: Comparison) -> list[str]:
-    e = html.escape
+    e = _escape
     rows = ["<h2>Samples</h2>", "<table><tr><th>item</th><th>target</th><th>pred</th>"
             + "".join(f"<th>{m}</th>" for m in METRICS) + "<th>status</th></tr>"]
     for s in _order(comp):
@@ -96,7 +102,7 @@ def _table(comp: Comparison) -> list[str]:
 
 
 def _pictures(comp: Comparison, base_maps, cur_maps, limit: int) -> list[str]:
-    e = html.escape
+    e = _escape
     drawn = _order(comp)[:limit]
     out = ["<h2>Heatmaps</h2>", '<p class="small">baseline, current, and current &minus; baseline; each tile scaled '
            "symmetrically to its own largest |relevance| (red positive, blue negative)"
@@ -116,7 +122,7 @@ def _pictures(comp: Comparison, base_maps, cur_maps, limit: int) -> list[str]:
 def report_html(comp: Comparison, context: dict, base_maps, cur_maps, limit: int = MAX_PICTURES) -> str:
     """The page: ``base_maps`` / ``cur_maps`` are the baseline's and the current relevance as [N, H, W] maps (or
     [N, 1, F] strips; :func:`onnx_lrp.io.heatmap.relevance_maps`), index by sample."""
-    title = html.escape(f"onnx-lrp {context.get('command', 'check')}: {context.get('model', '')}")
+    title = _escape(f"onnx-lrp {context.get('command', 'check')}: {context.get('model', '')}")
     body = _head(comp, context) + _table(comp) + _pictures(comp, base_maps, cur_maps, limit)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{title}</title><style>{STYLE}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -8,6 +8,7 @@ import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ..core.files import printable
 from .compare import Comparison
 from .thresholds import KIND_NAMES, METRICS
 
@@ -23,15 +24,15 @@ def fmt(v) -> str:
 def format_table(comp: Comparison, max_rows: int | None = None) -> str:
     """A readable table: one row per sample, then the thresholds and a per-metric summary."""
     names = list(METRICS)
-    width = max([len("item")] + [len(s.item) for s in comp.samples])
+    width = max([len("item")] + [len(printable(s.item)) for s in comp.samples])
     head = f"{'item':<{width}}  {'target':>6}  {'pred':>7}  " + "  ".join(f"{n:>11}" for n in names) + "  status"
     lines = [head, "-" * len(head)]
     rows = comp.samples if max_rows is None else comp.samples[:max_rows]
     for s in rows:
         pred = f"{s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline else
                                             f">{s.predicted_current}")
-        status = sample_status(s)
-        lines.append(f"{s.item:<{width}}  {s.target:>6}  {pred:>7}  " +
+        status = printable(sample_status(s))
+        lines.append(f"{printable(s.item):<{width}}  {s.target:>6}  {pred:>7}  " +
                      "  ".join(f"{fmt(s.metrics[n]):>11}" for n in names) + f"  {status}")
     if max_rows is not None and len(comp.samples) > max_rows:
         lines.append(f"... {len(comp.samples) - max_rows} more sample(s) (--report-json lists all)")
@@ -48,7 +49,7 @@ def format_table(comp: Comparison, max_rows: int | None = None) -> str:
     lines.append(f"{'mean':<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{fmt(summ[n]['mean']):>11}" for n in names))
     for stat, label in (("p95", "95% worst"), ("worst", "worst")):  # the bad end of each metric (max or min)
         lines.append(f"{label:<{width}}  {'':>6}  {'':>7}  " + "  ".join(f"{fmt(summ[n][stat]):>11}" for n in names))
-    lines.append("worst item per metric: " + ", ".join(f"{n} {summ[n]['worst_item']}" for n in names
+    lines.append("worst item per metric: " + ", ".join(f"{n} {printable(summ[n]['worst_item'])}" for n in names
                                                          if summ[n]['worst_item'] is not None))
     return "\n".join(lines)
 
@@ -95,10 +96,11 @@ def report_json(comp: Comparison, context: dict) -> str:
 
 def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") -> str:
     """JUnit XML: one testcase per sample (a <failure> for drifted ones), metrics as properties and in
-    system-out, thresholds as suite properties."""
-    model = Path(str(context.get("model", "model"))).stem
+    system-out, thresholds as suite properties. Every name and message goes through :func:`printable` (a control
+    character cannot be written in XML 1.0, even as a reference: it is escaped as text, ``\\x1b``)."""
+    model = printable(Path(str(context.get("model", "model"))).stem)
     root = ET.Element("testsuites", name="onnx-lrp", tests=str(len(comp.samples)), failures=str(len(comp.drifted)))
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(comp.samples)), failures=str(len(comp.drifted)),
+    ts = ET.SubElement(root, "testsuite", name=printable(suite), tests=str(len(comp.samples)), failures=str(len(comp.drifted)),
                        errors="0", skipped="0", time=f"{float(context.get('seconds', 0.0)):.3f}")
     props = ET.SubElement(ts, "properties")
     for k, v in comp.thresholds.as_dict().items():
@@ -107,24 +109,24 @@ def junit_xml(comp: Comparison, context: dict, suite: str = "onnx-lrp check") ->
     ET.SubElement(props, "property", name="fail_on", value=",".join(comp.thresholds.fail_on) or "none")
     for k in ("model", "baseline", "model_a", "model_b", "composite"):
         if context.get(k) is not None:
-            ET.SubElement(props, "property", name=k, value=str(context[k]))
+            ET.SubElement(props, "property", name=k, value=printable(context[k]))
     deployed = context.get("deployed_outputs")
     if deployed:  # the deployed outputs of the baseline's machine and this one (onnx-lrp check)
         ET.SubElement(props, "property", name="deployed_outputs.max_abs_diff", value=f"{deployed['max_abs']:.4g}")
         ET.SubElement(props, "property", name="deployed_outputs.differ", value=str(bool(deployed["differ"])).lower())
     for s in comp.samples:
-        tc = ET.SubElement(ts, "testcase", classname=f"onnx-lrp.{model}", name=s.item, time="0")
+        tc = ET.SubElement(ts, "testcase", classname=f"onnx-lrp.{model}", name=printable(s.item), time="0")
         tprops = ET.SubElement(tc, "properties")
         for n in METRICS:
             ET.SubElement(tprops, "property", name=n, value=fmt(s.metrics[n]))
-        ET.SubElement(tprops, "property", name="drift", value=",".join(s.drift) or "none")
+        ET.SubElement(tprops, "property", name="drift", value=printable(",".join(s.drift) or "none"))
         figures = ", ".join(f"{n}={fmt(s.metrics[n])}" for n in METRICS)
         pred = f"predicted {s.predicted_baseline}" + (f" -> {s.predicted_current}"
                                                       if s.predicted_current != s.predicted_baseline else "")
-        text = f"target {s.target}, {pred}: {figures}" + ("\n" + sample_status(s) if s.drift else "")
+        text = f"target {s.target}, {pred}: {figures}" + ("\n" + printable(sample_status(s)) if s.drift else "")
         if s.failed:
             f = ET.SubElement(tc, "failure", type=",".join(KIND_NAMES[k] for k in s.failed_kinds),
-                              message="; ".join(f"{k}: {'; '.join(s.drift[k])}" for k in s.failed_kinds))
+                              message=printable("; ".join(f"{k}: {'; '.join(s.drift[k])}" for k in s.failed_kinds)))
             f.text = text
         ET.SubElement(tc, "system-out").text = text
     ET.indent(root)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from ...core.errors import ModelError
-from ...core.files import atomic_write
+from ...core.files import atomic_write, temporary_beside
 from .. import external
 from .external_data import external_tensors
 from .serialize import serialize_proto
@@ -37,10 +37,10 @@ def save_large(parts: external.Parts, path) -> None:
     path = Path(path)
     data_name = path.name + ".data"
     proto = onnx.load_model_from_string(parts.model_bytes)
-    tmp_model = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp_data = path.with_name(f".{data_name}.tmp{os.getpid()}")
+    fd_model, tmp_model = temporary_beside(path)  # unpredictable names, O_EXCL: never through a planted symlink
+    fd_data, tmp_data = temporary_beside(path.with_name(data_name))
     try:
-        with open(tmp_data, "wb") as out:
+        with os.fdopen(fd_data, "wb") as out:
             for t in external_tensors(proto):
                 info = {e.key: e.value for e in t.external_data}
                 pad = (-out.tell()) % 4096  # page-aligned: onnxruntime can map each tensor
@@ -57,13 +57,19 @@ def save_large(parts: external.Parts, path) -> None:
                 for k, val in (("location", data_name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
                     e = t.external_data.add()
                     e.key, e.value = k, val
-        tmp_model.write_bytes(serialize_proto(proto))
+        model_file, fd_model = os.fdopen(fd_model, "wb"), None  # written through mkstemp's descriptor, not by name
+        with model_file:
+            model_file.write(serialize_proto(proto))
         os.replace(tmp_data, path.with_name(data_name))
         os.replace(tmp_model, path)
     finally:
+        if fd_model is not None:
+            os.close(fd_model)
         for tmp in (tmp_model, tmp_data):
-            if tmp.exists():
+            try:
                 tmp.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def _copy_range(src: Path, offset: int, length: int, out) -> None:
