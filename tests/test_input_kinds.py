@@ -121,6 +121,8 @@ NOT_MODEL_INPUTS = {
     ("cli/regress.py", "snapshot", ".npz"),  # -o
     ("cli/text.py", "_text_outputs", ".npy"), ("cli/text.py", "_text_outputs", ".npz"),  # -o
     ("cli/text.py", "_write_text", ".npy"),  # -o
+    ("cli/regress.py", "<module>", "REPORT_SUFFIXES"),  # --report-json / --junit-xml / --report-html
+    ("cli/regress.py", "_check_outputs", "REPORT_SUFFIXES"),
 }
 SUFFIX = re.compile(r"\.[a-z0-9]{2,8}")
 
