@@ -4,10 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from .core.errors import InputError
+from .core.relevance_model import BuildOptions
 from .load import external
 from .rules.composite import Composite
 from .run import launch
-from .run.runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanation, InputSpec: part of this API)
+from .run.runner import Explanation, InputSpec, Runner, RunOptions  # noqa: F401 (Explanation, InputSpec: this API)
 
 
 class Explainer(Runner):
@@ -15,16 +16,17 @@ class Explainer(Runner):
     onnxruntime session (``explain``: :class:`onnx_lrp.run.runner.Runner`'s). ``relevance_model`` is what was built
     (:class:`onnx_lrp.core.relevance_model.RelevanceModel`), ``options`` how it runs."""
 
-    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
-                 output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
-                 threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False,
-                 tf32: bool = False, precision: str = "auto", **rule_params):
-        composite, build_options, run_options = launch.split_options(
-            composite, device, output, relevance_at, explain_logits, start, threads, ledger, constants, input_shapes,
-            strict, precise, tf32, precision, **rule_params)
-        relevance_model, session = launch.build_and_start(model, composite, build_options, run_options)
-        super().__init__(relevance_model, run_options, session)
+    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
+                 build: BuildOptions | None = None, run: RunOptions | None = None, **options):
+        """``options``: the fields of :class:`onnx_lrp.core.relevance_model.BuildOptions` (output, relevance_at,
+        explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.runner.RunOptions`
+        (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
+        low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
+        the caller instead of their keywords. Every value is checked once, refused in one line
+        (:class:`onnx_lrp.run.launch.ExplainOptions`)."""
+        given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
+        relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
+        super().__init__(relevance_model, given.run, session)
 
     @property
     def composite(self) -> Composite:

@@ -28,11 +28,11 @@ import numpy as np
 import onnx_ir as ir
 
 from ..core.errors import InputError
+from ..core.relevance_model import PRECISIONS
 from ..load import reinfer_shapes
 from ..load.builder import Upcast
 
 
-PRECISIONS = ("auto", "model", "float32")
 LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 #: ops computed in float32 whatever the model's type

@@ -41,7 +41,21 @@ class RunOptions:
     start: str = "logit"  # the default start relevance: the explained logit, or 1 ("one-hot")
     strict: bool = False  # relevance far from conserved (onnx_lrp.run.conservation): an error, not a warning
     precise: bool = False  # onnxruntime without layout optimisations (runtime.Session)
-    tf32: bool = False  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; README "GPU")
+    tf32: bool = False  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; docs/gpu.md)
+
+    def __post_init__(self):
+        """Each value checked once, refused in one line; ``strict`` and ``precise`` as bools."""
+        if self.device is not None and not isinstance(self.device, str):
+            raise InputError(f"device must be 'cpu', 'cuda' or 'auto', not {self.device!r}")
+        if self.start not in ("logit", "one-hot"):
+            raise InputError(f"start must be 'logit' or 'one-hot', not {self.start!r}")
+        if not isinstance(self.tf32, bool):
+            raise InputError(f"tf32 must be True or False, not {self.tf32!r}")
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise InputError(f"threads must be a non-negative int (0: onnxruntime's default), not {threads!r}")
+        object.__setattr__(self, "strict", bool(self.strict))
+        object.__setattr__(self, "precise", bool(self.precise))
 
 
 def open_session(model: RelevanceModel, options: RunOptions) -> runtime.Session:
