@@ -44,10 +44,10 @@ def relevance_model(model, **explainer_options):
     Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: the relevance model and the run options
     (:meth:`onnx_lrp.run.runner.Runner.payload`, plain data); each actor then imports only numpy, onnxruntime and
     :mod:`onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
-    from onnx_lrp.run.launch import runner
+    from onnx_lrp.run.launch import ExplainOptions, runner
 
     ray = require_ray()
-    return ray.put(runner(model, **explainer_options).payload())
+    return ray.put(runner(model, ExplainOptions.from_keywords(**explainer_options)).payload())
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
@@ -62,9 +62,9 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "
                          "onnx_lrp.ray.relevance_model)")
-    from onnx_lrp.run.launch import runner
+    from onnx_lrp.run.launch import ExplainOptions, runner
 
-    return runner(model, device=device or "cpu", threads=threads, **explainer_options)
+    return runner(model, ExplainOptions.from_keywords(device=device or "cpu", threads=threads, **explainer_options))
 
 
 class ExplainBatch:
@@ -195,14 +195,16 @@ def _actor_options(ray, ex, workers):
     return n, dict(num_cpus=1), max(1, cpus // n), 1
 
 
-def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress, address=None) -> None:
-    """The shards ``todo`` on Ray Data actors; the manifest is updated here, in the driver, as records arrive.
+def run_ray(ex, source, todo, out, options, targets, start, progress) -> None:
+    """The shards ``todo`` on Ray Data actors (``options``: :class:`onnx_lrp.dataset.DatasetOptions`); the manifest
+    is updated here, in the driver, as records arrive.
 
     Actors are restarted and their tasks retried when a worker dies; a shard explained twice (a retry after its
     file was written) is written with the same content and counted once."""
-    ray, started = _connect(address)
+    ray, started = _connect(options.ray_address)
+    batch_size = options.batch_size
     try:
-        n, res_args, threads, readers = _actor_options(ray, ex, workers)
+        n, res_args, threads, readers = _actor_options(ray, ex, options.workers)
         ref = ray.put(ex.payload())
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -42,6 +43,9 @@ class RunOptions:
     strict: bool = False  # relevance far from conserved (onnx_lrp.run.conservation): an error, not a warning
     precise: bool = False  # onnxruntime without layout optimisations (runtime.Session)
     tf32: bool = False  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; docs/gpu.md)
+    #: where and how fast it runs, not what it computes: not recorded in a dataset's manifest (a rerun on another
+    #: device or with other threads resumes it)
+    UNRECORDED: ClassVar[tuple] = ("device", "threads", "tf32")
 
     def __post_init__(self):
         """Each value checked once, refused in one line; ``strict`` and ``precise`` as bools."""
