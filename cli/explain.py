@@ -16,11 +16,11 @@ from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_chunks, merge, slices
 
 from . import heatmap as hm
-from .dataset import DATASET_KEYS, dataset_options, pop_dataset_options, run_dataset
+from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, OutputError, check_writable, data_kind, input_kind
-from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note, preprocess
-from .text import TEXT_KEYS, pop_text_options, run_text, text_options
+from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note
+from .text import TEXT_KEYS, run_text, text_mode, text_options
 
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
@@ -128,26 +128,18 @@ def explain(**kw):
     of one kind. Prints a summary per item; writes the relevance, a heatmap if asked.
     """
     o = ExplainOptions.from_click(kw)
-    ds = pop_dataset_options(o.rule_kw)
-    text = pop_text_options(o.rule_kw)
+    ds = dataset_mode(o.options)
+    text = text_mode(o.options)
     if text is not None:  # text in: its own module
-        return run_text(o.model, text, target=o.target, position=o.position, start=o.start, device=o.device,
-                        tf32=o.tf32,
-                        precision=o.precision, composite=o.composite, rule_kw=o.rule_kw, out=o.out,
-                        html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
+        return run_text(o.model, text, o.options,
                         refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
                                  "--heatmap": o.heatmap_path,
                                  "--relevance-at": o.relevance_at, "--output": o.output_name,
-                                 **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
+                                 **{f"--{k}": o.options.get(k) for k in ("size", "crop", "mean", "std")}})
     if o.input_path is None:
         raise InputError("give INPUT (an .npy/.npz array, an image or a directory), or --text with --tokenizer")
     if ds is not None:  # dataset mode: its own module
-        return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
-                           start=o.start, device=o.device, tf32=o.tf32, precision=o.precision, strict=o.strict,
-                           precise=o.precise,
-                           batch_size=o.batch_size,
-                           relevance_at=o.relevance_at,
-                           pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
+        return run_dataset(o.model, o.input_path, ds, o.options, parse_target(o.target),
                            refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
                                     "--html": o.html_path, "--position": o.position})
     dest = _destinations(o)
@@ -158,8 +150,9 @@ def explain(**kw):
 
 @dataclass
 class ExplainOptions:
-    """The options of ``onnx-lrp explain``, one field per command-line option; ``rule_kw`` holds the rest (rule
-    parameters, preprocessing, dataset mode), read by ``cli.options`` and ``cli.dataset``."""
+    """The options of ``onnx-lrp explain``, one field per command-line option it reads itself; ``options`` holds
+    click's whole option dict, which ``cli.options.explainer_setup`` (the explainer's options), ``cli.dataset`` and
+    ``cli.text`` read (never pop)."""
 
     model: str
     input_path: str
@@ -183,12 +176,12 @@ class ExplainOptions:
     precise: bool
     strict: bool
     composite: object
-    rule_kw: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
 
     @classmethod
     def from_click(cls, kw: dict) -> "ExplainOptions":
-        names = [f.name for f in fields(cls) if f.name != "rule_kw"]
-        return cls(**{k: kw.pop(k) for k in names}, rule_kw=kw)
+        names = [f.name for f in fields(cls) if f.name != "options"]
+        return cls(**{k: kw[k] for k in names}, options=dict(kw))
 
 
 @dataclass
@@ -264,10 +257,9 @@ def _destinations(o: ExplainOptions) -> _Destinations:
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
-    setup = explainer_setup(o.model, o.composite, o.rule_kw, data_kind=dest.data_kind)
+    setup = explainer_setup(o.model, o.options, data_kind=dest.data_kind)
     t0 = time.perf_counter()
-    ex = setup.build(o.model, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
-                     start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32, precision=o.precision)
+    ex = setup.explainer(o.model)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
