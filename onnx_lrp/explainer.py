@@ -57,9 +57,8 @@ class Explainer(Runner):
         :func:`onnx_lrp.building.computed_weights.compute_in_graph`.
         """
         from . import load as loader
-        from .building.computed_weights import with_computed_weights
 
-        parts, counts = with_computed_weights(self.relevance_model) if computed_weights else (self.model_parts(), None)
+        parts, counts = self._parts(computed_weights)
         try:
             loader.save_parts(parts, path)
         except OSError as exc:
@@ -68,12 +67,17 @@ class Explainer(Runner):
 
     def model_parts(self, computed_weights: bool = False) -> external.Parts:
         """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
+        return self._parts(computed_weights)[0]
+
+    def _parts(self, computed_weights: bool) -> tuple[external.Parts, dict | None]:
+        """(the relevance model's parts, the counts of computed weights or None): as built, or with the modified
+        weights computed in the graph (:func:`onnx_lrp.building.computed_weights.with_computed_weights`)."""
         if computed_weights:
             from .building.computed_weights import with_computed_weights
 
-            return with_computed_weights(self.relevance_model)[0]
+            return with_computed_weights(self.relevance_model)
         m = self.relevance_model
-        return external.Parts(m.model_bytes, m.model_folder, m.model_arrays, m.model_prepack)
+        return external.Parts(m.model_bytes, m.model_folder, m.model_arrays, m.model_prepack), None
 
     def explain_text(self, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
                      continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,

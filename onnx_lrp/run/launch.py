@@ -74,18 +74,23 @@ def _part(kind, given, keywords: dict, device, name: str):
 def build_and_start(model, composite, build_options: BuildOptions, run_options: RunOptions):
     """(relevance model, its session): built and started. Where onnxruntime cannot start a float16 / bfloat16
     relevance model: precision="auto" builds it again in float32 (one warning), precision="model" is refused."""
+    relevance_model = build(model, composite, build_options)  # only LrpError escapes it
+    try:
+        return relevance_model, _started(relevance_model, run_options)
+    except LrpError as exc:
+        if relevance_model.model_precision == "float32":
+            raise
+        _float32_instead(exc, relevance_model.model_precision, build_options)
+    del relevance_model
+    relevance_model = build(model, composite, dataclasses.replace(build_options, precision="float32"))
+    return relevance_model, _started(relevance_model, run_options)
+
+
+def _started(relevance_model, run_options: RunOptions):
+    """The relevance model's session; as the build, only :class:`onnx_lrp.LrpError` escapes."""
     with only_lrp_errors("building the relevance model",
                          hint="; the model (or a dimension of it) is too large for this machine"):
-        relevance_model = build(model, composite, build_options)
-        try:
-            return relevance_model, open_session(relevance_model, run_options)
-        except LrpError as exc:
-            if relevance_model.model_precision == "float32":
-                raise
-            _float32_instead(exc, relevance_model.model_precision, build_options)
-        del relevance_model
-        relevance_model = build(model, composite, dataclasses.replace(build_options, precision="float32"))
-        return relevance_model, open_session(relevance_model, run_options)
+        return open_session(relevance_model, run_options)
 
 
 def _float32_instead(exc: LrpError, model_precision: str, options: BuildOptions) -> None:

@@ -243,7 +243,7 @@ class Runner(checks.RunChecks):
         t = np.asarray(target)
         if t.dtype.kind not in "iu":
             raise InputError(f"target must be an int or one int per batch item, not {target!r}")
-        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        t = _per_item(t, batch)
         if t.shape != (batch,):
             raise InputError(f"{t.size} targets for a batch of {batch}; give one int or one per item")
         width = self.output_width()
@@ -276,7 +276,7 @@ class Runner(checks.RunChecks):
         pos = np.asarray(-1 if position is None else position)
         if pos.dtype.kind not in "iu":
             raise InputError(f"position must be an int or one int per batch item, not {position!r}")
-        pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
+        pos = _per_item(pos, batch)
         if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
             raise InputError(f"position {checks.brief(pos)} does not fit: the explained output has {rows} positions "
                              f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
@@ -285,7 +285,7 @@ class Runner(checks.RunChecks):
         t = np.asarray(target)
         if t.dtype.kind not in "iu":
             raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
-        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        t = _per_item(t, batch)
         if t.shape != (batch,) or np.any(t < 0) or (per_row is not None and np.any(t >= per_row)):
             raise InputError(f"target {checks.brief(t)} out of range: each position of the explained output has "
                              f"{per_row} entries")
@@ -313,7 +313,7 @@ class Runner(checks.RunChecks):
                              "one entry set per item: give the target as a flat index")
         else:
             targets = self._targets(target, 1 if self.whole else batch)
-        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        static_one = self._static_one()
         if static_one and batch > 1 and self.ledger:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
         deployed = self._deployed_run(feeds)
@@ -371,13 +371,18 @@ class Runner(checks.RunChecks):
         feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
         feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
                  for k, v in feeds.items() if k in types}
-        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        static_one = self._static_one()
         batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
         if static_one and batch > 1 and not self.whole:
             parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
                                   for k, v in feeds.items()}) for i in range(batch)]
             return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         return session.run(feeds)
+
+    def _static_one(self) -> bool:
+        """Whether the model was exported with a fixed batch of 1 (every input's first dimension 1): a batch then
+        runs item by item."""
+        return all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
 
     def _gap(self, feeds, outputs: dict, forward: dict, batch: int):
         """The gap on the explained output, its cause found on the first one beyond the tolerance, one warning."""
@@ -457,6 +462,12 @@ class Runner(checks.RunChecks):
 
 # outputs that always come to the host: a few numbers per item (the checks, the ledger's sums per node)
 _SMALL_PREFIXES = ("lrp/check/", "lrp/ledger/")
+
+
+def _per_item(a: np.ndarray, batch: int) -> np.ndarray:
+    """An int array (a target, a position) as one int64 per item: one value broadcast to the ``batch``, else as
+    given (its shape checked by the caller)."""
+    return np.broadcast_to(a.astype(np.int64).reshape(-1), (batch,)) if a.size == 1 else a.astype(np.int64)
 
 
 def _item(feeds: dict, i: int) -> dict:
