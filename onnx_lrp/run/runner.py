@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.errors import InputError, LrpError, LrpWarning
 from ..core.interface import (
+    CHECK_FINITE,
     LEDGER_ENTERING,
     LEDGER_LEAVING,
     ONE_HOT_INPUT,
@@ -85,7 +86,7 @@ def _option(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.options, name), doc=doc)
 
 
-class Runner(checks.RunChecks):
+class Runner:
     """Runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` in one onnxruntime session:
     ``explain(x, target=...)``. ``session``: one already started for it (default: started here)."""
 
@@ -163,9 +164,10 @@ class Runner(checks.RunChecks):
         self.device = session.device  # "auto" may fall back to the CPU when CUDA cannot start
         self.device_note = session.fallback
         self._width = None
-        self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
         self._ledger_books: dict = {}  # start relevance -> the ledger's Runner, built on the first item that trips
-        self._reading_ledger = False  # this run only reads its ledger for another: no conservation check of its own
+        # the checks of every run; the nodes that do not conserve named from the ledger (read late: patchable)
+        self.checks = checks.RunChecks(self.relevance_model, self.options, self.device,
+                                       lambda *item: self._culprits(*item))
         self._gap_reason = None  # why the deployed outputs differ (onnx_lrp.run.deployed_gap.cause), found on the first gap
         self._gap_warned = False
         self.deployed_session = None
@@ -191,7 +193,7 @@ class Runner(checks.RunChecks):
     def _feeds(self, x, finite: bool = True) -> dict:
         """The checked feeds by input name: numpy arrays cast to the input's type, or device arrays
         (:class:`onnx_lrp.run.binding.DeviceArray`, bound in place). ``finite``: refuse NaN / Inf on the host here
-        (else the relevance graph's probe finds them, :meth:`_check_finite`)."""
+        (else the relevance graph's probe finds them, :meth:`onnx_lrp.run.checks.RunChecks.finite`)."""
         if isinstance(x, dict):
             arrays = dict(x)
         else:
@@ -328,10 +330,10 @@ class Runner(checks.RunChecks):
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
             merged = self._run(feeds, targets, start, positions)
-        per_row = self._check_width(merged, targets)
-        self._check_finite(merged, feeds, targets, start, positions)
+        per_row = self.checks.width(merged, targets)
+        self.checks.finite(merged, feeds, targets, start, positions)
         rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
-        self._check_conserved(merged, list(rel.values()), feeds, start, positions)
+        self.checks.conserved(merged, list(rel.values()), feeds, start, positions)
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[TARGET_OUTPUT]
         pos_used = None
@@ -378,6 +380,11 @@ class Runner(checks.RunChecks):
                                   for k, v in feeds.items()}) for i in range(batch)]
             return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         return session.run(feeds)
+
+    def _finite_on_host(self) -> bool:
+        """Whether the inputs' NaN / Inf are refused on the host before the run: a deployed model runs first on
+        them, and a relevance model without the graph's probe (built before it) has no other check."""
+        return self.deployed_session is not None or CHECK_FINITE not in self.session.output_names
 
     def _static_one(self) -> bool:
         """Whether the model was exported with a fixed batch of 1 (every input's first dimension 1): a batch then
@@ -436,11 +443,11 @@ class Runner(checks.RunChecks):
         extra = {} if positions is None else {"position": positions}
         if self.sequence_rows is not None:
             target = target % (self.sequence_rows[1] or 1 << 62)
-        book._reading_ledger = True  # this run only reads the ledger: no check of its own
+        book.checks.reading_ledger = True  # this run only reads the ledger: no check of its own
         try:
             res = book.explain(one, target=target, start=start, **extra)
         finally:
-            book._reading_ledger = False
+            book.checks.reading_ledger = False
         return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
     def _ledger_book(self, start: str) -> "Runner | None":
