@@ -107,15 +107,19 @@ class Explainer(Runner):
         """Concept-conditional heatmaps (CRP) of one item: :class:`onnx_lrp.concepts.ConceptExplanation`."""
         from . import concepts as crp
 
-        return crp.explain_concepts(self, x, target, _layer(layer), concepts, exclude_parallel, record, init,
-                                    channel_axis, batch_size)
+        layer = _layer(layer)
+        options = crp.ConceptOptions(exclude_parallel=exclude_parallel, record=record, init=init,
+                                     channel_axis=channel_axis, batch_size=batch_size)
+        return crp.explain_concepts(self, x, target, layer, concepts, options)
 
     def concept_graph(self, x, target=None, layer: str | None = None, concept: int = 0, width=(5, 2),
                       layers=None, abs_norm: bool = True):
         """The attribution graph of channel ``concept`` of ``layer``: :class:`onnx_lrp.concepts.ConceptGraph`."""
         from . import concepts
 
-        return concepts.concept_graph(self, x, target, _layer(layer), concept, width, layers, abs_norm)
+        layer = _layer(layer)
+        options = concepts.ConceptOptions(width=width, layers=layers, abs_norm=abs_norm)
+        return concepts.concept_graph(self, x, target, layer, concept, options)
 
 
 def _layer(layer) -> str:

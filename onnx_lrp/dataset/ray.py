@@ -125,14 +125,14 @@ class _ShardTask(ExplainBatch):
     """One shard per call: read and decode its items, explain, write the shard file (write, fsync, rename) and
     return its manifest record. Rerunning a shard (a retried task) writes the same file again."""
 
-    def __init__(self, *, relevance_model, source, out_dir, batch_size, targets, start, device=None,
-                 threads=None, readers=1):
+    def __init__(self, *, relevance_model, source, job: dict, start, device=None, threads=None):
+        """``job``: out_dir, batch_size, targets, readers (decoding threads per actor)."""
         super().__init__(relevance_model=relevance_model, device=device, threads=threads, start=start)
         ray = require_ray()
         if isinstance(source, ray.ObjectRef):
             source = ray.get(source)
-        self.source, self.out_dir, self.batch_size, self.targets = source, Path(out_dir), batch_size, targets
-        self.readers = readers
+        self.source, self.out_dir, self.batch_size = source, Path(job["out_dir"]), job["batch_size"]
+        self.targets, self.readers = job["targets"], job.get("readers", 1)
 
     def __call__(self, batch: dict) -> dict:
         records = []
@@ -212,9 +212,9 @@ def run_ray(ex, source, todo, out, options, targets, start, progress) -> None:
         # max_task_retries=-1 are its defaults for map_batches actors)
         ds = ds.map_batches(_ShardTask, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n),
                             fn_constructor_kwargs=dict(relevance_model=ref, source=ray.put(source),
-                                                       out_dir=str(out.dir), batch_size=batch_size, targets=targets,
-                                                       start=start, device=ex.device, threads=threads,
-                                                       readers=readers), **res_args)
+                                                       job=dict(out_dir=str(out.dir), batch_size=batch_size,
+                                                                targets=targets, readers=readers),
+                                                       start=start, device=ex.device, threads=threads), **res_args)
         seen = set()
         try:
             for row in ds.iter_rows():
