@@ -330,7 +330,7 @@ MAX_PARAMETERS = 8
 PARAMETER_FACADE = {
     "onnx_lrp/explainer.py:Explainer.explain_text", "onnx_lrp/explainer.py:Explainer.explain_concepts",
     "onnx_lrp/metrics/__init__.py:evaluate", "onnx_lrp/dataset/__init__.py:explain_dataset",
-    "onnx_lrp/plot.py:heatmap",
+    "onnx_lrp/plot.py:heatmap", "onnx_lrp/run/explanation.py:Explanation.heatmap",
 }
 # not yet passed one options object (issue 33: each moves to an options type of its stage, then leaves this list)
 PARAMETER_DEBT = {
@@ -340,7 +340,8 @@ PARAMETER_DEBT = {
     "onnx_lrp/run/runtime.py:Session.__init__", "onnx_lrp/dataset/shards.py:compute_shard",
     "onnx_lrp/dataset/shards.py:explain_shard", "onnx_lrp/lrp/target.py:_sequence_target",
     "cli/regress.py:diff", "cli/regress.py:snapshot", "cli/regress.py:check", "cli/regress.py:_report",
-    "cli/trace.py:trace",
+    "onnx_lrp/metrics/perturbation.py:region_perturbation", "onnx_lrp/metrics/correlation.py:faithfulness_correlation",
+    "onnx_lrp/run/conservation.py:message",
 }
 
 
