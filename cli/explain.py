@@ -19,7 +19,8 @@ from . import heatmap as hm
 from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, OutputError, check_writable, data_kind, input_kind
-from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note
+from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, device_note, explainer_setup, input_options,
+                      precision_note, uses_tf32)
 from .text import TEXT_KEYS, run_text, text_mode, text_options
 
 
@@ -150,9 +151,9 @@ def explain(**kw):
 
 @dataclass
 class ExplainOptions:
-    """The options of ``onnx-lrp explain``, one field per command-line option it reads itself; ``options`` holds
-    click's whole option dict, which ``cli.options.explainer_setup`` (the explainer's options), ``cli.dataset`` and
-    ``cli.text`` read (never pop)."""
+    """The options of ``onnx-lrp explain`` it reads itself, one field each; ``options`` holds click's whole option
+    dict, which ``cli.options.explainer_setup`` (the explainer's BuildOptions / RunOptions: a new one needs no field
+    here), ``cli.dataset`` and ``cli.text`` read (never pop)."""
 
     model: str
     input_path: str
@@ -161,8 +162,6 @@ class ExplainOptions:
     position: str | None
     start: str
     device: str
-    tf32: bool
-    precision: str
     batch_size: int
     relevance_at: tuple
     out: str | None
@@ -173,9 +172,6 @@ class ExplainOptions:
     token_scale: float
     html_path: str | None
     as_json: bool
-    precise: bool
-    strict: bool
-    composite: object
     options: dict = field(default_factory=dict)
 
     @classmethod
@@ -318,7 +314,7 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, comp, batch, m, t_build:
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
+                   device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
                    explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
@@ -425,7 +421,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
     click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{device_note(ex)}{precision_note(ex)}: explained in "
                f"{res.t_explain:.3f} s "
                f"(model built in {res.t_build:.3f} s)")
     if res.token_rows is not None:

@@ -13,6 +13,7 @@ from onnx_lrp.rules.composite import Composite, load_composite
 
 from onnx_lrp.core.errors import InputError
 from onnx_lrp.core.relevance_model import BuildOptions
+from onnx_lrp.run.options import RunOptions
 
 from .helpfmt import Row
 from .io import (
@@ -233,7 +234,17 @@ def precision_note(ex) -> str:
     return "" if kind == "float32" else f" ({kind})"
 
 
-def build_explainer(model, composite: Composite, build: BuildOptions, run: "RunOptions"):
+def uses_tf32(ex) -> bool:
+    """Whether the run computed with TF32 (asked for, and on CUDA)."""
+    return bool(ex.tf32 and ex.device == "cuda")
+
+
+def device_note(ex) -> str:
+    """`` (TF32)`` after the device in a summary line when the run computed with TF32, else ``""``."""
+    return " (TF32)" if uses_tf32(ex) else ""
+
+
+def build_explainer(model, composite: Composite, build: BuildOptions, run: RunOptions):
     """``onnx_lrp.Explainer(model, composite, build=build, run=run)``; for large model files one line on stderr says
     what is happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size,
     so small models and failures keep stderr to one line)."""
@@ -256,9 +267,11 @@ def build_explainer(model, composite: Composite, build: BuildOptions, run: "RunO
     return ex
 
 
-# click's option (its dest) -> the field of BuildOptions / RunOptions it sets; a new option: one line here
-BUILD_FIELDS = {"output_name": "output", "relevance_at": "relevance_at", "precision": "precision"}
-RUN_FIELDS = {"device": "device", "start": "start", "strict": "strict", "precise": "precise", "tf32": "tf32"}
+# click's option (its dest) -> the field of BuildOptions / RunOptions it sets: a click option named as a field sets
+# it (a new run option needs no line here); --output's dest is output_name; --constant / --input-shape are parsed
+BUILD_FIELDS = {"output_name": "output", **{f.name: f.name for f in dataclasses.fields(BuildOptions)
+                                            if f.name not in ("output", "constants", "input_shapes", "device")}}
+RUN_FIELDS = {f.name: f.name for f in dataclasses.fields(RunOptions)}
 
 
 @dataclass(frozen=True)
@@ -272,7 +285,7 @@ class Setup:
     params: dict
     composite: Composite
     build: BuildOptions
-    run: "RunOptions"  # onnx_lrp.run.runner.RunOptions
+    run: RunOptions
     zbox_note: str | None = None
     bounds_from: str | None = None  # "mean/std" or "pixels" when the box-rule bounds were derived (box_bounds)
 
@@ -335,8 +348,6 @@ def explainer_setup(model, options, *, data_kind=None, pre: Preprocess | None = 
     ``data_kind``: the kind of the inputs ("image", "npy", ...), or a function giving it, called only when it
     matters: for image inputs and a composite with ZBox but no --low/--high, the bounds are the pixel range after
     --mean/--std (:func:`box_bounds`)."""
-    from onnx_lrp.run.runner import RunOptions  # onnxruntime: when a command runs, not for --help
-
     check_model_arg(model)
     pre = preprocess(options) if pre is None else pre
     constants = parse_constants(options.get("constants", ()))
@@ -368,7 +379,7 @@ def common(f):
 
 
 __all__ = ["BINDING_ROWS", "DEFAULT_COMPOSITE", "INPUT_ROWS", "RULE_ROWS", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
-           "precision_note",
+           "precision_note", "uses_tf32", "device_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
            "parse_input_shapes", "box_bounds", "check_model_arg",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -211,7 +211,7 @@ def _setup(model, composite, kw: dict, inputs_path) -> Setup:
 
 def _explainer(model, composite, output_name, start, **bindings):
     from onnx_lrp.core.relevance_model import BuildOptions
-    from onnx_lrp.run.runner import RunOptions
+    from onnx_lrp.run.options import RunOptions
 
     ex = build_explainer(model, composite, BuildOptions(output=output_name, **bindings), RunOptions(start=start))
     ex.gap_warnings = False  # the report says it, once

@@ -20,7 +20,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
 
 from .io import AtomicOutputs, check_writable
-from .options import explainer_setup, precision_note
+from .options import device_note, explainer_setup, precision_note, uses_tf32
 
 TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings")
 TASKS = ("text-classification", "token-classification", "text-generation")  # onnx_lrp.io.text_inputs.TASKS
@@ -94,7 +94,7 @@ def run_text(model, opts: dict, options: dict, refused: dict) -> int:
     name = getattr(ex, "composite_name", comp.name)  # "auto" resolved
     if as_json:
         summary = dict(model=str(model), tokenizer=str(tok_path), composite=name, start=start,
-                       device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
+                       device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
                        **res.to_dict(), relevance_file=str(out_path) if out_path else None,
                        html_file=str(html_out), build_s=round(t_build, 4), explain_s=round(t_explain, 4))
         click.echo(json.dumps(summary, indent=2))
@@ -106,7 +106,7 @@ def run_text(model, opts: dict, options: dict, refused: dict) -> int:
     click.echo(res.terminal(percentile=token_scale))
     written = ", ".join(str(p) for p in (html_out, out_path) if p is not None)
     click.echo(f"{len(res.tokens)} tokens, composite {name}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{device_note(ex)}{precision_note(ex)}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s); wrote {written}")
     return 0
 

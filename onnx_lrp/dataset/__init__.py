@@ -171,7 +171,7 @@ def _header(model, ex, sources: tuple, o: DatasetOptions, target, start, options
     from ..load import model_sha256
     from ..rules.composite import load_composite
     from ..rules.params import params_to_json
-    from ..run.runner import RunOptions
+    from ..run.options import RunOptions
 
     src, source = sources
     pre = o.preprocess

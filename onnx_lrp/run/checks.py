@@ -24,13 +24,13 @@ from . import binding, conservation
 
 class RunChecks:
     """The checks of the runs of one relevance model, owned by its :class:`onnx_lrp.run.runner.Runner`
-    (``runner.checks``): they read the relevance model (what it outputs), the run options (``strict``, ``tf32``),
-    the device its session runs on, and ask ``culprits(feeds, item, target, start, positions)`` for the nodes that
+    (``runner.checks``): they read the relevance model (what it outputs), the run options (``strict``, the
+    session settings), the device its session runs on, and ask ``culprits(feeds, item, target, start, positions)`` for the nodes that
     absorb or create relevance (the Runner's ledger) when an item does not conserve."""
 
     def __init__(self, model: RelevanceModel, options, device: str, culprits):
         self.model = model
-        self.strict, self.tf32 = options.strict, options.tf32
+        self.strict, self.settings = options.strict, options.session_settings()
         self.device = device
         self.culprits = culprits
         self.reading_ledger = False  # the run only reads its ledger for another: no conservation check of its own
@@ -118,7 +118,7 @@ class RunChecks:
             from . import diagnose  # onnx_ir and the loader: only on this failure
 
             if self._diag is None:
-                self._diag = diagnose.diagnostic_session(self.model, self.device, self.tf32)
+                self._diag = diagnose.diagnostic_session(self.model, self.device, self.settings)
             where = diagnose.locate(self.model, self._diag, feeds, targets, start, positions, item)
         except Exception:  # noqa: BLE001 - the diagnosis is best effort; the refusal stands without it
             where = None

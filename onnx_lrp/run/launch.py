@@ -16,7 +16,8 @@ from ..core.errors import InputError, LrpError, LrpWarning
 from ..core.relevance_model import BuildOptions
 from ..rules.composite import Composite, load_composite
 from . import runtime
-from .runner import RunOptions, Runner, open_session
+from .options import RunOptions
+from .runner import Runner, open_session
 
 
 _BUILD = frozenset(f.name for f in dataclasses.fields(BuildOptions)) - {"device"}

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -31,43 +29,14 @@ from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel, desc
 from . import binding, checks, conservation, runtime
 from . import deployed_gap as gaps
 from .explanation import Explanation, given_without_batch_axis
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a :class:`Runner` runs a relevance model: settings of the session and of each run, not of the graph (the
-    same relevance model runs with any of them; a Ray actor takes the builder's or its own)."""
-
-    device: str = "cpu"  # "cpu", "cuda" or "auto" (CUDA when it starts, else the CPU)
-    threads: int | None = None  # onnxruntime's intra-op threads (None: ONNX_LRP_THREADS, else onnxruntime's default)
-    start: str = "logit"  # the default start relevance: the explained logit, or 1 ("one-hot")
-    strict: bool = False  # relevance far from conserved (onnx_lrp.run.conservation): an error, not a warning
-    precise: bool = False  # onnxruntime without layout optimisations (runtime.Session)
-    tf32: bool = False  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; docs/gpu.md)
-    #: where and how fast it runs, not what it computes: not recorded in a dataset's manifest (a rerun on another
-    #: device or with other threads resumes it)
-    UNRECORDED: ClassVar[tuple] = ("device", "threads", "tf32")
-
-    def __post_init__(self):
-        """Each value checked once, refused in one line; ``strict`` and ``precise`` as bools."""
-        if self.device is not None and not isinstance(self.device, str):
-            raise InputError(f"device must be 'cpu', 'cuda' or 'auto', not {self.device!r}")
-        if self.start not in ("logit", "one-hot"):
-            raise InputError(f"start must be 'logit' or 'one-hot', not {self.start!r}")
-        if not isinstance(self.tf32, bool):
-            raise InputError(f"tf32 must be True or False, not {self.tf32!r}")
-        threads = self.threads
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
-            raise InputError(f"threads must be a non-negative int (0: onnxruntime's default), not {threads!r}")
-        object.__setattr__(self, "strict", bool(self.strict))
-        object.__setattr__(self, "precise", bool(self.precise))
+from .options import RunOptions
 
 
 def open_session(model: RelevanceModel, options: RunOptions) -> runtime.Session:
     """The onnxruntime session of ``model`` with ``options``."""
     return runtime.Session(model.model_bytes, options.device, options.threads, data_folder=model.model_folder,
                            arrays=model.model_arrays, prepack=model.model_prepack, precise=options.precise,
-                           tf32=options.tf32)
+                           **options.session_settings())
 
 
 def _field(name: str, doc: str) -> property:
@@ -176,7 +145,7 @@ class Runner:
             try:
                 threads = getattr(session, "threads", None)
                 self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
-                                                        tf32=self.tf32)
+                                                        **self.options.session_settings())
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
