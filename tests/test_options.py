@@ -133,3 +133,47 @@ def test_explainer_from_keywords_equals_explainer_from_objects():
     # the options do change the result: a different epsilon / start is not the same relevance (the test can fail)
     other = onnx_lrp.Explainer(str(DIGITS), "epsilon-gamma-box", epsilon=0.25, gamma=0.5, low=0.0, high=1.0)
     assert other.explain(x, target=[1, 2, 3]).relevance.tobytes() != a.relevance.tobytes()
+
+
+def test_every_session_of_a_relevance_model_takes_the_run_options_settings():
+    """A new session setting is a RunOptions field and one entry of its session_settings(): every onnxruntime
+    session made outside run/runtime.py (the relevance model's, the deployed model's, the diagnostic one, the concept
+    models') receives the settings as ``**`` keywords, none names one by hand. (The model's own forward for the
+    metrics and the deployed-gap probes run the model as written: no settings, as before.)"""
+    import ast
+
+    calls = []
+    as_written = {"run/runtime.py", "metrics/forward.py", "run/deployed_gap.py"}
+    for path in sorted((ROOT / "onnx_lrp").rglob("*.py")):
+        if path.relative_to(ROOT / "onnx_lrp").as_posix() in as_written:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Session" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "runtime":
+                named = {k.arg for k in node.keywords if k.arg is not None}
+                spread = any(k.arg is None for k in node.keywords)
+                calls.append((path.relative_to(ROOT).as_posix(), spread, named & {"tf32"}))
+    assert len(calls) >= 4, calls
+    assert [c for c in calls if not c[1] or c[2]] == [], calls
+    assert RunOptions(tf32=True).session_settings() == {"tf32": True}
+
+
+def test_the_cli_maps_click_options_to_the_option_objects_by_field_name():
+    """cli.options.explainer_setup, the one mapping: a click option named as a RunOptions / BuildOptions field sets
+    it (a new run option needs no line there), --output's dest sets ``output``, --constant / --input-shape are
+    parsed into the build options; click's dict is read, not changed."""
+    from onnx_lrp.cli.options import RUN_FIELDS, explainer_setup
+
+    assert set(RUN_FIELDS) == {f.name for f in dataclasses.fields(RunOptions)}
+    given = dict(composite="epsilon", epsilon=0.5, threads=1, start="one-hot", strict=True, tf32=False,
+                 output_name="logits", relevance_at=("t",), precision="float32", constants=("k=3",),
+                 input_shapes=(), device="cpu")
+    kept = dict(given)
+    setup = explainer_setup(str(DIGITS), given, data_kind="npy")
+    assert given == kept
+    assert setup.run == RunOptions(device="cpu", threads=1, start="one-hot", strict=True)
+    assert setup.build.output == "logits" and setup.build.relevance_at == ("t",)
+    assert setup.build.precision == "float32" and int(setup.build.constants["k"]) == 3
+    assert setup.build.input_shapes is None and setup.params == {"epsilon": 0.5}
+    with pytest.raises(InputError, match="start"):
+        explainer_setup(str(DIGITS), dict(given, start="zero"), data_kind="npy")
