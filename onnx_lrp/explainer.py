@@ -19,7 +19,7 @@ class Explainer(Runner):
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
                  build: BuildOptions | None = None, run: RunOptions | None = None, **options):
         """``options``: the fields of :class:`onnx_lrp.core.relevance_model.BuildOptions` (output, relevance_at,
-        explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.runner.RunOptions`
+        explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.options.RunOptions`
         (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
         low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
         the caller instead of their keywords. Every value is checked once, refused in one line

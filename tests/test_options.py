@@ -15,7 +15,7 @@ from onnx_lrp.core.relevance_model import BuildOptions
 from onnx_lrp.dataset import DatasetOptions
 from onnx_lrp.metrics import EvaluateOptions
 from onnx_lrp.run.launch import ExplainOptions
-from onnx_lrp.run.runner import RunOptions
+from onnx_lrp.run.options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "models" / "digits_cnn.onnx"

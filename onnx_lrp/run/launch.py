@@ -27,7 +27,7 @@ _RUN = frozenset(f.name for f in dataclasses.fields(RunOptions)) - {"device"}
 @dataclass(frozen=True)
 class ExplainOptions:
     """What makes a running relevance model besides the model: the composite (its rule parameters set), how it is
-    built (:class:`BuildOptions`) and how it runs (:class:`onnx_lrp.run.runner.RunOptions`). Each part checks its
+    built (:class:`BuildOptions`) and how it runs (:class:`onnx_lrp.run.options.RunOptions`). Each part checks its
     values once, when it is made; :meth:`from_keywords` makes all three from the Explainer's keywords."""
 
     composite: Composite
