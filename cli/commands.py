@@ -29,7 +29,7 @@ from .signature import signature, signature_lines, suggestion
               help="Also this tensor's relevance (repeatable).")
 @click.option("--computed-weights", is_flag=True,
               help="No weight copies: about the model's size.")
-def rewrite(model, out, output_name, relevance_at, computed_weights, composite, **rule_kw):
+def rewrite(model, out, computed_weights, **options):
     """Write MODEL's relevance model: one ONNX file that runs in stock onnxruntime, without onnx-lrp.
 
     It has the model's inputs and outputs, plus outputs lrp/relevance/<input>, lrp/target_used and
@@ -47,9 +47,8 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
     # MODEL.lrp.onnx.data too (written with a large model): never over the model's own data files
     guard([], [("-o", out_path), ("-o's data file", out_path.with_name(out_path.name + ".data"))],
           models=[("the model", model)])
-    setup = explainer_setup(model, composite, rule_kw)
-    ex = onnx_lrp.Explainer(model, composite=setup.composite, output=output_name, relevance_at=tuple(relevance_at),
-                            constants=setup.constants or None, input_shapes=setup.input_shapes or None)
+    setup = explainer_setup(model, options)
+    ex = onnx_lrp.Explainer(model, composite=setup.composite, build=setup.build, run=setup.run)
     parts = ex.model_parts(computed_weights)
     if parts.large:  # MODEL.lrp.onnx + MODEL.lrp.onnx.data, the weights streamed from file to file
         ex.save(out_path, computed_weights)
@@ -62,7 +61,7 @@ def rewrite(model, out, output_name, relevance_at, computed_weights, composite, 
             w.write_bytes(out_path, parts.model_bytes)
         written, where = len(parts.model_bytes), ""
         size = Path(model).stat().st_size if Path(model).is_file() else 0
-    rel_outputs = [f"lrp/relevance/{n}" for n in (*ex.relevance_inputs, *relevance_at)]
+    rel_outputs = [f"lrp/relevance/{n}" for n in (*ex.relevance_inputs, *setup.build.relevance_at)]
     ratio = f", {written / size:.2f}x the model" if size else ""
     click.echo(f"wrote {out_path}{where} ({written / 1024:.1f} KiB{ratio}): composite {ex.composite.name}, explains "
                f"{ex.explained_output!r}" + (" (modified weights computed at load)" if computed_weights else ""))
@@ -92,7 +91,7 @@ def model_bytes_on_disk(model) -> int:
               help="Output to explain (default: the first).")
 @click.option("--json", "as_json", is_flag=True, help="Print it all as JSON (names whole).")
 @click.option("--wide", is_flag=True, help="One line per node, however long its names.")
-def inspect(model, output_name, as_json, wide, composite, **rule_kw):
+def inspect(model, as_json, wide, **options):
     """MODEL's inputs and outputs, the rule the composite assigns to every node, and an explain command line.
 
     Per node: name, op type, role (activation: computes from the inputs; parameter: only from weights), kind, rule,
@@ -104,7 +103,8 @@ def inspect(model, output_name, as_json, wide, composite, **rule_kw):
     from onnx_lrp.core.errors import UnsupportedError
     from onnx_lrp.lrp import rewriter
 
-    setup = explainer_setup(model, composite, rule_kw)
+    setup = explainer_setup(model, options)
+    output_name, composite = options["output_name"], options["composite"]
     sig = signature(model, setup.constants)
     try:
         ir_model = loader.load(model, constants=setup.constants or None, input_shapes=setup.input_shapes or None)

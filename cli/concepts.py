@@ -44,8 +44,8 @@ def _one_item(input_path, ex, setup, item: int) -> np.ndarray:
     return a[item:item + 1]
 
 
-def _build(model, composite, rule_kw, pre, inputs=None, source: bool = False):
-    """(setup, explainer) of the options. ``inputs``: the INPUT path (or, with ``source``, the dataset SOURCE),
+def _build(model, options: dict, pre, inputs=None, source: bool = False):
+    """(setup, explainer) of click's ``options``. ``inputs``: the INPUT path (or, with ``source``, the dataset SOURCE),
     whose kind sets the box-rule bounds (:func:`explainer_setup`); a SOURCE of arrays is refused the preprocessing
     its reader does not apply (:func:`check_source_preprocessing`)."""
     kind = None
@@ -54,8 +54,8 @@ def _build(model, composite, rule_kw, pre, inputs=None, source: bool = False):
         kind = lambda: Kind.IMAGE if has_images(inputs) else Kind.NPY  # noqa: E731 (the range of arrays is unknown)
     elif inputs is not None:
         kind = lambda: items_kind(inputs)  # noqa: E731
-    setup = explainer_setup(model, composite, rule_kw, pre=pre, data_kind=kind)
-    return setup, setup.build(model)
+    setup = explainer_setup(model, options, pre=pre, data_kind=kind)
+    return setup, setup.explainer(model)
 
 
 def _layer_help(ex) -> None:
@@ -120,15 +120,16 @@ LAYER = "/features/features.6/Conv_output_0"
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @common
 @input_options
-def concepts(model, input_path, layer, top, concept_spec, target, item, include_parallel, init, record,
-             heatmap_path, out, list_layers, as_json, composite, **kw):
+def concepts(model, input_path, **options):
     """Concept Relevance Propagation: which channels of --layer the prediction used, and where each sits in INPUT.
 
     Prints each concept's share of the relevance at the layer; --heatmap draws the conditional heatmaps.
     """
-    pre = preprocess(kw)
-    setup, ex = _build(model, composite, kw, pre, input_path)
-    if list_layers:
+    o = options
+    layer, target, init, heatmap_path, out = o["layer"], o["target"], o["init"], o["heatmap_path"], o["out"]
+    pre = preprocess(o)
+    setup, ex = _build(model, o, pre, input_path)
+    if o["list_layers"]:
         _layer_help(ex)
         return
     if input_path is None or layer is None:
@@ -141,9 +142,9 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
     if heatmap_path:
         require_suffix("--heatmap", heatmap_path, (".png",), "the picture")
     guard([("the input", input_path)], [("--heatmap", heatmap_path), ("-o", out)], models=[("the model", model)])
-    x = _one_item(input_path, ex, setup, item)
-    res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(top, concept_spec),
-                              exclude_parallel=not include_parallel, record=list(record), init=init)
+    x = _one_item(input_path, ex, setup, o["item"])
+    res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(o["top"], o["concept_spec"]),
+                              exclude_parallel=not o["include_parallel"], record=list(o["record"]), init=init)
     rows = [dict(channels=g, share=float(s)) for g, s in zip(res.concepts, res.shares)]
     with AtomicOutputs() as w:
         if heatmap_path:
@@ -154,7 +155,7 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
                       "concepts": np.array([g + [-1] * (max(map(len, res.concepts)) - len(g)) for g in res.concepts]),
                       **{f"relevance_at/{k}": v for k, v in res.relevance_at.items()}}
             w.save_npz(out, arrays)
-    if as_json:
+    if o["as_json"]:
         click.echo(json.dumps(dict(layer=layer, target=res.target, logit=res.logit, concepts=rows,
                                    exclude_parallel=res.exclude_parallel, init=init)))
         return
@@ -183,19 +184,21 @@ def concepts(model, input_path, layer, top, concept_spec, target, item, include_
 @click.option("--json", "as_json", is_flag=True, help="Print the graph as JSON.")
 @common
 @input_options
-def concept_graph(model, input_path, layer, concept, width, target, item, as_json, composite, **kw):
+def concept_graph(model, input_path, **options):
     """The attribution graph of a concept: its most relevant lower-level concepts, level by level."""
-    pre = preprocess(kw)
+    o = options
+    layer, concept, width, target = o["layer"], o["concept"], o["width"], o["target"]
+    pre = preprocess(o)
     try:
         widths = [int(w) for w in width.split(",")]
     except ValueError:
         raise InputError(f"--width {width!r}: give positive ints separated by ',' (e.g. 5,2)") from None
-    setup, ex = _build(model, composite, kw, pre, input_path)
-    x = _one_item(input_path, ex, setup, item)
+    setup, ex = _build(model, o, pre, input_path)
+    x = _one_item(input_path, ex, setup, o["item"])
     if concept is None:
         concept = int(np.argmax(ex.concept_relevance(x, target, layer)[0]))
     g = ex.concept_graph(x, target, layer, concept, width=widths)
-    if as_json:
+    if o["as_json"]:
         click.echo(json.dumps(dict(target=g.target, root=list(g.root), nodes=[list(n) for n in g.nodes],
                                    edges=[dict(source=list(s), target=[d[0], d[1]], share=d[2])
                                           for s, ds in g.edges.items() for d in ds])))
@@ -235,16 +238,18 @@ def relmax():
 @click.option("--overwrite", is_flag=True, help="Replace a result made with other settings.")
 @common
 @input_options
-def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, batch_size, overwrite, composite, **kw):
+def relmax_build(model, source, **options):
     """Scan SOURCE (a directory, glob, .npy/.npz or Parquet) and keep each channel's most relevant items."""
     from onnx_lrp import concepts as crp
     from onnx_lrp.dataset import open_source
     from onnx_lrp.io.inputs import input_infos
 
-    pre = preprocess(kw)
+    o = options
+    layer, out_dir, labels = o["layer"], o["out_dir"], o["labels"]
+    pre = preprocess(o)
     guard([("the source", source), ("the --labels file", labels)],
           [("--out-dir", Path(out_dir) / n) for n in ("relmax.npz", "relmax.json")], models=[("the model", model)])
-    _, ex = _build(model, composite, kw, pre, source, source=True)
+    _, ex = _build(model, o, pre, source, source=True)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
     targets = None
@@ -254,8 +259,8 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
         except (OSError, ValueError) as exc:
             raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
                              "saved with np.save") from None
-    rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples, shard_size, batch_size, overwrite,
-                          log=lambda m: click.echo(m, err=True))
+    rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples=o["samples"], shard_size=o["shard_size"],
+                          batch_size=o["batch_size"], overwrite=o["overwrite"], log=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "
                f"reference samples of {len(src)} items")
 
@@ -275,13 +280,13 @@ def relmax_build(model, source, layer, out_dir, labels, samples, shard_size, bat
               help="Their receptive-field heatmaps, a row each.")
 @common
 @input_options
-def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite, **kw):
+def relmax_show(model, source, out_dir, channels, count, heatmap_path, **options):
     """Print each channel's reference samples; --heatmap draws their receptive-field heatmaps."""
     from onnx_lrp import concepts as crp
     from onnx_lrp.dataset import open_source
     from onnx_lrp.io.inputs import input_infos
 
-    pre = preprocess(kw)
+    pre = preprocess(options)
     try:
         chans = [int(c) for c in channels.split(",")]
     except ValueError:
@@ -292,7 +297,7 @@ def relmax_show(model, source, out_dir, channels, count, heatmap_path, composite
         guard([("the source", source), ("a file of --out-dir", Path(out_dir) / "relmax.npz"),
                ("a file of --out-dir", Path(out_dir) / "relmax.json")], [("--heatmap", heatmap_path)],
               models=[("the model", model)])
-    _, ex = _build(model, composite, kw, pre, source, source=True)
+    _, ex = _build(model, options, pre, source, source=True)
     rm = crp.relmax_load(ex, out_dir)
     src = open_source(source, input_infos(ex.inputs), pre)
     for c in chans:

@@ -12,14 +12,14 @@ from onnx_lrp.core.errors import InputError
 from onnx_lrp.io.inputs import stored_dtypes
 from onnx_lrp.io.kinds import ARRAY_KINDS, KINDS, Kind, is_kind, kind_of
 
-from .options import explainer_setup
+from .options import explainer_setup, preprocess
 
 
 DATASET_KEYS = ("out_dir", "engine", "ray_address", "workers", "shard_size", "overwrite", "column")
 
 
 def dataset_options(f):
-    """--out-dir (switches explain into dataset mode) and its engine options; collected by pop_dataset_options."""
+    """--out-dir (switches explain into dataset mode) and its engine options; read by :func:`dataset_mode`."""
     opts = [
         click.option("--out-dir", "out_dir", default=None, metavar="OUT",
                      help="A dataset into shards (docs/dataset.md)."),
@@ -44,9 +44,9 @@ def dataset_options(f):
     return f
 
 
-def pop_dataset_options(kw: dict) -> dict | None:
-    """The dataset options, popped from ``kw``; None without --out-dir (explain then runs as always)."""
-    opts = {k: kw.pop(k, None) for k in DATASET_KEYS}
+def dataset_mode(options) -> dict | None:
+    """The dataset options of click's ``options``; None without --out-dir (explain then runs as always)."""
+    opts = {k: options.get(k) for k in DATASET_KEYS}
     if opts["out_dir"] is None:
         others = [k for k in ("ray_address", "workers", "column") if opts[k] is not None]
         if others or opts["overwrite"] or opts["engine"] not in (None, "local"):
@@ -85,27 +85,25 @@ def check_source_preprocessing(source, pre) -> None:
                      "them before saving, or explain them without --out-dir (a single run normalises arrays)")
 
 
-def run_dataset(model, source, ds: dict, *, targets, output_name, start, device, batch_size, relevance_at, pre,
-                as_json, composite, rule_kw, refused: dict, tf32: bool = False, precision: str = "auto",
-                strict: bool = False, precise: bool = False) -> int:
-    """Explain SOURCE into --out-dir; 0 when every item was explained, 1 when some failed (listed in errors.jsonl)."""
+def run_dataset(model, source, ds: dict, options: dict, targets, refused: dict) -> int:
+    """Explain SOURCE into --out-dir (``ds``: :func:`dataset_mode`; ``options``: explain's click options; ``targets``:
+    --target read); 0 when every item was explained, 1 when some failed (listed in errors.jsonl)."""
     import onnx_lrp
 
     given = [name for name, value in refused.items() if value]
     if given:
         raise InputError(f"{', '.join(given)} write(s) single-run outputs; with --out-dir the relevance goes to "
                          "OUT/shards (drop them, or drop --out-dir)")
+    pre = preprocess(options)
     check_source_preprocessing(source, pre)
     # images among the sources: ZBox bounds from the pixel range after --mean/--std (no note in dataset mode)
-    setup = explainer_setup(model, composite, rule_kw, pre=pre,
-                            data_kind=lambda: "image" if has_images(source) else "array")
+    setup = explainer_setup(model, options, pre=pre, data_kind=lambda: "image" if has_images(source) else "array")
     summary = onnx_lrp.explain_dataset(
-        model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=batch_size,
-        shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets, ray_address=ds["ray_address"],
-        overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean, std=pre.std, crop=pre.crop,
-        column=ds["column"], composite=setup.composite, device=device, tf32=tf32, precision=precision,
-        strict=strict, precise=precise, output=output_name, start=start, relevance_at=tuple(relevance_at),
-        **setup.bindings())
+        model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=options["batch_size"],
+        shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets,
+        ray_address=ds["ray_address"], overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean,
+        std=pre.std, crop=pre.crop, column=ds["column"], **setup.keywords())
+    as_json = options["as_json"]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
@@ -118,4 +116,4 @@ def run_dataset(model, source, ds: dict, *, targets, output_name, start, device,
     return 1 if summary["failed"] else 0
 
 
-__all__ = ["check_source_preprocessing", "dataset_options", "has_images", "pop_dataset_options", "run_dataset"]
+__all__ = ["check_source_preprocessing", "dataset_options", "dataset_mode", "has_images", "run_dataset"]

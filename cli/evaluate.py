@@ -146,8 +146,7 @@ def plot(ev):
               help="Draw the curves or the per-layer similarity.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", metavar="cpu|cuda|auto",
               help="onnxruntime device (default cpu).")
-def evaluate(model, input_path, metric, target, patch, steps, order, baseline, prob, seed, runs, subset_size, mask,
-             layout, as_json, plot_path, device, composite, **rule_kw):
+def evaluate(model, input_path, **options):
     """Is the explanation faithful? Score MODEL's LRP explanations of INPUT with a Quantus 0.6 metric.
 
     \b
@@ -161,28 +160,31 @@ def evaluate(model, input_path, metric, target, patch, steps, order, baseline, p
     """
     import onnx_lrp
 
+    o = options
     kind = items_kind(input_path)
-    setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
+    setup = explainer_setup(model, o, data_kind=kind)
     if setup.zbox_note:
         click.echo(f"onnx-lrp: {setup.zbox_note}", err=True)
     comp = setup.composite
+    plot_path, as_json = o["plot_path"], o["as_json"]
     if plot_path is not None:
         if Path(plot_path).suffix.lower() != ".png":
             raise OutputError(f"--plot {plot_path}: give a .png file")
         check_writable(Path(plot_path))
-        guard([("the input", input_path), ("the --mask", mask)], [("--plot", plot_path)], models=[("the model", model)])
-    orders = _orders(order)
-    ex = setup.build(model, device=device)
+        guard([("the input", input_path), ("the --mask", o["mask"])], [("--plot", plot_path)],
+              models=[("the model", model)])
+    orders = _orders(o["order"])
+    ex = setup.explainer(model)
     batch = setup.read(input_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{input_path} holds no items; give at least one")
     x = next(iter(batch.arrays.values()))
-    targets = parse_target(target)
-    m = _mask(mask, len(x), x.shape) if mask is not None else None
-    ev = onnx_lrp.evaluate(model, batch.arrays, metric=metric, target=targets, patch=patch, steps=steps,
-                           orders=orders, baseline=baseline, prob=prob, seed=seed, runs=runs, subset_size=subset_size,
-                           mask=m, device=device, explainer=ex, composite=comp,
-                           channels_last={"auto": None, "channels-first": False, "channels-last": True}[layout])
+    targets = parse_target(o["target"])
+    m = _mask(o["mask"], len(x), x.shape) if o["mask"] is not None else None
+    metric = {k: o[k] for k in ("metric", "patch", "steps", "baseline", "prob", "seed", "runs", "subset_size")}
+    ev = onnx_lrp.evaluate(model, batch.arrays, target=targets, orders=orders, mask=m, device=setup.run.device,
+                           explainer=ex, composite=comp, **metric,
+                           channels_last={"auto": None, "channels-first": False, "channels-last": True}[o["layout"]])
     if plot_path is not None:
         with AtomicOutputs() as w:
             w.save_png(Path(plot_path), plot(ev))

@@ -20,11 +20,12 @@ from onnx_lrp.io.kinds import Kind, relevance_name
 from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_chunks, merge, slices
 
-from .dataset import DATASET_KEYS, dataset_options, pop_dataset_options, run_dataset
+from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
-from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options, precision_note, preprocess
-from .text import TEXT_KEYS, pop_text_options, run_text, text_options
+from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, device_note, explainer_setup, input_options,
+                      precision_note, uses_tf32)
+from .text import TEXT_KEYS, run_text, text_mode, text_options
 
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
@@ -122,33 +123,25 @@ def explain(**kw):
     of one kind. Prints a summary per item; writes the relevance, a heatmap if asked.
     """
     o = ExplainOptions.from_click(kw)
-    ds = pop_dataset_options(o.rule_kw)
-    text = pop_text_options(o.rule_kw)
+    ds = dataset_mode(o.options)
+    text = text_mode(o.options)
     mode = next(m for m in MODES if m.chosen(ds, text))
     return mode.run(o, ds, text)
 
 
 def _text_mode(o: "ExplainOptions", ds, text):
     """--text: a text instead of INPUT, explained by its own module (cli/text.py)."""
-    return run_text(o.model, text, target=o.target, position=o.position, start=o.start, device=o.device,
-                    tf32=o.tf32,
-                    precision=o.precision, composite=o.composite, rule_kw=o.rule_kw, out=o.out,
-                    html_path=o.html_path, token_scale=o.token_scale, as_json=o.as_json,
+    return run_text(o.model, text, o.options,
                     refused={"INPUT": o.input_path, "--out-dir": ds and ds["out_dir"], "--tokens": o.tokens_path,
                              "--heatmap": o.heatmap_path,
                              "--relevance-at": o.relevance_at, "--output": o.output_name,
-                             **{f"--{k}": o.rule_kw.get(k) for k in ("size", "crop", "mean", "std")}})
+                             **{f"--{k}": o.options.get(k) for k in ("size", "crop", "mean", "std")}})
 
 
 def _dataset_mode(o: "ExplainOptions", ds, text):
     """--out-dir: every item of SOURCE into shards, by its own module (cli/dataset.py)."""
     _need_input(o)
-    return run_dataset(o.model, o.input_path, ds, targets=parse_target(o.target), output_name=o.output_name,
-                       start=o.start, device=o.device, tf32=o.tf32, precision=o.precision, strict=o.strict,
-                       precise=o.precise,
-                       batch_size=o.batch_size,
-                       relevance_at=o.relevance_at,
-                       pre=preprocess(o.rule_kw), as_json=o.as_json, composite=o.composite, rule_kw=o.rule_kw,
+    return run_dataset(o.model, o.input_path, ds, o.options, parse_target(o.target),
                        refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
                                 "--html": o.html_path, "--position": o.position})
 
@@ -185,8 +178,9 @@ MODES = (  # the first that is chosen runs
 
 @dataclass
 class ExplainOptions:
-    """The options of ``onnx-lrp explain``, one field per command-line option; ``rule_kw`` holds the rest (rule
-    parameters, preprocessing, dataset mode), read by ``cli.options`` and ``cli.dataset``."""
+    """The options of ``onnx-lrp explain`` it reads itself, one field each; ``options`` holds click's whole option
+    dict, which ``cli.options.explainer_setup`` (the explainer's BuildOptions / RunOptions: a new one needs no field
+    here), ``cli.dataset`` and ``cli.text`` read (never pop)."""
 
     model: str
     input_path: str
@@ -195,8 +189,6 @@ class ExplainOptions:
     position: str | None
     start: str
     device: str
-    tf32: bool
-    precision: str
     batch_size: int
     relevance_at: tuple
     out: str | None
@@ -207,15 +199,12 @@ class ExplainOptions:
     token_scale: float
     html_path: str | None
     as_json: bool
-    precise: bool
-    strict: bool
-    composite: object
-    rule_kw: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
 
     @classmethod
     def from_click(cls, kw: dict) -> "ExplainOptions":
-        names = [f.name for f in fields(cls) if f.name != "rule_kw"]
-        return cls(**{k: kw.pop(k) for k in names}, rule_kw=kw)
+        names = [f.name for f in fields(cls) if f.name != "options"]
+        return cls(**{k: kw[k] for k in names}, options=dict(kw))
 
 
 @dataclass
@@ -293,10 +282,9 @@ def _destinations(o: ExplainOptions) -> _Destinations:
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
-    setup = explainer_setup(o.model, o.composite, o.rule_kw, data_kind=dest.data_kind)
+    setup = explainer_setup(o.model, o.options, data_kind=dest.data_kind)
     t0 = time.perf_counter()
-    ex = setup.build(o.model, device=o.device, output=o.output_name, relevance_at=tuple(o.relevance_at),
-                     start=o.start, strict=o.strict, precise=o.precise, tf32=o.tf32, precision=o.precision)
+    ex = setup.explainer(o.model)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
@@ -355,7 +343,7 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, comp, batch, m, t_build:
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
+                   device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
                    explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
@@ -464,7 +452,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
     click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{device_note(ex)}{precision_note(ex)}: explained in "
                f"{res.t_explain:.3f} s "
                f"(model built in {res.t_build:.3f} s)")
     if res.token_rows is not None:

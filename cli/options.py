@@ -2,6 +2,7 @@
 (:func:`explainer_setup`: preprocessing, rule parameters, ZBox bounds, composite) that every such command calls."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,8 @@ import numpy as np
 from onnx_lrp.rules.composite import Composite, load_composite
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.core.relevance_model import BuildOptions
+from onnx_lrp.run.options import RunOptions
 
 from .helpfmt import Row
 from onnx_lrp.io.inputs import (
@@ -112,15 +115,15 @@ def parse_input_shapes(items) -> dict:
     return out
 
 
-def rule_params(kw: dict) -> dict:
-    """The rule parameters given on the command line (None = the composite's own), popped from ``kw``."""
-    params = {k: kw.pop(k, None) for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer")}
+def rule_params(kw) -> dict:
+    """The rule parameters given on the command line (None = the composite's own), read from click's options."""
+    params = {k: kw.get(k) for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer")}
     if params["alpha"] is not None and params["beta"] is None:
         params["beta"] = params["alpha"] - 1.0  # alpha - beta = 1
     elif params["beta"] is not None and params["alpha"] is None:
         params["alpha"] = params["beta"] + 1.0
-    params["low"] = bounds(kw.pop("low", None), "--low")
-    params["high"] = bounds(kw.pop("high", None), "--high")
+    params["low"] = bounds(kw.get("low"), "--low")
+    params["high"] = bounds(kw.get("high"), "--high")
     for k in ("epsilon", "gamma", "alpha", "beta", "stabilizer"):
         v = params[k]
         if v is not None and not np.isfinite(v):
@@ -179,11 +182,11 @@ BINDING_ROWS = [Row(("constants", "input_shapes"), "Bind an input to a value / f
                     left="--constant, --input-shape")]
 
 
-def preprocess(kw: dict) -> Preprocess:
-    """The :class:`Preprocess` of :func:`input_options`, popped from ``kw``."""
-    mean, std = kw.pop("mean", None), kw.pop("std", None)
-    pre = Preprocess(parse_size(kw.pop("size", None)), parse_floats(mean, "--mean") or (0.0,),
-                     parse_floats(std, "--std") or (1.0,), crop=bool(kw.pop("crop", False)),
+def preprocess(kw) -> Preprocess:
+    """The :class:`Preprocess` of :func:`input_options`, read from click's options."""
+    mean, std = kw.get("mean"), kw.get("std")
+    pre = Preprocess(parse_size(kw.get("size")), parse_floats(mean, "--mean") or (0.0,),
+                     parse_floats(std, "--std") or (1.0,), crop=bool(kw.get("crop", False)),
                      normalised=mean is not None or std is not None)
     return pre
 
@@ -233,10 +236,20 @@ def precision_note(ex) -> str:
     return "" if kind == "float32" else f" ({kind})"
 
 
-def build_explainer(model, composite: Composite, **kw):
-    """``onnx_lrp.Explainer(model, composite, **kw)``; for large model files one line on stderr says what is
-    happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size, so
-    small models and failures keep stderr to one line)."""
+def uses_tf32(ex) -> bool:
+    """Whether the run computed with TF32 (asked for, and on CUDA)."""
+    return bool(ex.tf32 and ex.device == "cuda")
+
+
+def device_note(ex) -> str:
+    """`` (TF32)`` after the device in a summary line when the run computed with TF32, else ``""``."""
+    return " (TF32)" if uses_tf32(ex) else ""
+
+
+def build_explainer(model, composite: Composite, build: BuildOptions, run: RunOptions):
+    """``onnx_lrp.Explainer(model, composite, build=build, run=run)``; for large model files one line on stderr says
+    what is happening before the build (seconds for a ResNet) and one how long it took (deterministic: by file size,
+    so small models and failures keep stderr to one line)."""
     import time
 
     import onnx_lrp
@@ -250,33 +263,65 @@ def build_explainer(model, composite: Composite, **kw):
         click.echo(f"onnx-lrp: building the relevance model of {model} ({size / 2**20:.0f} MB, composite "
                    f"{composite.name}) ...", err=True)
     t0 = time.perf_counter()
-    ex = onnx_lrp.Explainer(model, composite=composite, **kw)
+    ex = onnx_lrp.Explainer(model, composite=composite, build=build, run=run)
     if large:
         click.echo(f"onnx-lrp: built in {time.perf_counter() - t0:.1f} s ({ex.n_nodes} nodes)", err=True)
     return ex
 
 
-@dataclass
+# click's option (its dest) -> the field of BuildOptions / RunOptions it sets: a click option named as a field sets
+# it (a new run option needs no line here); --output's dest is output_name; --constant / --input-shape are parsed
+BUILD_FIELDS = {"output_name": "output", **{f.name: f.name for f in dataclasses.fields(BuildOptions)
+                                            if f.name not in ("output", "constants", "input_shapes", "device")}}
+RUN_FIELDS = {f.name: f.name for f in dataclasses.fields(RunOptions)}
+
+
+@dataclass(frozen=True)
 class Setup:
     """What the command line's options make of a model's explainer (:func:`explainer_setup`): the preprocessing of
-    image inputs, the rule parameters given, the composite with them, the --constant bindings and --input-shape
-    sizes, and the note to print when the ZBox bounds were taken from the pixel range (None otherwise)."""
+    image inputs, the rule parameters given, the composite with them, the build and run options (the --constant
+    bindings and --input-shape sizes among the build options), and the note to print when the ZBox bounds were
+    taken from the pixel range (None otherwise)."""
 
     pre: Preprocess
     params: dict
     composite: Composite
-    constants: dict
-    input_shapes: dict
+    build: BuildOptions
+    run: RunOptions
     zbox_note: str | None = None
     bounds_from: str | None = None  # "mean/std" or "pixels" when the box-rule bounds were derived (box_bounds)
+
+    @property
+    def constants(self) -> dict:
+        return self.build.constants or {}
+
+    @property
+    def input_shapes(self) -> dict:
+        return self.build.input_shapes or {}
 
     def bindings(self) -> dict:
         """The --constant and --input-shape keywords of an Explainer (only those given)."""
         return {k: v for k, v in (("constants", self.constants), ("input_shapes", self.input_shapes)) if v}
 
-    def build(self, model, **kw):
-        """The explainer of ``model`` with this composite and these bindings (:func:`build_explainer`)."""
-        return build_explainer(model, self.composite, **self.bindings(), **kw)
+    def keywords(self) -> dict:
+        """These options as the Explainer's keywords (what a dataset's manifest records)."""
+        b, r = self.build, self.run
+        return dict(composite=self.composite, device=r.device, tf32=r.tf32, precision=b.precision, strict=r.strict,
+                    precise=r.precise, output=b.output, start=r.start, relevance_at=b.relevance_at,
+                    **self.bindings())
+
+    def changed(self, **fields) -> "Setup":
+        """This setup with fields of its BuildOptions / RunOptions changed (``ledger=True``, ``input_shapes=``)."""
+        build = {k: v for k, v in fields.items() if k not in RUN_FIELDS.values()}
+        run = {k: v for k, v in fields.items() if k in RUN_FIELDS.values()}
+        return dataclasses.replace(self, build=dataclasses.replace(self.build, **build),
+                                   run=dataclasses.replace(self.run, **run))
+
+    def explainer(self, model, **fields):
+        """The explainer of ``model`` with these options (``fields`` changed: :meth:`changed`;
+        :func:`build_explainer`)."""
+        setup = self.changed(**fields) if fields else self
+        return build_explainer(model, setup.composite, setup.build, setup.run)
 
     def read(self, path, specs) -> Batch:
         """The inputs at ``path`` for a model with inputs ``specs``, preprocessed (:func:`load_inputs`); their notes
@@ -295,22 +340,39 @@ class Setup:
         return batch
 
 
-def explainer_setup(model, composite, kw: dict, *, data_kind=None, pre: Preprocess | None = None) -> Setup:
-    """The one reading of the options that set up an explainer, popped from ``kw``: --size/--mean/--std/--crop
-    (unless ``pre`` is given: read by the caller already, or a command without image inputs), --constant,
-    --input-shape, the rule parameters, and ``composite`` (a name or file) with them.
+def explainer_setup(model, options, *, data_kind=None, pre: Preprocess | None = None) -> Setup:
+    """The one mapping of click's options (a command's whole option dict, read, never popped) to an explainer's
+    setup: --size/--mean/--std/--crop (unless ``pre`` is given: read by the caller already, or a command without
+    image inputs), the composite (--composite) with the rule parameters, and the build and run options
+    (:data:`BUILD_FIELDS`, :data:`RUN_FIELDS`, --constant, --input-shape); options a command does not have take
+    their defaults.
 
     ``data_kind``: the kind of the inputs ("image", "npy", ...), or a function giving it, called only when it
     matters: for image inputs and a composite with ZBox but no --low/--high, the bounds are the pixel range after
-    --mean/--std (:func:`image_zbox`)."""
+    --mean/--std (:func:`box_bounds`)."""
     check_model_arg(model)
-    pre = preprocess(kw) if pre is None else pre
-    constants = parse_constants(kw.pop("constants", ()))
-    input_shapes = parse_input_shapes(kw.pop("input_shapes", ()))
-    params = rule_params(kw)
-    comp = composite_with(composite, {})
+    pre = preprocess(options) if pre is None else pre
+    constants = parse_constants(options.get("constants", ()))
+    input_shapes = parse_input_shapes(options.get("input_shapes", ()))
+    params = rule_params(options)
+    comp = composite_with(options.get("composite", DEFAULT_COMPOSITE), {})
     note, source = box_bounds(model, data_kind, comp, params, pre)
-    return Setup(pre, params, composite_with(comp, params), constants, input_shapes, note, source)
+    run = RunOptions(**{f: options[k] for k, f in RUN_FIELDS.items() if options.get(k) is not None})
+    given = {f: tuple(v) if f == "relevance_at" else v for k, f in BUILD_FIELDS.items()
+             if (v := options.get(k)) is not None}
+    build = BuildOptions(**given, constants=constants or None, input_shapes=input_shapes or None,
+                         device=_build_device(options))
+    return Setup(pre, params, composite_with(comp, params), build, run, note, source)
+
+
+def _build_device(options) -> str:
+    """The device the relevance model is built for: --device resolved ("auto": CUDA when onnxruntime has it); the
+    CPU for a command without --device."""
+    if options.get("device") is None:
+        return "cpu"
+    from onnx_lrp.run.runtime import resolve_device
+
+    return resolve_device(options["device"])
 
 
 def common(f):
@@ -319,7 +381,7 @@ def common(f):
 
 
 __all__ = ["BINDING_ROWS", "DEFAULT_COMPOSITE", "INPUT_ROWS", "RULE_ROWS", "Setup", "bounds", "build_explainer", "common", "explainer_setup",
-           "precision_note",
+           "precision_note", "uses_tf32", "device_note",
            "composite_option", "composite_with", "constant_option", "parse_constants", "input_shape_option",
            "parse_input_shapes", "box_bounds", "check_model_arg",
            "input_options", "preprocess", "rule_options", "rule_params", "takes"]

@@ -213,14 +213,17 @@ def _report(comp, context, files: dict, base, cur, ex, max_rows, suite, seconds,
 
 def _setup(model, composite, kw: dict, inputs_path) -> Setup:
     """The options' explainer setup (:func:`explainer_setup`); the ZBox note on stderr."""
-    setup = explainer_setup(model, composite, kw, data_kind=items_kind(inputs_path))
+    setup = explainer_setup(model, dict(kw, composite=composite), data_kind=items_kind(inputs_path))
     if setup.zbox_note:
         _say(setup.zbox_note)
     return setup
 
 
 def _explainer(model, composite, output_name, start, **bindings):
-    ex = build_explainer(model, composite, output=output_name, start=start, **bindings)
+    from onnx_lrp.core.relevance_model import BuildOptions
+    from onnx_lrp.run.options import RunOptions
+
+    ex = build_explainer(model, composite, BuildOptions(output=output_name, **bindings), RunOptions(start=start))
     ex.gap_warnings = False  # the report says it, once
     return ex
 

@@ -20,7 +20,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
 
 from .io import AtomicOutputs, check_writable, guard
-from .options import explainer_setup, precision_note
+from .options import device_note, explainer_setup, precision_note, uses_tf32
 
 TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings")
 TASKS = ("text-classification", "token-classification", "text-generation")  # onnx_lrp.io.text_inputs.TASKS
@@ -54,17 +54,21 @@ def text_options(f):
     return f
 
 
-def pop_text_options(kw: dict) -> dict | None:
-    """The text options, popped from ``kw``; None when none was given."""
-    opts = {k: kw.pop(k, None) for k in TEXT_KEYS}
+def text_mode(options) -> dict | None:
+    """The text options of click's ``options``; None when none was given (explain reads INPUT)."""
+    opts = {k: options.get(k) for k in TEXT_KEYS}
     return opts if any(v is not None for v in opts.values()) else None
 
 
-def run_text(model, opts: dict, *, target, start, device, tf32, precision, composite, rule_kw, out, html_path,
-             token_scale, as_json, refused: dict, position=None) -> int:
+def run_text(model, opts: dict, options: dict, refused: dict) -> int:
+    """Explain ``opts["text"]`` (:func:`text_mode`); ``options``: explain's click options (the explainer's among
+    them, :func:`cli.options.explainer_setup`)."""
     from onnx_lrp.io import text_inputs as tx
     from onnx_lrp.io.text import explain_text
 
+    target, position, start, device = options["target"], options["position"], options["start"], options["device"]
+    out, html_path, token_scale, as_json = options["out"], options["html_path"], options["token_scale"], \
+        options["as_json"]
     if isinstance(target, str) and target.strip().lower() in ("", "argmax"):
         target = None  # the default: the prediction
     out_path, html_out = _text_outputs(model, opts, target, position, out, html_path, refused)
@@ -72,8 +76,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
     tokenizer = tx.load_tokenizer(tok_path)
     enc = tx.encode(tokenizer, opts["text"], opts["text_pair"], opts["continuation"])
     t0 = time.perf_counter()
-    ex, comp, note = _build(model, composite, rule_kw, enc, opts["continuation"] is not None, device=device,
-                            start=start, tf32=tf32, precision=precision)
+    ex, comp, note = _build(model, options, enc, opts["continuation"] is not None)
     t_build = time.perf_counter() - t0
     if note:
         click.echo(f"onnx-lrp: {note}", err=True)
@@ -91,7 +94,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
     name = ex.composite_name  # "auto" resolved
     if as_json:
         summary = dict(model=str(model), tokenizer=str(tok_path), composite=name, start=start,
-                       device=ex.device, tf32=bool(ex.tf32 and ex.device == "cuda"), precision=ex.model_precision,
+                       device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
                        **res.to_dict(), relevance_file=str(out_path) if out_path else None,
                        html_file=str(html_out), build_s=round(t_build, 4), explain_s=round(t_explain, 4))
         click.echo(json.dumps(summary, indent=2))
@@ -103,7 +106,7 @@ def run_text(model, opts: dict, *, target, start, device, tf32, precision, compo
     click.echo(res.terminal(percentile=token_scale))
     written = ", ".join(str(p) for p in (html_out, out_path) if p is not None)
     click.echo(f"{len(res.tokens)} tokens, composite {name}, device {ex.device}"
-               f"{' (TF32)' if ex.tf32 and ex.device == 'cuda' else ''}{precision_note(ex)}: explained in "
+               f"{device_note(ex)}{precision_note(ex)}: explained in "
                f"{t_explain:.3f} s (model built in {t_build:.3f} s); wrote {written}")
     return 0
 
@@ -167,20 +170,20 @@ def _config_labels(model) -> dict | None:
         return None
 
 
-def _build(model, composite, rule_kw, enc, continuation: bool, **kw):
+def _build(model, options: dict, enc, continuation: bool):
     """The explainer; a model refused with its dynamic sequence axis is built again at this text's length (shape
     computations that only fold with the length known, e.g. DeBERTa's relative positions exported by TorchScript).
     Returns (explainer, composite, the note to print or None)."""
-    setup = explainer_setup(model, composite, rule_kw, pre=_no_images())
+    setup = explainer_setup(model, options, pre=_no_images())
+    setup = setup.changed(strict=False, precise=False)  # text runs as it always has: without --strict / --precise
     try:
-        return setup.build(model, **kw), setup.composite, None
+        return setup.explainer(model), setup.composite, None
     except UnsupportedError as exc:
         shapes = _text_shapes(model, len(enc.ids) - (1 if continuation else 0))
         if setup.input_shapes or not shapes:
             raise
-        setup.input_shapes = shapes
         try:
-            ex = setup.build(model, **kw)
+            ex = setup.explainer(model, input_shapes=shapes)
         except UnsupportedError:
             raise exc from None
         return ex, setup.composite, (f"built for this text's {len(enc.ids)} tokens: with a dynamic sequence axis "
@@ -221,4 +224,4 @@ def _write_text(out_path, html_out, res, token_scale) -> None:
         files.write_bytes(html_out, res.html(percentile=token_scale).encode("utf-8"))
 
 
-__all__ = ["text_options", "pop_text_options", "run_text"]
+__all__ = ["text_options", "text_mode", "run_text"]

@@ -60,15 +60,16 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-3, metavar="FRACTION",
               help="Mark (!) nodes absorbing more (default 1e-3).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ledger as JSON.")
-def trace(model, input_path, item, target, output_name, position, start, device, tolerance, as_json, composite,
-          **rule_kw):
+def trace(model, input_path, **options):
     """The conservation ledger of one explanation: where the relevance goes, node by node.
 
     Per node from the explained output to the input: the relevance entering, leaving, absorbed (biases,
     stabilisers, rules that do not conserve) and still in flight, read from the relevance model itself.
     """
     kind = items_kind(input_path)
-    setup = explainer_setup(model, composite, rule_kw, data_kind=kind)
+    setup = explainer_setup(model, options, data_kind=kind)
+    item, target, position, start = options["item"], options["target"], options["position"], options["start"]
+    tolerance, as_json = options["tolerance"], options["as_json"]
     if setup.zbox_note:
         _say(setup.zbox_note)
     targets = parse_target(target)
@@ -77,7 +78,7 @@ def trace(model, input_path, item, target, output_name, position, start, device,
     pos = parse_target(position, "--position") if position is not None else None
     if isinstance(pos, list):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
-    ex = setup.build(model, device=device, output=output_name, start=start, ledger=True)
+    ex = setup.explainer(model, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
     batch = setup.read(input_path, ex.inputs)
     if item >= len(batch):

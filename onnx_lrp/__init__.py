@@ -12,7 +12,7 @@ from .core.errors import (
 from .core.version import VERSION as __version__
 
 __all__ = ["Explainer", "Explanation", "TextExplanation", "explain_dataset", "evaluate", "Evaluation", "plot", "RelMax",
-           "RelevanceModel", "BuildOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError",
+           "RelevanceModel", "BuildOptions", "RunOptions", "EvaluateOptions", "DatasetOptions", "build_relevance_model", "LrpError", "LrpWarning", "ModelError",
            "InputError", "UnsupportedError", "DeviceError", "NumericError", "InternalError", "__version__"]
 
 
@@ -26,7 +26,13 @@ def __getattr__(name):  # imported on first use: `onnx-lrp --help` stays fast
     if name == "explain_dataset":
         from .dataset import explain_dataset
         return explain_dataset
-    if name in ("evaluate", "Evaluation"):
+    if name == "RunOptions":  # how a relevance model runs (onnx_lrp.run.options)
+        from .run.options import RunOptions
+        return RunOptions
+    if name == "DatasetOptions":
+        from .dataset import DatasetOptions
+        return DatasetOptions
+    if name in ("evaluate", "Evaluation", "EvaluateOptions"):
         from . import metrics
         return getattr(metrics, name)
     if name == "plot":  # heatmap pictures: onnx_lrp.plot.heatmap / imsave

@@ -4,10 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from .core.errors import InputError
+from .core.relevance_model import BuildOptions
 from .load import external
 from .rules.composite import Composite
 from .run import launch
-from .run.runner import Explanation, InputSpec, Runner  # noqa: F401 (Explanation, InputSpec: part of this API)
+from .run.runner import Explanation, InputSpec, Runner, RunOptions  # noqa: F401 (Explanation, InputSpec: this API)
 
 
 class Explainer(Runner):
@@ -15,16 +16,17 @@ class Explainer(Runner):
     onnxruntime session (``explain``: :class:`onnx_lrp.run.runner.Runner`'s). ``relevance_model`` is what was built
     (:class:`onnx_lrp.core.relevance_model.RelevanceModel`), ``options`` how it runs."""
 
-    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str = "cpu",
-                 output: str | None = None, relevance_at=(), explain_logits: bool = True, start: str = "logit",
-                 threads: int | None = None, ledger: bool = False, constants: dict | None = None,
-                 input_shapes: dict | None = None, strict: bool = False, precise: bool = False,
-                 tf32: bool = False, precision: str = "auto", **rule_params):
-        composite, build_options, run_options = launch.split_options(
-            composite, device, output, relevance_at, explain_logits, start, threads, ledger, constants, input_shapes,
-            strict, precise, tf32, precision, **rule_params)
-        relevance_model, session = launch.build_and_start(model, composite, build_options, run_options)
-        super().__init__(relevance_model, run_options, session)
+    def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
+                 build: BuildOptions | None = None, run: RunOptions | None = None, **options):
+        """``options``: the fields of :class:`onnx_lrp.core.relevance_model.BuildOptions` (output, relevance_at,
+        explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.options.RunOptions`
+        (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
+        low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
+        the caller instead of their keywords. Every value is checked once, refused in one line
+        (:class:`onnx_lrp.run.launch.ExplainOptions`)."""
+        given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
+        relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
+        super().__init__(relevance_model, given.run, session)
 
     @property
     def composite(self) -> Composite:
@@ -55,9 +57,8 @@ class Explainer(Runner):
         :func:`onnx_lrp.building.computed_weights.compute_in_graph`.
         """
         from . import load as loader
-        from .building.computed_weights import with_computed_weights
 
-        parts, counts = with_computed_weights(self.relevance_model) if computed_weights else (self.model_parts(), None)
+        parts, counts = self._parts(computed_weights)
         try:
             loader.save_parts(parts, path)
         except OSError as exc:
@@ -66,12 +67,17 @@ class Explainer(Runner):
 
     def model_parts(self, computed_weights: bool = False) -> external.Parts:
         """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
+        return self._parts(computed_weights)[0]
+
+    def _parts(self, computed_weights: bool) -> tuple[external.Parts, dict | None]:
+        """(the relevance model's parts, the counts of computed weights or None): as built, or with the modified
+        weights computed in the graph (:func:`onnx_lrp.building.computed_weights.with_computed_weights`)."""
         if computed_weights:
             from .building.computed_weights import with_computed_weights
 
-            return with_computed_weights(self.relevance_model)[0]
+            return with_computed_weights(self.relevance_model)
         m = self.relevance_model
-        return external.Parts(m.model_bytes, m.model_folder, m.model_arrays, m.model_prepack)
+        return external.Parts(m.model_bytes, m.model_folder, m.model_arrays, m.model_prepack), None
 
     def explain_text(self, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
                      continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
@@ -101,15 +107,19 @@ class Explainer(Runner):
         """Concept-conditional heatmaps (CRP) of one item: :class:`onnx_lrp.concepts.ConceptExplanation`."""
         from . import concepts as crp
 
-        return crp.explain_concepts(self, x, target, _layer(layer), concepts, exclude_parallel, record, init,
-                                    channel_axis, batch_size)
+        layer = _layer(layer)
+        options = crp.ConceptOptions(exclude_parallel=exclude_parallel, record=record, init=init,
+                                     channel_axis=channel_axis, batch_size=batch_size)
+        return crp.explain_concepts(self, x, target, layer, concepts, options)
 
     def concept_graph(self, x, target=None, layer: str | None = None, concept: int = 0, width=(5, 2),
                       layers=None, abs_norm: bool = True):
         """The attribution graph of channel ``concept`` of ``layer``: :class:`onnx_lrp.concepts.ConceptGraph`."""
         from . import concepts
 
-        return concepts.concept_graph(self, x, target, _layer(layer), concept, width, layers, abs_norm)
+        layer = _layer(layer)
+        options = concepts.ConceptOptions(width=width, layers=layers, abs_norm=abs_norm)
+        return concepts.concept_graph(self, x, target, layer, concept, options)
 
 
 def _layer(layer) -> str:

@@ -639,7 +639,8 @@ def test_explainer_setup_reads_the_options_once():
     without --low/--high the bounds are the range [0, 1] after --mean/--std (low = (0 - mean) / std,
     high = (1 - mean) / std) whatever the input kind (--mean/--std normalise every kind), or [0, 1] without them for
     images and uint8 arrays ("pixels"), whose range is known; the inputs' kind is asked for only then (a dataset
-    source is not scanned for nothing); --constant and --input-shape go to the explainer; every option is popped."""
+    source is not scanned for nothing); --constant and --input-shape go to the explainer's BuildOptions; click's option
+    dict is read, never changed."""
     from onnx_lrp.cli.options import explainer_setup
 
     asked = []
@@ -652,22 +653,24 @@ def test_explainer_setup_reads_the_options_once():
 
     kw = dict(mean="0.5", std="0.25", size=None, crop=False, constants=("sr=16000",),
               input_shapes=("image=1x1x16x16",), epsilon=None, gamma=None, low=None, high=None, alpha=None,
-              beta=None, stabilizer=None)
-    s = explainer_setup(str(DIGITS), "epsilon-gamma-box", kw, data_kind=kind("npy"))
-    assert asked == [] and kw == {} and "from --mean/--std" in s.zbox_note and s.bounds_from == "mean/std"
+              beta=None, stabilizer=None, composite="epsilon-gamma-box", start="one-hot", output_name="logits")
+    given = dict(kw)
+    s = explainer_setup(str(DIGITS), kw, data_kind=kind("npy"))
+    assert asked == [] and kw == given and "from --mean/--std" in s.zbox_note and s.bounds_from == "mean/std"
+    assert s.run.start == "one-hot" and s.build.output == "logits" and s.build.input_shapes == {"image": (1, 1, 16, 16)}
     np.testing.assert_array_equal(s.params["low"].ravel(), [-2.0])
     np.testing.assert_array_equal(s.params["high"].ravel(), [2.0])
     b = s.bindings()
     assert sorted(b) == ["constants", "input_shapes"] and b["input_shapes"] == {"image": (1, 1, 16, 16)}
     assert int(b["constants"]["sr"]) == 16000 and s.composite.name == "epsilon-gamma-box"
     for composite, given in (("epsilon-plus-flat", {}), ("epsilon-gamma-box", {"low": "0", "high": "1"})):
-        s = explainer_setup(str(DIGITS), composite, dict(given), data_kind=kind("image"))
+        s = explainer_setup(str(DIGITS), dict(given, composite=composite), data_kind=kind("image"))
         assert asked == [] and s.zbox_note is None and s.bindings() == {}
     for known in ("image", "pixels"):
-        s = explainer_setup(str(DIGITS), "epsilon-gamma-box", {}, data_kind=kind(known))
+        s = explainer_setup(str(DIGITS), {"composite": "epsilon-gamma-box"}, data_kind=kind(known))
         assert s.bounds_from == "pixels" and "for pixels in [0, 1]" in s.zbox_note
         np.testing.assert_array_equal(np.ravel([s.params["low"], s.params["high"]]), [0.0, 1.0])
-    s = explainer_setup(str(DIGITS), "epsilon-gamma-box", {}, data_kind="npy")
+    s = explainer_setup(str(DIGITS), {"composite": "epsilon-gamma-box"}, data_kind="npy")
     assert "low" not in s.params and s.zbox_note is None and asked == ["image", "pixels"]
 
 

@@ -45,7 +45,7 @@ def test_graph_sums_are_the_host_sums_and_decide_alike(fam):
     batch = len(np.asarray(merged["lrp/explained_value"]).reshape(-1))
     rel = [merged[RELEVANCE_PREFIX + n] for n in ex.relevance_inputs]
     want = conservation.per_item(rel, batch)
-    got = ex._item_sums(merged, batch)
+    got = ex.checks.item_sums(merged, batch)
     assert (want is None) == (got is None)
     if want is None:
         return

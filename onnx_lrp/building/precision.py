@@ -27,12 +27,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ..core.errors import InputError
+from ..core.relevance_model import PRECISIONS  # noqa: F401 (checked by BuildOptions; named here as before)
 from ..load import reinfer_shapes
 from ..load.builder import Upcast
 
 
-PRECISIONS = ("auto", "model", "float32")
 LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 #: ops computed in float32 whatever the model's type
@@ -46,12 +45,6 @@ FLOAT32_OPS = frozenset({
 #: the matrix products: relevance nodes of these compute in the model's type, the relevance's other nodes in float32
 MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul"})
 _MAX = {ir.DataType.FLOAT16: float(np.finfo(np.float16).max), ir.DataType.BFLOAT16: 3.38e38}
-
-
-def check(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    return precision
 
 
 def wanted(precision: str, device: str) -> bool:
@@ -215,5 +208,5 @@ class _Casts:
         return out
 
 
-__all__ = ["PRECISIONS", "FLOAT32_OPS", "MATRIX_OPS", "check", "wanted", "model_dtype", "float32_nodes",
+__all__ = ["PRECISIONS", "FLOAT32_OPS", "MATRIX_OPS", "wanted", "model_dtype", "float32_nodes",
            "to_model_precision", "fill_types"]

@@ -33,11 +33,11 @@ from .conditional import ConceptExplanation, channel_masks, explain_concepts, pa
 from .lookup import LAYER_OPS, find_tensor, input_layers, layer_names
 from .models import Models, models_of
 from .relmax import SAMPLES, RelMax, relmax_build, relmax_load
-from .running import INITS, concept_relevance, run_masked, run_seeded, shares_of, upper_pass
+from .running import INITS, ConceptOptions, concept_relevance, run_masked, run_seeded, shares_of, upper_pass
 from .variants import MASK_PREFIX, SEED_PREFIX, add_mask, build_masked, build_seeded, build_upper
 
 
-__all__ = ["ConceptExplanation", "ConceptGraph", "concept_relevance", "explain_concepts", "concept_graph",
+__all__ = ["ConceptOptions", "ConceptExplanation", "ConceptGraph", "concept_relevance", "explain_concepts", "concept_graph",
            "layer_names", "input_layers", "find_tensor", "shares_of", "upper_pass", "run_seeded", "run_masked",
            "parse_concepts", "channel_masks", "add_mask", "build_upper", "build_masked", "build_seeded", "Models",
            "models_of", "RelMax", "relmax_build", "relmax_load", "MASK_PREFIX", "SEED_PREFIX", "LAYER_OPS", "INITS",

@@ -12,7 +12,7 @@ from ..core.interface import RELEVANCE_PREFIX
 from .conditional import parse_concepts
 from .lookup import find_tensor, input_layers, layer_names
 from .models import models_of
-from .running import run_masked, shares_of, upper_pass
+from .running import ConceptOptions, run_masked, shares_of, upper_pass
 
 
 @dataclass
@@ -30,15 +30,14 @@ class ConceptGraph:
                 f"edges={sum(len(e) for e in self.edges.values())})")
 
 
-def concept_graph(ex, x, target=None, layer=None, concept: int = 0, width=(5, 2), layers=None,
-                  abs_norm: bool = True, batch_size: int = 16) -> ConceptGraph:
+def concept_graph(ex, x, target=None, layer=None, concept: int = 0,
+                  options: ConceptOptions = ConceptOptions()) -> ConceptGraph:
     """Decompose channel ``concept`` of ``layer`` into its most relevant lower-level concepts, recursively: at each
     level, every concept found (conditioned jointly with the root concept, the relevance starting at ``target``'s
     logit and passing skip connections: zennit-crp's ``exclude_parallel=False``) is split into the ``width[i]``
-    channels of each nearest upstream layer with the largest shares."""
-    if not isinstance(width, (list, tuple)) or not width or any(
-            isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1 for w in width):
-        raise InputError(f"width must be a list of positive ints (concepts kept per level), not {width!r}")
+    channels of each nearest upstream layer with the largest shares (``options``: ``width``, ``layers``,
+    ``abs_norm``, ``batch_size``)."""
+    width, layers, abs_norm = options.width, options.layers, options.abs_norm
     graph = models_of(ex).graph()
     layers = list(layers) if layers is not None else layer_names(graph)
     up = upper_pass(ex, x, target, layer)
@@ -58,7 +57,7 @@ def concept_graph(ex, x, target=None, layer=None, concept: int = 0, width=(5, 2)
         if not record:
             break
         masks = _level_masks(graph, root, level, up["relevance"].dtype)
-        out = run_masked(ex, masks, up["x"], up["input"], t, len(level), record, "logit", batch_size)
+        out = run_masked(ex, masks, up, t, len(level), record, "logit", options.batch_size)
         nxt = []
         for i, (n, c) in enumerate(level):
             for r in ins[n]:

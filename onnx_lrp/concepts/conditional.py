@@ -10,7 +10,7 @@ import numpy as np
 from ..core.brief import brief_repr
 from ..core.errors import InputError
 from ..core.interface import RELEVANCE_PREFIX
-from .running import channel_axis_of, run_masked, run_seeded, shares_of, upper_pass
+from .running import ConceptOptions, channel_axis_of, run_masked, run_seeded, shares_of, upper_pass
 
 
 def parse_concepts(concepts, shares: np.ndarray, channels: int) -> list[list[int]]:
@@ -89,23 +89,20 @@ class ConceptExplanation:
         return brief_repr(self, ["layer", "concepts", "heatmaps", "shares", "target", "logit", "relevance_at"])
 
 
-def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_parallel: bool = True, record=(),
-                     init: str = "logit", channel_axis: int = 1, batch_size: int = 16) -> ConceptExplanation:
+def explain_concepts(ex, x, target=None, layer=None, concepts="top:6",
+                     options: ConceptOptions = ConceptOptions()) -> ConceptExplanation:
     """Conditional heatmaps of one item for K concepts at ``layer`` (see :class:`ConceptExplanation`).
 
     ``concepts``: ``"top:K"``, channel lists (``[[35], [71, 2]]``), or a float array of K masks shaped like one item
     of the layer (axes of size 1 broadcast: ``K x C x 1 x 1`` per channel, ``K x C x H x W`` single neurons)."""
-    if isinstance(record, str):
-        record = [record]
-    record = tuple(dict.fromkeys(record))
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive int, not {batch_size!r}")
+    record, init, batch_size = options.record, options.init, options.batch_size
+    exclude_parallel = options.exclude_parallel
     up = upper_pass(ex, x, target, layer, init)
     if len(up["x"]) != 1:
         raise InputError(f"explain_concepts explains one item; got a batch of {len(up['x'])} (use concept_relevance "
                          "for shares of a batch)")
     rel, act = up["relevance"], up["activation"]
-    axis = channel_axis_of(channel_axis, rel.ndim)
+    axis = channel_axis_of(options.channel_axis, rel.ndim)
     channel_shares = shares_of(rel, axis)[0]
     groups, masks, shares = _concept_masks(concepts, rel, axis, channel_shares, layer)
     below = tuple(r for r in record if r != layer)
@@ -113,7 +110,7 @@ def explain_concepts(ex, x, target=None, layer=None, concepts="top:6", exclude_p
     if init == "activation" or exclude_parallel:
         out = run_seeded(ex, layer, up["x"], up["input"], base * masks, below, batch_size)
     else:
-        out = run_masked(ex, {layer: masks}, up["x"], up["input"], int(up["target"][0]), len(groups), below,
+        out = run_masked(ex, {layer: masks}, up, int(up["target"][0]), len(groups), below,
                          "one-hot" if init == "one-hot" else "logit", batch_size)
         if init == "abs":
             sign = np.sign(up["logit"][0])

@@ -20,10 +20,11 @@ from .variants import build_masked, build_seeded, build_upper
 
 class Models:
     """Builds (once per key) and runs the three kinds of concept relevance models (:mod:`.variants`) of the
-    relevance model that ``source`` built, in sessions on ``device`` with ``threads`` (and ``tf32``)."""
+    relevance model that ``source`` built, in sessions on ``device`` with ``threads`` (and ``settings``:
+    :meth:`onnx_lrp.run.options.RunOptions.session_settings`)."""
 
-    def __init__(self, source: BuildSource, device: str, threads: int | None = None, tf32: bool = False):
-        self.source, self.device, self.threads, self.tf32 = source, device, threads, tf32
+    def __init__(self, source: BuildSource, device: str, threads: int | None = None, settings: dict | None = None):
+        self.source, self.device, self.threads, self.settings = source, device, threads, settings or {}
         self.composite = load_composite(source.composite_spec())
         self.sessions: dict = {}
         self._graph = None
@@ -47,7 +48,7 @@ class Models:
                 parts = loader.serialize_parts(model)  # a large model: its weights stay in their files
             self.sessions[key] = runtime.Session(parts.model_bytes, self.device, self.threads,
                                                  data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack,
-                                                 tf32=self.tf32)
+                                                 **self.settings)
         return self.sessions[key]
 
     def check_below(self, names) -> None:
@@ -91,7 +92,7 @@ def models_of(runner) -> Models:
             raise InputError("concepts rebuild the relevance model from the model it was built from; this one was "
                              "carried from another process without it: build it here (onnx_lrp.Explainer)")
         _MODELS[runner] = Models(runner.relevance_model.source, runner.device, runner.options.threads,
-                                 runner.options.tf32)
+                                 runner.options.session_settings())
     return _MODELS[runner]
 
 

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -94,18 +95,35 @@ def _item(data, i: int) -> np.ndarray:
     return np.asarray(data[i])
 
 
-def relmax_build(explainer, source, out_dir, layer: str, targets=None, samples: int = SAMPLES,
-                 shard_size: int = 256, batch_size: int = 32, overwrite: bool = False, log=None) -> RelMax:
+@dataclass(frozen=True)
+class Scan:
+    """How :func:`relmax_build` scans a source (its keywords), checked once when made."""
+
+    samples: int = SAMPLES  # reference samples kept per channel
+    shard_size: int = 256  # items per shard (the unit of resuming)
+    batch_size: int = 32  # items per run
+    overwrite: bool = False  # replace a result made with other settings
+
+    def __post_init__(self):
+        for name in ("samples", "shard_size", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise InputError(f"{name} must be a positive int, not {v!r}")
+
+
+def relmax_build(explainer, source, out_dir, layer: str, targets=None, log=None, **scan) -> RelMax:
     """RelMax over a dataset source (onnx_lrp.dataset.open_source), resumable: each shard's top candidates are
     written (atomically) to ``out_dir/relmax-shards/part-NNNNN.npz`` and listed in ``out_dir/relmax.json``; a
     rerun skips the shards done. The merged result: ``out_dir/relmax.npz`` (indices, scores, rf per channel, and
-    the source ids of the items)."""
+    the source ids of the items). ``scan``: :class:`Scan`'s fields (samples, shard_size, batch_size, overwrite)."""
+    scan = Scan(**scan)
+    samples, shard_size, batch_size = scan.samples, scan.shard_size, scan.batch_size
     out = Path(out_dir)
     (out / "relmax-shards").mkdir(parents=True, exist_ok=True)
     setup = dict(layer=layer, samples=samples, shard_size=shard_size, items=len(source),
                  source=source.fingerprint(), composite=explainer.composite_name,
                  model=hashlib.sha256(explainer.model_bytes).hexdigest())
-    manifest = _manifest(out / "relmax.json", setup, overwrite)
+    manifest = _manifest(out / "relmax.json", setup, scan.overwrite)
     labels = None if targets is None else np.asarray(targets)
     if labels is not None and labels.shape != (len(source),):
         raise InputError(f"{labels.size} targets for {len(source)} items; give one class per item")
@@ -222,4 +240,4 @@ def relmax_load(explainer, out_dir) -> RelMax:
     return rm
 
 
-__all__ = ["SAMPLES", "RelMax", "relmax_build", "relmax_load"]
+__all__ = ["Scan", "SAMPLES", "RelMax", "relmax_build", "relmax_load"]

@@ -2,6 +2,8 @@
 channels' shares of it, and the masked and seeded models on copies of one item, in batches."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..core.errors import InputError, NumericError
@@ -34,6 +36,33 @@ def _start_feeds(sess, targets, init: str) -> dict:
     if POSITION_INPUT in sess.input_names:
         feeds[POSITION_INPUT] = np.full(len(targets), -1, dtype=np.int64)
     return {k: v for k, v in feeds.items() if k in sess.input_names}
+
+
+@dataclass(frozen=True)
+class ConceptOptions:
+    """How the concepts of one item are explained (:func:`onnx_lrp.concepts.explain_concepts`,
+    :func:`onnx_lrp.concepts.concept_graph`; the Explainer's methods of the same names take them as keywords),
+    checked once when made."""
+
+    exclude_parallel: bool = True  # zennit-crp's default: skip connections do not leak the concept
+    record: tuple = ()  # tensors whose conditional relevance is returned too (one name may be a str)
+    init: str = "logit"  # the start relevance (INITS)
+    channel_axis: int = 1
+    batch_size: int = 16  # concepts per run of a concept relevance model
+    width: tuple = (5, 2)  # concept_graph: concepts kept per level
+    layers: tuple | None = None  # concept_graph: the layers it descends through (None: every layer)
+    abs_norm: bool = True  # concept_graph: shares of the absolute relevance
+
+    def __post_init__(self):
+        record = [self.record] if isinstance(self.record, str) else self.record
+        object.__setattr__(self, "record", tuple(dict.fromkeys(record)))
+        b = self.batch_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise InputError(f"batch_size must be a positive int, not {b!r}")
+        w = self.width
+        if not isinstance(w, (list, tuple)) or not w or any(
+                isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in w):
+            raise InputError(f"width must be a list of positive ints (concepts kept per level), not {w!r}")
 
 
 def upper_pass(ex, x, target, layer: str, init: str = "logit") -> dict:
@@ -95,9 +124,11 @@ def run_seeded(ex, layer: str, x1: np.ndarray, name: str, seeds: np.ndarray, rec
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def run_masked(ex, masks: dict, x1: np.ndarray, name: str, target: int, count: int, record=(), init: str = "logit",
+def run_masked(ex, masks: dict, up: dict, target: int, count: int, record=(), init: str = "logit",
                batch_size: int = 16):
-    """The masked model on ``count`` copies of one item ``x1`` with the masks (name -> K x ...) at their tensors."""
+    """The masked model on ``count`` copies of the one item of ``up`` (:func:`upper_pass`: its ``x`` fed to its
+    ``input``) with the masks (name -> K x ...) at their tensors."""
+    x1, name = up["x"], up["input"]
     names = tuple(masks)
     sess = models_of(ex).masked(names, tuple(record))
     parts = []
@@ -110,4 +141,4 @@ def run_masked(ex, masks: dict, x1: np.ndarray, name: str, target: int, count: i
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-__all__ = ["INITS", "upper_pass", "shares_of", "channel_axis_of", "concept_relevance", "run_seeded", "run_masked"]
+__all__ = ["ConceptOptions", "INITS", "upper_pass", "shares_of", "channel_axis_of", "concept_relevance", "run_seeded", "run_masked"]

@@ -18,6 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import InputError
+
+#: what a float16 / bfloat16 model computes in (BuildOptions.precision; onnx_lrp.building.precision)
+PRECISIONS = ("auto", "model", "float32")
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -44,6 +48,29 @@ class BuildOptions:
     #: the device the relevance model is built for ("cpu" or "cuda"): it decides precision="auto" and whether a
     #: float16 deployed model fits beside the relevance model
     device: str = "cpu"
+
+    def __post_init__(self):
+        """Each value checked once, refused in one line; ``relevance_at`` as a tuple (one name: a str), ``ledger`` a
+        bool."""
+        if self.precision not in PRECISIONS:
+            raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise InputError(f"the build device must be 'cpu' or 'cuda' (resolved), not {self.device!r}")
+        object.__setattr__(self, "relevance_at", _names(self.relevance_at))
+        object.__setattr__(self, "ledger", bool(self.ledger))
+
+
+def _names(relevance_at) -> tuple:
+    """``relevance_at`` as a tuple of tensor names (one name may be given as a str)."""
+    if isinstance(relevance_at, str):
+        relevance_at = [relevance_at]  # one tensor name
+    try:
+        relevance_at = tuple(relevance_at)
+    except TypeError:
+        raise InputError(f"relevance_at must be a list of tensor names, not {relevance_at!r}") from None
+    if not all(isinstance(n, str) for n in relevance_at):
+        raise InputError(f"relevance_at must be a list of tensor names (strings), not {list(relevance_at)!r}")
+    return relevance_at
 
 
 @dataclass(frozen=True)
@@ -167,4 +194,4 @@ def describe_inputs(inputs) -> str:
     return "[" + ", ".join(f"{s.name}: {np.dtype(s.dtype).name}[{dims(s)}]" for s in inputs) + "]"
 
 
-__all__ = ["InputSpec", "BuildOptions", "Deployed", "BuildSource", "RelevanceModel", "carried_model", "describe_inputs"]
+__all__ = ["PRECISIONS", "InputSpec", "BuildOptions", "Deployed", "BuildSource", "RelevanceModel", "carried_model", "describe_inputs"]

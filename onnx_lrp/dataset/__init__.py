@@ -25,6 +25,7 @@ import collections
 import hashlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,36 @@ def _json_target(targets):
     return hashlib.sha256(np.asarray(targets, np.int64).tobytes()).hexdigest()
 
 
+@dataclass(frozen=True)
+class DatasetOptions:
+    """How :func:`explain_dataset` runs (besides the model, the source, OUT and the relevance model's options):
+    checked once when made, the engine and its sizes refused in one line before any work (Ray: that it is
+    installed)."""
+
+    engine: str = "local"  # "local" or "ray"
+    batch_size: int = 32  # items per onnxruntime run
+    shard_size: int = DEFAULT_SHARD_SIZE  # items per shard file
+    workers: int | None = None  # local: reader threads (None: up to 4); Ray: actors (None: one per CPU / GPU)
+    ray_address: str | None = None  # the Ray cluster to join (None: the current one, else a local one)
+    overwrite: bool = False  # a manifest of another model / composite / source in OUT: start again
+    progress: bool = False  # a progress line on stderr
+    column: str | None = None  # Parquet: the column of the model's input
+    preprocess: Preprocess = Preprocess()  # images: size, mean, std, crop (as onnx-lrp explain)
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise InputError(f"engine {self.engine!r}: use local or ray")
+        if int(self.batch_size) < 1 or int(self.shard_size) < 1:
+            raise InputError("batch_size and shard_size must be >= 1")
+        if self.workers is not None and int(self.workers) < 1:
+            raise InputError("workers must be >= 1")
+        object.__setattr__(self, "batch_size", int(self.batch_size))
+        object.__setattr__(self, "shard_size", int(self.shard_size))
+        if self.engine == "ray":
+            from .ray import require_ray
+            require_ray()
+
+
 def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size: int = 32,
                     shard_size: int = DEFAULT_SHARD_SIZE, workers: int | None = None, target=None,
                     ray_address: str | None = None, overwrite: bool = False, progress: bool = False,
@@ -78,55 +109,46 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     ``explainer_options`` go to :class:`onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
     parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
     (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer (or any
-    :class:`onnx_lrp.run.runner.Runner`) built by the caller.
+    :class:`onnx_lrp.run.runner.Runner`) built by the caller. The other keywords: :class:`DatasetOptions`.
     A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
     shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
     """
-    _check_engine(engine, batch_size, shard_size, workers)
-    if explainer is None:
-        from ..run.launch import runner  # the loader and the rewriter: in the driver only
-
-        explainer = runner(model, **explainer_options)
-    ex = explainer
     pre = Preprocess(tuple(size) if size is not None else None, tuple(np.atleast_1d(mean).tolist()),
                      tuple(np.atleast_1d(std).tolist()), crop=bool(crop))
-    src = open_source(source, input_infos(ex.inputs), pre, column)
+    options = DatasetOptions(engine, batch_size, shard_size, workers, ray_address, overwrite, progress, column, pre)
+    if explainer is None:
+        from ..run.launch import ExplainOptions, runner  # the loader and the rewriter: in the driver only
+
+        explainer = runner(model, ExplainOptions.from_keywords(**explainer_options))
+    return _run(model, source, Path(out_dir), options, (explainer, explainer_options), target)
+
+
+def _run(model, source, out_dir: Path, options: DatasetOptions, explaining: tuple, target) -> dict:
+    """``explaining``: (the runner, the keywords it was built with, which the manifest records)."""
+    ex, given = explaining
+    src = open_source(source, input_infos(ex.inputs), options.preprocess, options.column)
     target = _checked_target(target, len(src))
-    start = explainer_options.get("start", ex.start)
-    header = _header(model, ex, src, source, engine, pre, column, target, start, shard_size, batch_size,
-                     explainer_options)
-    out = Output(out_dir, header, int(shard_size), overwrite)
-    n = len(src)
-    all_shards = [(k, lo, min(n, lo + shard_size)) for k, lo in enumerate(range(0, n, shard_size))]
+    start = given.get("start", ex.start)
+    header = _header(model, ex, (src, source), options, target, start, given)
+    out = Output(out_dir, header, options.shard_size, options.overwrite)
+    n, size = len(src), options.shard_size
+    all_shards = [(k, lo, min(n, lo + size)) for k, lo in enumerate(range(0, n, size))]
     todo = [s for s in all_shards if s[0] not in out.done]
-    prog = Progress(sum(hi - lo for _, lo, hi in todo), progress)
+    prog = Progress(sum(hi - lo for _, lo, hi in todo), options.progress)
     t0 = time.perf_counter()
     try:
-        if todo and engine == "local":
-            run_local(ex, src, todo, out, int(batch_size), workers or min(4, cpu_cores()), target, start, prog)
+        if todo and options.engine == "local":
+            run_local(ex, src, todo, out, options, target, start, prog)
         elif todo:
             from .ray import run_ray
-            run_ray(ex, src, todo, out, int(batch_size), workers, target, start, prog, ray_address)
+            run_ray(ex, src, todo, out, options, target, start, prog)
     except BaseException:
         out.save()  # keep what was written for the rerun (Ctrl-C, a lost Ray cluster, ...)
         raise
     seconds = time.perf_counter() - t0
     out.save(complete=True)
-    prog.update(0, final=bool(todo) and progress)
-    return _summary(out, engine, n, len(all_shards), todo, seconds, t0)
-
-
-def _check_engine(engine: str, batch_size, shard_size, workers) -> None:
-    """The engine and its sizes, refused in one line (Ray: that it is installed) before any work."""
-    if engine not in ENGINES:
-        raise InputError(f"engine {engine!r}: use local or ray")
-    if int(batch_size) < 1 or int(shard_size) < 1:
-        raise InputError("batch_size and shard_size must be >= 1")
-    if workers is not None and int(workers) < 1:
-        raise InputError("workers must be >= 1")
-    if engine == "ray":
-        from .ray import require_ray
-        require_ray()
+    prog.update(0, final=bool(todo) and options.progress)
+    return _summary(out, options.engine, n, len(all_shards), todo, seconds, t0)
 
 
 def _checked_target(target, n: int):
@@ -142,22 +164,26 @@ def _checked_target(target, n: int):
     return target
 
 
-def _header(model, ex, src, source, engine, pre, column, target, start, shard_size, batch_size, options) -> dict:
-    """The manifest's header: what a rerun must match to resume (model, composite, parameters, source)."""
+def _header(model, ex, sources: tuple, o: DatasetOptions, target, start, options: dict) -> dict:
+    """The manifest's header: what a rerun must match to resume (model, composite, parameters, source).
+    ``sources``: (the opened source, as given); ``options``: the relevance model's keywords as given."""
     from ..load import model_sha256
-    from ..rules.params import params_to_json
     from ..rules.composite import load_composite
+    from ..rules.params import params_to_json
+    from ..run.options import RunOptions
 
-    params = {k: v for k, v in options.items() if k not in ("composite", "device", "threads", "tf32")}
-    return dict(format=FORMAT, onnx_lrp_version=VERSION, engine=engine, model=str(model),
+    src, source = sources
+    pre = o.preprocess
+    params = {k: v for k, v in options.items() if k != "composite" and k not in RunOptions.UNRECORDED}
+    return dict(format=FORMAT, onnx_lrp_version=VERSION, engine=o.engine, model=str(model),
                 model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
                 hashlib.sha256(ex.model_bytes).hexdigest(),
                 composite=_composite_id(load_composite(ex.relevance_model.source.composite_spec())),
                 parameters=dict(params_to_json(params), target=_json_target(target), start=start,
                                 output=ex.explained_output, size=list(pre.size) if pre.size else None,
-                                mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=column),
+                                mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=o.column),
                 source=dict(path=str(source), kind=src.kind, fingerprint=src.fingerprint()),
-                shard_size=int(shard_size), item_count=len(src), batch_size=int(batch_size))
+                shard_size=o.shard_size, item_count=len(src), batch_size=o.batch_size)
 
 
 def _summary(out, engine: str, n: int, shards: int, todo: list, seconds: float, t0: float) -> dict:
@@ -199,5 +225,5 @@ def explain_arrays(ex, arrays: dict, targets=None, batch_size: int = 32, engine:
     return explain_all(ex, arrays, targets, batch_size, progress=progress)
 
 
-__all__ = ["explain_dataset", "explain_arrays", "open_source", "read_shards", "explain_items", "explainer_payload",
+__all__ = ["explain_dataset", "DatasetOptions", "explain_arrays", "open_source", "read_shards", "explain_items", "explainer_payload",
            "explainer_from_payload", "Source", "FileSource", "ArraySource", "ParquetSource"]

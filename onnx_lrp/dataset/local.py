@@ -146,10 +146,12 @@ class Progress:
         self.stream.flush()
 
 
-def run_local(ex, source: Source, todo: list[tuple[int, int, int]], out: Output, batch_size: int, workers: int,
-              targets, start, progress: Progress) -> None:
-    """Read ``workers`` shards ahead in a thread pool, explain in this thread, write in one writer thread."""
-    workers = max(1, int(workers))
+def run_local(ex, source: Source, todo: list[tuple[int, int, int]], out: Output, options, targets, start,
+              progress: Progress) -> None:
+    """Read ``options.workers`` shards ahead in a thread pool (default: up to 4), explain in this thread, write in one
+    writer thread. ``options``: :class:`onnx_lrp.dataset.DatasetOptions`."""
+    workers = max(1, int(options.workers or min(4, cpu_cores())))
+    batch_size = options.batch_size
     pending_reads: collections.deque = collections.deque()
     pending_writes: collections.deque = collections.deque()
     shards = iter(todo)

@@ -44,10 +44,10 @@ def relevance_model(model, **explainer_options):
     Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: the relevance model and the run options
     (:meth:`onnx_lrp.run.runner.Runner.payload`, plain data); each actor then imports only numpy, onnxruntime and
     :mod:`onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
-    from onnx_lrp.run.launch import runner
+    from onnx_lrp.run.launch import ExplainOptions, runner
 
     ray = require_ray()
-    return ray.put(runner(model, **explainer_options).payload())
+    return ray.put(runner(model, ExplainOptions.from_keywords(**explainer_options)).payload())
 
 
 def _explainer(model, relevance_model, device, threads, explainer_options):
@@ -62,9 +62,9 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "
                          "onnx_lrp.ray.relevance_model)")
-    from onnx_lrp.run.launch import runner
+    from onnx_lrp.run.launch import ExplainOptions, runner
 
-    return runner(model, device=device or "cpu", threads=threads, **explainer_options)
+    return runner(model, ExplainOptions.from_keywords(device=device or "cpu", threads=threads, **explainer_options))
 
 
 class ExplainBatch:
@@ -125,14 +125,14 @@ class _ShardTask(ExplainBatch):
     """One shard per call: read and decode its items, explain, write the shard file (write, fsync, rename) and
     return its manifest record. Rerunning a shard (a retried task) writes the same file again."""
 
-    def __init__(self, *, relevance_model, source, out_dir, batch_size, targets, start, device=None,
-                 threads=None, readers=1):
+    def __init__(self, *, relevance_model, source, job: dict, start, device=None, threads=None):
+        """``job``: out_dir, batch_size, targets, readers (decoding threads per actor)."""
         super().__init__(relevance_model=relevance_model, device=device, threads=threads, start=start)
         ray = require_ray()
         if isinstance(source, ray.ObjectRef):
             source = ray.get(source)
-        self.source, self.out_dir, self.batch_size, self.targets = source, Path(out_dir), batch_size, targets
-        self.readers = readers
+        self.source, self.out_dir, self.batch_size = source, Path(job["out_dir"]), job["batch_size"]
+        self.targets, self.readers = job["targets"], job.get("readers", 1)
 
     def __call__(self, batch: dict) -> dict:
         records = []
@@ -195,14 +195,16 @@ def _actor_options(ray, ex, workers):
     return n, dict(num_cpus=1), max(1, cpus // n), 1
 
 
-def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress, address=None) -> None:
-    """The shards ``todo`` on Ray Data actors; the manifest is updated here, in the driver, as records arrive.
+def run_ray(ex, source, todo, out, options, targets, start, progress) -> None:
+    """The shards ``todo`` on Ray Data actors (``options``: :class:`onnx_lrp.dataset.DatasetOptions`); the manifest
+    is updated here, in the driver, as records arrive.
 
     Actors are restarted and their tasks retried when a worker dies; a shard explained twice (a retry after its
     file was written) is written with the same content and counted once."""
-    ray, started = _connect(address)
+    ray, started = _connect(options.ray_address)
+    batch_size = options.batch_size
     try:
-        n, res_args, threads, readers = _actor_options(ray, ex, workers)
+        n, res_args, threads, readers = _actor_options(ray, ex, options.workers)
         ref = ray.put(ex.payload())
         items = [dict(index=k, lo=lo, hi=hi) for k, lo, hi in todo]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
@@ -210,9 +212,9 @@ def run_ray(ex, source, todo, out, batch_size, workers, targets, start, progress
         # max_task_retries=-1 are its defaults for map_batches actors)
         ds = ds.map_batches(_ShardTask, batch_size=1, compute=ray.data.ActorPoolStrategy(size=n),
                             fn_constructor_kwargs=dict(relevance_model=ref, source=ray.put(source),
-                                                       out_dir=str(out.dir), batch_size=batch_size, targets=targets,
-                                                       start=start, device=ex.device, threads=threads,
-                                                       readers=readers), **res_args)
+                                                       job=dict(out_dir=str(out.dir), batch_size=batch_size,
+                                                                targets=targets, readers=readers),
+                                                       start=start, device=ex.device, threads=threads), **res_args)
         seen = set()
         try:
             for row in ds.iter_rows():

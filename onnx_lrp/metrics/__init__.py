@@ -30,6 +30,40 @@ DEFAULT_PROB = {"region-perturbation": "softmax", "pixel-flipping": "softmax", "
                 "randomisation": "softmax", "relevance-mass": "logit"}
 
 
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """How ``evaluate`` scores the explanations (see :func:`evaluate` for each value), checked once when made:
+    an unknown metric, baseline, score or order is refused in one line; ``prob`` None becomes the metric's Quantus
+    default."""
+
+    metric: str = "region-perturbation"
+    patch: int = 8
+    steps: int = 50
+    orders: tuple | None = ("morf", "lerf")
+    baseline: str = "black"
+    prob: str | None = None
+    seed: int = 0
+    features_in_step: int | None = None
+    runs: int = 100
+    subset_size: int = 224
+    layer_order: str = "top_down"
+    bins: int = 100
+    channels_last: bool | None = None
+
+    def __post_init__(self):
+        _check_choice("metric", self.metric, METRICS)
+        _check_choice("baseline", self.baseline, perturbation.BASELINES)
+        object.__setattr__(self, "prob", self.prob or DEFAULT_PROB.get(self.metric))
+        _check_choice("prob", self.prob, ("softmax", "logit"))
+        if self.metric in PERTURBATION:
+            for o in self.all_orders():
+                _check_choice("order", o, perturbation.ORDERS)
+
+    def all_orders(self) -> list:
+        """The perturbation orders given, the random one added (once)."""
+        return list(dict.fromkeys([*(self.orders or ()), "random"]))
+
+
 @dataclass
 class Evaluation:
     """What ``evaluate`` returns. ``scores``: per-item arrays by name (``aopc/morf``, ``abpc``, ``correlation``,
@@ -129,14 +163,16 @@ def evaluate(model, x, metric: str = "region-perturbation", target=None, relevan
     ``channels_last``: images N x H x W x C are perturbed channel-first, as Quantus does (None: Quantus'
     ``infer_channel_first`` rule, channels last when the last axis is the smallest).
     """
-    _check_choice("metric", metric, METRICS)
-    _check_choice("baseline", baseline, perturbation.BASELINES)
-    prob = prob or DEFAULT_PROB.get(metric)
-    _check_choice("prob", prob, ("softmax", "logit"))
+    options = EvaluateOptions(metric, patch, steps, orders, baseline, prob, seed, features_in_step, runs,
+                              subset_size, layer_order, bins, channels_last)
     try:
-        return _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
-                         features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device,
-                         explainer, explainer_kwargs)
+        explain = None
+        if explainer is None or metric == "randomisation":  # the relevance model is built (again) here
+            from ..run.launch import ExplainOptions
+
+            spec = composite if explainer is None else explainer.relevance_model.source.composite_spec()
+            explain = ExplainOptions.from_keywords(spec, device, **explainer_kwargs)
+        return _evaluate(model, x, (target, relevance, mask), options, explainer, explain)
     except LrpError:
         raise
     except Exception as exc:  # a bug: one line, as everywhere in the API
@@ -152,38 +188,39 @@ def _channels_last(x: np.ndarray, given: bool | None) -> bool:
     return x.shape[3] < x.shape[1] and x.shape[3] < x.shape[2]
 
 
-def _evaluate(model, x, metric, target, relevance, composite, patch, steps, orders, baseline, prob, seed,
-              features_in_step, runs, subset_size, mask, layer_order, bins, channels_last, device, explainer,
-              explainer_kwargs):
+def _evaluate(model, x, given: tuple, options: EvaluateOptions, explainer, explain) -> Evaluation:
+    """``given``: (target, relevance, mask) as the caller gave them; ``explain``: the options that build the
+    relevance model (when ``explainer`` is None) and the randomised ones."""
     from ..run.launch import runner
 
-    ex = explainer or runner(model, composite=composite, device=device, **explainer_kwargs)
+    target, relevance, mask = given
+    ex = explainer or runner(model, explain)
     name = _one_input(ex)
     x = _batch(x, ex.inputs[0])
     target, a = _explained(ex, x, target, relevance)
-    ev = Evaluation(metric, dict(metric=metric, composite=ex.composite_name, prob=prob, seed=seed, baseline=baseline),
-                    target)
-    if metric == "randomisation":
-        ev.params.update(layer_order=layer_order, bins=bins)
-        _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
-                       3 if _channels_last(x, channels_last) else 1)
+    o = options
+    ev = Evaluation(o.metric, dict(metric=o.metric, composite=ex.composite_name, prob=o.prob, seed=o.seed,
+                                   baseline=o.baseline), target)
+    if o.metric == "randomisation":
+        ev.params.update(layer_order=o.layer_order, bins=o.bins)
+        _randomisation(ev, (model, ex, explain), x, target, a, o)
         return ev
     a = np.broadcast_to(a, x.shape)  # N x 1 x H x W over the channels, as Quantus' metrics do
-    if metric == "relevance-mass":
+    if o.metric == "relevance-mass":
         _relevance_mass(ev, x, a, mask)
         return ev
     from .forward import Forward  # loads the model with onnx: imported when a metric runs
 
     predict = Forward(model, ex.explained_tensor, name, ex.inputs[0].dims[0] if ex.inputs[0].dims else None,
-                      prob=prob, device=ex.device)
-    if _channels_last(x, channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
+                      prob=o.prob, device=ex.device)
+    if _channels_last(x, o.channels_last):  # perturbed channel-first (as Quantus), fed to the model as it wants
         x, a = x.transpose(0, 3, 1, 2), a.transpose(0, 3, 1, 2)
         ev.params["channels_last"] = True
         predict = _Transposed(predict)
-    if metric == "faithfulness-correlation":
-        _faithfulness(ev, predict, x, a, target, runs, subset_size, baseline, seed)
+    if o.metric == "faithfulness-correlation":
+        _faithfulness(ev, predict, x, a, target, o)
     else:
-        _perturbation(ev, predict, x, a, target, orders, patch, steps, baseline, seed, features_in_step)
+        _perturbation(ev, predict, x, a, target, o)
     ev.calls = predict.calls
     return ev
 
@@ -261,40 +298,38 @@ def _relevance_mass(ev: Evaluation, x: np.ndarray, a: np.ndarray, mask) -> None:
     ev.scores["mass/random"] = s.reshape(len(x), -1).mean(axis=1)  # what relevance spread evenly puts inside
 
 
-def _faithfulness(ev: Evaluation, predict, x, a, target, runs, subset_size, baseline, seed) -> None:
-    ev.params.update(runs=runs, subset_size=subset_size)
-    floor = np.random.default_rng(seed).standard_normal(a.shape).astype(a.dtype)
-    out = correlation.faithfulness_correlation(predict, x, perturbation.normalise_by_max(a), target, runs,
-                                               subset_size, baseline, np.random.RandomState(seed), a_floor=floor)
+def _faithfulness(ev: Evaluation, predict, x, a, target, o: EvaluateOptions) -> None:
+    ev.params.update(runs=o.runs, subset_size=o.subset_size)
+    floor = np.random.default_rng(o.seed).standard_normal(a.shape).astype(a.dtype)
+    out = correlation.faithfulness_correlation(predict, x, perturbation.normalise_by_max(a), target, o.runs,
+                                               o.subset_size, o.baseline, np.random.RandomState(o.seed), a_floor=floor)
     ev.scores["correlation"] = out["correlation"]
     ev.scores["correlation/random"] = out["correlation_floor"]
 
 
-def _perturbation(ev: Evaluation, predict, x, a, target, orders, patch, steps, baseline, seed,
-                  features_in_step) -> None:
+def _perturbation(ev: Evaluation, predict, x, a, target, o: EvaluateOptions) -> None:
     """Region perturbation or pixel flipping: the curves per order (the random order added) and their scores."""
     a_n = perturbation.normalise_by_max(a)
-    orders = list(dict.fromkeys([*(orders or ()), "random"]))
-    for o in orders:
-        _check_choice("order", o, perturbation.ORDERS)
-    rngs = {o: np.random.RandomState(seed) for o in orders}
+    orders = o.all_orders()
+    rngs = {order: np.random.RandomState(o.seed) for order in orders}
     if ev.metric == "pixel-flipping":
         n_features = int(np.prod(x.shape[1:]))
-        k = features_in_step or max(1, -(-n_features // max(1, steps)))
+        k = o.features_in_step or max(1, -(-n_features // max(1, o.steps)))
         while n_features % k:  # Quantus needs the step to divide the features
             k += 1
         ev.params.update(features_in_step=k, steps=n_features // k)
-        ev.curves = perturbation.pixel_flipping(predict, x, a_n, target, orders, k, baseline, rngs)
+        ev.curves = perturbation.pixel_flipping(predict, x, a_n, target, orders, k, o.baseline, rngs)
     else:
-        if x.ndim == 4 and not 1 <= patch <= min(x.shape[2:]):
-            raise InputError(f"patch {patch} must be between 1 and the image's smaller side")
-        ev.curves = perturbation.region_perturbation(predict, x, a_n, target, orders, patch, steps, baseline, rngs)
-        ev.params.update(patch=patch, steps=next(iter(ev.curves.values())).shape[1] - 1)
+        if x.ndim == 4 and not 1 <= o.patch <= min(x.shape[2:]):
+            raise InputError(f"patch {o.patch} must be between 1 and the image's smaller side")
+        ev.curves = perturbation.region_perturbation(predict, x, a_n, target, orders, o.patch, o.steps, o.baseline,
+                                                     rngs)
+        ev.params.update(patch=o.patch, steps=next(iter(ev.curves.values())).shape[1] - 1)
     ev.params["orders"] = orders
-    for o, curve in ev.curves.items():
-        ev.quantus[o] = perturbation.quantus_curve(ev.metric, curve)
-        ev.scores[f"aopc/{o}"] = perturbation.aopc(curve)
-        ev.scores[f"auc/{o}"] = perturbation.trapezoid_auc(ev.quantus[o])
+    for order, curve in ev.curves.items():
+        ev.quantus[order] = perturbation.quantus_curve(ev.metric, curve)
+        ev.scores[f"aopc/{order}"] = perturbation.aopc(curve)
+        ev.scores[f"auc/{order}"] = perturbation.trapezoid_auc(ev.quantus[order])
     if "morf" in ev.curves and "lerf" in ev.curves:
         ev.scores["abpc"] = ev.scores["aopc/morf"] - ev.scores["aopc/lerf"]
 
@@ -313,22 +348,26 @@ class _Transposed:
         return self.forward(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
 
 
-def _randomisation(ev, model, ex, x, target, a, seed, layer_order, bins, device, explainer_kwargs,
-                   channel_axis: int = 1):
+def _randomisation(ev, models: tuple, x, target, a, o: EvaluateOptions):
+    """``models``: (the model as given, its runner, the options that build a randomised copy's)."""
     from ..run.launch import runner
     from ..run.runner import Runner
     from . import randomisation
 
+    model, ex, explain = models
     if model is None or isinstance(model, Runner):
         raise InputError("the randomisation check rebuilds the relevance model: give the model (path or bytes)")
+    channel_axis = 3 if _channels_last(x, o.channels_last) else 1
+    bins = o.bins
     spatial = x.ndim == 4
     maps0 = a.sum(axis=channel_axis) if spatial else None
     h0 = np.array([similarity.discrete_entropy(ai, bins) for ai in a])
     ev.layers.append(dict(layer="original", spearman=np.ones(len(x)), ssim=np.ones(len(x)), entropy=h0))
     comp = ex.relevance_model.source.composite_spec()
     last = None
-    for layer, randomised in randomisation.cascade(model, seed, layer_order):
-        rex = runner(randomised, composite=comp, device=device, **explainer_kwargs)
+    explain = explain.with_composite(comp)
+    for layer, randomised in randomisation.cascade(model, o.seed, o.layer_order):
+        rex = runner(randomised, explain)
         ar = summed_like(rex.explain(x, target=target).relevance, a.shape)
         row = dict(layer=layer,
                    spearman=np.array([similarity.spearman(np.abs(a0), np.abs(a1)) for a0, a1 in zip(a, ar)]),

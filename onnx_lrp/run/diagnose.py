@@ -24,9 +24,10 @@ def error_class(where: str | None) -> type:
     return InputError if where is not None and where.startswith(FORWARD_NON_FINITE) else NumericError
 
 
-def diagnostic_session(relevance_model: RelevanceModel, device: str, tf32: bool = False):
+def diagnostic_session(relevance_model: RelevanceModel, device: str, settings: dict | None = None):
     """(session, forward activations as (node, op type, output)): a session over the relevance model that also
-    returns every forward activation and every relevance tensor of the walk (built only when needed)."""
+    returns every forward activation and every relevance tensor of the walk (built only when needed); ``settings``:
+    :meth:`onnx_lrp.run.options.RunOptions.session_settings`."""
     model = loader.deserialize(relevance_model.model_bytes, relevance_model.model_folder)
     graph = model.graph
     have = {id(v) for v in graph.outputs}
@@ -54,7 +55,8 @@ def diagnostic_session(relevance_model: RelevanceModel, device: str, tf32: bool 
     graph.outputs.extend(extra)
     forward = [(n.name, n.op_type, o.name) for n, o in forward]
     session = runtime.Session(loader.serialize(model), device, data_folder=relevance_model.model_folder,
-                              arrays=relevance_model.model_arrays, prepack=relevance_model.model_prepack, tf32=tf32)
+                              arrays=relevance_model.model_arrays, prepack=relevance_model.model_prepack,
+                              **(settings or {}))
     return session, forward
 
 

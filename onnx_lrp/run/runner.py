@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.errors import InputError, LrpError, LrpWarning
 from ..core.interface import (
+    CHECK_FINITE,
     LEDGER_ENTERING,
     LEDGER_LEAVING,
     ONE_HOT_INPUT,
@@ -29,26 +29,14 @@ from ..core.relevance_model import BuildOptions, InputSpec, RelevanceModel, desc
 from . import binding, checks, conservation, runtime
 from . import deployed_gap as gaps
 from .explanation import Explanation, given_without_batch_axis
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a :class:`Runner` runs a relevance model: settings of the session and of each run, not of the graph (the
-    same relevance model runs with any of them; a Ray actor takes the builder's or its own)."""
-
-    device: str = "cpu"  # "cpu", "cuda" or "auto" (CUDA when it starts, else the CPU)
-    threads: int | None = None  # onnxruntime's intra-op threads (None: ONNX_LRP_THREADS, else onnxruntime's default)
-    start: str = "logit"  # the default start relevance: the explained logit, or 1 ("one-hot")
-    strict: bool = False  # relevance far from conserved (onnx_lrp.run.conservation): an error, not a warning
-    precise: bool = False  # onnxruntime without layout optimisations (runtime.Session)
-    tf32: bool = False  # CUDA only: TF32 convolutions and matrix products (faster, relevance drifts; README "GPU")
+from .options import RunOptions
 
 
 def open_session(model: RelevanceModel, options: RunOptions) -> runtime.Session:
     """The onnxruntime session of ``model`` with ``options``."""
     return runtime.Session(model.model_bytes, options.device, options.threads, data_folder=model.model_folder,
                            arrays=model.model_arrays, prepack=model.model_prepack, precise=options.precise,
-                           tf32=options.tf32)
+                           **options.session_settings())
 
 
 def _field(name: str, doc: str) -> property:
@@ -67,7 +55,7 @@ def _option(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.options, name), doc=doc)
 
 
-class Runner(checks.RunChecks):
+class Runner:
     """Runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` in one onnxruntime session:
     ``explain(x, target=...)``. ``session``: one already started for it (default: started here)."""
 
@@ -145,9 +133,10 @@ class Runner(checks.RunChecks):
         self.device = session.device  # "auto" may fall back to the CPU when CUDA cannot start
         self.device_note = session.fallback
         self._width = None
-        self._diag = None  # the diagnostic session that locates non-finite relevance, built on the first failure
         self._ledger_books: dict = {}  # start relevance -> the ledger's Runner, built on the first item that trips
-        self._reading_ledger = False  # this run only reads its ledger for another: no conservation check of its own
+        # the checks of every run; the nodes that do not conserve named from the ledger (read late: patchable)
+        self.checks = checks.RunChecks(self.relevance_model, self.options, self.device,
+                                       lambda *item: self._culprits(*item))
         self._gap_reason = None  # why the deployed outputs differ (onnx_lrp.run.deployed_gap.cause), found on the first gap
         self._gap_warned = False
         self.deployed_session = None
@@ -156,7 +145,7 @@ class Runner(checks.RunChecks):
             try:
                 threads = getattr(session, "threads", None)
                 self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
-                                                        tf32=self.tf32)
+                                                        **self.options.session_settings())
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
                 self.deployed_note = f"{exc}; outputs are the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
@@ -173,7 +162,7 @@ class Runner(checks.RunChecks):
     def _feeds(self, x, finite: bool = True) -> dict:
         """The checked feeds by input name: numpy arrays cast to the input's type, or device arrays
         (:class:`onnx_lrp.run.binding.DeviceArray`, bound in place). ``finite``: refuse NaN / Inf on the host here
-        (else the relevance graph's probe finds them, :meth:`_check_finite`)."""
+        (else the relevance graph's probe finds them, :meth:`onnx_lrp.run.checks.RunChecks.finite`)."""
         if isinstance(x, dict):
             arrays = dict(x)
         else:
@@ -225,7 +214,7 @@ class Runner(checks.RunChecks):
         t = np.asarray(target)
         if t.dtype.kind not in "iu":
             raise InputError(f"target must be an int or one int per batch item, not {target!r}")
-        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        t = _per_item(t, batch)
         if t.shape != (batch,):
             raise InputError(f"{t.size} targets for a batch of {batch}; give one int or one per item")
         width = self.output_width()
@@ -258,7 +247,7 @@ class Runner(checks.RunChecks):
         pos = np.asarray(-1 if position is None else position)
         if pos.dtype.kind not in "iu":
             raise InputError(f"position must be an int or one int per batch item, not {position!r}")
-        pos = np.broadcast_to(pos.astype(np.int64).reshape(-1), (batch,)) if pos.size == 1 else pos.astype(np.int64)
+        pos = _per_item(pos, batch)
         if pos.shape != (batch,) or (rows is not None and (np.any(pos < -rows) or np.any(pos >= rows))):
             raise InputError(f"position {checks.brief(pos)} does not fit: the explained output has {rows} positions "
                              f"(give one int, or one per item, in [-{rows}, {rows - 1}])")
@@ -267,7 +256,7 @@ class Runner(checks.RunChecks):
         t = np.asarray(target)
         if t.dtype.kind not in "iu":
             raise InputError(f"target must be a class index (int) or one per batch item, not {target!r}")
-        t = np.broadcast_to(t.astype(np.int64).reshape(-1), (batch,)) if t.size == 1 else t.astype(np.int64)
+        t = _per_item(t, batch)
         if t.shape != (batch,) or np.any(t < 0) or (per_row is not None and np.any(t >= per_row)):
             raise InputError(f"target {checks.brief(t)} out of range: each position of the explained output has "
                              f"{per_row} entries")
@@ -295,7 +284,7 @@ class Runner(checks.RunChecks):
                              "one entry set per item: give the target as a flat index")
         else:
             targets = self._targets(target, 1 if self.whole else batch)
-        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        static_one = self._static_one()
         if static_one and batch > 1 and self.ledger:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
         deployed = self._deployed_run(feeds)
@@ -310,10 +299,10 @@ class Runner(checks.RunChecks):
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
             merged = self._run(feeds, targets, start, positions)
-        per_row = self._check_width(merged, targets)
-        self._check_finite(merged, feeds, targets, start, positions)
+        per_row = self.checks.width(merged, targets)
+        self.checks.finite(merged, feeds, targets, start, positions)
         rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
-        self._check_conserved(merged, list(rel.values()), feeds, start, positions)
+        self.checks.conserved(merged, list(rel.values()), feeds, start, positions)
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[TARGET_OUTPUT]
         pos_used = None
@@ -353,13 +342,23 @@ class Runner(checks.RunChecks):
         feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
         feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
                  for k, v in feeds.items() if k in types}
-        static_one = all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
+        static_one = self._static_one()
         batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
         if static_one and batch > 1 and not self.whole:
             parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
                                   for k, v in feeds.items()}) for i in range(batch)]
             return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         return session.run(feeds)
+
+    def _finite_on_host(self) -> bool:
+        """Whether the inputs' NaN / Inf are refused on the host before the run: a deployed model runs first on
+        them, and a relevance model without the graph's probe (built before it) has no other check."""
+        return self.deployed_session is not None or CHECK_FINITE not in self.session.output_names
+
+    def _static_one(self) -> bool:
+        """Whether the model was exported with a fixed batch of 1 (every input's first dimension 1): a batch then
+        runs item by item."""
+        return all(spec.dims and spec.dims[0] == 1 for spec in self.inputs)
 
     def _gap(self, feeds, outputs: dict, forward: dict, batch: int):
         """The gap on the explained output, its cause found on the first one beyond the tolerance, one warning."""
@@ -413,11 +412,11 @@ class Runner(checks.RunChecks):
         extra = {} if positions is None else {"position": positions}
         if self.sequence_rows is not None:
             target = target % (self.sequence_rows[1] or 1 << 62)
-        book._reading_ledger = True  # this run only reads the ledger: no check of its own
+        book.checks.reading_ledger = True  # this run only reads the ledger: no check of its own
         try:
             res = book.explain(one, target=target, start=start, **extra)
         finally:
-            book._reading_ledger = False
+            book.checks.reading_ledger = False
         return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
     def _ledger_book(self, start: str) -> "Runner | None":
@@ -439,6 +438,12 @@ class Runner(checks.RunChecks):
 
 # outputs that always come to the host: a few numbers per item (the checks, the ledger's sums per node)
 _SMALL_PREFIXES = ("lrp/check/", "lrp/ledger/")
+
+
+def _per_item(a: np.ndarray, batch: int) -> np.ndarray:
+    """An int array (a target, a position) as one int64 per item: one value broadcast to the ``batch``, else as
+    given (its shape checked by the caller)."""
+    return np.broadcast_to(a.astype(np.int64).reshape(-1), (batch,)) if a.size == 1 else a.astype(np.int64)
 
 
 def _item(feeds: dict, i: int) -> dict:
