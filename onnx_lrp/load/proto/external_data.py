@@ -98,16 +98,18 @@ def resolve_location(location: str, real: Path, opened: Path, what: str, name: s
             lexical == os.pardir or lexical.startswith(os.pardir + os.sep):
         raise ModelError(f"{name}: {what} points at external data {location!r} outside the model's folder {real}; "
                          "keep the data files beside the model")
-    found = None
-    for folder in dict.fromkeys([real, opened]):
-        candidate = os.path.realpath(os.path.join(folder, location))
-        if _inside(candidate, real) and os.path.isfile(candidate):
-            return Path(candidate)
-        if found is None and os.path.lexists(os.path.join(folder, location)):
-            found = candidate
-    if found is not None:
-        raise ModelError(f"{name}: {what} points at external data {location!r} ({found}), outside the model's folder "
-                         f"{real} or not a file; keep the data files beside the model")
+    first, beside = os.path.join(real, location), os.path.join(opened, location)
+    for candidate in dict.fromkeys([first, beside]):
+        resolved = os.path.realpath(candidate)
+        if _inside(resolved, real) and os.path.isfile(resolved):
+            return Path(resolved)
+    if os.path.lexists(first):
+        raise ModelError(f"{name}: {what} points at external data {location!r} ({os.path.realpath(first)}), outside "
+                         f"the model's folder {real} or not a file; keep the data files beside the model")
+    if os.path.lexists(beside):
+        raise ModelError(f"{name}: the external data file {location!r} of {what} is missing from the model's real "
+                         f"folder {real} (the model file is a symlink into it); {beside} lies outside it: keep the "
+                         "data files beside the model's real file")
     raise ModelError(f"{name}: the external data file {location!r} of {what} is missing from the model's folder "
                      f"{real}; keep the data files beside the model")
 
