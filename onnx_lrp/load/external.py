@@ -2,7 +2,7 @@
 
 One protobuf cannot exceed 2 GiB, and copying every weight into one doubles the memory. So a model file is read
 without its external data (``onnx.load(..., load_external_data=False)``: only the graph;
-``proto.external_data.check_files`` checks the data files: inside the model's folder, long enough); the ``onnx_ir``
+``proto.external_data.check_files`` checks the data files: inside the model's real folder, long enough); the ``onnx_ir``
 model reads them memory-mapped (``ExternalTensor``, :func:`attach`); checks and shape inference see the graph with
 the large weights as typed inputs (``proto.check.light_proto``, :func:`weightless`); and onnxruntime gets
 :class:`Parts`: the graph as bytes, the folder its external data lives in
