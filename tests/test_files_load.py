@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
+import onnx_lrp.load
 from onnx_lrp.cli.main import main
 from onnx_lrp.core.errors import InputError, LrpError, ModelError
 from onnx_lrp.load import fixpoint
@@ -219,7 +220,7 @@ def test_attribute_data_read_from_the_models_folder_from_any_cwd(tmp_path, monke
 def _external_mlp(folder: Path, name: str = "model.onnx") -> tuple[Path, bytes]:
     """A 4 -> 3 -> 2 MLP saved with its weights in ``name + '.data'``; also its bytes with the weights inline."""
     rng = np.random.default_rng(3)
-    w1, w2 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
+    w1, w2 = np.abs(rng.standard_normal((4, 3))).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["a"]),
              helper.make_node("MatMul", ["a", "w2"], ["y"], name="mm2")]
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
@@ -254,6 +255,7 @@ def test_hugging_face_cache_layout_explains_as_the_plain_folder(tmp_path, monkey
     ran = ort.InferenceSession(str(snap), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     monkeypatch.chdir(tmp_path)
     want = onnx_lrp.Explainer(inline, composite="epsilon").explain(X, target=1)
+    assert np.abs(want.relevance).sum() > 0
     for path in (plain, snap):
         got = onnx_lrp.Explainer(str(path), composite="epsilon").explain(X, target=1)
         np.testing.assert_array_equal(got.relevance, want.relevance)
@@ -263,6 +265,32 @@ def test_hugging_face_cache_layout_explains_as_the_plain_folder(tmp_path, monkey
     assert code == 0, text
     assert out.exists() and (tmp_path / "r.onnx.data").exists()
     assert (tmp_path / "hub" / "blobs" / "B").read_bytes() == (plain.parent / "model.onnx.data").read_bytes()
+
+
+def test_loaded_model_with_external_data_explains_from_another_cwd(tmp_path, monkeypatch):
+    """An onnx_ir model (loaded from a folder, its weights memory-mapped there) handed to the Explainer reads its
+    data from that folder, not from the working directory."""
+    path, inline = _external_mlp(tmp_path / "m")
+    model = onnx_lrp.load.load(str(path))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    want = onnx_lrp.Explainer(inline, composite="epsilon").explain(X, target=1)
+    got = onnx_lrp.Explainer(model, composite="epsilon").explain(X, target=1)
+    assert np.abs(want.relevance).sum() > 0
+    np.testing.assert_array_equal(got.relevance, want.relevance)
+
+
+def test_metrics_forward_reads_external_data_from_the_models_folder(tmp_path, monkeypatch):
+    """The metrics' forward pass (its own onnx_ir copy of the model) from another working directory: onnxruntime's
+    outputs for the model file."""
+    from onnx_lrp.metrics.forward import Forward
+
+    path, _ = _external_mlp(tmp_path / "m")
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    got = Forward(str(path), "y", "x", 0, prob="logit")(X)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_model_symlink_whose_real_folder_lacks_the_data_is_refused(tmp_path):

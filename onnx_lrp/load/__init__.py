@@ -19,6 +19,7 @@ from .fold import check_sizes, fold_constants, mark_shape_only, name_everything,
 from .passes import canonize, control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
 from .proto.check import check
 from .proto.digest import data_files, model_sha256
+from .proto.external_data import data_folder
 from .proto.evaluate import condition_evaluator
 from .proto.inputs import bind_constants, fix_input_shapes
 from .proto.opset import MAX_OPSET, MIN_OPSET, opset_of
@@ -139,4 +140,4 @@ class UnrollRound(ir.passes.InPlacePass):
 __all__ = ["load", "deployed_forms", "unroll_control_flow", "read_proto", "prepare_proto", "to_ir", "serialize",
            "deserialize", "check", "save_bytes", "bind_constants", "fix_input_shapes", "fold_constants",
            "refresh_shapes", "mark_shape_only", "opset_of", "MIN_OPSET", "MAX_OPSET", "serialize_parts", "save_parts",
-           "data_files", "model_sha256"]
+           "data_files", "model_sha256", "data_folder", "fixpoint"]

@@ -39,6 +39,23 @@ def attach(model: ir.Model, folder: Path | None) -> ir.Model:
     return model
 
 
+def folder_of(model: ir.Model) -> Path | None:
+    """The folder an onnx_ir model's external tensors (initializers and attribute tensors, subgraphs too) read their
+    files from (:func:`attach`), or None when it has none; several folders: one-line ModelError."""
+    tensors = [t for _, t in _initializers(model)]
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for a in node.attributes.values():
+            if a.type == ir.AttributeType.TENSOR:
+                tensors.append(a.value)
+            elif a.type == ir.AttributeType.TENSORS:
+                tensors.extend(a.value)
+    folders = {str(t.base_dir) for t in tensors if isinstance(t, ir.ExternalTensor) and t.location != MEMORY}
+    if len(folders) > 1:
+        raise ModelError(f"the model's external data lies in several folders ({', '.join(sorted(folders))}); "
+                         "keep the data files beside the model")
+    return Path(folders.pop()).absolute() if folders else None
+
+
 def _initializers(model: ir.Model):
     """Every (value, tensor) of an initializer of the main graph and its subgraphs."""
     for g in [model.graph] + list(model.graph.subgraphs()):

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import onnx
 
+import onnx_ir as ir
+
 from ...core.errors import ModelError
+from .. import external
 from .graphs import all_graphs
 
 _A = onnx.AttributeProto
@@ -203,8 +206,10 @@ def external_constants_to_initializers(proto: onnx.ModelProto) -> int:
 
 
 def data_folder(source) -> Path | None:
-    """The folder a model file's external data paths are relative to, its real folder (None for bytes and
-    protos)."""
+    """The folder a model file's external data paths are relative to, its real folder; an onnx_ir model's, the one
+    its external tensors read from (None for bytes and protos)."""
     if isinstance(source, (str, os.PathLike)):
         return model_folders(source)[0]
+    if isinstance(source, ir.Model):
+        return external.folder_of(source)
     return None

@@ -21,8 +21,13 @@ def read_proto(source) -> onnx.ModelProto:
     if isinstance(source, onnx.ModelProto):
         refuse_external(source, "model")
         return source
-    if isinstance(source, ir.Model):
-        return ir.serde.serialize_model(source)
+    if isinstance(source, ir.Model):  # its external tensors read from the folder they were attached to
+        proto, folder = ir.serde.serialize_model(source), data_folder(source)
+        if folder is None:
+            refuse_external(proto, "model")
+        else:
+            check_files(proto, folder / "model.onnx", f"model (data in {folder})")
+        return proto
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise ModelError("model bytes are empty; pass the content of an .onnx file")
