@@ -160,11 +160,13 @@ def _refuse_declared_misfit(light: onnx.ModelProto, exc: Exception, proto: onnx.
     node = next((n for n in light.graph.node if n.name == node_name), None)
     if node is None or node.domain not in ("", "ai.onnx") or "Inference error" in why:
         return
-    if not any(_passes_with(light, proto, node_name, change) for change in (0, -1, 1)):
+    fits = next((change for change in (0, 1, -1) if _passes_with(light, proto, node_name, change)), None)
+    if fits is None:
         return
+    rank = {0: "", 1: "; it takes them with one axis more", -1: "; it takes them with one axis fewer"}[fits]
     raise InputError(f"{name}: the declared input shape(s) {_declared(proto)} do not fit the graph: node "
-                     f"{node_name} ({op}) cannot take them ({why[:160]}); give the shapes the model was exported "
-                     "for (--input-shape NAME=DxD..., input_shapes=) or fix the export")
+                     f"{node_name} ({op}) cannot take them ({why[:160]}{rank}); give the shapes the model was "
+                     "exported for (--input-shape NAME=DxD..., input_shapes=) or fix the export")
 
 
 def _passes_with(light: onnx.ModelProto, proto: onnx.ModelProto, node_name: str, change: int) -> bool:
