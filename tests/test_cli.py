@@ -404,7 +404,10 @@ BAD = {
     "custom-domain op": (lambda t: ["explain", _digits(t, _custom_op), SAMPLES / "batch.npy", "-o", t / "o.npy"],
                          "com.example::Foo (opset 1) [/features/features.2/Relu]: no handler for this op"),
     "input rank changed": (lambda t: ["explain", _digits(t, _drop_input_axis), SAMPLES / "batch.npy", "-o",
-                                      t / "o.npy"], "malformed: input of rank 3 for a weight of rank 4"),
+                                      t / "o.npy"],
+                           "the declared input shape(s) image batchx16x16 do not fit the graph: node "
+                           "/features/features.0/Conv (Conv) cannot take them (Attribute dilations has incorrect size; "
+                           "it takes them with one axis more)"),
     "conv strides 0": (lambda t: ["explain", _digits(t, _set_attr("/features/features.0/Conv", "strides", [0, 0])),
                                   SAMPLES / "batch.npy", "-o", t / "o.npy"], "malformed: strides=[0, 0]"),
     "conv group 0": (lambda t: ["explain", _digits(t, _set_attr("/features/features.0/Conv", "group", 0)),

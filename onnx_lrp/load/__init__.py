@@ -19,6 +19,7 @@ from .fold import check_sizes, fold_constants, mark_shape_only, name_everything,
 from .passes import canonize, control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
 from .proto.check import check
 from .proto.digest import data_files, model_sha256
+from .proto.external_data import data_folder
 from .proto.evaluate import condition_evaluator
 from .proto.inputs import bind_constants, fix_input_shapes
 from .proto.opset import MAX_OPSET, MIN_OPSET, opset_of
@@ -54,9 +55,7 @@ def load(source, name: str | None = None, constants: dict | None = None,
     model.graph.sort()
     # re-inferred shapes can make more Shape/Gather chains static (a channel split after a shuffle's reshape), and
     # folding them can fix more shapes: repeat while something changes
-    for _ in range(16):
-        if not refresh_shapes(model) or not fold_constants(model):
-            break
+    fixpoint([RefreshAndFold()], 16, model)
     check_sizes(model.graph, name)
     mark_shape_only(model.graph)
     mark_presumed(model.graph)  # custom ops of unknown output type: presumed to carry relevance (then refused)
@@ -88,22 +87,57 @@ def deployed_forms(model: ir.Model) -> list[str]:
 def unroll_control_flow(model: ir.Model) -> int:
     """Unroll Loop/Scan and inline If where they are static, folding constants between rounds (an unrolled loop
     can expose a nested one with a now-constant trip count)."""
-    total = 0
-    unroll = control_flow.ControlFlow(condition_evaluator)
-    for _ in range(8):
+    unroll = UnrollRound()
+    fixpoint([unroll], 8, model)
+    return unroll.total
+
+
+def fixpoint(passes: list, steps: int, model: ir.Model) -> bool:
+    """Run ``passes`` in order, again while a round modifies the model, at most ``steps`` rounds (onnx_ir's
+    PassManager); the error a pass raises comes out as itself (not wrapped in onnx_ir's PassError). Whether any
+    round modified the model."""
+    try:
+        return ir.passes.PassManager(passes, steps=steps)(model).modified
+    except ir.passes.PassError as exc:
+        cause: BaseException = exc
+        while isinstance(cause, ir.passes.PassError) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        if cause is exc:
+            raise
+        raise cause from None
+
+
+class RefreshAndFold(ir.passes.InPlacePass):
+    """One round of the last fixpoint: shapes re-inferred; if that changed any, constants folded; modified when
+    both changed something."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return ir.passes.PassResult(model, bool(refresh_shapes(model)) and bool(fold_constants(model)))
+
+
+class UnrollRound(ir.passes.InPlacePass):
+    """One round of control-flow unrolling: static Loop/Scan unrolled and constant If inlined, then constants
+    folded, shapes refreshed and constants folded again; modified when something was unrolled (``total``: how
+    many over all rounds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.unroll = control_flow.ControlFlow(condition_evaluator)
+        self.total = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
         if not any(n.op_type in ("Loop", "Scan", "If") for n in model.graph):
-            break
-        done = unroll.apply(model, Report())
-        if not done:
-            break
-        total += done
-        fold_constants(model)
-        refresh_shapes(model)
-        fold_constants(model)
-    return total
+            return ir.passes.PassResult(model, False)
+        done = self.unroll.apply(model, Report())
+        if done:
+            self.total += done
+            fold_constants(model)
+            refresh_shapes(model)
+            fold_constants(model)
+        return ir.passes.PassResult(model, bool(done))
 
 
 __all__ = ["load", "deployed_forms", "unroll_control_flow", "read_proto", "prepare_proto", "to_ir", "serialize",
            "deserialize", "check", "save_bytes", "bind_constants", "fix_input_shapes", "fold_constants",
            "refresh_shapes", "mark_shape_only", "opset_of", "MIN_OPSET", "MAX_OPSET", "serialize_parts", "save_parts",
-           "data_files", "model_sha256"]
+           "data_files", "model_sha256", "data_folder", "fixpoint"]

@@ -2,7 +2,7 @@
 
 One protobuf cannot exceed 2 GiB, and copying every weight into one doubles the memory. So a model file is read
 without its external data (``onnx.load(..., load_external_data=False)``: only the graph;
-``proto.external_data.check_files`` checks the data files: inside the model's folder, long enough); the ``onnx_ir``
+``proto.external_data.check_files`` checks the data files: inside the model's real folder, long enough); the ``onnx_ir``
 model reads them memory-mapped (``ExternalTensor``, :func:`attach`); checks and shape inference see the graph with
 the large weights as typed inputs (``proto.check.light_proto``, :func:`weightless`); and onnxruntime gets
 :class:`Parts`: the graph as bytes, the folder its external data lives in
@@ -37,6 +37,23 @@ def attach(model: ir.Model, folder: Path | None) -> ir.Model:
     if folder is not None:
         ir.external_data.set_base_dir(model.graph, str(folder))
     return model
+
+
+def folder_of(model: ir.Model) -> Path | None:
+    """The folder an onnx_ir model's external tensors (initializers and attribute tensors, subgraphs too) read their
+    files from (:func:`attach`), or None when it has none; several folders: one-line ModelError."""
+    tensors = [t for _, t in _initializers(model)]
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for a in node.attributes.values():
+            if a.type == ir.AttributeType.TENSOR:
+                tensors.append(a.value)
+            elif a.type == ir.AttributeType.TENSORS:
+                tensors.extend(a.value)
+    folders = {str(t.base_dir) for t in tensors if isinstance(t, ir.ExternalTensor) and t.location != MEMORY}
+    if len(folders) > 1:
+        raise ModelError(f"the model's external data lies in several folders ({', '.join(sorted(folders))}); "
+                         "keep the data files beside the model")
+    return Path(folders.pop()).absolute() if folders else None
 
 
 def _initializers(model: ir.Model):

@@ -24,7 +24,7 @@ class Forward:
                  batch_size: int = 256):
         if prob not in ("softmax", "logit"):
             raise InputError(f"prob must be 'softmax' or 'logit', not {prob!r}")
-        ir_model = load.to_ir(load.read_proto(model))
+        ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
         graph = ir_model.graph
         value = next((o for n in graph for o in n.outputs if o.name == tensor), None)
         value = value or next((v for v in graph.inputs if v.name == tensor), None)

@@ -95,7 +95,7 @@ def cascade(model, seed: int = 42, order: str = "top_down"):
     asking for the next."""
     if order not in ("top_down", "bottom_up"):
         raise InputError(f"unknown layer order {order!r}; use top_down or bottom_up")
-    ir_model = load.to_ir(load.read_proto(model))
+    ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
     layers = parameter_layers(ir_model.graph)
     if not layers:
         raise InputError("the model has no layers with parameters (Conv, Gemm, MatMul, normalisations with "

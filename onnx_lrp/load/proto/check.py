@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import shape_inference
 
-from ...core.errors import ModelError
+from ...core.errors import InputError, ModelError
 from .. import external
 
 
@@ -97,10 +97,35 @@ def light_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def check_types(proto: onnx.ModelProto, name: str) -> None:
     """Refuse a standard op given a data type its schema does not allow (e.g. a Conv on int32: an input whose type
-    was changed), and ops whose input shapes contradict each other (a declared input size the rest of the graph was
-    not exported for). Strict inference lists the error of each node; ops of other domains have no schema and
-    pass."""
-    light = onnx.ModelProto()  # large initializers matter by type and shape only: typed inputs, no data copied
+    was changed), ops whose input shapes contradict each other (a declared input size the rest of the graph was
+    not exported for) and declared input shapes the graph cannot take (:func:`_refuse_declared_misfit`). Strict
+    inference lists the error of each node; ops of other domains have no schema and pass."""
+    light = _typed_light(proto)
+    try:
+        shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
+    except Exception as exc:  # onnx.shape_inference.InferenceError
+        text = " ".join(str(exc).split())
+        if "type" in text.lower() and ("typestr" in text or "Type Error" in text or "unsupported type" in text
+                                       or "inconsistent type" in text or "type mismatch" in text.lower()):
+            raise ModelError(f"{name}: {text[:300]}; the data types do not fit the ops (re-export the model)") \
+                from None
+        # a complaint about a node's input shapes; not one about its attributes (the op handlers name those
+        # "malformed" more precisely), nor one from inside a function body's inference (onnx's own expansions,
+        # e.g. MeanVarianceNormalization's, draw some on valid models)
+        conflict = next((m for m in SHAPE_CONFLICT.finditer(str(exc))
+                         if "Inference error" not in m.group(3) and "ttribute" not in m.group(3)), None)
+        if conflict:
+            op, node, why = conflict.groups()
+            raise ModelError(f"{name}: the shapes do not fit at node {node} ({op}: {why.strip()}), from the "
+                             f"declared input shape(s) {_declared(proto)}; give the shapes the model was exported "
+                             "for (--input-shape NAME=DxD..., input_shapes=) or fix the export") from None
+        _refuse_declared_misfit(light, exc, proto, name)
+
+
+def _typed_light(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The main graph for strict inference: large initializers as typed inputs (no data copied), every node named
+    (as the loader will name it), the outputs' declared shapes dropped."""
+    light = onnx.ModelProto()
     light.ir_version = proto.ir_version
     light.opset_import.extend(proto.opset_import)
     light.functions.extend(proto.functions)
@@ -120,24 +145,50 @@ def check_types(proto: onnx.ModelProto, name: str) -> None:
             g.initializer.append(init)
         elif init.name not in names:
             g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
+def _refuse_declared_misfit(light: onnx.ModelProto, exc: Exception, proto: onnx.ModelProto, name: str) -> None:
+    """InputError when the first node strict inference fails on is a standard op that passes once the graph inputs
+    are declared with other sizes (their rank kept, sizes unknown) or one axis fewer or more: the declared shapes
+    are what the graph cannot take (a rank-3 image for a 2-D Conv). A node that fails whatever the inputs' shapes
+    (a malformed attribute: the op handlers name it) or of another domain is left alone."""
+    first = INFERENCE_ERROR.search(str(exc))
+    if first is None:
+        return
+    op, node_name, why = first.group(1), first.group(2), " ".join(first.group(4).split())
+    node = next((n for n in light.graph.node if n.name == node_name), None)
+    if node is None or node.domain not in ("", "ai.onnx") or "Inference error" in why:
+        return
+    fits = next((change for change in (0, 1, -1) if _passes_with(light, proto, node_name, change)), None)
+    if fits is None:
+        return
+    rank = {0: "", 1: "; it takes them with one axis more", -1: "; it takes them with one axis fewer"}[fits]
+    raise InputError(f"{name}: the declared input shape(s) {_declared(proto)} do not fit the graph: node "
+                     f"{node_name} ({op}) cannot take them ({why[:160]}{rank}); give the shapes the model was "
+                     "exported for (--input-shape NAME=DxD..., input_shapes=) or fix the export")
+
+
+def _passes_with(light: onnx.ModelProto, proto: onnx.ModelProto, node_name: str, change: int) -> bool:
+    """Whether strict inference passes node ``node_name`` once every declared graph input (with a shape) has its
+    rank changed by ``change`` and unknown sizes."""
+    free = onnx.ModelProto()
+    free.CopyFrom(light)
+    declared = {v.name for v in proto.graph.input}
+    for v in free.graph.input:
+        if v.name not in declared or not v.type.HasField("tensor_type") or \
+                not v.type.tensor_type.HasField("shape"):
+            continue
+        rank = len(v.type.tensor_type.shape.dim) + change
+        if rank < 0:
+            return False
+        v.type.tensor_type.ClearField("shape")
+        v.type.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in range(rank))
     try:
-        shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
-    except Exception as exc:  # onnx.shape_inference.InferenceError
-        text = " ".join(str(exc).split())
-        if "type" in text.lower() and ("typestr" in text or "Type Error" in text or "unsupported type" in text
-                                       or "inconsistent type" in text or "type mismatch" in text.lower()):
-            raise ModelError(f"{name}: {text[:300]}; the data types do not fit the ops (re-export the model)") \
-                from None
-        # a complaint about a node's input shapes; not one about its attributes (the op handlers name those
-        # "malformed" more precisely), nor one from inside a function body's inference (onnx's own expansions,
-        # e.g. MeanVarianceNormalization's, draw some on valid models)
-        conflict = next((m for m in SHAPE_CONFLICT.finditer(str(exc))
-                         if "Inference error" not in m.group(3) and "ttribute" not in m.group(3)), None)
-        if conflict:
-            op, node, why = conflict.groups()
-            raise ModelError(f"{name}: the shapes do not fit at node {node} ({op}: {why.strip()}), from the "
-                             f"declared input shape(s) {_declared(proto)}; give the shapes the model was exported "
-                             "for (--input-shape NAME=DxD..., input_shapes=) or fix the export") from None
+        shape_inference.infer_shapes(free, check_type=True, strict_mode=True)
+    except Exception as again:  # noqa: BLE001 - onnx.shape_inference.InferenceError
+        return not any(m.group(2) == node_name for m in INFERENCE_ERROR.finditer(str(again)))
+    return True
 
 
 def check_recorded_sizes(proto: onnx.ModelProto, recorded: list, name: str) -> None:
@@ -180,6 +231,7 @@ def _types_only(values) -> list:
 
 # strict shape inference's complaint about a node's input shapes (not a type left unknown after an earlier error)
 SHAPE_CONFLICT = re.compile(r"\(op_type:(\w+), node name: ([^\n]*?)\): \[ShapeInferenceError\] ([^\n]*)")
+INFERENCE_ERROR = re.compile(r"\(op_type:(\w+), node name: ([^\n]*?)\): \[(\w+)\] ([^\n]*)")
 
 
 def _declared(proto: onnx.ModelProto) -> str:

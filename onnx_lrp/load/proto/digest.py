@@ -4,16 +4,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .external_data import external_tensors
+from .external_data import data_folder, external_tensors
 from .read import read_proto
 
 
 def data_files(path) -> list[Path]:
-    """The external data files a model file names (each once)."""
-    path = Path(path)
-    proto = read_proto(path)
+    """The external data files a model file names (each once; as read: in the model's real folder)."""
+    proto = read_proto(Path(path))
     names = {e.value for t in external_tensors(proto) for e in t.external_data if e.key == "location"}
-    return [path.parent / n for n in sorted(names)]
+    return [data_folder(path) / n for n in sorted(names)]
 
 
 def model_sha256(path) -> str:

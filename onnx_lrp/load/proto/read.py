@@ -9,7 +9,7 @@ import onnx
 import onnx_ir as ir
 
 from ...core.errors import ModelError
-from .external_data import check_files, data_folder, external_constants_to_initializers
+from .external_data import check_files, data_folder, external_constants_to_initializers, refuse_external
 from .fixups import initializers_not_inputs, negative_dims_dynamic
 from .inputs import bind_constants, fix_input_shapes
 from .prepare import prepare_proto
@@ -19,17 +19,25 @@ from .serialize import to_ir
 def read_proto(source) -> onnx.ModelProto:
     """A ModelProto from a path, bytes or a ModelProto, with external data; one-line errors."""
     if isinstance(source, onnx.ModelProto):
+        refuse_external(source, "model")
         return source
-    if isinstance(source, ir.Model):
-        return ir.serde.serialize_model(source)
+    if isinstance(source, ir.Model):  # its external tensors read from the folder they were attached to
+        proto, folder = ir.serde.serialize_model(source), data_folder(source)
+        if folder is None:
+            refuse_external(proto, "model")
+        else:
+            check_files(proto, folder / "model.onnx", f"model (data in {folder})")
+        return proto
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise ModelError("model bytes are empty; pass the content of an .onnx file")
         try:
-            return onnx.load_model_from_string(bytes(source))
+            proto = onnx.load_model_from_string(bytes(source))
         except Exception as exc:  # protobuf DecodeError and friends
             raise ModelError(f"model bytes are not a valid ONNX model ({type(exc).__name__}); "
                              "check that the file is complete") from None
+        refuse_external(proto, "model bytes")
+        return proto
     if not isinstance(source, (str, os.PathLike)):
         raise ModelError(f"model must be a path, bytes or an onnx.ModelProto, not {type(source).__name__}")
     path = Path(os.fspath(source))
@@ -46,8 +54,9 @@ def read_proto(source) -> onnx.ModelProto:
                          f"{str(exc).splitlines()[0] if str(exc) else 'cannot parse'}); it may be truncated or "
                          "not an ONNX file") from None
     external_constants_to_initializers(proto)
-    # external data stays in its files (memory-mapped by the onnx_ir model, read by onnxruntime): checked, not loaded
-    check_files(proto, path.parent, f"model file {path}")
+    # external data: checked against the model's real folder, never the working directory; initializers' data stays
+    # in its files (memory-mapped by the onnx_ir model, read by onnxruntime), attribute and sparse tensors read in
+    check_files(proto, path, f"model file {path}")
     return proto
 
 
