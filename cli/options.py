@@ -30,7 +30,7 @@ from onnx_lrp.io.kinds import UNIT_RANGE, is_kind
 from .io import parse_floats, parse_size
 
 
-DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/build/auto_composite.py
+DEFAULT_COMPOSITE = "auto"  # chosen per network: onnx_lrp/building/auto_composite.py
 
 
 def composite_option(f):
@@ -232,7 +232,7 @@ BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say 
 
 def precision_note(ex) -> str:
     """`` (float16)`` in a summary line when the relevance model computes in the model's own type, else ``""``."""
-    kind = getattr(ex, "model_precision", "float32")
+    kind = ex.model_precision
     return "" if kind == "float32" else f" ({kind})"
 
 

@@ -34,7 +34,7 @@ from .linear import Epsilon, LinearRule, Norm
 BUILTIN_DIR = Path(__file__).resolve().parent / "composites"
 BASE_DIR = BUILTIN_DIR / "base"  # shared blocks that composites can `extends`
 MATCH_KEYS = {"op_type", "kind", "name", "first_linear"}
-AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/choice.py)
+AUTO = "auto"  # the default: chosen per network once it is loaded (onnx_lrp/building/auto_composite.py)
 AUTO_DESCRIPTION = ("epsilon-plus-flat for networks with ReLU-like activations (or none), attnlrp for any other "
                     "non-linearity (SiLU, GELU, hard-swish, Mish, sigmoid gates, attention)")
 

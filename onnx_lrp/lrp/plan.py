@@ -160,9 +160,9 @@ def unsupported_hint(graph: ir.Graph, p: Plan, composite: CompositeView) -> str:
     if bad and all(a.reason.startswith("control flow:") for a in bad):
         return f"{full}."  # the reason says what to do
     if bad and all(a.op is None and a.kind == Kind.UNKNOWN for a in bad):
-        return f"{full}; add a handler in onnx_lrp/ops (a composite can map only ops that have one)."
+        return f"{full}; add a handler in onnx_lrp/lrp/ops (a composite can map only ops that have one)."
     return (f"{full}; give them a rule in a composite file (rule = \"pass\" only for element-wise ops that keep "
-            "their input's relevance) or add a handler in onnx_lrp/ops.")
+            "their input's relevance) or add a handler in onnx_lrp/lrp/ops.")
 
 
 def check_bounds(p: Plan, composite: CompositeView) -> None:
