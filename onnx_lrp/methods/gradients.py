@@ -1,0 +1,123 @@
+"""The gradient family in the relevance graph: the relevance model built with the ``gradient`` rule on every node
+(each op's own vector-Jacobian product) and started from 1 at the target (``start="one-hot"``) returns, as the input
+relevance, the true gradient of the explained entry w.r.t. the input — no division by the input anywhere, so inputs
+at 0 are no special case. Every gradient-family method is that graph run at other inputs: the integration points or
+the noisy samples stacked along the batch axis, as many rows per onnxruntime run as the memory budget allows.
+
+Ops whose ``gradient`` rule is not their true gradient, or that have none (products of two activations, gates,
+LayerNorm with its scale held, recurrent ops), are refused when the graph is built, naming the node."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.errors import InputError, UnsupportedError
+from ..core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT
+from ..rules.composite import parse_composite
+from ..run import launch
+from .integration import alphas_and_steps
+from .options import RunSettings
+
+_TEXT = ('name = "true-gradient"\n'
+         'description = "the gradient of the explained entry: every op\'s own vector-Jacobian product"\n'
+         '[[rules]]\nrule = "gradient"\n')
+ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
+
+
+def gradient_composite():
+    """The composite of the true gradient: the ``gradient`` rule on every node."""
+    return parse_composite(_TEXT, "<methods: true gradient>")
+
+
+class GradientRunner:
+    """The true-gradient relevance model of ``model``, built once: :meth:`gradients` runs it on stacked rows."""
+
+    def __init__(self, model, settings: RunSettings = RunSettings()):
+        self.settings = settings
+        try:
+            self.runner = launch.runner(model, composite=gradient_composite(), output=settings.output,
+                                        explain_logits=False, start="one-hot", device=settings.device,
+                                        threads=settings.threads)
+        except UnsupportedError as exc:
+            raise UnsupportedError(f"no gradient through the model: {exc}") from None
+        if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
+            raise InputError(f"the gradient methods take a model with one float input for now; this one has "
+                             f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
+        self.spec = self.runner.inputs[0]
+        if self.spec.dtype.kind != "f" or self.runner.relevance_inputs[0] != self.spec.name:
+            raise InputError(f"input {self.spec.name!r} is {np.dtype(self.spec.dtype).name}, not float: gradient "
+                             "methods need a float input (token ids: no baseline in their space yet; use LRP)")
+        self.sequence = self.runner.sequence_rows is not None or self.runner.whole
+        if self.sequence:
+            raise InputError(f"the gradient methods explain one entry per item; output "
+                             f"{self.runner.explained_output!r} is a sequence or has no batch axis (use LRP)")
+
+    def batch(self, x) -> tuple[np.ndarray, bool]:
+        """``x`` checked and cast, with its batch axis; and whether it came without one."""
+        a = self.runner.checked_feeds(x)[self.spec.name]
+        return a, a.ndim != np.ndim(x)
+
+    def targets(self, x: np.ndarray, target) -> np.ndarray:
+        """One target per item of ``x``; None: the arg-max of the output at ``x`` (one run)."""
+        t = self.runner.checked_targets(target, x.shape[0])
+        if np.any(t < 0):
+            t = np.asarray(self.run(x, t)[TARGET_OUTPUT], np.int64).reshape(-1)
+        return t
+
+    def rows_per_run(self, x: np.ndarray) -> int:
+        if self.spec.dims and self.spec.dims[0] == 1:
+            return 1  # exported with a fixed batch of 1
+        if self.settings.internal_batch_size is not None:
+            return self.settings.internal_batch_size
+        row = max(1, x[:1].nbytes) * ROW_FACTOR
+        return max(1, self.settings.memory_budget // row)
+
+    def run(self, rows: np.ndarray, targets: np.ndarray) -> dict:
+        feeds = {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype), TARGET_INPUT: targets,
+                 ONE_HOT_INPUT: np.array(True)}
+        return self.runner.run_bound(feeds)
+
+    def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """The gradient of each row's target entry w.r.t. the row, in chunks of :meth:`rows_per_run` rows."""
+        step = self.rows_per_run(rows)
+        name = RELEVANCE_PREFIX + self.spec.name
+        parts = [self.run(rows[i:i + step], targets[i:i + step])[name] for i in range(0, len(rows), step)]
+        g = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if not np.all(np.isfinite(g)):
+            raise InputError("the gradient is not finite at some of the inputs (an overflow in the model's forward "
+                             "or at a point of the path); check the input's scale")
+        return g
+
+
+def gradient(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
+    g = gr.gradients(x, targets)
+    return np.abs(g) if options.abs else g
+
+
+def gradient_x_input(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
+    return gr.gradients(x, targets) * x
+
+
+def baselines_for(x: np.ndarray, baselines, name: str = "baselines") -> np.ndarray:
+    """The baseline broadcast to ``x``'s shape (float64); None: zeros."""
+    b = np.zeros(()) if baselines is None else np.asarray(baselines, np.float64)
+    try:
+        return np.broadcast_to(b, x.shape)
+    except ValueError:
+        raise InputError(f"{name} of shape {b.shape} do not broadcast to the input's shape {x.shape}") from None
+
+
+def integrated_gradients(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
+    """captum's IntegratedGradients: sum_k step_k * grad(b + alpha_k (x - b)) * (x - b), the steps stacked along the
+    batch axis (step-major, as captum stacks them)."""
+    alphas, steps = alphas_and_steps(options.integration, options.n_steps)
+    b = baselines_for(x, options.baselines)
+    diff = x.astype(np.float64) - b
+    rows = (b[None] + alphas.reshape((-1,) + (1,) * x.ndim) * diff[None]).astype(x.dtype)
+    n = len(alphas)
+    g = gr.gradients(rows.reshape((n * x.shape[0],) + x.shape[1:]), np.tile(targets, n))
+    total = np.tensordot(steps, g.reshape((n,) + x.shape).astype(np.float64), axes=1)
+    return (total * diff).astype(x.dtype)
+
+
+__all__ = ["GradientRunner", "gradient_composite", "gradient", "gradient_x_input", "integrated_gradients",
+           "baselines_for"]
