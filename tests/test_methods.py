@@ -4,6 +4,7 @@ Sigmoid and an inner Softmax), gradient x input, Integrated Gradients under ever
 VarGrad with the same noise fed to both, Occlusion exactly up to float rounding; and the refusals, one line each."""
 from __future__ import annotations
 
+import copy
 import io
 import warnings
 
@@ -107,7 +108,7 @@ def test_gradient_x_input_at_zero_input(cnn):
     x0 = x.copy()
     x0[:, :, :3] = 0.0
     t = _targets(len(x0))
-    ref = captum_attr.InputXGradient(module).attribute(torch.tensor(x0), target=torch.tensor(t)).numpy()
+    ref = captum_attr.InputXGradient(module).attribute(torch.tensor(x0), target=torch.tensor(t)).detach().numpy()
     got = attribute(onnx_bytes, x0, "gradient-x-input", target=t)
     assert _rel(got, ref) <= TOL
     assert np.all(got[:, :, :3] == 0)
@@ -123,7 +124,7 @@ def test_integrated_gradients_every_rule(net, integration):
         torch.tensor(x), baselines=torch.tensor(base), target=torch.tensor(t), n_steps=12, method=integration)
     got = attribute(onnx_bytes, x, "integrated-gradients", target=t, baselines=base, n_steps=12,
                     integration=integration, internal_batch_size=7)  # 7: chunks that cut through the steps
-    assert _rel(got, ref.numpy()) <= TOL
+    assert _rel(got, ref.detach().numpy()) <= TOL
 
 
 def test_integrated_gradients_scalar_baseline_and_completeness(mlp):
@@ -133,7 +134,7 @@ def test_integrated_gradients_scalar_baseline_and_completeness(mlp):
     ref = captum_attr.IntegratedGradients(module).attribute(torch.tensor(x), baselines=0.5, target=torch.tensor(t),
                                                             n_steps=64)
     got = attribute(onnx_bytes, x, "integrated-gradients", target=t, baselines=0.5, n_steps=64)
-    assert _rel(got, ref.numpy()) <= TOL
+    assert _rel(got, ref.detach().numpy()) <= TOL
     with torch.no_grad():
         fx = module(torch.tensor(x))[np.arange(len(x)), t].numpy()
         fb = module(torch.full_like(torch.tensor(x), 0.5))[np.arange(len(x)), t].numpy()
@@ -159,7 +160,14 @@ def test_noise_tunnel_same_noise(net, nt_type):
     method = "vargrad" if nt_type == "vargrad" else "smoothgrad"
     extra = {} if method == "vargrad" else {"nt_type": nt_type}
     got = attribute(onnx_bytes, x, method, target=t, noise=noise, **extra)
-    assert _rel(got, ref) <= TOL
+    tol = TOL
+    if nt_type == "vargrad":  # E[a^2] - E[a]^2 cancels: captum's own float32 result is off by more than 1e-5
+        torch.manual_seed(11)
+        ref64 = captum_attr.NoiseTunnel(captum_attr.Saliency(copy.deepcopy(module).double())).attribute(
+            torch.tensor(x, dtype=torch.float64), nt_type=nt_type, nt_samples=4, stdevs=0.2,
+            target=torch.tensor(t), abs=False).numpy()
+        assert _rel(got, ref64) <= 3 * max(_rel(ref, ref64), TOL / 3), (_rel(got, ref64), _rel(ref, ref64))
+    assert _rel(got, ref) <= max(tol, 1e-4 if nt_type == "vargrad" else tol)
 
 
 def test_smoothgrad_of_integrated_gradients_and_of_gxi(mlp):
@@ -169,12 +177,12 @@ def test_smoothgrad_of_integrated_gradients_and_of_gxi(mlp):
     noise = np.random.default_rng(7).normal(scale=0.1, size=(3,) + x.shape).astype(np.float32)
     ig = captum_attr.IntegratedGradients(module)
     ref = np.mean([ig.attribute(torch.tensor(x + e), target=torch.tensor(t), n_steps=8,
-                                method="riemann_middle").numpy() for e in noise], axis=0)
+                                method="riemann_middle").detach().numpy() for e in noise], axis=0)
     got = attribute(onnx_bytes, x, "smoothgrad", target=t, noise=noise, base="integrated-gradients",
                     base_options={"n_steps": 8, "integration": "riemann_middle"})
     assert _rel(got, ref) <= TOL
     gxi = captum_attr.InputXGradient(module)
-    ref = np.mean([gxi.attribute(torch.tensor(x + e), target=torch.tensor(t)).numpy() for e in noise], axis=0)
+    ref = np.mean([gxi.attribute(torch.tensor(x + e), target=torch.tensor(t)).detach().numpy() for e in noise], axis=0)
     assert _rel(attribute(onnx_bytes, x, "smoothgrad", target=t, noise=noise, base="gradient-x-input"), ref) <= TOL
 
 
@@ -197,7 +205,7 @@ def test_seeded_noise_repeats(mlp):
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
-@pytest.mark.parametrize("window,strides", [((3, 3, 3), (1, 2, 2)), ((1, 4, 4), 4), ((3, 5, 3), (2, 3, 2))])
+@pytest.mark.parametrize("window,strides", [((3, 3, 3), (1, 2, 2)), ((1, 4, 4), (1, 4, 4)), ((3, 5, 3), (2, 3, 2))])
 def test_occlusion_is_captums(cnn, window, strides):
     module, onnx_bytes, x = cnn
     t = _targets(len(x))
@@ -280,4 +288,4 @@ def test_argmax_path_refused_naming_the_node():
     onnx_bytes = _export(Picked().eval(), x)
     with pytest.raises(UnsupportedError) as exc:
         attribute(onnx_bytes, x, "gradient", target=0)
-    _one_line(exc, "ArgMax")
+    _one_line(exc, "ArgMax", "/ArgMax", "occlusion")

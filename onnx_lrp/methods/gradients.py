@@ -9,7 +9,9 @@ LayerNorm with its scale held, recurrent ops), are refused when the graph is bui
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
+from .. import load as loader
 from ..core.errors import InputError, UnsupportedError
 from ..core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT
 from ..rules.composite import parse_composite
@@ -21,6 +23,31 @@ _TEXT = ('name = "true-gradient"\n'
          'description = "the gradient of the explained entry: every op\'s own vector-Jacobian product"\n'
          '[[rules]]\nrule = "gradient"\n')
 ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
+
+
+#: ops whose output is piecewise constant in their input (or an integer): no gradient passes them
+STOPS = {"ArgMax", "ArgMin", "Round", "Floor", "Ceil", "Sign", "Equal", "Less", "Greater", "LessOrEqual",
+         "GreaterOrEqual", "NonZero", "IsNaN", "IsInf"}
+
+
+def non_differentiable(model) -> list[dict]:
+    """The nodes reachable from a model input that pass no gradient (:data:`STOPS`, casts to integers), as
+    :class:`UnsupportedError` lists them; called to explain a refusal (it loads the model once more)."""
+    forward = loader.load(model)
+    reached = {v.name for v in forward.graph.inputs}
+    found = []
+    for node in forward.graph:
+        if not any(v is not None and v.name in reached for v in node.inputs):
+            continue
+        to = node.attributes.get("to")
+        integer = node.op_type == "Cast" and to is not None and ir.DataType(to.as_int()).is_integer()
+        if node.op_type in STOPS or integer:
+            found.append({"name": node.name, "op_type": node.op_type, "domain": node.domain,
+                          "opset": forward.opset_imports.get(node.domain or "", 0),
+                          "reason": "no gradient (piecewise constant or integer output) on the path from the input"})
+            continue
+        reached.update(o.name for o in node.outputs)
+    return found
 
 
 def gradient_composite():
@@ -38,7 +65,13 @@ class GradientRunner:
                                         explain_logits=False, start="one-hot", device=settings.device,
                                         threads=settings.threads)
         except UnsupportedError as exc:
-            raise UnsupportedError(f"no gradient through the model: {exc}") from None
+            stops = non_differentiable(model)
+            if stops:
+                raise UnsupportedError(stops, "the gradient methods need a gradient from the output to the input; "
+                                       "use occlusion (forwards only) or LRP") from None
+            exc.args = (f"no gradient through the model (the gradient methods need every op's own gradient): "
+                        f"{exc}",)
+            raise
         if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
             raise InputError(f"the gradient methods take a model with one float input for now; this one has "
                              f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
