@@ -289,3 +289,27 @@ def test_argmax_path_refused_naming_the_node():
     with pytest.raises(UnsupportedError) as exc:
         attribute(onnx_bytes, x, "gradient", target=0)
     _one_line(exc, "ArgMax", "/ArgMax", "occlusion")
+
+
+class Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.ln, self.b = nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.ln(self.a(x))))
+
+
+def test_layernorm_refused_not_held_scale_gradient():
+    """LayerNorm's rules hold its scale: that is not the true gradient, so the gradient methods refuse it (naming
+    the node) instead of returning a gradient 100 % off; occlusion (forwards only) still explains the model."""
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).normal(size=(2, 6)).astype(np.float32)
+    module = Normed().eval()
+    onnx_bytes = _export(module, x)
+    with pytest.raises(UnsupportedError) as exc:
+        attribute(onnx_bytes, x, "integrated-gradients", target=0)
+    _one_line(exc, "LayerNormalization", "/ln/LayerNormalization", "occlusion")
+    ref = captum_attr.Occlusion(module).attribute(torch.tensor(x), sliding_window_shapes=(2,), target=0).numpy()
+    got = attribute(onnx_bytes, x, "occlusion", target=0, sliding_window_shapes=(2,))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=np.abs(ref).max() * 4e-6)

@@ -8,20 +8,21 @@ Ops whose ``gradient`` rule is not their true gradient, or that have none (produ
 LayerNorm with its scale held, recurrent ops), are refused when the graph is built, naming the node."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import onnx_ir as ir
 
 from .. import load as loader
 from ..core.errors import InputError, UnsupportedError
 from ..core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT
-from ..rules.composite import parse_composite
+from ..rules.base import Rule, make_rule
+from ..rules.composite import Composite, Entry
 from ..run import launch
 from .integration import alphas_and_steps
 from .options import RunSettings
 
-_TEXT = ('name = "true-gradient"\n'
-         'description = "the gradient of the explained entry: every op\'s own vector-Jacobian product"\n'
-         '[[rules]]\nrule = "gradient"\n')
 ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
 
 
@@ -50,9 +51,24 @@ def non_differentiable(model) -> list[dict]:
     return found
 
 
-def gradient_composite():
-    """The composite of the true gradient: the ``gradient`` rule on every node."""
-    return parse_composite(_TEXT, "<methods: true gradient>")
+@dataclass(frozen=True)
+class HeldScale(Rule):
+    """Refuses the normalisations whose rules hold the scale (std, rms) constant: their ``gradient`` rule is the
+    gradient with the scale held, not the true one (which also runs through the mean and the std)."""
+
+    name: ClassVar[str] = "true-gradient"
+
+    def fits(self, op) -> str | None:
+        return ("its true gradient (through the normalising mean and std) is not written yet: onnx-lrp's rules "
+                "hold the scale constant; use occlusion, or LRP (attnlrp)")
+
+
+def gradient_composite() -> Composite:
+    """The composite of the true gradient: the ``gradient`` rule (each op's own vector-Jacobian product) on every
+    node; normalisations with a held scale refused (:class:`HeldScale`)."""
+    return Composite("true-gradient", (Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
+                                       Entry({}, make_rule("gradient"))),
+                     "the gradient of the explained entry: every op's own vector-Jacobian product", "<methods>")
 
 
 class GradientRunner:
@@ -69,9 +85,8 @@ class GradientRunner:
             if stops:
                 raise UnsupportedError(stops, "the gradient methods need a gradient from the output to the input; "
                                        "use occlusion (forwards only) or LRP") from None
-            exc.args = (f"no gradient through the model (the gradient methods need every op's own gradient): "
-                        f"{exc}",)
-            raise
+            raise UnsupportedError(exc.nodes, "the gradient methods need every op's own gradient; use occlusion "
+                                   "(forwards only) or LRP") from None
         if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
             raise InputError(f"the gradient methods take a model with one float input for now; this one has "
                              f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
