@@ -313,3 +313,17 @@ def test_layernorm_refused_not_held_scale_gradient():
     ref = captum_attr.Occlusion(module).attribute(torch.tensor(x), sliding_window_shapes=(2,), target=0).numpy()
     got = attribute(onnx_bytes, x, "occlusion", target=0, sliding_window_shapes=(2,))
     np.testing.assert_allclose(got, ref, rtol=0, atol=np.abs(ref).max() * 4e-6)
+
+
+def test_gradient_of_a_softmax_output_is_of_the_probability(mlp):
+    """A model whose output is a softmax: the gradient methods explain the output as it is (captum's convention),
+    not the logits behind it (LRP's)."""
+    module, _, x = mlp
+    wrapped = nn.Sequential(module, nn.Softmax(dim=1)).eval()
+    onnx_bytes = _export(wrapped, x)
+    t = _targets(len(x))
+    base = np.full_like(x, -0.2)
+    ref = captum_attr.IntegratedGradients(wrapped).attribute(torch.tensor(x), baselines=torch.tensor(base),
+                                                             target=torch.tensor(t), n_steps=16).detach().numpy()
+    got = attribute(onnx_bytes, x, "integrated-gradients", target=t, baselines=base, n_steps=16)
+    assert _rel(got, ref) <= TOL
