@@ -327,3 +327,33 @@ def test_gradient_of_a_softmax_output_is_of_the_probability(mlp):
                                                              target=torch.tensor(t), n_steps=16).detach().numpy()
     got = attribute(onnx_bytes, x, "integrated-gradients", target=t, baselines=base, n_steps=16)
     assert _rel(got, ref) <= TOL
+
+
+def test_memory_budget_chunks_give_the_same_result(cnn):
+    """A budget of one row per run: IG's 2 x 6 stacked rows in 12 runs, the same numbers as in one run."""
+    _, onnx_bytes, x = cnn
+    whole = attribute(onnx_bytes, x, "integrated-gradients", target=[0, 3], n_steps=6, internal_batch_size=12)
+    tiny = attribute(onnx_bytes, x, "integrated-gradients", target=[0, 3], n_steps=6, memory_budget=1)
+    np.testing.assert_allclose(tiny, whole, rtol=1e-6, atol=1e-7 * np.abs(whole).max())
+
+
+def test_more_refusals_one_line(cnn):
+    _, onnx_bytes, x = cnn
+    with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "occlusion", target=1, sliding_window_shapes=(1, 2, 2), strides=(1, 3, 3))
+    _one_line(exc, "strides", "skipped")
+    with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "smoothgrad", target=1, noise=np.zeros((3, 2, 3, 8, 7), np.float32))
+    _one_line(exc, "noise has shape", "(3, 2, 3, 8, 7)")
+    with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "vargrad", target=1, nt_type="smoothgrad")
+    _one_line(exc, "vargrad")
+    with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "smoothgrad", target=1, base="occlusion")
+    _one_line(exc, "base 'occlusion'")
+    with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "gradient", target=7)
+    _one_line(exc, "target 7", "5 entries")
+    with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "occlusion", target=7, sliding_window_shapes=(3, 4, 4), strides=4)
+    _one_line(exc, "target 7", "5 entries")
