@@ -357,3 +357,15 @@ def test_more_refusals_one_line(cnn):
     with pytest.raises(InputError) as exc:
         attribute(onnx_bytes, x, "occlusion", target=7, sliding_window_shapes=(3, 4, 4), strides=4)
     _one_line(exc, "target 7", "5 entries")
+
+
+def test_occlusion_single_item_float64_and_argmax(cnn):
+    """One item without its batch axis, in float64 (cast to the model's float32), target None: the arg-max."""
+    module, onnx_bytes, x = cnn
+    with torch.no_grad():
+        t = int(module(torch.tensor(x[1:])).argmax())
+    ref = captum_attr.Occlusion(module).attribute(torch.tensor(x[1:]), sliding_window_shapes=(3, 2, 2), strides=2,
+                                                   target=t).numpy()[0]
+    got = attribute(onnx_bytes, x[1].astype(np.float64), "occlusion", sliding_window_shapes=(3, 2, 2), strides=2)
+    assert got.shape == x[1].shape
+    np.testing.assert_allclose(got, ref, rtol=0, atol=np.abs(ref).max() * 4e-6)

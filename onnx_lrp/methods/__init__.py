@@ -88,12 +88,7 @@ class Attributor:
         return t if np.all(t >= 0) else np.asarray(self.engine.explain(xb, target=t).target, np.int64).reshape(-1)
 
     def _occlusion(self, x, target):
-        a = np.asarray(x)
-        if a.dtype.kind not in "fiu":
-            raise InputError(f"the input must be a numeric array, not {a.dtype}")
-        rank = len(self.engine.session.inputs()[0].shape)
-        bare = a.ndim == rank - 1
-        a = a[None] if bare else a
+        a, bare = self.engine.prepared(x)
         if target is not None and np.any(np.asarray(target) < 0):
             raise InputError(f"target must be >= 0, not {target!r}")
         out = occlusion.occlusion(self.engine, a, target, self.options)

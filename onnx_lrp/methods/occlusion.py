@@ -52,7 +52,20 @@ class Forward:
                              f"({', '.join(self.session.output_names)})")
         self.settings = settings
 
+    def prepared(self, x) -> tuple[np.ndarray, bool]:
+        """``x`` as the model takes it (its element type, with the batch axis) and whether it came without one."""
+        a = np.asarray(x)
+        spec = self.session.inputs()[0]
+        want = self.session.input_types.get(self.input)
+        kind = None if want is None else np.dtype(want).kind
+        if a.dtype.kind not in "fiu" or kind is None or (kind in "iu" and a.dtype.kind == "f"):
+            raise InputError(f"input {self.input!r} wants {spec.type}, not an array of {a.dtype}")
+        bare = a.ndim == len(spec.shape) - 1
+        return (a[None] if bare else a).astype(want, copy=False), bare
+
     def rows_per_run(self, x: np.ndarray) -> int:
+        if self.session.inputs()[0].shape[:1] == [1]:
+            return 1  # exported with a fixed batch of 1
         if self.settings.internal_batch_size is not None:
             return self.settings.internal_batch_size
         return max(1, self.settings.memory_budget // (max(1, x[:1].nbytes) * ROW_FACTOR))
