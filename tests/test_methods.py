@@ -369,3 +369,16 @@ def test_occlusion_single_item_float64_and_argmax(cnn):
     got = attribute(onnx_bytes, x[1].astype(np.float64), "occlusion", sliding_window_shapes=(3, 2, 2), strides=2)
     assert got.shape == x[1].shape
     np.testing.assert_allclose(got, ref, rtol=0, atol=np.abs(ref).max() * 4e-6)
+
+
+def test_smoothgrad_of_a_composite_with_argmax_target(cnn):
+    """target None with an LRP base: the arg-max at the clean input, kept for every noisy sample."""
+    import onnx_lrp
+    module, onnx_bytes, x = cnn
+    with torch.no_grad():
+        t = module(torch.tensor(x)).argmax(1).numpy()
+    noise = np.random.default_rng(9).normal(scale=0.5, size=(2,) + x.shape).astype(np.float32)
+    explainer = onnx_lrp.Explainer(onnx_bytes, composite="epsilon")
+    ref = np.mean([explainer.explain(x + e, target=t).relevance for e in noise], axis=0)
+    got = attribute(onnx_bytes, x, "smoothgrad", noise=noise, base="epsilon")
+    assert _rel(got, ref) <= TOL

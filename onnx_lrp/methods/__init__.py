@@ -85,7 +85,7 @@ class Attributor:
         if isinstance(self.engine, gradients.GradientRunner):
             return self.engine.targets(xb, target)
         t = self.engine.checked_targets(target, xb.shape[0])
-        return t if np.all(t >= 0) else np.asarray(self.engine.explain(xb, target=t).target, np.int64).reshape(-1)
+        return t if np.all(t >= 0) else np.asarray(self.engine.explain(xb).target, np.int64).reshape(-1)
 
     def _occlusion(self, x, target):
         a, bare = self.engine.prepared(x)
