@@ -382,3 +382,35 @@ def test_smoothgrad_of_a_composite_with_argmax_target(cnn):
     ref = np.mean([explainer.explain(x + e, target=t).relevance for e in noise], axis=0)
     got = attribute(onnx_bytes, x, "smoothgrad", noise=noise, base="epsilon")
     assert _rel(got, ref) <= TOL
+
+
+class Residual(nn.Module):
+    """A ResNet basic block (conv-BN-ReLU-conv-BN + skip), a global average pool, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.c1, self.b1 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.c2, self.b2 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(h + self.b2(self.c2(torch.relu(self.b1(self.c1(h))))))
+        return self.head(nn.functional.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+def test_residual_block_gradient_and_ig():
+    torch.manual_seed(4)
+    module = Residual().eval()
+    with torch.no_grad():
+        for bn in (module.b1, module.b2):
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.running_mean.uniform_(-0.3, 0.3)
+    x = np.random.default_rng(4).normal(size=(2, 3, 6, 6)).astype(np.float32)
+    onnx_bytes = _export(module, x)
+    t = np.array([0, 2])
+    ref = captum_attr.Saliency(module).attribute(torch.tensor(x), target=torch.tensor(t), abs=False).numpy()
+    assert _rel(attribute(onnx_bytes, x, "gradient", target=t), ref) <= TOL
+    ref = captum_attr.IntegratedGradients(module).attribute(torch.tensor(x), target=torch.tensor(t), n_steps=10)
+    assert _rel(attribute(onnx_bytes, x, "integrated-gradients", target=t, n_steps=10), ref.detach().numpy()) <= TOL
