@@ -414,3 +414,38 @@ def test_residual_block_gradient_and_ig():
     assert _rel(attribute(onnx_bytes, x, "gradient", target=t), ref) <= TOL
     ref = captum_attr.IntegratedGradients(module).attribute(torch.tensor(x), target=torch.tensor(t), n_steps=10)
     assert _rel(attribute(onnx_bytes, x, "integrated-gradients", target=t, n_steps=10), ref.detach().numpy()) <= TOL
+
+
+class Products(nn.Module):
+    """Products of two activations and a sigmoid gate (h * sigmoid(s)), one attention head (Q K^T, softmax, A V),
+    and an ArgMax of the logits as a second output (off the explained path: no refusal)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.q, self.k, self.v, self.o = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(20, 3)
+
+    def forward(self, x):
+        h, u = self.a(x), self.c(x)
+        h = u * torch.sigmoid(h) + torch.tanh(u) * h
+        att = torch.softmax(self.q(h) @ self.k(h).transpose(1, 2) / 2.0, dim=-1)
+        y = self.o((att @ self.v(h)).flatten(1))
+        return y, y.argmax(dim=1)
+
+
+def test_products_gates_attention_take_the_product_rule():
+    torch.manual_seed(6)
+    module = Products().eval()
+    x = np.random.default_rng(6).normal(size=(2, 5, 4)).astype(np.float32)
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.tensor(x),), f, input_names=["x"], output_names=["y", "label"],
+                          opset_version=17, dynamo=False, dynamic_axes={"x": {0: "N"}})
+    first = lambda inp: module(inp)[0]  # noqa: E731
+    t = np.array([2, 0])
+    ref = captum_attr.Saliency(first).attribute(torch.tensor(x), target=torch.tensor(t), abs=False).numpy()
+    assert _rel(attribute(f.getvalue(), x, "gradient", target=t), ref) <= TOL
+    ref = captum_attr.IntegratedGradients(first).attribute(torch.tensor(x), target=torch.tensor(t), n_steps=8)
+    got = attribute(f.getvalue(), x, "integrated-gradients", target=t, n_steps=8)
+    assert _rel(got, ref.detach().numpy()) <= TOL

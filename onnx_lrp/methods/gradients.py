@@ -4,12 +4,14 @@ relevance, the true gradient of the explained entry w.r.t. the input — no divi
 at 0 are no special case. Every gradient-family method is that graph run at other inputs: the integration points or
 the noisy samples stacked along the batch axis, as many rows per onnxruntime run as the memory budget allows.
 
-Ops whose ``gradient`` rule is not their true gradient, or that have none (products of two activations, gates,
-LayerNorm with its scale held, recurrent ops), are refused when the graph is built, naming the node."""
+Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`). Ops
+whose ``gradient`` rule is not their true gradient, or that have none (LayerNorm and the other normalisations with
+their scale held, recurrent ops, quotients of activations), and ops on the path that pass no gradient (ArgMax,
+casts to integers, ...), are refused before anything runs, naming the node."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import numpy as np
 import onnx_ir as ir
@@ -17,7 +19,9 @@ import onnx_ir as ir
 from .. import load as loader
 from ..core.errors import InputError, UnsupportedError
 from ..core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT
-from ..rules.base import Rule, make_rule
+from ..lrp.families import Family, FamilyRule, family_table
+from ..rules.base import Rule
+from ..rules.elementwise import Gradient
 from ..rules.composite import Composite, Entry
 from ..run import launch
 from .integration import alphas_and_steps
@@ -31,10 +35,24 @@ STOPS = {"ArgMax", "ArgMin", "Round", "Floor", "Ceil", "Sign", "Equal", "Less", 
          "GreaterOrEqual", "NonZero", "IsNaN", "IsInf"}
 
 
-def non_differentiable(model) -> list[dict]:
-    """The nodes reachable from a model input that pass no gradient (:data:`STOPS`, casts to integers), as
-    :class:`UnsupportedError` lists them; called to explain a refusal (it loads the model once more)."""
+def _upstream(value) -> set:
+    """The nodes ``value`` depends on (ids)."""
+    seen, stack = set(), [value]
+    while stack:
+        node = stack.pop().producer()
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(v for v in node.inputs if v is not None)
+    return seen
+
+
+def non_differentiable(model, output: str | None = None) -> list[dict]:
+    """The nodes between a model input and the explained output that pass no gradient (:data:`STOPS`, casts to
+    integers), as :class:`UnsupportedError` lists them (autograd would take 0 for their gradient; the methods
+    refuse instead). It loads the model once more."""
     forward = loader.load(model)
+    outputs = {v.name: v for v in forward.graph.outputs}
+    upstream = _upstream(outputs.get(output) or forward.graph.outputs[0])
     reached = {v.name for v in forward.graph.inputs}
     found = []
     for node in forward.graph:
@@ -42,7 +60,7 @@ def non_differentiable(model) -> list[dict]:
             continue
         to = node.attributes.get("to")
         integer = node.op_type == "Cast" and to is not None and ir.DataType(to.as_int()).is_integer()
-        if node.op_type in STOPS or integer:
+        if (node.op_type in STOPS or integer) and id(node) in upstream:
             found.append({"name": node.name, "op_type": node.op_type, "domain": node.domain,
                           "opset": forward.opset_imports.get(node.domain or "", 0),
                           "reason": "no gradient (piecewise constant or integer output) on the path from the input"})
@@ -63,11 +81,35 @@ class HeldScale(Rule):
                 "hold the scale constant; use occlusion, or LRP (attnlrp)")
 
 
+def _product_gradient(rule, em, layer, r_outs):
+    """The product rule: each activation factor gets J_i^T g (the others held), the whole gradient, not a share."""
+    op, node = layer.op, layer.node
+    idx = op.relevance_inputs(node)
+    if r_outs[0] is None:
+        return [None] * len(idx)
+    return [op.vjp(em, node, r_outs[0], i) for i in idx]
+
+
+def _gate_gradient(rule, em, layer, r_outs):
+    """A gate h * sigmoid(s): the product rule on its two factors (the gate's own gradient runs on through s)."""
+    return layer.op.as_product(em, layer, rule, r_outs, grad=False)
+
+
+@dataclass(frozen=True)
+class TrueGradient(Gradient):
+    """The ``gradient`` rule with the product rule on products of two activations and on gates (the registered
+    ``gradient`` rule refuses them: LRP shares their relevance instead)."""
+
+    families: ClassVar[Mapping[Family, FamilyRule]] = family_table({
+        **Gradient.families, Family.PRODUCT: FamilyRule(_product_gradient),
+        Family.GATE: FamilyRule(_gate_gradient)})
+
+
 def gradient_composite() -> Composite:
     """The composite of the true gradient: the ``gradient`` rule (each op's own vector-Jacobian product) on every
     node; normalisations with a held scale refused (:class:`HeldScale`)."""
     return Composite("true-gradient", (Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
-                                       Entry({}, make_rule("gradient"))),
+                                       Entry({}, TrueGradient())),
                      "the gradient of the explained entry: every op's own vector-Jacobian product", "<methods>")
 
 
@@ -76,17 +118,17 @@ class GradientRunner:
 
     def __init__(self, model, settings: RunSettings = RunSettings()):
         self.settings = settings
+        stops = non_differentiable(model, settings.output)
+        if stops:
+            raise UnsupportedError(stops, "The gradient methods need a gradient from the output to the input: "
+                                   "use occlusion (forwards only) or LRP.")
         try:
             self.runner = launch.runner(model, composite=gradient_composite(), output=settings.output,
                                         explain_logits=False, start="one-hot", device=settings.device,
                                         threads=settings.threads)
         except UnsupportedError as exc:
-            stops = non_differentiable(model)
-            if stops:
-                raise UnsupportedError(stops, "the gradient methods need a gradient from the output to the input; "
-                                       "use occlusion (forwards only) or LRP") from None
-            raise UnsupportedError(exc.nodes, "the gradient methods need every op's own gradient; use occlusion "
-                                   "(forwards only) or LRP") from None
+            raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
+                                   "(forwards only) or LRP.") from None
         if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
             raise InputError(f"the gradient methods take a model with one float input for now; this one has "
                              f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
