@@ -1,7 +1,8 @@
 """onnx_lrp.methods (issue 36, first phase) against captum 0.9 on the same small torch models exported with
 torch.onnx: the true gradient from the relevance graph (a ReLU CNN with BatchNorm and MaxPool; an MLP with Tanh,
 Sigmoid and an inner Softmax), gradient x input, Integrated Gradients under every integration rule, SmoothGrad /
-VarGrad with the same noise fed to both, Occlusion exactly up to float rounding; and the refusals, one line each."""
+VarGrad with the same noise fed to both, Occlusion exactly up to float rounding; a residual block, products of
+activations, gates and attention (the product rule); and the refusals, one line each."""
 from __future__ import annotations
 
 import copy
