@@ -347,6 +347,9 @@ def test_more_refusals_one_line(cnn):
         attribute(onnx_bytes, x, "smoothgrad", target=1, noise=np.zeros((3, 2, 3, 8, 7), np.float32))
     _one_line(exc, "noise has shape", "(3, 2, 3, 8, 7)")
     with pytest.raises(InputError) as exc:
+        attribute(onnx_bytes, x, "smoothgrad", target=1, nt_samples=4, noise=np.zeros((3,) + x.shape, np.float32))
+    _one_line(exc, "noise has 3 samples", "nt_samples says 4")
+    with pytest.raises(InputError) as exc:
         attribute(onnx_bytes, x, "vargrad", target=1, nt_type="smoothgrad")
     _one_line(exc, "vargrad")
     with pytest.raises(InputError) as exc:

@@ -91,7 +91,7 @@ class NoiseTunnelOptions:
     (smoothgrad), mean of squares (smoothgrad_sq) or variance (vargrad)."""
 
     nt_type: str = "smoothgrad"
-    nt_samples: int = 5
+    nt_samples: int | None = None  # None: noise's samples, else 5 (captum's default)
     stdevs: float = 1.0
     seed: int | None = None
     noise: object = None
@@ -101,7 +101,8 @@ class NoiseTunnelOptions:
     def __post_init__(self):
         if self.nt_type not in NT_TYPES:
             raise InputError(f"nt_type must be one of {', '.join(NT_TYPES)}, not {self.nt_type!r}")
-        _int("nt_samples", self.nt_samples)
+        if self.nt_samples is not None:
+            _int("nt_samples", self.nt_samples)
         if isinstance(self.stdevs, bool) or not isinstance(self.stdevs, numbers.Real) or not self.stdevs >= 0:
             raise InputError(f"stdevs must be a number >= 0, not {self.stdevs!r}")
         if self.seed is not None:
@@ -115,8 +116,12 @@ class NoiseTunnelOptions:
             noise = np.asarray(self.noise)
             if noise.dtype.kind != "f" or noise.ndim < 1 or not np.all(np.isfinite(noise)):
                 raise InputError("noise must be a finite float array of samples x input shape")
+            if self.nt_samples is not None and self.nt_samples != noise.shape[0]:
+                raise InputError(f"noise has {noise.shape[0]} samples, nt_samples says {self.nt_samples}: give one "
+                                 "of them (or the two alike)")
             object.__setattr__(self, "noise", noise)
-            object.__setattr__(self, "nt_samples", int(noise.shape[0]))
+        object.__setattr__(self, "nt_samples", 5 if self.noise is None and self.nt_samples is None else
+                           int(self.nt_samples if self.noise is None else self.noise.shape[0]))
 
 
 @dataclass(frozen=True, eq=False)
