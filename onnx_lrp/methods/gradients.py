@@ -1,0 +1,213 @@
+"""The gradient family in the relevance graph: the relevance model built with the ``gradient`` rule on every node
+(each op's own vector-Jacobian product) and started from 1 at the target (``start="one-hot"``) returns, as the input
+relevance, the true gradient of the explained entry w.r.t. the input — no division by the input anywhere, so inputs
+at 0 are no special case. Every gradient-family method is that graph run at other inputs: the integration points or
+the noisy samples stacked along the batch axis, as many rows per onnxruntime run as the memory budget allows.
+
+Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`). Ops
+whose ``gradient`` rule is not their true gradient, or that have none (LayerNorm and the other normalisations with
+their scale held, recurrent ops, quotients of activations), and ops on the path that pass no gradient (ArgMax,
+casts to integers, ...), are refused before anything runs, naming the node."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import load as loader
+from ..core.errors import InputError, UnsupportedError
+from ..core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT
+from ..lrp.families import Family, FamilyRule, family_table
+from ..rules.base import Rule
+from ..rules.elementwise import Gradient
+from ..rules.composite import Composite, Entry
+from ..run import launch
+from .integration import alphas_and_steps
+from .options import RunSettings
+
+ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
+
+
+#: ops whose output is piecewise constant in their input (or an integer): no gradient passes them
+STOPS = {"ArgMax", "ArgMin", "Round", "Floor", "Ceil", "Sign", "Equal", "Less", "Greater", "LessOrEqual",
+         "GreaterOrEqual", "NonZero", "IsNaN", "IsInf"}
+
+
+def _upstream(value) -> set:
+    """The nodes ``value`` depends on (ids)."""
+    seen, stack = set(), [value]
+    while stack:
+        node = stack.pop().producer()
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(v for v in node.inputs if v is not None)
+    return seen
+
+
+def non_differentiable(model, output: str | None = None) -> list[dict]:
+    """The nodes between a model input and the explained output that pass no gradient (:data:`STOPS`, casts to
+    integers), as :class:`UnsupportedError` lists them (autograd would take 0 for their gradient; the methods
+    refuse instead). It loads the model once more."""
+    forward = loader.load(model)
+    outputs = {v.name: v for v in forward.graph.outputs}
+    upstream = _upstream(outputs.get(output) or forward.graph.outputs[0])
+    reached = {v.name for v in forward.graph.inputs}
+    found = []
+    for node in forward.graph:
+        if not any(v is not None and v.name in reached for v in node.inputs):
+            continue
+        to = node.attributes.get("to")
+        integer = node.op_type == "Cast" and to is not None and ir.DataType(to.as_int()).is_integer()
+        if (node.op_type in STOPS or integer) and id(node) in upstream:
+            found.append({"name": node.name, "op_type": node.op_type, "domain": node.domain,
+                          "opset": forward.opset_imports.get(node.domain or "", 0),
+                          "reason": "no gradient (piecewise constant or integer output) on the path from the input"})
+            continue
+        reached.update(o.name for o in node.outputs)
+    return found
+
+
+@dataclass(frozen=True)
+class HeldScale(Rule):
+    """Refuses the normalisations whose rules hold the scale (std, rms) constant: their ``gradient`` rule is the
+    gradient with the scale held, not the true one (which also runs through the mean and the std)."""
+
+    name: ClassVar[str] = "true-gradient"
+
+    def fits(self, op) -> str | None:
+        return ("its true gradient (through the normalising mean and std) is not written yet: onnx-lrp's rules "
+                "hold the scale constant; use occlusion, or LRP (attnlrp)")
+
+
+def _product_gradient(rule, em, layer, r_outs):
+    """The product rule: each activation factor gets J_i^T g (the others held), the whole gradient, not a share."""
+    op, node = layer.op, layer.node
+    idx = op.relevance_inputs(node)
+    if r_outs[0] is None:
+        return [None] * len(idx)
+    return [op.vjp(em, node, r_outs[0], i) for i in idx]
+
+
+def _gate_gradient(rule, em, layer, r_outs):
+    """A gate h * sigmoid(s): the product rule on its two factors (the gate's own gradient runs on through s)."""
+    return layer.op.as_product(em, layer, rule, r_outs, grad=False)
+
+
+@dataclass(frozen=True)
+class TrueGradient(Gradient):
+    """The ``gradient`` rule with the product rule on products of two activations and on gates (the registered
+    ``gradient`` rule refuses them: LRP shares their relevance instead)."""
+
+    families: ClassVar[Mapping[Family, FamilyRule]] = family_table({
+        **Gradient.families, Family.PRODUCT: FamilyRule(_product_gradient),
+        Family.GATE: FamilyRule(_gate_gradient)})
+
+
+def gradient_composite() -> Composite:
+    """The composite of the true gradient: the ``gradient`` rule (each op's own vector-Jacobian product) on every
+    node; normalisations with a held scale refused (:class:`HeldScale`)."""
+    return Composite("true-gradient", (Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
+                                       Entry({}, TrueGradient())),
+                     "the gradient of the explained entry: every op's own vector-Jacobian product", "<methods>")
+
+
+class GradientRunner:
+    """The true-gradient relevance model of ``model``, built once: :meth:`gradients` runs it on stacked rows."""
+
+    def __init__(self, model, settings: RunSettings = RunSettings()):
+        self.settings = settings
+        stops = non_differentiable(model, settings.output)
+        if stops:
+            raise UnsupportedError(stops, "The gradient methods need a gradient from the output to the input: "
+                                   "use occlusion (forwards only) or LRP.")
+        try:
+            self.runner = launch.runner(model, composite=gradient_composite(), output=settings.output,
+                                        explain_logits=False, start="one-hot", device=settings.device,
+                                        threads=settings.threads)
+        except UnsupportedError as exc:
+            raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
+                                   "(forwards only) or LRP.") from None
+        if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
+            raise InputError(f"the gradient methods take a model with one float input for now; this one has "
+                             f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
+        self.spec = self.runner.inputs[0]
+        if self.spec.dtype.kind != "f" or self.runner.relevance_inputs[0] != self.spec.name:
+            raise InputError(f"input {self.spec.name!r} is {np.dtype(self.spec.dtype).name}, not float: gradient "
+                             "methods need a float input (token ids: no baseline in their space yet; use LRP)")
+        self.sequence = self.runner.sequence_rows is not None or self.runner.whole
+        if self.sequence:
+            raise InputError(f"the gradient methods explain one entry per item; output "
+                             f"{self.runner.explained_output!r} is a sequence or has no batch axis (use LRP)")
+
+    def batch(self, x) -> tuple[np.ndarray, bool]:
+        """``x`` checked and cast, with its batch axis; and whether it came without one."""
+        a = self.runner.checked_feeds(x)[self.spec.name]
+        return a, a.ndim != np.ndim(x)
+
+    def targets(self, x: np.ndarray, target) -> np.ndarray:
+        """One target per item of ``x``; None: the arg-max of the output at ``x`` (one run)."""
+        t = self.runner.checked_targets(target, x.shape[0])
+        if np.any(t < 0):
+            t = np.asarray(self.run(x, t)[TARGET_OUTPUT], np.int64).reshape(-1)
+        return t
+
+    def rows_per_run(self, x: np.ndarray) -> int:
+        if self.spec.dims and self.spec.dims[0] == 1:
+            return 1  # exported with a fixed batch of 1
+        if self.settings.internal_batch_size is not None:
+            return self.settings.internal_batch_size
+        row = max(1, x[:1].nbytes) * ROW_FACTOR
+        return max(1, self.settings.memory_budget // row)
+
+    def run(self, rows: np.ndarray, targets: np.ndarray) -> dict:
+        feeds = {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype), TARGET_INPUT: targets,
+                 ONE_HOT_INPUT: np.array(True)}
+        return self.runner.run_bound(feeds)
+
+    def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """The gradient of each row's target entry w.r.t. the row, in chunks of :meth:`rows_per_run` rows."""
+        step = self.rows_per_run(rows)
+        name = RELEVANCE_PREFIX + self.spec.name
+        parts = [self.run(rows[i:i + step], targets[i:i + step])[name] for i in range(0, len(rows), step)]
+        g = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if not np.all(np.isfinite(g)):
+            raise InputError("the gradient is not finite at some of the inputs (an overflow in the model's forward "
+                             "or at a point of the path); check the input's scale")
+        return g
+
+
+def gradient(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
+    g = gr.gradients(x, targets)
+    return np.abs(g) if options.abs else g
+
+
+def gradient_x_input(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
+    return gr.gradients(x, targets) * x
+
+
+def baselines_for(x: np.ndarray, baselines, name: str = "baselines") -> np.ndarray:
+    """The baseline broadcast to ``x``'s shape (float64); None: zeros."""
+    b = np.zeros(()) if baselines is None else np.asarray(baselines, np.float64)
+    try:
+        return np.broadcast_to(b, x.shape)
+    except ValueError:
+        raise InputError(f"{name} of shape {b.shape} do not broadcast to the input's shape {x.shape}") from None
+
+
+def integrated_gradients(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
+    """captum's IntegratedGradients: sum_k step_k * grad(b + alpha_k (x - b)) * (x - b), the steps stacked along the
+    batch axis (step-major, as captum stacks them)."""
+    alphas, steps = alphas_and_steps(options.integration, options.n_steps)
+    b = baselines_for(x, options.baselines)
+    diff = x.astype(np.float64) - b
+    rows = (b[None] + alphas.reshape((-1,) + (1,) * x.ndim) * diff[None]).astype(x.dtype)
+    n = len(alphas)
+    g = gr.gradients(rows.reshape((n * x.shape[0],) + x.shape[1:]), np.tile(targets, n))
+    total = np.tensordot(steps, g.reshape((n,) + x.shape).astype(np.float64), axes=1)
+    return (total * diff).astype(x.dtype)
+
+
+__all__ = ["GradientRunner", "gradient_composite", "gradient", "gradient_x_input", "integrated_gradients",
+           "baselines_for"]
