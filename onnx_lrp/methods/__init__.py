@@ -50,8 +50,9 @@ class Attributor:
         if options.base in METHODS:
             raise InputError(f"base {options.base!r} cannot be smoothed: give gradient, gradient-x-input, "
                              "integrated-gradients or an LRP composite name")
-        lrp = launch.runner(model, composite=options.base, output=self.settings.output, device=self.settings.device,
-                            threads=self.settings.threads, **dict(options.base_options))
+        lrp = launch.runner(model, launch.ExplainOptions.from_keywords(
+            options.base, self.settings.device, output=self.settings.output, threads=self.settings.threads,
+            **dict(options.base_options)))
         return lrp, lambda eng, rows, t: eng.explain(rows, target=t).relevance
 
     def attribute(self, x, target=None) -> np.ndarray:

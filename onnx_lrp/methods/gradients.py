@@ -123,9 +123,9 @@ class GradientRunner:
             raise UnsupportedError(stops, "The gradient methods need a gradient from the output to the input: "
                                    "use occlusion (forwards only) or LRP.")
         try:
-            self.runner = launch.runner(model, composite=gradient_composite(), output=settings.output,
-                                        explain_logits=False, start="one-hot", device=settings.device,
-                                        threads=settings.threads)
+            self.runner = launch.runner(model, launch.ExplainOptions.from_keywords(
+                gradient_composite(), settings.device, output=settings.output, explain_logits=False,
+                start="one-hot", threads=settings.threads))
         except UnsupportedError as exc:
             raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
                                    "(forwards only) or LRP.") from None
