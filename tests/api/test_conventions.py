@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,11 +24,11 @@ import onnx_lrp
 import onnx_lrp.plot
 from onnx_lrp.cli.main import main
 from onnx_lrp.io import heatmap as hm
+from util import GOLDENS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DIGITS = str(ROOT / "models" / "digits_cnn.onnx")
 X = np.load(ROOT / "models" / "samples" / "batch.npy")  # [10, 1, 16, 16]
-RGB = ROOT / "tests" / "goldens" / "quantus_rgb.npz"
+RGB = GOLDENS / "quantus_rgb.npz"
 HIDDEN = "/classifier/classifier.2/Relu_output_0"
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 # where each package's source lives (pyproject.toml's package-dir)
 PACKAGE_DIRS = {"onnx_lrp": ROOT / "onnx_lrp", "onnx_lrp.rules": ROOT / "rules", "onnx_lrp.cli": ROOT / "cli"}
 # the root package is the public facade (``__version__``, the lazy ``Explainer`` / ``explain_dataset``): modules may

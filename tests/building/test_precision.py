@@ -9,9 +9,7 @@ the float32 twin; bfloat16 (no CPU kernels) is refused in one line. CUDA itself 
 """
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,9 +22,9 @@ from onnx_lrp.lrp import rewriter
 from onnx_lrp.core.errors import InputError
 from onnx_lrp.rules.composite import load_composite
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
 import bigmodels  # noqa: E402
 from families import FAMILIES  # noqa: E402
+from util import rel_l2
 
 FLOAT, F16, BF16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
 LOW = {"float16": F16, "bfloat16": BF16}
@@ -34,11 +32,6 @@ MATRIX_OPS = precision.MATRIX_OPS
 TYPE_ONLY = {"Cast", "Shape", "Size", "CastLike"}
 STABILISER_OPS = {"Add", "Sub", "Mul", "Clip", "Where", "Max", "Min", "Abs", "Neg", "Relu", "Sign", "Equal", "Greater",
                   "GreaterOrEqual", "Less", "LessOrEqual", "Not", "Identity"}  # what the rules' stabilisers are made of
-
-
-def rel_l2(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def _relevance_model(path, composite, params, dtype=None) -> tuple[onnx.ModelProto, int]:

@@ -24,8 +24,8 @@ from onnx_lrp.cli import heatmap as hm
 from onnx_lrp.cli.io import AtomicOutputs, OutputError
 from onnx_lrp.cli.main import main
 from onnx_lrp.rules.composite import builtin_names, load_composite
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 DIGITS = MODELS / "digits_cnn.onnx"
 SAMPLES = MODELS / "samples"

@@ -15,21 +15,19 @@ import json
 import os
 import shlex
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from util import make_model, node, to_bytes
+from util import ROOT, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.cli.main import COMMANDS, main
 from onnx_lrp.core.errors import LrpWarning
 from onnx_lrp.rules.composite import builtin_names
 
-ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples"
 X = np.load(SAMPLES / "batch.npy")  # [10, 1, 16, 16] in [0, 1]; the PNGs hold exactly X * 255

@@ -9,20 +9,18 @@ import subprocess
 import sys
 import warnings
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from util import make_model, node, to_bytes
+from util import ROOT, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.run import runtime
 from onnx_lrp.cli.main import COMMANDS, main
 from onnx_lrp.core.errors import DeviceError, LrpWarning, UnsupportedError
 
-ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 PNG = ROOT / "models" / "samples" / "png"
 

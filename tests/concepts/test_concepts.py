@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,20 +20,12 @@ import pytest
 import onnx_lrp
 from onnx_lrp.concepts import RelMax
 from onnx_lrp.core.errors import InputError
+from util import GOLDENS, ROOT, rel_l2_items
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLD = ROOT / "tests" / "goldens" / "crp"
+GOLD = GOLDENS / "crp"
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 TOL, SHARE_TOL = 1e-4, 1e-5
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "torchvision", "zennit"))
-
-
-def rel_l2(a, ref) -> np.ndarray:
-    a = np.asarray(a, np.float64).reshape(len(a), -1)
-    ref = np.asarray(ref, np.float64).reshape(len(ref), -1)
-    norm = np.linalg.norm(ref, axis=1)
-    assert np.all(norm > 0), "an all-zero reference"
-    return np.linalg.norm(a - ref, axis=1) / norm
 
 
 # ------------------------------------------------------------------------------------------- zennit-crp parity
@@ -73,10 +64,10 @@ def test_crp_parity_heatmaps(crp_case, exclude_parallel):
                               exclude_parallel=exclude_parallel, record=meta["record"])
     tag = f"ep{int(exclude_parallel)}"
     assert res.heatmaps.shape == (len(concepts),) + gold["x"].shape[1:]
-    assert np.max(rel_l2(res.heatmaps.sum(1), gold[f"{tag}/heatmap"])) <= TOL
+    assert np.max(rel_l2_items(res.heatmaps.sum(1), gold[f"{tag}/heatmap"])) <= TOL
     for name, module in zip(meta["record"], meta["record_modules"]):
         assert res.relevance_at[name].shape == gold[f"{tag}/{module}"].shape
-        assert np.max(rel_l2(res.relevance_at[name], gold[f"{tag}/{module}"])) <= TOL, name
+        assert np.max(rel_l2_items(res.relevance_at[name], gold[f"{tag}/{module}"])) <= TOL, name
     assert np.allclose(res.shares, [gold["shares"][g].sum() for g in concepts], atol=SHARE_TOL)
 
 
@@ -115,7 +106,7 @@ def test_crp_parity_relmax(crp_case):
     assert np.array_equal(rm.rf[apart], gold["relmax/rf"][apart])
     heat = rm.reference_heatmaps(xs, [int(c) for c in gold["relmax/show"]], count=1)
     for c, ref in zip(gold["relmax/show"], gold["relmax/heatmaps"]):
-        assert rel_l2(heat[int(c)][:1].sum(1), ref[None])[0] <= TOL
+        assert rel_l2_items(heat[int(c)][:1].sum(1), ref[None])[0] <= TOL
 
 
 @pytest.mark.slow
@@ -173,8 +164,8 @@ def test_seeded_equals_masked_without_skip_connections(digits):
     a = ex.explain_concepts(x, None, LAYER, concepts="top:3", exclude_parallel=True, record=[BELOW])
     b = ex.explain_concepts(x, None, LAYER, concepts="top:3", exclude_parallel=False, record=[BELOW])
     assert a.concepts == b.concepts and len(a.concepts) == 3
-    assert np.max(rel_l2(a.heatmaps, b.heatmaps)) < 1e-5
-    assert np.max(rel_l2(a.relevance_at[BELOW], b.relevance_at[BELOW])) < 1e-5
+    assert np.max(rel_l2_items(a.heatmaps, b.heatmaps)) < 1e-5
+    assert np.max(rel_l2_items(a.relevance_at[BELOW], b.relevance_at[BELOW])) < 1e-5
     # top:3 are the three largest shares, in order
     assert a.concepts == [[int(c)] for c in np.argsort(-a.channel_shares)[:3]]
 
@@ -187,7 +178,7 @@ def test_neuron_masks_add_up_to_their_channel(digits):
     neurons = ex.explain_concepts(x, 3, LAYER, concepts=masks, batch_size=32)
     channel = ex.explain_concepts(x, 3, LAYER, concepts=[[25]])
     assert neurons.heatmaps.shape == (64, 1, 16, 16)
-    assert rel_l2(neurons.heatmaps.sum(0, keepdims=True), channel.heatmaps)[0] < 1e-5
+    assert rel_l2_items(neurons.heatmaps.sum(0, keepdims=True), channel.heatmaps)[0] < 1e-5
     assert np.isclose(neurons.shares.sum(), channel.shares[0], atol=1e-6)
     with pytest.raises(InputError, match="do not fit"):
         ex.explain_concepts(x, 3, LAYER, concepts=np.ones((2, 16, 1, 1), np.float32))

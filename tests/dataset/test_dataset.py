@@ -22,8 +22,8 @@ import onnx_lrp
 from onnx_lrp.io.inputs import Preprocess, image_layout, input_infos, load_image
 from onnx_lrp.cli.main import main
 from onnx_lrp.dataset import MANIFEST, SHARD_DIR, explain_dataset, read_shards
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 CLI = Path(sys.executable).parent / "onnx-lrp"
 TOL = 1e-6

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,11 +17,12 @@ from click.testing import CliRunner
 
 import onnx_lrp
 from onnx_lrp.cli.main import main
+from util import GOLDENS
 
 tokenizers = pytest.importorskip("tokenizers")
 
-TEXT = Path(__file__).parents[1] / "goldens" / "text"
-HF = Path(__file__).parents[1] / "goldens" / "text_hf"
+TEXT = GOLDENS / "text"
+HF = GOLDENS / "text_hf"
 MODEL, TOKENIZER = TEXT / "gpt2_text.onnx", TEXT / "tokenizer.json"
 PROMPT = "the cat sat on the"
 
@@ -182,7 +182,7 @@ def test_language_model_or_token_classifier_by_the_vocabulary(ref, tmp_path):
 
 
 def test_models_that_take_embeddings_or_a_fixed_length_are_refused_in_one_line():
-    gold = Path(__file__).parents[1] / "goldens" / "transformers"
+    gold = GOLDENS / "transformers"
     for model, message in [(gold / "gpt2_embeds_torchscript.onnx", "takes embeddings"),
                            (gold / "gpt2_ids_torchscript.onnx", "exactly 8 tokens")]:
         result = CliRunner().invoke(main, ["explain", str(model), "-c", "attnlrp", "--text", "the cat",

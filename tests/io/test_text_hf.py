@@ -19,7 +19,6 @@ the float64 reference, the same explained class, and the text path's inputs equa
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,10 +26,11 @@ from click.testing import CliRunner
 
 import onnx_lrp
 from onnx_lrp.cli.main import main
+from util import GOLDENS
 
 pytest.importorskip("tokenizers")
 
-GOLD = Path(__file__).parents[1] / "goldens" / "text_hf"
+GOLD = GOLDENS / "text_hf"
 TOKENIZER = {"bert": "wordpiece", "bert_tokens": "wordpiece", "bert_embeds": "wordpiece", "roberta": "bytelevel",
              "distilbert": "wordpiece", "deberta_v2": "unigram", "modernbert": "modernbert"}
 EXPORTS = sorted(p.stem for p in GOLD.glob("*.onnx"))

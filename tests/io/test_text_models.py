@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from onnx_lrp.cli.main import main
+from util import ROOT
 
 tokenizers = pytest.importorskip("tokenizers")
 
-ROOT = Path(__file__).resolve().parents[2]
 TEXT = ROOT / "models" / "text"
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -23,15 +22,10 @@ import onnx_lrp
 from onnx_lrp.cli.main import main as cli
 from onnx_lrp.core.errors import ModelError
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
 import bigmodels  # noqa: E402
+from util import rel_l2
 
 BIG_WIDTHS = (128, 23200, 23200, 16)  # w1: 23200 x 23200 float32 = 2.153 GB > 2 GiB, 2.17 GB in all
-
-
-def rel_l2(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def oracle32(path, x, target):

@@ -9,9 +9,7 @@ out step by step.
 """
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -21,18 +19,11 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_lrp
 from onnx_lrp.core.errors import InputError, UnsupportedError
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
 from recurrent_oracle import lrp_op, stab  # noqa: E402
-from util import IR_VERSION, to_bytes  # noqa: E402
+from util import GOLDENS, IR_VERSION, rel_l2_items, to_bytes  # noqa: E402
 
-TWINS = Path(__file__).parents[1] / "goldens" / "recurrent_twins"
+TWINS = GOLDENS / "recurrent_twins"
 COMPOSITES = ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1", "attnlrp", "cp-lrp")
-
-
-def rel_l2(a, b):
-    a = np.asarray(a, np.float64).reshape(len(a), -1)
-    b = np.asarray(b, np.float64).reshape(len(b), -1)
-    return np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)
 
 
 def box(comp):
@@ -68,7 +59,7 @@ def test_loop_unrolled_equals_keras_unroll_true(kind, comp):
     r_unr, y_unr = explain(TWINS / f"{kind}_b_unrolled.onnx", comp)
     np.testing.assert_allclose(y_loop, g[f"{kind}_b"], rtol=1e-4, atol=1e-5)
     assert np.all(np.isfinite(r_loop))
-    assert rel_l2(r_loop, r_unr).max() <= 1e-6
+    assert rel_l2_items(r_loop, r_unr).max() <= 1e-6
 
 
 def _oracle(kind, bias, eps, target=0):
@@ -106,12 +97,12 @@ def test_keras_exports_against_the_oracle_and_the_torch_op(kind, bias):
     np.testing.assert_allclose(z, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
     r_torch, _ = explain(TWINS / f"{kind}_{bias}_torch.onnx", epsilon=0.0)
     r_loop, _ = explain(TWINS / f"{kind}_{bias}_loop.onnx", epsilon=0.0)
-    assert rel_l2(r_torch, oracle).max() <= 1e-5
+    assert rel_l2_items(r_torch, oracle).max() <= 1e-5
     if kind == "gru" and bias == "b":
-        assert rel_l2(r_loop[:, 1:], oracle[:, 1:]).max() <= 1e-5
-        assert 1e-5 < rel_l2(r_loop, oracle).max() < 3e-3
+        assert rel_l2_items(r_loop[:, 1:], oracle[:, 1:]).max() <= 1e-5
+        assert 1e-5 < rel_l2_items(r_loop, oracle).max() < 3e-3
     else:
-        assert rel_l2(r_loop, oracle).max() <= 1e-5
+        assert rel_l2_items(r_loop, oracle).max() <= 1e-5
     if bias == "zb":  # conservation: no biases, LRP-0
         np.testing.assert_allclose(r_loop.sum(axis=(1, 2)), g[f"{kind}_zb"][:, 0], rtol=1e-5)
 
@@ -128,7 +119,7 @@ def test_flax_scan_export_equals_the_keras_export(kind, bias):
         r_flax, y = explain(TWINS / f"{kind}_{bias}_flax.onnx", comp, **kw)
         r_keras, _ = explain(TWINS / f"{kind}_{bias}_unrolled.onnx", comp, **kw)
         np.testing.assert_allclose(y, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
-        assert rel_l2(r_flax, r_keras).max() <= (1e-4 if kind == "lstm" else 1e-6), comp
+        assert rel_l2_items(r_flax, r_keras).max() <= (1e-4 if kind == "lstm" else 1e-6), comp
 
 
 def test_keras_lstm_op_equals_the_torch_lstm_op():
@@ -136,7 +127,7 @@ def test_keras_lstm_op_equals_the_torch_lstm_op():
     for comp in ("epsilon", "attnlrp"):
         r_keras, _ = explain(TWINS / "lstm_b_loop.onnx", comp)
         r_torch, _ = explain(TWINS / "lstm_b_torch.onnx", comp)
-        assert rel_l2(r_keras, r_torch).max() <= 1e-6, comp
+        assert rel_l2_items(r_keras, r_torch).max() <= 1e-6, comp
 
 
 # ------------------------------------------------------------------------------------------- hand-built models
@@ -287,7 +278,7 @@ def test_unrolled_control_flow_equals_the_written_out_recurrence(make):
         r_ref, y_ref = _run(ref, comp, **kw)
         np.testing.assert_allclose(y, y_ort, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(y_ref, y_ort, rtol=1e-5, atol=1e-6)
-        assert rel_l2(r, r_ref).max() <= 1e-6, (comp, kw)
+        assert rel_l2_items(r, r_ref).max() <= 1e-6, (comp, kw)
         if kw:
             np.testing.assert_allclose(r.sum(axis=(1, 2)), y[:, 1], rtol=1e-5)
 
@@ -462,7 +453,7 @@ def test_dynamic_trip_count_is_unrolled_with_input_shapes():
     r, y = _run(loop_model(dynamic=True), input_shapes={"x": (3, T, F)})
     r_ref, y_ref = _run(loop_model(dynamic=False))
     np.testing.assert_allclose(y, y_ref, rtol=1e-6)
-    assert rel_l2(r, r_ref).max() <= 1e-6
+    assert rel_l2_items(r, r_ref).max() <= 1e-6
 
 
 @pytest.mark.parametrize("shapes, match", [

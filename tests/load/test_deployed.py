@@ -25,8 +25,8 @@ import onnx_lrp
 import qop_models
 from onnx_lrp import load as loader
 from onnx_lrp.core.errors import UnsupportedError
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples" / "batch.npy"
 logging.getLogger().setLevel(logging.ERROR)  # quantize_static's pre-processing advice

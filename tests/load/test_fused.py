@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import logging
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,8 +23,9 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_lrp
 from onnx_lrp import load as loader
 from onnx_lrp.core.errors import UnsupportedError
+from util import GOLDENS, rel_l2
 
-GOLDENS = Path(__file__).parents[1] / "goldens" / "transformers"
+TRANSFORMERS = GOLDENS / "transformers"
 F32_MIN = float(np.finfo(np.float32).min)
 B, S, D, N = 2, 5, 8, 2
 
@@ -201,7 +201,7 @@ def test_attention_with_past_state_is_refused_in_one_line():
 
 
 # ---------------------------------------------------------------------------------------------- real models
-def _optimized(tmp_path, case, tag, model_type="bert", src=GOLDENS, **opts):
+def _optimized(tmp_path, case, tag, model_type="bert", src=TRANSFORMERS, **opts):
     pytest.importorskip("onnxruntime.transformers.optimizer")
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -222,10 +222,6 @@ def _optimized(tmp_path, case, tag, model_type="bert", src=GOLDENS, **opts):
                                     if n.domain == "com.microsoft" or n.op_type == "SimplifiedLayerNormalization")
 
 
-def _rel_l2(a, b):
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
-
-
 _BERT_VARIANTS = {  # (options, contrib ops the optimiser must have written)
     "level0": (dict(opt_level=0), {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"}),
     "level1": (dict(opt_level=1), {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"}),
@@ -238,7 +234,7 @@ _BERT_VARIANTS = {  # (options, contrib ops the optimiser must have written)
 @pytest.fixture(scope="module")
 def bert_reference():
     """The unoptimised TorchScript export (dynamic batch and sequence), explained on a right-padded batch."""
-    path = GOLDENS / "bert_ids_torchscriptdyn.onnx"
+    path = TRANSFORMERS / "bert_ids_torchscriptdyn.onnx"
     if not path.exists():
         pytest.skip("no BERT golden export")
     rng = np.random.default_rng(7)
@@ -262,18 +258,18 @@ def test_optimized_bert_explains_like_the_export(variant, bert_reference, tmp_pa
         res = onnx_lrp.Explainer(dst, composite=comp).explain(feeds)
         np.testing.assert_allclose(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
         assert np.all(np.isfinite(res.relevance))
-        assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
+        assert rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, rel_l2(res.relevance, r0.relevance))
 
 
 def test_optimized_bert_matches_lxt(tmp_path):
     """The optimised model against LXT's golden relevance (tests/parity/test_transformers.py's tolerance)."""
-    g = np.load(GOLDENS / "bert.npz")
+    g = np.load(TRANSFORMERS / "bert.npz")
     dst, ops = _optimized(tmp_path, "bert_ids_torchscriptdyn", "lxt", opt_level=1)
     assert "Attention" in ops
     res = onnx_lrp.Explainer(dst, composite=str(g["composite"])).explain(
         {"input_ids": g["input_ids"], "attention_mask": g["attention_mask"]})
     np.testing.assert_allclose(res.outputs["logits"], g["logits"], rtol=1e-4, atol=1e-4)
-    assert _rel_l2(res.relevance, g["relevance_tokens"]) <= 1e-3
+    assert rel_l2(res.relevance, g["relevance_tokens"]) <= 1e-3
 
 
 def test_optimized_bert_mask_index_is_the_deployed_forward(bert_reference, tmp_path):
@@ -284,7 +280,7 @@ def test_optimized_bert_mask_index_is_the_deployed_forward(bert_reference, tmp_p
     left = {"input_ids": feeds["input_ids"], "attention_mask": feeds["attention_mask"][:, ::-1].copy()}
     dst, _ = _optimized(tmp_path, "bert_ids_torchscriptdyn", "left", opt_level=1)
     deployed = _run(str(dst), left)[0]
-    export = _run(str(GOLDENS / "bert_ids_torchscriptdyn.onnx"), left)[0]
+    export = _run(str(TRANSFORMERS / "bert_ids_torchscriptdyn.onnx"), left)[0]
     assert np.abs(deployed - export).max() > 1e-2  # the optimised model itself differs on left padding
     res = onnx_lrp.Explainer(dst, composite="attnlrp").explain(left)
     np.testing.assert_allclose(res.outputs["logits"], deployed, rtol=1e-5, atol=1e-5)
@@ -328,20 +324,20 @@ def test_optimized_llama_gpt2_vit_explain_like_the_export(variant, tmp_path):
     fuses their norms, GELUs and rotary embeddings (not their attention: these exports' attention patterns are not
     the ones it matches); the relevance equals the export's."""
     case, model_type, level, want = _OTHERS[variant]
-    if not (GOLDENS / f"{case}.onnx").exists():
+    if not (TRANSFORMERS / f"{case}.onnx").exists():
         pytest.skip("no golden export")
-    g = np.load(GOLDENS / f"{case.split('_')[0]}.npz")
+    g = np.load(TRANSFORMERS / f"{case.split('_')[0]}.npz")
     feeds = {"image": g["image"]} if "image" in case else {"input_ids": g["input_ids"]}
     dst, ops = _optimized(tmp_path, case, variant, model_type=model_type, opt_level=level)
     assert want <= set(ops), ops
     for comp in ("attnlrp", "cp-lrp"):
         if (case, comp) not in _REFS:
-            _REFS[case, comp] = onnx_lrp.Explainer(GOLDENS / f"{case}.onnx", composite=comp).explain(feeds)
+            _REFS[case, comp] = onnx_lrp.Explainer(TRANSFORMERS / f"{case}.onnx", composite=comp).explain(feeds)
         r0 = _REFS[case, comp]
         res = onnx_lrp.Explainer(dst, composite=comp).explain(feeds)
         name = list(r0.outputs)[0]
         np.testing.assert_allclose(res.outputs[name], r0.outputs[name], rtol=1e-5, atol=1e-5)
-        assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
+        assert rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, rel_l2(res.relevance, r0.relevance))
 
 
 def test_optimized_float16_bert_is_upcast_then_split(tmp_path, bert_reference):
@@ -361,7 +357,7 @@ def test_optimized_float16_bert_is_upcast_then_split(tmp_path, bert_reference):
     res = onnx_lrp.Explainer(half, composite="attnlrp").explain(feeds)
     np.testing.assert_allclose(res.outputs["logits"], _run(str(half), feeds)[0], rtol=1e-2, atol=1e-3)
     assert np.all(np.isfinite(res.relevance))
-    assert _rel_l2(res.relevance, ref["attnlrp"].relevance) <= 5e-3
+    assert rel_l2(res.relevance, ref["attnlrp"].relevance) <= 5e-3
 
 
 def test_bias_add_and_bias_split_gelu_numpy_oracle():
@@ -386,7 +382,7 @@ def test_bias_add_and_bias_split_gelu_numpy_oracle():
 def test_optimized_hf_vit_attention_explains_like_the_export(tmp_path):
     """transformers 4.26's ViT (scripts/make_fused_exports.py): the optimiser fuses its attention (no mask) into
     Attention; the relevance equals the export's."""
-    src = Path(__file__).parents[1] / "goldens" / "fused"
+    src = GOLDENS / "fused"
     if not (src / "vit_hf426.onnx").exists():
         pytest.skip("no vit_hf426.onnx (python scripts/make_fused_exports.py)")
     dst, ops = _optimized(tmp_path, "vit_hf426", "opt", model_type="vit", src=src, opt_level=1)
@@ -396,7 +392,7 @@ def test_optimized_hf_vit_attention_explains_like_the_export(tmp_path):
         r0 = onnx_lrp.Explainer(src / "vit_hf426.onnx", composite=comp).explain(x)
         res = onnx_lrp.Explainer(dst, composite=comp).explain(x)
         np.testing.assert_allclose(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
-        assert _rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, _rel_l2(res.relevance, r0.relevance))
+        assert rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, rel_l2(res.relevance, r0.relevance))
 
 
 def test_attention_dynamic_batch_mask_forms():

@@ -6,14 +6,13 @@ LXT's held scale. Ops: Conv, GroupNormalization, InstanceNormalization, Relu, Re
 Gemm."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import onnx_lrp
+from util import GOLDENS
 
-GOLD = Path(__file__).parents[1] / "goldens"
+GOLD = GOLDENS
 
 
 @pytest.mark.parametrize("export", ["torchscript", "dynamo"])

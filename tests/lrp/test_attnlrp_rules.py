@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from util import add_probe, make_model, node, run, stab, to_bytes
+from util import explain_probe, make_model, node, run, stab, to_bytes
 
 import onnx_lrp
 from onnx_lrp.rules import Entry, Gradient, load_composite
@@ -34,11 +34,7 @@ def composite(name="attnlrp"):
 
 def explain(model, out, out_shape, feeds, name="attnlrp", c=None, **kw):
     c = RNG.normal(size=(BATCH,) + tuple(out_shape)).astype(np.float32) if c is None else c
-    probe = add_probe(model, out, c, batch=BATCH)
-    ex = onnx_lrp.Explainer(to_bytes(probe), composite=composite(name), start="one-hot", **kw)
-    res = ex.explain(feeds)
-    R = BATCH * c.astype(np.float64)
-    return res, R
+    return explain_probe(model, out, c, composite(name), feeds, BATCH, **kw)
 
 
 def f64(a):

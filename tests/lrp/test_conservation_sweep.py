@@ -17,7 +17,6 @@ items) is in docs/trust.md; ``python tests/lrp/test_conservation_sweep.py`` prin
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +24,8 @@ import pytest
 import onnx_lrp
 from onnx_lrp.run import conservation
 from onnx_lrp.core.errors import NumericError
+from util import GOLDENS
 
-GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 TWINS = GOLDENS / "twins"
 
 

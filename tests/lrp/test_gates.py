@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from util import make_model, node, to_bytes
+from util import GOLDENS, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp import load as loader
@@ -437,7 +437,7 @@ def test_cli_epsilon_zero(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ cp-lrp on GeGLU
-GEGLU = __import__("pathlib").Path(__file__).parents[1] / "goldens" / "geglu"
+GEGLU = GOLDENS / "geglu"
 
 
 @pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])

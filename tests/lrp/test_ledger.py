@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,13 +17,12 @@ import pytest
 from click.testing import CliRunner
 from onnx import numpy_helper
 from test_conservation import X_SHAPE, cnn
-from util import to_bytes
+from util import ROOT, to_bytes
 
 import onnx_lrp
 from onnx_lrp.cli.main import main
 from onnx_lrp.rules import parse_composite
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
 LRP0 = parse_composite("""
 [[rules]]

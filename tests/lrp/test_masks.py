@@ -10,29 +10,24 @@
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 
 import onnx_lrp
+from util import GOLDENS, rel_l2
 
-GOLDENS = Path(__file__).parents[1] / "goldens" / "masks"
+MASKS = GOLDENS / "masks"
 PAD = 3
 
 
 @pytest.fixture(scope="module")
 def ref():
-    return dict(np.load(GOLDENS / "masks.npz"))
+    return dict(np.load(MASKS / "masks.npz"))
 
 
 def _explainer(name):
-    return onnx_lrp.Explainer(GOLDENS / f"{name}.onnx", composite="attnlrp")
-
-
-def _rel_l2(a, b):
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+    return onnx_lrp.Explainer(MASKS / f"{name}.onnx", composite="attnlrp")
 
 
 @pytest.mark.parametrize("name", ["opt", "bert_pool"])
@@ -49,7 +44,7 @@ def test_masked_models_match_lxt(name, ref):
         want = ref[out]
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
     for i in range(2):
-        assert _rel_l2(res.relevance[i], ref[f"{name}_lxt"][i]) < 1e-4, (name, i)  # measured 1e-7; cp-lrp: 1e-2
+        assert rel_l2(res.relevance[i], ref[f"{name}_lxt"][i]) < 1e-4, (name, i)  # measured 1e-7; cp-lrp: 1e-2
     assert np.abs(res.relevance[0][:PAD] if side == "left" else res.relevance[0][-PAD:]).max() < 1e-6 * np.abs(
         res.relevance[0]).max()
 

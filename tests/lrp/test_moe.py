@@ -8,14 +8,13 @@ cp-lrp: the SiLU factor held). Before the routing weights were recognised as gat
 rule and the relevance was off by relative L2 0.58 (attnlrp) / 0.30 (cp-lrp)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import onnx_lrp
+from util import GOLDENS
 
-MOE = Path(__file__).parents[1] / "goldens" / "moe"
+MOE = GOLDENS / "moe"
 EXPERTS = 4
 EXPERT_OUT = [f"/experts.{i}/w2/MatMul_output_0" for i in range(EXPERTS)]
 ROUTER = ["/gate/MatMul_output_0", "/Softmax_output_0", "/TopK_output_0"]

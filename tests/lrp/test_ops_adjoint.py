@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import pytest
-from util import add_probe, dyadic, make_model, node, run, to_bytes
+from util import add_probe, dyadic, explain_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
 import onnx_lrp.lrp.ops
@@ -587,9 +587,8 @@ def test_adjoint(case: Case):
     ys = _outputs(model, feeds, case)
     cs = [dyadic(rng, y.shape) for y in ys]
     batch = feeds["x"].shape[0]
-    probe = add_probe(model, case.outs, cs, keep_outputs=case.keep_outputs, batch=batch)
-    ex = onnx_lrp.Explainer(to_bytes(probe), composite=GRADIENT, start="one-hot")
-    res = ex.explain(feeds if len(feeds) > 1 else feeds["x"])
+    res, _ = explain_probe(model, case.outs, cs, GRADIENT, feeds if len(feeds) > 1 else feeds["x"], batch,
+                           keep_outputs=case.keep_outputs)
     rel = res.relevance if isinstance(res.relevance, dict) else {"x": res.relevance}
     rel = {k: v / batch for k, v in rel.items()}  # one unit of relevance per batch row of the probe
     # the explained scalar is <f(x), c>: the relevance model ran the original forward

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 from recurrent_oracle import lrp_op, stab
-from util import add_probe, make_model, node, run, to_bytes
+from util import explain_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
 from onnx_lrp.core.errors import UnsupportedError
@@ -73,10 +73,8 @@ def explain_single(m, feeds, spec, op, direction, layout, lens, eps, seed=1, whi
     which = which or spec["outs"]
     cs = [rng.normal(size=shapes[o]).astype(np.float32) for o in which]
     nb = next(iter(feeds.values())).shape[0]  # the explainer's "batch" (axis 0 of the input)
-    probe = add_probe(m, which, cs, batch=nb, keep_outputs=True)
-    ex = onnx_lrp.Explainer(to_bytes(probe), composite=composite(), start="one-hot", epsilon=eps)
-    res = ex.explain(feeds)
-    r = {o: nb * c.astype(np.float64) for o, c in zip(which, cs)}
+    res, entering = explain_probe(m, which, cs, composite(), feeds, nb, keep_outputs=True, epsilon=eps)
+    r = dict(zip(which, entering))
     zero = {o: np.zeros(shapes[o]) for o in ("Y", "Yh", "Yc")}
     oracle = lrp_op(op, feeds["x"], spec["w"], spec["r"], spec["b"], spec["h0"], spec["c0"],
                     r.get("Y", zero["Y"]), r.get("Yh", zero["Yh"]), r.get("Yc", zero["Yc"]) if op == "LSTM" else None,
@@ -359,8 +357,7 @@ def test_onnx_backend_cases(name):
     rng = np.random.default_rng(3)
     cs = [rng.normal(size=e.shape).astype(np.float32) for e in expected]
     nb = given["X"].shape[0]
-    res = onnx_lrp.Explainer(to_bytes(add_probe(model, outs, cs, batch=nb, keep_outputs=True)),
-                             composite=composite(), start="one-hot", epsilon=1e-3).explain(given)
+    res, _ = explain_probe(model, outs, cs, composite(), given, nb, keep_outputs=True, epsilon=1e-3)
     for o, e in zip(outs, expected):
         np.testing.assert_allclose(res.outputs[o], e, rtol=1e-5, atol=1e-6)
     direction = attrs.get("direction", b"forward")

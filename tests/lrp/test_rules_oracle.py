@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
-from util import add_probe, conv_matrix, dyadic, make_model, node, run, stab, to_bytes
+from util import conv_matrix, dyadic, explain_probe, make_model, node, probe_explainer, run, stab
 
 import onnx_lrp
 from onnx_lrp.rules import parse_composite
@@ -227,10 +227,8 @@ def _explain(nodes, inputs, inits, out, composite, feeds, rng):
     model = make_model(nodes, inputs, [out], inits)
     y = run(model, feeds)[0]
     c = dyadic(rng, y.shape)
-    probe = add_probe(model, out, c, batch=BATCH)
-    ex = onnx_lrp.Explainer(to_bytes(probe), composite=composite, start="one-hot")
-    res = ex.explain(feeds if len(feeds) > 1 else next(iter(feeds.values())))
-    return res, BATCH * c.astype(np.float64), y
+    res, R = explain_probe(model, out, c, composite, feeds if len(feeds) > 1 else next(iter(feeds.values())), BATCH)
+    return res, R, y
 
 
 def _close(got, want, what):
@@ -355,7 +353,7 @@ def test_gamma_before_a_rectifier(act, first_relu):
     x = dyadic(rng, x_shape)
     model = make_model(nodes, {"x": x_shape}, ["y"], inits)
     c = dyadic(rng, run(model, {"x": x})[0].shape)
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    ex = probe_explainer(model, "y", c, composite, BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     m1, _ = conv_matrix(w1, [6, 6], pads=[1, 1, 1, 1])
     m2, _ = conv_matrix(w2, [6, 6])
@@ -400,7 +398,7 @@ def test_biased_conv_before_a_rectifier(act, rule, rectified):
     x = dyadic(rng, x_shape)
     model = make_model(nodes, {"x": x_shape}, ["y"], inits)
     c = dyadic(rng, run(model, {"x": x})[0].shape)
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    ex = probe_explainer(model, "y", c, composite, BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     m1, _ = conv_matrix(w1, [6, 6], pads=[1, 1, 1, 1])
     m2, _ = conv_matrix(w2, [6, 6])
@@ -432,8 +430,7 @@ def test_flat_transpose_sums_channels_first(strides):
     x = dyadic(rng, layer.x_shape)
     model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
     c = dyadic(rng, run(model, {"x": x})[0].shape)
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=_composite("flat", {}),
-                            start="one-hot")
+    ex = probe_explainer(model, "y", c, _composite("flat", {}), BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     want = o_flat(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1))
     _close(res.relevance, want.reshape(layer.x_shape), f"flat, strides {strides}")
@@ -461,8 +458,7 @@ def test_zbox_folds_channel_bounds_into_one_transpose(bounds):
     x = dyadic(rng, layer.x_shape)
     model = make_model(layer.nodes, {"x": layer.x_shape}, ["y"], layer.inits)
     c = dyadic(rng, run(model, {"x": x})[0].shape)
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
-                            composite=_composite("zbox", {"low": lo, "high": hi}), start="one-hot")
+    ex = probe_explainer(model, "y", c, _composite("zbox", {"low": lo, "high": hi}), BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     shape = layer.x_shape[1:]
     want = o_zbox(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1),
@@ -488,9 +484,7 @@ def test_gamma_second_group_reads_the_first(gamma):
     y = run(model, {"x": x})[0]
     assert np.any(y > 0) and np.any(y < 0)
     c = dyadic(rng, y.shape)
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
-                            composite=_composite("gamma", {"gamma": gamma}, match_kind="activation"),
-                            start="one-hot")
+    ex = probe_explainer(model, "y", c, _composite("gamma", {"gamma": gamma}, match_kind="activation"), BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     want = o_gamma(layer.mat, layer.kernel, layer.bias, pos(x).reshape(BATCH, -1).astype(np.float64),
                    R.reshape(BATCH, -1), gamma)
@@ -529,7 +523,7 @@ def test_fork_sums_in_gradient_form(rule):
     x = dyadic(rng, x_shape)
     model = make_model(nodes, {"x": x_shape}, ["y"], inits)
     c = dyadic(rng, run(model, {"x": x})[0].shape)
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)), composite=composite, start="one-hot")
+    ex = probe_explainer(model, "y", c, composite, BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
 
     mat = lambda k: conv_matrix(k, sp, pads=pads)[0]  # noqa: E731
@@ -575,8 +569,7 @@ def test_relevance_of_z_in_gradient_form(rule):
                       '[[rules]]', 'match = { kind = "activation" }', 'rule = "pass"', '',
                       '[[rules]]', 'match = { name = "conv2" }', 'rule = "epsilon"', '',
                       '[[rules]]', f'rule = "{rule}"'] + (["gamma = 0.25"] if rule == "gamma" else [])) + "\n"
-    ex = onnx_lrp.Explainer(to_bytes(add_probe(model, "y", c, batch=BATCH)),
-                            composite=parse_composite(text, source=f"oracle-z-{rule}"), start="one-hot")
+    ex = probe_explainer(model, "y", c, parse_composite(text, source=f"oracle-z-{rule}"), BATCH)
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     mat = lambda k: conv_matrix(k, sp, pads=pads)[0]  # noqa: E731
     rep = lambda b: np.repeat(b.astype(np.float64), np.prod(sp))  # noqa: E731

@@ -10,20 +10,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from util import conv_matrix, make_model, node, to_bytes
+from util import GOLDENS, ROOT, conv_matrix, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.core.errors import InputError
 from onnx_lrp.metrics import correlation, perturbation, randomisation, similarity
 from onnx_lrp.metrics.forward import Forward
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "digits_cnn.onnx")
-GOLDEN = ROOT / "tests" / "goldens" / "quantus_metrics.npz"
+GOLDEN = GOLDENS / "quantus_metrics.npz"
 SEED = 7
 
 

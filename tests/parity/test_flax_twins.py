@@ -5,16 +5,15 @@ x input on these piecewise-linear networks. The models and references are commit
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 
 import onnx_lrp
-from test_framework_twins import LRP0, rel_l2
+from test_framework_twins import LRP0
+from util import GOLDENS, rel_l2_items
 
-TWINS = Path(__file__).parents[1] / "goldens" / "flax_twins"
+TWINS = GOLDENS / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop")
 # LRP-0 on every linear layer, the unfoldable BatchNorms included (the built-in composites give kind "batchnorm"
 # zennit's Pass, which is not gradient x input: preact_res is 32x off with `epsilon` at epsilon = 0): the framework
@@ -37,7 +36,7 @@ def test_flax_cnn_lrp0_equals_float64_gradient_x_input(net, opset):
     """The built-in ``epsilon`` composite at epsilon = 0, stabilizer 0 (every BatchNorm here is folded)."""
     res, golden = _explain(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("opset", [17, 23])
@@ -46,7 +45,7 @@ def test_flax_preactivation_resnet_lrp0_on_its_batchnorms_equals_gradient_x_inpu
     is gradient x input."""
     res, golden = _explain("preact_res", opset, LRP0_ALL)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
 
 # ------------------------------------------------------------ user-style nnx.Modules (issue 17, second round)
@@ -58,8 +57,8 @@ def test_flax_norm_residual_lrp0_is_gradient_x_input_with_the_variance_held(net,
     rel-L2: the size of issue 17's "Flax CNN 0.198 off")."""
     res, golden = _explain(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi_held"]).max() <= 1e-5
-    assert rel_l2(res.relevance, golden["gxi"]).min() > 0.05  # the convention is what differs, not noise
+    assert rel_l2_items(res.relevance, golden["gxi_held"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi"]).min() > 0.05  # the convention is what differs, not noise
 
 
 @pytest.mark.parametrize("opset", [17, 23])
@@ -68,7 +67,7 @@ def test_flax_ops_mix_lrp0_equals_float64_gradient_x_input(opset):
     the padding in the count, crops, strided slices with offsets, a strided projection block."""
     res, golden = _explain("ops_mix", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
 
 def test_flax_static_batch_of_one_explains_item_by_item():
@@ -76,7 +75,7 @@ def test_flax_static_batch_of_one_explains_item_by_item():
     ex = onnx_lrp.Explainer(str(TWINS / "ops_mix_b1_op17.onnx"), composite="epsilon", epsilon=0.0, stabilizer=0.0)
     rel = np.concatenate([ex.explain(golden["x"][i:i + 1], target=int(golden["target"][i])).relevance
                           for i in range(len(golden["x"]))])
-    assert rel_l2(rel, golden["gxi"]).max() <= 1e-5
+    assert rel_l2_items(rel, golden["gxi"]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("opset", [17, 23])
@@ -94,7 +93,7 @@ def test_flax_circular_padding_reflect_pad_and_dynamic_slice(opset):
     batch size (refused before as "not constants"); LRP-0 equals JAX's float64 gradient x input."""
     res, golden = _explain("wrap_slices", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("opset", [17, 23])
@@ -110,7 +109,7 @@ def test_flax_norm_then_silu_or_gelu_under_attnlrp_is_lxt(net, opset):
     assert ex.composite_name == "attnlrp"  # auto: non-ReLU non-linearities
     res = ex.explain(golden["x"], target=golden["target"])
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi_identity"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi_identity"]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("opset", [17, 23])
@@ -120,5 +119,5 @@ def test_flax_hand_written_layernorm(opset):
     so LRP-0 is JAX's float64 gradient x input with the variance under stop_gradient."""
     res, golden = _explain("hand_ln", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     np.testing.assert_allclose(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, golden["gxi_held"]).max() <= 1e-5
-    assert rel_l2(res.relevance, golden["gxi"]).min() > 0.05
+    assert rel_l2_items(res.relevance, golden["gxi_held"]).max() <= 1e-5
+    assert rel_l2_items(res.relevance, golden["gxi"]).min() > 0.05

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -28,9 +27,9 @@ from onnx_lrp import load as loader
 from onnx_lrp.lrp import rewriter
 from onnx_lrp.rules.composite import load_composite, parse_composite
 
-from util import make_model, node, run, to_bytes
+from util import GOLDENS, make_model, node, rel_l2_items, run, to_bytes
 
-TWINS = Path(__file__).resolve().parents[1] / "goldens" / "twins"
+TWINS = GOLDENS / "twins"
 NETS = ("resnet", "mobilenet", "select", "strided")
 COMPOSITES = ("epsilon", "epsilon-plus", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1",
               "epsilon-alpha2-beta1-flat", "epsilon@0.01")
@@ -48,14 +47,6 @@ rule = "gradient"
 rule = "epsilon"
 epsilon = 0.0
 """)
-
-
-def rel_l2(r, ref) -> np.ndarray:
-    r = np.asarray(r, np.float64).reshape(len(r), -1)
-    ref = np.asarray(ref, np.float64).reshape(len(ref), -1)
-    norm = np.linalg.norm(ref, axis=1)
-    assert np.all(norm > 0)
-    return np.linalg.norm(r - ref, axis=1) / norm
 
 
 def nhwc(x):
@@ -120,7 +111,7 @@ def test_twins_agree_with_each_other_and_zennit(twin, composite):
             rel[fw] = res.relevance if fw == "torch" else nchw(res.relevance)
         for fw, r in rel.items():
             for what, ref_ in (("zennit", ref), ("torch", rel["torch"])):
-                err = rel_l2(r, ref_).max()
+                err = rel_l2_items(r, ref_).max()
                 assert err <= TOL, f"{name} {composite} {tname}: {fw} vs {what} rel-L2 {err:.2e}"
     missing = {fw: missing_handlers(name, fw) for fw in ("keras", "flax") if fw not in frameworks}
     if missing:
@@ -134,7 +125,7 @@ def test_twin_references_are_distinct(twin):
     refs = [g[f"{c}/b4/argmax"] for c in COMPOSITES]
     for i in range(len(refs)):
         for j in range(i + 1, len(refs)):
-            assert rel_l2(refs[i], refs[j]).min() > 1e-2, (COMPOSITES[i], COMPOSITES[j])
+            assert rel_l2_items(refs[i], refs[j]).min() > 1e-2, (COMPOSITES[i], COMPOSITES[j])
 
 
 @pytest.mark.parametrize("framework", ("torch", "keras", "flax"))
@@ -143,7 +134,7 @@ def test_lrp0_is_gradient_times_input(twin, framework):
     if missing_handlers(name, framework):
         pytest.skip(f"{name}_{framework}.onnx needs a handler for {', '.join(missing_handlers(name, framework))}")
     r, _ = explain(name, framework, LRP0, g["x"], start="logit")  # R = logit at the start: R = x * dlogit/dx
-    assert rel_l2(r, g["gxi"]).max() < 1e-4
+    assert rel_l2_items(r, g["gxi"]).max() < 1e-4
 
 
 def test_keras_batchnorm_gets_batchnorm_rules(twin):
@@ -252,7 +243,7 @@ def test_channel_chain_folds_exactly(chain_name, nhwc_layout):
         res = onnx_lrp.Explainer(to_bytes(model), composite=comp, **box(comp)).explain(x)
         ref = onnx_lrp.Explainer(to_bytes(folded), composite=comp, **box(comp)).explain(x)
         np.testing.assert_allclose(res.outputs["y"], ref_y, rtol=1e-5, atol=1e-5)
-        assert rel_l2(res.relevance, ref.relevance).max() < 1e-5, comp
+        assert rel_l2_items(res.relevance, ref.relevance).max() < 1e-5, comp
 
 
 def test_constant_along_another_axis_is_not_folded():
@@ -284,7 +275,7 @@ def test_dense_chain_folds_into_matmul():
         res = onnx_lrp.Explainer(to_bytes(model), composite=comp, **box(comp)).explain(x)
         ref = onnx_lrp.Explainer(to_bytes(ref_model), composite=comp, **box(comp)).explain(x)
         np.testing.assert_allclose(res.outputs["y"], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
-        assert rel_l2(res.relevance, ref.relevance).max() < 1e-5, comp
+        assert rel_l2_items(res.relevance, ref.relevance).max() < 1e-5, comp
 
 
 def test_unfoldable_channel_affine_is_batchnorm():
@@ -313,7 +304,7 @@ def test_unfoldable_channel_affine_is_batchnorm():
     for comp in ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box", "attnlrp"):
         r1 = onnx_lrp.Explainer(to_bytes(m_mul), composite=comp, **box(comp)).explain(x).relevance
         r2 = onnx_lrp.Explainer(to_bytes(m_bn), composite=comp, **box(comp)).explain(x).relevance
-        assert rel_l2(r1, r2).max() < 1e-5, comp
+        assert rel_l2_items(r1, r2).max() < 1e-5, comp
 
 
 # ------------------------------------------------------------------------------------- Keras recurrent layers
@@ -386,7 +377,7 @@ def test_flax_transformer_twin(composite):
     np.testing.assert_allclose(next(iter(res["flax"].outputs.values())), ref["y_flax"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res["torch"].outputs["y"], ref["y_torch"], rtol=1e-5, atol=1e-6)
     assert np.all(np.abs(res["torch"].relevance).reshape(len(x), -1).sum(1) > 0)
-    assert np.all(rel_l2(res["flax"].relevance, res["torch"].relevance) < 1e-5)
+    assert np.all(rel_l2_items(res["flax"].relevance, res["torch"].relevance) < 1e-5)
     from onnx_lrp.lrp import patterns
     kinds = [m.name for m in patterns.annotate(loader.load(TWINS / "transformer_flax.onnx").graph)]
     assert kinds.count("layernorm-scale") == 5, kinds
@@ -416,7 +407,7 @@ def test_keras_lrp0_is_tensorflow_gradient_times_input(keras_extra, name, opset,
     res = ex.explain(x)
     np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"{name}/logits"], rtol=1e-4,
                                atol=1e-5)
-    assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL
+    assert rel_l2_items(res.relevance, gxi).max() <= LRP0_TOL
 
 
 @pytest.mark.parametrize("name", ["conv1d", "conv1d_dilated"])
@@ -444,7 +435,7 @@ def test_keras_text_model_token_relevance(keras_extra, kind, composite):
     ref = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_embedded_keras.onnx"), composite=composite).explain(
         keras_extra[f"text_{kind}/embedded"], target=res.target)
     np.testing.assert_array_equal(res.target, ref.target)
-    assert rel_l2(res.relevance, ref.relevance.sum(-1)).max() < 1e-5
+    assert rel_l2_items(res.relevance, ref.relevance.sum(-1)).max() < 1e-5
 
 
 @pytest.mark.parametrize("opset", [17, 23])
@@ -460,7 +451,7 @@ def test_flax_resblock_lrp0_is_jax_gradient_times_input(opset, composite):
     ex = onnx_lrp.Explainer(str(TWINS / f"resflax_flax_op{opset}.onnx"), composite=comp, start="logit", **params)
     res = ex.explain(x)
     np.testing.assert_allclose(res.outputs[ex.explained_output], logits, rtol=1e-4, atol=1e-5)
-    assert rel_l2(res.relevance, gxi).max() <= LRP0_TOL
+    assert rel_l2_items(res.relevance, gxi).max() <= LRP0_TOL
 
 
 # ------------------------------------------------------------ Slices bounded by the dynamic batch size (jax2onnx)
@@ -537,7 +528,7 @@ def test_affine_before_a_written_out_activation_is_its_own_layer(act):
     res = onnx_lrp.Explainer(model, composite="attnlrp").explain(x, target=1)
     np.testing.assert_allclose(res.outputs["out"], f @ w, rtol=1e-5, atol=1e-6)
     want = x * s * (f / y) * w[:, 1]
-    assert rel_l2(res.relevance, want).max() < 1e-5
+    assert rel_l2_items(res.relevance, want).max() < 1e-5
 
 
 # ------------------------------------------------------------ a hand-written LayerNorm as jax2onnx writes it
@@ -584,4 +575,4 @@ def test_hand_written_layernorm_is_a_held_normalisation(where):
         x, target=2)
     np.testing.assert_allclose(res.outputs["y"], (x64 - x64.mean(1, keepdims=True)) / sd @ w, rtol=1e-5, atol=1e-6)
     want = x64 * (w[:, 2] - w[:, 2].mean()) / sd
-    assert rel_l2(res.relevance, want).max() < 1e-5
+    assert rel_l2_items(res.relevance, want).max() < 1e-5

@@ -28,18 +28,14 @@ import onnxruntime as ort
 import pytest
 
 import onnx_lrp
+from util import ROOT, rel_l2
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import llama_graph  # noqa: E402
 
 TINY = (64, 128, 2, 4, 2, 256)  # bench_llm's "tiny": hidden, intermediate, layers, heads, kv heads, vocabulary
 SHAPE = llama_graph.Shape(*TINY)
 SEQ = 8
-
-
-def rel_l2(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def _run(path, x: np.ndarray) -> np.ndarray:

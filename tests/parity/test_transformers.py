@@ -17,24 +17,20 @@ import pytest
 
 import onnx_lrp
 from onnx_lrp.io import tokens
+from util import GOLDENS, rel_l2
 
-GOLDENS = Path(__file__).parents[1] / "goldens" / "transformers"
+TRANSFORMERS = GOLDENS / "transformers"
 TOL = 1e-3  # relative L2 error to LXT, per sample
 
 
 def _cases():
-    status = json.loads((GOLDENS / "exports.json").read_text()) if (GOLDENS / "exports.json").exists() else {}
-    return sorted(k for k, v in status.items() if v == "ok" and (GOLDENS / f"{k}.onnx").exists())
-
-
-def _rel_l2(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    status = json.loads((TRANSFORMERS / "exports.json").read_text()) if (TRANSFORMERS / "exports.json").exists() else {}
+    return sorted(k for k, v in status.items() if v == "ok" and (TRANSFORMERS / f"{k}.onnx").exists())
 
 
 def _cp_cases():
     return [(c, "cp-lrp") for c in _cases() if c.split("_")[0] in ("gpt2", "llama")
-            and (GOLDENS / f"{c.split('_')[0]}_cp-lrp.npz").exists()]
+            and (TRANSFORMERS / f"{c.split('_')[0]}_cp-lrp.npz").exists()]
 
 
 # The composites use LRP-0 (epsilon = 0) and carry relevance in gradient form (no denominators); a tiny epsilon
@@ -46,8 +42,8 @@ FORMS = {"gradient-form": {}, "relevance-form": {"epsilon": 1e-12}}
 @pytest.mark.parametrize("case,mode", [(c, "attnlrp") for c in _cases()] + _cp_cases())
 def test_matches_lxt(case, mode, form):
     model, kind, _ = case.split("_", 2)
-    g = np.load(GOLDENS / (f"{model}.npz" if mode == "attnlrp" else f"{model}_{mode}.npz"))
-    ex = onnx_lrp.Explainer(GOLDENS / f"{case}.onnx", composite=str(g["composite"]), **FORMS[form])
+    g = np.load(TRANSFORMERS / (f"{model}.npz" if mode == "attnlrp" else f"{model}_{mode}.npz"))
+    ex = onnx_lrp.Explainer(TRANSFORMERS / f"{case}.onnx", composite=str(g["composite"]), **FORMS[form])
     if kind == "image":
         feeds, ref = {"image": g["image"]}, g["relevance_image"]
     elif kind == "embeds":
@@ -64,7 +60,7 @@ def test_matches_lxt(case, mode, form):
         assert int(res.position[0]) == int(g["position"])  # the default: the last position
     rel = res.relevance[list(feeds)[0]] if isinstance(res.relevance, dict) else res.relevance
     assert rel.shape == ref.shape
-    err = _rel_l2(rel, ref)
+    err = rel_l2(rel, ref)
     assert err <= TOL, f"{case}: relative L2 error to LXT {err:.2e}"
 
 
@@ -73,19 +69,19 @@ def test_token_ids_and_embeddings_agree():
     case = next((c for c in _cases() if c.startswith("llama_ids")), None)
     if case is None:
         pytest.skip("no LLaMA goldens")
-    g = np.load(GOLDENS / "llama.npz")
-    ids = onnx_lrp.Explainer(GOLDENS / "llama_ids_torchscript.onnx", composite="attnlrp").explain(g["input_ids"])
-    emb = onnx_lrp.Explainer(GOLDENS / "llama_embeds_torchscript.onnx", composite="attnlrp").explain(g["embeds"])
+    g = np.load(TRANSFORMERS / "llama.npz")
+    ids = onnx_lrp.Explainer(TRANSFORMERS / "llama_ids_torchscript.onnx", composite="attnlrp").explain(g["input_ids"])
+    emb = onnx_lrp.Explainer(TRANSFORMERS / "llama_embeds_torchscript.onnx", composite="attnlrp").explain(g["embeds"])
     assert ids.relevance.shape == g["input_ids"].shape
     np.testing.assert_allclose(ids.relevance, emb.relevance.sum(-1), rtol=1e-4, atol=1e-6)
 
 
 def test_relevance_at_an_inner_tensor_and_cp_lrp_differs():
     """relevance_at picks any float tensor; CP-LRP and AttnLRP differ on a causal LM (softmax path)."""
-    path = GOLDENS / "gpt2_embeds_torchscript.onnx"
+    path = TRANSFORMERS / "gpt2_embeds_torchscript.onnx"
     if not path.exists():
         pytest.skip("no GPT-2 goldens")
-    g = np.load(GOLDENS / "gpt2.npz")
+    g = np.load(TRANSFORMERS / "gpt2.npz")
     from onnx_lrp import load as loader
     graph = loader.load(path).graph
     ln = next(n for n in graph if n.op_type == "LayerNormalization")
@@ -94,7 +90,7 @@ def test_relevance_at_an_inner_tensor_and_cp_lrp_differs():
     c = onnx_lrp.Explainer(path, composite="cp-lrp").explain(g["embeds"])
     assert a.relevance_at[name].shape == tuple(ln.outputs[0].shape)
     assert np.abs(a.relevance_at[name]).sum() > 0
-    assert _rel_l2(c.relevance, a.relevance) > 1e-3
+    assert rel_l2(c.relevance, a.relevance) > 1e-3
 
 
 # ------------------------------------------------------------------------------------------ token heatmaps
@@ -125,17 +121,17 @@ def test_token_heatmap_html_and_terminal(tmp_path):
 
 def test_dynamic_axes_export_explains_a_batch():
     """BERT exported with dynamic batch and sequence axes: a batch of two items gives LXT's relevance per item."""
-    path = GOLDENS / "bert_ids_torchscriptdyn.onnx"
+    path = TRANSFORMERS / "bert_ids_torchscriptdyn.onnx"
     if not path.exists():
         pytest.skip("no dynamic-axes BERT golden")
-    g = np.load(GOLDENS / "bert.npz")
+    g = np.load(TRANSFORMERS / "bert.npz")
     ex = onnx_lrp.Explainer(path, composite="attnlrp")
     ids = np.repeat(g["input_ids"], 2, 0)
     mask = np.repeat(g["attention_mask"], 2, 0)
     res = ex.explain({"input_ids": ids, "attention_mask": mask}, target=int(g["target"]))
     assert res.relevance.shape == ids.shape
     for row in res.relevance:
-        assert _rel_l2(row, g["relevance_tokens"][0]) <= TOL
+        assert rel_l2(row, g["relevance_tokens"][0]) <= TOL
 
 
 @pytest.mark.parametrize("kind", ["embeds", "ids"])
@@ -144,10 +140,10 @@ def test_dynamic_sequence_length_is_causal(kind):
     shape at run time): explaining position 4 of the full sequence equals explaining the last position of the first
     5 tokens (a causal LM's logit there cannot see later tokens, which get no relevance), and a batch of two gives
     the single item's relevance twice."""
-    path = GOLDENS / f"gpt2_{kind}_torchscriptdyn.onnx"
+    path = TRANSFORMERS / f"gpt2_{kind}_torchscriptdyn.onnx"
     if not path.exists():
         pytest.skip("no dynamic-axes GPT-2 golden")
-    g = np.load(GOLDENS / "gpt2.npz")
+    g = np.load(TRANSFORMERS / "gpt2.npz")
     feed = "embeds" if kind == "embeds" else "input_ids"
     x = g[feed]
     ex = onnx_lrp.Explainer(path, composite="attnlrp")
@@ -156,11 +152,11 @@ def test_dynamic_sequence_length_is_causal(kind):
     assert int(short.position[0]) == 4 and int(full.position[0]) == 4
     assert int(short.target[0]) == int(full.target[0])
     assert np.abs(full.relevance[:, 5:]).max() == 0.0
-    assert _rel_l2(full.relevance[:, :5], short.relevance) <= 1e-5
+    assert rel_l2(full.relevance[:, :5], short.relevance) <= 1e-5
     twice = ex.explain({feed: np.repeat(x, 2, 0)}, position=(-4))
     once = ex.explain({feed: x}, position=4)
     for row in twice.relevance:
-        assert _rel_l2(row, once.relevance[0]) <= 1e-5
+        assert rel_l2(row, once.relevance[0]) <= 1e-5
 
 
 def test_cli_colours_tokens_and_writes_the_html_page(tmp_path):
@@ -169,13 +165,13 @@ def test_cli_colours_tokens_and_writes_the_html_page(tmp_path):
     import sys
     from pathlib import Path
 
-    g = np.load(GOLDENS / "llama.npz")
+    g = np.load(TRANSFORMERS / "llama.npz")
     ids = g["input_ids"]
     np.save(tmp_path / "ids.npy", ids)
     tokens = [f"tok{i}" for i in range(ids.shape[1])]
     (tmp_path / "tokens.txt").write_text("\n".join(tokens) + "\n")
     exe = Path(sys.executable).with_name("onnx-lrp")
-    model = GOLDENS / "llama_ids_torchscript.onnx"
+    model = TRANSFORMERS / "llama_ids_torchscript.onnx"
     proc = subprocess.run([str(exe), "explain", str(model), str(tmp_path / "ids.npy"), "--composite", "attnlrp",
                            "--tokens", str(tmp_path / "tokens.txt"), "--html", str(tmp_path / "t.html"),
                            "-o", str(tmp_path / "r.npy")], capture_output=True, text=True)

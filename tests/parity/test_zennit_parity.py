@@ -20,15 +20,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import onnx_lrp
+from util import GOLDENS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLDENS = ROOT / "tests" / "goldens"
 LARGE = ROOT / "goldens_large"
 SCRIPT = ROOT / "scripts" / "make_zennit_goldens.py"
 TOL = 1e-3

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import onnx_lrp
+from util import ROOT, rel_l2_items
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_zennit_goldens.py"
+SCRIPT = ROOT / "scripts" / "make_zennit_goldens.py"
 
 
 @functools.cache
@@ -39,12 +39,6 @@ def _script():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def rel_l2(a, b) -> np.ndarray:
-    a = np.asarray(a, np.float64).reshape(len(a), -1)
-    b = np.asarray(b, np.float64).reshape(len(b), -1)
-    return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def _distances(name, size, n, exporter, composites, exact=True):
@@ -69,8 +63,8 @@ def _distances(name, size, n, exporter, composites, exact=True):
         stock64, _, _ = s.zennit_relevance(ref, x, comp, canon())
         s.EXACT_BN_MERGE = True
         res = onnx_lrp.Explainer(data, composite=c, start="one-hot", **params).explain(x.numpy(), target=t)
-        out[comp] = (rel_l2(res.relevance, r64).max(), rel_l2(r32, r64).max(), rel_l2(stock64, r64).max(),
-                     rel_l2(res.relevance, stock64).max())
+        out[comp] = (rel_l2_items(res.relevance, r64).max(), rel_l2_items(r32, r64).max(), rel_l2_items(stock64, r64).max(),
+                     rel_l2_items(res.relevance, stock64).max())
     return out
 
 
@@ -182,7 +176,7 @@ def both_distances(name, bn_stats, size, batch, composites=WELL_CONDITIONED, exp
         ex = onnx_lrp.Explainer(data, composite=comp, start="one-hot", **params)
         for b in sorted({1, batch}):
             r = ex.explain(x[:b].numpy(), target=t[:b]).relevance
-            out[(comp, b)] = (rel_l2(r, r64[:b]), rel_l2(r32[:b], r64[:b]), tied[:b])
+            out[(comp, b)] = (rel_l2_items(r, r64[:b]), rel_l2_items(r32[:b], r64[:b]), tied[:b])
     return out
 
 
@@ -277,13 +271,13 @@ def test_mobilenet_v2_as_built_zennit_takes_the_gradient_at_its_functional_ops()
     res = ex.explain(x.numpy(), target=t)
     r_out = np.asarray(res.relevance_at[pool.output[0]], np.float64).reshape(z.shape)
     stab = hw * (z + 1e-6 * np.where(z >= 0, 1.0, -1.0))
-    assert rel_l2(res.relevance_at[pool.input[0]], feat * r_out / stab).max() < 1e-5  # onnx-lrp: Norm
+    assert rel_l2_items(res.relevance_at[pool.input[0]], feat * r_out / stab).max() < 1e-5  # onnx-lrp: Norm
     z_out = at["classifier.0"].reshape(z.shape).astype(np.float64)
-    assert rel_l2(at["features"], np.broadcast_to(z_out / hw, feat.shape)).max() < 1e-6  # zennit as built: gradient
-    assert rel_l2(at["features"], feat * z_out / stab).min() > 0.5
-    assert rel_l2(res.relevance, built64).min() > 0.5
+    assert rel_l2_items(at["features"], np.broadcast_to(z_out / hw, feat.shape)).max() < 1e-6  # zennit as built: gradient
+    assert rel_l2_items(at["features"], feat * z_out / stab).min() > 0.5
+    assert rel_l2_items(res.relevance, built64).min() > 0.5
     # the functional ops as modules: agreement within 3x of zennit's own float32 distance (floor 1e-5)
     ref64, t, _ = s.zennit_relevance(s.as_float64(modules), x, "epsilon-plus-flat", canon(True)())
     ref32, _, _ = s.zennit_relevance(modules, x, "epsilon-plus-flat", canon(True)(), target=t)
-    ours = rel_l2(ex.explain(x.numpy(), target=t).relevance, ref64).max()
-    assert ours <= max(FACTOR * rel_l2(ref32, ref64).max(), FLOOR), (ours, rel_l2(ref32, ref64))
+    ours = rel_l2_items(ex.explain(x.numpy(), target=t).relevance, ref64).max()
+    assert ours <= max(FACTOR * rel_l2_items(ref32, ref64).max(), FLOOR), (ours, rel_l2_items(ref32, ref64))

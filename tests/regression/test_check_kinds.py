@@ -25,8 +25,8 @@ from onnx import numpy_helper
 
 from onnx_lrp import regression as rg
 from onnx_lrp.core.errors import InputError
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples" / "batch.npy"
 X = np.load(SAMPLES)

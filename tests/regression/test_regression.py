@@ -17,8 +17,8 @@ from onnx_lrp.core.files import sha256_file
 import onnx_lrp
 from onnx_lrp import regression as rg
 from onnx_lrp.core.errors import InputError
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples" / "batch.npy"
 CLI = Path(sys.executable).with_name("onnx-lrp")

@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +25,8 @@ from PIL import Image
 import onnx_lrp
 from onnx_lrp import regression as rg
 from onnx_lrp.io import heatmap as hm
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples" / "batch.npy"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -3,8 +3,6 @@ chunk, merging, and the deployed-output gap counted over the whole run; against 
 against the gap measured on the whole batch at once."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,8 +12,8 @@ from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_all, explain_chunks, merge, per_item, slices, stacked
 from onnx_lrp.run.runner import Explanation
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 
 

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - a checkout on sys.path shadows the ins
 from families import FAMILIES
 from onnx_lrp.core.errors import LrpError
 from onnx_lrp.run import placement, runtime
+from util import rel_l2
 
 
 DEVICE = os.environ.get("ONNX_LRP_PARITY_DEVICE", "cuda")
@@ -53,11 +54,6 @@ if not _cuda_starts():
 TOL = 1e-4
 
 
-def _rel_l2(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def _first(rel):
     return next(iter(rel.values())) if isinstance(rel, dict) else rel
 
@@ -70,11 +66,11 @@ def test_cuda_relevance_equals_cpu(fam):
     assert cuda_ex.device == DEVICE and cuda_ex.session.providers[0] == PROVIDER
     cuda = cuda_ex.explain(feeds)
     np.testing.assert_array_equal(cuda.target, cpu.target)
-    err = _rel_l2(_first(cuda.relevance), _first(cpu.relevance))
+    err = rel_l2(_first(cuda.relevance), _first(cpu.relevance))
     assert err <= TOL, f"{fam.name}: CUDA vs CPU rel-L2 {err:.2e}"
     tf32 = fam.explainer(device=DEVICE, tf32=True).explain(feeds, target=cpu.target)
     assert np.all(np.isfinite(_first(tf32.relevance)))
-    assert _rel_l2(_first(tf32.relevance), _first(cpu.relevance)) < 0.1
+    assert rel_l2(_first(tf32.relevance), _first(cpu.relevance)) < 0.1
 
 
 def real_placement(ex, feeds: dict) -> dict:

@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from families import FAMILIES, fused_dropped_reads, optional_reads
+from util import ROOT
 
 
 @pytest.mark.parametrize("fam", FAMILIES, ids=[f.name for f in FAMILIES])
@@ -139,7 +140,7 @@ def test_install_choice_brings_exactly_one_runtime(choice, want, monkeypatch):
     seen = {}
     monkeypatch.setenv("ONNX_LRP_RUNTIME", choice)
     monkeypatch.setattr(setuptools, "setup", lambda **kw: seen.update(kw))
-    runpy.run_path(str(Path(__file__).parents[2] / "setup.py"))
+    runpy.run_path(str(ROOT / "setup.py"))
     runtimes = [r for r in seen["install_requires"] if r.startswith("onnxruntime")]
     assert runtimes == ([] if want is None else [r for r in runtimes if r.startswith(want)]) and len(runtimes) <= 1
     assert (want is None) == (runtimes == [])

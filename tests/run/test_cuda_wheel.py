@@ -12,8 +12,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from util import ROOT
 
 
 @pytest.mark.slow

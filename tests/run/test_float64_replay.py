@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import onnx_lrp
+from util import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MODELS = ["models/digits_cnn.onnx", "tests/goldens/small_cnn_torchscript.onnx",
           "tests/goldens/flax_twins/preact_res_op17.onnx", "tests/goldens/flax_twins/max_res_crop_op17.onnx",
           "tests/goldens/flax_twins/gn_res_op17.onnx"]

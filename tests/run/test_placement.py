@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from families import FAMILIES
 from onnx_lrp import load as loader
 from onnx_lrp.run import placement
+from util import ROOT
 
 F = TensorProto.FLOAT
 
@@ -86,7 +87,7 @@ def test_no_relevance_node_of_a_family_is_predicted_on_the_cpu(fam):
 def test_no_relevance_node_of_resnet50_or_vgg16_is_predicted_on_the_cpu(arch, composite, tmp_path):
     import sys
 
-    sys.path.insert(0, str(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import onnx_lrp
     from bench_cnn import build
 
