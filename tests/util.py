@@ -3,7 +3,9 @@
 * paths: ``ROOT`` (the repository) and ``GOLDENS`` (tests/goldens), so a test file can live in any folder;
 * tiny ONNX models built with onnx.helper (``node``, ``make_model``, ``add_probe``) and run with onnxruntime (``run``);
   models are written with IR version 10 (onnx.helper writes a newer one than onnxruntime 1.31 reads);
-* comparisons: ``rel_l2`` (one number for whole arrays) and ``rel_l2_items`` (one per item, axis 0);
+* comparisons: ``rel_l2`` (one number for whole arrays) and ``rel_l2_items`` (one per item, axis 0); ``f32_tol`` (an
+  absolute tolerance of a few float32 steps at the compared values' magnitude) and ``assert_close`` (numpy's
+  ``assert_allclose`` with ``atol`` never below it);
 * ``explain_probe``: a model's relevance with a linear probe on its outputs (the relevance entering them is known);
 * numpy references (``conv_matrix``, ``stab``).
 """
@@ -182,3 +184,22 @@ def rel_l2_items(a, b) -> np.ndarray:
     norm = np.linalg.norm(b, axis=1)
     assert np.all(norm > 0), "an all-zero reference"
     return np.linalg.norm(a - b, axis=1) / norm
+
+
+def f32_tol(values, ulps: float = 4) -> float:
+    """``ulps`` float32 steps at the largest magnitude of ``values``: the least absolute tolerance that means
+    anything for float32 results of that size (one float32 step at 24 is 1.9e-6; the kernels of different CPUs,
+    AVX2 / AVX-512 / VNNI, sum in different orders and differ by a few steps). Add it to an ``atol`` chosen for
+    small values."""
+    top = np.max(np.abs(np.asarray(values, np.float64))) if np.size(values) else 0.0
+    return float(ulps * np.spacing(np.float32(top)))
+
+
+def assert_close(actual, desired, rtol: float = 1e-7, atol: float = 0.0, ulps: float = 4, **kw):
+    """``np.testing.assert_allclose`` whose absolute tolerance is never below the float32 resolution of the compared
+    values: when either side is float32 (or narrower), ``atol`` is raised by ``f32_tol(desired, ulps)``, so an
+    element near zero of an array of larger values may differ by the few float32 steps that other CPUs' kernels
+    (AVX2 / AVX-512 / VNNI) give. float64 comparisons keep ``atol`` as given."""
+    narrow = any(np.asarray(v).dtype.kind == "f" and np.asarray(v).dtype.itemsize <= 4 for v in (actual, desired))
+    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol + (f32_tol(desired, ulps) if narrow else 0.0),
+                               **kw)

@@ -13,7 +13,7 @@ import pytest
 import onnx_lrp
 from onnx_lrp import DeviceError, InputError
 from onnx_lrp.load import serialize
-from util import make_model, node
+from util import assert_close, make_model, node
 
 RNG = np.random.default_rng(7)
 W1 = RNG.standard_normal((6, 5)).astype(np.float32)
@@ -51,15 +51,15 @@ def test_targets_start_and_batches_match_a_numpy_oracle():
     res = ex.explain(x)  # argmax, starting from the logit
     ref, y = lrp_eps(x, lambda y: np.eye(4)[y.argmax(1)] * y)
     np.testing.assert_array_equal(res.target, y.argmax(1))
-    np.testing.assert_allclose(res.relevance, ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-5, atol=1e-5)
+    assert_close(res.relevance, ref, rtol=1e-4, atol=1e-5)
+    assert_close(res.outputs["y"], y, rtol=1e-5, atol=1e-5)
     # one target for all, one per item, one-hot start
     for target in (2, [0, 3, 1]):
         t = np.broadcast_to(np.asarray(target), (3,))
         res = ex.explain(x, target=target, start="one-hot")
         ref, _ = lrp_eps(x, lambda y: np.eye(4)[t])
         np.testing.assert_array_equal(res.target, t)
-        np.testing.assert_allclose(res.relevance, ref, rtol=1e-4, atol=1e-5)
+        assert_close(res.relevance, ref, rtol=1e-4, atol=1e-5)
     # a single sample without its batch axis: relevance of its shape (tests/api/test_conventions.py has the rest)
     single = ex.explain(x[0], target=1)
     assert single.relevance.shape == x[0].shape
@@ -72,7 +72,7 @@ def test_logit_start_is_one_hot_start_times_the_logit():
     a = ex.explain(x, target=[0, 1, 2, 3])
     b = ex.explain(x, target=[0, 1, 2, 3], start="one-hot")
     logit = a.outputs["y"][np.arange(4), a.target]
-    np.testing.assert_allclose(a.relevance, b.relevance * logit[:, None], rtol=1e-5, atol=1e-6)
+    assert_close(a.relevance, b.relevance * logit[:, None], rtol=1e-5, atol=1e-6)
 
 
 def test_softmax_output_explains_the_logits_before_it():
@@ -119,7 +119,7 @@ def test_two_inputs_and_relevance_at_an_intermediate_tensor():
     assert set(res.relevance) == {"a", "b"}
     # with epsilon = 0 and the logit start, s = onehot at the last layer: R_r = r * W2[target]
     r = np.maximum(xa @ W1.T + B1 + xb @ W1.T + B1, 0)
-    np.testing.assert_allclose(res.relevance_at["r"], r * W2[res.target], rtol=1e-4, atol=1e-5)
+    assert_close(res.relevance_at["r"], r * W2[res.target], rtol=1e-4, atol=1e-5)
     # the residual-style Add gets the norm rule (zennit's Sum): R_ha = ha * R_h / stab(h), then epsilon on each Gemm
     ha, hb = xa @ W1.T + B1, xb @ W1.T + B1
     h = ha + hb
@@ -202,7 +202,7 @@ def test_float64_model_is_explained_in_float64():
     res = ex.explain(x)
     ref, _ = lrp_eps(x, lambda y: np.eye(4)[y.argmax(1)] * y)
     assert res.relevance.dtype == np.float64
-    np.testing.assert_allclose(res.relevance, ref, rtol=1e-10, atol=1e-12)
+    assert_close(res.relevance, ref, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -24,7 +24,7 @@ import onnx_lrp
 import onnx_lrp.plot
 from onnx_lrp.cli.main import main
 from onnx_lrp.io import heatmap as hm
-from util import GOLDENS, ROOT
+from util import GOLDENS, ROOT, assert_close
 
 DIGITS = str(ROOT / "models" / "digits_cnn.onnx")
 X = np.load(ROOT / "models" / "samples" / "batch.npy")  # [10, 1, 16, 16]
@@ -199,8 +199,8 @@ def test_evaluate_takes_quantus_layout(rgb, name):
     a = rgb["relevance"]
     assert a.shape == (6, 1, 8, 8) and rgb["x"].shape == (6, 3, 8, 8)
     want = rgb[f"out/{name}"]
-    np.testing.assert_allclose(_ours(rgb, name, a), want, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(_ours(rgb, name, a[:, 0]), want, rtol=0, atol=1e-6)
+    assert_close(_ours(rgb, name, a), want, rtol=0, atol=1e-6)
+    assert_close(_ours(rgb, name, a[:, 0]), want, rtol=0, atol=1e-6)
 
 
 def test_evaluate_quantus_layout_live(rgb):
@@ -216,7 +216,7 @@ def test_evaluate_quantus_layout_live(rgb):
         warnings.simplefilter("ignore")
         for name in ("rp", "pf", "fc"):
             want = mod.run_quantus(name, rgb["model"].tobytes(), rgb["x"], a, rgb["target"], rgb["mask"])
-            np.testing.assert_allclose(_ours(rgb, name, a), want, rtol=0, atol=1e-6)
+            assert_close(_ours(rgb, name, a), want, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(6, 2, 8, 8), (6, 8), (5, 1, 8, 8), (6, 3, 8, 8, 1)])
@@ -236,5 +236,5 @@ def test_randomisation_sums_the_randomised_relevance_like_the_given(rgb):
     full = onnx_lrp.evaluate(model, rgb["x"], metric="randomisation", relevance=res.relevance, target=res.target)
     summed = onnx_lrp.evaluate(model, rgb["x"], metric="randomisation", relevance=a1, target=res.target)
     assert [r["layer"] for r in full.layers] == [r["layer"] for r in summed.layers]
-    np.testing.assert_allclose(full.layers[-1]["ssim"], summed.layers[-1]["ssim"], rtol=1e-5, atol=1e-6)
+    assert_close(full.layers[-1]["ssim"], summed.layers[-1]["ssim"], rtol=1e-5, atol=1e-6)
     assert np.all(np.isfinite(summed.scores["spearman/last"]))

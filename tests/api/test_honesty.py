@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from util import IR_VERSION, make_model, node
+from util import IR_VERSION, assert_close, make_model, node
 
 import onnx_lrp
 from onnx_lrp import InputError, ModelError, NumericError, UnsupportedError
@@ -77,7 +77,7 @@ def test_finite_results_are_unchanged_by_the_check():
     res = onnx_lrp.Explainer(gemm_model(W2, b), composite="epsilon").explain(X, start="one-hot", target=1)
     z = X.astype(np.float64) @ W2.T.astype(np.float64) + b
     stab = z[:, 1] + 1e-6 * (np.sign(z[:, 1]) + (z[:, 1] == 0))
-    np.testing.assert_allclose(res.relevance, X * W2[1] / stab[:, None], rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance, X * W2[1] / stab[:, None], rtol=1e-4, atol=1e-6)
 
 
 def test_relevance_overflow_with_a_finite_forward_names_the_node_and_rule():
@@ -133,7 +133,7 @@ def test_zbox_needs_bounds_and_they_must_fit_the_channels():
                                      high=np.ones((3, 1, 1))).explain(x).relevance
     scalar = onnx_lrp.Explainer(model, composite="epsilon-gamma-box", low=0.0, high=1.0).explain(x).relevance
     assert np.abs(scalar).sum() > 0
-    np.testing.assert_allclose(per_channel, scalar, rtol=1e-5, atol=1e-7)
+    assert_close(per_channel, scalar, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("params,message", [
@@ -223,7 +223,7 @@ def test_a_wrong_declared_output_shape_is_not_held_against_the_graph():
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     res = onnx_lrp.Explainer(model.SerializeToString(), composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(
         x, target=2)
-    np.testing.assert_allclose(res.relevance, x * w[:, 2], rtol=1e-5, atol=1e-6)
+    assert_close(res.relevance, x * w[:, 2], rtol=1e-5, atol=1e-6)
 
 
 def test_pool_window_larger_than_the_input_is_refused():

@@ -24,7 +24,7 @@ from onnx_lrp.cli import heatmap as hm
 from onnx_lrp.cli.io import AtomicOutputs, OutputError
 from onnx_lrp.cli.main import main
 from onnx_lrp.rules.composite import builtin_names, load_composite
-from util import ROOT
+from util import ROOT, assert_close
 
 MODELS = ROOT / "models"
 DIGITS = MODELS / "digits_cnn.onnx"
@@ -46,7 +46,7 @@ def api(composite="epsilon-plus-flat", **kw):
 
 
 def close(a, b):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------- explain

@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from util import ROOT, make_model, node, to_bytes
+from util import ROOT, assert_close, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.cli.main import COMMANDS, main
@@ -56,7 +56,7 @@ def explain(composite="epsilon-plus-flat", x=X, **kw):
 
 
 def close(a, b):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------- inspect (point 3)

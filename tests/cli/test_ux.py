@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from util import ROOT, make_model, node, to_bytes
+from util import ROOT, assert_close, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.run import runtime
@@ -59,7 +59,7 @@ def test_device_auto_falls_back_to_cpu_when_cuda_cannot_start(monkeypatch):
     assert ex.device == "cpu" and ex.device_note and "CUDA" in ex.device_note
     x = np.load(ROOT / "models" / "samples" / "batch.npy")[:2]
     ref = onnx_lrp.Explainer(str(DIGITS)).explain(x)
-    np.testing.assert_allclose(ex.explain(x).relevance, ref.relevance, rtol=1e-6, atol=1e-7)
+    assert_close(ex.explain(x).relevance, ref.relevance, rtol=1e-6, atol=1e-7)
     with pytest.raises(DeviceError):  # asked for explicitly: an error, not a fallback
         onnx_lrp.Explainer(str(DIGITS), device="cuda")
 
@@ -169,7 +169,7 @@ def test_snapshot_takes_the_input_options_and_compresses(tmp_path):
     pixels = np.stack([np.asarray(Image.open(p), np.float32) / 255 for p in sorted(PNG.glob("*.png"))])[:, None]
     with np.load(out, allow_pickle=False) as z:
         stored = z[[k for k in z.files if k.startswith("inputs")][0]]
-    np.testing.assert_allclose(stored, (pixels - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
+    assert_close(stored, (pixels - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
     with zipfile.ZipFile(out) as zf:
         assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in zf.infolist())
     assert cli("check", DIGITS, out).exit_code == 0
@@ -202,8 +202,8 @@ def test_saved_model_loads_silently_and_computed_weights_keep_it_small(tmp_path)
             out.stderr[-800:]
         rels.append(np.load(tmp_path / "r.npy"))
     ref = onnx_lrp.Explainer(str(DIGITS), composite="epsilon-gamma-box", low=0.0, high=1.0).explain(x).relevance
-    np.testing.assert_allclose(rels[0], ref, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(rels[1], rels[0], rtol=1e-6, atol=1e-7)
+    assert_close(rels[0], ref, rtol=1e-6, atol=1e-7)
+    assert_close(rels[1], rels[0], rtol=1e-6, atol=1e-7)
 
 
 def test_computed_weights_cover_grouped_and_strided_convolutions(tmp_path):
@@ -351,7 +351,7 @@ def test_crop_keeps_the_aspect_ratio(tmp_path):
         with np.load(out) as z:
             x = z[[k for k in z.files if k.startswith("inputs")][0]][0, 0]
         if expect is not None:
-            np.testing.assert_allclose(x, expect / 255.0, atol=1e-6)
+            assert_close(x, expect / 255.0, atol=1e-6)
         else:
             squeezed = np.asarray(Image.fromarray(pixels, mode="L").resize((16, 16), Image.Resampling.BILINEAR))
-            np.testing.assert_allclose(x, squeezed / 255.0, atol=1e-6)
+            assert_close(x, squeezed / 255.0, atol=1e-6)

@@ -20,7 +20,7 @@ import pytest
 import onnx_lrp
 from onnx_lrp.concepts import RelMax
 from onnx_lrp.core.errors import InputError
-from util import GOLDENS, ROOT, rel_l2_items
+from util import GOLDENS, ROOT, assert_close, rel_l2_items
 
 GOLD = GOLDENS / "crp"
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
@@ -123,7 +123,7 @@ def test_crp_goldens_reproduce_live():
         if k == "meta":
             assert json.loads(str(live[k]))["edges"] == json.loads(str(gold[k]))["edges"]
         else:
-            assert np.allclose(live[k], gold[k], rtol=1e-6, atol=1e-9), k
+            assert_close(live[k], gold[k], rtol=1e-6, atol=1e-9, err_msg=k)
 
 
 # ------------------------------------------------------------------------------ properties on the digits model
@@ -194,7 +194,7 @@ def test_mask_input_defaults_to_ones(digits):
     assert crp.MASK_PREFIX + LAYER in [i.name for i in sess.session.get_overridable_initializers()]
     out = sess.run({"image": x, "lrp/target": np.array([3]), "lrp/one_hot": np.array(False)})
     plain = ex.explain(x, target=3).relevance
-    assert np.allclose(out["lrp/relevance/image"], plain, rtol=1e-5, atol=1e-7)
+    assert_close(out["lrp/relevance/image"], plain, rtol=1e-5, atol=1e-7)
 
 
 def test_init_abs_and_one_hot_scale_the_logit_start(digits):
@@ -204,7 +204,7 @@ def test_init_abs_and_one_hot_scale_the_logit_start(digits):
     base = ex.explain_concepts(x, 5, LAYER, concepts=[[1], [2, 3]])
     for init, factor in (("abs", -1.0), ("one-hot", 1.0 / logit)):
         other = ex.explain_concepts(x, 5, LAYER, concepts=[[1], [2, 3]], init=init)
-        assert np.allclose(other.heatmaps, factor * base.heatmaps, rtol=1e-4, atol=1e-8)
+        assert_close(other.heatmaps, factor * base.heatmaps, rtol=1e-4, atol=1e-8)
 
 
 def test_init_activation_starts_at_the_layer(digits):

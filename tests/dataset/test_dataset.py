@@ -22,7 +22,7 @@ import onnx_lrp
 from onnx_lrp.io.inputs import Preprocess, image_layout, input_infos, load_image
 from onnx_lrp.cli.main import main
 from onnx_lrp.dataset import MANIFEST, SHARD_DIR, explain_dataset, read_shards
-from util import ROOT
+from util import ROOT, assert_close
 
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 CLI = Path(sys.executable).parent / "onnx-lrp"
@@ -115,7 +115,7 @@ def test_shard_with_decoding_threads_equals_sequential(tmp_path, ex, digits):
     assert a.items == b.items and len(a.items) == 11 and a.failed == b.failed and len(a.failed) == 1
     # the threads read in chunks of the raw items, so the broken image leaves a batch of one there; onnxruntime's
     # kernels are not bitwise batch-size invariant (float32 rounding), so: equal to rounding, not bit for bit
-    np.testing.assert_allclose(a.arrays["relevance"], b.arrays["relevance"], rtol=1e-6, atol=1e-9)
+    assert_close(a.arrays["relevance"], b.arrays["relevance"], rtol=1e-6, atol=1e-9)
     x = np.stack([load_image(src / i, image_layout(input_infos(ex.inputs)[0]), Preprocess())[0] for i in a.items])
     rel, tgt = single(ex, x)
     np.testing.assert_allclose(a.arrays["relevance"], rel, rtol=0, atol=TOL)

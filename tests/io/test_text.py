@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import onnx_lrp
 from onnx_lrp.cli.main import main
-from util import GOLDENS
+from util import GOLDENS, assert_close
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -56,11 +56,11 @@ def test_next_token_equals_the_api_on_the_tokenizers_ids(ref, tmp_path):
     assert summary["task"] == "text-generation" and summary["input_ids"] == list(ids)
     assert summary["explained"][0]["target"] == int(want.target[0]) == summary["explained"][0]["predicted"]
     assert summary["explained"][0]["position"] == len(ids) - 1
-    np.testing.assert_allclose(summary["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)
+    assert_close(summary["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)
     assert [t["relevance"] for t in summary["token_relevance"]] == summary["relevance"]
     with np.load(tmp_path / "r.npz") as z:
         np.testing.assert_array_equal(z["input_ids"], ids)
-        np.testing.assert_allclose(z["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)
+        assert_close(z["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)
         assert list(z["tokens"]) == summary["tokens"]
     page = (tmp_path / "r.html").read_text()
     assert all(w.strip() in page for w in summary["tokens"])
@@ -79,7 +79,7 @@ def test_continuation_is_the_sum_over_its_tokens(ref):
     summary = json.loads(result.stdout)
     assert summary["input_ids"] == ids[:-1]
     assert [e["target"] for e in summary["explained"]] == more == summary["target"]
-    np.testing.assert_allclose(summary["relevance"], want, rtol=1e-5, atol=1e-7)
+    assert_close(summary["relevance"], want, rtol=1e-5, atol=1e-7)
 
 
 def test_per_token_output_by_default_in_the_current_directory(tmp_path):
@@ -109,7 +109,7 @@ def test_api_result_for_notebooks_and_json(ref, tmp_path):
     res = ref.explain_text(PROMPT, TOKENIZER)
     ids = tokenizers.Tokenizer.from_file(str(TOKENIZER)).encode(PROMPT).ids
     want = _explain(ref, ids, len(ids) - 1)
-    np.testing.assert_allclose(res.relevance, want.relevance[0], rtol=1e-5, atol=1e-7)
+    assert_close(res.relevance, want.relevance[0], rtol=1e-5, atol=1e-7)
     assert res.target == res.predicted == int(want.target[0]) and res.position == len(ids) - 1
     assert "".join(res.tokens) == PROMPT and res.label == res.predicted_label
     assert res.logit == pytest.approx(float(want.explained_value[0]), rel=1e-6)
@@ -177,7 +177,7 @@ def test_language_model_or_token_classifier_by_the_vocabulary(ref, tmp_path):
     np.testing.assert_array_equal(forced.relevance, lm.relevance)
     tagging = ref.explain_text(PROMPT, TOKENIZER, task="token-classification", position=2)
     ids = tokenizers.Tokenizer.from_file(str(TOKENIZER)).encode(PROMPT).ids
-    np.testing.assert_allclose(tagging.relevance, _explain(ref, ids, 2).relevance[0], rtol=1e-5, atol=1e-7)
+    assert_close(tagging.relevance, _explain(ref, ids, 2).relevance[0], rtol=1e-5, atol=1e-7)
     assert tagging.predictions == [str(i) for i in _explain(ref, ids, 2).outputs["logits"][0].argmax(-1)]
 
 
@@ -207,4 +207,4 @@ def test_llama_style_bos_and_position_ids(tmp_path):
     summary = json.loads(result.stdout)
     assert summary["input_ids"] == list(ids) and summary["tokens"][0] == "<s>"
     assert summary["explained"][0]["target"] == int(want.target[0])
-    np.testing.assert_allclose(summary["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)
+    assert_close(summary["relevance"], want.relevance[0], rtol=1e-5, atol=1e-7)

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 import onnx_lrp
 from onnx_lrp.cli.main import main
-from util import GOLDENS
+from util import GOLDENS, assert_close
 
 pytest.importorskip("tokenizers")
 
@@ -100,11 +100,11 @@ def test_embeddings_from_the_table_or_given_equal_the_ids_model():
     table = np.load(GOLD / "bert_embeddings.npy")
     ids_res, _ = _explain("bert_torchscript")
     res, z = _explain("bert_embeds_torchscript")
-    np.testing.assert_allclose(res.relevance, ids_res.relevance, rtol=1e-4, atol=1e-7)
+    assert_close(res.relevance, ids_res.relevance, rtol=1e-4, atol=1e-7)
     ex = onnx_lrp.Explainer(GOLD / "bert_embeds_torchscript.onnx")
     given = ex.explain_text(str(z["text"]), GOLD / "wordpiece.tokenizer.json", text_pair=str(z["text_pair"]),
                             embeddings=table[z["input_ids"][0]])
-    np.testing.assert_allclose(given.relevance, res.relevance, rtol=1e-6, atol=1e-9)
+    assert_close(given.relevance, res.relevance, rtol=1e-6, atol=1e-9)
     with pytest.raises(onnx_lrp.InputError, match="takes embeddings"):
         ex.explain_text("the cat", GOLD / "wordpiece.tokenizer.json")
     with pytest.raises(onnx_lrp.InputError, match="neither the embedding table"):
@@ -131,7 +131,7 @@ def test_deberta_v2_at_a_fixed_length(tmp_path):
                                        str(tmp_path / "d.html")])
     assert result.exit_code == 0, result.output
     assert "built for this text's" in result.stderr and result.stderr.count("\n") == 1
-    np.testing.assert_allclose(json.loads(result.stdout)["relevance"], z["relevance64"], rtol=0, atol=1e-5)
+    assert_close(json.loads(result.stdout)["relevance"], z["relevance64"], rtol=0, atol=1e-5)
 
 
 def test_token_classifier_cli_labels_and_positions(tmp_path, monkeypatch):
@@ -147,9 +147,9 @@ def test_token_classifier_cli_labels_and_positions(tmp_path, monkeypatch):
     by_word = json.loads(CliRunner().invoke(main, args + ["--position", "london", "--target", "B-LOC"]).stdout)
     by_index = ex.explain_text(str(z["text"]), GOLD / "wordpiece.tokenizer.json", target=3, position=5)
     assert by_word["position"] == 5 and by_word["target"] == 3 and by_word["label"] == "B-LOC"
-    np.testing.assert_allclose(by_word["relevance"], by_index.relevance, rtol=1e-6, atol=1e-9)
+    assert_close(by_word["relevance"], by_index.relevance, rtol=1e-6, atol=1e-9)
     direct = ex.explain({k: z[k] for k in ("input_ids", "attention_mask", "token_type_ids")}, target=3, position=5)
-    np.testing.assert_allclose(by_index.relevance, direct.relevance["input_ids"][0], rtol=1e-6, atol=1e-9)
+    assert_close(by_index.relevance, direct.relevance["input_ids"][0], rtol=1e-6, atol=1e-9)
     logits = direct.outputs["logits"][0]
     names = ["O", "B-PER", "I-PER", "B-LOC", "B-ORG"]
     assert by_word["predictions"] == [names[i] for i in logits.argmax(-1)]

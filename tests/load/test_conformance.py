@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from util import IR_VERSION, make_model, node
+from util import IR_VERSION, assert_close, make_model, node
 
 import conformance
 import onnx_lrp
@@ -161,7 +161,7 @@ def test_swish_opset24_is_inlined():
     np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-6)
     want = np.zeros_like(x)
     want[[0, 1], [2, 1]] = y[[0, 1], [2, 1]]
-    np.testing.assert_allclose(res.relevance, want, rtol=1e-6, atol=1e-7)
+    assert_close(res.relevance, want, rtol=1e-6, atol=1e-7)
 
 
 def test_newer_opset_new_type_refused():

@@ -20,7 +20,7 @@ import onnx_lrp
 from onnx_lrp.core.errors import InputError, UnsupportedError
 
 from recurrent_oracle import lrp_op, stab  # noqa: E402
-from util import GOLDENS, IR_VERSION, rel_l2_items, to_bytes  # noqa: E402
+from util import GOLDENS, IR_VERSION, assert_close, rel_l2_items, to_bytes  # noqa: E402
 
 TWINS = GOLDENS / "recurrent_twins"
 COMPOSITES = ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1", "attnlrp", "cp-lrp")
@@ -57,7 +57,7 @@ def test_loop_unrolled_equals_keras_unroll_true(kind, comp):
     g = np.load(TWINS / "recurrent_twins.npz")
     r_loop, y_loop = explain(TWINS / f"{kind}_b_loop.onnx", comp)
     r_unr, y_unr = explain(TWINS / f"{kind}_b_unrolled.onnx", comp)
-    np.testing.assert_allclose(y_loop, g[f"{kind}_b"], rtol=1e-4, atol=1e-5)
+    assert_close(y_loop, g[f"{kind}_b"], rtol=1e-4, atol=1e-5)
     assert np.all(np.isfinite(r_loop))
     assert rel_l2_items(r_loop, r_unr).max() <= 1e-6
 
@@ -94,7 +94,7 @@ def test_keras_exports_against_the_oracle_and_the_torch_op(kind, bias):
     shapes and constants, so relevance r b_hh / a R_a enters the gate; the GRU op counts it as bias)."""
     oracle, z = _oracle(kind, bias, 0.0)
     g = np.load(TWINS / "recurrent_twins.npz")
-    np.testing.assert_allclose(z, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
+    assert_close(z, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
     r_torch, _ = explain(TWINS / f"{kind}_{bias}_torch.onnx", epsilon=0.0)
     r_loop, _ = explain(TWINS / f"{kind}_{bias}_loop.onnx", epsilon=0.0)
     assert rel_l2_items(r_torch, oracle).max() <= 1e-5
@@ -118,7 +118,7 @@ def test_flax_scan_export_equals_the_keras_export(kind, bias):
     for comp, kw in (("epsilon", {"epsilon": 0.0}), ("epsilon-plus-flat", {}), ("attnlrp", {})):
         r_flax, y = explain(TWINS / f"{kind}_{bias}_flax.onnx", comp, **kw)
         r_keras, _ = explain(TWINS / f"{kind}_{bias}_unrolled.onnx", comp, **kw)
-        np.testing.assert_allclose(y, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
+        assert_close(y, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
         assert rel_l2_items(r_flax, r_keras).max() <= (1e-4 if kind == "lstm" else 1e-6), comp
 
 
@@ -276,8 +276,8 @@ def test_unrolled_control_flow_equals_the_written_out_recurrence(make):
     for comp, kw in (("epsilon", {}), ("epsilon", {"epsilon": 0.0}), ("epsilon-plus-flat", {})):
         r, y = _run(model, comp, **kw)
         r_ref, y_ref = _run(ref, comp, **kw)
-        np.testing.assert_allclose(y, y_ort, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(y_ref, y_ort, rtol=1e-5, atol=1e-6)
+        assert_close(y, y_ort, rtol=1e-5, atol=1e-6)
+        assert_close(y_ref, y_ort, rtol=1e-5, atol=1e-6)
         assert rel_l2_items(r, r_ref).max() <= 1e-6, (comp, kw)
         if kw:
             np.testing.assert_allclose(r.sum(axis=(1, 2)), y[:, 1], rtol=1e-5)
@@ -332,7 +332,7 @@ def test_if_on_a_static_shape_is_inlined():
     x = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
     res = onnx_lrp.Explainer(to_bytes(m), composite="epsilon", epsilon=0.0).explain(x, target=1)
     np.testing.assert_allclose(res.outputs["y"], np.maximum(x, 0) @ p["A"], rtol=1e-5)
-    np.testing.assert_allclose(res.relevance, np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
+    assert_close(res.relevance, np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
 
 
 def test_if_on_an_integer_input_needs_a_constant():
@@ -438,7 +438,7 @@ def test_if_on_a_dynamic_dimension_is_folded_with_input_shapes():
         np.testing.assert_array_equal(res.relevance, ref.relevance)
         np.testing.assert_allclose(res.outputs["y"], (np.maximum(xs, 0) @ p["A"]) if n == 1 else xs @ p["B"],
                                    rtol=1e-5)
-        np.testing.assert_allclose(res.relevance, want if want is not None else xs * p["B"][:, 1], rtol=1e-5,
+        assert_close(res.relevance, want if want is not None else xs * p["B"][:, 1], rtol=1e-5,
                                    atol=1e-7)
     with pytest.raises(InputError, match="input 'x' has shape 1x5"):  # fed inputs are checked against the fixed dims
         onnx_lrp.Explainer(to_bytes(m), composite="epsilon", input_shapes={"x": (1, 4)}).explain(
@@ -531,9 +531,9 @@ def test_torchscript_if_on_the_batch_size():
         xt = torch.tensor(x, requires_grad=True)
         y = module(xt)
         y[:, 2].sum().backward()
-        np.testing.assert_allclose(res.outputs["y"], y.detach().numpy(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(res.relevance, ref.relevance, rtol=1e-6, atol=1e-8)
-        np.testing.assert_allclose(res.relevance, (xt.grad * xt).detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert_close(res.outputs["y"], y.detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert_close(res.relevance, ref.relevance, rtol=1e-6, atol=1e-8)
+        assert_close(res.relevance, (xt.grad * xt).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_cli_input_shape_option(tmp_path):
@@ -553,7 +553,7 @@ def test_cli_input_shape_option(tmp_path):
     out = runner.invoke(main, ["explain", str(path), str(tmp_path / "x.npy"), "-c", "epsilon", "--epsilon", "0",
                                "--input-shape", "x=1x4", "-t", "1", "-o", str(tmp_path / "r.npy")])
     assert out.exit_code == 0, out.output
-    np.testing.assert_allclose(np.load(tmp_path / "r.npy"), np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
+    assert_close(np.load(tmp_path / "r.npy"), np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
     rw = runner.invoke(main, ["rewrite", str(path), "-c", "epsilon", "--input-shape", "x=1x4",
                               "-o", str(tmp_path / "lrp.onnx")])
     assert rw.exit_code == 0, rw.output

@@ -25,7 +25,7 @@ import onnx_lrp
 import qop_models
 from onnx_lrp import load as loader
 from onnx_lrp.core.errors import UnsupportedError
-from util import ROOT
+from util import ROOT, assert_close
 
 DEMO = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples" / "batch.npy"
@@ -112,7 +112,7 @@ def test_qdq_pairs_pass_relevance_unchanged_numpy_oracle():
     for i, t in enumerate(res.target):
         r_h = hd[i] * w2[:, t]                             # layer 2: R_j = a_j w_jt (y_t = z_t)
         r_x = xd[i] * (w1 @ np.where(h[i] != 0, r_h / h[i], 0))  # relu passes, layer 1: a_i w_ij R_j / z_j
-        np.testing.assert_allclose(res.relevance[i], r_x, rtol=1e-4, atol=1e-5)
+        assert_close(res.relevance[i], r_x, rtol=1e-4, atol=1e-5)
 
 
 def test_qdq_demo_weights_folded_forward_quantized(variants):
@@ -152,7 +152,7 @@ def test_qdq_pair_relevance_is_identity(variants):
     for q_in, dq_out in zip(names[::2], names[1::2]):
         r_in, r_out = res.relevance_at[q_in], res.relevance_at[dq_out]
         assert np.abs(r_out).sum() > 0
-        np.testing.assert_allclose(r_in, r_out, rtol=1e-6, atol=1e-7)
+        assert_close(r_in, r_out, rtol=1e-6, atol=1e-7)
 
 
 def _rel(a, b):
@@ -238,11 +238,11 @@ def test_qoperator_mlp_numpy_oracle(tmp_path):
     hd = fq(h, "h")
     w2, z2 = layer(2, hd, "h")
     y = fq(z2, "y")
-    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-6, atol=1e-6)
+    assert_close(res.outputs["y"], y, rtol=1e-6, atol=1e-6)
     for i, t in enumerate(res.target):
         r_h = hd[i] * w2[t] / z2[i, t] * y[i, t]               # start at the output value; Q/DQ pass it unchanged
         r_x = xd[i] * (w1.T @ np.where(h[i] != 0, r_h / h[i], 0))
-        np.testing.assert_allclose(res.relevance[i], r_x, rtol=1e-4, atol=1e-6)
+        assert_close(res.relevance[i], r_x, rtol=1e-4, atol=1e-6)
 
 
 def test_qoperator_quantized_embedding_table(tmp_path):
@@ -281,7 +281,7 @@ def test_qoperator_quantized_embedding_table(tmp_path):
     z = e[x] @ w
     hq = (np.clip(np.round(z / c["h_scale"]) + c["h_zero_point"], -128, 127) - c["h_zero_point"]) * c["h_scale"]
     oracle = (e[x] @ w[:, 1]) / z[..., 1] * hq[..., 1] / 5
-    np.testing.assert_allclose(res.relevance, oracle, rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance, oracle, rtol=1e-4, atol=1e-6)
 
 
 def test_qdq_contrib_domain_ops(tmp_path):
@@ -394,7 +394,7 @@ def test_qlinear_where_and_reduce_mean(opset):
     w_ref = _ort(where_only.SerializeToString(), {"x": x})[0]
     np.testing.assert_array_equal(res.outputs["w"], w_ref)
     y_ref = (np.clip(np.round(w_ref.mean(axis=1) / np.float32(0.03)) + 120, 0, 255) - 120) * np.float32(0.03)
-    np.testing.assert_allclose(res.outputs["y"], y_ref, rtol=0, atol=1e-6)
+    assert_close(res.outputs["y"], y_ref, rtol=0, atol=1e-6)
     # relevance reaches x only where the condition took x (the other branch is a constant)
     assert np.all(res.relevance[x <= 0] == 0) and np.abs(res.relevance[x > 0]).sum() > 0
 
@@ -436,7 +436,7 @@ def test_dynamic_quantization_numpy_oracle(tmp_path):
     ex = onnx_lrp.Explainer(dst, composite="epsilon", epsilon=1e-9)
     res = ex.explain(x, target=2)
     ref = _ort(dst, {"x": x}, config=EXACT_INT8)[0]
-    np.testing.assert_allclose(res.forward["y"], ref, rtol=1e-5, atol=1e-5)
+    assert_close(res.forward["y"], ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(res.outputs["y"], _ort(dst, {"x": x})[0])
     # oracle: DynamicQuantizeLinear's uint8 fake-quant of x, weights dequantized from the file's int8 values
     lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
@@ -450,7 +450,7 @@ def test_dynamic_quantization_numpy_oracle(tmp_path):
     ws = inits[wname.replace("_quantized", "_scale")]
     wzp = inits[wname.replace("_quantized", "_zero_point")]
     wd = (wq.astype(np.float64) - wzp) * ws
-    np.testing.assert_allclose(res.relevance[0], xd[0] * wd[:, 2], rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance[0], xd[0] * wd[:, 2], rtol=1e-4, atol=1e-6)
 
 
 def test_dynamic_conv_with_integer_bias(tmp_path):
@@ -474,7 +474,7 @@ def test_dynamic_conv_with_integer_bias(tmp_path):
                dict(wq=wq, wz=np.array(0, np.int8), ws=ws, b=bias, bshape=np.array([1, 4, 1, 1], np.int64)))
     x = rng.uniform(-1, 2, (1, 2, 5, 5)).astype(np.float32)
     res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(x, target=2)
-    np.testing.assert_allclose(res.forward["y"], _ort(m.SerializeToString(), {"x": x}, config=EXACT_INT8)[0],
+    assert_close(res.forward["y"], _ort(m.SerializeToString(), {"x": x}, config=EXACT_INT8)[0],
                                rtol=1e-5, atol=1e-5)
     lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
     scale = np.float32((hi - lo) / 255)
@@ -500,11 +500,11 @@ def test_matmul_integer_static_scale():
                dict(sx=sx, zx=np.uint8(100), wq=wq, wz=np.int8(3), S=big_s))
     x = rng.uniform(-1, 1, (2, 6)).astype(np.float32)
     res = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-9).explain(x, target=2)
-    np.testing.assert_allclose(res.forward["y"], _ort(m.SerializeToString(), {"x": x}, config=EXACT_INT8)[0],
+    assert_close(res.forward["y"], _ort(m.SerializeToString(), {"x": x}, config=EXACT_INT8)[0],
                                rtol=1e-5, atol=1e-6)
     xd = _fake_quant(x.astype(np.float64), sx, 100)
     wd = (wq.astype(np.float64) - 3) * (big_s / sx)
-    np.testing.assert_allclose(res.relevance, xd * wd[:, 2], rtol=1e-4, atol=1e-7)
+    assert_close(res.relevance, xd * wd[:, 2], rtol=1e-4, atol=1e-7)
 
 
 def test_dynamic_demo_forward_matches_onnxruntime(variants):
@@ -534,7 +534,7 @@ def test_ort_fused_dynamic_quantization_split_back(tmp_path):
     x = np.random.default_rng(7).standard_normal((1, 4, 8)).astype(np.float32)  # one item: one dynamic range
     ref = onnx_lrp.Explainer(dyn, composite="attnlrp").explain(x, target=2)
     res = onnx_lrp.Explainer(fused, composite="attnlrp").explain(x, target=2)
-    np.testing.assert_allclose(res.forward["y"], _ort(fused, {"x": x}, config=EXACT_INT8)[0], rtol=1e-5, atol=1e-5)
+    assert_close(res.forward["y"], _ort(fused, {"x": x}, config=EXACT_INT8)[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(res.outputs["y"], _ort(fused, {"x": x})[0])
     assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-5
 
@@ -585,7 +585,7 @@ def test_dynamic_quantize_lstm(tmp_path):
     scale = np.float32((hi - lo) / 255)
     xq = _fake_quant(x, scale, np.clip(np.round(-lo / scale), 0, 255)).astype(np.float32)
     ref = onnx_lrp.Explainer(ref_model.SerializeToString(), composite="epsilon").explain(xq, target=1)
-    np.testing.assert_allclose(res.forward["y"], ref.outputs["y"], rtol=1e-5, atol=1e-5)
+    assert_close(res.forward["y"], ref.outputs["y"], rtol=1e-5, atol=1e-5)
     assert np.all(np.isfinite(res.relevance)) and _rel(res.relevance, ref.relevance) <= 1e-4
 
 
@@ -618,7 +618,7 @@ def test_float16_relevance_in_float32(variants, tmp_path, kind):
     xin = x.astype(np.float16).astype(np.float32) if kind == "fp16io" else x
     ref2 = onnx_lrp.Explainer(_rounded_fp32(DEMO, tmp_path), composite="epsilon-plus-flat").explain(
         xin, target=ref.target)
-    np.testing.assert_allclose(res.relevance, ref2.relevance, rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance, ref2.relevance, rtol=1e-4, atol=1e-6)
     # outputs: the deployed fp16 forward; the explained (float32) forward is within float16 rounding of it, and the
     # gap reported is the difference of the two (beyond 1e-4 of max |y|: float16 rounds at ~1e-3)
     y16 = _ort(variants[kind], {"image": x.astype(np.float16) if kind == "fp16io" else x})[0]
@@ -655,8 +655,8 @@ def test_ort_extended_fused_ops_split_back(variants):
     for comp in ("epsilon-plus-flat", "epsilon-alpha2-beta1"):
         ref = onnx_lrp.Explainer(DEMO, composite=comp).explain(x)
         res = onnx_lrp.Explainer(variants["ort"], composite=comp).explain(x)
-        np.testing.assert_allclose(res.outputs["logits"], ref.outputs["logits"], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(res.relevance, ref.relevance, rtol=1e-4, atol=1e-6)
+        assert_close(res.outputs["logits"], ref.outputs["logits"], rtol=1e-5, atol=1e-5)
+        assert_close(res.relevance, ref.relevance, rtol=1e-4, atol=1e-6)
 
 
 def test_ort_transformer_fusions_split_back(tmp_path):
@@ -685,8 +685,8 @@ def test_ort_transformer_fusions_split_back(tmp_path):
     for comp in ("epsilon", "attnlrp"):
         ref = onnx_lrp.Explainer(src, composite=comp).explain(x)
         res = onnx_lrp.Explainer(dst, composite=comp).explain(x)
-        np.testing.assert_allclose(res.outputs["y"], ref.outputs["y"], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(res.relevance, ref.relevance, rtol=1e-4, atol=1e-5)
+        assert_close(res.outputs["y"], ref.outputs["y"], rtol=1e-5, atol=1e-5)
+        assert_close(res.relevance, ref.relevance, rtol=1e-4, atol=1e-5)
 
 
 def test_ort_enable_all_nchwc_is_refused(tmp_path):
@@ -716,9 +716,9 @@ def test_fake_quantized_float_weights_fold(tmp_path):
     # the graph as written (onnxruntime's optimiser may turn weight-only DQ -> MatMul into a dynamically quantized
     # MatMul; onnx-lrp runs Q/DQ as written)
     ref = _ort(m.SerializeToString(), {"x": x}, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)[0]
-    np.testing.assert_allclose(res.outputs["y"], ref, rtol=1e-6, atol=1e-6)
+    assert_close(res.outputs["y"], ref, rtol=1e-6, atol=1e-6)
     wq = np.clip(np.round(w / ws), -128, 127) * ws
-    np.testing.assert_allclose(res.relevance, x * wq[:, 1], rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance, x * wq[:, 1], rtol=1e-4, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- deployed gap

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
+from util import assert_close
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -112,7 +113,7 @@ def test_dynamic_axes_match_static_exports(cls, sizes):
             y = model(torch.from_numpy(x)).numpy()
         for c in COMPOSITES:
             got = dyn_ex[c].explain(x, target=1)
-            np.testing.assert_allclose(got.outputs["y"], y, rtol=1e-4, atol=1e-5)
+            assert_close(got.outputs["y"], y, rtol=1e-4, atol=1e-5)
             ref = onnx_lrp.Explainer(static, composite=c, **PARAMS.get(c, {})).explain(x, target=1)
             assert got.relevance.shape == x.shape
             scale = np.abs(ref.relevance).max()
@@ -134,7 +135,7 @@ def test_vit_with_dynamic_batch_matches_static_export(composite):
     static = onnx_lrp.Explainer(_export(model, torch.from_numpy(x[:1]), dynamic=False), composite=composite)
     got, ref = dyn.explain(x, target=[0, 3, 4]), static.explain(x, target=[0, 3, 4])  # static: item by item
     with torch.no_grad():
-        np.testing.assert_allclose(got.outputs["y"], model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+        assert_close(got.outputs["y"], model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
     scale = np.abs(ref.relevance).max()
     assert scale > 0
     np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-4, atol=1e-5 * scale)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from util import make_model, node
+from util import assert_close, make_model, node
 
 import onnx_lrp
 
@@ -50,7 +50,7 @@ def test_tf2onnx_style_graph_matches_the_nchw_network(composite):
     tf = onnx_lrp.Explainer(tf2onnx_style().SerializeToString(), composite=composite, **box).explain(
         x.transpose(0, 2, 3, 1))
     np.testing.assert_array_equal(tf.target, ref.target)
-    np.testing.assert_allclose(tf.relevance.transpose(0, 3, 1, 2), ref.relevance, rtol=2e-4, atol=1e-6)
+    assert_close(tf.relevance.transpose(0, 3, 1, 2), ref.relevance, rtol=2e-4, atol=1e-6)
 
 
 def caffe2_style(opset):
@@ -69,5 +69,5 @@ def test_old_opset_model_is_upgraded_and_explained_like_opset_17(opset):
     x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
     old = onnx_lrp.Explainer(caffe2_style(opset).SerializeToString(), composite="epsilon-plus-flat").explain(x)
     new = onnx_lrp.Explainer(caffe2_style(17).SerializeToString(), composite="epsilon-plus-flat").explain(x)
-    np.testing.assert_allclose(old.relevance, new.relevance, rtol=1e-5, atol=1e-7)
+    assert_close(old.relevance, new.relevance, rtol=1e-5, atol=1e-7)
     assert np.all(np.isfinite(old.relevance))

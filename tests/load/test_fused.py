@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_lrp
 from onnx_lrp import load as loader
 from onnx_lrp.core.errors import UnsupportedError
-from util import GOLDENS, rel_l2
+from util import GOLDENS, assert_close, rel_l2
 
 TRANSFORMERS = GOLDENS / "transformers"
 F32_MIN = float(np.finfo(np.float32).min)
@@ -253,10 +253,10 @@ def test_optimized_bert_explains_like_the_export(variant, bert_reference, tmp_pa
     opts, want = _BERT_VARIANTS[variant]
     dst, ops = _optimized(tmp_path, "bert_ids_torchscriptdyn", variant, **dict(opts))
     assert want <= set(ops), ops  # the optimiser really fused attention and embeddings
-    np.testing.assert_allclose(_run(str(dst), feeds)[0], ref["attnlrp"].outputs["logits"], rtol=1e-5, atol=1e-5)
+    assert_close(_run(str(dst), feeds)[0], ref["attnlrp"].outputs["logits"], rtol=1e-5, atol=1e-5)
     for comp, r0 in ref.items():
         res = onnx_lrp.Explainer(dst, composite=comp).explain(feeds)
-        np.testing.assert_allclose(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
+        assert_close(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
         assert np.all(np.isfinite(res.relevance))
         assert rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, rel_l2(res.relevance, r0.relevance))
 
@@ -283,7 +283,7 @@ def test_optimized_bert_mask_index_is_the_deployed_forward(bert_reference, tmp_p
     export = _run(str(TRANSFORMERS / "bert_ids_torchscriptdyn.onnx"), left)[0]
     assert np.abs(deployed - export).max() > 1e-2  # the optimised model itself differs on left padding
     res = onnx_lrp.Explainer(dst, composite="attnlrp").explain(left)
-    np.testing.assert_allclose(res.outputs["logits"], deployed, rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["logits"], deployed, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout,interleaved,positions,partial", [
@@ -336,7 +336,7 @@ def test_optimized_llama_gpt2_vit_explain_like_the_export(variant, tmp_path):
         r0 = _REFS[case, comp]
         res = onnx_lrp.Explainer(dst, composite=comp).explain(feeds)
         name = list(r0.outputs)[0]
-        np.testing.assert_allclose(res.outputs[name], r0.outputs[name], rtol=1e-5, atol=1e-5)
+        assert_close(res.outputs[name], r0.outputs[name], rtol=1e-5, atol=1e-5)
         assert rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, rel_l2(res.relevance, r0.relevance))
 
 
@@ -376,7 +376,7 @@ def test_bias_add_and_bias_split_gelu_numpy_oracle():
     left, right = a[..., :D // 2], a[..., D // 2:]
     ref = left * 0.5 * right * (1 + np.vectorize(erf)(right / np.sqrt(2)))
     got = _run(_split(m), {"x": x, "skip": skip}, optimise=False)[0]
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_optimized_hf_vit_attention_explains_like_the_export(tmp_path):
@@ -391,7 +391,7 @@ def test_optimized_hf_vit_attention_explains_like_the_export(tmp_path):
     for comp in ("attnlrp", "cp-lrp"):
         r0 = onnx_lrp.Explainer(src / "vit_hf426.onnx", composite=comp).explain(x)
         res = onnx_lrp.Explainer(dst, composite=comp).explain(x)
-        np.testing.assert_allclose(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
+        assert_close(res.outputs["logits"], r0.outputs["logits"], rtol=1e-5, atol=1e-5)
         assert rel_l2(res.relevance, r0.relevance) <= 1e-5, (comp, rel_l2(res.relevance, r0.relevance))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from util import add_probe, make_model, node, run, to_bytes
+from util import add_probe, assert_close, make_model, node, run, to_bytes
 
 import onnx_lrp
 from onnx_lrp import load as loader
@@ -120,7 +120,7 @@ def test_external_data_without_lengths_is_rewritten(tmp_path):
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     feeds = {"x": X, "lrp/target": np.full(len(X), 1, np.int64), "lrp/one_hot": np.array(False)}
     got = sess.run(["lrp/relevance/x"], {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}})
-    np.testing.assert_allclose(got[0], want.relevance, rtol=1e-5, atol=1e-7)
+    assert_close(got[0], want.relevance, rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------------ opsets
@@ -154,9 +154,9 @@ def test_old_opsets_are_upgraded(opset):
     want = run(model, {"x": X})[0]
     loaded = loader.load(to_bytes(model))
     assert loaded.opset_imports[""] >= loader.MIN_OPSET
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], want, rtol=1e-5, atol=1e-6)
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], want, rtol=1e-5, atol=1e-6)
     res = onnx_lrp.Explainer(to_bytes(model), composite="epsilon").explain(X)
-    np.testing.assert_allclose(res.outputs["y"], want, rtol=1e-5, atol=1e-6)
+    assert_close(res.outputs["y"], want, rtol=1e-5, atol=1e-6)
     assert res.relevance.shape == X.shape and np.all(np.isfinite(res.relevance))
 
 
@@ -219,7 +219,7 @@ def test_dynamic_batch_shape_chain_still_explains():
     assert "Shape" in op_types(loader.load(to_bytes(dynamic)))
     got = onnx_lrp.Explainer(to_bytes(dynamic), composite="epsilon").explain(X).relevance
     want = onnx_lrp.Explainer(to_bytes(static), composite="epsilon").explain(X).relevance
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------ BatchNorm folding
@@ -251,7 +251,7 @@ def test_bn_folded_into_conv(bias, group):
     conv = next(iter(loaded.graph))
     assert len(conv.inputs) == 3 and is_param(conv.inputs[2])
     assert [o.name for o in loaded.graph.outputs] == ["y"]
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
                                rtol=1e-5, atol=1e-5)
 
 
@@ -269,7 +269,7 @@ def test_bn_folded_into_gemm(trans_b, alpha, beta, with_c):
     loaded = loader.load(to_bytes(model))
     assert op_types(loaded) == ["Gemm"]
     assert [o.name for o in loaded.graph.outputs] == ["y"]  # the BN output's name is kept
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": x})[0], run(model, {"x": x})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": x})[0], run(model, {"x": x})[0],
                                rtol=1e-5, atol=1e-5)
 
 
@@ -280,7 +280,7 @@ def test_bn_after_relu_is_left_unfolded():
     model = make_model(nodes, {"x": [2, 2, 4, 4]}, ["y"], inits)
     loaded = loader.load(to_bytes(model))
     assert op_types(loaded) == ["Conv", "Relu", "BatchNormalization", "Conv"]
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
                                rtol=1e-5, atol=1e-5)
 
 
@@ -290,7 +290,7 @@ def test_bn_not_folded_when_conv_output_has_two_consumers():
     model = make_model(nodes, {"x": [2, 2, 4, 4]}, ["y"], inits)
     loaded = loader.load(to_bytes(model))
     assert "BatchNormalization" in op_types(loaded)
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
                                rtol=1e-5, atol=1e-5)
 
 

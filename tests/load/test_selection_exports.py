@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from util import GOLDENS
+from util import GOLDENS, assert_close
 
 GOLD = GOLDENS
 
@@ -20,7 +20,7 @@ def test_selection_cnn_attnlrp_equals_gradient_times_input(export):
     ref = np.load(GOLD / "selection_cnn.npz")
     ex = onnx_lrp.Explainer(str(GOLD / f"selection_cnn_{export}.onnx"), composite="attnlrp")
     res = ex.explain(ref["x"])
-    np.testing.assert_allclose(res.outputs["y"], ref["y"], rtol=1e-4, atol=1e-5)
+    assert_close(res.outputs["y"], ref["y"], rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(res.target, ref["target"])
     rel, want = res.relevance, ref["relevance"]
     assert np.abs(rel - want).max() <= 1e-4 * np.abs(want).max()
@@ -76,7 +76,7 @@ def test_attention_node_equals_its_torchscript_twin(composite):
     x = np.load(GOLD / "sdpa_x.npy")
     a = onnx_lrp.Explainer(str(GOLD / "sdpa_opset23_dynamo.onnx"), composite=composite).explain(x)
     b = onnx_lrp.Explainer(str(GOLD / "sdpa_opset18_torchscript.onnx"), composite=composite).explain(x)
-    np.testing.assert_allclose(a.outputs["y"], b.outputs["y"], rtol=1e-5, atol=1e-6)
+    assert_close(a.outputs["y"], b.outputs["y"], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(a.target, b.target)
     assert np.abs(a.relevance - b.relevance).max() <= 1e-5 * np.abs(b.relevance).max()
     assert np.abs(b.relevance).max() > 0
@@ -93,5 +93,5 @@ def test_reduce_norms_split_in_proportion(op):
     res = onnx_lrp.Explainer(m.SerializeToString(), composite="attnlrp").explain(x)
     z = np.abs(x).sum(1, keepdims=True) if op == "ReduceL1" else np.sqrt((x * x).sum(1, keepdims=True))
     want = np.abs(x) if op == "ReduceL1" else x * x / z
-    np.testing.assert_allclose(res.relevance, want, rtol=1e-5, atol=1e-6)
+    assert_close(res.relevance, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res.relevance.sum(1), z[:, 0], rtol=1e-5)

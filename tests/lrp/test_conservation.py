@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from util import conv_matrix, make_model, node, run, to_bytes
+from util import assert_close, conv_matrix, make_model, node, run, to_bytes
 
 import onnx_lrp
 from onnx_lrp.rules import parse_composite
@@ -188,7 +188,7 @@ def test_lrp0_equals_gradient_times_input(zero_bias, epsilon):
     x = np.random.default_rng(20).normal(size=X_SHAPE).astype(np.float32)
     forward = np_forward(p)
     y64 = forward(x)
-    np.testing.assert_allclose(run(model, {"x": x})[0], y64, rtol=1e-4, atol=1e-5)  # the reference is the model
+    assert_close(run(model, {"x": x})[0], y64, rtol=1e-4, atol=1e-5)  # the reference is the model
     composite = _composite("epsilon", f"epsilon = {epsilon}")  # 0: relevance travels in gradient form
     res = onnx_lrp.Explainer(to_bytes(model), composite=composite).explain(x)  # start = the logit value
     target = res.target

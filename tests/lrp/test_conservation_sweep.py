@@ -24,7 +24,7 @@ import pytest
 import onnx_lrp
 from onnx_lrp.run import conservation
 from onnx_lrp.core.errors import NumericError
-from util import GOLDENS
+from util import GOLDENS, assert_close
 
 TWINS = GOLDENS / "twins"
 
@@ -100,7 +100,7 @@ def test_conservation_band(name, composite):
     total = float(np.sum(res.relevance))
     gxi = _gxi(name)
     if lrp0 and gxi is not None:  # LRP-0 = gradient x input: the same sum, the biases' share left out of both
-        np.testing.assert_allclose(ratio, gxi.reshape(len(gxi), -1).sum(1) / res.explained_value, rtol=1e-4,
+        assert_close(ratio, gxi.reshape(len(gxi), -1).sum(1) / res.explained_value, rtol=1e-4,
                                    atol=1e-5)
     if (name, composite) in EXPLODES:
         comp, params = COMPOSITES[composite]

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from util import GOLDENS, make_model, node, to_bytes
+from util import GOLDENS, assert_close, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp import load as loader
@@ -117,11 +117,11 @@ def test_se_block_signal_take_all_lrp0_oracle(gate_op):
     r_pre = r_z                                                   # signal-take-all, then Pass at the Relu
     s = np.divide(r_pre, pre, out=np.zeros_like(pre), where=pre != 0)
     r_x = x.reshape(N, -1) * (s @ m1)
-    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(res.relevance_at["z"].reshape(N, -1), r_z, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(res.relevance_at["h"].reshape(N, -1), r_z, rtol=1e-4, atol=1e-6)
+    assert_close(res.outputs["y"], y, rtol=1e-5, atol=1e-6)
+    assert_close(res.relevance_at["z"].reshape(N, -1), r_z, rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance_at["h"].reshape(N, -1), r_z, rtol=1e-4, atol=1e-6)
     assert not np.any(res.relevance_at["g"]) and not np.any(res.relevance_at["s2"])
-    np.testing.assert_allclose(res.relevance.reshape(N, -1), r_x, rtol=1e-4, atol=1e-5)
+    assert_close(res.relevance.reshape(N, -1), r_x, rtol=1e-4, atol=1e-5)
     # conservation: no biases on the signal path
     np.testing.assert_allclose(res.relevance.reshape(N, -1).sum(1), y[np.arange(N), t], rtol=1e-4)
 
@@ -241,7 +241,7 @@ def test_hard_sigmoid_written_out_is_the_op():
     for comp in ALL:
         a = onnx_lrp.Explainer(data_ops, composite=comp, **_kw(comp)).explain(x.numpy(), target=1)
         b = onnx_lrp.Explainer(data_written, composite=comp, **_kw(comp)).explain(x.numpy(), target=1)
-        np.testing.assert_allclose(b.outputs["y"], a.outputs["y"], rtol=1e-5, atol=1e-6)
+        assert_close(b.outputs["y"], a.outputs["y"], rtol=1e-5, atol=1e-6)
         assert np.any(a.relevance), comp
         err = np.linalg.norm(b.relevance - a.relevance) / np.linalg.norm(a.relevance)
         assert err < 1e-5, (comp, err)
@@ -324,7 +324,7 @@ def test_attnlrp_on_offset_activation_is_gradient_x_input():
     res = onnx_lrp.Explainer(to_bytes(model), composite="attnlrp").explain(x)
     pre = x.astype(np.float64) @ p["w1"].T + p["b1"]
     grad = (_sigmoid(pre) * (1 - _sigmoid(pre)) * p["w2"][res.target]) @ p["w1"]
-    np.testing.assert_allclose(res.relevance, x * grad, rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance, x * grad, rtol=1e-4, atol=1e-6)
 
 
 def test_identity_rule_on_offset_activation_is_refused():
@@ -449,7 +449,7 @@ def test_geglu_torchscript_matches_lxt(act, composite):
     d = np.load(GEGLU / "geglu.npz")
     ex = onnx_lrp.Explainer(str(GEGLU / f"geglu_{act}_torchscript18.onnx"), composite=composite)
     res = ex.explain(d["embeds"][None], target=int(d[f"{act}_target"]))
-    np.testing.assert_allclose(res.outputs["logits"][0], d[f"{act}_logits"], rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["logits"][0], d[f"{act}_logits"], rtol=1e-5, atol=1e-5)
     want = d[f"{act}_{composite}"].astype(np.float64)
     err = np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want)
     assert err <= 1e-4, err
@@ -574,7 +574,7 @@ def test_softsign_written_out_is_an_activation():
     for comp in ("epsilon", "attnlrp"):
         got = onnx_lrp.Explainer(exported, composite=comp).explain(x, target=1)
         ref = onnx_lrp.Explainer(to_bytes(twin), composite=comp).explain(x, target=1)
-        np.testing.assert_allclose(got.relevance, ref.relevance, rtol=1e-5, atol=1e-7, err_msg=comp)
+        assert_close(got.relevance, ref.relevance, rtol=1e-5, atol=1e-7, err_msg=comp)
 
     def eps_rule(w, b, a, r, eps=1e-6):  # zennit's epsilon: z + eps (sign(z) + (z == 0))
         z = a @ w.T + b

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import numpy_helper
 from test_conservation import X_SHAPE, cnn
-from util import ROOT, to_bytes
+from util import ROOT, assert_close, to_bytes
 
 import onnx_lrp
 from onnx_lrp.cli.main import main
@@ -87,7 +87,7 @@ def test_demo_model_absorbed_parts_add_up(composite):
     assert e[0] == pytest.approx(logit, rel=1e-6)
     assert np.sum(e - l) == pytest.approx(logit - input_sum, abs=1e-5 * abs(logit))
     # a node hands on what the next one (in reverse order) receives on this chain-shaped network
-    np.testing.assert_allclose(l[:-1], e[1:], rtol=1e-6, atol=1e-6)
+    assert_close(l[:-1], e[1:], rtol=1e-6, atol=1e-6)
     # absorption happens only at layers with a bias; element-wise and pooling rows conserve
     for row, a, b in zip(ex.ledger_rows, e, l):
         if row.op_type in ("Relu", "MaxPool", "Flatten"):

@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 import onnx_lrp
-from util import GOLDENS, rel_l2
+from util import GOLDENS, assert_close, rel_l2
 
 MASKS = GOLDENS / "masks"
 PAD = 3
@@ -42,7 +42,7 @@ def test_masked_models_match_lxt(name, ref):
         y, want = [np.concatenate([a[0, PAD:], a[1]]) for a in (y, ref[out])]
     else:
         want = ref[out]
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    assert_close(y, want, rtol=1e-4, atol=1e-5)
     for i in range(2):
         assert rel_l2(res.relevance[i], ref[f"{name}_lxt"][i]) < 1e-4, (name, i)  # measured 1e-7; cp-lrp: 1e-2
     assert np.abs(res.relevance[0][:PAD] if side == "left" else res.relevance[0][-PAD:]).max() < 1e-6 * np.abs(
@@ -60,7 +60,7 @@ def test_padding_gets_no_relevance_and_changes_nothing(name, side, ref):
     y_pad, y_alone = padded.outputs[ex.explained_output], alone.outputs[ex.explained_output]
     if y_pad.ndim == 3:  # causal LM: the last position is a valid token
         y_pad, y_alone = y_pad[:, -1], y_alone[:, -1]
-    np.testing.assert_allclose(y_pad, y_alone, rtol=1e-4, atol=1e-5)
+    assert_close(y_pad, y_alone, rtol=1e-4, atol=1e-5)
     scale = np.abs(alone.relevance).max()
     assert scale > 0
     np.testing.assert_allclose(padded.relevance[:, keep], alone.relevance, rtol=1e-4, atol=1e-5 * scale)
@@ -143,7 +143,7 @@ def test_float_additive_mask_input(tmp_path):
             assert np.all(r.relevance["mask"] == 0)
             rel[value] = r.relevance["x"]
         assert np.abs(rel[-1e4]).sum() > 0
-        np.testing.assert_allclose(rel[-1e4], rel[np.finfo(np.float32).min], rtol=1e-5, atol=1e-7)
+        assert_close(rel[-1e4], rel[np.finfo(np.float32).min], rtol=1e-5, atol=1e-7)
         mask[0, 3:] = -np.inf
         with pytest.raises(onnx_lrp.InputError, match=r"input 'mask' .*-1e4"):
             ex.explain({"x": x, "mask": mask}, target=0)
@@ -176,5 +176,5 @@ def test_mask_from_a_comparison_of_the_input_carries_no_relevance(tmp_path):
     r = onnx_lrp.Explainer(path, composite="epsilon", epsilon=0.0).explain(x.numpy(), target=1).relevance
     xg = x.clone().requires_grad_(True)
     net(xg)[:, 1].sum().backward()
-    np.testing.assert_allclose(r, (xg.grad * x).numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(r, (xg.grad * x).numpy(), rtol=1e-5, atol=1e-6)
     assert np.all(r[0, 3:] == 0) and np.abs(r).sum() > 0

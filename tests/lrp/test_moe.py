@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from util import GOLDENS
+from util import GOLDENS, assert_close
 
 MOE = GOLDENS / "moe"
 EXPERTS = 4
@@ -25,7 +25,7 @@ def _explain(routing, composite, relevance_at=()):
     ex = onnx_lrp.Explainer(str(MOE / f"moe_{routing}_torchscript17.onnx"), composite=composite,
                             relevance_at=list(relevance_at))
     res = ex.explain(d["embeds"][None], target=int(d["target"]))
-    np.testing.assert_allclose(res.outputs["logits"][0], d["logits"], rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["logits"][0], d["logits"], rtol=1e-5, atol=1e-5)
     return d, res
 
 
@@ -80,7 +80,7 @@ def test_transformers_mixtral_matches_lxt_with_gated_routing(composite):
     d = np.load(MOE / "mixtral.npz")
     ex = onnx_lrp.Explainer(str(MOE / "mixtral_embeds_torchscript17.onnx"), composite=composite)
     res = ex.explain(d["embeds"][None], target=int(d["target"]))
-    np.testing.assert_allclose(res.outputs["logits"][0], d["logits"], rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["logits"][0], d["logits"], rtol=1e-5, atol=1e-5)
     want = d[composite].astype(np.float64)
     err = np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want)
     assert err <= 1e-4, err
@@ -96,7 +96,7 @@ def test_pure_mlp_moe_under_cnn_composites(composite):
     ex = onnx_lrp.Explainer(str(MOE / "moe_relu_scatter_torchscript17.onnx"), composite=composite,
                             relevance_at=EXPERT_OUT + ROUTER, **kw)
     res = ex.explain(d["embeds"][None], target=int(d["relu_target"]))
-    np.testing.assert_allclose(res.outputs["logits"][0], d["relu_logits"], rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["logits"][0], d["relu_logits"], rtol=1e-5, atol=1e-5)
     assert np.all(np.isfinite(res.relevance))
     per_expert = np.stack([res.relevance_at[n].sum(-1) for n in EXPERT_OUT], -1)
     selected = np.zeros_like(per_expert, dtype=bool)

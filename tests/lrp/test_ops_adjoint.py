@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import pytest
-from util import add_probe, dyadic, explain_probe, make_model, node, run, to_bytes
+from util import add_probe, assert_close, dyadic, explain_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
 import onnx_lrp.lrp.ops
@@ -594,7 +594,7 @@ def test_adjoint(case: Case):
     # the explained scalar is <f(x), c>: the relevance model ran the original forward
     want = sum(float(np.sum(y.astype(np.float64) * c)) for y, c in zip(ys, cs))
     assert res.outputs["probe"].shape == (batch, 1)
-    np.testing.assert_allclose(res.outputs["probe"][:, 0], want, rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["probe"][:, 0], want, rtol=1e-5, atol=1e-5)
     assert set(rel) == set(case.inputs)
     if case.mode == "smooth":
         model64 = make_model(case.nodes, case.inputs, case.outs, case.inits, opset=case.opset, dtype=np.float64)

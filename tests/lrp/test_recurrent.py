@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 from recurrent_oracle import lrp_op, stab
-from util import explain_probe, make_model, node, run, to_bytes
+from util import assert_close, explain_probe, make_model, node, run, to_bytes
 
 import onnx_lrp
 from onnx_lrp.core.errors import UnsupportedError
@@ -262,7 +262,7 @@ def test_torch_static_and_dynamic_length_exports_agree(tmp_path):
     a = onnx_lrp.Explainer(str(tmp_path / "static.onnx"), composite="epsilon").explain(x)
     b = onnx_lrp.Explainer(str(tmp_path / "dynamic.onnx"), composite="epsilon").explain(x)
     np.testing.assert_array_equal(a.target, b.target)
-    np.testing.assert_allclose(b.relevance, a.relevance, rtol=1e-5, atol=1e-7)
+    assert_close(b.relevance, a.relevance, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
@@ -272,7 +272,7 @@ def test_torch_export_conserves_with_zero_biases(tmp_path, op):
     x = np.random.default_rng(4).normal(size=(3, 7, 3)).astype(np.float32)
     res = onnx_lrp.Explainer(str(tmp_path / "m.onnx"), composite="epsilon", epsilon=1e-9).explain(x)
     logit = res.outputs["logits"][np.arange(3), res.target]
-    np.testing.assert_allclose(res.relevance.sum(axis=(1, 2)), logit, rtol=1e-4, atol=1e-6)
+    assert_close(res.relevance.sum(axis=(1, 2)), logit, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow  # the torch.export-based exporter takes 5-15 s per model
@@ -359,7 +359,7 @@ def test_onnx_backend_cases(name):
     nb = given["X"].shape[0]
     res, _ = explain_probe(model, outs, cs, composite(), given, nb, keep_outputs=True, epsilon=1e-3)
     for o, e in zip(outs, expected):
-        np.testing.assert_allclose(res.outputs[o], e, rtol=1e-5, atol=1e-6)
+        assert_close(res.outputs[o], e, rtol=1e-5, atol=1e-6)
     direction = attrs.get("direction", b"forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
     layout, H = attrs.get("layout", 0), attrs["hidden_size"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
-from util import conv_matrix, dyadic, explain_probe, make_model, node, probe_explainer, run, stab
+from util import assert_close, conv_matrix, dyadic, explain_probe, make_model, node, probe_explainer, run, stab
 
 import onnx_lrp
 from onnx_lrp.rules import parse_composite
@@ -259,7 +259,7 @@ def test_linear_rule_oracle(layer: Layer, rule, params, oracle):
     x2 = xin.reshape(BATCH, -1).astype(np.float64)
     R2 = R.reshape(BATCH, -1)
     # the oracle's dense layer reproduces onnxruntime's forward (checks the oracle itself)
-    np.testing.assert_allclose(x2 @ layer.mat(layer.kernel).T + layer.bias, y.reshape(BATCH, -1), rtol=1e-5,
+    assert_close(x2 @ layer.mat(layer.kernel).T + layer.bias, y.reshape(BATCH, -1), rtol=1e-5,
                                atol=1e-5)
     want = oracle(layer.mat, layer.kernel, layer.bias, x2, R2, layer).reshape(layer.x_shape)
     _close(res.relevance, want, f"{rule} {params} on {layer.id}")
@@ -285,7 +285,7 @@ def test_norm_on_average_pool(include_pad, stabilizer):
     res, R, y = _explain(nodes, {"x": shape}, {}, "y", composite, {"x": x}, rng)
     A, _ = avgpool_matrix(2, shape[2:], k, st, pads, include_pad)
     x2, R2 = x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1)
-    np.testing.assert_allclose(x2 @ A.T, y.reshape(BATCH, -1), rtol=1e-5, atol=1e-6)
+    assert_close(x2 @ A.T, y.reshape(BATCH, -1), rtol=1e-5, atol=1e-6)
     want = x2 * ((R2 / stab(x2 @ A.T, stabilizer)) @ A)
     _close(res.relevance, want.reshape(shape), f"norm on AveragePool(count_include_pad={include_pad})")
 

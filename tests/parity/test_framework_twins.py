@@ -27,7 +27,7 @@ from onnx_lrp import load as loader
 from onnx_lrp.lrp import rewriter
 from onnx_lrp.rules.composite import load_composite, parse_composite
 
-from util import GOLDENS, make_model, node, rel_l2_items, run, to_bytes
+from util import GOLDENS, assert_close, make_model, node, rel_l2_items, run, to_bytes
 
 TWINS = GOLDENS / "twins"
 NETS = ("resnet", "mobilenet", "select", "strided")
@@ -236,13 +236,13 @@ def test_channel_chain_folds_exactly(chain_name, nhwc_layout):
             init.raw_data = np.ascontiguousarray(arr, np.float32).tobytes()
     x = RNG.normal(size=(2, 3, H, H)).astype(np.float32)
     ref_y = run(model, {"x": x})[0]
-    np.testing.assert_allclose(run(folded, {"x": x})[0], ref_y, rtol=1e-5, atol=1e-5)
+    assert_close(run(folded, {"x": x})[0], ref_y, rtol=1e-5, atol=1e-5)
     p = rewriter.plan(loader.load(to_bytes(model)), load_composite("epsilon-plus-flat"))
     assert [a.node.op_type for a in p.assignments if a.node.op_type in ("Mul", "Add", "Sub", "Div")] == []
     for comp in ("epsilon-plus", "epsilon-gamma-box", "epsilon"):
         res = onnx_lrp.Explainer(to_bytes(model), composite=comp, **box(comp)).explain(x)
         ref = onnx_lrp.Explainer(to_bytes(folded), composite=comp, **box(comp)).explain(x)
-        np.testing.assert_allclose(res.outputs["y"], ref_y, rtol=1e-5, atol=1e-5)
+        assert_close(res.outputs["y"], ref_y, rtol=1e-5, atol=1e-5)
         assert rel_l2_items(res.relevance, ref.relevance).max() < 1e-5, comp
 
 
@@ -255,7 +255,7 @@ def test_constant_along_another_axis_is_not_folded():
     assert kinds["Mul"] == "affine"
     x = RNG.normal(size=(2, 3, H, H)).astype(np.float32)
     res = onnx_lrp.Explainer(to_bytes(model), composite="epsilon").explain(x)
-    np.testing.assert_allclose(res.outputs["y"], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert_close(res.outputs["y"], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
 def test_dense_chain_folds_into_matmul():
@@ -274,7 +274,7 @@ def test_dense_chain_folds_into_matmul():
     for comp in ("epsilon", "epsilon-plus", "epsilon-alpha2-beta1"):
         res = onnx_lrp.Explainer(to_bytes(model), composite=comp, **box(comp)).explain(x)
         ref = onnx_lrp.Explainer(to_bytes(ref_model), composite=comp, **box(comp)).explain(x)
-        np.testing.assert_allclose(res.outputs["y"], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+        assert_close(res.outputs["y"], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
         assert rel_l2_items(res.relevance, ref.relevance).max() < 1e-5, comp
 
 
@@ -298,7 +298,7 @@ def test_unfoldable_channel_affine_is_batchnorm():
                       dict(inits, g_=a.reshape(-1), b_=c.reshape(-1), m_=np.zeros(C, np.float32),
                            v_=np.full(C, 1.0 - eps, np.float32)))
     x = RNG.normal(size=(2, 3, H, H)).astype(np.float32)
-    np.testing.assert_allclose(run(m_mul, {"x": x})[0], run(m_bn, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert_close(run(m_mul, {"x": x})[0], run(m_bn, {"x": x})[0], rtol=1e-5, atol=1e-5)
     p = rewriter.plan(loader.load(to_bytes(m_mul)), load_composite("epsilon-plus-flat"))
     assert {a.node.name: a.kind for a in p.assignments if a.node.op_type in ("Mul",)} == {"Mul_sa": "batchnorm"}
     for comp in ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box", "attnlrp"):
@@ -315,7 +315,7 @@ def test_keras_gru_loop_is_unrolled_and_explained():
     g = np.load(TWINS / "recurrent.npz")
     ex = onnx_lrp.Explainer(str(TWINS / "gru_keras.onnx"), composite="epsilon", epsilon=0.0)
     res = ex.explain(g["x"], target=0)
-    np.testing.assert_allclose(res.outputs[next(iter(res.outputs))], g["gru/logits"], rtol=1e-4, atol=1e-5)
+    assert_close(res.outputs[next(iter(res.outputs))], g["gru/logits"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(res.relevance.sum(axis=(1, 2)), g["gru/logits"][:, 0], rtol=1e-5)
 
 
@@ -329,7 +329,7 @@ def test_keras_lstm_is_refused_or_explained():
     except UnsupportedError as exc:
         assert "ai.onnx::LSTM" in str(exc)
         return
-    np.testing.assert_allclose(res.outputs[next(iter(res.outputs))], g["lstm/logits"], rtol=1e-4, atol=1e-5)
+    assert_close(res.outputs[next(iter(res.outputs))], g["lstm/logits"], rtol=1e-4, atol=1e-5)
     assert np.all(np.isfinite(res.relevance))
 
 
@@ -361,7 +361,7 @@ def test_max_min_of_activations_route_to_the_winner(op):
     want = [h * r_m / sum(hits) for h in hits]
     want[2] = want[2].sum(axis=2, keepdims=True)
     for name, exp in zip("abc", want):
-        np.testing.assert_allclose(res.relevance[name], exp, rtol=1e-5, atol=1e-6)
+        assert_close(res.relevance[name], exp, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
@@ -374,8 +374,8 @@ def test_flax_transformer_twin(composite):
     x = ref["x"]
     res = {fw: onnx_lrp.Explainer(TWINS / f"transformer_{fw}.onnx", composite=composite).explain(x, target=1)
            for fw in ("flax", "torch")}
-    np.testing.assert_allclose(next(iter(res["flax"].outputs.values())), ref["y_flax"], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(res["torch"].outputs["y"], ref["y_torch"], rtol=1e-5, atol=1e-6)
+    assert_close(next(iter(res["flax"].outputs.values())), ref["y_flax"], rtol=1e-5, atol=1e-6)
+    assert_close(res["torch"].outputs["y"], ref["y_torch"], rtol=1e-5, atol=1e-6)
     assert np.all(np.abs(res["torch"].relevance).reshape(len(x), -1).sum(1) > 0)
     assert np.all(rel_l2_items(res["flax"].relevance, res["torch"].relevance) < 1e-5)
     from onnx_lrp.lrp import patterns
@@ -405,7 +405,7 @@ def test_keras_lrp0_is_tensorflow_gradient_times_input(keras_extra, name, opset,
     comp, params = (LRP0, {}) if composite == "lrp0" else ("epsilon", {"epsilon": 0.0})
     ex = onnx_lrp.Explainer(str(TWINS / f"{name}_keras_op{opset}.onnx"), composite=comp, start="logit", **params)
     res = ex.explain(x)
-    np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"{name}/logits"], rtol=1e-4,
+    assert_close(res.outputs[ex.explained_output], keras_extra[f"{name}/logits"], rtol=1e-4,
                                atol=1e-5)
     assert rel_l2_items(res.relevance, gxi).max() <= LRP0_TOL
 
@@ -429,7 +429,7 @@ def test_keras_text_model_token_relevance(keras_extra, kind, composite):
     ids = keras_extra["text/ids"]
     ex = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_keras.onnx"), composite=composite)
     res = ex.explain(ids)
-    np.testing.assert_allclose(res.outputs[ex.explained_output], keras_extra[f"text_{kind}/logits"], rtol=1e-4,
+    assert_close(res.outputs[ex.explained_output], keras_extra[f"text_{kind}/logits"], rtol=1e-4,
                                atol=1e-5)
     assert res.relevance.shape == ids.shape and np.isfinite(res.relevance).all()
     ref = onnx_lrp.Explainer(str(TWINS / f"text_{kind}_embedded_keras.onnx"), composite=composite).explain(
@@ -450,7 +450,7 @@ def test_flax_resblock_lrp0_is_jax_gradient_times_input(opset, composite):
     comp, params = (LRP0, {}) if composite == "lrp0" else ("epsilon", {"epsilon": 0.0, "stabilizer": 0.0})
     ex = onnx_lrp.Explainer(str(TWINS / f"resflax_flax_op{opset}.onnx"), composite=comp, start="logit", **params)
     res = ex.explain(x)
-    np.testing.assert_allclose(res.outputs[ex.explained_output], logits, rtol=1e-4, atol=1e-5)
+    assert_close(res.outputs[ex.explained_output], logits, rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, gxi).max() <= LRP0_TOL
 
 
@@ -488,10 +488,10 @@ def test_slice_ends_from_the_dynamic_batch_size_are_to_the_end(form):
     x = np.random.default_rng(0).normal(size=(3, 5, 3)).astype(np.float32)
     w = np.array([[1.0, -0.5], [0.25, 1.0], [0.5, 0.75]])
     res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=1)
-    np.testing.assert_allclose(res.outputs["y"], x[:, 1:4] .dot(w).sum(1), rtol=1e-5, atol=1e-6)
+    assert_close(res.outputs["y"], x[:, 1:4] .dot(w).sum(1), rtol=1e-5, atol=1e-6)
     want = x * w[:, 1]
     want[:, [0, 4]] = 0
-    np.testing.assert_allclose(res.relevance, want, rtol=1e-5, atol=1e-7)
+    assert_close(res.relevance, want, rtol=1e-5, atol=1e-7)
 
 
 def test_slice_ends_from_another_axis_length_stay_refused():
@@ -526,7 +526,7 @@ def test_affine_before_a_written_out_activation_is_its_own_layer(act):
     y = x.astype(np.float64) * s + b
     f = y / (1 + np.exp(-y)) if act == "silu" else 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
     res = onnx_lrp.Explainer(model, composite="attnlrp").explain(x, target=1)
-    np.testing.assert_allclose(res.outputs["out"], f @ w, rtol=1e-5, atol=1e-6)
+    assert_close(res.outputs["out"], f @ w, rtol=1e-5, atol=1e-6)
     want = x * s * (f / y) * w[:, 1]
     assert rel_l2_items(res.relevance, want).max() < 1e-5
 
@@ -573,6 +573,6 @@ def test_hand_written_layernorm_is_a_held_normalisation(where):
     sd = np.sqrt(x64.var(1, keepdims=True) + 1e-5)
     res = onnx_lrp.Explainer(_hand_layernorm(where), composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(
         x, target=2)
-    np.testing.assert_allclose(res.outputs["y"], (x64 - x64.mean(1, keepdims=True)) / sd @ w, rtol=1e-5, atol=1e-6)
+    assert_close(res.outputs["y"], (x64 - x64.mean(1, keepdims=True)) / sd @ w, rtol=1e-5, atol=1e-6)
     want = x64 * (w[:, 2] - w[:, 2].mean()) / sd
     assert rel_l2_items(res.relevance, want).max() < 1e-5

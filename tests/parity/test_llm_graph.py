@@ -226,7 +226,10 @@ def test_direct_graph_computes_llama(tmp_path):
     w, freqs = _weights(path), llama_graph.inv_freq(SHAPE)
     ref64, ref32 = numpy_llama(w, x, SHAPE, freqs), numpy_llama(w, x, SHAPE, freqs, np.float32)
     got = _run(path, x)[0]
-    assert rel_l2(got, ref64) <= 3 * max(rel_l2(ref32, ref64), 1e-7)
+    # onnxruntime in float32 against numpy in float64: as close as numpy's own float32 run (x 3), and never asked to be
+    # closer than 8 float32 steps (relative): other CPUs' kernels (AVX2: 3.3e-7, numpy float32 here: 1.1e-7) sum in
+    # other orders; a graph that computed something else would be off by orders of magnitude more
+    assert rel_l2(got, ref64) <= max(3 * rel_l2(ref32, ref64), 8 * np.finfo(np.float32).eps)
     assert np.std(ref64) > 0.1  # not a degenerate forward
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import onnx_lrp
 from onnx_lrp.io import tokens
-from util import GOLDENS, rel_l2
+from util import GOLDENS, assert_close, rel_l2
 
 TRANSFORMERS = GOLDENS / "transformers"
 TOL = 1e-3  # relative L2 error to LXT, per sample
@@ -73,7 +73,7 @@ def test_token_ids_and_embeddings_agree():
     ids = onnx_lrp.Explainer(TRANSFORMERS / "llama_ids_torchscript.onnx", composite="attnlrp").explain(g["input_ids"])
     emb = onnx_lrp.Explainer(TRANSFORMERS / "llama_embeds_torchscript.onnx", composite="attnlrp").explain(g["embeds"])
     assert ids.relevance.shape == g["input_ids"].shape
-    np.testing.assert_allclose(ids.relevance, emb.relevance.sum(-1), rtol=1e-4, atol=1e-6)
+    assert_close(ids.relevance, emb.relevance.sum(-1), rtol=1e-4, atol=1e-6)
 
 
 def test_relevance_at_an_inner_tensor_and_cp_lrp_differs():
@@ -177,7 +177,7 @@ def test_cli_colours_tokens_and_writes_the_html_page(tmp_path):
                            "-o", str(tmp_path / "r.npy")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     rel = onnx_lrp.Explainer(model, composite="attnlrp").explain(ids).relevance[0]
-    np.testing.assert_allclose(np.load(tmp_path / "r.npy")[0], rel, rtol=1e-5, atol=1e-7)
+    assert_close(np.load(tmp_path / "r.npy")[0], rel, rtol=1e-5, atol=1e-7)
     page = (tmp_path / "t.html").read_text()
     assert all(t in page for t in tokens)
     top = tokens[int(np.argmax(rel))]

@@ -12,7 +12,7 @@ from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_all, explain_chunks, merge, per_item, slices, stacked
 from onnx_lrp.run.runner import Explanation
-from util import ROOT
+from util import ROOT, assert_close
 
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 
@@ -32,9 +32,9 @@ def test_chunks_of_a_batch_give_what_each_item_alone_gives(digits):
     assert list(rel) == ex.relevance_inputs and list(outs) == ex.output_names  # a float model: no forward entry
     for i, t in enumerate(targets):  # the reference: every item explained on its own
         alone = ex.explain(x[i:i + 1], target=t)
-        np.testing.assert_allclose(rel["image"][i:i + 1], alone.relevance, rtol=1e-5, atol=1e-7)
+        assert_close(rel["image"][i:i + 1], alone.relevance, rtol=1e-5, atol=1e-7)
         for name in ex.output_names:
-            np.testing.assert_allclose(outs[name][i:i + 1], alone.outputs[name], rtol=1e-5, atol=1e-7)
+            assert_close(outs[name][i:i + 1], alone.outputs[name], rtol=1e-5, atol=1e-7)
     _, _, argmax = explain_all(ex, {"image": x}, None, batch_size=4)
     np.testing.assert_array_equal(argmax, np.argmax(ex.explain(x).outputs["logits"], axis=1))
 

@@ -14,7 +14,7 @@ import onnx_lrp
 from onnx_lrp.run import conservation
 from onnx_lrp.core.errors import LrpWarning, NumericError
 
-from util import make_model, node, to_bytes
+from util import assert_close, make_model, node, to_bytes
 
 
 def mlp(bias: float, w2_scale: float = 1.0) -> bytes:
@@ -141,7 +141,7 @@ def test_default_composite_fits_the_activations(act, chosen):
     x = np.array([[0.5, -0.25, 0.75, 0.125], [-1.0, 0.5, 0.25, 1.5]], np.float32)
     res = ex.explain(x, target=0)
     if act not in ("Mish", "ReluSE"):  # bias-free, identity rule on f(0) = 0: it conserves exactly
-        np.testing.assert_allclose(res.relevance.sum(1), res.explained_value, rtol=1e-5, atol=1e-6)
+        assert_close(res.relevance.sum(1), res.explained_value, rtol=1e-5, atol=1e-6)
     assert onnx_lrp.Explainer(_act_net(act), composite="epsilon").composite_name == "epsilon"  # overridden
     assert onnx_lrp.Explainer(_act_net(act), composite="epsilon").composite_reason == ""
 
