@@ -63,7 +63,7 @@ def test_targets_start_and_batches_match_a_numpy_oracle():
     # a single sample without its batch axis: relevance of its shape (tests/api/test_conventions.py has the rest)
     single = ex.explain(x[0], target=1)
     assert single.relevance.shape == x[0].shape
-    np.testing.assert_allclose(single.relevance, ex.explain(x[:1], target=1).relevance[0], rtol=1e-6)
+    assert_close(single.relevance, ex.explain(x[:1], target=1).relevance[0], rtol=1e-6)
 
 
 def test_logit_start_is_one_hot_start_times_the_logit():
@@ -80,7 +80,7 @@ def test_softmax_output_explains_the_logits_before_it():
     plain = onnx_lrp.Explainer(mlp(), composite="epsilon")
     x = RNG.standard_normal((2, 5)).astype(np.float32)
     a, b = with_softmax.explain(x), plain.explain(x)
-    np.testing.assert_allclose(a.relevance, b.relevance, rtol=1e-6)
+    assert_close(a.relevance, b.relevance, rtol=1e-6)
     np.testing.assert_allclose(a.outputs["p"].sum(1), 1.0, rtol=1e-5)  # the forward output is still the softmax
 
 
@@ -95,7 +95,7 @@ def test_saved_model_runs_in_plain_onnxruntime(tmp_path):
     x = RNG.standard_normal((2, 5)).astype(np.float32)
     steer = {"lrp/target": np.array([-1, -1], dtype=np.int64), "lrp/one_hot": np.array(False)}
     out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x, **steer})))
-    np.testing.assert_allclose(out["lrp/relevance/x"], ex.explain(x).relevance, rtol=1e-6)
+    assert_close(out["lrp/relevance/x"], ex.explain(x).relevance, rtol=1e-6)
     # the target input: -1 = argmax, or a class per item
     out = dict(zip([o.name for o in sess.get_outputs()],
                    sess.run(None, {"x": x, **steer, "lrp/target": np.array([3, 3], dtype=np.int64)})))
@@ -106,7 +106,7 @@ def test_static_batch_of_one_runs_item_by_item():
     ex = onnx_lrp.Explainer(mlp(batch=1), composite="epsilon")
     dyn = onnx_lrp.Explainer(mlp(), composite="epsilon")
     x = RNG.standard_normal((3, 5)).astype(np.float32)
-    np.testing.assert_allclose(ex.explain(x).relevance, dyn.explain(x).relevance, rtol=1e-6)
+    assert_close(ex.explain(x).relevance, dyn.explain(x).relevance, rtol=1e-6)
 
 
 def test_two_inputs_and_relevance_at_an_intermediate_tensor():

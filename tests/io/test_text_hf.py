@@ -91,7 +91,7 @@ def test_the_text_path_feeds_what_the_tokenizer_gives():
     feeds = {k: z[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     assert z["token_type_ids"].max() == 1
     by_hand = ex.explain(feeds)
-    np.testing.assert_allclose(res.explanations[0].outputs["logits"], by_hand.outputs["logits"], rtol=1e-6)
+    assert_close(res.explanations[0].outputs["logits"], by_hand.outputs["logits"], rtol=1e-6)
     zero = ex.explain(dict(feeds, token_type_ids=np.zeros_like(feeds["token_type_ids"])))
     assert np.abs(zero.outputs["logits"] - by_hand.outputs["logits"]).max() > 1e-3
 

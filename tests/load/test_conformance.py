@@ -158,7 +158,7 @@ def test_swish_opset24_is_inlined():
     x = np.array([[1.0, -2.0, 3.0], [-1.0, 5.0, 0.5]], np.float32)
     res = onnx_lrp.Explainer(m.SerializeToString(), composite="attnlrp").explain(x)
     y = x / (1 + np.exp(-x))
-    np.testing.assert_allclose(res.outputs["y"], y, rtol=1e-6)
+    assert_close(res.outputs["y"], y, rtol=1e-6)
     want = np.zeros_like(x)
     want[[0, 1], [2, 1]] = y[[0, 1], [2, 1]]
     assert_close(res.relevance, want, rtol=1e-6, atol=1e-7)

@@ -331,7 +331,7 @@ def test_if_on_a_static_shape_is_inlined():
                       helper.make_node("Equal", ["rank", "two"], ["cond"])], inits={"two": np.array(2, np.int64)})
     x = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
     res = onnx_lrp.Explainer(to_bytes(m), composite="epsilon", epsilon=0.0).explain(x, target=1)
-    np.testing.assert_allclose(res.outputs["y"], np.maximum(x, 0) @ p["A"], rtol=1e-5)
+    assert_close(res.outputs["y"], np.maximum(x, 0) @ p["A"], rtol=1e-5)
     assert_close(res.relevance, np.maximum(x, 0) * p["A"][:, 1], rtol=1e-5, atol=1e-7)
 
 
@@ -349,7 +349,7 @@ def test_if_on_an_integer_input_needs_a_constant():
     for rate, want in ((16000, np.maximum(x, 0) @ p["A"]), (8000, x @ p["B"])):
         ex = onnx_lrp.Explainer(to_bytes(m), composite="epsilon", constants={"sr": rate})
         assert [i.name for i in ex.inputs] == ["x"]
-        np.testing.assert_allclose(ex.explain(x).outputs["y"], want, rtol=1e-5)
+        assert_close(ex.explain(x).outputs["y"], want, rtol=1e-5)
     with pytest.raises(InputError, match="model's inputs are x, sr"):
         onnx_lrp.Explainer(to_bytes(m), constants={"rate": 1})
     with pytest.raises(InputError, match="must be a number"):
@@ -401,8 +401,8 @@ def test_onnx_backend_loop_with_its_trip_count_bound(monkeypatch):
     assert [i.name for i in ex.inputs] == ["y"]
     res = ex.explain(y)
     for out, want in zip(res.outputs.values(), expected):
-        np.testing.assert_allclose(out, want, rtol=1e-6)
-    np.testing.assert_allclose(res.relevance, y, rtol=1e-5)
+        assert_close(out, want, rtol=1e-6)
+    assert_close(res.relevance, y, rtol=1e-5)
 
 
 def _batch_check_model(batch="N"):
@@ -436,7 +436,7 @@ def test_if_on_a_dynamic_dimension_is_folded_with_input_shapes():
         assert fixed.inputs[0].dims == static.inputs[0].dims == (n, 4)
         res, ref = fixed.explain(xs, target=1), static.explain(xs, target=1)
         np.testing.assert_array_equal(res.relevance, ref.relevance)
-        np.testing.assert_allclose(res.outputs["y"], (np.maximum(xs, 0) @ p["A"]) if n == 1 else xs @ p["B"],
+        assert_close(res.outputs["y"], (np.maximum(xs, 0) @ p["A"]) if n == 1 else xs @ p["B"],
                                    rtol=1e-5)
         assert_close(res.relevance, want if want is not None else xs * p["B"][:, 1], rtol=1e-5,
                                    atol=1e-7)
@@ -452,7 +452,7 @@ def test_dynamic_trip_count_is_unrolled_with_input_shapes():
         onnx_lrp.Explainer(to_bytes(loop_model(dynamic=True)), composite="epsilon")
     r, y = _run(loop_model(dynamic=True), input_shapes={"x": (3, T, F)})
     r_ref, y_ref = _run(loop_model(dynamic=False))
-    np.testing.assert_allclose(y, y_ref, rtol=1e-6)
+    assert_close(y, y_ref, rtol=1e-6)
     assert rel_l2_items(r, r_ref).max() <= 1e-6
 
 
@@ -598,4 +598,4 @@ def test_scan_with_scalar_state_and_scan_outputs_keeps_their_shapes():
     assert res.relevance["initial"].shape == () and res.relevance["x"].shape == (5,)
     # y is one item (no batch axis): relevance sum = y, each addend its own value
     np.testing.assert_allclose(res.relevance["initial"], 2.0, rtol=1e-6)
-    np.testing.assert_allclose(res.relevance["x"], feeds["x"], rtol=1e-6)
+    assert_close(res.relevance["x"], feeds["x"], rtol=1e-6)

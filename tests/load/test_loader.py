@@ -63,7 +63,7 @@ def test_external_data(tmp_path):
     want = onnx_lrp.Explainer(inline, composite="epsilon-plus").explain(X)
     got = onnx_lrp.Explainer(path, composite="epsilon-plus").explain(X)
     np.testing.assert_array_equal(got.relevance, want.relevance)
-    np.testing.assert_allclose(got.outputs["y"], run(inline, {"x": X})[0], rtol=1e-6)
+    assert_close(got.outputs["y"], run(inline, {"x": X})[0], rtol=1e-6)
     # the data file is missing: a one-line ModelError naming the model file
     (tmp_path / "ext.data").rename(tmp_path / "moved.data")
     with pytest.raises(onnx_lrp.ModelError) as info:
@@ -179,7 +179,7 @@ def test_constant_nodes_and_shape_chains_are_folded():
     conv, reshape = list(loaded.graph)
     assert is_param(conv.inputs[1]) and np.array_equal(conv.inputs[1].const_value.numpy(), w)
     assert is_param(reshape.inputs[1]) and list(reshape.inputs[1].const_value.numpy()) == [2, -1]
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
                                rtol=1e-6)
 
 
@@ -202,7 +202,7 @@ def test_constantofshape_cast_transpose_of_initializers_are_folded():
     add = next(n for n in loaded.graph if n.op_type == "Add")
     assert np.all(add.inputs[1].const_value.numpy() == 0.25)
     assert mm.meta.get("lrp_bias") is not None  # the folded bias is absorbed into the MatMul layer
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
                                rtol=1e-6)
 
 
@@ -302,7 +302,7 @@ def test_identity_and_dropout_are_dropped():
     loaded = loader.load(to_bytes(model))
     assert op_types(loaded) == ["Conv", "Relu"]
     assert [o.name for o in loaded.graph.outputs] == ["y"]
-    np.testing.assert_allclose(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
+    assert_close(forward_of_loaded(to_bytes(model), {"x": X})[0], run(model, {"x": X})[0],
                                rtol=1e-6)
 
 

@@ -197,7 +197,7 @@ def test_strict_in_dataset_mode_fails_the_items_that_do_not_conserve(tmp_path):
     assert "relevance not conserved" in errors[0]["error"] and "strict" in errors[0]["error"]
     got = read_shards(tmp_path / "out")
     assert got["items"].tolist() == ["x.npy[1]"]
-    np.testing.assert_allclose(got["relevance"][0], want.relevance[1], rtol=1e-6)
+    assert_close(got["relevance"][0], want.relevance[1], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------ refused in one line (issue 17)
@@ -481,7 +481,7 @@ def test_dropout_in_training_mode_is_refused_not_dropped(mode):
         return
     x = np.array([[0.5, 1.0, -0.25]], np.float32)
     res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=0)
-    np.testing.assert_allclose(res.relevance, x * w[:, 0], rtol=1e-6)  # LRP-0 of one linear layer: x w
+    assert_close(res.relevance, x * w[:, 0], rtol=1e-6)  # LRP-0 of one linear layer: x w
 
 
 # ------------------------------------------------------------ batch statistics couple items (issue 17, Flax)
@@ -510,4 +510,4 @@ def test_a_reduction_over_the_batch_axis_that_returns_to_the_items_is_refused(re
         assert np.allclose(fixed.explain(x[:1], target=0).relevance, 0.0, atol=1e-6)  # x - mean(x) = 0 for one item
         return
     res = onnx_lrp.Explainer(model, composite="epsilon", epsilon=0.0, stabilizer=0.0).explain(x, target=0)
-    np.testing.assert_allclose(res.relevance, x * w[:, 0] / len(x), rtol=1e-5)  # LRP-0 of the whole: x dy/dx
+    assert_close(res.relevance, x * w[:, 0] / len(x), rtol=1e-5)  # LRP-0 of the whole: x dy/dx
