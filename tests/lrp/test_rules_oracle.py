@@ -29,7 +29,6 @@ import onnx
 import pytest
 from util import assert_close, conv_matrix, dyadic, explain_probe, make_model, node, probe_explainer, run, stab
 
-import onnx_lrp
 from onnx_lrp.rules import parse_composite
 
 BATCH = 2

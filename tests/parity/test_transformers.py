@@ -10,7 +10,6 @@ compared with LXT's CP-LRP (``<model>_cp-lrp.npz``). No torch is needed here.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

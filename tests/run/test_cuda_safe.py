@@ -133,7 +133,6 @@ def test_install_choice_brings_exactly_one_runtime(choice, want, monkeypatch):
     """ONNX_LRP_RUNTIME picks one onnxruntime build; cuda brings the CUDA and cuDNN libraries as wheels
     (onnxruntime-gpu's extras) and never the CPU onnxruntime beside it."""
     import runpy
-    from pathlib import Path
 
     import setuptools
 
