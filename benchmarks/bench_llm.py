@@ -8,7 +8,7 @@ The model (``--build``):
   same weights when ``lxt`` imports (LXT 2.1 needs transformers < 5) and exits before onnx-lrp starts, so the peak
   memory printed is onnx-lrp's alone. A 1.5 B export takes about 2 minutes.
 * ``direct``: the same graph, node for node, written by ``llama_graph.py`` with onnx_ir, its random weights streamed
-  to one external data file (no torch, no transformers; ``tests/test_llm_graph.py`` checks it against the export).
+  to one external data file (no torch, no transformers; ``tests/parity/test_llm_graph.py`` checks it against the export).
   An 8 B model in bfloat16 is 16 GB on disk: a GPU run of it fits in minutes.
 * ``auto`` (the default): ``direct`` for ``1b`` and ``8b``, ``export`` below.
 

@@ -1,7 +1,7 @@
 """bench_llm's LLaMA exported by torch.onnx (TorchScript exporter, opset 17), and LXT's relevance on the same weights.
 
 Run by ``bench_llm.py`` in a child process (``--ref-python``), so that torch's memory is gone before onnx-lrp
-starts; ``tests/test_llm_graph.py`` imports :func:`make_model` and :func:`export` to check ``llama_graph.py`` (the
+starts; ``tests/parity/test_llm_graph.py`` imports :func:`make_model` and :func:`export` to check ``llama_graph.py`` (the
 same graph written directly) against it. Usage (what bench_llm passes)::
 
     python llama_export.py '[hidden, inter, layers, heads, kv, vocab]' SEQ OUT.onnx DTYPE DEVICE THREADS [TWIN.onnx]

@@ -6,7 +6,7 @@ minutes and twice the weights' memory for a billion parameters. :func:`write` wr
 (op types, order, attributes, constants, the exporter's node and value names; only the weights' names differ), with
 its weights written straight to one external data file as they are drawn, chunk by chunk on ``threads`` threads: no
 tensor larger than a chunk is ever held, no protobuf holds a weight. (Under 2 GiB of weights they are then read into
-the model file, as torch.onnx stores such a model.) ``tests/test_llm_graph.py`` checks it against
+the model file, as torch.onnx stores such a model.) ``tests/parity/test_llm_graph.py`` checks it against
 the exporter at a small size (graph and numbers). What the exporter writes, per decoder layer (transformers 5):
 
 * RMSNorm: ``Cast`` to float32, ``Pow 2``, ``ReduceMean``, ``Add eps``, ``Sqrt``, ``Div 1 /``, ``Mul``, ``Cast``

@@ -3,7 +3,7 @@
 ``@click.command("explain", cls=Command, examples=[...], sections=[...])``: ``sections`` is a list of
 ``(title, rows)``; a row is an option's name (the Python name of its parameter), or a :class:`Row` that puts several
 options on one line with a help of its own. Options a section does not list are shown under "Other options", so
-none is ever hidden. Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/test_cli_door.py).
+none is ever hidden. Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/cli/test_cli_door.py).
 """
 from __future__ import annotations
 

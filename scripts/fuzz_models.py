@@ -5,7 +5,7 @@ and the distinct crashes (non-LrpError exceptions, or LrpErrors that report an i
 
     .venv/bin/python scripts/fuzz_models.py --n 5000 --seed 0
 
-The mutations live in tests/mutate.py (shared with tests/test_fuzz.py).
+The mutations live in tests/mutate.py (shared with tests/api/test_fuzz.py).
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ step() {
   $PY -c "import onnxruntime as o, onnx_lrp, sys; print('python', sys.version.split()[0], 'onnxruntime', o.__version__, o.get_available_providers(), 'onnx_lrp from', onnx_lrp.__file__)"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   step cuda-tests 90 env ONNX_LRP_PARITY_DEVICE=$dev $PY -P -m pytest -q -W ignore -p no:cacheprovider \
-    tests/test_cuda.py tests/test_cuda_safe.py tests/test_placement.py tests/test_quiet_cuda.py tests/test_iobinding.py
+    tests/run/test_cuda.py tests/run/test_cuda_safe.py tests/run/test_placement.py tests/run/test_quiet_cuda.py tests/run/test_iobinding.py
   step family-sweep 35 $PY scripts/gpu_check.py sweep --device $dev $quick
   step bench-cnn 100 $PY benchmarks/bench_cnn.py --device $dev "${cnn[@]}" \
     --composites epsilon-plus-flat,epsilon-gamma-box --profile --json "$OUT/results.jsonl"

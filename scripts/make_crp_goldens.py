@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Golden zennit-crp (0.6.0, on zennit 0.5.1) references for onnx-lrp's concept relevance (tests/test_concepts.py).
+"""Golden zennit-crp (0.6.0, on zennit 0.5.1) references for onnx-lrp's concept relevance (tests/concepts/test_concepts.py).
 
 For torchvision ``vgg16_bn`` and ``resnet18`` with seeded random weights and random BatchNorm statistics (no
 downloads; rebuilt from the seed by the test), one 64x64 input (numpy-seeded) and the composite EpsilonPlusFlat

@@ -44,7 +44,7 @@ statistics; x [3, 16, 16, 3]), issue 17's second round:
 * ``dropout_train``: ``nnx.Dropout(0.5)`` left in training mode (jax2onnx writes Dropout with training_mode = true):
   must be refused (no goldens).
 
-Needs jax, flax 0.12 (nnx) and jax2onnx 0.17 (only to regenerate; tests/test_flax_twins.py reads the files).
+Needs jax, flax 0.12 (nnx) and jax2onnx 0.17 (only to regenerate; tests/parity/test_flax_twins.py reads the files).
 """
 from __future__ import annotations
 

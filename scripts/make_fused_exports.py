@@ -1,4 +1,4 @@
-"""A small random-weight export whose attention onnxruntime's transformer optimizer fuses, for tests/test_fused.py.
+"""A small random-weight export whose attention onnxruntime's transformer optimizer fuses, for tests/load/test_fused.py.
 
 The optimizer's attention fusions match older exports: transformers 4.26's ViT (``scores / sqrt(head)``) fuses to
 ``com.microsoft::Attention`` with ``model_type="vit"``; 4.53's ViT (``scores * scaling``) and torchvision's ViT do

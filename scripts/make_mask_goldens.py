@@ -10,7 +10,7 @@ Writes to tests/goldens/masks (each file < 200 KB):
 * ``masks.npz``: the padded inputs and, for OPT and BERT + pooling, LXT's efficient AttnLRP relevance per token
   (embeddings x gradient with LXT's rules: LayerNorm std detached, the uniform rule on q, k, v; seeded with 1), the
   explained target (and position), the reference outputs. LXT ships no Falcon patch: Falcon is checked by the
-  padding property only (tests/test_masks.py).
+  padding property only (tests/lrp/test_masks.py).
 
 Run with transformers 4.53 and lxt 2.1 importable (they need not be in the main venv), e.g.::
 

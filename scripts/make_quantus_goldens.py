@@ -7,7 +7,7 @@ stored with the results, so the golden does not move when the LRP rules do).
         cachetools pandas matplotlib opencv-python-headless
     .venv/bin/python scripts/make_quantus_goldens.py
 
-tests/test_evaluate.py compares onnx_lrp.metrics with these arrays (and with live Quantus where it is installed).
+tests/metrics/test_evaluate.py compares onnx_lrp.metrics with these arrays (and with live Quantus where it is installed).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ N x 3 x H x W inputs (what ``quantus.explain`` returns: the channels summed, the
         cachetools pandas matplotlib opencv-python-headless
     .venv/bin/python scripts/make_quantus_rgb_goldens.py
 
-tests/test_evaluate.py checks that ``onnx_lrp.evaluate(..., relevance=<N x 1 x H x W>)`` gives these numbers (and
+tests/metrics/test_evaluate.py checks that ``onnx_lrp.evaluate(..., relevance=<N x 1 x H x W>)`` gives these numbers (and
 runs Quantus live where it is installed).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 offline) and a 2-layer GPT-2 with random weights over its vocabulary (transformers), exported by torch.onnx's
 TorchScript exporter at opset 17 with dynamic batch and sequence axes (inputs input_ids, attention_mask; output
 logits); and a LLaMA-style pair: the same tokenizer with a BOS token added to every text (tokenizer_bos.json, as
-LLaMA's) and a 1-layer LlamaForCausalLM that also takes position_ids (llama_text.onnx). For the text input of ``onnx-lrp explain MODEL --text ... --tokenizer ...`` (tests/test_text.py). Needs
+LLaMA's) and a 1-layer LlamaForCausalLM that also takes position_ids (llama_text.onnx). For the text input of ``onnx-lrp explain MODEL --text ... --tokenizer ...`` (tests/io/test_text.py). Needs
 torch, transformers and tokenizers (none is a dependency of onnx-lrp)::
 
     python scripts/make_text_goldens.py

@@ -1,6 +1,6 @@
 """Builds tests/goldens/text_hf: small Hugging Face text classifiers with random weights, exported to ONNX by
 torch.onnx (TorchScript, and dynamo where it exports) and by optimum, with a tokenizer.json per tokenizer family and
-reference relevance per token computed on the torch model (tests/test_text_hf.py).
+reference relevance per token computed on the torch model (tests/io/test_text_hf.py).
 
 Architectures (transformers 4.57, eager attention): BERT (a sentence pair: token_type_ids 0 and 1), RoBERTa,
 DistilBERT, DeBERTa-v2 (disentangled relative-position attention), ModernBERT (rotary embeddings, GeGLU, local

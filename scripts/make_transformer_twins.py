@@ -1,5 +1,5 @@
 """The same small transformer in Flax (nnx) and PyTorch with the same weights, exported by jax2onnx and by
-torch.onnx, for tests/test_framework_twins.py::test_flax_transformer_twin.
+torch.onnx, for tests/parity/test_framework_twins.py::test_flax_transformer_twin.
 
     python scripts/make_transformer_twins.py [--out tests/goldens/twins]
 

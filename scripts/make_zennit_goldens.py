@@ -64,7 +64,7 @@ N_CLASSES_SMALL = 10
 
 
 # "epsilon@0.01": onnx-lrp's epsilon composite with epsilon=0.01 (zennit: Epsilon(epsilon=0.01)). LRP-epsilon with
-# the default epsilon=1e-6 is ill-conditioned (see ILL_CONDITIONED in tests/test_zennit_parity.py); 0.01 much less so:
+# the default epsilon=1e-6 is ill-conditioned (see ILL_CONDITIONED in tests/parity/test_zennit_parity.py); 0.01 much less so:
 # this variant checks the epsilon rule itself closely on every model (VGG16 aside: MaxPool near-ties).
 VARIANTS = COMPOSITES + ("epsilon@0.01",)
 

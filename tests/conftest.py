@@ -1,3 +1,5 @@
+"""Suite-wide pytest hooks. Which folder a test goes to: tests/STAGES.md (one folder per stage of onnx_lrp/); the
+shared helpers are tests/util.py and its neighbours, importable from every folder (pyproject.toml's pythonpath)."""
 import os
 
 import pytest

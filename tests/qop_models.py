@@ -1,5 +1,5 @@
 """Small float models (onnx.helper) and their static quantization by onnxruntime in both formats, for
-tests/test_deployed.py: QuantFormat.QOperator (QLinearConv, QGemm, QLinearAdd, ...) and QuantFormat.QDQ from the
+tests/load/test_deployed.py: QuantFormat.QOperator (QLinearConv, QGemm, QLinearAdd, ...) and QuantFormat.QDQ from the
 same float model and the same calibration data."""
 from __future__ import annotations
 

@@ -1,16 +1,26 @@
-"""Helpers for op-level tests: build tiny ONNX models with onnx.helper and run them with onnxruntime.
+"""The tests' shared helpers (importable from every folder of tests/: pyproject.toml's ``pythonpath``).
 
-Models are written with IR version 10 (onnx.helper writes a newer one than onnxruntime 1.31 reads).
+* paths: ``ROOT`` (the repository) and ``GOLDENS`` (tests/goldens), so a test file can live in any folder;
+* tiny ONNX models built with onnx.helper (``node``, ``make_model``, ``add_probe``) and run with onnxruntime (``run``);
+  models are written with IR version 10 (onnx.helper writes a newer one than onnxruntime 1.31 reads);
+* comparisons: ``rel_l2`` (one number for whole arrays) and ``rel_l2_items`` (one per item, axis 0); ``f32_tol`` (an
+  absolute tolerance of a few float32 steps at the compared values' magnitude) and ``assert_close`` (numpy's
+  ``assert_allclose`` with ``atol`` never below it);
+* ``explain_probe``: a model's relevance with a linear probe on its outputs (the relevance entering them is known);
+* numpy references (``conv_matrix``, ``stab``).
 """
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+ROOT = Path(__file__).resolve().parents[1]
+GOLDENS = ROOT / "tests" / "goldens"
 IR_VERSION = 10
 NP2ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
            np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int64): TensorProto.INT64,
@@ -94,6 +104,24 @@ def add_probe(model: onnx.ModelProto, outs, cs, keep_outputs: bool = False, batc
     return m
 
 
+def probe_explainer(model: onnx.ModelProto, outs, cs, composite, batch: int, keep_outputs: bool = False, **kw):
+    """An ``Explainer`` of ``model`` with ``add_probe(model, outs, cs)`` appended, started one-hot from the probe (the
+    probe nodes get the gradient rule when ``composite`` does not name them): the relevance entering ``outs`` is
+    ``batch * cs``."""
+    import onnx_lrp
+
+    probe = add_probe(model, outs, cs, keep_outputs=keep_outputs, batch=batch)
+    return onnx_lrp.Explainer(to_bytes(probe), composite=composite, start="one-hot", **kw)
+
+
+def explain_probe(model: onnx.ModelProto, outs, cs, composite, feeds, batch: int, keep_outputs: bool = False, **kw):
+    """``probe_explainer(...).explain(feeds)`` and the relevance entering ``outs``: ``batch * cs`` in float64 (one
+    array for one output, else a list)."""
+    res = probe_explainer(model, outs, cs, composite, batch, keep_outputs, **kw).explain(feeds)
+    entering = [batch * np.asarray(c).astype(np.float64) for c in ([cs] if isinstance(cs, np.ndarray) else cs)]
+    return res, entering[0] if isinstance(cs, np.ndarray) else entering
+
+
 def dyadic(rng, shape, scale=8, low=-16, high=16, odd=False):
     """Random numbers k / scale (exact in float32, sums of products stay exact)."""
     k = rng.integers(low, high + 1, size=shape)
@@ -138,3 +166,40 @@ def conv_matrix(w, in_sp, strides=None, pads=None, dilations=None, group=1):
 def stab(z, eps=1e-6):
     """zennit's stabilizer: z + eps * (sign(z) + (z == 0))."""
     return z + eps * (np.sign(z) + (z == 0))
+
+
+# --------------------------------------------------------------------------------------------- comparisons
+def rel_l2(a, b) -> float:
+    """||a - b|| / ||b|| over the whole arrays, in float64; ``b`` is the reference and must not be all zero."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    norm = np.linalg.norm(b)
+    assert norm > 0, "an all-zero reference"
+    return float(np.linalg.norm(a - b) / norm)
+
+
+def rel_l2_items(a, b) -> np.ndarray:
+    """``rel_l2`` per item (axis 0): one relative L2 distance per row; no reference row may be all zero."""
+    a = np.asarray(a, np.float64).reshape(len(a), -1)
+    b = np.asarray(b, np.float64).reshape(len(b), -1)
+    norm = np.linalg.norm(b, axis=1)
+    assert np.all(norm > 0), "an all-zero reference"
+    return np.linalg.norm(a - b, axis=1) / norm
+
+
+def f32_tol(values, ulps: float = 4) -> float:
+    """``ulps`` float32 steps at the largest magnitude of ``values``: the least absolute tolerance that means
+    anything for float32 results of that size (one float32 step at 24 is 1.9e-6; the kernels of different CPUs,
+    AVX2 / AVX-512 / VNNI, sum in different orders and differ by a few steps). Add it to an ``atol`` chosen for
+    small values."""
+    top = np.max(np.abs(np.asarray(values, np.float64))) if np.size(values) else 0.0
+    return float(ulps * np.spacing(np.float32(top)))
+
+
+def assert_close(actual, desired, rtol: float = 1e-7, atol: float = 0.0, ulps: float = 4, **kw):
+    """``np.testing.assert_allclose`` whose absolute tolerance is never below the float32 resolution of the compared
+    values: when either side is float32 (or narrower), ``atol`` is raised by ``f32_tol(desired, ulps)``, so an
+    element near zero of an array of larger values may differ by the few float32 steps that other CPUs' kernels
+    (AVX2 / AVX-512 / VNNI) give. float64 comparisons keep ``atol`` as given."""
+    narrow = any(np.asarray(v).dtype.kind == "f" and np.asarray(v).dtype.itemsize <= 4 for v in (actual, desired))
+    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol + (f32_tol(desired, ulps) if narrow else 0.0),
+                               **kw)

@@ -221,7 +221,7 @@ class LayerNorm(LinearOp):
     def inv_scale(self, em: Emitter, node: ir.Node) -> ir.Value:
         """1 / std (or 1 / rms) of the forward input, computed once per node from that input: never from
         LayerNormalization's optional InvStdDev output, which onnxruntime's SkipLayerNormalization fusion leaves
-        unwritten on CUDA (tests/test_cuda_safe.py)."""
+        unwritten on CUDA (tests/run/test_cuda_safe.py)."""
         cached = meta.INV_SCALE.get(node)
         if cached is not None and cached[0] is em:
             return cached[1]

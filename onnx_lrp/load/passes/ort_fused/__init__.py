@@ -13,7 +13,7 @@ splits live in :mod:`.attention` (Attention, MultiHeadAttention, GroupQueryAtten
   and the explanation is the unoptimised export's.
 
 Each op keeps the exact semantics of onnxruntime's CPU kernel
-(checked against it on random inputs in tests/test_fused.py; BiasAdd / BiasSplitGelu, CUDA-only, against numpy):
+(checked against it on random inputs in tests/load/test_fused.py; BiasAdd / BiasSplitGelu, CUDA-only, against numpy):
 
 - ``Attention`` (packed QKV projection): ``MatMul(x, W_q) + b_q`` (likewise K, V, with the weight and bias sliced
   as constants; ``qkv_hidden_sizes`` honoured) -> Reshape/Transpose to heads -> ``MatMul(q, k^T)`` -> ``Div`` by
