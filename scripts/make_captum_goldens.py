@@ -2,7 +2,7 @@
 mlp.onnx: Tanh, Sigmoid, an inner Softmax) and captum.npz: captum 0.9's Saliency, InputXGradient,
 IntegratedGradients (every integration rule), NoiseTunnel (smoothgrad, smoothgrad_sq, vargrad; the noise stored)
 and Occlusion on them, with the inputs, targets and baselines fed, and each case's options (JSON) — so that
-tests/test_methods_goldens.py checks onnx_lrp.methods without torch or captum.
+tests/methods/test_methods_goldens.py checks onnx_lrp.methods without torch or captum.
 
     .venv/bin/pip install captum==0.9.0
     .venv/bin/python scripts/make_captum_goldens.py

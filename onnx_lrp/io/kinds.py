@@ -2,7 +2,7 @@
 the dataset engine reads a source of the kind), read by the API (:mod:`onnx_lrp.io.inputs`), the command line and
 the dataset sources (:mod:`onnx_lrp.dataset.sources`). Nothing else tests a file's suffix to tell what it holds:
 :func:`kind_of` does. A new input kind is an entry here, its reader in :mod:`onnx_lrp.io.inputs`, and a case in
-``tests/test_input_kinds.py``."""
+``tests/io/test_input_kinds.py``."""
 from __future__ import annotations
 
 import os

@@ -19,7 +19,7 @@ from onnx_lrp.io.inputs import input_infos, input_kind, items_kind, load_inputs
 from onnx_lrp.io.kinds import FILE_KINDS, KINDS, Kind, kind_of
 from onnx_lrp.core.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
+from util import ROOT  # noqa: E402
 DIGITS = ROOT / "models" / "digits_cnn.onnx"  # one input "image", float32 [N, 1, 16, 16]
 SHAPE = (1, 16, 16)
 

@@ -22,7 +22,7 @@ from onnx_lrp import regression as rg
 from onnx_lrp.cli.main import main
 from onnx_lrp.core.errors import InputError, NumericError
 
-ROOT = Path(__file__).resolve().parents[1]
+from util import ROOT  # noqa: E402
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 TEXT = ROOT / "models" / "text"
 LAYER = "/features/features.6/Conv_output_0"

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from onnx_lrp.methods import Attributor
+from util import GOLDENS as ALL_GOLDENS
 
-GOLDENS = Path(__file__).resolve().parent / "goldens" / "methods"
+GOLDENS = ALL_GOLDENS / "methods"
 DATA = np.load(GOLDENS / "captum.npz")
 INDEX = json.loads(str(DATA["index"]))
 TOL = 1e-5

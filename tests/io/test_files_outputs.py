@@ -26,7 +26,7 @@ import pytest
 from onnx_lrp.core.errors import OutputError
 from onnx_lrp.core import files as cf
 
-ROOT = Path(__file__).resolve().parents[1]
+from util import ROOT  # noqa: E402
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples"
 LAYER = "/features/features.6/Conv_output_0"

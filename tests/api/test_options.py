@@ -17,7 +17,7 @@ from onnx_lrp.metrics import EvaluateOptions
 from onnx_lrp.run.launch import ExplainOptions
 from onnx_lrp.run.options import RunOptions
 
-ROOT = Path(__file__).resolve().parents[1]
+from util import ROOT  # noqa: E402
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 
 # (what is made, a word the one-line refusal must hold)

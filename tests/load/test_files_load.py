@@ -28,7 +28,7 @@ from onnx_lrp.cli.main import main
 from onnx_lrp.core.errors import InputError, LrpError, ModelError
 from onnx_lrp.load import fixpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+from util import ROOT  # noqa: E402
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 SECRET = b"SECRET-hunter2!!"  # 16 bytes: four float32 values, what a leak would put into the results
 W = np.array([[1, -2], [3, 4], [-5, 6], [7, 8]], np.float32)

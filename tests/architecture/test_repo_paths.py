@@ -10,7 +10,7 @@ import re
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from util import ROOT  # noqa: E402
 PATH = re.compile(r"(?<![\w./-])((?:onnx_lrp|tests|scripts|cli|rules|docs|benchmarks)/[\w./*<>{}-]*)")
 
 # paths that are examples of a user's files, not of this repository: (file, path)
