@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Mapping
 
-from ..lrp.families import NO_FAMILIES, Family, FamilyRule
-from ..lrp.vocabulary import INHERIT, Category, Kind, ZeroKeeping
+from onnx_lrp.lrp.families import NO_FAMILIES, Family, FamilyRule
+from onnx_lrp.lrp.vocabulary import INHERIT, Category, Kind, ZeroKeeping
 
 
 RULES: dict[str, type["Rule"]] = {}
@@ -33,7 +33,7 @@ def register_rule(cls=None, *, aliases: tuple[str, ...] = ()):
 
 def engine():
     """The propagation steps (``onnx_lrp.lrp.engine``), imported on first use: listing composites needs no numpy."""
-    from ..lrp import engine as steps
+    from onnx_lrp.lrp import engine as steps
     return steps
 
 

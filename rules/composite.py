@@ -26,7 +26,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..lrp.vocabulary import Kind, NodeInfo
+from onnx_lrp.lrp.vocabulary import Kind, NodeInfo
 from .base import RULE_ALIASES, RULES, Rule, make_rule
 from .elementwise import Pass
 from .linear import Epsilon, LinearRule, Norm

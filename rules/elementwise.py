@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
-from ..lrp.families import Family, FamilyRule, family_table
-from ..lrp.vocabulary import INHERIT, Category, Kind
+from onnx_lrp.lrp.families import Family, FamilyRule, family_table
+from onnx_lrp.lrp.vocabulary import INHERIT, Category, Kind
 from .base import Rule, engine, register_rule
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Mapping
 
-from ..lrp.families import Family, FamilyRule, family_table
-from ..lrp.vocabulary import Category, XMod, ZMask
+from onnx_lrp.lrp.families import Family, FamilyRule, family_table
+from onnx_lrp.lrp.vocabulary import Category, XMod, ZMask
 from .base import Rule, engine, register_rule
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
-from ..lrp.families import Family, FamilyRule, always_exact, family_table
+from onnx_lrp.lrp.families import Family, FamilyRule, always_exact, family_table
 from .base import Rule, register_rule
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
-from ..lrp.families import Family, FamilyRule, family_table
+from onnx_lrp.lrp.families import Family, FamilyRule, family_table
 from .base import Rule, register_rule
 
 
