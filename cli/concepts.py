@@ -10,6 +10,7 @@ import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
 from onnx_lrp.core.files import require_suffix
+from onnx_lrp.core.validate import check_npy
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind
 from onnx_lrp.io.kinds import Kind
@@ -254,11 +255,15 @@ def relmax_build(model, source, **options):
     src = open_source(source, input_infos(ex.inputs), pre)
     targets = None
     if labels:
+        check_npy(labels, f"--labels {labels}")
         try:
-            targets = np.load(labels)
-        except (OSError, ValueError) as exc:
+            targets = np.load(labels, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
             raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
                              "saved with np.save") from None
+        if targets.ndim != 1 or targets.dtype.kind not in "iu":
+            raise InputError(f"--labels {labels} holds {targets.dtype} of shape {targets.shape}; give one class index "
+                             "per item (integers, one axis), saved with np.save")
     rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples=o["samples"], shard_size=o["shard_size"],
                           batch_size=o["batch_size"], overwrite=o["overwrite"], log=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "

@@ -9,6 +9,7 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.core.validate import check_npy
 from onnx_lrp.io.inputs import items_kind
 
 from .explain import parse_target
@@ -32,9 +33,10 @@ def _mask(path, n: int, shape: tuple) -> np.ndarray:
     p = Path(path)
     if p.suffix.lower() != ".npy" or not p.is_file():
         raise InputError(f"--mask {path}: give a .npy file (1 inside the region; one per item or one for all)")
+    check_npy(p, f"--mask {path}")
     try:
         m = np.load(p, allow_pickle=False)
-    except ValueError as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise InputError(f"--mask {path}: cannot read it ({exc}); write it with np.save") from None
     if m.ndim == len(shape) - 1:
         m = m[None]

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core.brief import brief_repr
 from ..core.errors import InputError
+from ..core.validate import expect, expect_list_of
 
 
 TRACKED = {"aopc": "aopc/morf", "abpc": "abpc"}  # --metrics name -> Evaluation score
@@ -106,12 +107,14 @@ def read_stored(path, meta: dict, n: int) -> Stored | None:
     settings = meta.get("faithfulness")
     if not settings:
         return None
+    expect(settings, dict, f"baseline {path}: meta's faithfulness", "recreate it with `onnx-lrp snapshot --metrics ...`")
     with np.load(Path(path), allow_pickle=False) as z:
         data = {k[len(PREFIX):]: z[k] for k in z.files if k.startswith(PREFIX)}
     for key in ("patch", "steps", "baseline", "prob", "seed", "metrics"):
         if key not in settings:
             raise InputError(f"baseline {path}: its faithfulness settings lack {key!r}; recreate it with "
                              "`onnx-lrp snapshot --metrics ...`")
+    expect_list_of(settings["metrics"], str, f"baseline {path}: faithfulness metrics")
     for name in [*settings["metrics"], "aopc_random"]:
         if name not in data or data[name].shape != (n,):
             raise InputError(f"baseline {path}: faithfulness/{name} is missing or not one value per item; "
