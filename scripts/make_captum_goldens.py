@@ -12,40 +12,20 @@ vargrad's reference is captum run in float64 (its float32 E[a^2] - E[a]^2 cancel
 from __future__ import annotations
 
 import copy
-import io
 import json
-import warnings
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from captum import attr as C
-from torch import nn
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "goldens" / "methods"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "goldens" / "methods"
+sys.path.insert(0, str(ROOT / "tests"))
+from captum_nets import CNN, MLP, export as _export  # noqa: E402
+
 RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
-
-
-class CNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn, self.pool = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.MaxPool2d(2)
-        self.conv2, self.fc = nn.Conv2d(6, 8, 3), nn.Linear(8 * 2 * 2, 5)
-
-    def forward(self, x):
-        h = self.pool(torch.relu(self.bn(self.conv(x))))
-        return self.fc(torch.relu(self.conv2(h)).flatten(1))
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(10, 16), nn.Linear(16, 12), nn.Linear(12, 4)
-
-    def forward(self, x):
-        h = torch.tanh(self.a(x))
-        h = torch.sigmoid(self.b(h)) + 0.25 * h[:, :12]
-        return self.c(3.0 * torch.softmax(h, dim=1))
 
 
 def _nets():
@@ -61,15 +41,6 @@ def _nets():
     rng = np.random.default_rng(20)
     return {"cnn": (cnn, rng.normal(size=(2, 3, 8, 8)).astype(np.float32)),
             "mlp": (mlp, rng.normal(size=(3, 10)).astype(np.float32))}
-
-
-def _export(module, x) -> bytes:
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.tensor(x),), f, input_names=["x"], output_names=["y"], opset_version=17,
-                          dynamo=False, dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
-    return f.getvalue()
 
 
 def _np(t) -> np.ndarray:

@@ -12,3 +12,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """The command group in-process, with the CLI's own exit-code handling (no interpreter start-up):
+    ``run_cli(*args, cwd=folder) -> (exit code, stdout, stderr)``."""
+    from onnx_lrp.cli.main import main
+
+    def run(*args, cwd):
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            main.main([str(a) for a in args], prog_name="onnx-lrp")
+        got = capsys.readouterr()
+        return exc.value.code, got.out, got.err
+    return run

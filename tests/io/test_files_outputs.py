@@ -33,18 +33,9 @@ LAYER = "/features/features.6/Conv_output_0"
 
 
 @pytest.fixture
-def run(capsys, monkeypatch):
+def run(run_cli):
     """The command group in-process (the CLI's own exit-code handling): (code, stdout, stderr)."""
-    from onnx_lrp.cli.main import main
-
-    def run(*args, cwd):
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exc:
-            main.main([str(a) for a in args], prog_name="onnx-lrp")
-        got = capsys.readouterr()
-        return exc.value.code, got.out, got.err
-    return run
+    return run_cli
 
 
 def snapshot_tree(folder: Path) -> dict:

@@ -174,18 +174,9 @@ def run_cli(*args, cwd):
 
 
 @pytest.fixture
-def run_here(capsys, monkeypatch):
+def run_here(run_cli):
     """The same command group in-process (same exit-code handling, no interpreter start-up)."""
-    from onnx_lrp.cli.main import main
-
-    def run(*args, cwd):
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exc:
-            main.main([str(a) for a in args], prog_name="onnx-lrp")
-        got = capsys.readouterr()
-        return exc.value.code, got.out, got.err
-    return run
+    return run_cli
 
 
 @pytest.fixture(scope="module")
