@@ -104,6 +104,18 @@ def flat_relevance(relevance: dict, i: int) -> np.ndarray:
     return np.concatenate([np.asarray(relevance[k][i], np.float64).ravel() for k in sorted(relevance)])
 
 
+def explained_scale(y: np.ndarray, target: int, relevance: np.ndarray) -> float:
+    """What one item's relevance is divided by before it is compared (its shape, not its size): |y[target]|, the
+    explained value of the explained forward; the |sum| of the relevance where that is zero or not finite (or the
+    target is not an index of ``y``); 1 where both are. A harmless rescale of the model (the logit x 1.5, the
+    relevance with it) leaves the normalised relevance as it was: the scale shows as output drift instead."""
+    y = np.asarray(y, np.float64).ravel()
+    for v in ((y[target] if 0 <= target < y.size else np.nan), float(np.sum(relevance))):
+        if np.isfinite(v) and v != 0.0:
+            return float(abs(v))
+    return 1.0
+
+
 def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
     if sorted(base.relevance) != sorted(cur.relevance):
         raise InputError(f"the relevance is for inputs {', '.join(sorted(cur.relevance))} but the baseline has "
@@ -125,8 +137,10 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     fc = cur.explained_forward.reshape(n, -1)
     samples = []
     for i in range(n):
-        m = sample_metrics(flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i), fb[i], fc[i],
-                           th.topk_percent)
+        r0, r = flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i)
+        t = int(base.targets[i])
+        m = sample_metrics(r0, r, fb[i], fc[i], th.topk_percent,
+                           scales=(explained_scale(fb[i], t, r0), explained_scale(fc[i], t, r)))
         # the predictions of the explained forward too: the same on every CPU (the deployed int8 outputs are not)
         pred = int(np.argmax(fb[i])), int(np.argmax(fc[i])) if np.all(np.isfinite(fc[i])) else -1
         kinds = drift(m, th, pred)
@@ -166,4 +180,4 @@ def deployed_difference_message(d: dict, output: str) -> str:
 
 
 __all__ = ["Comparison", "Result", "Sample", "compare", "deployed_difference", "deployed_difference_message",
-           "flat_relevance"]
+           "explained_scale", "flat_relevance"]
