@@ -104,16 +104,14 @@ def flat_relevance(relevance: dict, i: int) -> np.ndarray:
     return np.concatenate([np.asarray(relevance[k][i], np.float64).ravel() for k in sorted(relevance)])
 
 
-def explained_scale(y: np.ndarray, target: int, relevance: np.ndarray) -> float:
-    """What one item's relevance is divided by before it is compared (its shape, not its size): |y[target]|, the
-    explained value of the explained forward; the |sum| of the relevance where that is zero or not finite (or the
-    target is not an index of ``y``); 1 where both are. A harmless rescale of the model (the logit x 1.5, the
-    relevance with it) leaves the normalised relevance as it was: the scale shows as output drift instead."""
-    y = np.asarray(y, np.float64).ravel()
-    for v in ((y[target] if 0 <= target < y.size else np.nan), float(np.sum(relevance))):
-        if np.isfinite(v) and v != 0.0:
-            return float(abs(v))
-    return 1.0
+def relevance_scale(relevance: np.ndarray) -> float:
+    """What one item's relevance is divided by before it is compared (its shape, not its size): the sum of |r| (the
+    relevance's sum where it is positive, as LRP's mostly is; never near zero where positive and negative relevance
+    cancel); 1 for an all-zero or non-finite map. A harmless rescale of the model (the logit x 1.5, the relevance with
+    it) leaves the normalised relevance as it was: the scale shows as output drift, ``output_diff``, instead; a bias
+    that the relevance does not see leaves both."""
+    v = float(np.sum(np.abs(relevance)))
+    return v if np.isfinite(v) and v > 0.0 else 1.0
 
 
 def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
@@ -138,9 +136,7 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     samples = []
     for i in range(n):
         r0, r = flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i)
-        t = int(base.targets[i])
-        m = sample_metrics(r0, r, fb[i], fc[i], th.topk_percent,
-                           scales=(explained_scale(fb[i], t, r0), explained_scale(fc[i], t, r)))
+        m = sample_metrics(r0, r, fb[i], fc[i], th.topk_percent, scales=(relevance_scale(r0), relevance_scale(r)))
         # the predictions of the explained forward too: the same on every CPU (the deployed int8 outputs are not)
         pred = int(np.argmax(fb[i])), int(np.argmax(fc[i])) if np.all(np.isfinite(fc[i])) else -1
         kinds = drift(m, th, pred)
@@ -180,4 +176,4 @@ def deployed_difference_message(d: dict, output: str) -> str:
 
 
 __all__ = ["Comparison", "Result", "Sample", "compare", "deployed_difference", "deployed_difference_message",
-           "explained_scale", "flat_relevance"]
+           "flat_relevance", "relevance_scale"]

@@ -1,13 +1,13 @@
 """The per-sample metrics of a regression check: how far a relevance map and an output are from their baseline.
 
-Per sample, the relevance of all inputs flattened into one vector, in float64, divided by the explained value
-(|y[target]| of the explained forward; the |sum| of the relevance where that is zero): the relevance metrics compare
-the explanation's shape, and a change of scale (the logit and the relevance x 1.5) shows as ``output_diff`` only:
+Per sample, the relevance of all inputs flattened into one vector, in float64, divided by its sum of |r| (the
+relevance's sum, where it is positive): the relevance metrics compare the explanation's shape, and a change of scale
+(the logit and the relevance x 1.5) shows as ``output_diff`` only:
 
 - ``output_diff``  max |y - y0| / max |y0| over the explained output (e.g. the logits) of the explained forward: the
   relative change of the prediction the relevance is computed on, the same on every CPU (upper threshold);
 - ``cosine``       cosine similarity of the relevance vectors (lower threshold);
-- ``rel_l2``       ||r/|y_t| - r0/|y0_t||| / ||r0/|y0_t||| (the normalised relevance; upper threshold);
+- ``rel_l2``       ||r/S - r0/S0|| / ||r0/S0||, S = sum |r| (the normalised relevance; upper threshold);
 - ``spearman``     Spearman rank correlation of the relevance (ties get their average rank; lower threshold);
 - ``topk_iou``     intersection over union of the top-k % most relevant features (largest relevance values, k from
   ``topk_percent``; lower threshold).
@@ -78,7 +78,7 @@ def output_diff(y0: np.ndarray, y: np.ndarray) -> float:
 def sample_metrics(r0: np.ndarray, r: np.ndarray, y0: np.ndarray, y: np.ndarray, topk_percent: float,
                    scales: tuple[float, float] = (1.0, 1.0)) -> dict:
     """Every metric for one sample (relevance vectors flattened, float64); the relevance metrics on ``r0 / scales[0]``
-    and ``r / scales[1]`` (the explained values: :func:`onnx_lrp.regression.compare.explained_scale`)."""
+    and ``r / scales[1]`` (their sums of |r|: :func:`onnx_lrp.regression.compare.relevance_scale`)."""
     r0 = np.asarray(r0, np.float64).ravel() / scales[0]
     r = np.asarray(r, np.float64).ravel() / scales[1]
     out = {"output_diff": output_diff(y0, y)}

@@ -1,4 +1,4 @@
-"""issue 35 item 6: `check` measures relevance drift on the relevance divided by the explained value (its shape), and
+"""issue 35 item 6: `check` measures relevance drift on the relevance divided by its sum of |r| (its shape), and
 reports a change of scale as output drift. Made here on the shipped models/digits_cnn.onnx: the last convolution's
 weights x 1.5 (a ReLU net: the logit and the relevance grow together) must pass the relevance check and report
 output drift (failing only with --fail-on outputs); the same convolution's first filter negated, or its weights
@@ -65,14 +65,14 @@ def _check(capsys, tmp_path, model, baseline, *extra):
 
 
 def _oracle(model):
-    """Inline numpy: the relevance of baseline and model on the baseline's targets, each divided by |logit[t]|."""
+    """Inline numpy: the relevance of baseline and model on the baseline's targets, each divided by its sum of |r|."""
     x = np.load(SAMPLES)
     e0 = onnx_lrp.Explainer(str(DEMO)).explain(x)
     e1 = onnx_lrp.Explainer(str(model)).explain(x, target=e0.target)
     out = []
-    for i, t in enumerate(e0.target):
-        a = e0.relevance[i].ravel().astype(np.float64) / abs(float(e0.outputs["logits"][i, t]))
-        b = e1.relevance[i].ravel().astype(np.float64) / abs(float(e1.outputs["logits"][i, t]))
+    for i in range(len(x)):
+        a, b = (np.asarray(e.relevance[i], np.float64).ravel() for e in (e0, e1))
+        a, b = a / np.abs(a).sum(), b / np.abs(b).sum()
         raw = np.linalg.norm(e1.relevance[i] - e0.relevance[i]) / np.linalg.norm(e0.relevance[i])
         out.append(dict(rel_l2=np.linalg.norm(b - a) / np.linalg.norm(a), raw=float(raw),
                         out=float(np.max(np.abs(e1.outputs["logits"][i] - e0.outputs["logits"][i]))
@@ -106,4 +106,4 @@ def test_a_real_drift_fails_the_relevance_check(models, baseline, tmp_path, caps
     assert len(failing) >= rep["n_samples"] // 2
     for s, r in zip(rep["samples"], ref):
         assert s["metrics"]["rel_l2"] == pytest.approx(r["rel_l2"], rel=1e-4, abs=1e-6)
-    assert max(s["metrics"]["rel_l2"] for s in rep["samples"]) > 0.3
+    assert max(s["metrics"]["rel_l2"] for s in rep["samples"]) > 0.25  # 2.5 x the default threshold 0.1
