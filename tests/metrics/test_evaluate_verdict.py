@@ -8,7 +8,7 @@ from util import ROOT
 
 import onnx_lrp
 from onnx_lrp.metrics import Evaluation
-from cli.evaluate import summary_lines
+from onnx_lrp.cli.evaluate import summary_lines
 
 MODEL = str(ROOT / "models" / "digits_cnn.onnx")
 
