@@ -118,6 +118,7 @@ class Evaluation:
         return {"metric": self.metric, "params": self.params, "target": self.target.tolist(),
                 "summary": {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
                             for k, v in self.summary().items()},
+                "verdict_on": self.verdict_basis(),
                 "scores": {k: _listed(v) for k, v in self.scores.items()},
                 "curves": {k: _listed(v) for k, v in self.curves.items()},
                 "layers": [{k: _listed(v) for k, v in row.items()} for row in self.layers]}

@@ -32,6 +32,8 @@ def test_negative_abpc_does_not_beat_the_random_order_even_when_aopc_does():
     verdict = text.splitlines()[-1]
     assert "ABPC -0.0170" in verdict and "AOPC (MoRF) -0.0188 vs random -0.0293" in verdict, verdict
     assert "verdict on ABPC > 0" in verdict, verdict
+    d = ev.as_dict()  # the JSON says the same
+    assert d["summary"]["beats_random"] is False and d["verdict_on"].startswith("ABPC > 0")
 
 
 def test_positive_abpc_and_aopc_beat_it_and_say_so():
