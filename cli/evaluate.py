@@ -48,6 +48,17 @@ def _mask(path, n: int, shape: tuple) -> np.ndarray:
     return m
 
 
+def _verdict_line(ev, s: dict) -> str:
+    """The verdict of a perturbation curve, from the scores printed above it, saying which."""
+    floor = "beats" if s["beats_random"] else "does NOT beat"
+    aopc = f"AOPC (MoRF) {s['aopc/morf']:.4f} vs random {s['aopc/random']:.4f}"
+    if "abpc" not in s:
+        return f"the explanation {floor} the random order: {aopc} (verdict on AOPC)"
+    why = "" if s["abpc"] > 0 else "; ABPC <= 0: removing the least relevant first drops the score as much"
+    return (f"the explanation {floor} the random order: ABPC {s['abpc']:.4f}, {aopc} (verdict on "
+            f"{ev.verdict_basis()}{why})")
+
+
 def summary_lines(ev) -> list[str]:
     s = ev.summary()
     n = len(ev.target)
@@ -62,9 +73,8 @@ def summary_lines(ev) -> list[str]:
             lines.append(f"  {o:<8} {s[f'aopc/{o}']:>8.4f} {s[f'auc/{o}']:>9.4f}")
         if "abpc" in s:
             lines.append(f"  ABPC (LeRF - MoRF) {s['abpc']:.4f}")
-        floor = "beats" if s["beats_random"] else "does NOT beat"
-        lines.append(f"the explanation {floor} the random order: AOPC {s['aopc/morf']:.4f} vs {s['aopc/random']:.4f}"
-                     if "aopc/morf" in s else "")
+        if "aopc/morf" in s:
+            lines.append(_verdict_line(ev, s))
     elif ev.metric == "faithfulness-correlation":
         lines.append(f"faithfulness correlation on {n} item(s) ({ev.params['runs']} subsets of "
                      f"{ev.params['subset_size']}, {ev.params['prob']}): {s['correlation']:.4f}; random relevance "

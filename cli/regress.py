@@ -49,7 +49,7 @@ def threshold_options(f):
         click.option("--min-cosine", default=None, metavar="FLOAT|off",
                      help=f"Relevance: cosine similarity ({d.min_cosine})."),
         click.option("--max-rel-l2", default=None, metavar="FLOAT|off",
-                     help=f"Relevance: ||r - r0|| / ||r0|| ({d.max_rel_l2})."),
+                     help=f"Relevance: ||r - r0|| / ||r0||, each map over its sum of |r| ({d.max_rel_l2})."),
         click.option("--min-spearman", default=None, metavar="FLOAT|off",
                      help=f"Relevance: Spearman rank correlation ({d.min_spearman})."),
         click.option("--min-topk-iou", default=None, metavar="FLOAT|off",

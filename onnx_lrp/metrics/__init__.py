@@ -92,7 +92,17 @@ class Evaluation:
                  "relevance-mass": ("mass", "mass/random")}.get(self.metric)
         if floor and floor[0] in out and floor[1] in out:
             out["beats_random"] = bool(out[floor[0]] > out[floor[1]])
+            if "abpc" in out:  # the printed ABPC must agree: the most relevant first must drop more than the least
+                out["beats_random"] = out["beats_random"] and bool(out["abpc"] > 0)
         return out
+
+    def verdict_basis(self) -> str:
+        """The scores the verdict (``beats_random`` of :meth:`summary`) is based on, in words."""
+        if self.metric in ("region-perturbation", "pixel-flipping"):
+            return ("ABPC > 0 and AOPC (MoRF) above the random order's" if "abpc" in self.scores
+                    else "AOPC (MoRF) above the random order's")
+        return {"faithfulness-correlation": "the correlation above random relevance's",
+                "relevance-mass": "the mass inside the mask above the mask's area"}.get(self.metric, "")
 
     def __repr__(self) -> str:
         """Short: the metric, the number of items, the mean of each score, whether it beats its random floor."""
@@ -108,6 +118,7 @@ class Evaluation:
         return {"metric": self.metric, "params": self.params, "target": self.target.tolist(),
                 "summary": {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
                             for k, v in self.summary().items()},
+                "verdict_on": self.verdict_basis(),
                 "scores": {k: _listed(v) for k, v in self.scores.items()},
                 "curves": {k: _listed(v) for k, v in self.curves.items()},
                 "layers": [{k: _listed(v) for k, v in row.items()} for row in self.layers]}

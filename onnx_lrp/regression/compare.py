@@ -104,6 +104,16 @@ def flat_relevance(relevance: dict, i: int) -> np.ndarray:
     return np.concatenate([np.asarray(relevance[k][i], np.float64).ravel() for k in sorted(relevance)])
 
 
+def relevance_scale(relevance: np.ndarray) -> float:
+    """What one item's relevance is divided by before it is compared (its shape, not its size): the sum of |r| (the
+    relevance's sum where it is positive, as LRP's mostly is; never near zero where positive and negative relevance
+    cancel); 1 for an all-zero or non-finite map. A harmless rescale of the model (the logit x 1.5, the relevance with
+    it) leaves the normalised relevance as it was: the scale shows as output drift, ``output_diff``, instead; a bias
+    that the relevance does not see leaves both."""
+    v = float(np.sum(np.abs(relevance)))
+    return v if np.isfinite(v) and v > 0.0 else 1.0
+
+
 def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> Comparison:
     if sorted(base.relevance) != sorted(cur.relevance):
         raise InputError(f"the relevance is for inputs {', '.join(sorted(cur.relevance))} but the baseline has "
@@ -125,8 +135,8 @@ def compare(base: Result, cur: Result, th: Thresholds = DEFAULT_THRESHOLDS) -> C
     fc = cur.explained_forward.reshape(n, -1)
     samples = []
     for i in range(n):
-        m = sample_metrics(flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i), fb[i], fc[i],
-                           th.topk_percent)
+        r0, r = flat_relevance(base.relevance, i), flat_relevance(cur.relevance, i)
+        m = sample_metrics(r0, r, fb[i], fc[i], th.topk_percent, scales=(relevance_scale(r0), relevance_scale(r)))
         # the predictions of the explained forward too: the same on every CPU (the deployed int8 outputs are not)
         pred = int(np.argmax(fb[i])), int(np.argmax(fc[i])) if np.all(np.isfinite(fc[i])) else -1
         kinds = drift(m, th, pred)
@@ -166,4 +176,4 @@ def deployed_difference_message(d: dict, output: str) -> str:
 
 
 __all__ = ["Comparison", "Result", "Sample", "compare", "deployed_difference", "deployed_difference_message",
-           "flat_relevance"]
+           "flat_relevance", "relevance_scale"]

@@ -1,11 +1,13 @@
 """The per-sample metrics of a regression check: how far a relevance map and an output are from their baseline.
 
-Per sample, the relevance of all inputs flattened into one vector, in float64:
+Per sample, the relevance of all inputs flattened into one vector, in float64, divided by its sum of |r| (the
+relevance's sum, where it is positive): the relevance metrics compare the explanation's shape, and a change of scale
+(the logit and the relevance x 1.5) shows as ``output_diff`` only:
 
 - ``output_diff``  max |y - y0| / max |y0| over the explained output (e.g. the logits) of the explained forward: the
   relative change of the prediction the relevance is computed on, the same on every CPU (upper threshold);
 - ``cosine``       cosine similarity of the relevance vectors (lower threshold);
-- ``rel_l2``       ||r - r0|| / ||r0|| (upper threshold);
+- ``rel_l2``       ||r/S - r0/S0|| / ||r0/S0||, S = sum |r| (the normalised relevance; upper threshold);
 - ``spearman``     Spearman rank correlation of the relevance (ties get their average rank; lower threshold);
 - ``topk_iou``     intersection over union of the top-k % most relevant features (largest relevance values, k from
   ``topk_percent``; lower threshold).
@@ -73,10 +75,12 @@ def output_diff(y0: np.ndarray, y: np.ndarray) -> float:
     return d / scale if scale > 0 else (0.0 if d == 0 else math.inf)
 
 
-def sample_metrics(r0: np.ndarray, r: np.ndarray, y0: np.ndarray, y: np.ndarray, topk_percent: float) -> dict:
-    """Every metric for one sample (relevance vectors flattened, float64)."""
-    r0 = np.asarray(r0, np.float64).ravel()
-    r = np.asarray(r, np.float64).ravel()
+def sample_metrics(r0: np.ndarray, r: np.ndarray, y0: np.ndarray, y: np.ndarray, topk_percent: float,
+                   scales: tuple[float, float] = (1.0, 1.0)) -> dict:
+    """Every metric for one sample (relevance vectors flattened, float64); the relevance metrics on ``r0 / scales[0]``
+    and ``r / scales[1]`` (their sums of |r|: :func:`onnx_lrp.regression.compare.relevance_scale`)."""
+    r0 = np.asarray(r0, np.float64).ravel() / scales[0]
+    r = np.asarray(r, np.float64).ravel() / scales[1]
     out = {"output_diff": output_diff(y0, y)}
     if not (np.all(np.isfinite(r)) and np.all(np.isfinite(r0))):
         out.update(cosine=math.nan, rel_l2=math.nan, spearman=math.nan, topk_iou=math.nan)

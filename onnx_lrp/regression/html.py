@@ -2,7 +2,8 @@
 
 The verdict, what fails the check (``fail_on``) and the drift per kind, the thresholds, one table row per sample
 (failing samples first, then those that drifted without failing, then the rest; values beyond their threshold
-marked), and per sample the baseline / current / difference heatmaps as inline PNG images (``data:`` URIs: the
+marked), and per sample the baseline / current / difference heatmaps (the difference on the baseline's scale)
+as inline PNG images (``data:`` URIs: the
 file needs nothing beside it, and opens from a CI artifact as it is). Colours stay off the heatmaps' own palette
 (no pure red or blue in the page), so that a screenshot tells the heatmaps apart from the text.
 """
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..io import heatmap as hm
 from ..core.files import printable
-from .compare import Comparison
+from .compare import Comparison, relevance_scale
 from .report import fmt, drift_line, sample_status
 from .thresholds import METRICS
 
@@ -101,18 +102,47 @@ def _table(comp: Comparison) -> list[str]:
     return rows
 
 
+def difference(base: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """The difference tile's values in [0, 1] for the colour map: the current map brought to the baseline's sum of
+    |r| (the shape the check compares, :func:`onnx_lrp.regression.compare.relevance_scale`) minus the baseline,
+    divided by the baseline's largest |relevance|: a drift that is small beside the baseline stays near white (0.5),
+    whatever its own maximum."""
+    b, c = np.asarray(base, np.float64), np.asarray(cur, np.float64)
+    sb, sc = relevance_scale(b), relevance_scale(c)
+    peak = float(np.max(np.abs(b))) if b.size else 0.0
+    d = c * (sb / sc) - b
+    if not np.isfinite(peak) or peak == 0.0:
+        return hm.symmetric(d)
+    return np.clip(0.5 + 0.5 * d / peak, 0.0, 1.0)
+
+
+def _sample_image(b: np.ndarray, c: np.ndarray):
+    """Baseline and current, each on its own scale, and their difference on the baseline's (:func:`difference`)."""
+    maps = np.stack([b, c, c - b])
+    scale = hm.tile_scale(*maps.shape[1:], 160)
+    image = hm.render(maps, None, style="heatmap", cols=3, labels=[["baseline"], ["current"], ["difference"]],
+                      scale=scale)
+    left, top, right, bottom = hm.cell_box(2, 3, *maps.shape[1:], cols=3, scale=scale, caption_lines=1)
+    tile = hm.apply_cmap(difference(b, c))
+    tile = np.repeat(np.repeat(tile, scale, axis=0), scale, axis=1)
+    pixels = np.asarray(image).copy()
+    pixels[top:bottom, left:right] = tile
+    from PIL import Image
+    return Image.fromarray(pixels, mode="RGB")
+
+
 def _pictures(comp: Comparison, base_maps, cur_maps, limit: int) -> list[str]:
     e = _escape
     drawn = _order(comp)[:limit]
-    out = ["<h2>Heatmaps</h2>", '<p class="small">baseline, current, and current &minus; baseline; each tile scaled '
-           "symmetrically to its own largest |relevance| (red positive, blue negative)"
+    out = ["<h2>Heatmaps</h2>", '<p class="small">baseline and current, each scaled symmetrically to its own largest '
+           "|relevance|; the difference (current at the baseline's sum of |relevance|, minus the baseline: the shape "
+           "the check compares) on the baseline's scale, so that a small drift stays near white (red positive, blue "
+           "negative)"
            + (f"; the first {limit} of {len(comp.samples)} samples, failing first" if len(drawn) < len(comp.samples)
               else "") + "</p>"]
     for s in drawn:
         b, c = np.asarray(base_maps[s.index], np.float64), np.asarray(cur_maps[s.index], np.float64)
-        maps = np.stack([b, c, c - b])
-        image = hm.render(maps, None, style="heatmap", cols=3, labels=[["baseline"], ["current"], ["difference"]],
-                          scale=hm.tile_scale(*maps.shape[1:], 160))
+        image = _sample_image(b, c)
         out.append(f'<div class="sample" id="s{s.index}"><b>{e(s.item)}</b> <span class="small">target {s.target}'
                    f'</span><img alt="heatmaps of {e(s.item)}" src="{_png(image)}">'
                    f'<div class="small status">{e(sample_status(s))}</div></div>')
@@ -128,4 +158,4 @@ def report_html(comp: Comparison, context: dict, base_maps, cur_maps, limit: int
             f"<title>{title}</title><style>{STYLE}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-__all__ = ["MAX_PICTURES", "report_html"]
+__all__ = ["MAX_PICTURES", "difference", "report_html"]

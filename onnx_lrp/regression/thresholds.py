@@ -42,7 +42,7 @@ DEFAULT_FAIL_ON = ("relevance", "predictions")
 METRIC_HELP = {
     "output_diff": "max |y - y0| / max |y0| of the explained output",
     "cosine": "cosine similarity of the relevance",
-    "rel_l2": "||r - r0|| / ||r0|| of the relevance",
+    "rel_l2": "||r - r0|| / ||r0|| of the relevance divided by its sum of |r| (its shape)",
     "spearman": "Spearman rank correlation of the relevance",
     "topk_iou": "IoU of the top-k % most relevant features",
 }

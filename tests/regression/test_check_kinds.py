@@ -99,7 +99,8 @@ def test_output_drift_alone_is_reported_not_failed(models, baseline, check, tmp_
     for s, d in zip(rep["samples"], drift):
         assert s["metrics"]["output_diff"] == pytest.approx(d, rel=1e-5)
         assert list(s["drift"]) == ["outputs"] and s["failed_kinds"] == [] and s["passed"]
-        assert s["metrics"]["cosine"] > 0.99999 and s["metrics"]["rel_l2"] == pytest.approx(0.04, abs=1e-4)
+        # rel_l2 on the relevance divided by the explained logit: the x 1.04 of both cancels (raw it was 0.04)
+        assert s["metrics"]["cosine"] > 0.99999 and s["metrics"]["rel_l2"] < 0.005
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
     assert suite.get("failures") == "0" and not suite.findall("testcase/failure")
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}

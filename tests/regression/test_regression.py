@@ -195,6 +195,7 @@ def _independent_metrics(model, snap):
     for i in range(len(snap.targets)):
         a = snap.relevance["image"][i].ravel().astype(np.float64)
         b = res.relevance[i].ravel().astype(np.float64)
+        a, b = a / np.abs(a).sum(), b / np.abs(b).sum()  # rel_l2 compares the shape: each map over its sum of |r|
         out.append(dict(cosine=a @ b / np.linalg.norm(a) / np.linalg.norm(b),
                         rel_l2=np.linalg.norm(b - a) / np.linalg.norm(a)))
     return out

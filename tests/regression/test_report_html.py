@@ -97,10 +97,12 @@ def test_the_page_is_self_contained_with_every_samples_heatmaps(report):
         b = snap.relevance["image"][i, 0].astype(np.float64)
         c = cur.relevance[i, 0].astype(np.float64)
         s = hm.tile_scale(16, 16, 160)
-        for k, want in enumerate((b, c, c - b)):
+        # the difference: current brought to the baseline's sum of |r|, minus it, on the baseline's own scale
+        diff = 0.5 + 0.5 * (c * np.abs(b).sum() / np.abs(c).sum() - b) / np.abs(b).max()
+        for k, want in enumerate((_sym(b), _sym(c), diff)):
             left, top, right, bottom = hm.cell_box(k, 3, 16, 16, cols=3, scale=s, caption_lines=1)
             got = tiles[top:bottom:s, left:right:s].astype(int)
-            assert np.abs(got - _bwr(_sym(want))).max() <= 1, (item, k)  # float32 vs float64 rounding at most
+            assert np.abs(got - _bwr(want)).max() <= 1, (item, k)  # float32 vs float64 rounding at most
     # failing samples first, each row naming its kinds of drift
     rows = re.findall(r'<tr class="(failing|drift|)">', text)
     assert rows == sorted(rows, key=lambda r: {"failing": 0, "drift": 1, "": 2}[r]) and rows[0] == "failing"
