@@ -396,8 +396,6 @@ PARAMETER_DEBT = {
     "cli/regress.py:snapshot",
     "cli/regress.py:check",
     "cli/regress.py:_report",
-    "onnx_lrp/metrics/perturbation.py:region_perturbation",
-    "onnx_lrp/metrics/correlation.py:faithfulness_correlation",
 }
 
 
