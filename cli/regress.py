@@ -328,10 +328,11 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     with Progress("explaining") as bar:
         rel, outs, used = explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
     arrays = rg.snapshot_arrays(
-        inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
-        composite_toml=comp_toml, params=setup.params, start=start, output=output_name,
-        explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size,
-        machine=gaps.machine_facts(ex.device), deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict())
+        rg.Recorded(inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, items=batch.names),
+        rg.Provenance(model_path=model, composite_name=comp_name, composite_toml=comp_toml, params=setup.params,
+                      start=start, output=output_name, explained_output=ex.explained_output, target_request=target,
+                      batch_size=batch_size, machine=gaps.machine_facts(ex.device),
+                      deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict()))
     if tracked:
         settings = dict(patch=metric_patch, steps=metric_steps, baseline=metric_baseline, prob="softmax",
                         seed=metric_seed)
