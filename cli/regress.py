@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -131,7 +132,18 @@ def _maps(ex, base, cur):
     return hm.relevance_maps(base.relevance[first], axis), hm.relevance_maps(cur.relevance[first], axis)
 
 
-def _write_reports(comp, context, files: dict, base, cur, ex, suite, faith=None):
+@dataclass(frozen=True)
+class _Compared:
+    """What a check or diff compared: the comparison, the baseline and current results, and the explainer whose
+    inputs draw the heatmaps."""
+    comp: object
+    base: object
+    cur: object
+    ex: object
+
+
+def _write_reports(compared: _Compared, context, files: dict, suite, faith=None):
+    comp, base, cur, ex = compared.comp, compared.base, compared.cur, compared.ex
     written = []
     heatmap_dir = files["heatmap_dir"]
     maps = _maps(ex, base, cur) if files["report_html"] is not None or (heatmap_dir and comp.drifted) else None
@@ -184,14 +196,15 @@ def _faith_plot(faith, context):
                      "regions replaced", "score of the target (mean over items)")
 
 
-def _report(comp, context, files: dict, base, cur, ex, max_rows, suite, seconds, faith=None, faith_lines=()):
+def _report(compared: _Compared, context, files: dict, max_rows, suite, seconds, faith=None, faith_lines=()):
+    comp = compared.comp
     context = dict(context, seconds=round(seconds, 3))
     if faith is not None:
         context["faithfulness"] = faith.as_dict()
     click.echo(rg.format_table(comp, max_rows))
     for line in faith_lines:
         click.echo(line)
-    written = _write_reports(comp, context, files, base, cur, ex, suite, faith)
+    written = _write_reports(compared, context, files, suite, faith)
     n, d = len(comp.samples), len(comp.drifted)
     fail_on = comp.thresholds.fail_on
     for kind, count in comp.drift_counts().items():
@@ -414,8 +427,8 @@ def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max
         ev = _faith_eval(model, ex, arrays, rel, snap.targets, stored.settings)
         faith = tracking.check(stored, ev, tolerances)
         lines = tracking.format_lines(faith, stored.settings)
-    code = _report(comp, context, files, base, cur, ex, max_rows, "onnx-lrp check", time.perf_counter() - t0, faith,
-                   lines)
+    code = _report(_Compared(comp, base, cur, ex), context, files, max_rows, "onnx-lrp check",
+                   time.perf_counter() - t0, faith, lines)
     raise SystemExit(code)
 
 
@@ -536,7 +549,8 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     gap_b = _gap_note(gap_list, batch.names)
     if gap_b is not None:
         context["deployed_gap"] = gap_b
-    code = _report(comp, context, files, base, cur, ex_b, max_rows, "onnx-lrp diff", time.perf_counter() - t0)
+    code = _report(_Compared(comp, base, cur, ex_b), context, files, max_rows, "onnx-lrp diff",
+                   time.perf_counter() - t0)
     raise SystemExit(code)
 
 

@@ -389,7 +389,6 @@ PARAMETER_DEBT = {
     "cli/regress.py:diff",
     "cli/regress.py:snapshot",
     "cli/regress.py:check",
-    "cli/regress.py:_report",
 }
 
 
