@@ -31,6 +31,7 @@ from .helpfmt import Command, Row
 from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
                       input_options)
+from .regress_options import Asked, Engine, Faith, Reports, packed
 
 
 EXIT_DRIFT = 1
@@ -92,9 +93,11 @@ REPORT_SUFFIXES = {"--report-json": ((".json",), "the JSON report"), "--junit-xm
                    "--report-html": ((".html", ".htm"), "the HTML report")}
 
 
-def _check_outputs(report_json, junit_xml, report_html, heatmap_dir, inputs=(), models=()) -> dict:
+def _check_outputs(reports, inputs=(), models=()) -> dict:
     """The report files by option (None where not asked for), each checked before anything runs: its suffix,
     writable, not one of ``inputs`` / ``models`` (with their data files; :func:`cli.io.guard`)."""
+    report_json, junit_xml, report_html, heatmap_dir = (reports.report_json, reports.junit_xml, reports.report_html,
+                                                        reports.heatmap_dir)
     paths = {opt: Path(p) for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml),
                                          ("--report-html", report_html)) if p is not None}
     guard(inputs, list(paths.items()), models=models)  # first: the refusal names the input it would destroy
@@ -314,14 +317,18 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @faith_options
 @input_options
-def snapshot(model, inputs_path, out, target, output_name, start, batch_size, metrics, metric_patch, metric_steps,
-             metric_baseline, metric_seed, composite, **rule_kw):
+@packed("asked", Asked)
+@packed("faith", Faith)
+def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **rule_kw):
     """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
 
     INPUTS: a .npy, a .npz (one array per model input), an image or a directory of these. The snapshot keeps the
     inputs, targets (arg-max resolved now), outputs, relevance, composite and settings: a later check needs nothing
     else (docs/ci-regression.md).
     """
+    target, output_name, start, batch_size = asked.target, asked.output_name, asked.start, asked.batch_size
+    metrics, metric_patch, metric_steps, metric_baseline, metric_seed = (
+        faith.metrics, faith.metric_patch, faith.metric_steps, faith.metric_baseline, faith.metric_seed)
     out_path = Path(out)
     if out_path.suffix.lower() != ".npz":
         raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
@@ -385,8 +392,9 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
               help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
 @click.option("--metric-tol", "metric_tol", multiple=True, metavar="NAME=DROP|off",
               help=f"Faithfulness: most drop of aopc, abpc ({tracking.DEFAULT_TOLERANCE:g}).")
-def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max_rows, batch_size, engine, workers,
-          ray_address, metric_tol, **kw):
+@packed("reports", Reports)
+@packed("where", Engine)
+def check(model, baseline, reports: Reports, batch_size, where: Engine, metric_tol, **kw):
     """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
 
     Output drift, relevance drift and changed predictions are reported apart; exit 1 when a kind --fail-on names
@@ -395,8 +403,9 @@ def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max
     """
     th, config_used = _pop_thresholds(kw)
     tolerances = tracking.parse_tolerances(metric_tol)
-    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir,
-                           [("the baseline", baseline), ("the --config file", config_used)], [("the model", model)])
+    max_rows, engine, workers, ray_address = reports.max_rows, where.engine, where.workers, where.ray_address
+    files = _check_outputs(reports, [("the baseline", baseline), ("the --config file", config_used)],
+                           [("the model", model)])
     snap = rg.read_snapshot(baseline)
     meta = snap.meta
     stored = _stored_faithfulness(baseline, meta, len(snap.targets), tolerances)
@@ -504,8 +513,9 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 @threshold_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @input_options
-def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, report_html, heatmap_dir,
-         max_rows, batch_size, composite, **kw):
+@packed("asked", Asked)
+@packed("reports", Reports)
+def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composite, **kw):
     """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
 
     The same metrics, thresholds and --fail-on as `check`; exit 1 when a kind of drift it names happened, else 0.
@@ -513,9 +523,10 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     """
     from onnx_lrp.load import model_sha256
 
+    target, output_name, start, batch_size = asked.target, asked.output_name, asked.start, asked.batch_size
+    max_rows = reports.max_rows
     th, config_used = _pop_thresholds(kw)
-    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir,
-                           [("the input", inputs_path), ("the --config file", config_used)],
+    files = _check_outputs(reports, [("the input", inputs_path), ("the --config file", config_used)],
                            [("MODEL_A", model_a), ("MODEL_B", model_b)])
     targets = parse_target(target)
     setup = _setup(model_a, composite, kw, inputs_path)

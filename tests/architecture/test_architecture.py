@@ -386,9 +386,6 @@ PARAMETER_DEBT = {
     "onnx_lrp/io/text.py:explain_text",
     "onnx_lrp/io/heatmap.py:picture",
     "onnx_lrp/run/runtime.py:Session.__init__",
-    "cli/regress.py:diff",
-    "cli/regress.py:snapshot",
-    "cli/regress.py:check",
 }
 
 
