@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -30,6 +31,7 @@ from .helpfmt import Command, Row
 from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
                       input_options)
+from .regress_options import Asked, Engine, Faith, Reports, packed
 
 
 EXIT_DRIFT = 1
@@ -91,9 +93,11 @@ REPORT_SUFFIXES = {"--report-json": ((".json",), "the JSON report"), "--junit-xm
                    "--report-html": ((".html", ".htm"), "the HTML report")}
 
 
-def _check_outputs(report_json, junit_xml, report_html, heatmap_dir, inputs=(), models=()) -> dict:
+def _check_outputs(reports, inputs=(), models=()) -> dict:
     """The report files by option (None where not asked for), each checked before anything runs: its suffix,
     writable, not one of ``inputs`` / ``models`` (with their data files; :func:`cli.io.guard`)."""
+    report_json, junit_xml, report_html, heatmap_dir = (reports.report_json, reports.junit_xml, reports.report_html,
+                                                        reports.heatmap_dir)
     paths = {opt: Path(p) for opt, p in (("--report-json", report_json), ("--junit-xml", junit_xml),
                                          ("--report-html", report_html)) if p is not None}
     guard(inputs, list(paths.items()), models=models)  # first: the refusal names the input it would destroy
@@ -131,7 +135,18 @@ def _maps(ex, base, cur):
     return hm.relevance_maps(base.relevance[first], axis), hm.relevance_maps(cur.relevance[first], axis)
 
 
-def _write_reports(comp, context, files: dict, base, cur, ex, suite, faith=None):
+@dataclass(frozen=True)
+class _Compared:
+    """What a check or diff compared: the comparison, the baseline and current results, and the explainer whose
+    inputs draw the heatmaps."""
+    comp: object
+    base: object
+    cur: object
+    ex: object
+
+
+def _write_reports(compared: _Compared, context, files: dict, suite, faith=None):
+    comp, base, cur, ex = compared.comp, compared.base, compared.cur, compared.ex
     written = []
     heatmap_dir = files["heatmap_dir"]
     maps = _maps(ex, base, cur) if files["report_html"] is not None or (heatmap_dir and comp.drifted) else None
@@ -184,14 +199,15 @@ def _faith_plot(faith, context):
                      "regions replaced", "score of the target (mean over items)")
 
 
-def _report(comp, context, files: dict, base, cur, ex, max_rows, suite, seconds, faith=None, faith_lines=()):
+def _report(compared: _Compared, context, files: dict, max_rows, suite, seconds, faith=None, faith_lines=()):
+    comp = compared.comp
     context = dict(context, seconds=round(seconds, 3))
     if faith is not None:
         context["faithfulness"] = faith.as_dict()
     click.echo(rg.format_table(comp, max_rows))
     for line in faith_lines:
         click.echo(line)
-    written = _write_reports(comp, context, files, base, cur, ex, suite, faith)
+    written = _write_reports(compared, context, files, suite, faith)
     n, d = len(comp.samples), len(comp.drifted)
     fail_on = comp.thresholds.fail_on
     for kind, count in comp.drift_counts().items():
@@ -301,14 +317,18 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @faith_options
 @input_options
-def snapshot(model, inputs_path, out, target, output_name, start, batch_size, metrics, metric_patch, metric_steps,
-             metric_baseline, metric_seed, composite, **rule_kw):
+@packed("asked", Asked)
+@packed("faith", Faith)
+def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **rule_kw):
     """Store MODEL's explanations of INPUTS as a baseline for `onnx-lrp check`.
 
     INPUTS: a .npy, a .npz (one array per model input), an image or a directory of these. The snapshot keeps the
     inputs, targets (arg-max resolved now), outputs, relevance, composite and settings: a later check needs nothing
     else (docs/ci-regression.md).
     """
+    target, output_name, start, batch_size = asked.target, asked.output_name, asked.start, asked.batch_size
+    metrics, metric_patch, metric_steps, metric_baseline, metric_seed = (
+        faith.metrics, faith.metric_patch, faith.metric_steps, faith.metric_baseline, faith.metric_seed)
     out_path = Path(out)
     if out_path.suffix.lower() != ".npz":
         raise OutputError(f"-o {out_path}: a snapshot is an .npz file; change the suffix")
@@ -328,10 +348,11 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
     with Progress("explaining") as bar:
         rel, outs, used = explain_all(ex, batch.arrays, targets, batch_size, progress=bar.update, gaps_out=gap_list)
     arrays = rg.snapshot_arrays(
-        inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, model_path=model, composite_name=comp_name,
-        composite_toml=comp_toml, params=setup.params, start=start, output=output_name,
-        explained_output=ex.explained_output, target_request=target, items=batch.names, batch_size=batch_size,
-        machine=gaps.machine_facts(ex.device), deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict())
+        rg.Recorded(inputs=batch.arrays, targets=used, outputs=outs, relevance=rel, items=batch.names),
+        rg.Provenance(model_path=model, composite_name=comp_name, composite_toml=comp_toml, params=setup.params,
+                      start=start, output=output_name, explained_output=ex.explained_output, target_request=target,
+                      batch_size=batch_size, machine=gaps.machine_facts(ex.device),
+                      deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict()))
     if tracked:
         settings = dict(patch=metric_patch, steps=metric_steps, baseline=metric_baseline, prob="softmax",
                         seed=metric_seed)
@@ -371,8 +392,9 @@ def snapshot(model, inputs_path, out, target, output_name, start, batch_size, me
               help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
 @click.option("--metric-tol", "metric_tol", multiple=True, metavar="NAME=DROP|off",
               help=f"Faithfulness: most drop of aopc, abpc ({tracking.DEFAULT_TOLERANCE:g}).")
-def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max_rows, batch_size, engine, workers,
-          ray_address, metric_tol, **kw):
+@packed("reports", Reports)
+@packed("where", Engine)
+def check(model, baseline, reports: Reports, batch_size, where: Engine, metric_tol, **kw):
     """Recompute MODEL's explanations with BASELINE's stored settings and compare them per sample.
 
     Output drift, relevance drift and changed predictions are reported apart; exit 1 when a kind --fail-on names
@@ -381,8 +403,9 @@ def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max
     """
     th, config_used = _pop_thresholds(kw)
     tolerances = tracking.parse_tolerances(metric_tol)
-    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir,
-                           [("the baseline", baseline), ("the --config file", config_used)], [("the model", model)])
+    max_rows, engine, workers, ray_address = reports.max_rows, where.engine, where.workers, where.ray_address
+    files = _check_outputs(reports, [("the baseline", baseline), ("the --config file", config_used)],
+                           [("the model", model)])
     snap = rg.read_snapshot(baseline)
     meta = snap.meta
     stored = _stored_faithfulness(baseline, meta, len(snap.targets), tolerances)
@@ -413,8 +436,8 @@ def check(model, baseline, report_json, junit_xml, report_html, heatmap_dir, max
         ev = _faith_eval(model, ex, arrays, rel, snap.targets, stored.settings)
         faith = tracking.check(stored, ev, tolerances)
         lines = tracking.format_lines(faith, stored.settings)
-    code = _report(comp, context, files, base, cur, ex, max_rows, "onnx-lrp check", time.perf_counter() - t0, faith,
-                   lines)
+    code = _report(_Compared(comp, base, cur, ex), context, files, max_rows, "onnx-lrp check",
+                   time.perf_counter() - t0, faith, lines)
     raise SystemExit(code)
 
 
@@ -490,8 +513,9 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 @threshold_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @input_options
-def diff(model_a, model_b, inputs_path, target, output_name, start, report_json, junit_xml, report_html, heatmap_dir,
-         max_rows, batch_size, composite, **kw):
+@packed("asked", Asked)
+@packed("reports", Reports)
+def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composite, **kw):
     """Compare the explanations of two model versions on INPUTS (MODEL_A is the reference), without a baseline.
 
     The same metrics, thresholds and --fail-on as `check`; exit 1 when a kind of drift it names happened, else 0.
@@ -499,9 +523,10 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     """
     from onnx_lrp.load import model_sha256
 
+    target, output_name, start, batch_size = asked.target, asked.output_name, asked.start, asked.batch_size
+    max_rows = reports.max_rows
     th, config_used = _pop_thresholds(kw)
-    files = _check_outputs(report_json, junit_xml, report_html, heatmap_dir,
-                           [("the input", inputs_path), ("the --config file", config_used)],
+    files = _check_outputs(reports, [("the input", inputs_path), ("the --config file", config_used)],
                            [("MODEL_A", model_a), ("MODEL_B", model_b)])
     targets = parse_target(target)
     setup = _setup(model_a, composite, kw, inputs_path)
@@ -535,7 +560,8 @@ def diff(model_a, model_b, inputs_path, target, output_name, start, report_json,
     gap_b = _gap_note(gap_list, batch.names)
     if gap_b is not None:
         context["deployed_gap"] = gap_b
-    code = _report(comp, context, files, base, cur, ex_b, max_rows, "onnx-lrp diff", time.perf_counter() - t0)
+    code = _report(_Compared(comp, base, cur, ex_b), context, files, max_rows, "onnx-lrp diff",
+                   time.perf_counter() - t0)
     raise SystemExit(code)
 
 

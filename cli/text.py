@@ -64,7 +64,7 @@ def run_text(model, opts: dict, options: dict, refused: dict) -> int:
     """Explain ``opts["text"]`` (:func:`text_mode`); ``options``: explain's click options (the explainer's among
     them, :func:`cli.options.explainer_setup`)."""
     from onnx_lrp.io import text_inputs as tx
-    from onnx_lrp.io.text import explain_text
+    from onnx_lrp.io.text import TextRequest, explain_request
 
     target, position, start, device = options["target"], options["position"], options["start"], options["device"]
     out, html_path, token_scale, as_json = options["out"], options["html_path"], options["token_scale"], \
@@ -86,9 +86,9 @@ def run_text(model, opts: dict, options: dict, refused: dict) -> int:
                    err=True)
     labels = tx.read_labels(opts["labels"]) if opts["labels"] else tx.model_labels(ex) or _config_labels(model)
     t1 = time.perf_counter()
-    res = explain_text(ex, opts["text"], tokenizer, target, text_pair=opts["text_pair"], position=position,
-                          continuation=opts["continuation"], task=opts["task"], labels=labels,
-                          embeddings=opts["embeddings"], start=start)
+    res = explain_request(ex, tokenizer, TextRequest(opts["text"], opts["text_pair"], target, position,
+                                                     opts["continuation"], opts["task"], labels, opts["embeddings"],
+                                                     start))
     t_explain = time.perf_counter() - t1
     _write_text(out_path, html_out, res, token_scale)
     name = ex.composite_name  # "auto" resolved

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.errors import InputError, OutputError
 from ..core.files import FolderLock, atomic_write, sha256_file, temporaries
-from .shards import ERRORS, MANIFEST, SHARD_DIR, check_out_dir, compute_shard, write_shard
+from .shards import ERRORS, MANIFEST, SHARD_DIR, ShardJob, Span, check_out_dir, compute_shard, write_shard
 from .sources import Source
 
 
@@ -174,7 +174,7 @@ def run_local(ex, source: Source, todo: list[tuple[int, int, int]], out: Output,
                 (index, lo, hi), fut = pending_reads.popleft()
                 ok, bad = fut.result()
                 submit_read()
-                res = compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets, start)
+                res = compute_shard(ex, Span(source, index, lo, hi), ok, bad, ShardJob(batch_size, targets, start))
                 while len(pending_writes) >= 2:  # bounded: at most two shards waiting to be written
                     progress.update(pending_writes.popleft().result())
                 pending_writes.append(writer.submit(write, res))

@@ -21,7 +21,7 @@ import numpy as np
 
 from onnx_lrp.core.errors import InputError, LrpError
 from onnx_lrp.core.interface import FORWARD_PREFIX
-from onnx_lrp.dataset.shards import explain_shard, write_shard
+from onnx_lrp.dataset.shards import ShardJob, Span, explain_shard, write_shard
 from onnx_lrp.run.runner import Runner
 
 
@@ -137,8 +137,8 @@ class _ShardTask(ExplainBatch):
     def __call__(self, batch: dict) -> dict:
         records = []
         for index, lo, hi in zip(batch["index"], batch["lo"], batch["hi"]):
-            res = explain_shard(self.explainer, self.source, int(index), int(lo), int(hi), self.batch_size,
-                                self.targets, self.start, self.readers)
+            res = explain_shard(self.explainer, Span(self.source, int(index), int(lo), int(hi)),
+                                ShardJob(self.batch_size, self.targets, self.start, self.readers))
             records.append(json.dumps(write_shard(self.out_dir, res)))
         return {"record": np.array(records, dtype=object)}
 

@@ -25,6 +25,25 @@ ERRORS = "errors.jsonl"
 SHARD_DIR = "shards"
 
 
+@dataclass(frozen=True)
+class Span:
+    """One shard's place: the items ``[lo, hi)`` of ``source`` (sorted), shard number ``index``."""
+    source: Source
+    index: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """How a shard is explained: batches of ``batch_size``, ``targets`` / ``start`` as the Explainer takes them,
+    ``readers`` threads decoding ahead (> 1: a Ray actor with several CPUs, e.g. beside a GPU)."""
+    batch_size: int
+    targets: object = None
+    start: str | None = None
+    readers: int = 1
+
+
 def shard_name(index: int) -> str:
     return f"part-{index:05d}.npz"
 
@@ -78,13 +97,14 @@ def _arrays(ex, res) -> dict:
     return arrays
 
 
-def explain_shard(ex, source: Source, index: int, lo: int, hi: int, batch_size: int, targets=None,
-                  start: str | None = None, readers: int = 1) -> ShardResult:
-    """Read, decode and explain one shard. With ``readers`` > 1 (a Ray actor with several CPUs, e.g. beside a GPU)
-    threads decode the next batches of the shard while onnxruntime runs the current one."""
+def explain_shard(ex, span: Span, job: ShardJob) -> ShardResult:
+    """Read, decode and explain one shard. With ``job.readers`` > 1 (a Ray actor with several CPUs, e.g. beside a
+    GPU) threads decode the next batches of the shard while onnxruntime runs the current one."""
+    source, lo, hi = span.source, span.lo, span.hi
+    batch_size, targets, start, readers = job.batch_size, job.targets, job.start, job.readers
     if readers <= 1:
         ok, bad = source.read(lo, hi)
-        return compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets, start)
+        return compute_shard(ex, span, ok, bad, job)
     chunks = iter([(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)])
     done, bad = [], []
     with ThreadPoolExecutor(readers, thread_name_prefix="lrp-read") as pool:
@@ -98,15 +118,16 @@ def explain_shard(ex, source: Source, index: int, lo: int, hi: int, batch_size: 
             d, b = explain_items(ex, ok_c, batch_size, targets, start)
             done += d
             bad += bad_c + b
-    return _assemble(source, index, lo, hi, done, bad)
+    return _assemble(span, done, bad)
 
 
-def compute_shard(ex, source, index, lo, hi, ok, bad, batch_size, targets=None, start=None) -> ShardResult:
-    done, bad2 = explain_items(ex, ok, batch_size, targets, start)
-    return _assemble(source, index, lo, hi, done, bad + bad2)
+def compute_shard(ex, span: Span, ok, bad, job: ShardJob) -> ShardResult:
+    """Explain one shard's items already read (``ok``; ``bad``: the items that failed to read)."""
+    done, bad2 = explain_items(ex, ok, job.batch_size, job.targets, job.start)
+    return _assemble(span, done, bad + bad2)
 
 
-def _assemble(source, index, lo, hi, done, bad) -> ShardResult:
+def _assemble(span: Span, done, bad) -> ShardResult:
     """One shard's result from explain_items' chunks (disjoint, each in item order): concatenated in item order."""
     bad = sorted(bad)
     done.sort(key=lambda t: t[0][0])
@@ -115,7 +136,8 @@ def _assemble(source, index, lo, hi, done, bad) -> ShardResult:
     if not done:
         arrays = {"relevance": np.zeros((0,), np.float32), "targets": np.zeros((0,), np.int64),
                   "outputs": np.zeros((0,), np.float32)}
-    return ShardResult(index, lo, hi, [source.ids[i] for idx, _ in done for i in idx], arrays,
+    source = span.source
+    return ShardResult(span.index, span.lo, span.hi, [source.ids[i] for idx, _ in done for i in idx], arrays,
                        [dict(item=source.ids[i], error=msg) for i, msg in bad])
 
 
@@ -151,4 +173,4 @@ def check_out_dir(out_dir, source: dict) -> None:
                           "choose a folder outside the source")
 
 
-__all__ = ["ShardResult", "check_out_dir", "explain_items", "explain_shard", "compute_shard", "write_shard", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]
+__all__ = ["ShardJob", "ShardResult", "Span", "check_out_dir", "explain_items", "explain_shard", "compute_shard", "write_shard", "shard_name", "FORMAT", "MANIFEST", "ERRORS", "SHARD_DIR"]

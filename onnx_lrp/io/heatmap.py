@@ -117,6 +117,8 @@ def tile_scale(height: int, width: int, min_side: int = 128) -> int:
 MAX_COLS = {"beside": 4, "overlay": 8, "heatmap": 8}  # cells per row (a beside cell holds two tiles)
 LINE_H = 13  # caption line height in pixels (Pillow's default font)
 BAR_H = 34  # colour bar strip: the bar and its labels
+GAP = 4  # pixels between cells and around the grid
+BACKGROUND = (200, 200, 200)  # the grid's colour between cells
 
 
 def _font():
@@ -141,7 +143,7 @@ def _fit(draw, text: str, font, width: int) -> str:
 @dataclass(frozen=True)
 class _Grid:
     """:func:`render`'s layout: the tile scale, tiles per cell, cells per row, tile height and width, cell width,
-    caption height under each cell, title strip above the grid and the gap between cells."""
+    caption height under each cell and the gap between cells."""
 
     scale: int
     per_cell: int
@@ -150,28 +152,27 @@ class _Grid:
     tw: int
     cell_w: int
     cap: int
-    top: int
     gap: int
 
     def origin(self, index: int) -> tuple[int, int]:
         """(top, left) of cell ``index``."""
         r, c = divmod(index, self.cols)
-        return self.top + self.gap + r * (self.th + self.cap + self.gap), self.gap + c * (self.cell_w + self.gap)
+        return self.gap + r * (self.th + self.cap + self.gap), self.gap + c * (self.cell_w + self.gap)
 
 
-def _layout(n, h, w, style, cols, scale, gap, caption_lines, titles) -> _Grid:
+def _layout(n, h, w, style, cols, scale, caption_lines) -> _Grid:
+    gap = GAP
     s = scale or tile_scale(h, w)
     per_cell = 2 if style == "beside" else 1
     cols = cols or min(n, MAX_COLS[style])
     th, tw = h * s, w * s
     cell_w = per_cell * tw + (per_cell - 1) * gap
     cap = caption_lines * LINE_H + (2 if caption_lines else 0)
-    return _Grid(s, per_cell, cols, th, tw, cell_w, cap, LINE_H + 2 if titles else 0, gap)
+    return _Grid(s, per_cell, cols, th, tw, cell_w, cap, gap)
 
 
 def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "beside", cols: int | None = None,
-           scale: int | None = None, gap: int = 4, background=(200, 200, 200), labels=None, colorbar: str | None = None,
-           titles=None):
+           scale: int | None = None, labels=None, colorbar: str | None = None):
     """One PIL image: a grid with one cell per batch item.
 
     ``style``: ``heatmap`` (the heatmap alone), ``beside`` (the input, then the heatmap) or ``overlay`` (the
@@ -180,8 +181,7 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
     is a block of ``scale x scale`` pixels. At most 8 cells per row (4 with ``beside``).
 
     ``labels``: per item a list of caption lines drawn under its cell (all items the same number of lines);
-    ``colorbar``: a caption for a colour bar under the grid, from -max|R| (left) through 0 to +max|R| (right);
-    ``titles``: per tile of a cell (e.g. ["baseline", "current", "difference"]) a title above the first row.
+    ``colorbar``: a caption for a colour bar under the grid, from -max|R| (left) through 0 to +max|R| (right).
     """
     from PIL import Image
 
@@ -195,12 +195,13 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
     if images is None:
         style = "heatmap"
     lines = max((len(x) for x in labels), default=0) if labels else 0
-    g = _layout(n, h, w, style, cols, scale, gap, lines, titles)
+    g = _layout(n, h, w, style, cols, scale, lines)
+    gap = g.gap
     rows = -(-n // g.cols)
     width = gap + g.cols * (g.cell_w + gap)
     bar = BAR_H if colorbar else 0
-    canvas = np.empty((g.top + gap + rows * (g.th + g.cap + gap) + bar, width, 3), dtype=np.uint8)
-    canvas[...] = background
+    canvas = np.empty((gap + rows * (g.th + g.cap + gap) + bar, width, 3), dtype=np.uint8)
+    canvas[...] = BACKGROUND
     for i in range(n):
         y0, x0 = g.origin(i)
         for k, tile in enumerate(_tiles(maps[i], None if images is None else images[i], style, cmap)):
@@ -213,8 +214,8 @@ def render(maps: np.ndarray, images=None, cmap: str = "bwr", style: str = "besid
         y_bar = canvas.shape[0] - bar + 4
         canvas[y_bar:y_bar + 10, x_lo:x_hi] = ramp[None]
     image = Image.fromarray(canvas, mode="RGB")
-    if labels or bar or titles:
-        _captions(image, g, n, labels, titles, colorbar if bar else None)
+    if labels or bar:
+        _captions(image, g, n, labels, colorbar if bar else None)
     return image
 
 
@@ -231,8 +232,8 @@ def _tiles(rel: np.ndarray, image, style: str, cmap: str) -> list:
     return [heat]
 
 
-def _captions(image, g: _Grid, n: int, labels, titles, colorbar: str | None) -> None:
-    """The caption lines under the cells, the titles above the first row, the colour bar's labels."""
+def _captions(image, g: _Grid, n: int, labels, colorbar: str | None) -> None:
+    """The caption lines under the cells and the colour bar's labels."""
     from PIL import ImageDraw
 
     draw, font = ImageDraw.Draw(image), _font()
@@ -242,11 +243,6 @@ def _captions(image, g: _Grid, n: int, labels, titles, colorbar: str | None) -> 
         for k, line in enumerate(labels[i]):
             draw.text((x0, y0 + g.th + 1 + k * LINE_H), _fit(draw, str(line), font, g.cell_w), fill=(0, 0, 0),
                       font=font)
-    if titles:
-        for c in range(min(g.cols, n)):
-            for k, title in enumerate(titles):
-                x = gap + c * (g.cell_w + gap) + k * (g.tw + gap)
-                draw.text((x, 1), _fit(draw, str(title), font, g.tw), fill=(0, 0, 0), font=font)
     if colorbar is not None:
         y = image.height - BAR_H + 16
         x_hi = min(width - gap, gap + 256)
@@ -259,18 +255,17 @@ def _captions(image, g: _Grid, n: int, labels, titles, colorbar: str | None) -> 
 
 
 def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: int | None = None,
-             scale: int | None = None, gap: int = 4, caption_lines: int = 0, titles: bool = False
-             ) -> tuple[int, int, int, int]:
+             scale: int | None = None, caption_lines: int = 0) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of item ``index``'s heatmap tile in :func:`render`'s layout."""
-    g = _layout(n, h, w, style, cols, scale, gap, caption_lines, titles)
+    g = _layout(n, h, w, style, cols, scale, caption_lines)
     y0, x0 = g.origin(index)
-    x0 += (g.per_cell - 1) * (g.tw + gap)
+    x0 += (g.per_cell - 1) * (g.tw + g.gap)
     return x0, y0, x0 + g.tw, y0 + g.th
 
 
 def picture(relevance, x=None, *, batch: bool = True, channel_axis: int | None = None, cmap: str = "bwr",
             style: str = "beside", labels=None, cols: int | None = None, scale: int | None = None,
-            colorbar: str | None = None, titles=None):
+            colorbar: str | None = None):
     """One PIL image of ``relevance`` (and ``x``, the input it explains, for the ``beside`` / ``overlay`` styles).
 
     ``batch=True``: the first axis counts the items, one tile each: [N, C, H, W] (summed over ``channel_axis``),
@@ -306,8 +301,7 @@ def picture(relevance, x=None, *, batch: bool = True, channel_axis: int | None =
                              "or 3 channels; leave x out to draw the heatmap alone")
     if labels is not None and len(labels) != len(maps):
         raise InputError(f"{len(labels)} labels for {len(maps)} item(s); give one list of caption lines per item")
-    return render(maps, images, cmap=cmap, style=style, cols=cols, scale=scale, labels=labels, colorbar=colorbar,
-                  titles=titles)
+    return render(maps, images, cmap=cmap, style=style, cols=cols, scale=scale, labels=labels, colorbar=colorbar)
 
 
 def save_picture(image, fp, format: str | None = None, writer_params: dict | None = None) -> None:

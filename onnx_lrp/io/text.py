@@ -15,6 +15,9 @@ positions); the relevance per token is that of the tokens' embeddings, summed ov
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..core.errors import InputError, LrpError
@@ -22,6 +25,21 @@ from . import tokens as tk
 from .text_inputs import TASKS, class_index, encode, load_tokenizer, model_feeds, model_labels, read_labels, task_of, \
     vocab_size
 from .text_result import TextExplanation
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """What :func:`explain_text` explains (each field as it documents it): the text (and ``text_pair``), the
+    ``target``, ``position``, ``continuation``, ``task``, ``labels``, ``embeddings`` and ``start``."""
+    text: str
+    text_pair: str | None = None
+    target: object = None
+    position: object = None
+    continuation: str | None = None
+    task: str | None = None
+    labels: object = None
+    embeddings: object = None
+    start: str | None = None
 
 
 def explain_text(ex, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
@@ -37,24 +55,27 @@ def explain_text(ex, text: str, tokenizer, target=None, *, text_pair: str | None
     not tell. ``labels``: class names (a list, a dict, or a file); default the model's ``id2label`` metadata.
     ``embeddings``: for a model that takes embeddings, the table (vocabulary x hidden) or this text's (T x hidden),
     an array or an .npy path. ``start``: the start relevance ("logit" or "one-hot"; default the explainer's)."""
+    return explain_request(ex, tokenizer, TextRequest(text, text_pair, target, position, continuation, task, labels,
+                                                      embeddings, start))
+
+
+def explain_request(ex, tokenizer, request: TextRequest) -> TextExplanation:
+    """:func:`explain_text` with its arguments as one :class:`TextRequest`."""
     tok = load_tokenizer(tokenizer)
-    enc = encode(tok, text, text_pair, continuation)
-    names = read_labels(labels) if labels is not None else model_labels(ex)
-    return run(ex, tok, enc, text=text, text_pair=text_pair, target=target, position=position,
-               continuation=continuation, task=task, labels=names, embeddings=embeddings, start=start)
+    enc = encode(tok, request.text, request.text_pair, request.continuation)
+    names = read_labels(request.labels) if request.labels is not None else model_labels(ex)
+    return run(ex, tok, enc, dataclasses.replace(request, labels=names))
 
 
-def run(ex, tok, enc, *, text, text_pair, target, position, continuation, task, labels, embeddings,
-        start) -> TextExplanation:
-    """:func:`explain_text` on a loaded tokenizer ``tok``, an encoded text ``enc`` and class names ``labels``: the
-    explained logits (one, or one per continuation token) and the relevance per token summed over them. A text
-    longer than the model's positions (its position embedding table's rows) is refused in one line with both
-    lengths."""
+def run(ex, tok, enc, request: TextRequest) -> TextExplanation:
+    """:func:`explain_text` on a loaded tokenizer ``tok``, an encoded text ``enc`` and a request whose ``labels``
+    are class names (read): the explained logits (one, or one per continuation token) and the relevance per token
+    summed over them. A text longer than the model's positions (its position embedding table's rows) is refused in
+    one line with both lengths."""
     try:
-        return _run(ex, tok, enc, text=text, text_pair=text_pair, target=target, position=position,
-                    continuation=continuation, task=task, labels=labels, embeddings=embeddings, start=start)
+        return _run(ex, tok, enc, request)
     except LrpError:
-        n = len(enc.ids) - (1 if continuation is not None else 0)
+        n = len(enc.ids) - (1 if request.continuation is not None else 0)
         limit = position_limit(ex)
         if limit is not None and n > limit[0]:
             raise InputError(f"the text has {n} tokens, more than the model's {limit[0]} positions (position table "
@@ -91,8 +112,10 @@ def position_limit(ex) -> "tuple[int, str] | None":
     return min(found) if found else None
 
 
-def _run(ex, tok, enc, *, text, text_pair, target, position, continuation, task, labels, embeddings,
-         start) -> TextExplanation:
+def _run(ex, tok, enc, request: TextRequest) -> TextExplanation:
+    text, text_pair, target, position, continuation = (request.text, request.text_pair, request.target,
+                                                       request.position, request.continuation)
+    task, labels, embeddings, start = request.task, request.labels, request.embeddings, request.start
     vocab = vocab_size(tok)
     n = len(enc.ids) - (1 if continuation is not None else 0)  # the last continuation token conditions nothing
     feeds, rel_name = model_feeds(ex.inputs, enc, n, embeddings, vocab)
@@ -227,4 +250,5 @@ def _record(ex, res, kind: str, position, tok, labels) -> dict:
     return dict(position=position, target=t, label=label, logit=logit, predicted=pred, predicted_label=pred_label)
 
 
-__all__ = ["TASKS", "TextExplanation", "explain_text", "run", "token_position", "token_target", "explain_one"]
+__all__ = ["TASKS", "TextExplanation", "TextRequest", "explain_request", "explain_text", "run", "token_position",
+           "token_target", "explain_one"]

@@ -4,6 +4,8 @@ target (``start_relevance``: the inputs ``lrp/target``, ``lrp/one_hot``, ``lrp/p
 ``lrp/target_used``, ``lrp/explained_value``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -109,10 +111,23 @@ def _flat_explained(em: Emitter, y: ir.Value, whole: bool) -> tuple[ir.Value, li
     return flat, dims
 
 
-def _sequence_target(em: Emitter, graph: ir.Graph, y: ir.Value, flat: ir.Value, dims: list, width_v: ir.Value,
-                     target: ir.Value, use_argmax: ir.Value, chunk: int | None) -> ir.Value:
+@dataclass(frozen=True)
+class _Explained:
+    """The explained output ``y`` (N, T, C...) flattened per item (``flat``) of static ``dims`` (None: dynamic),
+    ``width``: the flattened width (a value), ``chunk``: entries per position (None where the trailing axes are
+    dynamic)."""
+    y: ir.Value
+    flat: ir.Value
+    dims: list
+    width: ir.Value
+    chunk: int | None
+
+
+def _sequence_target(em: Emitter, graph: ir.Graph, out: _Explained, target: ir.Value,
+                     use_argmax: ir.Value) -> ir.Value:
     """The target of a sequence output (N, T, C...): a class at ``lrp/position`` (< 0: from the end), as an index
-    into the output flattened per item (``chunk``: entries per position, None where the trailing axes are dynamic)."""
+    into the output flattened per item."""
+    y, flat, dims, width_v, chunk = out.y, out.flat, out.dims, out.width, out.chunk
     static_chunk = chunk is not None
     position = ir.Value(name=POSITION_INPUT, shape=ir.Shape(["lrp_batch"]), type=ir.TensorType(ir.DataType.INT64))
     graph.inputs.append(position)
@@ -157,7 +172,7 @@ def start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value
             argmax = em.op("ArgMax", flat, axis=1, keepdims=0, tag="argmax")
             chosen = em.op("Where", use_argmax, argmax, target, tag="target")
         else:
-            chosen = _sequence_target(em, graph, y, flat, dims, width_v, target, use_argmax, chunk)
+            chosen = _sequence_target(em, graph, _Explained(y, flat, dims, width_v, chunk), target, use_argmax)
         hot = em.op("OneHot", chosen, width_v, em.const(np.array([0, 1], dtype=np.int64),
                                                                  tag="onehot_values", dtype=np.int64),
                     axis=1, tag="onehot_int")  # int64 values: onnxruntime has no double OneHot

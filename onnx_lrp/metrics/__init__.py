@@ -312,8 +312,9 @@ def _relevance_mass(ev: Evaluation, x: np.ndarray, a: np.ndarray, mask) -> None:
 def _faithfulness(ev: Evaluation, predict, x, a, target, o: EvaluateOptions) -> None:
     ev.params.update(runs=o.runs, subset_size=o.subset_size)
     floor = np.random.default_rng(o.seed).standard_normal(a.shape).astype(a.dtype)
-    out = correlation.faithfulness_correlation(predict, x, perturbation.normalise_by_max(a), target, o.runs,
-                                               o.subset_size, o.baseline, np.random.RandomState(o.seed), a_floor=floor)
+    case = perturbation.Scored(predict, x, perturbation.normalise_by_max(a), target)
+    out = correlation.faithfulness_correlation(case, o.runs, o.subset_size, o.baseline, np.random.RandomState(o.seed),
+                                               a_floor=floor)
     ev.scores["correlation"] = out["correlation"]
     ev.scores["correlation/random"] = out["correlation_floor"]
 
@@ -333,8 +334,8 @@ def _perturbation(ev: Evaluation, predict, x, a, target, o: EvaluateOptions) -> 
     else:
         if x.ndim == 4 and not 1 <= o.patch <= min(x.shape[2:]):
             raise InputError(f"patch {o.patch} must be between 1 and the image's smaller side")
-        ev.curves = perturbation.region_perturbation(predict, x, a_n, target, orders, o.patch, o.steps, o.baseline,
-                                                     rngs)
+        ev.curves = perturbation.region_perturbation(perturbation.Scored(predict, x, a_n, target), orders, o.patch,
+                                                     o.steps, o.baseline, rngs)
         ev.params.update(patch=o.patch, steps=next(iter(ev.curves.values())).shape[1] - 1)
     ev.params["orders"] = orders
     for order, curve in ev.curves.items():

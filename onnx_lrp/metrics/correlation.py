@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import InputError
-from .perturbation import replace
+from .perturbation import Scored, replace
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -22,14 +22,15 @@ def pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.clip((da * db).sum(axis=1) / den, -1.0, 1.0)
 
 
-def faithfulness_correlation(predict, x: np.ndarray, a: np.ndarray, target: np.ndarray, runs: int = 100,
-                             subset_size: int = 224, baseline: str = "black", rng=None, a_floor=None) -> dict:
+def faithfulness_correlation(case: Scored, runs: int = 100, subset_size: int = 224, baseline: str = "black",
+                             rng=None, a_floor=None) -> dict:
     """Per run, ``subset_size`` random features of each item are set to the baseline; the correlation (Pearson, per
     item) between the relevance summed over them and the drop of the target's score. The random subsets are drawn
     as Quantus draws them (``rng.choice`` per item, then the baseline's uniform draw), so a ``RandomState(seed)``
     reproduces Quantus run after ``np.random.seed(seed)``. Returns ``{"correlation": [N], "att_sums": [N, runs],
     "deltas": [N, runs]}``, with ``"correlation_floor"`` for ``a_floor`` (another relevance, e.g. random, scored on
     the same subsets and the same predictions)."""
+    predict, x, a, target = case.predict, case.x, case.a, case.target
     rng = rng if rng is not None else np.random
     n = x.shape[0]
     a2d = np.broadcast_to(a, x.shape).reshape(n, -1)

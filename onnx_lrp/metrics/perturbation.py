@@ -10,6 +10,8 @@ draws Quantus makes), so that with the same predictions the curves are the same 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -18,6 +20,16 @@ from ..core.errors import InputError
 
 BASELINES = ("black", "white", "mean", "uniform")
 ORDERS = ("morf", "lerf", "random")
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a metric scores: ``predict(x) -> scores [N, classes]``, the inputs ``x``, their relevance ``a`` (one
+    item's shape or broadcastable to it) and the explained ``target`` per item."""
+    predict: Callable[[np.ndarray], np.ndarray]
+    x: np.ndarray
+    a: np.ndarray
+    target: np.ndarray
 
 
 def normalise_by_max(a: np.ndarray) -> np.ndarray:
@@ -113,12 +125,12 @@ def block_indices(shape: tuple, patch: int) -> np.ndarray:
     return grid.transpose(1, 3, 0, 2, 4).reshape((h // patch) * (w // patch), c * patch * patch)
 
 
-def region_perturbation(predict, x: np.ndarray, a: np.ndarray, target: np.ndarray, orders=("morf", "lerf"),
-                        patch: int = 8, steps: int = 100, baseline: str = "black",
-                        rngs: dict | None = None) -> dict:
+def region_perturbation(case: Scored, orders=("morf", "lerf"), patch: int = 8, steps: int = 100,
+                        baseline: str = "black", rngs: dict | None = None) -> dict:
     """Quantus' RegionPerturbation: patches ordered by their summed relevance (all channels), replaced one per step;
     returns ``{order: scores [N, steps + 1]}`` with the unperturbed score first (Quantus returns
     score[0] - score[1:])."""
+    predict, x, a, target = case.predict, case.x, case.a, case.target
     if x.ndim != 4:
         raise InputError(f"region perturbation needs images N x C x H x W; this input has shape "
                          f"{'x'.join(map(str, x.shape))} (use --metric pixel-flipping)")

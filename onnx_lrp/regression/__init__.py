@@ -32,6 +32,8 @@ from .snapshot import (
     Snapshot,
     composite_source,
     read_snapshot,
+    Provenance,
+    Recorded,
     snapshot_arrays,
 )
 from .thresholds import (
@@ -56,6 +58,6 @@ __all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "METRICS", "METRIC_HELP", "load_t
            "failures", "drift", "KINDS", "KIND_NAMES", "DEFAULT_FAIL_ON", "parse_fail_on",
            "Result", "Sample", "Comparison", "compare",
            "deployed_difference", "deployed_difference_message",
-           "composite_source", "Snapshot", "snapshot_arrays", "read_snapshot",
+           "composite_source", "Snapshot", "Provenance", "Recorded", "snapshot_arrays", "read_snapshot",
            "format_table", "report_dict", "report_json", "junit_xml", "report_html", "drift_line", "sample_status",
            "FORMAT", "FORMAT_VERSION", "CONFIG_NAME"]

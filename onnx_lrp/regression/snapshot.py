@@ -96,23 +96,54 @@ class Snapshot:
                       self.forward.get(name))
 
 
-def snapshot_arrays(*, inputs: dict, targets, outputs: dict, relevance: dict, model_path, composite_name: str,
-                    composite_toml: str, params: dict, start: str, output: str | None, explained_output: str,
-                    target_request, items: list, batch_size: int = 32, notes: list | None = None,
-                    machine: dict | None = None, deployed_gap: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class Recorded:
+    """What a snapshot stores of the explained batch: the inputs by name, the targets used, the outputs (the
+    explained forward's under FORWARD_PREFIX), the relevance by input, and the items' names."""
+    inputs: dict
+    targets: object
+    outputs: dict
+    relevance: dict
+    items: list
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How a snapshot was made: the model file, the composite (name, TOML, parameter overrides), start, the output
+    asked for and the one explained, the target as requested, the batch size, notes, the machine's facts and the
+    worst deployed gap."""
+    model_path: object
+    composite_name: str
+    composite_toml: str
+    params: dict
+    start: str
+    output: str | None
+    explained_output: str
+    target_request: object
+    batch_size: int = 32
+    notes: list | None = None
+    machine: dict | None = None
+    deployed_gap: dict | None = None
+
+
+def snapshot_arrays(recorded: Recorded, made: Provenance) -> dict:
     """The arrays of a snapshot file (``np.savez_compressed(path, **arrays)``), metadata as one JSON string."""
     from ..load import model_sha256  # the loader (onnx): only when a snapshot is written
 
+    inputs, targets, outputs, relevance, items = (recorded.inputs, recorded.targets, recorded.outputs,
+                                                  recorded.relevance, recorded.items)
+    model_path, deployed_gap = made.model_path, made.deployed_gap
 
     meta = dict(format=FORMAT, format_version=FORMAT_VERSION, onnx_lrp_version=VERSION,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 model=dict(file=Path(model_path).name, sha256=model_sha256(model_path)),
-                composite=dict(name=composite_name, toml=composite_toml, params=params_to_json(params)),
-                start=start, output=output, explained_output=explained_output,
-                target_request=target_request, items=[str(i) for i in items], batch_size=int(batch_size),
+                composite=dict(name=made.composite_name, toml=made.composite_toml,
+                               params=params_to_json(made.params)),
+                start=made.start, output=made.output, explained_output=made.explained_output,
+                target_request=made.target_request, items=[str(i) for i in items], batch_size=int(made.batch_size),
                 inputs=sorted(inputs), relevance=sorted(relevance),
-                outputs=sorted(k for k in outputs if not k.startswith(FORWARD_PREFIX)), notes=notes or [],
-                machine=machine, deployed_gap=json_safe(deployed_gap) if deployed_gap else None)
+                outputs=sorted(k for k in outputs if not k.startswith(FORWARD_PREFIX)), notes=made.notes or [],
+                machine=made.machine, deployed_gap=json_safe(deployed_gap) if deployed_gap else None)
     arrays = {"meta": np.array(json.dumps(meta))}
     arrays.update({f"inputs/{k}": np.asarray(v) for k, v in inputs.items()})
     arrays["targets"] = np.asarray(targets, np.int64)
@@ -215,4 +246,4 @@ def _check_meta(meta, path) -> dict:
     return meta
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Snapshot", "composite_source", "read_snapshot", "snapshot_arrays"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Provenance", "Recorded", "Snapshot", "composite_source", "read_snapshot", "snapshot_arrays"]

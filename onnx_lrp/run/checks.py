@@ -76,8 +76,9 @@ class RunChecks:
                                    None if positions is None else positions[item:item + 1])
         except Exception:  # noqa: BLE001 - naming the nodes is best effort; the warning stands without it
             found = None
-        text = conservation.message(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
-                                    float(starts[item]), start, found, self.model.composite_name)
+        off = conservation.Off(item, len(bad), len(starts), float(sums[item]), float(peaks[item]),
+                               float(starts[item]), start)
+        text = conservation.message(off, found, self.model.composite_name)
         if self.strict:
             raise NumericError(text + "; nothing was returned (strict)")
         warnings.warn(text, LrpWarning, stacklevel=3)

@@ -10,6 +10,8 @@ instead. Only numpy here: the check runs in every process that runs a relevance 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
@@ -58,9 +60,24 @@ def far(sums: np.ndarray, peaks: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return (starts > 0) & ((ratio < FLOOR) | (ratio > CEILING) | (peaks > PEAK * starts))
 
 
-def message(item: int, n_far: int, batch: int, total: float, peak: float, start: float, start_kind: str,
-            culprits: list[tuple[str, str, str, float]] | None, composite: str) -> str:
+@dataclass(frozen=True)
+class Off:
+    """The item judged worst of a batch that is not conserved: its index, how many items are far (of ``batch``), its
+    input relevance sum (``total``) and largest |entry| (``peak``), its start relevance and the start's kind."""
+    item: int
+    n_far: int
+    batch: int
+    total: float
+    peak: float
+    start: float
+    start_kind: str
+
+
+def message(off_item: Off, culprits: list[tuple[str, str, str, float]] | None, composite: str) -> str:
     """The one line: what is off, for which items, where (the ledger's largest absorbers/creators), what to try."""
+    item, n_far, batch, total, peak, start, start_kind = (
+        off_item.item, off_item.n_far, off_item.batch, off_item.total, off_item.peak, off_item.start,
+        off_item.start_kind)
     what = "logit" if start_kind == "logit" else "one-hot start"
     ratio = abs(total) / abs(start)
     if peak > PEAK * abs(start):
@@ -93,4 +110,4 @@ def culprits(rows, entering, leaving, n: int = 3) -> list[tuple[str, str, str, f
     return [(rows[i].name, rows[i].op_type, rows[i].rule, float(absorbed[i])) for i in order if absorbed[i] != 0]
 
 
-__all__ = ["CEILING", "FLOOR", "PEAK", "culprits", "far", "message", "per_item", "per_item_rows"]
+__all__ = ["CEILING", "FLOOR", "Off", "PEAK", "culprits", "far", "message", "per_item", "per_item_rows"]

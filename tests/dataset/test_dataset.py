@@ -107,11 +107,12 @@ def test_image_directory_recursive_with_a_corrupt_image(tmp_path, ex, digits):
 def test_shard_with_decoding_threads_equals_sequential(tmp_path, ex, digits):
     """explain_shard(readers=3) (a Ray actor beside a GPU decodes in threads) = readers=1 = each item alone."""
     from onnx_lrp.dataset import explain_shard, open_source
+    from onnx_lrp.dataset.shards import ShardJob, Span
     src = image_dir(tmp_path / "imgs", digits, 11)
     (src / "class0" / "zz.png").write_bytes(b"broken")
     source = open_source(src, input_infos(ex.inputs))
-    a = explain_shard(ex, source, 0, 0, len(source), 2, readers=3)
-    b = explain_shard(ex, source, 0, 0, len(source), 2, readers=1)
+    a = explain_shard(ex, Span(source, 0, 0, len(source)), ShardJob(2, readers=3))
+    b = explain_shard(ex, Span(source, 0, 0, len(source)), ShardJob(2, readers=1))
     assert a.items == b.items and len(a.items) == 11 and a.failed == b.failed and len(a.failed) == 1
     # the threads read in chunks of the raw items, so the broken image leaves a batch of one there; onnxruntime's
     # kernels are not bitwise batch-size invariant (float32 rounding), so: equal to rounding, not bit for bit
@@ -422,11 +423,11 @@ def ray_cluster(tmp_path_factory):
 
         explain_shard = engine.explain_shard
 
-        def dying(ex, source, index, *args, **kwargs):
-            if index == 3 and not os.path.exists(marker):
+        def dying(ex, span, *args, **kwargs):
+            if span.index == 3 and not os.path.exists(marker):
                 Path(marker).write_text(str(os.getpid()))
                 os._exit(1)
-            return explain_shard(ex, source, index, *args, **kwargs)
+            return explain_shard(ex, span, *args, **kwargs)
         engine.explain_shard = dying
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",

@@ -56,12 +56,12 @@ def ours(name, g):
         return perturbation.quantus_curve("pixel-flipping", c["morf"])
     if case["metric"] == "RegionPerturbation":
         o = kw["order"]
-        c = perturbation.region_perturbation(predict, x, a_n, y, (o,), kw["patch_size"], kw["regions_evaluation"],
-                                             base, {o: rng})
+        c = perturbation.region_perturbation(perturbation.Scored(predict, x, a_n, y), (o,), kw["patch_size"],
+                                             kw["regions_evaluation"], base, {o: rng})
         return perturbation.quantus_curve("region-perturbation", c[o])
     if case["metric"] == "FaithfulnessCorrelation":
-        return correlation.faithfulness_correlation(predict, x, a_n, y, kw["nr_runs"], kw["subset_size"], base,
-                                                    rng)["correlation"]
+        return correlation.faithfulness_correlation(perturbation.Scored(predict, x, a_n, y), kw["nr_runs"],
+                                                    kw["subset_size"], base, rng)["correlation"]
     return correlation.relevance_mass(a_n, mask)
 
 

@@ -114,10 +114,11 @@ def test_snapshot_roundtrip_plain_arrays(tmp_path):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     name, toml = rg.composite_source("epsilon-gamma-box")
     low = np.array([0.0, -1.0, 0.5], np.float32).reshape(3, 1, 1)
-    arrays = rg.snapshot_arrays(inputs={"x": x}, targets=[1, 0, 2], outputs={"y": x[:, :3]},
-                                relevance={"x": x * 2}, model_path=DEMO, composite_name=name,
-                                composite_toml=toml, params={"gamma": 0.5, "low": low}, start="one-hot",
-                                output=None, explained_output="y", target_request="argmax", items=["a", "b", "c"])
+    arrays = rg.snapshot_arrays(rg.Recorded(inputs={"x": x}, targets=[1, 0, 2], outputs={"y": x[:, :3]},
+                                            relevance={"x": x * 2}, items=["a", "b", "c"]),
+                                rg.Provenance(model_path=DEMO, composite_name=name, composite_toml=toml,
+                                              params={"gamma": 0.5, "low": low}, start="one-hot", output=None,
+                                              explained_output="y", target_request="argmax"))
     path = tmp_path / "s.npz"
     np.savez(path, **arrays)
     with np.load(path, allow_pickle=False) as z:  # plain arrays only: no pickle needed

@@ -72,7 +72,8 @@ def test_exploding_entries_warn_even_when_the_sum_is_fine():
     rel = [np.array([[1e7, -1e7, 1.0]])]
     sums, peaks = conservation.per_item(rel, 1)
     assert conservation.far(sums, peaks, np.array([1.0])).tolist() == [True]
-    text = conservation.message(0, 1, 1, float(sums[0]), float(peaks[0]), 1.0, "logit", None, "epsilon")
+    text = conservation.message(conservation.Off(0, 1, 1, float(sums[0]), float(peaks[0]), 1.0, "logit"),
+                                None, "epsilon")
     assert "1e+07" in text and "\n" not in text
 
 

@@ -4,6 +4,7 @@ kernel rebuilt as additive biases from the integer inputs and shapes alone."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -78,8 +79,20 @@ def _heads(b, v: ir.Value, n: int, h: int, perm, tag: str) -> ir.Value:
     return b.op("Transpose", [r], perm=list(perm), tag=f"{tag}_t")
 
 
-def _attend(b, node, q, k, v, n, hq, hv, scale, bias, attn_bias, like) -> ir.Value:
-    """softmax(q k^T * scale + bias) v over heads, as a TorchScript export writes it; q, k, v of shape (B, S, .)."""
+@dataclass(frozen=True)
+class _Heads:
+    """The head layout of an attention op: ``n`` heads of query/key width ``hq`` and value width ``hv``; ``scale``
+    (0: 1 / sqrt(hq))."""
+    n: int
+    hq: int
+    hv: int
+    scale: float
+
+
+def _attend(b, node, qkv: tuple, heads: _Heads, bias, attn_bias) -> ir.Value:
+    """softmax(q k^T * scale + bias) v over heads, as a TorchScript export writes it; q, k, v of shape (B, S, .);
+    the result takes the place of the node's first output."""
+    (q, k, v), n, hq, hv, scale, like = qkv, heads.n, heads.hq, heads.hv, heads.scale, node.outputs[0]
     dt = fdtype(node.inputs[0])  # constants in the model's float type (float32 once float16 is upcast)
     qh = _heads(b, q, n, hq, (0, 2, 1, 3), "q")
     kt = _heads(b, k, n, hq, (0, 2, 3, 1), "k")
@@ -137,7 +150,7 @@ def attention(b, node) -> ir.Value:
             y = b.op("Add", [y, b.const(np.ascontiguousarray(bv[cuts[i]:cuts[i + 1]]), f"b_{tag}")], tag=f"{tag}_b")
         proj.append(y)
     mb = _mask_bias(b, mask, causal, x, x, filt, fdtype(x))
-    return _attend(b, node, *proj, n, sizes[0] // n, sizes[2] // n, scale, mb, opt(node, 5), node.outputs[0])
+    return _attend(b, node, tuple(proj), _Heads(n, sizes[0] // n, sizes[2] // n, scale), mb, opt(node, 5))
 
 
 def mha(b, node) -> ir.Value:
@@ -159,7 +172,7 @@ def mha(b, node) -> ir.Value:
         q, k, v = (b.op("Add", [t, b.const(np.ascontiguousarray(bv[cuts[i]:cuts[i + 1]]), f"b_{tag}")],
                         tag=f"{tag}_b") for i, (t, tag) in enumerate(zip((q, k, v), "qkv")))
     mb = _mask_bias(b, mask, causal, node.inputs[0], node.inputs[1], filt, fdtype(node.inputs[0]))
-    return _attend(b, node, q, k, v, n, dq // n, dv // n, scale, mb, attn_bias, node.outputs[0])
+    return _attend(b, node, (q, k, v), _Heads(n, dq // n, dv // n, scale), mb, attn_bias)
 
 
 def gqa(b, node) -> ir.Value:
