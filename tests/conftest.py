@@ -1,8 +1,17 @@
 """Suite-wide pytest hooks. Which folder a test goes to: tests/STAGES.md (one folder per stage of onnx_lrp/); the
-shared helpers are tests/util.py and its neighbours, importable from every folder (pyproject.toml's pythonpath)."""
+shared helpers are tests/util.py and its neighbours, importable from every folder (pyproject.toml's pythonpath).
+A few tests reuse another stage's model makers (the parity twins, the zennit parity scripts, the UX attention model):
+every stage folder is importable too, so that a test file run alone finds them (test file names are unique across
+tests/)."""
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+for _stage in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_stage) not in sys.path:
+        sys.path.append(str(_stage))
 
 
 def pytest_collection_modifyitems(config, items):

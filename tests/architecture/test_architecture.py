@@ -428,3 +428,13 @@ def test_no_function_takes_more_than_eight_parameters():
     sample = ("def f(a, b, c, d, e, f, g, h): pass\nclass C:\n    def m(self, a, b, c, d, e, f, g, *h, **k): pass\n"
               "def g(self, a, b, c, d, e, f, g, h): pass\n")
     assert _many_parameters(sample) == [("C.m", 9), ("g", 9)]
+
+
+def test_test_file_names_are_unique_across_the_stage_folders():
+    """tests/<stage>/ folders have no __init__.py and every stage folder is importable (conftest.py): two test files
+    of one name would shadow each other, so each name is unique across tests/."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert len(names) > 60
+    assert [n for n, c in names.items() if c > 1] == []
