@@ -344,7 +344,7 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, batch, m: Explanation, t
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
+                   device=ex.device, tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision,
                    explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
