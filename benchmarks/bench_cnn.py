@@ -172,7 +172,7 @@ def profile_row(args, path: str, ex, x, providers) -> dict:
     steer = {"lrp/target": np.full(len(x), -1, np.int64), "lrp/one_hot": np.array(False)}
     threads = args.threads if args.device == "cpu" else None
     return {"forward": profiled(path, {"x": x}, providers, threads=threads),
-            "relevance": profiled(ex.model_bytes, {"x": x, **steer}, providers, threads=threads)}
+            "relevance": profiled(ex.relevance_model.model_bytes, {"x": x, **steer}, providers, threads=threads)}
 
 
 def record(path: str, **row) -> None:

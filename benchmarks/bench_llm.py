@@ -217,12 +217,13 @@ def explain(args, built: dict) -> dict:
     ex = onnx_lrp.Explainer(str(built["path"]), composite="attnlrp", device=args.device,
                             threads=args.threads or None, precision=args.precision)
     build_s = time.perf_counter() - t1
-    print(f"relevance computed in {ex.model_precision} (--precision {args.precision}, {ex.device})", flush=True)
+    precision = ex.relevance_model.model_precision
+    print(f"relevance computed in {precision} (--precision {args.precision}, {ex.device})", flush=True)
     x, target = built["x"].astype(ex.inputs[0].dtype), built.get("target")
     e = ex.explain(x, target=target, position=-1)
     target = int(np.asarray(e.target).reshape(-1)[0])
     explain_s = best(lambda: ex.explain(x, target=target, position=-1), args.repeat)
-    res = dict(model_precision=ex.model_precision, build_s=build_s, explain_s=explain_s, peak_rss_bytes=vm_hwm(),
+    res = dict(model_precision=precision, build_s=build_s, explain_s=explain_s, peak_rss_bytes=vm_hwm(),
                target=target)
     if gpu:
         res["gpu_peak_bytes"] = gpu.stop()

@@ -51,7 +51,7 @@ def profile(ex, feeds: dict, runs: int, threads: int):
     opts.inter_op_num_threads = 1
     opts.enable_profiling = True
     opts.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="onnx-lrp-prof-"), "p")
-    sess = ort.InferenceSession(ex.model_bytes, sess_options=opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(ex.relevance_model.model_bytes, sess_options=opts, providers=["CPUExecutionProvider"])
     sess.run(None, feeds)  # warm-up (its events are dropped below)
     n_warm = None
     outs = None
@@ -93,7 +93,7 @@ def main(argv=None):
     feeds.update({TARGET_INPUT: np.full(args.batch, -1, np.int64), ONE_HOT_INPUT: np.array(False)})
     nodes, outs, run_us = profile(ex, feeds, args.runs, args.threads)
     runs = args.runs
-    emitted = sum(1 for n in onnx_lrp.load.to_ir(onnx_lrp.load.read_proto(ex.model_bytes)).graph
+    emitted = sum(1 for n in onnx_lrp.load.to_ir(onnx_lrp.load.read_proto(ex.relevance_model.model_bytes)).graph
                   if n.name.startswith("lrp/"))
 
     by_op, by_tag = collections.Counter(), collections.Counter()

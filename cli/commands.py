@@ -66,7 +66,7 @@ def rewrite(model, out, computed_weights, **options):
     click.echo(f"wrote {out_path}{where} ({written / 1024:.1f} KiB{ratio}): composite {ex.composite.name}, explains "
                f"{ex.explained_output!r}" + (" (modified weights computed at load)" if computed_weights else ""))
     click.echo(f"  outputs: {', '.join(ex.output_names + rel_outputs + ['lrp/target_used', 'lrp/explained_value'])}")
-    seq = ", lrp/position (int64 [N], -1 = the last)" if ex.sequence_rows is not None else ""
+    seq = ", lrp/position (int64 [N], -1 = the last)" if ex.relevance_model.sequence_rows is not None else ""
     click.echo(f"  inputs to feed besides the model's: lrp/target (int64 [N], -1 = argmax), lrp/one_hot (bool scalar, "
                f"false = start from the logit){seq}")
 

@@ -17,8 +17,8 @@ from onnx_lrp.core.files import printable
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import input_kind, items_kind
 from onnx_lrp.io.kinds import Kind, relevance_name
-from onnx_lrp.run import deployed_gap
 from onnx_lrp.run.batches import explain_chunks, merge, slices
+from onnx_lrp.run.explanation import Explanation
 
 from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
@@ -223,23 +223,23 @@ class _Destinations:
 
 @dataclass
 class _Result:
+    """The run's one :class:`onnx_lrp.Explanation` (every item, merged) and its context beside it: the explainer,
+    the items read, a summary row per item, the summary, the timings and the token views."""
+
     ex: object
-    comp: object
     batch: object
-    n: int
-    relevance: object
-    outputs: dict
-    explained: np.ndarray
-    target_used: np.ndarray
-    rel_at: dict
-    pos_used: np.ndarray | None
-    behind: bool
+    explanation: Explanation
+    behind: bool  # relevance starts from the logit behind a softmax output
     items: list
     summary: dict
     t_build: float
     t_explain: float
     token_rows: list | None = None
     item_tokens: list | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.batch)
 
 
 def _destinations(o: ExplainOptions) -> _Destinations:
@@ -299,10 +299,10 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     t1 = time.perf_counter()
     merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
-    res = _result(o, dest, ex, setup.composite, batch, merged, t_build, t_explain)
+    res = _result(o, dest, ex, batch, merged, t_build, t_explain)
     if dest.tokens is not None:
         from onnx_lrp.io.tokens import tokens_for
-        res.token_rows = _token_rows(dest.tokens, res.relevance, res.n)
+        res.token_rows = _token_rows(dest.tokens, merged.relevance, res.n)
         res.item_tokens = [tokens_for(dest.tokens, i, res.n) for i in range(res.n)]
     return res
 
@@ -321,10 +321,11 @@ def _read(dest: _Destinations, ex, setup):
     return batch
 
 
-def _result(o: ExplainOptions, dest: _Destinations, ex, comp, batch, m, t_build: float, t_explain: float) -> _Result:
-    """The merged arrays of the run, a summary row per item and the summary of the run."""
+def _result(o: ExplainOptions, dest: _Destinations, ex, batch, m: Explanation, t_build: float, t_explain: float
+            ) -> _Result:
+    """The run's explanation with a summary row per item and the summary of the run."""
     n = len(batch)
-    relevance, outputs, target_used, pos_used = m.relevance_as_explained(), m.outputs, m.target, m.position
+    relevance, outputs, target_used, pos_used = m.relevance, m.outputs, m.target, m.position
     explained = outputs[ex.explained_output]
     # what relevance starts from: the explained tensor at the target (the logit behind a softmax output)
     start_values = m.explained_value
@@ -343,25 +344,23 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, comp, batch, m, t_build:
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
     summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
+                   device=ex.device, tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision,
                    explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
     if behind:
         summary["logits"] = ex.explained_tensor
-    gap = deployed_gap.worst(m.gaps)
+    gap = m.deployed_gap
     if gap is not None:
         summary["deployed_gap"] = gap.as_dict()
         if gap.beyond:  # once, for the whole run
             _say("warning: " + gap.message(batch.names))
-    rel_at = {name: m.relevance_at[name] for name in o.relevance_at}
-    return _Result(ex, comp, batch, n, relevance, outputs, explained, target_used, rel_at, pos_used, behind, items,
-                   summary, t_build, t_explain)
+    return _Result(ex, batch, m, behind, items, summary, t_build, t_explain)
 
 
-def _explain_batches(ex, batch, dest: _Destinations, batch_size: int, t1: float):
-    """``ex.explain`` per batch of ``batch_size`` items (:mod:`onnx_lrp.run.batches`), merged; a progress bar when
-    the run will take a while."""
+def _explain_batches(ex, batch, dest: _Destinations, batch_size: int, t1: float) -> Explanation:
+    """``ex.explain`` per batch of ``batch_size`` items (:mod:`onnx_lrp.run.batches`), merged into one
+    Explanation; a progress bar when the run will take a while."""
     total = -(-len(batch) // batch_size)
     chunks, bar = [], None
     try:
@@ -376,32 +375,19 @@ def _explain_batches(ex, batch, dest: _Destinations, batch_size: int, t1: float)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-    return merge(ex, chunks)
+    return merge(chunks)
 
 
 def _write(o: ExplainOptions, dest: _Destinations, res: _Result) -> list:
     """The relevance (.npy, or .npz with outputs, targets, ...), heatmaps and the token page, all or none; the
     heatmap files written."""
-    out_path, relevance, items = dest.out_path, res.relevance, res.items
+    out_path, relevance, items = dest.out_path, res.explanation.relevance, res.items
     heat_files = []
     with AtomicOutputs() as w:
         if out_path.suffix.lower() == ".npy":
             w.save_npy(out_path, relevance)
         else:
-            arrays = {}
-            if isinstance(relevance, dict):
-                arrays.update({f"relevance/{k}": v for k, v in relevance.items()})
-            else:
-                arrays["relevance"] = relevance
-            arrays["outputs"] = res.explained
-            arrays["targets"] = res.target_used
-            if res.pos_used is not None:
-                arrays["positions"] = res.pos_used
-            if len(res.outputs) > 1:
-                arrays.update({f"outputs/{k}": v for k, v in res.outputs.items()})
-            arrays.update({f"relevance_at/{k}": v for k, v in res.rel_at.items()})
-            arrays["items"] = np.array(res.batch.names, dtype=str)
-            w.save_npz(out_path, arrays)
+            w.save_npz(out_path, res.explanation.arrays(items=res.batch.names))
         if dest.heat_path is not None:
             labels = [_tile_label(it, res.ex, o.start) for it in items]
             for path, image in _heatmap(res.ex, res.batch, relevance, o.cmap, o.heatmap_style, labels,
@@ -426,7 +412,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     if o.as_json:
         click.echo(json.dumps(res.summary, indent=2))
         return
-    ex, items, n, pos_used, behind = res.ex, res.items, res.n, res.pos_used, res.behind
+    ex, items, n, pos_used, behind = res.ex, res.items, res.n, res.explanation.position, res.behind
     width = max(len("item"), *(len(printable(it["item"])) for it in items[:SUMMARY_ROWS]))
     out_head = f"output {ex.explained_output}"
     ow = max(12, len(out_head))

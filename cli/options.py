@@ -232,13 +232,13 @@ BUILD_NOTE_BYTES = 20 * 2**20  # models this large take seconds to rewrite: say 
 
 def precision_note(ex) -> str:
     """`` (float16)`` in a summary line when the relevance model computes in the model's own type, else ``""``."""
-    kind = ex.model_precision
+    kind = ex.relevance_model.model_precision
     return "" if kind == "float32" else f" ({kind})"
 
 
 def uses_tf32(ex) -> bool:
     """Whether the run computed with TF32 (asked for, and on CUDA)."""
-    return bool(ex.tf32 and ex.device == "cuda")
+    return bool(ex.options.tf32 and ex.device == "cuda")
 
 
 def device_note(ex) -> str:

@@ -119,7 +119,7 @@ def _channel_axis(ex) -> int:
     """The channel axis of the first float input, from the model's layout (the Transpose after an NHWC input)."""
     first = ex.relevance_inputs[0]
     spec = next(s for s in ex.inputs if s.name == first)
-    return model_channel_axis(ex.model_bytes, first, spec.dims)
+    return model_channel_axis(ex.relevance_model.model_bytes, first, spec.dims)
 
 
 def _safe(name: str) -> str:
@@ -476,7 +476,7 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
     from onnx_lrp.load import model_sha256
 
     machine = gaps.machine_facts(ex.device) if base.forward is not None else None
-    deployed_diff = rg.deployed_difference(base, cur, ex.output_step,
+    deployed_diff = rg.deployed_difference(base, cur, ex.relevance_model.output_step,
                                            dict(baseline=meta.get("machine"), current=machine))
     sha = model_sha256(model)
     context = dict(command="check", model=str(model), baseline=str(baseline),

@@ -94,7 +94,7 @@ def run_text(model, opts: dict, options: dict, refused: dict) -> int:
     name = ex.composite_name  # "auto" resolved
     if as_json:
         summary = dict(model=str(model), tokenizer=str(tok_path), composite=name, start=start,
-                       device=ex.device, tf32=uses_tf32(ex), precision=ex.model_precision,
+                       device=ex.device, tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision,
                        **res.to_dict(), relevance_file=str(out_path) if out_path else None,
                        html_file=str(html_out), build_s=round(t_build, 4), explain_s=round(t_explain, 4))
         click.echo(json.dumps(summary, indent=2))

@@ -107,7 +107,7 @@ def ledger_summary(ex, res, tolerance: float) -> dict:
     start_value = float(entering[0]) if len(entering) else 0.0
     rel = res.relevance.values() if isinstance(res.relevance, dict) else [res.relevance]
     input_sum = float(sum(np.asarray(r, np.float64).sum() for r in rel))
-    rows = ledger_rows(ex.ledger_rows, entering, leaving, start_value, tolerance)
+    rows = ledger_rows(ex.relevance_model.ledger_rows, entering, leaving, start_value, tolerance)
     # token ids: their relevance is reported at the embedding lookups, which the ledger shows as absorbed there
     tokens = any(s.dtype.kind in "iu" and s.name in ex.relevance_inputs for s in ex.inputs)
     for r in rows:

@@ -304,9 +304,10 @@ def precision(args) -> None:
         err, twin = rel_l2(r, r_same), rel_l2(r, r32)
         same = all(set(np.argsort(-a)[:10]) == set(np.argsort(-b)[:10]) for a, b in zip(r, r_same))
         t_model, t_32 = pair(lambda: ex.explain(x, target=2), lambda: ex32.explain(x, target=2), 5)
-        print(f"{dtype:9s} {ex.model_precision:12s} {err:18.2e} {str(same):>11s} {twin:15.2e} {t_model * 1e3:10.1f} "
+        kind = ex.relevance_model.model_precision
+        print(f"{dtype:9s} {kind:12s} {err:18.2e} {str(same):>11s} {twin:15.2e} {t_model * 1e3:10.1f} "
               f"{t_32 * 1e3:10.1f}", flush=True)
-        record("precision", dtype=dtype, model_precision=ex.model_precision, widths=list(widths), batch=batch,
+        record("precision", dtype=dtype, model_precision=kind, widths=list(widths), batch=batch,
                rel_l2_vs_float32_compute=err, top10_same=same, rel_l2_vs_float32_twin=twin, explain_s=t_model,
                explain_float32_s=t_32)
         del ex, ex32

@@ -122,7 +122,7 @@ def relmax_build(explainer, source, out_dir, layer: str, targets=None, log=None,
     (out / "relmax-shards").mkdir(parents=True, exist_ok=True)
     setup = dict(layer=layer, samples=samples, shard_size=shard_size, items=len(source),
                  source=source.fingerprint(), composite=explainer.composite_name,
-                 model=hashlib.sha256(explainer.model_bytes).hexdigest())
+                 model=hashlib.sha256(explainer.relevance_model.model_bytes).hexdigest())
     manifest = _manifest(out / "relmax.json", setup, scan.overwrite)
     labels = None if targets is None else np.asarray(targets)
     if labels is not None and labels.shape != (len(source),):

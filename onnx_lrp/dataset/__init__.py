@@ -128,7 +128,7 @@ def _run(model, source, out_dir: Path, options: DatasetOptions, explaining: tupl
     ex, given = explaining
     src = open_source(source, input_infos(ex.inputs), options.preprocess, options.column)
     target = _checked_target(target, len(src))
-    start = given.get("start", ex.start)
+    start = given.get("start", ex.options.start)
     header = _header(model, ex, (src, source), options, target, start, given)
     out = Output(out_dir, header, options.shard_size, options.overwrite)
     n, size = len(src), options.shard_size
@@ -177,7 +177,7 @@ def _header(model, ex, sources: tuple, o: DatasetOptions, target, start, options
     params = {k: v for k, v in options.items() if k != "composite" and k not in RunOptions.UNRECORDED}
     return dict(format=FORMAT, onnx_lrp_version=VERSION, engine=o.engine, model=str(model),
                 model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
-                hashlib.sha256(ex.model_bytes).hexdigest(),
+                hashlib.sha256(ex.relevance_model.model_bytes).hexdigest(),
                 composite=_composite_id(load_composite(ex.relevance_model.source.composite_spec())),
                 parameters=dict(params_to_json(params), target=_json_target(target), start=start,
                                 output=ex.explained_output, size=list(pre.size) if pre.size else None,

@@ -125,7 +125,7 @@ def _run(ex, tok, enc, request: TextRequest) -> TextExplanation:
         steps = [(None, class_index(target, labels, ex.output_width()))]
     elif kind == "token-classification":
         steps = [(token_position(position, enc, n, first_word=True),
-                  class_index(target, labels, ex.sequence_rows[1]))]
+                  class_index(target, labels, ex.relevance_model.sequence_rows[1]))]
     elif continuation is not None:
         steps = [(p - 1, enc.ids[p]) for p in range(enc.n_prompt, len(enc.ids))]
     else:
@@ -156,7 +156,7 @@ def _run(ex, tok, enc, request: TextRequest) -> TextExplanation:
 
 def _task(ex, tok, task, feeds, start) -> str:
     """The task; for a sequence output whose entries per position the model does not declare, read from a run."""
-    if task is None and ex.sequence_rows is not None and ex.sequence_rows[1] is None:
+    if task is None and ex.relevance_model.sequence_rows is not None and ex.relevance_model.sequence_rows[1] is None:
         probe = ex.explain(feeds, position=-1, start=start)
         width = int(np.prod(np.asarray(probe.outputs[ex.explained_output]).shape[2:]))
         return task_of(ex, tok, None, width)

@@ -201,7 +201,7 @@ def task_of(ex, tokenizer, task: str | None = None, per_position: int | None = N
     if task is not None and task not in TASKS:
         raise InputError(f"task {task!r}: give one of {', '.join(TASKS)}")
     name = ex.explained_output
-    if ex.sequence_rows is None:
+    if ex.relevance_model.sequence_rows is None:
         if task not in (None, "text-classification"):
             raise InputError(f"task {task}: the explained output {name!r} has no sequence axis (N x classes): it is "
                              "a text classifier")
@@ -211,7 +211,7 @@ def task_of(ex, tokenizer, task: str | None = None, per_position: int | None = N
                          "give token-classification or text-generation")
     if task is not None:
         return task
-    width = ex.sequence_rows[1] or per_position
+    width = ex.relevance_model.sequence_rows[1] or per_position
     return "text-generation" if width is not None and width >= vocab_size(tokenizer) else "token-classification"
 
 

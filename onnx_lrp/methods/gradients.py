@@ -136,7 +136,7 @@ class GradientRunner:
         if self.spec.dtype.kind != "f" or self.runner.relevance_inputs[0] != self.spec.name:
             raise InputError(f"input {self.spec.name!r} is {np.dtype(self.spec.dtype).name}, not float: gradient "
                              "methods need a float input (token ids: no baseline in their space yet; use LRP)")
-        self.sequence = self.runner.sequence_rows is not None or self.runner.whole
+        self.sequence = self.runner.relevance_model.sequence_rows is not None or self.runner.relevance_model.whole
         if self.sequence:
             raise InputError(f"the gradient methods explain one entry per item; output "
                              f"{self.runner.explained_output!r} is a sequence or has no batch axis (use LRP)")

@@ -5,17 +5,19 @@ Chunks are ``(items, feeds)``: the indices of the items and their inputs stacked
 a batch dict into consecutive chunks; :func:`stacked` groups single items (the dataset engine's, each without a
 batch axis) into consecutive runs of equal shapes. :func:`explain_chunks` explains them in order (a per-item
 target or position picked for each chunk's items; optionally a failing chunk retried item by item), and
-:func:`merge` concatenates the explanations along the batch axis; :func:`explain_all` is both for a batch dict.
+:func:`merge` concatenates the explanations along the batch axis into one :class:`Explanation`;
+:func:`explain_all` is both for a batch dict.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.errors import LrpError
 from ..core.interface import FORWARD_PREFIX
+from .explanation import Explanation
 
 
 @dataclass
@@ -23,31 +25,7 @@ class Chunk:
     """One explained chunk: its items' indices (in order) and the explainer's result for them."""
 
     items: list
-    result: object  # onnx_lrp.run.runner.Explanation
-
-
-@dataclass
-class Merged:
-    """Explanations of consecutive chunks concatenated along the batch axis (in chunk order).
-
-    ``relevance`` is by input name; ``several`` says whether the explainer returned a dict (several float inputs)
-    rather than one array. ``forward`` holds the explained forward's outputs where a deployed model ran beside it
-    (quantized and float16 models), else None. ``gaps`` holds each chunk's deployed-output gap with its items
-    counted over the whole run."""
-
-    relevance: dict
-    several: bool
-    outputs: dict
-    target: np.ndarray
-    forward: dict | None = None
-    position: np.ndarray | None = None
-    explained_value: np.ndarray | None = None
-    relevance_at: dict = field(default_factory=dict)
-    gaps: list = field(default_factory=list)
-
-    def relevance_as_explained(self):
-        """The relevance in the explainer's own form: a dict for several float inputs, else one array."""
-        return self.relevance if self.several else next(iter(self.relevance.values()))
+    result: Explanation
 
 
 def slices(arrays: dict, batch_size: int) -> Iterator[tuple[list, dict]]:
@@ -110,31 +88,10 @@ def explain_chunks(ex, chunks: Iterable[tuple[list, dict]], *, target=None, posi
         yield Chunk(list(items), result)
 
 
-def merge(ex, chunks: list) -> Merged:
-    """The chunks' explanations concatenated along the batch axis; one array of relevance is keyed by the
-    explainer's first float input (``ex.relevance_inputs[0]``)."""
-    results = [c.result for c in chunks]
-    first = results[0]
-    several = isinstance(first.relevance, dict)
-
-    def cat(parts):
-        return np.concatenate(list(parts))
-
-    rel = [r.relevance if several else {ex.relevance_inputs[0]: r.relevance} for r in results]
-    out = Merged(relevance={k: cat(r[k] for r in rel) for k in rel[0]}, several=several,
-                 outputs={k: cat(r.outputs[k] for r in results) for k in first.outputs},
-                 target=cat(np.asarray(r.target, np.int64) for r in results),
-                 relevance_at={k: cat(r.relevance_at[k] for r in results) for k in first.relevance_at})
-    if any(r.forward is not None and r.forward is not r.outputs for r in results):
-        out.forward = {k: cat(r.outputs[k] if r.forward is None else r.forward[k] for r in results)
-                       for k in first.outputs}
-    if first.position is not None:
-        out.position = cat(np.asarray(r.position).reshape(-1) for r in results).astype(np.int64)
-    if first.explained_value is not None:
-        out.explained_value = cat(np.asarray(r.explained_value).reshape(-1) for r in results)
-    out.gaps = [r.deployed_gap.shifted(c.items[0]) for c, r in zip(chunks, results)
-                if getattr(r, "deployed_gap", None) is not None]
-    return out
+def merge(chunks: list) -> Explanation:
+    """The chunks' explanations as one :class:`Explanation` (:meth:`Explanation.concat`), the deployed-output gap's
+    item counted over the whole run."""
+    return Explanation.concat([c.result for c in chunks], [c.items[0] for c in chunks])
 
 
 def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=None, gaps_out: list | None = None
@@ -142,21 +99,22 @@ def explain_all(ex, arrays: dict, targets=None, batch_size: int = 32, progress=N
     """Run an explainer over a batch dict in chunks: (relevance by input, outputs by name, targets used).
 
     Where the outputs are a deployed model's (quantized, float16), the explained forward's explained output is among
-    the outputs as ``FORWARD_PREFIX + name``, and each chunk's :class:`onnx_lrp.run.deployed_gap.Gap` is appended to
-    ``gaps_out`` (items counted over the whole batch). ``progress(done, total)`` is called after each chunk."""
+    the outputs as ``FORWARD_PREFIX + name``, and the run's largest :class:`onnx_lrp.run.deployed_gap.Gap` (its item
+    counted over the whole batch) is appended to ``gaps_out``. ``progress(done, total)`` is called after each chunk."""
     n = next(iter(arrays.values())).shape[0]
     chunks = []
     for chunk in explain_chunks(ex, slices(arrays, batch_size), target=targets):
         chunks.append(chunk)
         if progress is not None:
             progress(chunk.items[-1] + 1, n)
-    m = merge(ex, chunks)
+    m = merge(chunks)
     outputs = dict(m.outputs)
-    if m.forward is not None:
+    if m.forward is not None and m.forward is not m.outputs:
         outputs[FORWARD_PREFIX + ex.explained_output] = m.forward[ex.explained_output]
-    if gaps_out is not None:
-        gaps_out.extend(m.gaps)
-    return m.relevance, outputs, m.target
+    if gaps_out is not None and m.deployed_gap is not None:
+        gaps_out.append(m.deployed_gap)
+    relevance = m.relevance if isinstance(m.relevance, dict) else {ex.relevance_inputs[0]: m.relevance}
+    return relevance, outputs, m.target
 
 
-__all__ = ["Chunk", "Merged", "slices", "stacked", "per_item", "explain_chunks", "merge", "explain_all"]
+__all__ = ["Chunk", "slices", "stacked", "per_item", "explain_chunks", "merge", "explain_all"]

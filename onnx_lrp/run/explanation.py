@@ -66,6 +66,65 @@ class Explanation:
         text = brief_repr(self, shown)
         return text if self.batched else text[:-1] + ", batched=False)"
 
+    # ------------------------------------------------------------------------------------------ many runs, one file
+    @classmethod
+    def concat(cls, parts: list, first_items: list | None = None) -> "Explanation":
+        """The explanations of consecutive chunks of one batch (each with its batch axis) as one, concatenated along
+        the batch axis in order. ``first_items``: each part's first item counted over the whole run (default: the
+        items before it), where ``deployed_gap`` (the worst of the parts') names its item."""
+        from .deployed_gap import worst
+
+        first = parts[0]
+        if first_items is None:
+            first_items = np.cumsum([0] + [len(np.asarray(p.target).reshape(-1)) for p in parts[:-1]]).tolist()
+        rel = [p.relevance for p in parts]
+        relevance = {k: _cat(r[k] for r in rel) for k in rel[0]} if isinstance(first.relevance, dict) else _cat(rel)
+        outputs = {k: _cat(p.outputs[k] for p in parts) for k in first.outputs}
+        forward = outputs
+        if any(p.forward is not None and p.forward is not p.outputs for p in parts):
+            forward = {k: _cat(p.outputs[k] if p.forward is None else p.forward[k] for p in parts)
+                       for k in first.outputs}
+
+        def flat(name, dtype=None):
+            if getattr(first, name) is None:
+                return None
+            out = _cat(np.asarray(getattr(p, name)).reshape(-1) for p in parts)
+            return out if dtype is None else out.astype(dtype)
+        ledgers = [p.ledger for p in parts]
+        ledger = None if any(b is None for b in ledgers) else {k: sum(b[k] for b in ledgers) for k in ledgers[0]}
+        inputs = None  # the feeds as fed (numpy on the host): what heatmap() draws
+        if all(p.inputs is not None and all(isinstance(v, np.ndarray) for v in p.inputs.values()) for p in parts):
+            inputs = {k: _cat(p.inputs[k] for p in parts) if first.inputs[k].ndim else v
+                      for k, v in first.inputs.items()}
+        return cls(relevance=relevance, outputs=outputs, forward=forward,
+                   target=_cat(np.asarray(p.target, np.int64) for p in parts),
+                   relevance_at={k: _cat(p.relevance_at[k] for p in parts) for k in first.relevance_at},
+                   explained_output=first.explained_output, position=flat("position", np.int64),
+                   explained_value=flat("explained_value"), ledger=ledger, inputs=inputs,
+                   deployed_gap=worst([p.deployed_gap.shifted(i) for p, i in zip(parts, first_items)
+                                       if p.deployed_gap is not None]))
+
+    def arrays(self, items=None) -> dict:
+        """What ``onnx-lrp explain -o OUT.npz`` writes, by name: ``relevance`` (``relevance/<input>`` for several
+        inputs), ``outputs`` (the explained output), ``targets``, ``positions`` (sequence outputs), ``outputs/<name>``
+        (every output, when the model has several), ``relevance_at/<tensor>``, and ``items`` (the items' names, when
+        given)."""
+        out = {}
+        if isinstance(self.relevance, dict):
+            out.update({f"relevance/{k}": v for k, v in self.relevance.items()})
+        else:
+            out["relevance"] = self.relevance
+        out["outputs"] = self.outputs[self.explained_output]
+        out["targets"] = self.target
+        if self.position is not None:
+            out["positions"] = self.position
+        if len(self.outputs) > 1:
+            out.update({f"outputs/{k}": v for k, v in self.outputs.items()})
+        out.update({f"relevance_at/{k}": v for k, v in self.relevance_at.items()})
+        if items is not None:
+            out["items"] = np.array(items, dtype=str)
+        return out
+
     # ------------------------------------------------------------------------------------------ the batch axis
     def without_batch_axis(self, whole: bool = False) -> "Explanation":
         """The same result for one item given without its batch axis (see the class): per-item fields lose it.
@@ -173,6 +232,10 @@ class Explanation:
                 f"sum R {float(np.sum(rel[i], dtype=np.float64)):.4g}"
             lines.append([first, second, third])
         return lines
+
+
+def _cat(parts) -> np.ndarray:
+    return np.concatenate(list(parts))
 
 
 def _axis(rel: np.ndarray, channel_axis: int | None) -> int:

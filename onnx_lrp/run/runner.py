@@ -51,35 +51,18 @@ def _listed(name: str, doc: str) -> property:
     return property(get, doc=doc)
 
 
-def _option(name: str, doc: str) -> property:
-    return property(lambda self: getattr(self.options, name), doc=doc)
-
-
 class Runner:
     """Runs a :class:`onnx_lrp.core.relevance_model.RelevanceModel` in one onnxruntime session:
     ``explain(x, target=...)``. ``session``: one already started for it (default: started here)."""
 
+    # the relevance model's fields the Explainer's API gives (docs/python-api.md); the others are read as
+    # ``runner.relevance_model.X``, the run options as ``runner.options.X``
     inputs = _listed("inputs", "InputSpec per model input")
     relevance_inputs = _listed("relevance_inputs", "the inputs whose relevance is returned")
-    relevance_at = _listed("relevance_at", "the other tensors whose relevance is returned")
+    output_names = _listed("output_names", "the model's own outputs")
     explained_output = _field("explained_output", "the model output whose entry is explained")
     explained_tensor = _field("explained_tensor", "where relevance starts (the logits behind a softmax)")
-    output_names = _listed("output_names", "the model's own outputs")
-    whole = _field("whole", "the explained output has no batch axis: the batch is one item")
-    sequence_rows = _field("sequence_rows", "(positions, entries per position) of a sequence output, or None")
-    output_step = _field("output_step", "a quantized explained output's quantization step, or None")
-    ledger = _field("ledger", "whether the relevance model outputs the conservation ledger")
-    ledger_rows = _listed("ledger_rows", "LedgerRow per node of the ledger (reverse order), or None")
-    composite_name = _field("composite_name", "the composite's name")
-    model_precision = _field("model_precision", "what the relevance model computes in")
-    model_bytes = _field("model_bytes", "the relevance model's graph, serialised")
-    model_folder = _field("model_folder", "the folder of its external data files, or None")
-    model_arrays = _field("model_arrays", "tensors handed to onnxruntime from memory")
-    model_prepack = _field("model_prepack", "whether onnxruntime pre-packs the weights")
-    start = _option("start", "the default start relevance")
-    strict = _option("strict", "relevance far from conserved is an error")
-    precise = _option("precise", "onnxruntime without layout optimisations")
-    tf32 = _option("tf32", "TF32 on CUDA")
+    composite_name = _field("composite_name", "the composite's name (for \"auto\": the one chosen)")
     gap_warnings = True  # warn (once) when the gap is beyond the tolerance; the CLI reports it itself
     last_transfer: dict | None = None  # bytes host -> device and device -> host of the last run (binding.bytes_moved)
 
@@ -226,8 +209,9 @@ class Runner:
         if self._width is None:
             for o in self.session.session.get_outputs():
                 # onnxruntime reports a declared shape it could not reconcile with the graph as rank 0: unknown
-                if o.name == self.explained_output and o.shape is not None and len(o.shape) >= 2 - self.whole:
-                    dims = o.shape if self.whole else o.shape[1:]
+                whole = self.relevance_model.whole
+                if o.name == self.explained_output and o.shape is not None and len(o.shape) >= 2 - whole:
+                    dims = o.shape if whole else o.shape[1:]
                     if all(isinstance(d, int) for d in dims):
                         self._width = int(np.prod(dims))
         return self._width
@@ -236,7 +220,7 @@ class Runner:
     def _positions(self, target, position, batch: int, feeds: dict):
         """For sequence outputs: (class targets, positions) from a class target and a position (default: the last,
         -1; negative positions count from the end)."""
-        rows, per_row = self.sequence_rows
+        rows, per_row = self.relevance_model.sequence_rows
         if rows is None and self.relevance_model.sequence_rows_from is not None:
             name, axis = self.relevance_model.sequence_rows_from
             rows = int(feeds[name].shape[axis])
@@ -269,7 +253,7 @@ class Runner:
         default: the last position, as for a causal LM's next-token logits), or a ``(position, class)`` tuple;
         None takes the arg-max class at that position.
         """
-        start = start or self.start
+        m, start = self.relevance_model, start or self.options.start
         if start not in ("logit", "one-hot"):
             raise InputError(f"start must be 'logit' or 'one-hot', not {start!r}")
         feeds = self._feeds(x, finite=self._finite_on_host())
@@ -277,22 +261,22 @@ class Runner:
         if batch == 0:
             raise InputError("the batch is empty (0 items); give at least one item")
         positions = None
-        if self.sequence_rows is not None:
+        if m.sequence_rows is not None:
             targets, positions = self._positions(target, position, batch, feeds)
         elif position is not None or isinstance(target, tuple):
             raise InputError(f"position is only for sequence outputs (rank >= 3); {self.explained_output!r} has "
                              "one entry set per item: give the target as a flat index")
         else:
-            targets = self._targets(target, 1 if self.whole else batch)
+            targets = self._targets(target, 1 if m.whole else batch)
         static_one = self._static_one()
-        if static_one and batch > 1 and self.ledger:
+        if static_one and batch > 1 and m.ledger:
             raise InputError("the model has a fixed batch of 1: explain one item at a time with the ledger")
         deployed = self._deployed_run(feeds)
-        if deployed is not None and self.sequence_rows is None and not self.whole and np.all(targets < 0) and \
+        if deployed is not None and m.sequence_rows is None and not m.whole and np.all(targets < 0) and \
                 self.explained_output in deployed and deployed[self.explained_output].shape[:1] == (batch,):
             # arg-max: the deployed model's prediction (the explained forward's can differ where they disagree)
             targets = np.argmax(np.asarray(deployed[self.explained_output]).reshape(batch, -1), axis=1)
-        if static_one and batch > 1 and not self.whole:  # exported with a fixed batch of 1: run item by item
+        if static_one and batch > 1 and not m.whole:  # exported with a fixed batch of 1: run item by item
             parts = [self._run(_item(feeds, i), targets[i:i + 1], start,
                                None if positions is None else positions[i:i + 1])
                      for i in range(batch)]
@@ -306,7 +290,7 @@ class Runner:
         relevance = rel[self.relevance_inputs[0]] if len(rel) == 1 else rel
         used = merged[TARGET_OUTPUT]
         pos_used = None
-        if self.sequence_rows is not None:
+        if m.sequence_rows is not None:
             pos_used, used = used // per_row, used % per_row
         forward = {n: merged[n] for n in self.output_names}
         outputs, gap = forward, None
@@ -314,12 +298,12 @@ class Runner:
             outputs = {n: deployed.get(n, forward[n]) for n in self.output_names}
             gap = self._gap(feeds, outputs, forward, batch)
         res = Explanation(relevance=relevance, outputs=outputs, forward=forward, deployed_gap=gap, target=used,
-                          relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_at},
+                          relevance_at={n: merged[RELEVANCE_PREFIX + n] for n in m.relevance_at},
                           explained_output=self.explained_output, position=pos_used,
                           explained_value=merged.get(VALUE_OUTPUT), inputs=feeds,
-                          ledger=None if not self.ledger else
+                          ledger=None if not m.ledger else
                           {"entering": merged[LEDGER_ENTERING], "leaving": merged[LEDGER_LEAVING]})
-        return res.without_batch_axis(self.whole) if given_without_batch_axis(x, self.inputs) else res
+        return res.without_batch_axis(m.whole) if given_without_batch_axis(x, self.inputs) else res
 
     def _deployed_run(self, feeds: dict) -> dict | None:
         """The deployed model's outputs, or None (a float model; or it fails on this input: said once, and the
@@ -344,7 +328,7 @@ class Runner:
                  for k, v in feeds.items() if k in types}
         static_one = self._static_one()
         batch = next((np.shape(v)[0] for k, v in feeds.items() if k not in self.deployed_constants and np.ndim(v)), 1)
-        if static_one and batch > 1 and not self.whole:
+        if static_one and batch > 1 and not self.relevance_model.whole:
             parts = [session.run({k: (v[i:i + 1] if k not in self.deployed_constants else v)
                                   for k, v in feeds.items()}) for i in range(batch)]
             return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -363,7 +347,8 @@ class Runner:
     def _gap(self, feeds, outputs: dict, forward: dict, batch: int):
         """The gap on the explained output, its cause found on the first one beyond the tolerance, one warning."""
         name = self.explained_output
-        gap = gaps.measure(name, outputs[name], forward[name], self.output_step, 1 if self.whole else batch)
+        m = self.relevance_model
+        gap = gaps.measure(name, outputs[name], forward[name], m.output_step, 1 if m.whole else batch)
         if not gap.beyond:
             return gap
         if self._gap_reason is None:
@@ -405,19 +390,19 @@ class Runner:
     def _culprits(self, feeds, item: int, target: int, start, positions):
         """The nodes that absorb or create most relevance for item ``item`` of ``feeds``, read from the ledger
         (:func:`onnx_lrp.run.conservation.culprits`); None when nothing can rebuild the relevance model here."""
-        book = self if self.ledger else self._ledger_book(start)
+        book = self if self.relevance_model.ledger else self._ledger_book(start)
         if book is None:
             return None
-        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.whole else feeds
+        one = {k: v[item:item + 1] for k, v in feeds.items()} if not self.relevance_model.whole else feeds
         extra = {} if positions is None else {"position": positions}
-        if self.sequence_rows is not None:
-            target = target % (self.sequence_rows[1] or 1 << 62)
+        if self.relevance_model.sequence_rows is not None:
+            target = target % (self.relevance_model.sequence_rows[1] or 1 << 62)
         book.checks.reading_ledger = True  # this run only reads the ledger: no check of its own
         try:
             res = book.explain(one, target=target, start=start, **extra)
         finally:
             book.checks.reading_ledger = False
-        return conservation.culprits(book.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
+        return conservation.culprits(book.relevance_model.ledger_rows, res.ledger["entering"], res.ledger["leaving"])
 
     def _ledger_book(self, start: str) -> "Runner | None":
         """The relevance model rebuilt with the conservation ledger from its build source: built on the first item

@@ -180,14 +180,15 @@ def test_relevance_graph_uses_only_ops_the_cuda_provider_implements(composite):
     model = make_model(nodes, {"x": ["N", 3, 16, 16]}, ["y"], {k: np.asarray(v, np.float32) for k, v in inits.items()})
     box = {"low": -3.0, "high": 3.0} if composite == "epsilon-gamma-box" else {}
     ex = onnx_lrp.Explainer(model.SerializeToString(), composite=composite, **box)
-    emitted = {n.op_type for n in onnx.load_model_from_string(ex.model_bytes).graph.node if n.name.startswith("lrp/")}
+    graph = onnx.load_model_from_string(ex.relevance_model.model_bytes).graph
+    emitted = {n.op_type for n in graph.node if n.name.startswith("lrp/")}
     assert emitted and emitted <= CUDA_OPS, f"not in the CUDA kernel list: {sorted(emitted - CUDA_OPS)}"
     assert np.all(np.isfinite(ex.explain(RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)).relevance))
 
 
 def test_serialize_sets_an_ir_version_onnxruntime_reads():
     ex = onnx_lrp.Explainer(mlp(), composite="epsilon")
-    assert onnx.load_model_from_string(ex.model_bytes).ir_version <= 13
+    assert onnx.load_model_from_string(ex.relevance_model.model_bytes).ir_version <= 13
     assert onnx.load_model_from_string(serialize(onnx_lrp.load.load(mlp()))).ir_version <= 13
 
 

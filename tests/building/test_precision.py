@@ -139,8 +139,8 @@ def test_float16_model_precision_runs_on_cpu(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ex = onnx_lrp.Explainer(str(low), composite="epsilon", precision="model")
-        assert ex.model_precision == "float16"
-        assert onnx_lrp.Explainer(str(low), composite="epsilon").model_precision == "float32"
+        assert ex.relevance_model.model_precision == "float16"
+        assert onnx_lrp.Explainer(str(low), composite="epsilon").relevance_model.model_precision == "float32"
         r_model = ex.explain(x, target=2).relevance
         r_32 = onnx_lrp.Explainer(str(f32), composite="epsilon").explain(x, target=2).relevance
     assert r_model.dtype == np.float32 and np.all(np.isfinite(r_model))
@@ -171,7 +171,7 @@ def test_auto_falls_back_to_float32_in_one_warning(tmp_path, monkeypatch):
         ex = onnx_lrp.Explainer(str(path), composite="epsilon")
     lines = [str(w.message) for w in said if "bfloat16" in str(w.message)]
     assert len(lines) == 1 and "computed in float32" in lines[0] and "\n" not in lines[0]
-    assert ex.model_precision == "float32"
+    assert ex.relevance_model.model_precision == "float32"
     ref = onnx_lrp.Explainer(str(path), composite="epsilon", precision="float32")
     np.testing.assert_array_equal(ex.explain(x, target=1).relevance, ref.explain(x, target=1).relevance)
 
@@ -179,8 +179,8 @@ def test_auto_falls_back_to_float32_in_one_warning(tmp_path, monkeypatch):
 def test_float32_model_unchanged(tmp_path):
     path = bigmodels.write_mlp(tmp_path, (16, 32, 4))
     ex = onnx_lrp.Explainer(str(path), composite="epsilon", precision="model")
-    assert ex.model_precision == "float32"
-    assert {t.data_type for t in onnx.load_model_from_string(ex.model_bytes).graph.initializer} <= {
+    assert ex.relevance_model.model_precision == "float32"
+    assert {t.data_type for t in onnx.load_model_from_string(ex.relevance_model.model_bytes).graph.initializer} <= {
         FLOAT, onnx.TensorProto.INT64}
 
 

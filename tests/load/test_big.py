@@ -46,7 +46,8 @@ def test_big_model_explained_rewritten_and_checked(big, tmp_path):
     path, x = big
     ref = oracle32(path, x, target=5)
     ex = onnx_lrp.Explainer(str(path), composite="epsilon")
-    assert ex.model_folder == str(path.parent) and len(ex.model_bytes) < 1 << 20  # the weights stayed in their files
+    rm = ex.relevance_model
+    assert rm.model_folder == str(path.parent) and len(rm.model_bytes) < 1 << 20  # the weights stayed in their files
     rel = ex.explain(x, target=5).relevance
     assert rel_l2(rel, ref) < 1e-3  # float32 sums of 23200 terms, in another order
     del ex
@@ -189,7 +190,7 @@ def test_low_precision_weights_cast_where_used(tmp_path, monkeypatch):
 
     path = bigmodels.write_mlp(tmp_path, (64, 512, 512, 10), dtype="float16")
     import onnx
-    proto = onnx.load_model_from_string(onnx_lrp.Explainer(str(path), composite="epsilon").model_bytes)
+    proto = onnx.load_model_from_string(onnx_lrp.Explainer(str(path), composite="epsilon").relevance_model.model_bytes)
     producer = {o: n for n in proto.graph.node for o in n.output}
     inputs = {i.name for i in proto.graph.input}
     sizes = {t.name: 2 * int(np.prod(t.dims)) for t in proto.graph.initializer if t.data_type == ONNX_F16}
@@ -234,7 +235,8 @@ def test_low_precision_relevance_near_its_float32_twin(tmp_path, monkeypatch, dt
     x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
     ex = onnx_lrp.Explainer(str(low), composite="epsilon")
     import onnx
-    kept = {t.data_type for t in onnx.load_model_from_string(ex.model_bytes).graph.initializer if len(t.dims) == 2}
+    graph = onnx.load_model_from_string(ex.relevance_model.model_bytes).graph
+    kept = {t.data_type for t in graph.initializer if len(t.dims) == 2}
     assert kept == {bigmodels.ONNX_TYPE[dtype]}
     r_low = ex.explain(x, target=2).relevance
     r_32 = onnx_lrp.Explainer(str(f32), composite="epsilon").explain(x, target=2).relevance

@@ -92,9 +92,9 @@ def test_conservation_band(name, composite):
     absorbed = entering - np.asarray(res.ledger["leaving"], np.float64)
     lrp0 = composite in LRP0
     # a stabilised denominator (epsilon, norm with 1e-6) absorbs its share: a sink, except under LRP-0
-    sinkless = [i for i, row in enumerate(ex.ledger_rows)
+    sinkless = [i for i, row in enumerate(ex.relevance_model.ledger_rows)
                 if not row.sinks and (lrp0 or row.rule not in ("epsilon", "norm"))]
-    leak = {ex.ledger_rows[i].name: absorbed[i] for i in sinkless
+    leak = {ex.relevance_model.ledger_rows[i].name: absorbed[i] for i in sinkless
             if abs(absorbed[i]) > 1e-4 * abs(entering[i]) + 1e-6 * abs(start)}
     assert not leak, f"{name} {composite}: nodes without a sink absorb/create relevance: {leak}"
     total = float(np.sum(res.relevance))

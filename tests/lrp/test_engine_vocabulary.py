@@ -120,7 +120,7 @@ def test_plan_rows_write_kinds_as_their_words():
 def test_ledger_rows_name_the_walks_kinds():
     """The ledger (``onnx-lrp trace``) writes each node's kind as its word; the folded bias is its own row."""
     ex = onnx_lrp.Explainer(_mlp(), composite="epsilon", ledger=True)
-    rows = ex.ledger_rows
+    rows = ex.relevance_model.ledger_rows
     assert [(r.op_type, str(r.kind), r.rule) for r in rows] == MLP_ROWS[::-1]  # the walk runs backwards
     assert json.loads(json.dumps([r.kind for r in rows])) == [k for _, k, _ in MLP_ROWS[::-1]]
     sinks = {r.op_type: r.sinks for r in rows}

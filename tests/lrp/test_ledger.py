@@ -45,11 +45,11 @@ epsilon = 0.0
 def _check_rows_conserve(ex, x):
     res = ex.explain(x)
     e, l = res.ledger["entering"].astype(np.float64), res.ledger["leaving"].astype(np.float64)
-    assert len(e) == len(ex.ledger_rows) and len(e) > 5
+    assert len(e) == len(ex.relevance_model.ledger_rows) and len(e) > 5
     start = e[0]
     assert abs(start) > 1e-3
     worst = np.max(np.abs(e - l)) / abs(start)
-    assert worst < 1e-5, [(r.name, a - b) for r, a, b in zip(ex.ledger_rows, e, l)]
+    assert worst < 1e-5, [(r.name, a - b) for r, a, b in zip(ex.relevance_model.ledger_rows, e, l)]
     assert abs(np.sum(res.relevance, dtype=np.float64) - start) < 1e-5 * abs(start)
 
 
@@ -58,7 +58,7 @@ def test_bias_free_handbuilt_cnn_every_row_conserves():
     ex = onnx_lrp.Explainer(to_bytes(model), composite=LRP0, ledger=True)
     x = np.random.default_rng(3).normal(size=X_SHAPE).astype(np.float32)  # a static batch of 2: sums over both
     _check_rows_conserve(ex, x)
-    assert {r.op_type for r in ex.ledger_rows} >= {"Conv", "Relu", "MaxPool", "Add", "Gemm", "Concat"}
+    assert {r.op_type for r in ex.relevance_model.ledger_rows} >= {"Conv", "Relu", "MaxPool", "Add", "Gemm", "Concat"}
 
 
 def test_bias_free_torch_export_every_row_conserves(tmp_path):
@@ -89,7 +89,7 @@ def test_demo_model_absorbed_parts_add_up(composite):
     # a node hands on what the next one (in reverse order) receives on this chain-shaped network
     assert_close(l[:-1], e[1:], rtol=1e-6, atol=1e-6)
     # absorption happens only at layers with a bias; element-wise and pooling rows conserve
-    for row, a, b in zip(ex.ledger_rows, e, l):
+    for row, a, b in zip(ex.relevance_model.ledger_rows, e, l):
         if row.op_type in ("Relu", "MaxPool", "Flatten"):
             assert abs(a - b) < 1e-5 * abs(logit), row.name
 
@@ -100,7 +100,7 @@ def test_last_gemm_absorbs_its_bias():
     x = np.load(ROOT / "models" / "samples" / "batch.npy")
     for i in range(3):
         res = ex.explain(x[i:i + 1])
-        row = ex.ledger_rows[0]
+        row = ex.relevance_model.ledger_rows[0]
         assert row.name == "/classifier/classifier.4/Gemm" and row.sinks == "bias"
         absorbed = float(res.ledger["entering"][0] - res.ledger["leaving"][0])
         assert absorbed == pytest.approx(float(bias[res.target[0]]), abs=1e-4)
@@ -132,7 +132,7 @@ def test_attention_ledger_adds_up_and_only_the_softmax_absorbs():
     start = float(res.explained_value[0])
     assert e[0] == pytest.approx(start, rel=1e-6)
     assert np.sum(e - l) == pytest.approx(start - float(np.sum(res.relevance, dtype=np.float64)), abs=1e-5 * abs(start))
-    for row, a, b in zip(ex.ledger_rows, e, l):
+    for row, a, b in zip(ex.relevance_model.ledger_rows, e, l):
         if row.op_type == "Softmax":
             assert abs(a - b) > 1e-3 * abs(start), row.name
         else:

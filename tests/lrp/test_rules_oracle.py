@@ -367,7 +367,7 @@ def test_gamma_before_a_rectifier(act, first_relu):
     assert np.any(r_a1 != 0) and np.any(z1 < 0)  # the shortcut has something to skip, and relevance to pass
     want = o_gamma(dense, w1.astype(np.float64), rep(b1, m1), xin, r_a1, 0.25).reshape(x_shape)
     _close(res.relevance, want, f"gamma before {act} (rectified input: {first_relu})")
-    graph = onnx.load_from_string(ex.model_bytes).graph
+    graph = onnx.load_from_string(ex.relevance_model.model_bytes).graph
     emitted = {n.output[0].split("/")[-1] for n in graph.node if n.output[0].startswith("lrp/conv1/")}
     assert "pos_s" in emitted and not any(t.startswith("neg_") for t in emitted), emitted  # no group masked to z1 < 0
     if not first_relu:
@@ -410,7 +410,7 @@ def test_biased_conv_before_a_rectifier(act, rule, rectified):
     assert np.any(r_a1 != 0) and np.any(z1 < 0) and (act == "Relu" or np.any(z1 > 6))
     want = oracle(lambda k: k, m1, rep(b1, m1), xin, r_a1).reshape(x_shape)
     _close(res.relevance, want, f"{rule} on a biased conv before {act}")
-    graph = onnx.load_from_string(ex.model_bytes).graph
+    graph = onnx.load_from_string(ex.relevance_model.model_bytes).graph
     emitted = {n.output[0].split("/")[-1]: n for n in graph.node if n.output[0].startswith("lrp/conv1/")}
     assert not any(t.startswith("g0_stab_gain") or t == "g0_zb" for t in emitted), sorted(emitted)
     if rule == "zplus":  # z+ = conv(x+, W+) + b+ + eps from one convolution whose bias is b+ + eps
@@ -433,7 +433,7 @@ def test_flat_transpose_sums_channels_first(strides):
     res, R = ex.explain(x), BATCH * c.astype(np.float64)
     want = o_flat(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1))
     _close(res.relevance, want.reshape(layer.x_shape), f"flat, strides {strides}")
-    graph = onnx.load_from_string(ex.model_bytes).graph
+    graph = onnx.load_from_string(ex.relevance_model.model_bytes).graph
     jts = [n for n in graph.node if n.output[0] == "lrp/layer/JTs"]
     assert len(jts) == 1 and jts[0].op_type in ("Conv", "ConvTranspose"), [n.output[0] for n in graph.node]
     kernel = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == jts[0].input[1])
@@ -463,7 +463,7 @@ def test_zbox_folds_channel_bounds_into_one_transpose(bounds):
     want = o_zbox(layer.mat, layer.kernel, layer.bias, x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1),
                   np.broadcast_to(lo, shape).reshape(-1), np.broadcast_to(hi, shape).reshape(-1))
     _close(res.relevance, want.reshape(layer.x_shape), f"zbox, {bounds} bounds")
-    graph = onnx.load_from_string(ex.model_bytes).graph
+    graph = onnx.load_from_string(ex.relevance_model.model_bytes).graph
     ops = [n.op_type for n in graph.node if n.output[0].startswith("lrp/layer/JTs")]
     assert len(ops) == (3 if bounds == "per-pixel" else 2), ops
 
@@ -488,7 +488,7 @@ def test_gamma_second_group_reads_the_first(gamma):
     want = o_gamma(layer.mat, layer.kernel, layer.bias, pos(x).reshape(BATCH, -1).astype(np.float64),
                    R.reshape(BATCH, -1), gamma)
     _close(res.relevance, want.reshape(layer.x_shape), f"gamma {gamma} on a conv of a rectified input")
-    graph = onnx.load_from_string(ex.model_bytes).graph
+    graph = onnx.load_from_string(ex.relevance_model.model_bytes).graph
     by_out = {n.output[0]: n for n in graph.node}
     assert list(by_out["lrp/layer/neg_z"].input)[1] == "lrp/layer/pos_z", by_out["lrp/layer/neg_z"].input
     readers = [n.output[0] for n in graph.node if "lrp/layer/z" in n.input]
@@ -543,7 +543,7 @@ def test_fork_sums_in_gradient_form(rule):
     r_h = step("b", h, step("c", g1, zc * s_add)) + h * s_add
     assert np.any(r_y2 != 0) and np.all(np.abs(zc + h) > 1e-3)  # relevance to pass; no tie near zero in the sum
     _close(res.relevance, step("a", h0, r_h).reshape(x_shape), f"{rule} on a residual block")
-    graph = onnx.load_from_string(ex.model_bytes).graph
+    graph = onnx.load_from_string(ex.relevance_model.model_bytes).graph
     readers = [n.output[0] for n in graph.node if n.op_type == "Mul" and "h" in n.input and n.output[0].startswith("lrp/")]
     assert len(readers) == 1, readers
 
@@ -579,7 +579,7 @@ def test_relevance_of_z_in_gradient_form(rule):
     want = o_gamma(mat, w1.astype(np.float64), rep(b1), h0, r_z1, 0.25) if rule == "gamma" else \
         o_epsilon(mat, w1.astype(np.float64), rep(b1), h0, r_z1)
     _close(res.relevance, want.reshape(x_shape), f"{rule} on conv1 -> conv2")
-    emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.model_bytes).graph.node
+    emitted = {n.output[0].split("/")[-1] for n in onnx.load_from_string(ex.relevance_model.model_bytes).graph.node
                if n.output[0].startswith("lrp/conv1/")}
     if rule == "epsilon":
         assert "g0_ratio" in emitted and not any(t.startswith("g0_stab_gain") for t in emitted), sorted(emitted)

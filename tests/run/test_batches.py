@@ -108,14 +108,14 @@ def test_merge_concatenates_and_counts_the_gap_over_the_whole_run():
             return _deployed(feeds["x"], int(feeds["x"][0, 0]) // 3)
 
     ex = Deployed()
-    m = merge(ex, list(explain_chunks(ex, slices({"x": x}, 4))))
-    assert m.several and list(m.relevance) == ["a", "b"]
+    m = merge(list(explain_chunks(ex, slices({"x": x}, 4))))
+    assert isinstance(m, Explanation) and list(m.relevance) == ["a", "b"]
     np.testing.assert_array_equal(m.relevance["b"], -x)
     np.testing.assert_array_equal(m.forward["y"], x)
     np.testing.assert_array_equal(m.position, np.arange(6))
     np.testing.assert_array_equal(m.relevance_at["t"], x[:, :1])
     whole = deployed_gap.measure("y", m.outputs["y"], m.forward["y"], None, 6)  # the reference: one measurement
-    worst = deployed_gap.worst(m.gaps)
+    worst = m.deployed_gap
     assert (worst.item, worst.index, worst.max_abs) == (whole.item, whole.index, whole.max_abs) == (4, 0, 0.5)
     rel, outs, _ = explain_all(ex, {"x": x}, batch_size=4)
     np.testing.assert_array_equal(outs[FORWARD_PREFIX + "y"], x)  # the explained forward beside the deployed output

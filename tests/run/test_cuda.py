@@ -86,11 +86,12 @@ def real_placement(ex, feeds: dict) -> dict:
     providers = ["CPUExecutionProvider"]
     if DEVICE == "cuda":
         providers = [("CUDAExecutionProvider", runtime.cuda_options(False))] + providers
-    sess = ort.InferenceSession(ex.model_bytes, sess_options=opts, providers=providers)
+    sess = ort.InferenceSession(ex.relevance_model.model_bytes, sess_options=opts, providers=providers)
     checked = ex.checked_feeds(feeds)
     batch = next((a.shape[0] for a in checked.values() if a.ndim), 1)
-    steer = {"lrp/target": np.full(1 if ex.whole else batch, -1, np.int64), "lrp/one_hot": np.array(False)}
-    if ex.sequence_rows is not None:
+    whole = ex.relevance_model.whole
+    steer = {"lrp/target": np.full(1 if whole else batch, -1, np.int64), "lrp/one_hot": np.array(False)}
+    if ex.relevance_model.sequence_rows is not None:
         steer["lrp/position"] = np.full(batch, -1, np.int64)
     sess.run(None, {**checked, **steer})
     with open(sess.end_profiling()) as f:
@@ -106,7 +107,7 @@ def test_no_relevance_node_runs_on_the_cpu_provider(fam):
     ex = fam.explainer(device=DEVICE)
     placed = real_placement(ex, fam.feeds())
     assert placed and any(n.startswith("lrp/") for n in placed)
-    predicted = placement.predict_bytes(ex.model_bytes, ex.model_folder)
+    predicted = placement.predict_bytes(ex.relevance_model.model_bytes, ex.relevance_model.model_folder)
     assert predicted.relevance_nodes() == []
     if DEVICE != "cuda":
         return

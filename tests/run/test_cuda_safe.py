@@ -70,8 +70,8 @@ def test_tf32_is_off_unless_asked_and_travels_with_the_payload():
     assert runtime.cuda_options() == {"use_tf32": "0"} and runtime.cuda_options(True) == {"use_tf32": "1"}
     fam = FAMILIES[-1]
     ex = fam.explainer(tf32=True)
-    assert ex.tf32 is True and fam.explainer().tf32 is False
-    assert Runner.from_payload(ex.payload()).tf32 is True
+    assert ex.options.tf32 is True and fam.explainer().options.tf32 is False
+    assert Runner.from_payload(ex.payload()).options.tf32 is True
     with pytest.raises(InputError, match="tf32 must be True or False"):
         fam.explainer(tf32="yes")
 

@@ -17,7 +17,7 @@ CNN = next(f for f in FAMILIES if f.name == "resnet-epf")
 
 def _plain(ex, feeds: dict, targets) -> dict:
     """The relevance model in a plain onnxruntime session (no IOBinding): the reference run."""
-    sess = ort.InferenceSession(ex.model_bytes, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(ex.relevance_model.model_bytes, providers=["CPUExecutionProvider"])
     steer = {"lrp/target": np.asarray(targets, np.int64), "lrp/one_hot": np.array(False)}
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, {**feeds, **steer})))

@@ -76,7 +76,7 @@ def test_shape_arithmetic_moves_to_the_cpu_and_a_shape_read_where_it_is_used_doe
 @pytest.mark.parametrize("fam", FAMILIES, ids=[f.name for f in FAMILIES])
 def test_no_relevance_node_of_a_family_is_predicted_on_the_cpu(fam):
     ex = fam.explainer()
-    predicted = placement.predict_bytes(ex.model_bytes, ex.model_folder)
+    predicted = placement.predict_bytes(ex.relevance_model.model_bytes, ex.relevance_model.model_folder)
     assert predicted.relevance_nodes() == [], f"{fam.name}: {predicted.relevance_nodes()}"
 
 
@@ -95,7 +95,7 @@ def test_no_relevance_node_of_resnet50_or_vgg16_is_predicted_on_the_cpu(arch, co
     build(arch, str(path), 224)
     box = {"low": -3.0, "high": 3.0} if composite == "epsilon-gamma-box" else {}
     ex = onnx_lrp.Explainer(path, composite=composite, **box)
-    predicted = placement.predict_bytes(ex.model_bytes, ex.model_folder)
+    predicted = placement.predict_bytes(ex.relevance_model.model_bytes, ex.relevance_model.model_folder)
     assert predicted.relevance_nodes() == [] and predicted.no_kernel == []
 
 

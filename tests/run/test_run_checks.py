@@ -39,9 +39,9 @@ def test_graph_sums_are_the_host_sums_and_decide_alike(fam):
     feeds = fam.feeds()
     checked = ex.checked_feeds(feeds)
     res = ex.explain(feeds)
-    merged = ex._run(checked, np.asarray(res.target).reshape(-1) if ex.sequence_rows is None else
+    merged = ex._run(checked, np.asarray(res.target).reshape(-1) if ex.relevance_model.sequence_rows is None else
                      np.full(len(res.target), -1), "logit",
-                     None if ex.sequence_rows is None else np.asarray(res.position).reshape(-1))
+                     None if ex.relevance_model.sequence_rows is None else np.asarray(res.position).reshape(-1))
     batch = len(np.asarray(merged["lrp/explained_value"]).reshape(-1))
     rel = [merged[RELEVANCE_PREFIX + n] for n in ex.relevance_inputs]
     want = conservation.per_item(rel, batch)
