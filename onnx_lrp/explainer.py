@@ -12,18 +12,63 @@ from .run.runner import Explanation, InputSpec, Runner, RunOptions  # noqa: F401
 
 
 class Explainer(Runner):
-    """Builds the relevance model once (:func:`onnx_lrp.building.build`: load, canonize, rewrite) and runs it in one
-    onnxruntime session (``explain``: :class:`onnx_lrp.run.runner.Runner`'s). ``relevance_model`` is what was built
-    (:class:`onnx_lrp.core.relevance_model.RelevanceModel`), ``options`` how it runs."""
+    """An ONNX model's relevance model, built once and run in one onnxruntime session.
+
+    The constructor loads and canonizes the model and rewrites it into the relevance model (`relevance_model`);
+    `explain` runs it. Every option is checked once, here: a bad value raises an
+    [`InputError`][onnx_lrp.core.errors.InputError] in one line before any work.
+
+    Example:
+        ```python
+        ex = onnx_lrp.Explainer("model.onnx", composite="epsilon-gamma-box", low=0.0, high=1.0)
+        e = ex.explain(x)  # x: N x C x H x W; the arg-max class of each item
+        ```
+    """
 
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
                  build: BuildOptions | None = None, run: RunOptions | None = None, **options):
-        """``options``: the fields of :class:`onnx_lrp.core.relevance_model.BuildOptions` (output, relevance_at,
-        explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.options.RunOptions`
-        (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
-        low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
-        the caller instead of their keywords. Every value is checked once, refused in one line
-        (:class:`onnx_lrp.run.launch.ExplainOptions`)."""
+        """Build the relevance model of `model` and start its onnxruntime session.
+
+        Args:
+            model (str | Path | bytes): the ONNX model: a path or the model's bytes.
+            composite: the rules: a built-in name (`"epsilon"`, `"epsilon-plus-flat"`, `"epsilon-gamma-box"`,
+                `"attnlrp"`, ...; [Composites and rules](../composites.md)), a TOML file or a `Composite`. Default
+                `"auto"`: `epsilon-plus-flat` for ReLU networks, `attnlrp` for the others (`composite_reason`
+                says why).
+            device: `"cpu"` (default), `"cuda"`, or `"auto"` (CUDA when it starts, else the CPU).
+            build: a `BuildOptions` made by the caller, instead of its keywords below.
+            run: a `RunOptions` made by the caller, instead of its keywords below.
+            **options (Any): keywords of how the relevance model is built, how it runs, and the composite's rule
+                parameters, described below.
+
+        Keywords of the build (`onnx_lrp.BuildOptions`):
+
+        - `output` (None): the output to explain (None: the model's first output). An output behind a softmax is
+          explained through its logits unless `explain_logits=False` (default True).
+        - `relevance_at` (()): names of tensors whose relevance is returned too (names from `onnx-lrp inspect`).
+        - `ledger` (False): also return the relevance entering and leaving every node (`Explanation.ledger`).
+        - `constants` (None): `{input name: value}`, inputs bound to fixed values (no longer fed).
+        - `input_shapes` (None): `{input name: shape}`, dynamic input dimensions fixed.
+        - `precision` (`"auto"`): what a float16 / bfloat16 model's relevance is computed in: `"model"` (its own
+          type, float32 where stability needs it), `"float32"`, or `"auto"` (the first on CUDA, the second on the
+          CPU).
+
+        Keywords of the run (`onnx_lrp.RunOptions`):
+
+        - `threads` (None): onnxruntime's intra-op threads (None: `ONNX_LRP_THREADS`, else onnxruntime's default).
+        - `start` (`"logit"`): the default start relevance, the target's logit or 1 (`"one-hot"`, as zennit).
+        - `strict` (False): relevance that is not conserved raises `NumericError` instead of warning.
+        - `precise` (False): onnxruntime without layout optimisations (about 13 % slower).
+        - `tf32` (False): CUDA only, TF32 convolutions and matrix products (faster; the relevance drifts).
+
+        Rule parameters of the composite: `epsilon`, `gamma`, `low`, `high` (one value, or one per channel),
+        `alpha`, `beta`, `stabilizer`; unset, the composite's own values.
+
+        The attribution method (`method=`, LRP by default): see [the Python API guide](../python-api.md).
+
+        Raises:
+            LrpError: the model, an option or the device is refused (a subclass naming what and why).
+        """
         given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
         super().__init__(relevance_model, given.run, session)
@@ -54,7 +99,7 @@ class Explainer(Runner):
         ``computed_weights``: store no modified copies of the weights (W+, |W|, transposed kernels, ...) but nodes
         that compute them from the original weights (onnxruntime folds them when it loads the file): a file about
         the model's size instead of 2-4 times it. Returns the counts of
-        :func:`onnx_lrp.building.computed_weights.compute_in_graph`.
+        `onnx_lrp.building.computed_weights.compute_in_graph`.
         """
         from . import load as loader
 
@@ -66,12 +111,12 @@ class Explainer(Runner):
         return counts
 
     def model_parts(self, computed_weights: bool = False) -> external.Parts:
-        """The relevance model as :class:`onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
+        """The relevance model as `onnx_lrp.load.external.Parts` (bytes alone for a small model)."""
         return self._parts(computed_weights)[0]
 
     def _parts(self, computed_weights: bool) -> tuple[external.Parts, dict | None]:
         """(the relevance model's parts, the counts of computed weights or None): as built, or with the modified
-        weights computed in the graph (:func:`onnx_lrp.building.computed_weights.with_computed_weights`)."""
+        weights computed in the graph (`onnx_lrp.building.computed_weights.with_computed_weights`)."""
         if computed_weights:
             from .building.computed_weights import with_computed_weights
 
@@ -82,11 +127,11 @@ class Explainer(Runner):
     def explain_text(self, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
                      continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
                      start: str | None = None):
-        """The relevance of each token of ``text`` (:func:`onnx_lrp.io.text.explain_text`): a text classifier's
+        """The relevance of each token of ``text`` (`onnx_lrp.io.text.explain_text`): a text classifier's
         class (``target``: None for the arg-max, an index or a label name), a token classifier's class at
         ``position``, or a language model's next token (or ``continuation``). ``tokenizer``: the model's
         tokenizer.json (or a ``tokenizers`` / transformers fast tokenizer). Returns a
-        :class:`onnx_lrp.io.text_result.TextExplanation` (``.tokens``, ``.relevance``, ``.html()``, ...)."""
+        `onnx_lrp.io.text_result.TextExplanation` (``.tokens``, ``.relevance``, ``.html()``, ...)."""
         from .io.text import explain_text
 
         return explain_text(self, text, tokenizer, target, text_pair=text_pair, position=position,
@@ -104,7 +149,7 @@ class Explainer(Runner):
     def explain_concepts(self, x, target=None, layer: str | None = None, concepts="top:6",
                          exclude_parallel: bool = True, record=(), init: str = "logit", channel_axis: int = 1,
                          batch_size: int = 16):
-        """Concept-conditional heatmaps (CRP) of one item: :class:`onnx_lrp.concepts.ConceptExplanation`."""
+        """Concept-conditional heatmaps (CRP) of one item: `onnx_lrp.concepts.ConceptExplanation`."""
         from . import concepts as crp
 
         layer = _layer(layer)
@@ -114,7 +159,7 @@ class Explainer(Runner):
 
     def concept_graph(self, x, target=None, layer: str | None = None, concept: int = 0, width=(5, 2),
                       layers=None, abs_norm: bool = True):
-        """The attribution graph of channel ``concept`` of ``layer``: :class:`onnx_lrp.concepts.ConceptGraph`."""
+        """The attribution graph of channel ``concept`` of ``layer``: `onnx_lrp.concepts.ConceptGraph`."""
         from . import concepts
 
         layer = _layer(layer)

@@ -36,16 +36,16 @@ def heatmap(relevance, x=None, *, batch: bool = True, channel_axis: int | None =
       row (at most 8, 4 with ``beside``); ``scale``: the integer enlargement (default: the longer side >= 128
       pixels); ``colorbar``: a caption for a colour bar under the grid.
 
-    Relevance that is not finite, and an ``x`` that cannot be drawn, raise :class:`onnx_lrp.InputError`.
+    Relevance that is not finite, and an ``x`` that cannot be drawn, raise `onnx_lrp.InputError`.
     """
     return picture(relevance, x, batch=batch, channel_axis=channel_axis, cmap=cmap, style=style, labels=labels,
                    cols=cols, scale=scale, colorbar=colorbar)
 
 
 def imsave(fp, relevance, x=None, *, format: str | None = None, writer_params: dict | None = None, **options) -> None:
-    """Write :func:`heatmap`'s picture to ``fp`` (a path or a binary file), as ``zennit.image.imsave`` does: the
+    """Write `heatmap`'s picture to ``fp`` (a path or a binary file), as ``zennit.image.imsave`` does: the
     format from the file name's suffix (or ``format``: "PNG", "JPEG", ...), ``writer_params`` passed to Pillow's
-    ``Image.save``; ``options`` are :func:`heatmap`'s."""
+    ``Image.save``; ``options`` are `heatmap`'s."""
     save_picture(heatmap(relevance, x, **options), fp, format, writer_params)
 
 

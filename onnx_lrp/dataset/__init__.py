@@ -14,9 +14,9 @@ command finds the same shards: it skips those the manifest lists (each file writ
 renamed, then added to the manifest) and explains only the rest. A manifest written with another model, composite,
 parameters or source refuses unless ``overwrite=True``.
 
-The package: :mod:`.sources` (what items there are and how one is read), :mod:`.shards` (one shard read, explained
-and written: the task of both engines), :mod:`.local` (the local engine, the manifest, the progress line) and
-:mod:`.ray` (the same shard task on Ray Data actors; :mod:`onnx_lrp.ray` is its public name). This module ties them
+The package: `sources` (what items there are and how one is read), `shards` (one shard read, explained
+and written: the task of both engines), `local` (the local engine, the manifest, the progress line) and
+`ray` (the same shard task on Ray Data actors; `onnx_lrp.ray` is its public name). This module ties them
 together; nothing below it imports it.
 """
 from __future__ import annotations
@@ -44,12 +44,12 @@ ENGINES = ("local", "ray")
 
 def explainer_payload(ex) -> tuple:
     """What runs an Explainer's relevance model in another process without loading or rewriting the model again:
-    the relevance model and the run options (see :meth:`onnx_lrp.run.runner.Runner.payload`)."""
+    the relevance model and the run options (see `onnx_lrp.run.runner.Runner.payload`)."""
     return ex.payload()
 
 
 def explainer_from_payload(payload, device: str | None = None, threads: int | None = None):
-    """A :class:`onnx_lrp.run.runner.Runner` (``explain`` as the Explainer's) from :func:`explainer_payload`; imports
+    """A `onnx_lrp.run.runner.Runner` (``explain`` as the Explainer's) from `explainer_payload`; imports
     neither onnx_ir nor onnx."""
     from ..run.runner import Runner
 
@@ -70,7 +70,7 @@ def _json_target(targets):
 
 @dataclass(frozen=True)
 class DatasetOptions:
-    """How :func:`explain_dataset` runs (besides the model, the source, OUT and the relevance model's options):
+    """How `explain_dataset` runs (besides the model, the source, OUT and the relevance model's options):
     checked once when made, the engine and its sizes refused in one line before any work (Ray: that it is
     installed)."""
 
@@ -106,10 +106,10 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
                     **explainer_options) -> dict:
     """Explain every item of ``source`` into ``out_dir`` (see the module docstring); returns the summary.
 
-    ``explainer_options`` go to :class:`onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
+    ``explainer_options`` go to `onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
     parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
     (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer (or any
-    :class:`onnx_lrp.run.runner.Runner`) built by the caller. The other keywords: :class:`DatasetOptions`.
+    `onnx_lrp.run.runner.Runner`) built by the caller. The other keywords: `DatasetOptions`.
     A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
     shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
     """

@@ -1,5 +1,5 @@
-"""Ray integration (``pip install 'onnx-lrp[ray]'``): :class:`ExplainBatch` for a user's own Ray Data pipeline and
-the ``engine="ray"`` of :func:`onnx_lrp.explain_dataset`.
+"""Ray integration (``pip install 'onnx-lrp[ray]'``): `ExplainBatch` for a user's own Ray Data pipeline and
+the ``engine="ray"`` of `onnx_lrp.explain_dataset`.
 
     import ray, onnx_lrp.ray
     ref = onnx_lrp.ray.relevance_model("model.onnx", composite="epsilon-plus-flat")  # built once, in the object store
@@ -9,7 +9,7 @@ the ``engine="ray"`` of :func:`onnx_lrp.explain_dataset`.
     # on GPU nodes: num_gpus=1 and fn_constructor_kwargs={"relevance_model": ref, "device": "cuda"}
 
 This module is ``onnx_lrp.dataset.ray`` (public as ``onnx_lrp.ray``); of the dataset package it imports only
-:mod:`onnx_lrp.dataset.shards` (the shard task). Every import below is absolute, so ``import ray`` is always the real
+`onnx_lrp.dataset.shards` (the shard task). Every import below is absolute, so ``import ray`` is always the real
 Ray.
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ def relevance_model(model, **explainer_options):
     """Build the relevance model once (load, canonize, rewrite) and put it in Ray's object store.
 
     Returns an ObjectRef to pass as ``ExplainBatch(relevance_model=ref)``: the relevance model and the run options
-    (:meth:`onnx_lrp.run.runner.Runner.payload`, plain data); each actor then imports only numpy, onnxruntime and
-    :mod:`onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
+    (`onnx_lrp.run.runner.Runner.payload`, plain data); each actor then imports only numpy, onnxruntime and
+    `onnx_lrp.run.runner` (not onnx_ir, onnx or the rewriter) and opens one onnxruntime session."""
     from onnx_lrp.run.launch import ExplainOptions, runner
 
     ray = require_ray()
@@ -68,15 +68,15 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
 
 
 class ExplainBatch:
-    """A callable class for ``Dataset.map_batches``: one :class:`onnx_lrp.run.runner.Runner` (one onnxruntime session)
-    per actor; ``explain`` as :meth:`onnx_lrp.Explainer.explain`. ``relevance_model``: what
-    :func:`relevance_model` put in the object store (or a :class:`onnx_lrp.RelevanceModel`, run with default
+    """A callable class for ``Dataset.map_batches``: one `onnx_lrp.run.runner.Runner` (one onnxruntime session)
+    per actor; ``explain`` as `onnx_lrp.Explainer.explain`. ``relevance_model``: what
+    `relevance_model` put in the object store (or a `onnx_lrp.RelevanceModel`, run with default
     options).
 
     Input batches (numpy format) hold one column per model input; a ``target`` column, when present, gives each
     row's class (else ``target``: None = arg-max, or an int). Output: every other input column unchanged (ids
     pass through), ``relevance`` (``relevance/<input>`` for several float inputs), ``target`` and ``output`` (the
-    explained output). A row whose relevance is not finite raises an :class:`onnx_lrp.LrpError` naming it."""
+    explained output). A row whose relevance is not finite raises an `onnx_lrp.LrpError` naming it."""
 
     def __init__(self, model=None, *, relevance_model=None, device: str | None = None, target=None,
                  start: str | None = None, threads: int | None = None, **explainer_options):
@@ -196,7 +196,7 @@ def _actor_options(ray, ex, workers):
 
 
 def run_ray(ex, source, todo, out, options, targets, start, progress) -> None:
-    """The shards ``todo`` on Ray Data actors (``options``: :class:`onnx_lrp.dataset.DatasetOptions`); the manifest
+    """The shards ``todo`` on Ray Data actors (``options``: `onnx_lrp.dataset.DatasetOptions`); the manifest
     is updated here, in the driver, as records arrive.
 
     Actors are restarted and their tasks retried when a worker dies; a shard explained twice (a retry after its

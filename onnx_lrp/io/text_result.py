@@ -1,4 +1,4 @@
-"""What :func:`onnx_lrp.io.text.explain_text` returns: the tokens, one relevance per token, what was explained, and
+"""What `onnx_lrp.io.text.explain_text` returns: the tokens, one relevance per token, what was explained, and
 the views of it (an HTML token heatmap, shown inline in a notebook, and a terminal line)."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class TextExplanation:
     (token classifiers; language models: the position whose next token is explained); ``logit`` the explained
     logit (summed over a continuation's tokens): with ``start="logit"`` the relevance sums to about it.
     ``predictions``: a token classifier's arg-max class name at every token. ``steps``: one record per explained
-    logit; ``explanations``: the :class:`onnx_lrp.Explanation` of each.
+    logit; ``explanations``: the `onnx_lrp.Explanation` of each.
     """
 
     text: str

@@ -32,7 +32,7 @@ DEFAULT_PROB = {"region-perturbation": "softmax", "pixel-flipping": "softmax", "
 
 @dataclass(frozen=True)
 class EvaluateOptions:
-    """How ``evaluate`` scores the explanations (see :func:`evaluate` for each value), checked once when made:
+    """How ``evaluate`` scores the explanations (see `evaluate` for each value), checked once when made:
     an unknown metric, baseline, score or order is refused in one line; ``prob`` None becomes the metric's Quantus
     default."""
 
@@ -97,7 +97,7 @@ class Evaluation:
         return out
 
     def verdict_basis(self) -> str:
-        """The scores the verdict (``beats_random`` of :meth:`summary`) is based on, in words."""
+        """The scores the verdict (``beats_random`` of `summary`) is based on, in words."""
         if self.metric in ("region-perturbation", "pixel-flipping"):
             return ("ABPC > 0 and AOPC (MoRF) above the random order's" if "abpc" in self.scores
                     else "AOPC (MoRF) above the random order's")

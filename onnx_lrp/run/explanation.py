@@ -1,9 +1,9 @@
-"""What one ``explain`` call returns: :class:`Explanation` (the relevance, the outputs, the targets), its short
+"""What one ``explain`` call returns: `Explanation` (the relevance, the outputs, the targets), its short
 ``repr`` and its heatmap picture (``heatmap()``, ``_repr_png_`` for notebooks).
 
 An item given without its batch axis gets every per-item field without one too, as a PyTorch module called on an
-unbatched input answers (zennit and captum return the input's shape): :func:`given_without_batch_axis` tells such a
-call from its inputs, :meth:`Explanation.without_batch_axis` drops the axis.
+unbatched input answers (zennit and captum return the input's shape): `given_without_batch_axis` tells such a
+call from its inputs, `Explanation.without_batch_axis` drops the axis.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Explanation:
     For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
     machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
     computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
-    are apart on the explained output (:class:`onnx_lrp.run.deployed_gap.Gap`; None without a deployed run).
+    are apart on the explained output (`onnx_lrp.run.deployed_gap.Gap`; None without a deployed run).
 
     ``heatmap()`` draws it (a PIL image; a notebook shows the Explanation as that picture).
     """
@@ -160,7 +160,7 @@ class Explanation:
         scaled to its own largest |relevance|; ``style`` ``beside`` draws the input beside it where it is a picture
         (1 or 3 channels), ``overlay`` the heatmap over it, ``heatmap`` the heatmap alone. ``labels``: captions
         under each tile (item, predicted class, target, the explained value and the relevance's sum), and a colour
-        bar. :func:`onnx_lrp.plot.heatmap` draws arrays the same way.
+        bar. `onnx_lrp.plot.heatmap` draws arrays the same way.
         """
         from ..io import heatmap as hm
 
