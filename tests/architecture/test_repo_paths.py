@@ -14,10 +14,7 @@ from util import ROOT  # noqa: E402
 PATH = re.compile(r"(?<![\w./-])((?:onnx_lrp|tests|scripts|cli|rules|docs|benchmarks)/[\w./*<>{}-]*)")
 
 # paths that are examples of a user's files, not of this repository: (file, path)
-USER_FILES = {
-    ("docs/ci-regression.md", "tests/lrp/inputs.npz"),  # a user's CI workflow: their repository's inputs
-    ("docs/ci-regression.md", "tests/lrp/lrp-baseline.npz"),
-}
+USER_FILES: set = set()
 # dead paths in lines another change owns, to be fixed there (drop an entry once its line is fixed)
 FIXED_ELSEWHERE: set = set()  # (file, path) pairs being fixed on another branch (none now)
 
