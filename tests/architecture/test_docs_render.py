@@ -97,6 +97,13 @@ def test_the_reference_renders_no_sphinx_role():
     assert not literal, f"Sphinx roles that render literally (write `name` or [name][dotted.name]): {literal}"
 
 
+def test_the_site_reads_google_docstrings_and_hides_internal_bases():
+    """mkdocstrings parses the style the docstrings are written in, and ``Explainer`` is not shown as "Bases: Runner"."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^\s+docstring_style: google$", config, re.MULTILINE), "docstring_style must be google"
+    assert re.search(r"^\s+show_bases: false$", config, re.MULTILINE), "show_bases: false (Runner is internal)"
+
+
 def test_the_explainer_documents_its_parameters():
     from onnx_lrp.explainer import Explainer
 
