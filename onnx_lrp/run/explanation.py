@@ -20,29 +20,40 @@ NOTEBOOK_ITEMS = 48  # _repr_png_ draws at most this many items (as the CLI's --
 
 @dataclass(repr=False)
 class Explanation:
-    """What one ``explain`` call returns.
+    """What one `explain` call returns: the relevance, the model's outputs and what was explained.
 
-    ``relevance`` has the shape of ``x`` as given, with or without its batch axis (a dict by input name when the
-    model has several float inputs); ``outputs`` holds the model's outputs by name; ``target`` the explained index
-    per batch item (into the explained output flattened per item); ``relevance_at`` the relevance of tensors asked
-    for by name. For sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), ``position`` holds the
-    explained position per item and ``target`` the class at that position. For integer inputs (token ids),
-    ``relevance`` is per token: the relevance at the output of their embedding lookups, summed over the embedding
-    dimension.
+    One item given without its batch axis (every input one axis short of the model's, e.g. an image [C, H, W] for a
+    model of [N, C, H, W]; for a dict, every input so) gets every per-item field without one too, as a PyTorch
+    module called on an unbatched input answers: `batched` is False, `relevance` is [C, H, W], `target`,
+    `position` and `explained_value` are numpy scalars, and `outputs`, `forward` and `relevance_at` lose their
+    leading axis of length 1. (Tensors returned as onnxruntime `OrtValue`s, for an `OrtValue` input, keep the
+    axis.)
 
-    One item given without its batch axis (every input one axis short of the model's, e.g. an image [C, H, W] for
-    a model of [N, C, H, W]; for a dict, every input so): ``batched`` is False and no per-item field has a batch
-    axis either: ``relevance`` is [C, H, W], ``target``, ``position`` and ``explained_value`` are numpy scalars, and
-    ``outputs``, ``forward`` and ``relevance_at`` lose their leading axis of length 1 (the logits [K], not [1, K]);
-    as a PyTorch module called on an unbatched input answers. (Tensors returned as onnxruntime ``OrtValue``s, for
-    an ``OrtValue`` input, keep the axis: an OrtValue cannot be viewed in another shape.)
+    For quantized and float16 models `outputs` are the deployed model's, as onnxruntime computes them on this
+    machine from the file as written; `forward` holds the outputs of the explained forward the relevance is
+    computed on.
 
-    For quantized and float16 models ``outputs`` are the deployed model's, as onnxruntime computes them on this
-    machine from the file as written; ``forward`` holds the outputs of the explained forward the relevance is
-    computed on (the float path; the same dict as ``outputs`` for other models), and ``deployed_gap`` how far the two
-    are apart on the explained output (`onnx_lrp.run.deployed_gap.Gap`; None without a deployed run).
+    Attributes:
+        relevance: the relevance, in the shape of `x` as given (a dict by input name when the model has several
+            float inputs). For integer inputs (token ids) one value per token: the relevance at the output of
+            their embedding lookup, summed over the embedding dimension.
+        outputs: the model's outputs by name.
+        target: the explained index per item (into the explained output flattened per item; for sequence
+            outputs, the class at `position`).
+        relevance_at: the relevance of the tensors asked for with `relevance_at=`, by name.
+        explained_output: the name of the explained output.
+        position: for sequence outputs (rank >= 3, e.g. a causal LM's logits N x T x V), the explained position
+            per item; None otherwise.
+        explained_value: the explained tensor at the target per item: the logit (before a softmax).
+        ledger: with `Explainer(ledger=True)`, the relevance entering and leaving every node
+            (`{"entering": [K], "leaving": [K]}`, summed over the batch); None otherwise.
+        forward: the explained forward's outputs (the same dict as `outputs` for a float model).
+        deployed_gap: how far the deployed outputs are from the explained forward on the explained output
+            (quantized and float16 models); None without a deployed run.
+        batched: False when one item was given without its batch axis.
+        inputs: the model's inputs as fed, by name, with the batch axis (what `heatmap()` draws).
 
-    ``heatmap()`` draws it (a PIL image; a notebook shows the Explanation as that picture).
+    `heatmap()` draws it (a PIL image; a notebook shows the Explanation as that picture).
     """
 
     relevance: object

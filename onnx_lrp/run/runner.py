@@ -247,11 +247,25 @@ class Runner:
         return np.ascontiguousarray(t), np.ascontiguousarray(pos)
 
     def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
-        """Relevance of the inputs for ``target`` (None: arg-max per item; an int; one int per item).
+        """The relevance of the inputs for `target`.
 
-        Sequence outputs (rank >= 3, N x T x C...): ``target`` is a class at ``position`` (an index along axis 1;
-        default: the last position, as for a causal LM's next-token logits), or a ``(position, class)`` tuple;
-        None takes the arg-max class at that position.
+        Args:
+            x (ndarray | dict): an array for a model with one input, or a dict of arrays by input name; with or without the batch
+                axis (one item without it gets an `Explanation` without it too).
+            target (int | list | tuple | None): None (default: the arg-max per item), an int for every item, or one int per item. For
+                sequence outputs (rank >= 3, N x T x C...) a class at `position`, or a `(position, class)` tuple;
+                None takes the arg-max class at that position.
+            start: the start relevance, `"logit"` (the target's output value) or `"one-hot"` (1); default: the
+                Explainer's `start`.
+            position (int | None): for sequence outputs, the position along axis 1 (default: the last one, as for a causal
+                LM's next-token logits).
+
+        Returns:
+            Explanation: the relevance, the outputs and what was explained.
+
+        Raises:
+            InputError: an input, a target or a position that does not fit the model.
+            NumericError: relevance that is not finite (or not conserved, with `strict=True`).
         """
         m, start = self.relevance_model, start or self.options.start
         if start not in ("logit", "one-hot"):
