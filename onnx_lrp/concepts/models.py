@@ -46,8 +46,8 @@ class Models:
                 model = self._load()
                 build(model)
                 parts = loader.serialize_parts(model)  # a large model: its weights stay in their files
-            self.sessions[key] = runtime.Session(parts.model_bytes, self.device, self.threads,
-                                                 data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack,
+            external = runtime.ExternalData(parts.folder, parts.arrays, parts.prepack)
+            self.sessions[key] = runtime.Session(parts.model_bytes, self.device, self.threads, external=external,
                                                  **self.settings)
         return self.sessions[key]
 
