@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cli.regress import _drift_picture
+from onnx_lrp.cli.regress import _drift_picture
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.regression.compare import Sample
 
