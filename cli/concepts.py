@@ -9,7 +9,7 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
-from onnx_lrp.core.files import require_suffix
+from onnx_lrp.core.files import printable, require_suffix
 from onnx_lrp.core.validate import check_npy
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind
@@ -60,10 +60,24 @@ def _build(model, options: dict, pre, inputs=None, source: bool = False):
 
 
 def _layer_help(ex) -> None:
+    """Every tensor --layer accepts, one per line with its op and shape: the layers (Conv/Gemm/MatMul outputs, the
+    usual choice) first, then the others (activations, pooling, sums, moves) on the way to the explained output."""
     from onnx_lrp import concepts as crp
 
-    for name in crp.layer_names(crp.models_of(ex).graph()):
-        click.echo(name)
+    models = crp.models_of(ex)
+    graph = models.graph()
+    values = {v.name: v for n in graph for v in n.outputs}
+    accepted = models.tensors()
+    layers = [n for n in crp.layer_names(graph) if n in set(accepted)]
+    others = [n for n in accepted if n not in set(layers)]
+    width = max(map(len, accepted), default=0)
+    for title, names in ((f"layers (Conv/Gemm/MatMul outputs): {len(layers)}", layers),
+                         (f"other tensors accepted (activations, pooling, sums, moves): {len(others)}", others)):
+        click.echo(title)
+        for name in names:
+            v = values[name]
+            shape = "x".join(str(d) for d in v.shape) if v.shape is not None else "?"
+            click.echo(f"  {printable(name):<{width}}  {v.producer().op_type:<12} {shape}")
 
 
 def concept_picture(res, x: np.ndarray, full: np.ndarray, scale: int | None = None):
@@ -117,7 +131,7 @@ LAYER = "/features/features.6/Conv_output_0"
 @click.option("--heatmap", "heatmap_path", default=None, metavar="FILE.png",
               help="Input, heatmap and one tile per concept.")
 @click.option("-o", "--out", "out", default=None, metavar="OUT.npz", help="Heatmaps, shares, concepts, record.")
-@click.option("--list-layers", is_flag=True, help="List MODEL's layer tensors and exit.")
+@click.option("--list-layers", is_flag=True, help="List the tensors --layer accepts and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @common
 @input_options
@@ -163,7 +177,8 @@ def concepts(model, input_path, **options):
     click.echo(f"class {res.target} (logit {res.logit:.4g}), layer {layer}, "
                f"{'excluding' if res.exclude_parallel else 'including'} parallel paths:")
     for r in rows:
-        click.echo(f"  channels {','.join(map(str, r['channels'])):>12}: share {r['share']:+.2%}")
+        word = "channel " if len(r["channels"]) == 1 else "channels"
+        click.echo(f"  {word} {','.join(map(str, r['channels'])):>12}: share {r['share']:+.2%}")
     for p in (heatmap_path, out):
         if p:
             click.echo(f"wrote {p}")

@@ -22,7 +22,7 @@ def dataset_options(f):
     """--out-dir (switches explain into dataset mode) and its engine options; read by :func:`dataset_mode`."""
     opts = [
         click.option("--out-dir", "out_dir", default=None, metavar="OUT",
-                     help="A dataset into shards (docs/dataset.md)."),
+                     help="A dataset into shards (see the docs)."),
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Dataset mode: run here (threads read and write around onnxruntime) or on Ray Data "
                           "(pip install 'onnx-lrp[ray]')."),

@@ -58,23 +58,26 @@ EXAMPLES = [
     "    --heatmap digits.png -o digits.npz",
     "onnx-lrp explain resnet18.onnx cat.jpg --mean 0.485,0.456,0.406 \\",
     "    --std 0.229,0.224,0.225 -c epsilon-gamma-box --heatmap cat.heat.png",
+    "onnx-lrp explain models/text/sentiment.onnx --text \"a gripping, funny film\"",
+    "onnx-lrp explain model.onnx images/ --out-dir relevance/   # a dataset",
 ]
+DOCS = ("Image models", "Text and transformers", "Explaining a whole dataset")
 SECTIONS = [
     ("What to explain", ["target", "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
     ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
     ("Outputs", ["out", "heatmap_path", Row(("cmap", "heatmap_style"), "Heatmap colours and layout.",
                                             left="--cmap, --heatmap-style"), "as_json"]),
-    ("Running", [Row(TEXT_KEYS, "A text instead of INPUT (docs/text.md)."),
+    ("Running", [Row(TEXT_KEYS, "A text instead of INPUT (see the docs)."),
                  Row(("tokens_path", "html_path", "token_scale"), "Token views of token-id arrays."),
                  Row(("device", "tf32"), "cpu (default), cuda or auto; TF32 on CUDA.", left="--device D, --tf32"),
                  "batch_size",
                  Row(("precision", "precise"), "Numerics of float16 and deep models.", left="--precision P, --precise"),
                  "strict",
-                 "out_dir", Row(DATASET_KEYS[1:], "Dataset mode's settings (docs/dataset.md).")]),
+                 "out_dir", Row(DATASET_KEYS[1:], "Dataset mode's settings.")]),
 ]
 
 
-@click.command("explain", cls=Command, examples=EXAMPLES, sections=SECTIONS)
+@click.command("explain", cls=Command, examples=EXAMPLES, sections=SECTIONS, docs=DOCS)
 @click.argument("model", metavar="MODEL")
 @click.argument("input_path", metavar="[INPUT]", required=False)
 @common

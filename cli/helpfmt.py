@@ -1,9 +1,9 @@
 """Help that fits a screen: a command's options in titled sections, related options on one row, examples first.
 
-``@click.command("explain", cls=Command, examples=[...], sections=[...])``: ``sections`` is a list of
+``@click.command("explain", cls=Command, examples=[...], sections=[...], docs=[...])``: ``sections`` is a list of
 ``(title, rows)``; a row is an option's name (the Python name of its parameter), or a :class:`Row` that puts several
 options on one line with a help of its own. Options a section does not list are shown under "Other options", so
-none is ever hidden. Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/cli/test_cli_door.py).
+none is ever hidden. ``docs``: the titles of the documentation pages the help points to (last, with its address). Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/cli/test_cli_door.py).
 """
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ from dataclasses import dataclass
 
 import click
 
+DOCS_URL = "https://github.com/onnx-lrp/onnx-lrp/tree/main/docs"  # pyproject.toml's Documentation; `mkdocs serve`
 RANGE_NOTE = re.compile(r"\s*\[[-0-9.e]*<?=?x[<>]=?[-0-9.e]*\]$")
 LEFT_MAX = 30  # width of the option column; longer option names put their help on the next line
 
 
 @dataclass(frozen=True)
 class Row:
-    """Several options on one help row: ``names`` (parameter names), the ``help`` of the row, and the ``left`` text
-    (default: the options' flags joined by ", ", then the last one's metavar)."""
+    """Several options on one help row: ``names`` (parameter names), the ``help`` of the row, and the ``left`` text.
+    The left column shows each option's syntax: ``left`` where it names a value after every option that takes one
+    (``--mean/--std F[,F...]``), else the options with their metavars, those of one metavar side by side
+    (``--constant NAME=VALUE, --input-shape NAME=DxD...``, ``--epsilon/--gamma/--stabilizer FLOAT``)."""
 
     names: tuple
     help: str
@@ -41,22 +44,60 @@ def _metavar(param, ctx) -> str:
         return param.make_metavar()
 
 
-def _left(row: Row, params: dict, ctx) -> str:
-    if row.left is not None:
-        return row.left
-    present = [params[n] for n in row.names if n in params]
-    if not present:
+CHOICE_MAX = 16  # a longer list of choices shows as NAME on a row of several options (the option's help lists them)
+
+
+def _value(param, ctx) -> str:
+    """What follows the option on the command line ("" for a flag): its metavar, shortened for a row."""
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
         return ""
-    meta = "" if getattr(present[-1], "is_flag", False) else _metavar(present[-1], ctx)
-    return ", ".join(_flags(p) for p in present) + (f" {meta}" if meta else "")
+    meta = _metavar(param, ctx)
+    if isinstance(param.type, click.Choice) and len(meta) > CHOICE_MAX:
+        return "NAME"
+    return "N" if isinstance(param.type, click.IntRange) else meta
+
+
+def _syntax(present: list, ctx) -> str:
+    """``--a/--b META, --flag``: each option with its value, options of one value side by side."""
+    groups: list[tuple[list, str]] = []
+    for p in present:
+        value = _value(p, ctx)
+        if groups and value and groups[-1][1] == value:
+            groups[-1][0].append(_flags(p))
+        else:
+            groups.append(([_flags(p)], value))
+    return ", ".join("/".join(flags) + (f" {value}" if value else "") for flags, value in groups)
+
+
+def _shows_syntax(left: str, present: list, ctx) -> bool:
+    """Whether ``left`` names a value after each option that takes one (through ``--a/--b VALUE``)."""
+    for p in present:
+        if _value(p, ctx) and not re.search(re.escape(_flags(p)) + r"(?:/--[\w-]+)*[ =][^-\s,]", left):
+            return False
+    return True
+
+
+def _left(row: Row, params: dict, ctx) -> str:
+    present = [params[n] for n in row.names if n in params]
+    if row.left is not None and _shows_syntax(row.left, present, ctx):
+        return row.left
+    return _syntax(present, ctx) if present else ""
 
 
 class HelpMixin:
     """The help layout shared by :class:`Command` and :class:`Group`."""
 
-    def _init_help(self, examples, sections):
+    def _init_help(self, examples, sections, docs=()):
         self.examples = list(examples or ())
         self.sections = list(sections or ())
+        self.docs = tuple(docs or ())
+
+    def format_epilog(self, ctx, formatter):
+        """``docs``: the titles of the documentation pages that say more, with where the documentation is."""
+        super().format_epilog(ctx, formatter)
+        if self.docs:
+            formatter.write_paragraph()
+            formatter.write(f"Docs: {', '.join(repr(t) for t in self.docs)}\n  at {DOCS_URL}\n")
 
     def format_help(self, ctx, formatter):
         self.format_usage(ctx, formatter)
@@ -125,9 +166,9 @@ def _write_rows(formatter, rows) -> None:
 class Command(HelpMixin, click.Command):
     """A click command with :class:`HelpMixin`'s layout: ``examples=[...]``, ``sections=[...]``."""
 
-    def __init__(self, *args, examples=(), sections=(), **kw):
+    def __init__(self, *args, examples=(), sections=(), docs=(), **kw):
         super().__init__(*args, **kw)
-        self._init_help(examples, sections)
+        self._init_help(examples, sections, docs)
 
 
 class Group(HelpMixin, click.Group):
@@ -135,9 +176,9 @@ class Group(HelpMixin, click.Group):
 
     command_class = Command
 
-    def __init__(self, *args, examples=(), sections=(), **kw):
+    def __init__(self, *args, examples=(), sections=(), docs=(), **kw):
         super().__init__(*args, **kw)
-        self._init_help(examples, sections)
+        self._init_help(examples, sections, docs)
 
 
 __all__ = ["Command", "Group", "Row"]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
-import numpy as np
 
 from onnx_lrp import regression as rg
 from onnx_lrp.core.errors import InputError, OutputError
@@ -23,6 +22,7 @@ from onnx_lrp.core.interface import FORWARD_PREFIX
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind, model_channel_axis
 from onnx_lrp.metrics import tracking
+from onnx_lrp.regression.html import drift_image
 from onnx_lrp.run import deployed_gap as gaps
 from onnx_lrp.run.batches import explain_all
 
@@ -174,19 +174,18 @@ def _write_reports(compared: _Compared, context, files: dict, suite, faith=None)
 
 
 def _drift_picture(s, rb, rc):
-    """Baseline, current and difference heatmaps of one sample, with its figures in the captions."""
+    """Baseline and current heatmaps of one sample (each on its own scale) and their difference on the baseline's
+    scale (the HTML report's tile: a small drift stays near white), with its figures in the captions."""
     i = s.index
-    maps = np.stack([rb[i], rc[i], rc[i] - rb[i]])
     m = s.metrics
     pred = f"pred {s.predicted_baseline}" + ("" if s.predicted_current == s.predicted_baseline
                                              else f" -> {s.predicted_current}")
     labels = [[f"baseline: {s.item}", f"target {s.target}, {pred}"],
               ["current", rg.sample_status(s)[:200]],
-              ["difference (current - baseline)",
+              ["difference, on the baseline's scale",
                f"cos {m['cosine']:.3f}  rel-L2 {m['rel_l2']:.3f}  out {m['output_diff']:.2g}"]]
-    big = hm.tile_scale(*maps.shape[1:], 200)
-    return hm.render(maps, None, style="heatmap", cols=3, labels=labels, scale=big,
-                     colorbar="each tile scaled to its own largest |relevance|")
+    return drift_image(rb[i], rc[i], labels, size=200,
+                       colorbar="baseline, current: each its own largest |R|; difference: the baseline's")
 
 
 def _faith_plot(faith, context):

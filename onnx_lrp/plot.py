@@ -15,7 +15,7 @@ right end; the colour maps are zennit's (``CMAPS``). Pillow is the only dependen
 from __future__ import annotations
 
 from .io.heatmap import CMAPS as _CMAPS
-from .io.heatmap import STYLES, picture, save_picture
+from .io.heatmap import STYLES, Look, picture, save_picture
 
 CMAPS = tuple(_CMAPS)  # the colour maps' names: bwr (default), coldnhot, seismic, france, coolio, coleus, gray, ...
 
@@ -38,8 +38,8 @@ def heatmap(relevance, x=None, *, batch: bool = True, channel_axis: int | None =
 
     Relevance that is not finite, and an ``x`` that cannot be drawn, raise `onnx_lrp.InputError`.
     """
-    return picture(relevance, x, batch=batch, channel_axis=channel_axis, cmap=cmap, style=style, labels=labels,
-                   cols=cols, scale=scale, colorbar=colorbar)
+    return picture(relevance, x, Look(batch=batch, channel_axis=channel_axis, cmap=cmap, style=style, labels=labels,
+                                      cols=cols, scale=scale, colorbar=colorbar))
 
 
 def imsave(fp, relevance, x=None, *, format: str | None = None, writer_params: dict | None = None, **options) -> None:

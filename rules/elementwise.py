@@ -86,7 +86,13 @@ class Gradient(Rule):
     def fits_activation(self, op):
         if op.has_derivative():
             return None
-        return f"the gradient rule is not implemented for {', '.join(op.op_types[:3])} (use pass)"
+        if len(op.op_types) == 1:
+            what = op.op_types[0]
+        elif op.op_types:  # one handler for several ops: the node's op type is in the line's prefix
+            what = "this element-wise op"
+        else:  # onnx_lrp.lrp.ops.transformer.ElementwiseOfOne, on the pattern's Mul or Div
+            what = "this function of one tensor written as a product (x * sigmoid(x), a GELU chain, x / (1 + |x|))"
+        return f"the gradient rule needs the derivative of {what}, which onnx-lrp does not have (use pass)"
 
     def propagate_one(self, em, layer, r_out):
         return engine().gradient(em, layer, r_out)

@@ -6,6 +6,8 @@
 * comparisons: ``rel_l2`` (one number for whole arrays) and ``rel_l2_items`` (one per item, axis 0); ``f32_tol`` (an
   absolute tolerance of a few float32 steps at the compared values' magnitude) and ``assert_close`` (numpy's
   ``assert_allclose`` with ``atol`` never below it);
+* ``explain``: the one explain helper (an Explainer of a path, bytes or a ModelProto, run on ``x``; box bounds for box
+  composites, the LrpWarnings raised on request);
 * ``explain_probe``: a model's relevance with a linear probe on its outputs (the relevance entering them is known);
 * numpy references (``conv_matrix``, ``stab``).
 """
@@ -102,6 +104,36 @@ def add_probe(model: onnx.ModelProto, outs, cs, keep_outputs: bool = False, batc
     if keep_outputs:
         g.output.extend(old)
     return m
+
+
+def explain(model, x, composite: str = "epsilon", target=None, *, box=None, position=None, warned: bool = False,
+            **kw):
+    """``onnx_lrp.Explainer(model, composite=composite, **kw).explain(x, target=target)``: the Explanation.
+
+    ``model``: a path (str or Path), bytes or an ``onnx.ModelProto``; ``box``: ``(low, high)`` given to a composite
+    whose name says ``box`` (the others get none); ``position``: explain's (sequence outputs); ``warned``: return
+    ``(Explanation, [message of each LrpWarning raised while building and explaining])``."""
+    import warnings
+
+    import onnx_lrp
+
+    if isinstance(model, onnx.ModelProto):
+        model = to_bytes(model)
+    elif isinstance(model, Path):
+        model = str(model)
+    if box is not None and "box" in (composite if isinstance(composite, str) else getattr(composite, "name", "")):
+        kw = dict(kw, low=box[0], high=box[1])
+    extra = {} if position is None else {"position": position}
+
+    def run_it():
+        return onnx_lrp.Explainer(model, composite=composite, **kw).explain(x, target=target, **extra)
+
+    if not warned:
+        return run_it()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = run_it()
+    return res, [str(w.message) for w in seen if issubclass(w.category, onnx_lrp.LrpWarning)]
 
 
 def probe_explainer(model: onnx.ModelProto, outs, cs, composite, batch: int, keep_outputs: bool = False, **kw):

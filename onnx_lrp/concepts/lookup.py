@@ -2,6 +2,8 @@
 name and the nearest layers upstream of a layer."""
 from __future__ import annotations
 
+import difflib
+
 import onnx_ir as ir
 
 from ..core.errors import InputError
@@ -22,6 +24,30 @@ def listing(names: list[str], limit: int = 30) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
+def tensor_values(graph: ir.Graph) -> list[ir.Value]:
+    """Every tensor :func:`find_tensor` accepts (a float activation computed from the inputs, of known rank), in
+    graph order."""
+    return [o for n in graph for o in n.outputs if carries(o) and o.shape is not None]
+
+
+def tensor_names(graph: ir.Graph) -> list[str]:
+    return [v.name for v in tensor_values(graph)]
+
+
+def closest(name: str, names: list[str], layers: list[str], limit: int = 5) -> str:
+    """``names`` nearest to ``name`` for a refusal, in one line: those containing it (case aside), layers first, else
+    difflib's closest; with none close, the layers (at most ``limit``)."""
+    low = name.lower()
+    near = [n for n in names if low and low in n.lower()]
+    ratio = lambda n: difflib.SequenceMatcher(None, low, n.lower()).ratio()  # noqa: E731
+    near = sorted(near, key=lambda n: (n not in layers, -ratio(n)))
+    near = near or difflib.get_close_matches(name, names, n=limit, cutoff=0.5)
+    if near:
+        return f"the closest: {', '.join(near[:limit])}" + (f" ({len(near)} contain {name!r})" if len(near) > limit
+                                                             else "")
+    return f"its layers (Conv/Gemm/MatMul outputs): {listing(layers, limit)}"
+
+
 def find_tensor(graph: ir.Graph, name: str, what: str = "layer") -> ir.Value:
     """The value computed by a node under ``name``; an InputError listing the layers when there is none."""
     if not isinstance(name, str):
@@ -36,8 +62,9 @@ def find_tensor(graph: ir.Graph, name: str, what: str = "layer") -> ir.Value:
                     raise InputError(f"{what} {name!r} has no known rank (shape inference could not reach it); "
                                      f"name another tensor; the model's layers are: {listing(layer_names(graph))}")
                 return o
-    raise InputError(f"no tensor named {name!r} in the model; its layers (Conv/Gemm/MatMul outputs) are: "
-                     f"{listing(layer_names(graph))}")
+    raise InputError(f"no tensor named {name!r} in the model; "
+                     f"{closest(name, tensor_names(graph), layer_names(graph))} (`onnx-lrp concepts MODEL "
+                     "--list-layers` lists every tensor accepted)")
 
 
 def input_layers(graph: ir.Graph, name: str, layers: list[str] | None = None) -> list[str]:
@@ -63,4 +90,4 @@ def input_layers(graph: ir.Graph, name: str, layers: list[str] | None = None) ->
     return found
 
 
-__all__ = ["LAYER_OPS", "layer_names", "listing", "find_tensor", "input_layers"]
+__all__ = ["LAYER_OPS", "layer_names", "listing", "tensor_values", "tensor_names", "closest", "find_tensor", "input_layers"]

@@ -14,7 +14,7 @@ from ..core.relevance_model import BuildSource
 from ..lrp import rewriter
 from ..rules.composite import load_composite
 from ..run import runtime
-from .lookup import find_tensor, layer_names, listing
+from .lookup import find_tensor, layer_names, listing, tensor_values
 from .variants import build_masked, build_seeded, build_upper
 
 
@@ -46,23 +46,34 @@ class Models:
                 model = self._load()
                 build(model)
                 parts = loader.serialize_parts(model)  # a large model: its weights stay in their files
-            self.sessions[key] = runtime.Session(parts.model_bytes, self.device, self.threads,
-                                                 data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack,
+            external = runtime.ExternalData(parts.folder, parts.arrays, parts.prepack)
+            self.sessions[key] = runtime.Session(parts.model_bytes, self.device, self.threads, external=external,
                                                  **self.settings)
         return self.sessions[key]
 
     def check_below(self, names) -> None:
         """Every tensor in ``names`` exists and lies on the way to the explained tensor (or is it)."""
         graph = self.graph()
-        if self._below is None:
-            y, _ = rewriter.explained_value(graph, self.source.options.output, self.source.options.explain_logits)
-            self._below = (y.name, ancestors(y, carries).values)  # what relevance starting at y reaches
-        y_name, reached = self._below
+        y_name, reached = self._reached()
         for name in names:
             if id(find_tensor(graph, name)) not in reached:
                 layers = [n for n in layer_names(graph) if id(find_tensor(graph, n)) in reached]
                 raise InputError(f"tensor {name!r} is not on the way to the explained tensor {y_name!r} (no relevance "
                                  f"reaches it); name one below it: {listing(layers)}")
+
+    def _reached(self):
+        """(the explained tensor's name, the ids of the values relevance starting at it reaches)."""
+        if self._below is None:
+            graph = self.graph()
+            y, _ = rewriter.explained_value(graph, self.source.options.output, self.source.options.explain_logits)
+            self._below = (y.name, ancestors(y, carries).values)
+        return self._below
+
+    def tensors(self) -> list[str]:
+        """Every tensor a concept layer (or a recorded tensor) may name: accepted by ``find_tensor`` and on the way
+        to the explained tensor, in graph order."""
+        _, reached = self._reached()
+        return [v.name for v in tensor_values(self.graph()) if id(v) in reached]
 
     def upper(self, layer: str):
         self.check_below([layer])

@@ -263,19 +263,56 @@ def cell_box(index: int, n: int, h: int, w: int, style: str = "heatmap", cols: i
     return x0, y0, x0 + g.tw, y0 + g.th
 
 
-def picture(relevance, x=None, *, batch: bool = True, channel_axis: int | None = None, cmap: str = "bwr",
-            style: str = "beside", labels=None, cols: int | None = None, scale: int | None = None,
-            colorbar: str | None = None):
-    """One PIL image of ``relevance`` (and ``x``, the input it explains, for the ``beside`` / ``overlay`` styles).
+@dataclass(frozen=True)
+class Look:
+    """How :func:`picture` draws: ``batch`` (the first axis counts the items), ``channel_axis`` (None: 1 unless the
+    shape looks channels-last), ``cmap``, ``style``, ``labels`` (per item a list of caption lines), ``cols``,
+    ``scale`` and ``colorbar`` (a caption for the colour bar): :func:`render`'s options."""
 
-    ``batch=True``: the first axis counts the items, one tile each: [N, C, H, W] (summed over ``channel_axis``),
-    [N, H, W], or [N, F] (a strip per item); ``batch=False``: one item without it ([C, H, W], [H, W], [F]).
-    ``channel_axis`` (4-D relevance): None takes 1 unless the shape looks channels-last (last axis 1 or 3, the
+    batch: bool = True
+    channel_axis: int | None = None
+    cmap: str = "bwr"
+    style: str = "beside"
+    labels: tuple | list | None = None
+    cols: int | None = None
+    scale: int | None = None
+    colorbar: str | None = None
+
+
+def picture(relevance, x=None, look: Look = Look()):
+    """One PIL image of ``relevance`` (and ``x``, the input it explains, for the ``beside`` / ``overlay`` styles),
+    drawn as ``look`` says.
+
+    ``look.batch=True``: the first axis counts the items, one tile each: [N, C, H, W] (summed over the channel
+    axis), [N, H, W], or [N, F] (a strip per item); ``batch=False``: one item without it ([C, H, W], [H, W], [F]).
+    ``look.channel_axis`` (4-D relevance): None takes 1 unless the shape looks channels-last (last axis 1 or 3, the
     second not). ``x``: the same layout as ``relevance``, 1 or 3 channels (grey or RGB, each item scaled to its own
     range); other arrays are refused, as are relevance values that are not finite. The rest is :func:`render`'s.
     """
-    from .inputs import channels_last
+    r, x = _items(relevance, x, look.batch)
+    channel_axis = look.channel_axis
+    if channel_axis is None:
+        from .inputs import channels_last
 
+        channel_axis = -1 if channels_last(r.shape) else 1
+    maps = relevance_maps(r, channel_axis)
+    images = None
+    if x is not None:
+        x = np.asarray(x)
+        images = display_images(x, channel_axis) if x.shape == r.shape and x.dtype.kind in "fiub" else None
+        if images is None:
+            raise InputError(f"x of shape {'x'.join(map(str, x.shape))} cannot be drawn beside relevance of shape "
+                             f"{'x'.join(map(str, r.shape))}: it needs the relevance's shape, [N, C, H, W] with 1 "
+                             "or 3 channels; leave x out to draw the heatmap alone")
+    labels = look.labels
+    if labels is not None and len(labels) != len(maps):
+        raise InputError(f"{len(labels)} labels for {len(maps)} item(s); give one list of caption lines per item")
+    return render(maps, images, cmap=look.cmap, style=look.style, cols=look.cols, scale=look.scale, labels=labels,
+                  colorbar=look.colorbar)
+
+
+def _items(relevance, x, batch: bool):
+    """``relevance`` (and ``x``) with a batch axis, checked drawable: numeric, finite, 2 to 4 axes."""
     r = np.asarray(relevance)
     if r.dtype.kind not in "fiu":
         raise InputError(f"relevance of dtype {r.dtype} cannot be drawn; give a numeric array")
@@ -288,20 +325,7 @@ def picture(relevance, x=None, *, batch: bool = True, channel_axis: int | None =
         shape = "x".join(map(str, r.shape[0 if batch else 1:]))
         raise InputError(f"cannot draw relevance of shape {shape or 'scalar'}" + (" per item" if not batch else "") +
                          "; heatmaps need [N, C, H, W], [N, H, W] or [N, F] (batch=False: one item without N)")
-    if channel_axis is None:
-        channel_axis = -1 if channels_last(r.shape) else 1
-    maps = relevance_maps(r, channel_axis)
-    images = None
-    if x is not None:
-        x = np.asarray(x)
-        images = display_images(x, channel_axis) if x.shape == r.shape and x.dtype.kind in "fiub" else None
-        if images is None:
-            raise InputError(f"x of shape {'x'.join(map(str, x.shape))} cannot be drawn beside relevance of shape "
-                             f"{'x'.join(map(str, r.shape))}: it needs the relevance's shape, [N, C, H, W] with 1 "
-                             "or 3 channels; leave x out to draw the heatmap alone")
-    if labels is not None and len(labels) != len(maps):
-        raise InputError(f"{len(labels)} labels for {len(maps)} item(s); give one list of caption lines per item")
-    return render(maps, images, cmap=cmap, style=style, cols=cols, scale=scale, labels=labels, colorbar=colorbar)
+    return r, x
 
 
 def save_picture(image, fp, format: str | None = None, writer_params: dict | None = None) -> None:
@@ -318,4 +342,4 @@ def save_picture(image, fp, format: str | None = None, writer_params: dict | Non
 
 __all__ = ["CMAPS", "DIVERGING", "IMAGE_FORMATS", "MAX_COLS", "STYLES", "apply_cmap", "cell_box", "colorize",
            "colormap", "display_images",
-           "picture", "relevance_maps", "render", "save_picture", "symmetric", "tile_scale"]
+           "Look", "picture", "relevance_maps", "render", "save_picture", "symmetric", "tile_scale"]

@@ -35,8 +35,8 @@ class Forward:
         graph.outputs.append(value)
         parts = load.serialize_parts(ir_model)  # a large model: its weights stay in their files
         # the deployed arithmetic (onnxruntime's defaults: its int8 kernels for a quantized model), as in production
-        self.session = runtime.Session(parts.model_bytes, device, deployed=True, data_folder=parts.folder,
-                                       arrays=parts.arrays, prepack=parts.prepack)
+        self.session = runtime.Session(parts.model_bytes, device, deployed=True,
+                                       external=runtime.ExternalData(parts.folder, parts.arrays, parts.prepack))
         self.input_name = input_name
         self.tensor = tensor
         self.prob = prob

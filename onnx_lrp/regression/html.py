@@ -116,19 +116,25 @@ def difference(base: np.ndarray, cur: np.ndarray) -> np.ndarray:
     return np.clip(0.5 + 0.5 * d / peak, 0.0, 1.0)
 
 
-def _sample_image(b: np.ndarray, c: np.ndarray):
-    """Baseline and current, each on its own scale, and their difference on the baseline's (:func:`difference`)."""
+def drift_image(b: np.ndarray, c: np.ndarray, labels, size: int = 160, colorbar: str | None = None):
+    """Baseline and current, each on its own scale, and their difference on the baseline's (:func:`difference`):
+    three tiles in a row, ``labels`` a list of caption lines under each, the longer side of a tile >= ``size``
+    pixels (the HTML report's pictures and ``check --heatmap-dir``'s)."""
     maps = np.stack([b, c, c - b])
-    scale = hm.tile_scale(*maps.shape[1:], 160)
-    image = hm.render(maps, None, style="heatmap", cols=3, labels=[["baseline"], ["current"], ["difference"]],
-                      scale=scale)
-    left, top, right, bottom = hm.cell_box(2, 3, *maps.shape[1:], cols=3, scale=scale, caption_lines=1)
+    scale = hm.tile_scale(*maps.shape[1:], size)
+    image = hm.render(maps, None, style="heatmap", cols=3, labels=labels, scale=scale, colorbar=colorbar)
+    lines = max(len(x) for x in labels)
+    left, top, right, bottom = hm.cell_box(2, 3, *maps.shape[1:], cols=3, scale=scale, caption_lines=lines)
     tile = hm.apply_cmap(difference(b, c))
     tile = np.repeat(np.repeat(tile, scale, axis=0), scale, axis=1)
     pixels = np.asarray(image).copy()
     pixels[top:bottom, left:right] = tile
     from PIL import Image
     return Image.fromarray(pixels, mode="RGB")
+
+
+def _sample_image(b: np.ndarray, c: np.ndarray):
+    return drift_image(b, c, [["baseline"], ["current"], ["difference"]])
 
 
 def _pictures(comp: Comparison, base_maps, cur_maps, limit: int) -> list[str]:

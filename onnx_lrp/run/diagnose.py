@@ -54,9 +54,9 @@ def diagnostic_session(relevance_model: RelevanceModel, device: str, settings: d
                 have.add(id(v))
     graph.outputs.extend(extra)
     forward = [(n.name, n.op_type, o.name) for n, o in forward]
-    session = runtime.Session(loader.serialize(model), device, data_folder=relevance_model.model_folder,
-                              arrays=relevance_model.model_arrays, prepack=relevance_model.model_prepack,
-                              **(settings or {}))
+    external = runtime.ExternalData(relevance_model.model_folder, relevance_model.model_arrays,
+                                    relevance_model.model_prepack)
+    session = runtime.Session(loader.serialize(model), device, external=external, **(settings or {}))
     return session, forward
 
 

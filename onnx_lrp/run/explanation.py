@@ -180,9 +180,10 @@ class Explanation:
         if x is not None and (np.shape(x) != rel.shape or np.asarray(x).dtype.kind != "f"
                               or hm.display_images(x, _axis(rel, channel_axis)) is None):
             x = None  # token ids, or not a picture: the heatmap alone
-        image = hm.picture(rel, x, channel_axis=channel_axis, cmap=cmap, style=style, cols=cols, scale=scale,
-                           labels=self._labels(rel) if labels else None,
-                           colorbar="colours scaled per tile to its largest |relevance|" if labels else None)
+        look = hm.Look(channel_axis=channel_axis, cmap=cmap, style=style, cols=cols, scale=scale,
+                       labels=self._labels(rel) if labels else None,
+                       colorbar="colours scaled per tile to its largest |relevance|" if labels else None)
+        image = hm.picture(rel, x, look)
         if path is not None:
             hm.save_picture(image, path, format)
         return image

@@ -34,9 +34,9 @@ from .options import RunOptions
 
 def open_session(model: RelevanceModel, options: RunOptions) -> runtime.Session:
     """The onnxruntime session of ``model`` with ``options``."""
-    return runtime.Session(model.model_bytes, options.device, options.threads, data_folder=model.model_folder,
-                           arrays=model.model_arrays, prepack=model.model_prepack, precise=options.precise,
-                           **options.session_settings())
+    external = runtime.ExternalData(model.model_folder, model.model_arrays, model.model_prepack)
+    return runtime.Session(model.model_bytes, options.device, options.threads, external=external,
+                           precise=options.precise, **options.session_settings())
 
 
 def _field(name: str, doc: str) -> property:

@@ -6,6 +6,8 @@ import io
 import os
 import re
 import warnings
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -220,16 +222,30 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _external_data(opts, folder: str | None, arrays: dict, prepack: bool) -> None:
-    """Session options for a model with external data: its data files' folder (onnxruntime maps them itself), the
-    in-memory tensors as external initializers (no copy), and, for a model over 1 GiB of weights, no pre-packing
-    (a packed copy of every MatMul weight doubles the memory: README, "Large models, float16 and bfloat16")."""
-    if folder is not None:
-        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
-    if arrays:
-        opts.add_external_initializers(list(arrays), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays.values()])
-    if not prepack:
-        opts.add_session_config_entry("session.disable_prepacking", "1")
+@dataclass(frozen=True)
+class ExternalData:
+    """A model with external data as onnxruntime receives it (:class:`onnx_lrp.load.external.Parts`): ``folder``,
+    the folder of its data files (onnxruntime maps them itself; None: none); ``arrays``, onnx-lrp's own large tensors
+    handed over from memory as external initializers (no copy: referenced as long as the session, used in place);
+    ``prepack``: False for a model over 1 GiB of weights (a packed copy of every MatMul weight doubles the memory:
+    README, "Large models, float16 and bfloat16")."""
+
+    folder: str | None = None
+    arrays: Mapping = field(default_factory=dict)
+    prepack: bool = True
+
+    def configure(self, opts) -> None:
+        """Set the session options for this data."""
+        if self.folder is not None:
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder))
+        if self.arrays:
+            opts.add_external_initializers(list(self.arrays),
+                                           [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays.values()])
+        if not self.prepack:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+
+
+NO_EXTERNAL_DATA = ExternalData()
 
 
 class Session:
@@ -241,16 +257,16 @@ class Session:
     ``config``: further session config entries (the gap diagnosis of :mod:`onnx_lrp.run.deployed_gap` sets
     ``session.x64quantprecision`` and ``session.disable_quant_qdq``).
 
-    ``data_folder``, ``arrays``, ``prepack``: a model with external data (:class:`onnx_lrp.load.external.Parts`): read
-    from its folder, onnx-lrp's own large tensors handed over from memory (referenced as long as the session: used
-    in place), no weight pre-packing over 1 GiB of weights. ``precise``: no layout optimisations (see ``_start``)."""
+    ``external``: a model with external data (:class:`ExternalData`: its folder, onnx-lrp's own large tensors handed
+    over from memory, no weight pre-packing over 1 GiB of weights). ``precise``: no layout optimisations (see
+    ``_start``)."""
 
     def __init__(self, model_bytes, device: str = "cpu", threads: int | None = None, deployed: bool = False,
-                 config: dict | None = None, data_folder: str | None = None, arrays: dict | None = None,
-                 prepack: bool = True, precise: bool = False, tf32: bool = False):
+                 config: dict | None = None, external: ExternalData = NO_EXTERNAL_DATA, precise: bool = False,
+                 tf32: bool = False):
         check_install()
         self.precise = precise
-        self.data_folder, self.arrays, self.prepack = data_folder, dict(arrays or {}), prepack
+        self.external = external
         self.deployed = deployed
         self.config = dict(config or {})
         self.threads = threads
@@ -295,7 +311,7 @@ class Session:
         if self.device == "cuda":
             preload_cuda()
             providers = [("CUDAExecutionProvider", cuda_options(self.tf32))] + providers[1:]
-        _external_data(opts, self.data_folder, self.arrays, self.prepack)
+        self.external.configure(opts)
         cuda = self.device == "cuda"
         try:  # onnxruntime's own warnings (e.g. an unavailable provider) and the CUDA libraries' lines stay quiet
             with warnings.catch_warnings(), quiet_while(cuda), captured_stderr(cuda) as said:

@@ -1,8 +1,8 @@
-"""The installed ``onnx-lrp`` command, run as a subprocess, checked against the Python API.
+"""The ``onnx-lrp`` command checked against the Python API.
 
-Bad inputs run in-process through click's CliRunner (the same ``main`` as the entry point; a few also run as
-a subprocess to show the installed command behaves the same): each exits 2 with one line on stderr and leaves
-no file behind.
+The commands run in-process through click's CliRunner (the same ``main`` as the entry point, no interpreter start-up);
+a few run the installed entry point as a subprocess to show it behaves the same (an explain, bad inputs, --version).
+Bad inputs exit 2 with one line on stderr and leave no file behind.
 """
 import json
 import os
@@ -34,10 +34,22 @@ CLI = Path(sys.executable).parent / ("onnx-lrp.exe" if os.name == "nt" else "onn
 RELU_TENSOR = "/classifier/classifier.2/Relu_output_0"
 
 
-def run(*args, cwd=None, expect=0):
-    """Run the installed entry point; check its exit code."""
-    assert CLI.exists(), f"{CLI} missing: install the project (pip install -e .) into this interpreter's venv"
-    proc = subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+def run(*args, cwd=None, expect=0, installed=False):
+    """Run the command and check its exit code: ``installed``, the installed entry point as a subprocess (as a user
+    and CI run it; ~2-4 s of imports each), else the same ``main`` in-process (click's runner, stdout and stderr
+    apart, from ``cwd``). A CompletedProcess either way."""
+    args = [str(a) for a in args]
+    if installed:
+        assert CLI.exists(), f"{CLI} missing: install the project (pip install -e .) into this interpreter's venv"
+        proc = subprocess.run([str(CLI), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    else:
+        old = os.getcwd()
+        try:
+            os.chdir(cwd or old)
+            r = CliRunner().invoke(main, args)
+        finally:
+            os.chdir(old)
+        proc = subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
     assert proc.returncode == expect, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
 
@@ -55,7 +67,7 @@ def test_explain_npy_batch_npz_and_heatmap(tmp_path):
     x = np.load(SAMPLES / "batch.npy")
     out, heat = tmp_path / "rel.npz", tmp_path / "heat.png"
     p = run("explain", DIGITS, SAMPLES / "batch.npy", "-o", out, "--heatmap", heat, "--heatmap-style", "heatmap",
-            "--device", "auto")
+            "--device", "auto", installed=True)
     assert "--device auto: using cpu" in p.stderr or "--device auto: using cuda" in p.stderr
     res = api().explain(x)
     with np.load(out, allow_pickle=False) as z:
@@ -304,7 +316,7 @@ def test_help_and_version():
                 "--beta", "--start", "--device", "--batch-size", "--relevance-at", "--heatmap", "--cmap", "--size",
                 "--mean", "--std", "--crop", "--json", "Normalise any input: (x - mean) / std."):
         assert opt in text, opt
-    assert onnx_lrp.__version__ in run("--version").stdout
+    assert onnx_lrp.__version__ in run("--version", installed=True).stdout
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -548,7 +560,7 @@ def test_bad_input_through_the_installed_command(tmp_path):
                            "out of range"),
                           (["explain", DIGITS, SAMPLES / "batch.npy", "-o", tmp_path / "x.npy" / "o.npy"],
                            "is a file")]:
-        p = run(*args, expect=2)
+        p = run(*args, expect=2, installed=True)
         assert p.stdout == "" and p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
     # a failed run never clobbers an existing output and leaves no temporary file
     assert (tmp_path / "old.npy").read_bytes() == b"precious"

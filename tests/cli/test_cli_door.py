@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from util import ROOT, assert_close, make_model, node, to_bytes
+from util import ROOT, assert_close, explain, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.cli.main import COMMANDS, main
@@ -31,6 +31,7 @@ from onnx_lrp.rules.composite import builtin_names
 DIGITS = ROOT / "models" / "digits_cnn.onnx"
 SAMPLES = ROOT / "models" / "samples"
 X = np.load(SAMPLES / "batch.npy")  # [10, 1, 16, 16] in [0, 1]; the PNGs hold exactly X * 255
+FLAT = "epsilon-plus-flat"  # what the CLI's composite "auto" gives the digits CNN
 
 
 def cli(*args, cwd=None):
@@ -49,10 +50,6 @@ def one_line_error(r, code: int = 2) -> str:
     errors = [line for line in r.stderr.splitlines() if line.startswith("onnx-lrp: error: ")]
     assert len(errors) == 1 and r.stderr.endswith(errors[0] + "\n"), r.stderr  # notes may come before it
     return errors[0]
-
-
-def explain(composite="epsilon-plus-flat", x=X, **kw):
-    return onnx_lrp.Explainer(str(DIGITS), composite=composite, **kw).explain(x).relevance
 
 
 def close(a, b):
@@ -85,7 +82,7 @@ def test_inspect_prints_the_interface_and_a_command_that_runs(tmp_path):
     r = cli(*args[1:], cwd=tmp_path)
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["digits_cnn.heat.png", "digits_cnn.relevance.npy"]
-    close(np.load(tmp_path / "digits_cnn.relevance.npy"), explain(x=X[3:4]))
+    close(np.load(tmp_path / "digits_cnn.relevance.npy"), explain(DIGITS, X[3:4], FLAT).relevance)
 
 
 def test_inspect_suggests_an_npz_for_several_inputs_and_text_for_token_ids(tmp_path):
@@ -113,7 +110,7 @@ def test_inspect_suggests_an_npz_for_several_inputs_and_text_for_token_ids(tmp_p
 # ------------------------------------------------------------------------------------------- preprocessing (point 4)
 def test_mean_std_normalise_arrays_as_they_do_images(tmp_path):
     mean, std = 0.25, 0.5
-    want = explain(x=(X - mean) / std)  # numpy's normalisation, explained through the API
+    want = explain(DIGITS, (X - mean) / std, FLAT).relevance  # numpy's normalisation, explained through the API
     for inputs in (SAMPLES / "batch.npy", SAMPLES / "png"):
         r = cli("explain", DIGITS, inputs, "--mean", mean, "--std", std, "-o", tmp_path / "r.npz")
         assert r.exit_code == 0, r.output
@@ -133,7 +130,7 @@ def test_mean_std_normalise_arrays_as_they_do_images(tmp_path):
 def test_box_bounds_follow_from_mean_std_for_every_kind(tmp_path):
     mean, std = np.array([0.25]), np.array([0.5])
     low, high = (0 - mean) / std, (1 - mean) / std  # the pixel range [0, 1], normalised
-    want = explain("epsilon-gamma-box", x=(X - mean[0]) / std[0], low=low[0], high=high[0])
+    want = explain(DIGITS, (X - mean[0]) / std[0], "epsilon-gamma-box", box=(low[0], high[0])).relevance
     for inputs in (SAMPLES / "batch.npy", SAMPLES / "png"):
         r = cli("explain", DIGITS, inputs, "-c", "epsilon-gamma-box", "--mean", 0.25, "--std", 0.5, "-o",
                 tmp_path / "r.npz")
@@ -158,7 +155,7 @@ def test_box_bounds_follow_from_mean_std_for_every_kind(tmp_path):
     np.save(tmp_path / "u8.npy", np.round(X * 255).astype(np.uint8))
     r = cli("explain", DIGITS, tmp_path / "u8.npy", "-c", "epsilon-gamma-box", "-o", tmp_path / "u.npy")
     assert r.exit_code == 0 and "ZBox bounds for pixels in [0, 1]" in r.stderr, r.output
-    close(np.load(tmp_path / "u.npy"), explain("epsilon-gamma-box", low=0.0, high=1.0))
+    close(np.load(tmp_path / "u.npy"), explain(DIGITS, X, "epsilon-gamma-box", box=(0.0, 1.0)).relevance)
 
 
 def test_preprocessing_that_cannot_apply_is_refused_in_one_line(tmp_path):
@@ -200,7 +197,7 @@ def test_outputs_go_to_the_current_directory_never_beside_the_inputs(tmp_path):
         store.chmod(0o755)
     assert sorted(p.name for p in here.iterdir()) == ["m.lrp.onnx", "png.relevance.npz", "x.relevance.npy"]
     assert sorted(p.name for p in store.iterdir()) == ["m.onnx", "png", "x.npy"]
-    close(np.load(here / "x.relevance.npy"), explain(x=X[:2]))
+    close(np.load(here / "x.relevance.npy"), explain(DIGITS, X[:2], FLAT).relevance)
 
 
 # ------------------------------------------------------------------------------------------- messages

@@ -20,19 +20,15 @@ import onnx_lrp
 from onnx_lrp.core.errors import InputError, UnsupportedError
 
 from recurrent_oracle import lrp_op, stab  # noqa: E402
-from util import GOLDENS, IR_VERSION, assert_close, rel_l2_items, to_bytes  # noqa: E402
+from util import GOLDENS, IR_VERSION, assert_close, explain, rel_l2_items, to_bytes  # noqa: E402
 
 TWINS = GOLDENS / "recurrent_twins"
 COMPOSITES = ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box", "epsilon-alpha2-beta1", "attnlrp", "cp-lrp")
 
 
-def box(comp):
-    return dict(low=-4.0, high=4.0) if "box" in comp else {}
-
-
-def explain(path, comp="epsilon", target=0, **kw):
-    g = np.load(TWINS / "recurrent_twins.npz")
-    res = onnx_lrp.Explainer(str(path), composite=comp, **box(comp), **kw).explain(g["x"], target=target)
+def twin(path, comp="epsilon", **kw):
+    """(relevance, first output) of a recurrent twin for class 0 of the stored input (box bounds -4, 4)."""
+    res = explain(path, np.load(TWINS / "recurrent_twins.npz")["x"], comp, 0, box=(-4.0, 4.0), **kw)
     return res.relevance, next(iter(res.outputs.values()))
 
 
@@ -55,8 +51,8 @@ def test_loop_unrolled_equals_keras_unroll_true(kind, comp):
     """The Loop unrolled at load time gets the same relevance as Keras' own unroll=True export of the same weights
     (with biases), for every built-in composite; the forward equals Keras'."""
     g = np.load(TWINS / "recurrent_twins.npz")
-    r_loop, y_loop = explain(TWINS / f"{kind}_b_loop.onnx", comp)
-    r_unr, y_unr = explain(TWINS / f"{kind}_b_unrolled.onnx", comp)
+    r_loop, y_loop = twin(TWINS / f"{kind}_b_loop.onnx", comp)
+    r_unr, y_unr = twin(TWINS / f"{kind}_b_unrolled.onnx", comp)
     assert_close(y_loop, g[f"{kind}_b"], rtol=1e-4, atol=1e-5)
     assert np.all(np.isfinite(r_loop))
     assert rel_l2_items(r_loop, r_unr).max() <= 1e-6
@@ -95,8 +91,8 @@ def test_keras_exports_against_the_oracle_and_the_torch_op(kind, bias):
     oracle, z = _oracle(kind, bias, 0.0)
     g = np.load(TWINS / "recurrent_twins.npz")
     assert_close(z, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
-    r_torch, _ = explain(TWINS / f"{kind}_{bias}_torch.onnx", epsilon=0.0)
-    r_loop, _ = explain(TWINS / f"{kind}_{bias}_loop.onnx", epsilon=0.0)
+    r_torch, _ = twin(TWINS / f"{kind}_{bias}_torch.onnx", epsilon=0.0)
+    r_loop, _ = twin(TWINS / f"{kind}_{bias}_loop.onnx", epsilon=0.0)
     assert rel_l2_items(r_torch, oracle).max() <= 1e-5
     if kind == "gru" and bias == "b":
         assert rel_l2_items(r_loop[:, 1:], oracle[:, 1:]).max() <= 1e-5
@@ -116,8 +112,8 @@ def test_flax_scan_export_equals_the_keras_export(kind, bias):
     ops = {n.op_type for n in onnx.load(TWINS / f"{kind}_{bias}_flax.onnx").graph.node}
     assert "Loop" in ops
     for comp, kw in (("epsilon", {"epsilon": 0.0}), ("epsilon-plus-flat", {}), ("attnlrp", {})):
-        r_flax, y = explain(TWINS / f"{kind}_{bias}_flax.onnx", comp, **kw)
-        r_keras, _ = explain(TWINS / f"{kind}_{bias}_unrolled.onnx", comp, **kw)
+        r_flax, y = twin(TWINS / f"{kind}_{bias}_flax.onnx", comp, **kw)
+        r_keras, _ = twin(TWINS / f"{kind}_{bias}_unrolled.onnx", comp, **kw)
         assert_close(y, g[f"{kind}_{bias}"], rtol=1e-4, atol=1e-5)
         assert rel_l2_items(r_flax, r_keras).max() <= (1e-4 if kind == "lstm" else 1e-6), comp
 
@@ -125,8 +121,8 @@ def test_flax_scan_export_equals_the_keras_export(kind, bias):
 def test_keras_lstm_op_equals_the_torch_lstm_op():
     """Keras' LSTM (an ONNX LSTM op via tf2onnx) and nn.LSTM with the same weights: the same relevance."""
     for comp in ("epsilon", "attnlrp"):
-        r_keras, _ = explain(TWINS / "lstm_b_loop.onnx", comp)
-        r_torch, _ = explain(TWINS / "lstm_b_torch.onnx", comp)
+        r_keras, _ = twin(TWINS / "lstm_b_loop.onnx", comp)
+        r_torch, _ = twin(TWINS / "lstm_b_torch.onnx", comp)
         assert rel_l2_items(r_keras, r_torch).max() <= 1e-6, comp
 
 

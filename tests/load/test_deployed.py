@@ -10,8 +10,6 @@ import importlib.util
 import json
 import logging
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -759,14 +757,12 @@ def test_gap_cause_is_the_onnxruntime_path_that_closes_it(monkeypatch):
     assert "one output quantization step, 0.05" in msg and "\n" not in msg
 
 
-def test_cli_says_the_gap_once_in_explain_trace_and_snapshot(variants, tmp_path):
+def test_cli_says_the_gap_once_in_explain_trace_and_snapshot(variants, tmp_path, run_cli):
     """float16 deployed outputs differ from the float32 explained forward beyond 1e-4 of max |y| on every CPU: explain
     prints one warning line (the largest gap of the run) and the JSON summary holds it; trace and snapshot say it in
-    their report."""
+    their report (the commands in-process: conftest's run_cli)."""
     def run(*args):
-        p = subprocess.run([sys.executable, "-c", "from onnx_lrp.cli.main import main; main()", *map(str, args)],
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        return p.returncode, p.stdout, p.stderr
+        return run_cli(*args, cwd=tmp_path)
 
     x = np.load(SAMPLES)
     ex = onnx_lrp.Explainer(variants["fp16io"])

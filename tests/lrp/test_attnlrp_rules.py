@@ -32,7 +32,8 @@ def composite(name="attnlrp"):
     return dataclasses.replace(base, entries=(Entry({"name": "probe*"}, Gradient()),) + base.entries)
 
 
-def explain(model, out, out_shape, feeds, name="attnlrp", c=None, **kw):
+def probed(model, out, out_shape, feeds, name="attnlrp", c=None, **kw):
+    """``util.explain_probe`` under the composite ``name`` with output relevance ``c`` (default: normal, seeded)."""
     c = RNG.normal(size=(BATCH,) + tuple(out_shape)).astype(np.float32) if c is None else c
     return explain_probe(model, out, c, composite(name), feeds, BATCH, **kw)
 
@@ -52,7 +53,7 @@ def test_matmul_of_two_activations_uniform():
     a = RNG.normal(size=(BATCH, 2, 5, 3)).astype(np.float32)
     b = RNG.normal(size=(BATCH, 2, 3, 4)).astype(np.float32)
     m = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": a.shape, "b": b.shape}, ["y"])
-    res, R = explain(m, "y", (2, 5, 4), {"a": a, "b": b})
+    res, R = probed(m, "y", (2, 5, 4), {"a": a, "b": b})
     z = f64(a) @ f64(b)
     s = R / (2 * stab(z, EPS))
     close(res.relevance["a"], f64(a) * (s @ np.swapaxes(f64(b), -1, -2)))
@@ -66,7 +67,7 @@ def test_matmul_broadcast_batch_of_one_operand():
     a = RNG.normal(size=(BATCH, 3, 5, 3)).astype(np.float32)
     b = RNG.normal(size=(BATCH, 1, 3, 4)).astype(np.float32)  # broadcast over heads
     m = make_model([node("MatMul", ["a", "b"], ["y"])], {"a": a.shape, "b": b.shape}, ["y"])
-    res, R = explain(m, "y", (3, 5, 4), {"a": a, "b": b})
+    res, R = probed(m, "y", (3, 5, 4), {"a": a, "b": b})
     s = R / (2 * stab(f64(a) @ f64(b), EPS))
     close(res.relevance["b"], f64(b) * (np.swapaxes(f64(a), -1, -2) @ s).sum(1, keepdims=True))
 
@@ -75,7 +76,7 @@ def test_mul_of_two_activations_halves():
     a = RNG.normal(size=(BATCH, 4, 6)).astype(np.float32)
     b = RNG.normal(size=(BATCH, 4, 1)).astype(np.float32)  # gating broadcast along the last axis
     m = make_model([node("Mul", ["a", "b"], ["y"])], {"a": a.shape, "b": b.shape}, ["y"])
-    res, R = explain(m, "y", (4, 6), {"a": a, "b": b})
+    res, R = probed(m, "y", (4, 6), {"a": a, "b": b})
     z = f64(a) * f64(b)
     s = R / (2 * stab(z, EPS))
     close(res.relevance["a"], f64(a) * s * f64(b))
@@ -88,7 +89,7 @@ def test_einsum_scores_uniform():
     k = RNG.normal(size=(BATCH, 2, 5, 3)).astype(np.float32)
     m = make_model([node("Einsum", ["q", "k"], ["y"], equation="bhqd,bhkd->bhqk")], {"q": q.shape, "k": k.shape},
                    ["y"], opset=17)
-    res, R = explain(m, "y", (2, 4, 5), {"q": q, "k": k})
+    res, R = probed(m, "y", (2, 4, 5), {"q": q, "k": k})
     s = R / (2 * stab(np.einsum("bhqd,bhkd->bhqk", f64(q), f64(k)), EPS))
     close(res.relevance["q"], f64(q) * np.einsum("bhqk,bhkd->bhqd", s, f64(k)))
     close(res.relevance["k"], f64(k) * np.einsum("bhqk,bhqd->bhkd", s, f64(q)))
@@ -99,13 +100,13 @@ def test_cp_lrp_holds_attention_weights():
     V = RNG.normal(size=(BATCH, 2, 4, 3)).astype(np.float32)
     m = make_model([node("Softmax", ["S"], ["A"], axis=-1), node("MatMul", ["A", "V"], ["y"])],
                    {"S": S.shape, "V": V.shape}, ["y"])
-    res, R = explain(m, "y", (2, 4, 3), {"S": S, "V": V}, name="cp-lrp")
+    res, R = probed(m, "y", (2, 4, 3), {"S": S, "V": V}, name="cp-lrp")
     A = np.exp(f64(S) - f64(S).max(-1, keepdims=True))
     A /= A.sum(-1, keepdims=True)
     close(res.relevance["V"], f64(V) * (np.swapaxes(A, -1, -2) @ (R / stab(A @ f64(V), EPS))))
     assert np.all(res.relevance["S"] == 0)
     # AttnLRP on the same model: half through the softmax
-    res2, R2 = explain(m, "y", (2, 4, 3), {"S": S, "V": V}, c=(R / BATCH).astype(np.float32))
+    res2, R2 = probed(m, "y", (2, 4, 3), {"S": S, "V": V}, c=(R / BATCH).astype(np.float32))
     s = R2 / (2 * stab(A @ f64(V), EPS))
     RA = A * (s @ np.swapaxes(f64(V), -1, -2))
     close(res2.relevance["S"], f64(S) * (RA - A * RA.sum(-1, keepdims=True)), tol=1e-4)
@@ -123,7 +124,7 @@ def test_softmax_rule_with_masked_logits():
                    inits={"mask": mask, "minus_inf": np.array(-np.inf, dtype=np.float32),
                           "mask2": np.concatenate([np.ones((1, 3, 5), bool), np.zeros((1, 3, 1), bool)], -1),
                           "low": np.array(low)})
-    res, R = explain(m, "y", (3, 6), {"x": x})
+    res, R = probed(m, "y", (3, 6), {"x": x})
     logits = np.where(mask, f64(x), -np.inf)
     logits[..., -1] = float(low)
     y = np.exp(logits - logits.max(-1, keepdims=True))
@@ -169,7 +170,7 @@ def test_self_products_get_the_identity_rule(build, name):
     g = loader.load(to_bytes(m)).graph
     found = patterns.annotate(g)
     assert [f.name for f in found] == [name]
-    res, R = explain(m, "y", (5,), {"x": x})
+    res, R = probed(m, "y", (5,), {"x": x})
     h = f64(x) @ f64(w)
     if name == "gelu-erf":  # the trailing Mul by 0.5 is outside the product: epsilon there, R * y / stab(y)
         y = f64(run(m, {"x": x})[0])  # float32's y (1 + erf saturates to 0 for h < -5.5)
@@ -189,7 +190,7 @@ def test_product_of_two_different_tensors_is_not_a_self_product():
     assert "functions of different tensors" in reason and "no normalising scale" in reason
     assert patterns.match_gate(gate)[0].gate.name == "sg"  # ... but a signal times a sigmoid gate
     a, b = RNG.normal(size=(2, BATCH, 4)).astype(np.float32)
-    res, R = explain(m, "y", (4,), {"a": a, "b": b})
+    res, R = probed(m, "y", (4,), {"a": a, "b": b})
     close(res.relevance["a"], np.broadcast_to(R, a.shape), tol=1e-4)  # signal-take-all: the signal gets all
     assert not np.any(res.relevance["b"])  # the gate is a constant multiplier
 
@@ -221,7 +222,7 @@ def test_layernormalization_op_holds_the_std():
     inits = _ln_inits(6)
     m = make_model([node("LayerNormalization", ["x", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5)],
                    {"x": x.shape}, ["y"], inits=inits)
-    res, R = explain(m, "y", (3, 6), {"x": x})
+    res, R = probed(m, "y", (3, 6), {"x": x})
     close(res.relevance, ln_oracle(x, inits["gamma"], inits["beta"], R, 1e-5))
 
 
@@ -249,7 +250,7 @@ def test_decomposed_norms_hold_the_scale(build, centered, kind):
     m = make_model(build(), {"x": x.shape}, ["y"], inits=inits, opset=17)
     g = loader.load(to_bytes(m)).graph
     assert [f.name for f in patterns.annotate(g)] == [kind]
-    res, R = explain(m, "y", (3, 6), {"x": x})
+    res, R = probed(m, "y", (3, 6), {"x": x})
     beta = inits["beta"] if centered else np.zeros(6)
     close(res.relevance, ln_oracle(x, inits["gamma"], beta, R, 1e-5, centered))
 
@@ -260,7 +261,7 @@ def test_rmsnormalization_op():
     m = make_model([node("RMSNormalization", ["x", "gamma"], ["y"], axis=-1, epsilon=1e-6)], {"x": x.shape}, ["y"],
                    inits={"gamma": gamma}, opset=23)
     try:
-        res, R = explain(m, "y", (3, 6), {"x": x})
+        res, R = probed(m, "y", (3, 6), {"x": x})
     except onnx_lrp.LrpError as exc:  # an onnxruntime without opset 23
         pytest.skip(f"RMSNormalization not runnable here: {exc}")
     close(res.relevance, ln_oracle(x, gamma, np.zeros(6), R, 1e-6, centered=False))
@@ -273,7 +274,7 @@ def test_where_tile_trilu_follow_their_transpose():
     m = make_model([node("Tile", ["x", "reps"], ["t"]), node("Trilu", ["t"], ["u"], upper=1),
                     node("Where", ["cond", "u", "zero"], ["y"])], {"x": x.shape}, ["y"],
                    inits={"reps": np.array([1, 1, 2], np.int64), "cond": cond, "zero": np.array(0.0, np.float32)})
-    res, R = explain(m, "y", (3, 8), {"x": x})
+    res, R = probed(m, "y", (3, 8), {"x": x})
     r = np.where(cond, R, 0.0)
     r = np.triu(r)
     want = r[..., :4] + r[..., 4:]
@@ -284,7 +285,7 @@ def test_gather_with_computed_indices_scatters_back():
     x = RNG.normal(size=(BATCH, 5, 3)).astype(np.float32)
     idx = np.array([4, 0, 4, -1], dtype=np.int64)  # repeated and negative indices
     m = make_model([node("Gather", ["x", "idx"], ["y"], axis=1)], {"x": x.shape, "idx": ((4,), np.int64)}, ["y"])
-    res, R = explain(m, "y", (4, 3), {"x": x, "idx": idx})
+    res, R = probed(m, "y", (4, 3), {"x": x, "idx": idx})
     want = np.zeros(x.shape)
     np.add.at(want, (slice(None), idx % 5), R)
     close(res.relevance, want)
@@ -296,7 +297,7 @@ def test_token_ids_get_relevance_per_token():
     m = make_model([node("Gather", ["table", "ids"], ["e"]), node("MatMul", ["e", "w"], ["y"])],
                    {"ids": ((BATCH, 5), np.int64)}, ["y"], inits={"table": table, "w": w})
     ids = RNG.integers(0, 11, size=(BATCH, 5))
-    res, R = explain(m, "y", (5, 3), {"ids": ids})
+    res, R = probed(m, "y", (5, 3), {"ids": ids})
     e = f64(table)[ids]
     Re = e * ((R / stab(e @ f64(w), EPS)) @ f64(w).T)
     assert res.relevance.shape == ids.shape

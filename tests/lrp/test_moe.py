@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import onnx_lrp
-from util import GOLDENS, assert_close
+from util import GOLDENS, assert_close, explain
 
 MOE = GOLDENS / "moe"
 EXPERTS = 4
@@ -20,11 +20,12 @@ EXPERT_OUT = [f"/experts.{i}/w2/MatMul_output_0" for i in range(EXPERTS)]
 ROUTER = ["/gate/MatMul_output_0", "/Softmax_output_0", "/TopK_output_0"]
 
 
-def _explain(routing, composite, relevance_at=()):
+def golden_run(routing, composite, relevance_at=()):
+    """(golden, Explanation) of the MoE export with ``routing`` on the golden's embeddings and target (its logits
+    checked against the golden's)."""
     d = np.load(MOE / "moe.npz")
-    ex = onnx_lrp.Explainer(str(MOE / f"moe_{routing}_torchscript17.onnx"), composite=composite,
-                            relevance_at=list(relevance_at))
-    res = ex.explain(d["embeds"][None], target=int(d["target"]))
+    res = explain(MOE / f"moe_{routing}_torchscript17.onnx", d["embeds"][None], composite, int(d["target"]),
+                  relevance_at=list(relevance_at))
     assert_close(res.outputs["logits"][0], d["logits"], rtol=1e-5, atol=1e-5)
     return d, res
 
@@ -32,7 +33,7 @@ def _explain(routing, composite, relevance_at=()):
 @pytest.mark.parametrize("composite", ["attnlrp", "cp-lrp"])
 @pytest.mark.parametrize("routing", ["scatter", "gather", "topk_softmax"])
 def test_moe_matches_torch_reference(routing, composite):
-    d, res = _explain(routing, composite)
+    d, res = golden_run(routing, composite)
     want = d[f"{routing}_{composite}"].astype(np.float64)
     err = np.linalg.norm(res.relevance[0] - want) / np.linalg.norm(want)
     assert err <= 1e-4, err
@@ -42,7 +43,7 @@ def test_moe_matches_torch_reference(routing, composite):
 def test_moe_relevance_reaches_only_the_selected_experts(routing):
     """Per token, the relevance reaching each expert's output: zero (exactly) for the experts the router did not
     select, the reference's value for the two it selected; the router (logits, softmax, top-k weights) gets none."""
-    d, res = _explain(routing, "attnlrp", EXPERT_OUT + ROUTER)
+    d, res = golden_run(routing, "attnlrp", EXPERT_OUT + ROUTER)
     per_expert = np.stack([res.relevance_at[n].reshape(-1, res.relevance_at[n].shape[-1]).sum(-1)
                            for n in EXPERT_OUT], -1)                      # [tokens, experts]
     selected = np.zeros_like(per_expert, dtype=bool)

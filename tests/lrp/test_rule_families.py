@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from util import make_model, node, to_bytes
+from util import explain, make_model, node, to_bytes
 
 import onnx_lrp
 from onnx_lrp.lrp.families import Family, FamilyRule, always_exact, family_table
@@ -130,19 +130,19 @@ def test_a_new_rule_adds_a_family_handler_and_keeps_its_base_handlers():
 
     base = load_composite("attnlrp")
 
-    def explain(family, rule):
+    def relevance(family, rule):
         model, name, _, feeds = _model(family)
         comp = dataclasses.replace(base, name="probe", entries=(Entry({"name": name}, rule),) + base.entries)
-        return onnx_lrp.Explainer(to_bytes(model), composite=comp).explain(feeds).relevance
+        return explain(model, feeds, comp).relevance
 
-    nothing_passed = explain(Family.SOFTMAX, EpsilonOrNothing())
+    nothing_passed = relevance(Family.SOFTMAX, EpsilonOrNothing())
     assert not np.any(nothing_passed["x"]) and np.any(nothing_passed["skip"])
     for family, like in ((Family.SOFTMAX, Zero()), (Family.NORM_SCALE, Epsilon())):
-        got, want = explain(family, EpsilonOrNothing()), explain(family, like)
+        got, want = relevance(family, EpsilonOrNothing()), relevance(family, like)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
     with pytest.raises(onnx_lrp.UnsupportedError, match=r"\[prod\]: rule epsilon on a product"):
-        explain(Family.PRODUCT, EpsilonOrNothing())
+        relevance(Family.PRODUCT, EpsilonOrNothing())
 
 
 def test_tables_take_families_and_gradient_form_comes_with_its_step():

@@ -222,7 +222,9 @@ def _composite(rule, params, match_kind=None):
     return parse_composite("\n".join(lines) + "\n", source=f"oracle-{rule}")
 
 
-def _explain(nodes, inputs, inits, out, composite, feeds, rng):
+def _probed(nodes, inputs, inits, out, composite, feeds, rng):
+    """``util.explain_probe`` of the model of ``nodes`` with dyadic output relevance: (Explanation, R entering
+    ``out``, the output)."""
     model = make_model(nodes, inputs, [out], inits)
     y = run(model, feeds)[0]
     c = dyadic(rng, y.shape)
@@ -253,7 +255,7 @@ def test_linear_rule_oracle(layer: Layer, rule, params, oracle):
             return o_zbox(M, K, b, x, R, np.broadcast_to(lo, shape).reshape(-1), np.broadcast_to(hi, shape).reshape(-1))
     composite = _composite(rule, params, match_kind="activation" if layer.relu_first else None)
     x = dyadic(rng, layer.x_shape)
-    res, R, y = _explain(layer.nodes, {"x": layer.x_shape}, layer.inits, "y", composite, {"x": x}, rng)
+    res, R, y = _probed(layer.nodes, {"x": layer.x_shape}, layer.inits, "y", composite, {"x": x}, rng)
     xin = pos(x) if layer.relu_first else x
     x2 = xin.reshape(BATCH, -1).astype(np.float64)
     R2 = R.reshape(BATCH, -1)
@@ -281,7 +283,7 @@ def test_norm_on_average_pool(include_pad, stabilizer):
     nodes = [node("AveragePool", ["x"], ["y"], kernel_shape=k, strides=st, pads=pads, count_include_pad=include_pad)]
     x = dyadic(rng, shape)
     composite = _composite("norm", {"stabilizer": stabilizer})
-    res, R, y = _explain(nodes, {"x": shape}, {}, "y", composite, {"x": x}, rng)
+    res, R, y = _probed(nodes, {"x": shape}, {}, "y", composite, {"x": x}, rng)
     A, _ = avgpool_matrix(2, shape[2:], k, st, pads, include_pad)
     x2, R2 = x.reshape(BATCH, -1).astype(np.float64), R.reshape(BATCH, -1)
     assert_close(x2 @ A.T, y.reshape(BATCH, -1), rtol=1e-5, atol=1e-6)
@@ -297,7 +299,7 @@ def test_norm_on_add_of_activations(shapes, stabilizer):
     nodes = [node("Add", ["x", "u"], ["y"])]
     feeds = {"x": dyadic(rng, shapes[0]), "u": dyadic(rng, shapes[1])}
     composite = _composite("norm", {"stabilizer": stabilizer})
-    res, R, y = _explain(nodes, {"x": shapes[0], "u": shapes[1]}, {}, "y", composite, feeds, rng)
+    res, R, y = _probed(nodes, {"x": shapes[0], "u": shapes[1]}, {}, "y", composite, feeds, rng)
     x, u = feeds["x"].astype(np.float64), feeds["u"].astype(np.float64)
     s = R / stab(x + u, stabilizer)
     r_u = u * s
@@ -312,7 +314,7 @@ def test_norm_on_sum_of_three():
     shape = [BATCH, 5]
     nodes = [node("Sum", ["x", "u", "v"], ["y"])]
     feeds = {k: dyadic(rng, shape) for k in ("x", "u", "v")}
-    res, R, y = _explain(nodes, {k: shape for k in feeds}, {}, "y", _composite("norm", {}), feeds, rng)
+    res, R, y = _probed(nodes, {k: shape for k in feeds}, {}, "y", _composite("norm", {}), feeds, rng)
     z = sum(v.astype(np.float64) for v in feeds.values())
     for k, v in feeds.items():
         _close(res.relevance[k], v * R / stab(z), f"norm on Sum, input {k}")
@@ -323,7 +325,7 @@ def test_pass_on_activations(op):
     rng = np.random.default_rng(8)
     shape = [BATCH, 3, 4]
     x = dyadic(rng, shape)
-    res, R, y = _explain([node(op, ["x"], ["y"])], {"x": shape}, {}, "y", _composite("pass", {}), {"x": x}, rng)
+    res, R, y = _probed([node(op, ["x"], ["y"])], {"x": shape}, {}, "y", _composite("pass", {}), {"x": x}, rng)
     np.testing.assert_array_equal(res.relevance, R.astype(np.float32))
 
 

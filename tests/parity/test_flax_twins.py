@@ -11,7 +11,7 @@ import pytest
 
 import onnx_lrp
 from test_framework_twins import LRP0
-from util import GOLDENS, assert_close, rel_l2_items
+from util import GOLDENS, assert_close, explain, rel_l2_items
 
 TWINS = GOLDENS / "flax_twins"
 NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop")
@@ -21,20 +21,19 @@ NETS = ("pool_res_crop", "avg_proj_crop", "max_res_crop")
 LRP0_ALL = LRP0
 
 
-def _explain(net, opset, composite, **params):
+def golden_run(net, opset, composite, **params):
+    """(Explanation, golden) of the Flax twin ``net`` exported at ``opset`` on its golden's input and target."""
     path = TWINS / f"{net}_op{opset}.onnx"
     assert onnx.load(str(path), load_external_data=False).opset_import[0].version == opset
     golden = np.load(TWINS / f"{net}.npz")
-    res = onnx_lrp.Explainer(str(path), composite=composite, start="logit", **params).explain(
-        golden["x"], target=golden["target"])
-    return res, golden
+    return explain(path, golden["x"], composite, golden["target"], start="logit", **params), golden
 
 
 @pytest.mark.parametrize("opset", [17, 23])
 @pytest.mark.parametrize("net", NETS)
 def test_flax_cnn_lrp0_equals_float64_gradient_x_input(net, opset):
     """The built-in ``epsilon`` composite at epsilon = 0, stabilizer 0 (every BatchNorm here is folded)."""
-    res, golden = _explain(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    res, golden = golden_run(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     assert_close(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
@@ -43,7 +42,7 @@ def test_flax_cnn_lrp0_equals_float64_gradient_x_input(net, opset):
 def test_flax_preactivation_resnet_lrp0_on_its_batchnorms_equals_gradient_x_input(opset):
     """Pre-activation blocks: the BatchNorms after the residual sums cannot be folded; LRP-0 on them too (LRP0_ALL)
     is gradient x input."""
-    res, golden = _explain("preact_res", opset, LRP0_ALL)
+    res, golden = golden_run("preact_res", opset, LRP0_ALL)
     assert_close(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
@@ -55,7 +54,7 @@ def test_flax_norm_residual_lrp0_is_gradient_x_input_with_the_variance_held(net,
     """LayerNorm / GroupNorm in a residual block: the rules hold the normalising std constant (LXT), so LRP-0 is JAX's
     float64 gradient x input with the variance under stop_gradient, not the plain gradient (which differs by 0.1-0.2
     rel-L2: the size of issue 17's "Flax CNN 0.198 off")."""
-    res, golden = _explain(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    res, golden = golden_run(net, opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     assert_close(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, golden["gxi_held"]).max() <= 1e-5
     assert rel_l2_items(res.relevance, golden["gxi"]).min() > 0.05  # the convention is what differs, not noise
@@ -65,7 +64,7 @@ def test_flax_norm_residual_lrp0_is_gradient_x_input_with_the_variance_held(net,
 def test_flax_ops_mix_lrp0_equals_float64_gradient_x_input(opset):
     """Explicit asymmetric conv pads, kernel dilation, jnp.pad, grouped and depthwise convs, an average pool without
     the padding in the count, crops, strided slices with offsets, a strided projection block."""
-    res, golden = _explain("ops_mix", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    res, golden = golden_run("ops_mix", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     assert_close(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
@@ -91,7 +90,7 @@ def test_flax_dropout_left_in_training_mode_is_refused(opset):
 def test_flax_circular_padding_reflect_pad_and_dynamic_slice(opset):
     """padding="CIRCULAR", jnp.pad(mode="reflect"), lax.dynamic_slice: jax2onnx bounds their Slices by the dynamic
     batch size (refused before as "not constants"); LRP-0 equals JAX's float64 gradient x input."""
-    res, golden = _explain("wrap_slices", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    res, golden = golden_run("wrap_slices", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     assert_close(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, golden["gxi"]).max() <= 1e-5
 
@@ -117,7 +116,7 @@ def test_flax_hand_written_layernorm(opset):
     """A LayerNorm written by hand with jnp.var (jax2onnx: ReduceSumSquare, Reshape/Expand broadcasts of
     keepdims reductions, a Where guarding the divisor): refused before; now read as a normalisation with its std held,
     so LRP-0 is JAX's float64 gradient x input with the variance under stop_gradient."""
-    res, golden = _explain("hand_ln", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
+    res, golden = golden_run("hand_ln", opset, "epsilon", epsilon=0.0, stabilizer=0.0)
     assert_close(res.outputs["y"], golden["logits"], rtol=1e-4, atol=1e-5)
     assert rel_l2_items(res.relevance, golden["gxi_held"]).max() <= 1e-5
     assert rel_l2_items(res.relevance, golden["gxi"]).min() > 0.05

@@ -27,7 +27,7 @@ from onnx_lrp import load as loader
 from onnx_lrp.lrp import rewriter
 from onnx_lrp.rules.composite import load_composite, parse_composite
 
-from util import GOLDENS, assert_close, make_model, node, rel_l2_items, run, to_bytes
+from util import GOLDENS, assert_close, explain, make_model, node, rel_l2_items, run, to_bytes
 
 TWINS = GOLDENS / "twins"
 NETS = ("resnet", "mobilenet", "select", "strided")
@@ -82,16 +82,6 @@ def box(composite: str) -> dict:
     return {"low": -3.0, "high": 3.0} if composite == "epsilon-gamma-box" else {}
 
 
-def explain(name, framework, composite, x, target=None, start="one-hot", **params):
-    ex = onnx_lrp.Explainer(str(TWINS / f"{name}_{framework}.onnx"), composite=composite, start=start, **params,
-                            **box(composite))
-    if framework in ("keras", "flax"):  # NHWC inputs
-        res = ex.explain(nhwc(x), target=target)
-        return nchw(res.relevance), res
-    res = ex.explain(x, target=target)
-    return res.relevance, res
-
-
 @pytest.mark.parametrize("composite", COMPOSITES)
 def test_twins_agree_with_each_other_and_zennit(twin, composite):
     name, g = twin
@@ -133,7 +123,10 @@ def test_lrp0_is_gradient_times_input(twin, framework):
     name, g = twin
     if missing_handlers(name, framework):
         pytest.skip(f"{name}_{framework}.onnx needs a handler for {', '.join(missing_handlers(name, framework))}")
-    r, _ = explain(name, framework, LRP0, g["x"], start="logit")  # R = logit at the start: R = x * dlogit/dx
+    nhwc_input = framework in ("keras", "flax")
+    r = explain(TWINS / f"{name}_{framework}.onnx", nhwc(g["x"]) if nhwc_input else g["x"], LRP0,
+                start="logit").relevance  # R = logit at the start: R = x * dlogit/dx
+    r = nchw(r) if nhwc_input else r
     assert rel_l2_items(r, g["gxi"]).max() < 1e-4
 
 

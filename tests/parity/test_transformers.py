@@ -158,30 +158,26 @@ def test_dynamic_sequence_length_is_causal(kind):
         assert rel_l2(row, once.relevance[0]) <= 1e-5
 
 
-def test_cli_colours_tokens_and_writes_the_html_page(tmp_path):
-    """`onnx-lrp explain --tokens --html` on token ids: the page colours each token by the API's relevance."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def test_cli_colours_tokens_and_writes_the_html_page(tmp_path, run_cli):
+    """`onnx-lrp explain --tokens --html` on token ids: the page colours each token by the API's relevance (the
+    command in-process: conftest's run_cli)."""
     g = np.load(TRANSFORMERS / "llama.npz")
     ids = g["input_ids"]
     np.save(tmp_path / "ids.npy", ids)
     tokens = [f"tok{i}" for i in range(ids.shape[1])]
     (tmp_path / "tokens.txt").write_text("\n".join(tokens) + "\n")
-    exe = Path(sys.executable).with_name("onnx-lrp")
     model = TRANSFORMERS / "llama_ids_torchscript.onnx"
-    proc = subprocess.run([str(exe), "explain", str(model), str(tmp_path / "ids.npy"), "--composite", "attnlrp",
-                           "--tokens", str(tmp_path / "tokens.txt"), "--html", str(tmp_path / "t.html"),
-                           "-o", str(tmp_path / "r.npy")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    code, out, err = run_cli("explain", model, tmp_path / "ids.npy", "--composite", "attnlrp", "--tokens",
+                             tmp_path / "tokens.txt", "--html", tmp_path / "t.html", "-o", tmp_path / "r.npy",
+                             cwd=tmp_path)
+    assert code == 0, err
     rel = onnx_lrp.Explainer(model, composite="attnlrp").explain(ids).relevance[0]
     assert_close(np.load(tmp_path / "r.npy")[0], rel, rtol=1e-5, atol=1e-7)
     page = (tmp_path / "t.html").read_text()
     assert all(t in page for t in tokens)
     top = tokens[int(np.argmax(rel))]
     assert f'rgb(255,0,0)" title="{rel.max():.6g}">{top}<' in page  # the most relevant token is pure red
-    assert "tok0[" in proc.stdout  # terminal line without colour (stdout is not a tty)
-    bad = subprocess.run([str(exe), "explain", str(model), str(tmp_path / "ids.npy"), "--composite", "attnlrp",
-                          "--html", str(tmp_path / "u.html")], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--tokens" in bad.stderr and not (tmp_path / "u.html").exists()
+    assert "tok0[" in out  # terminal line without colour (stdout is not a tty)
+    code, out, err = run_cli("explain", model, tmp_path / "ids.npy", "--composite", "attnlrp", "--html",
+                             tmp_path / "u.html", cwd=tmp_path)
+    assert code == 2 and "--tokens" in err and not (tmp_path / "u.html").exists()

@@ -169,7 +169,8 @@ def variants(tmp_path_factory):
 
 
 def run_cli(*args, cwd):
-    """The installed entry point as a subprocess (exit codes as CI sees them; ~4 s each, mostly imports)."""
+    """The installed entry point as a subprocess (exit codes as CI sees them; ~4 s each, mostly imports): the
+    baseline's snapshot, a failing check (exit 1) and a bad snapshot (exit 2); the other commands run in-process."""
     p = subprocess.run([str(CLI), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
 
@@ -202,9 +203,9 @@ def _independent_metrics(model, snap):
     return out
 
 
-def test_check_passes_for_reexported_model(variants, baseline, tmp_path):
-    code, out, err = run_cli("check", variants["reexport"], baseline, "--report-json", tmp_path / "r.json",
-                             "--junit-xml", tmp_path / "j.xml", cwd=tmp_path)
+def test_check_passes_for_reexported_model(variants, baseline, tmp_path, run_here):
+    code, out, err = run_here("check", variants["reexport"], baseline, "--report-json", tmp_path / "r.json",
+                              "--junit-xml", tmp_path / "j.xml", cwd=tmp_path)
     assert code == 0, out + err
     assert "OK: all 10 sample(s)" in out
     rep = json.loads((tmp_path / "r.json").read_text())
@@ -259,7 +260,7 @@ def test_check_fails_for_quantized_model_beyond_config_thresholds(variants, base
     re-exported float model does not."""
     (tmp_path / ".onnx-lrp.toml").write_text("[check]\nmin_cosine = 0.9999\nmax_rel_l2 = 0.01\n"
                                              "max_output_diff = 0.002\n")
-    code, out, err = run_cli("check", variants["qdq"], baseline, "--report-json", tmp_path / "q.json", cwd=tmp_path)
+    code, out, err = run_here("check", variants["qdq"], baseline, "--report-json", tmp_path / "q.json", cwd=tmp_path)
     assert code == 1, out + err
     rep = json.loads((tmp_path / "q.json").read_text())
     assert rep["config"].endswith(".onnx-lrp.toml") and rep["thresholds"]["min_cosine"] == 0.9999
@@ -276,8 +277,8 @@ def test_check_fails_for_quantized_model_beyond_config_thresholds(variants, base
 def test_diff_between_model_versions(variants, tmp_path, run_here):
     code, out, err = run_here("diff", DEMO, variants["reexport"], SAMPLES, cwd=tmp_path)
     assert code == 0, out + err
-    code, out, err = run_cli("diff", DEMO, variants["perturbed"], SAMPLES, "--junit-xml", tmp_path / "d.xml",
-                             cwd=tmp_path)
+    code, out, err = run_here("diff", DEMO, variants["perturbed"], SAMPLES, "--junit-xml", tmp_path / "d.xml",
+                              cwd=tmp_path)
     assert code == 1, out + err
     suite = ET.parse(tmp_path / "d.xml").getroot().find("testsuite")
     assert suite.get("name") == "onnx-lrp diff" and int(suite.get("failures")) >= 1

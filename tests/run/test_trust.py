@@ -14,7 +14,7 @@ import onnx_lrp
 from onnx_lrp.run import conservation
 from onnx_lrp.core.errors import LrpWarning, NumericError
 
-from util import assert_close, make_model, node, to_bytes
+from util import assert_close, explain, make_model, node, to_bytes
 
 
 def mlp(bias: float, w2_scale: float = 1.0) -> bytes:
@@ -30,22 +30,15 @@ def mlp(bias: float, w2_scale: float = 1.0) -> bytes:
 X = np.array([[0.5, 0.25, 0.75, 0.125]], np.float32)
 
 
-def explain(model, **kw):
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        res = onnx_lrp.Explainer(model, composite="epsilon", **kw).explain(X, target=0)
-    return res, [str(w.message) for w in seen if issubclass(w.category, LrpWarning)]
-
-
 def test_conserving_explanation_is_silent():
-    res, seen = explain(mlp(0.0))
+    res, seen = explain(mlp(0.0), X, target=0, warned=True)
     assert abs(res.relevance.sum() / res.explained_value[0] - 1) < 1e-5  # no bias: epsilon conserves
     assert seen == []
 
 
 def test_bias_that_absorbs_nearly_all_warns_and_names_the_node():
     # the bias (100) dwarfs w1 x (~1): the Gemm's epsilon rule hands x only x w / (x w + b) of its relevance
-    res, seen = explain(mlp(100.0))
+    res, seen = explain(mlp(100.0), X, target=0, warned=True)
     ratio = res.relevance.sum() / res.explained_value[0]
     assert ratio < conservation.FLOOR
     assert len(seen) == 1 and "\n" not in seen[0]

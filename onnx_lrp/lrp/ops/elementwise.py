@@ -1,6 +1,7 @@
 """Element-wise non-linearities of one tensor: relevance passes (zennit Pass, LXT identity rule).
 
-The Gradient rule multiplies by f'(x) where it is given here (piecewise-linear and smooth ops). Functions with
+The Gradient rule multiplies by f'(x) where it is given here (piecewise-linear, piecewise-quadratic (HardSwish) and
+smooth ops). Functions with
 f(0) != 0 (``at_zero``: Sigmoid, HardSigmoid, Exp, Softplus, Cos, Clip with 0 outside [min, max]) are of kind
 ``offset-activation``: the identity rule is refused on them, the built-in composites give them
 ``gradient-x-input`` (R_x = x f'(x) R_y / f(x), which needs ``derivative``). As gates (``h * sigmoid(s)``) they
@@ -78,6 +79,20 @@ class HardSigmoid(ActivationOp):
                        em.op("Less", y, em.scalar(1.0), tag="below"), tag="inside")
         return em.op("Where", inside, em.scalar(node.attributes.get_float("alpha", 0.2)), em.scalar(0.0),
                      tag="dfdx")
+
+
+@register
+class HardSwish(ActivationOp):
+    """y = x * HardSigmoid(x) with alpha 1/6, beta 1/2 (MobileNetV3; a PyTorch export's x * hardsigmoid(x) is
+    canonized to it): f(0) = 0."""
+
+    op_types = ("HardSwish",)
+
+    def derivative(self, em, node):  # 0 below -3, x / 3 + 1/2 up to 3, 1 above (torch's hardswish_backward)
+        x = node.inputs[0]
+        ramp = em.add(em.div(x, em.scalar(3.0), tag="x_3"), em.scalar(0.5), tag="ramp")
+        low = em.op("Where", em.op("Less", x, em.scalar(-3.0), tag="below"), em.scalar(0.0), ramp, tag="low")
+        return em.op("Where", em.op("Greater", x, em.scalar(3.0), tag="above"), em.scalar(1.0), low, tag="dfdx")
 
 
 @register
@@ -166,8 +181,8 @@ class PRelu(ActivationOp):
 
 
 register(type("OtherActivation", (ActivationOp,), {
-    "op_types": ("Elu", "Selu", "Celu", "HardSwish", "Softsign", "Gelu", "Mish", "ThresholdedRelu", "Shrink", "Erf",
-                 "Abs", "Neg", "Sin"),
+    "op_types": ("Elu", "Selu", "Celu", "Softsign", "Gelu", "Mish", "ThresholdedRelu", "Shrink", "Erf", "Abs", "Neg",
+                 "Sin"),
     "__doc__": "Smooth or piecewise element-wise non-linearities with f(0) = 0: Pass only.",
     "nonneg_output": lambda self, node, inputs_nonneg: node.op_type == "Abs"}))
 
