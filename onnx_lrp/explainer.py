@@ -17,16 +17,35 @@ class Explainer(Runner):
     (:class:`onnx_lrp.core.relevance_model.RelevanceModel`), ``options`` how it runs."""
 
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
-                 build: BuildOptions | None = None, run: RunOptions | None = None, **options):
+                 build: BuildOptions | None = None, run: RunOptions | None = None, labels=None, **options):
         """``options``: the fields of :class:`onnx_lrp.core.relevance_model.BuildOptions` (output, relevance_at,
         explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.options.RunOptions`
         (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
         low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
         the caller instead of their keywords. Every value is checked once, refused in one line
-        (:class:`onnx_lrp.run.launch.ExplainOptions`)."""
-        given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
+        (:class:`onnx_lrp.run.launch.ExplainOptions`); ``low`` / ``high`` as a list of one value per channel are
+        shaped per channel (as ``--low a,b,c``). ``labels``: the class names (a list, a dict of index -> name, or
+        a file as ``--labels`` takes); default the model's ``id2label`` metadata, else the config.json beside it."""
+        from .io import labels as names
+        from .io.preprocess import shaped_bounds
+
+        given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run,
+                                                    **shaped_bounds(model, options))
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
         super().__init__(relevance_model, given.run, session)
+        self.labels = names.find_labels(labels, self, model)
+
+    def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
+        """Relevance of the inputs for ``target`` (None: the arg-max per item; a class index or name, see
+        :attr:`labels`; one per item). ``x``: a numpy array or a torch tensor (any grad state or device: the
+        relevance comes back as torch tensors on its device), or a dict of them by input name; uint8 arrays are
+        8-bit pixels, divided by 255 with a warning. The rest as :meth:`onnx_lrp.run.runner.Runner.explain`."""
+        from .io import convert, labels as names
+
+        given = convert.api_inputs(x, self.inputs)
+        if self.relevance_model.sequence_rows is None and names.by_name(target):
+            target = names.resolve_targets(target, self.labels, self.output_width())
+        return convert.answer_in_kind(super().explain(given.x, target, start, position), given.like)
 
     @property
     def composite(self) -> Composite:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError, LrpError
+from .convert import layout_hint, pixels_note
 from .kinds import ARRAY_KINDS, DIRECTORY, FILE_KINDS, Kind, kind_of, suffixes
 
 
@@ -128,8 +129,9 @@ class Preprocess:
     size: tuple | None = None
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
-    crop: bool = False  # keep the aspect ratio: scale the shorter side to fit, cut the centre
+    crop: bool = False  # --crop was given (resizing keeps the aspect ratio unless ``squash``: the default)
     normalised: bool = False  # --mean or --std was given (else the defaults 0 and 1)
+    squash: bool = False  # resize to the size whatever the aspect ratio (else: the shorter side, then the centre)
 
     def per_channel(self, channels: int | None, where: str = "the model's input") -> tuple[np.ndarray, np.ndarray]:
         """--mean and --std as one value per channel (``channels`` None: as many as given, or one)."""
@@ -249,6 +251,34 @@ def image_size(layout: ImageLayout, pre: Preprocess, path) -> tuple[int, int]:
     return size
 
 
+def fit(source: tuple, size: tuple, squash: bool = False) -> tuple[tuple, tuple | None]:
+    """How an image of ``source`` (W, H) becomes ``size`` (H, W): (the size it is resized to (W, H), the box cut
+    from it (left, top, right, bottom) or None). As torchvision's ``Resize`` + ``CenterCrop``: the side that fits
+    tightly is resized to the size, the other scaled in proportion (rounded down), then the centre cut; ``squash``:
+    resized to the size whatever the aspect ratio."""
+    (w, h), (th, tw) = source, size
+    if squash or (w, h) == (tw, th):
+        return (tw, th), None
+    if tw * h >= th * w:  # the width fits tightly: resize it to tw
+        scaled = (tw, max(th, int(tw * h / w)))
+    else:
+        scaled = (max(tw, int(th * w / h)), th)
+    left, top = int(round((scaled[0] - tw) / 2.0)), int(round((scaled[1] - th) / 2.0))
+    return scaled, (None if scaled == (tw, th) else (left, top, left + tw, top + th))
+
+
+def describe_resize(source: tuple, size: tuple, squash: bool = False) -> str | None:
+    """One phrase for the summary: how an image of ``source`` (W, H) became ``size`` (H, W); None when unchanged."""
+    scaled, box = fit(source, size, squash)
+    if tuple(source) == scaled and box is None:
+        return None
+    if box is None:
+        stretched = squash and source[0] * size[0] != source[1] * size[1]
+        return f"resized to {size[0]}x{size[1]}" + (" (squashed: --squash)" if stretched else "")
+    resized = "" if tuple(source) == scaled else f"resized to {scaled[1]}x{scaled[0]} (aspect kept), "
+    return f"{resized}the centre {size[0]}x{size[1]} cut (--squash: resized without cutting)"
+
+
 def decode_pixels(path, layout: ImageLayout, pre: Preprocess, data: bytes | None = None) -> np.ndarray:
     """The pixels [H,W,C] uint8 of an image file (or of its encoded bytes ``data``), converted to the model's
     channels and resized as ``pre`` says; :func:`normalise_pixels` makes model input of them."""
@@ -262,14 +292,11 @@ def decode_pixels(path, layout: ImageLayout, pre: Preprocess, data: bytes | None
             im.load()
             mode = "L" if layout.channels == 1 else "RGB"
             im = im.convert(mode)
-            if pre.crop and im.size != (size[1], size[0]):
-                f = max(size[1] / im.size[0], size[0] / im.size[1])
-                w, h = max(size[1], round(im.size[0] * f)), max(size[0], round(im.size[1] * f))
-                im = im.resize((w, h), Image.Resampling.BILINEAR)
-                left, top = (w - size[1]) // 2, (h - size[0]) // 2
-                im = im.crop((left, top, left + size[1], top + size[0]))
-            elif im.size != (size[1], size[0]):
-                im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            scaled, box = fit(im.size, size, pre.squash)
+            if scaled != im.size:
+                im = im.resize(scaled, Image.Resampling.BILINEAR)
+            if box is not None:
+                im = im.crop(box)
             pixels = np.asarray(im, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InputError(f"input {path} is not a readable image ({type(exc).__name__}: {_first_line(exc)}); give "
@@ -306,6 +333,17 @@ class Batch:
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # one line each for the user (e.g. uint8 read as pixels)
     outside_unit: str | None = None  # --mean/--std normalised values outside [0, 1]: which file, which range
+    resized: list[str] = field(default_factory=list)  # images: how each was resized (describe_resize), if it was
+
+    def resize_note(self) -> str | None:
+        """How the images were resized, for a summary line (None when none was)."""
+        said = [r for r in self.resized if r]
+        if not said:
+            return None
+        if len(set(said)) == 1 and len(said) == len(self.names):
+            return ("image " if len(said) == 1 else "images ") + said[0]
+        return f"{len(said)} of {len(self.names)} images resized" + (
+            "" if all("cut" not in r for r in said) else " (aspect kept, the centre cut; --squash: without cutting)")
 
     def __len__(self) -> int:
         return len(self.names)
@@ -374,10 +412,11 @@ def load_inputs(path, specs, pre: Preprocess = Preprocess()) -> Batch:
         arrays[info.name] = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
     images = [im for part in parts for im in (part.images or [])] if kind is Kind.IMAGE else None
     if kind is Kind.IMAGE:
-        return Batch(arrays, names, kind, images, parts[0].layout, files)
-    if pre.size is not None or pre.crop:
-        raise InputError(f"--size and --crop resize images, and {path} holds arrays: resize them before saving, or "
-                         "drop --size/--crop")
+        return Batch(arrays, names, kind, images, parts[0].layout, files,
+                     resized=[r for part in parts for r in part.resized])
+    if pre.size is not None or pre.crop or pre.squash:
+        raise InputError(f"--size and --crop resize images (--squash too), and {path} holds arrays: resize them "
+                         "before saving, or drop --size/--crop/--squash")
     arrays, notes, outside = prepare_arrays(arrays, infos, pre, path)
     return Batch(arrays, names, kind, None, None, files, notes, outside)
 
@@ -399,9 +438,12 @@ def prepare_arrays(arrays: dict, infos: list[InputInfo], pre: Preprocess, path) 
         if a.dtype.kind in "biu" and a.dtype != np.uint8:
             raise InputError(f"input {path} ({info.name}) has dtype {a.dtype} but the model takes {info.dtype}: save "
                              "floats (np.save(path, x.astype(np.float32))); uint8 arrays are read as 8-bit pixels")
+        hint = layout_hint(f"input {path} ({info.name})", a.shape, info.dims)
+        if hint:
+            raise InputError(hint)
         if a.dtype == np.uint8:
             a = a.astype(np.float32) / np.float32(255.0)
-            notes.append(f"{Path(path).name}: uint8 values read as 8-bit pixels and divided by 255, as images are")
+            notes.append(pixels_note(Path(path).name))
         elif pre.normalised and a.size and (a.min() < 0 or a.max() > 1):
             outside = f"{path} ({info.name}) holds values from {float(a.min()):.4g} to {float(a.max()):.4g}"
         if pre.normalised:
@@ -463,7 +505,9 @@ def _load_one(path: Path, kind: Kind, infos: list[InputInfo], pre: Preprocess) -
                              "feeds one; give a .npz with one array per input")
         layout = image_layout(infos[0])
         x, display = load_image(path, layout, pre)
-        return Batch({infos[0].name: x[None]}, [path.name], kind, [display], layout)
+        source = _source_size(path)
+        said = describe_resize(source, image_size(layout, pre, path), pre.squash) if source else None
+        return Batch({infos[0].name: x[None]}, [path.name], kind, [display], layout, resized=[said])
     if kind is Kind.NPY:
         if len(infos) != 1:
             raise InputError(f"the model has {len(infos)} inputs ({', '.join(i.name for i in infos)}); a .npy file "
@@ -499,6 +543,17 @@ def _load_one(path: Path, kind: Kind, infos: list[InputInfo], pre: Preprocess) -
     stem = path.name
     names = [stem] if batch == 1 else [f"{stem}[{i}]" for i in range(batch)]
     return Batch(out, names, kind)
+
+
+def _source_size(path: Path) -> tuple | None:
+    """An image file's (W, H), from its header; None when unreadable (the reader reports it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception:  # noqa: BLE001 - read already by load_image, which names the problem
+        return None
 
 
 def _check_file(path: Path) -> None:
@@ -538,6 +593,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = ["Batch", "IMAGENET_MEAN", "IMAGENET_STD", "ImageLayout", "InputInfo", "Preprocess", "channels_last",
-           "decode_pixels", "directory_files", "image_layout", "input_infos", "input_kind", "items_kind", "load_image",
-           "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims", "model_signature",
-           "normalise_pixels", "prepare_arrays", "stored_dtypes"]
+           "decode_pixels", "describe_resize", "directory_files", "fit", "image_layout", "input_infos", "input_kind",
+           "items_kind", "load_image", "load_inputs", "load_npy", "load_npz", "model_channel_axis", "model_input_dims",
+           "model_signature", "normalise_pixels", "prepare_arrays", "stored_dtypes"]

@@ -95,6 +95,31 @@ def metadata_labels(metadata: dict | None) -> list[str] | None:
         return None
 
 
+def find_labels(given, runner, model=None) -> list[str] | None:
+    """The class names of a model: ``given`` (:func:`as_labels`), else the ``id2label`` of its ONNX metadata (read
+    from ``runner``'s session), else the config.json beside ``model`` (a path; :func:`labels_beside`)."""
+    if given is not None:
+        return as_labels(given)
+    try:
+        meta = runner.session.session.get_modelmeta().custom_metadata_map
+    except AttributeError:
+        meta = None
+    found = metadata_labels(meta)
+    if found is None and isinstance(model, (str, Path)):
+        found = labels_beside(model)
+    return found
+
+
+def by_name(target) -> bool:
+    """Whether a target names a class (a string other than digits / "argmax", or a list holding one)."""
+    if isinstance(target, str):
+        t = target.strip().lower()
+        return t not in ("", "argmax") and not t.lstrip("+-").isdigit()
+    if isinstance(target, (list, tuple)):
+        return any(by_name(t) for t in target)
+    return isinstance(target, np.ndarray) and target.dtype.kind in "US"
+
+
 def label_of(index, labels: list[str] | None) -> str | None:
     """The name of class ``index``, or None without names (or past their end)."""
     if labels is None or index is None:
@@ -174,5 +199,5 @@ def _closest(want: str, labels: list[str], full: list[str], aliases: list[list[s
     return f"give a class index 0..{len(labels) - 1} or one of its {len(labels)} names (e.g. {labels[0]!r})"
 
 
-__all__ = ["read_labels", "as_labels", "labels_beside", "metadata_labels", "label_of", "resolve_target",
-           "resolve_targets"]
+__all__ = ["by_name", "find_labels", "read_labels", "as_labels", "labels_beside", "metadata_labels", "label_of",
+           "resolve_target", "resolve_targets"]
