@@ -72,7 +72,7 @@ def test_torch_tensors_with_grad_on_any_device_answered_in_kind(ex, x):
 def test_numpy_input_does_not_import_torch(ex, x, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # any `import torch` now raises ImportError
     with pytest.raises(ImportError):
-        import torch  # noqa: F401
+        import torch  # noqa: F401,PLC0415
     res = ex.explain(x, target=1)
     assert isinstance(res.relevance, np.ndarray)
 
