@@ -37,12 +37,13 @@ class Explainer(Runner):
 
     def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
         """Relevance of the inputs for ``target`` (None: the arg-max per item; a class index or name, see
-        :attr:`labels`; one per item). ``x``: a numpy array or a torch tensor (any grad state or device: the
-        relevance comes back as torch tensors on its device), or a dict of them by input name; uint8 arrays are
-        8-bit pixels, divided by 255 with a warning. The rest as :meth:`onnx_lrp.run.runner.Runner.explain`."""
+        :attr:`labels`; one per item). ``x``: a numpy array or a torch tensor (any grad state or device; the
+        relevance comes back as torch tensors on its device, and a CUDA tensor is read in place by an explainer on
+        CUDA), or a dict of them by input name; uint8 arrays are 8-bit pixels, divided by 255 with a warning. The
+        rest as :meth:`onnx_lrp.run.runner.Runner.explain`."""
         from .io import convert, labels as names
 
-        given = convert.api_inputs(x, self.inputs)
+        given = convert.api_inputs(x, self.inputs, self.device)
         if self.relevance_model.sequence_rows is None and names.by_name(target):
             target = names.resolve_targets(target, self.labels, self.output_width())
         return convert.answer_in_kind(super().explain(given.x, target, start, position), given.like)

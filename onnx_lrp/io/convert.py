@@ -73,18 +73,22 @@ class Given:
     like: object = None  # the first torch tensor given (the relevance goes back as torch, on its device)
 
 
-def api_inputs(x, specs) -> Given:
+def api_inputs(x, specs, device: str = "cpu") -> Given:
     """The caller's ``x`` (an array, a torch tensor, or a dict of them by input name) read as the command line reads
-    files: see the module. ``specs``: the model's inputs (name, dims, dtype)."""
+    files: see the module. ``specs``: the model's inputs (name, dims, dtype). ``device``: the explainer's; a CUDA
+    tensor given to an explainer on CUDA is read in place (detached: :mod:`onnx_lrp.run.binding`), any other torch
+    tensor is copied to numpy."""
     by_name = {s.name: s for s in specs}
     if isinstance(x, dict):
         like = next((v for v in x.values() if is_torch(v)), None)
-        return Given({k: _one(v, by_name.get(k), k) for k, v in x.items()}, like)
+        return Given({k: _one(v, by_name.get(k), k, device) for k, v in x.items()}, like)
     spec = specs[0] if len(specs) == 1 else None
-    return Given(_one(x, spec, spec.name if spec else "x"), x if is_torch(x) else None)
+    return Given(_one(x, spec, spec.name if spec else "x", device), x if is_torch(x) else None)
 
 
-def _one(value, spec, name: str):
+def _one(value, spec, name: str, device: str):
+    if is_torch(value) and device == "cuda" and getattr(value.device, "type", None) == "cuda":
+        return value.detach()  # read in place on the GPU; the relevance comes back there as torch
     a = to_numpy(value, name)
     if not isinstance(a, np.ndarray) or spec is None:
         return a
