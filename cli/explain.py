@@ -149,10 +149,13 @@ def _text_mode(o: "ExplainOptions", ds, text):
 def _dataset_mode(o: "ExplainOptions", ds, text):
     """--out-dir: every item of SOURCE into shards, by its own module (cli/dataset.py)."""
     _need_input(o)
+    for option, why in (("squash", "resizes keeping the aspect ratio (the centre cut)"),
+                        ("labels", "records class indices (targets by index)")):
+        if o.options.get(option):
+            raise InputError(f"--{option} is not taken with --out-dir: the dataset engine {why}; drop --{option}")
     return run_dataset(o.model, o.input_path, ds, o.options, parse_target(o.target),
                        refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
-                                "--html": o.html_path, "--position": o.position, "--labels": o.options.get("labels"),
-                                "--squash": o.options.get("squash")})
+                                "--html": o.html_path, "--position": o.position})
 
 
 def _files_mode(o: "ExplainOptions", ds, text):

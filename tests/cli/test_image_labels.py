@@ -102,3 +102,11 @@ def test_size_keeps_the_aspect_and_says_so(files, tmp_path):
     assert r.exit_code == 2 and "give one of them" in r.output
     r = cli("inspect", files / "rgb.onnx")
     assert r.exit_code == 0 and "keeping the aspect" in r.output
+
+
+@pytest.mark.parametrize("option", [["--squash"], ["--labels", "names.txt"]])
+def test_dataset_mode_refuses_what_it_does_not_take(files, tmp_path, option):
+    args = [files / a if a.endswith(".txt") else a for a in option]
+    r = cli("explain", files / "rgb.onnx", files / "wide.png", "--out-dir", tmp_path / "out", *args)
+    assert r.exit_code == 2 and f"{option[0]} is not taken with --out-dir" in r.output
+    assert not (tmp_path / "out").exists()
