@@ -185,3 +185,12 @@ def test_load_image_equals_what_the_command_line_feeds(model_path, tmp_path):
             fed = z[[k for k in z.files if k.startswith("inputs")][0]]
         mine = load_image(tmp_path / "c.png", mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), model=model_path, **kw)
         np.testing.assert_array_equal(mine, fed)
+
+
+@pytest.mark.parametrize("w, h, size", [(320, 240, 224), (41, 53, 24), (50, 37, 17), (24, 25, 24)])
+def test_size_equals_torchvisions_resize_and_center_crop(tmp_path, w, h, size):
+    T = pytest.importorskip("torchvision.transforms")
+    im = Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))
+    im.save(tmp_path / "im.png")
+    want = np.asarray(T.CenterCrop(size)(T.Resize(size)(im)), np.float32) / np.float32(255)
+    np.testing.assert_array_equal(load_image(tmp_path / "im.png", size)[0].transpose(1, 2, 0), want)
