@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, LrpWarning
 
 HINT = "a JSON list of class names, a config.json with id2label, or a text file with one class name per line"
 
@@ -97,17 +98,37 @@ def metadata_labels(metadata: dict | None) -> list[str] | None:
 
 def find_labels(given, runner, model=None) -> list[str] | None:
     """The class names of a model: ``given`` (:func:`as_labels`), else the ``id2label`` of its ONNX metadata (read
-    from ``runner``'s session), else the config.json beside ``model`` (a path; :func:`labels_beside`)."""
+    from ``runner``'s session), else the config.json beside ``model`` (a path; :func:`labels_beside`). Names that
+    do not count the model's classes (:func:`class_count`) are refused when given, and not used (one warning) when
+    found: one name too many or too few would name every class by its neighbour's name."""
+    width = class_count(runner)
     if given is not None:
-        return as_labels(given)
+        names = as_labels(given)
+        if width is not None and len(names) != width:
+            raise InputError(f"labels: {len(names)} names for the {width} classes of {runner.explained_output!r}; "
+                             "give one name per class, in class order")
+        return names
     try:
         meta = runner.session.session.get_modelmeta().custom_metadata_map
     except AttributeError:
         meta = None
-    found = metadata_labels(meta)
+    found, source = metadata_labels(meta), "the model's id2label metadata"
     if found is None and isinstance(model, (str, Path)):
-        found = labels_beside(model)
+        found, source = labels_beside(model), f"the config.json beside {model}"
+    if found is not None and width is not None and len(found) != width:
+        warnings.warn(f"{source} names {len(found)} classes but {runner.explained_output!r} has {width}: its names "
+                      "are not used (give --labels / labels=)", LrpWarning, stacklevel=3)
+        return None
     return found
+
+
+def class_count(runner) -> int | None:
+    """The number of classes the explained output has per item (per position for sequence outputs), when known."""
+    try:
+        rows = runner.relevance_model.sequence_rows
+        return rows[1] if rows is not None else runner.output_width()
+    except AttributeError:
+        return None
 
 
 def by_name(target) -> bool:
@@ -199,5 +220,5 @@ def _closest(want: str, labels: list[str], full: list[str], aliases: list[list[s
     return f"give a class index 0..{len(labels) - 1} or one of its {len(labels)} names (e.g. {labels[0]!r})"
 
 
-__all__ = ["by_name", "find_labels", "read_labels", "as_labels", "labels_beside", "metadata_labels", "label_of",
-           "resolve_target", "resolve_targets"]
+__all__ = ["by_name", "class_count", "find_labels", "read_labels", "as_labels", "labels_beside", "metadata_labels",
+           "label_of", "resolve_target", "resolve_targets"]

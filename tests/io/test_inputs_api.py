@@ -194,3 +194,13 @@ def test_size_equals_torchvisions_resize_and_center_crop(tmp_path, w, h, size):
     im.save(tmp_path / "im.png")
     want = np.asarray(T.CenterCrop(size)(T.Resize(size)(im)), np.float32) / np.float32(255)
     np.testing.assert_array_equal(load_image(tmp_path / "im.png", size)[0].transpose(1, 2, 0), want)
+
+
+def test_names_that_miscount_the_classes(model_path, tmp_path):
+    """Given names must count the classes (refused); names found beside the model that do not are not used."""
+    with pytest.raises(InputError, match=r"labels: 6 names for the 5 classes of 'y'"):
+        onnx_lrp.Explainer(str(model_path), labels=NAMES + ["background"])
+    onnx.save(_rgb_model(), tmp_path / "model.onnx")
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b"}}))
+    with pytest.warns(LrpWarning, match=r"names 2 classes but 'y' has 5: its names are not used"):
+        assert onnx_lrp.Explainer(str(tmp_path / "model.onnx")).labels is None
