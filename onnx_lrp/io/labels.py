@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError, LrpWarning
+from ..core.errors import InputError
 
 HINT = "a JSON list of class names, a config.json with id2label, or a text file with one class name per line"
 
@@ -99,8 +98,9 @@ def metadata_labels(metadata: dict | None) -> list[str] | None:
 def find_labels(given, runner, model=None) -> list[str] | None:
     """The class names of a model: ``given`` (:func:`as_labels`), else the ``id2label`` of its ONNX metadata (read
     from ``runner``'s session), else the config.json beside ``model`` (a path; :func:`labels_beside`). Names that
-    do not count the model's classes (:func:`class_count`) are refused when given, and not used (one warning) when
-    found: one name too many or too few would name every class by its neighbour's name."""
+    do not count the model's classes (:func:`class_count`) are refused when given, and not used when found (a
+    language model's config.json names 2 default labels, not its vocabulary): one name too many or too few would
+    name every class by its neighbour's name."""
     width = class_count(runner)
     if given is not None:
         names = as_labels(given)
@@ -112,14 +112,10 @@ def find_labels(given, runner, model=None) -> list[str] | None:
         meta = runner.session.session.get_modelmeta().custom_metadata_map
     except AttributeError:
         meta = None
-    found, source = metadata_labels(meta), "the model's id2label metadata"
+    found = metadata_labels(meta)
     if found is None and isinstance(model, (str, Path)):
-        found, source = labels_beside(model), f"the config.json beside {model}"
-    if found is not None and width is not None and len(found) != width:
-        warnings.warn(f"{source} names {len(found)} classes but {runner.explained_output!r} has {width}: its names "
-                      "are not used (give --labels / labels=)", LrpWarning, stacklevel=3)
-        return None
-    return found
+        found = labels_beside(model)
+    return None if found is not None and width is not None and len(found) != width else found
 
 
 def class_count(runner) -> int | None:
