@@ -61,7 +61,8 @@ EXAMPLES = [
 ]
 SECTIONS = [
     ("What to explain", ["target", Row(("labels",), "Class names: JSON list, lines, config.json.",
-                                       left="--labels FILE"), "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
+                                       left="--labels FILE"),
+                         "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
     ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
     ("Outputs", ["out", "heatmap_path", Row(("cmap", "heatmap_style"), "Heatmap colours and layout.",
                                             left="--cmap, --heatmap-style"), "as_json"]),
