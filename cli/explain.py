@@ -63,11 +63,13 @@ EXAMPLES = [
 ]
 DOCS = ("Image models", "Text and transformers", "Explaining a whole dataset")
 SECTIONS = [
-    ("What to explain", ["target", "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
+    ("What to explain", ["target", Row(("labels",), "Class names: JSON list, lines, config.json.",
+                                       left="--labels FILE"),
+                         "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
     ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
     ("Outputs", ["out", "heatmap_path", Row(("cmap", "heatmap_style"), "Heatmap colours and layout.",
                                             left="--cmap, --heatmap-style"), "as_json"]),
-    ("Running", [Row(TEXT_KEYS, "A text instead of INPUT (see the docs)."),
+    ("Running", [Row(tuple(k for k in TEXT_KEYS if k != "labels"), "A text instead of INPUT (see the docs)."),
                  Row(("tokens_path", "html_path", "token_scale"), "Token views of token-id arrays."),
                  Row(("device", "tf32"), "cpu (default), cuda or auto; TF32 on CUDA.", left="--device D, --tf32"),
                  "batch_size",
@@ -81,8 +83,8 @@ SECTIONS = [
 @click.argument("model", metavar="MODEL")
 @click.argument("input_path", metavar="[INPUT]", required=False)
 @common
-@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
-              help="Class, one per item, or argmax (default).")
+@click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]",
+              help="Class index or name (per item) or argmax.")
 @click.option("--output", "output_name", default=None, metavar="NAME",
               help="Output to explain (default: the first).")
 @click.option("--position", default=None, metavar="INT[,INT...]",
@@ -127,9 +129,16 @@ def explain(**kw):
     """
     o = ExplainOptions.from_click(kw)
     ds = dataset_mode(o.options)
-    text = text_mode(o.options)
+    text = _text_given(o.options)
     mode = next(m for m in MODES if m.chosen(ds, text))
     return mode.run(o, ds, text)
+
+
+def _text_given(options: dict) -> dict | None:
+    """The text options when a text option other than --labels was given (--labels names any classifier's
+    classes: alone it keeps explain on INPUT), else None."""
+    text = text_mode({**options, "labels": None})
+    return None if text is None else {**text, "labels": options.get("labels")}
 
 
 def _text_mode(o: "ExplainOptions", ds, text):
@@ -144,6 +153,10 @@ def _text_mode(o: "ExplainOptions", ds, text):
 def _dataset_mode(o: "ExplainOptions", ds, text):
     """--out-dir: every item of SOURCE into shards, by its own module (cli/dataset.py)."""
     _need_input(o)
+    for option, why in (("squash", "resizes keeping the aspect ratio (the centre cut)"),
+                        ("labels", "records class indices (targets by index)")):
+        if o.options.get(option):
+            raise InputError(f"--{option} is not taken with --out-dir: the dataset engine {why}; drop --{option}")
     return run_dataset(o.model, o.input_path, ds, o.options, parse_target(o.target),
                        refused={"-o": o.out, "--heatmap": o.heatmap_path, "--tokens": o.tokens_path,
                                 "--html": o.html_path, "--position": o.position})
@@ -239,6 +252,7 @@ class _Result:
     t_explain: float
     token_rows: list | None = None
     item_tokens: list | None = None
+    labels: list | None = None  # the class names (--labels, the model's id2label, a config.json beside it)
 
     @property
     def n(self) -> int:
@@ -265,7 +279,7 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         check_writable(heat_path)
         if heat_path.resolve() == out_path.resolve():
             raise OutputError(f"--heatmap and -o both name {out_path}; give two different files")
-    targets = parse_target(o.target)
+    targets = _target_arg(o.target)
     positions = parse_target(o.position, "--position") if o.position is not None else None
     tokens = None
     if o.html_path and not o.tokens_path:
@@ -278,7 +292,8 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         if html_out.suffix.lower() not in (".html", ".htm"):
             raise OutputError(f"--html {html_out}: give an .html file name")
         check_writable(html_out)
-    guard([("the input", input_path), ("the --tokens file", o.tokens_path)],
+    guard([("the input", input_path), ("the --tokens file", o.tokens_path),
+           ("the --labels file", o.options.get("labels"))],
           [("-o", out_path), ("--heatmap", heat_path), ("--html", html_out)], models=[("the model", o.model)])
     return _Destinations(input_path, items, out_path, heat_path, html_out, tokens, targets, positions)
 
@@ -295,6 +310,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
         _say(f"--device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"))
     if setup.zbox_note:
         _say(setup.zbox_note)
+    labels = _class_names(o, ex, dest)
     if len(ex.relevance_inputs) > 1 and dest.out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {dest.out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
@@ -303,6 +319,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
     res = _result(o, dest, ex, batch, merged, t_build, t_explain)
+    _name_classes(res, labels)
     if dest.tokens is not None:
         from onnx_lrp.io.tokens import tokens_for
         res.token_rows = _token_rows(dest.tokens, merged.relevance, res.n)
@@ -425,7 +442,8 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     if behind:
         lw = max(12, len(f"logit {ex.explained_tensor}"))
         extra_head += f"  {('logit ' + ex.explained_tensor):>{lw}}"
-    click.echo(f"{'item':<{width}}  predicted  target{extra_head}  {out_head:>{ow}}  relevance sum")
+    click.echo(f"{'item':<{width}}  predicted  target{extra_head}  {out_head:>{ow}}  relevance sum"
+               + ("  class (target)" if res.labels else ""))
     for it in items[:SUMMARY_ROWS]:
         extra = ""
         if pos_used is not None:
@@ -433,17 +451,19 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         if behind:
             extra += f"  {it['logit']:>{lw}.6g}"
         click.echo(f"{printable(it['item']):<{width}}  {it['predicted']:>9}  {it['target']:>6}{extra}  {it['output']:>{ow}.6g}  "
-                   f"{it['relevance_sum']:>13.6g}")
+                   f"{it['relevance_sum']:>13.6g}" + (f"  {printable(it.get('target_label') or '')}"
+                                                      if res.labels else ""))
     if n > SUMMARY_ROWS:
         click.echo(f"... {n - SUMMARY_ROWS} more item(s) (--json lists all)")
     if behind:
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
+    resized = res.batch.resize_note()
     click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}"
                f"{device_note(ex)}{precision_note(ex)}: explained in "
                f"{res.t_explain:.3f} s "
-               f"(model built in {res.t_build:.3f} s)")
+               f"(model built in {res.t_build:.3f} s)" + (f"; {resized}" if resized else ""))
     if res.token_rows is not None:
         from onnx_lrp.io.tokens import terminal
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
@@ -457,12 +477,63 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     click.echo(f"relevance -> {dest.out_path}" + heat_text + (f"; tokens -> {dest.html_out}" if dest.html_out else ""))
 
 
+def _target_arg(text):
+    """--target as :func:`parse_target` reads it, or the text itself when it names classes (resolved once the
+    class names are known: :func:`_class_names`)."""
+    from onnx_lrp.io.labels import by_name
+
+    try:
+        return parse_target(text)
+    except InputError:
+        if by_name(str(text)):
+            return str(text)
+        raise
+
+
+def _class_names(o: ExplainOptions, ex, dest: _Destinations):
+    """The class names (--labels, the model's id2label metadata, a config.json beside it) or None; a --target
+    given by name resolved with them (the whole text one name, else one name per item, comma-separated)."""
+    from onnx_lrp.io.labels import find_labels, resolve_target
+
+    labels = find_labels(o.options.get("labels"), ex, o.model)
+    if not isinstance(dest.targets, str):
+        return labels
+    width = ex.output_width()
+    try:
+        dest.targets = resolve_target(dest.targets, labels, width, "--target")
+    except InputError:
+        parts = [p.strip() for p in dest.targets.split(",")]
+        if len(parts) < 2 or not all(parts):
+            raise
+        dest.targets = [resolve_target(p, labels, width, "--target") for p in parts]
+    return labels
+
+
+def _name_classes(res: _Result, labels) -> None:
+    """The class names of each item's prediction and target in its summary row (JSON, table, captions)."""
+    from onnx_lrp.io.labels import label_of
+
+    res.labels = labels
+    note = res.batch.resize_note()
+    if note:
+        res.summary["resized"] = note
+    if not labels:
+        return
+    for it in res.items:
+        it["predicted_label"], it["target_label"] = label_of(it["predicted"], labels), label_of(it["target"], labels)
+
+
 def _tile_label(it: dict, ex, start: str) -> list[str]:
     """Caption lines of one heatmap tile: the item, predicted class, explained target and the value explained."""
     where = f" @{it['position']}" if "position" in it else ""
     value = f"logit {it['logit']:.4g}" if "logit" in it else f"{ex.explained_output} {it['output']:.4g}"
-    return [it["item"], f"pred {it['predicted']}  target {it['target']}{where}",
-            f"{value}  sum R {it['relevance_sum']:.4g}"]
+    lines = [it["item"], f"pred {it['predicted']}  target {it['target']}{where}",
+             f"{value}  sum R {it['relevance_sum']:.4g}"]
+    if "target_label" in it:  # class names known: the target's (and the prediction's when it differs)
+        pred = it.get("predicted_label")
+        lines.append(f"{it['target_label'] or it['target']}"
+                     + (f" (pred {pred})" if pred != it["target_label"] else ""))
+    return lines
 
 
 def _token_rows(tokens, relevance, n):

@@ -155,9 +155,12 @@ def input_options(f):
     """
     opts = [
         click.option("--size", default=None, metavar="H[,W]",
-                     help="Images: resize to this size (default: the model's input size)."),
+                     help="Images: resize to this size (default: the model's input size), keeping the aspect ratio: "
+                          "the shorter side to fit, the centre cut (torchvision's Resize + CenterCrop)."),
         click.option("--crop", is_flag=True,
-                     help="Images: keep the aspect ratio (resize the shorter side, cut the centre)."),
+                     help="Images: keep the aspect ratio (the default; see --size)."),
+        click.option("--squash", is_flag=True,
+                     help="Images: resize to the size whatever the aspect ratio (no cut)."),
         click.option("--mean", default=None, metavar="FLOAT[,FLOAT...]",
                      help="Normalise every input kind, (x - mean) / std per channel, images and uint8 arrays scaled "
                           f"to [0, 1] first (ImageNet: --mean {','.join(map(str, IMAGENET_MEAN))} "
@@ -177,7 +180,8 @@ RULE_ROWS = ["composite",
              Row(("alpha", "beta"), "Alpha-beta rules (alpha - beta = 1)."),
              Row(("low", "high"), "Box bounds (default: from --mean/--std).", left="--low/--high F[,F...]")]
 INPUT_ROWS = [Row(("mean", "std"), "Normalise any input: (x - mean) / std.", left="--mean/--std F[,F...]"),
-              Row(("size", "crop"), "Resize images (--crop: keep the aspect).", left="--size H[,W], --crop")]
+              Row(("size", "crop", "squash"), "Resize images (aspect kept, centre cut).",
+                  left="--size H[,W], --crop, --squash")]
 BINDING_ROWS = [Row(("constants", "input_shapes"), "Bind an input to a value / fix its sizes.",
                     left="--constant, --input-shape")]
 
@@ -185,9 +189,11 @@ BINDING_ROWS = [Row(("constants", "input_shapes"), "Bind an input to a value / f
 def preprocess(kw) -> Preprocess:
     """The :class:`Preprocess` of :func:`input_options`, read from click's options."""
     mean, std = kw.get("mean"), kw.get("std")
+    if kw.get("crop") and kw.get("squash"):
+        raise InputError("--crop keeps the aspect ratio and --squash does not; give one of them")
     pre = Preprocess(parse_size(kw.get("size")), parse_floats(mean, "--mean") or (0.0,),
                      parse_floats(std, "--std") or (1.0,), crop=bool(kw.get("crop", False)),
-                     normalised=mean is not None or std is not None)
+                     normalised=mean is not None or std is not None, squash=bool(kw.get("squash", False)))
     return pre
 
 

@@ -86,7 +86,7 @@ def _image_args(dims, stem: str) -> tuple[list, str]:
         args += ["--size", "H,W"]
         size = "H,W: the size it was trained at"
     else:
-        size = f"resized to {h}x{w}"
+        size = f"resized to {h}x{w} keeping the aspect (the shorter side fitted, the centre cut, or --squash)"
     args += ["--heatmap", f"{stem}.heat.png", "-o", f"{stem}.relevance.npy"]
     norm = (f"add --mean/--std as in training (ImageNet: --mean {','.join(map(str, IMAGENET_MEAN))} --std "
             f"{','.join(map(str, IMAGENET_STD))})") if c != 1 else "add --mean/--std if it was trained on normalised pixels"

@@ -26,7 +26,7 @@ class Explainer(Runner):
     """
 
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
-                 build: BuildOptions | None = None, run: RunOptions | None = None, **options):
+                 build: BuildOptions | None = None, run: RunOptions | None = None, labels=None, **options):
         """Build the relevance model of `model` and start its onnxruntime session.
 
         Args:
@@ -38,6 +38,9 @@ class Explainer(Runner):
             device: `"cpu"` (default), `"cuda"`, or `"auto"` (CUDA when it starts, else the CPU).
             build: a `BuildOptions` made by the caller, instead of its keywords below.
             run: a `RunOptions` made by the caller, instead of its keywords below.
+            labels: the class names: a list, a dict of index -> name, or a file as `--labels` takes (a JSON list,
+                one name per line, a config.json with `id2label`). Default: the model's `id2label` metadata, else
+                the config.json beside the model. Targets may then be given by name.
             **options (Any): keywords of how the relevance model is built, how it runs, and the composite's rule
                 parameters, described below.
 
@@ -69,9 +72,34 @@ class Explainer(Runner):
         Raises:
             LrpError: the model, an option or the device is refused (a subclass naming what and why).
         """
-        given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
+        from .io import labels as names
+        from .io.preprocess import shaped_bounds
+
+        given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run,
+                                                    **shaped_bounds(model, options))
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
         super().__init__(relevance_model, given.run, session)
+        self.labels = names.find_labels(labels, self, model)
+
+    def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
+        """Relevance of the inputs for `target`.
+
+        Args:
+            x: a numpy array or a torch tensor (any grad state or device; the relevance then comes back as torch
+                tensors on its device), or a dict of them by input name. uint8 arrays are 8-bit pixels, divided
+                by 255 with a warning.
+            target: None (the arg-max per item), a class index or a class name (see `labels`), or one per item.
+            start, position: as `Runner.explain`.
+
+        Returns:
+            Explanation: the relevance of each input, the outputs, the targets and the checks.
+        """
+        from .io import convert, labels as names
+
+        given = convert.api_inputs(x, self.inputs, self.device)
+        if self.relevance_model.sequence_rows is None and names.by_name(target):
+            target = names.resolve_targets(target, self.labels, self.output_width())
+        return convert.answer_in_kind(super().explain(given.x, target, start, position), given.like)
 
     @property
     def composite(self) -> Composite:

@@ -1,7 +1,8 @@
-"""The input kinds: the one table of the file formats users feed (suffixes, value range, default output name, how
-the dataset engine reads a source of the kind), read by the API (:mod:`onnx_lrp.io.inputs`), the command line and
-the dataset sources (:mod:`onnx_lrp.dataset.sources`). Nothing else tests a file's suffix to tell what it holds:
-:func:`kind_of` does. A new input kind is an entry here, its reader in :mod:`onnx_lrp.io.inputs`, and a case in
+"""The input kinds: the one table of the file formats users feed (suffixes, reader, value range, default output
+name, how the dataset engine reads a source of the kind), read by the API (:mod:`onnx_lrp.io.inputs`), the command
+line and the dataset sources (:mod:`onnx_lrp.dataset.sources`). Nothing else tests a file's suffix to tell what it
+holds: :func:`kind_of` does; nothing else picks a file's reader: the row names it. A new input kind is a row here
+(its reader beside the others in :mod:`onnx_lrp.io.readers`, or written here) and a case in
 ``tests/io/test_input_kinds.py``."""
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Callable
+
+from . import readers
 
 
 class Kind(StrEnum):
@@ -27,6 +31,7 @@ class InputKind:
 
     kind: Kind
     suffixes: tuple[str, ...]  # lower case, with the dot; () for a kind told by its content (PIXELS)
+    reader: Callable  # (path, the model's InputInfos, Preprocess) -> readers.Part: how one file of the kind is read
     unit_range: bool  # items lie in [0, 1] before --mean/--std, so box-rule bounds are known without them
     relevance_suffix: str  # explain's default -o for one such file: x.png -> ./x.relevance.npy
     single_run: bool  # explain without --out-dir (and evaluate, trace, ...) reads it; else dataset sources only
@@ -37,16 +42,16 @@ class InputKind:
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 KINDS: dict[Kind, InputKind] = {k.kind: k for k in (
-    InputKind(Kind.NPY, (".npy",), unit_range=False, relevance_suffix=".npy", single_run=True, rows=True,
-              preprocessed=False),
-    InputKind(Kind.NPZ, (".npz",), unit_range=False, relevance_suffix=".npz", single_run=True, rows=True,
-              preprocessed=False),
-    InputKind(Kind.IMAGE, IMAGE_SUFFIXES, unit_range=True, relevance_suffix=".npy", single_run=True, rows=False,
-              preprocessed=True),
-    InputKind(Kind.PARQUET, (".parquet",), unit_range=False, relevance_suffix=".npz", single_run=False, rows=True,
-              preprocessed=True),
-    InputKind(Kind.PIXELS, (), unit_range=True, relevance_suffix=".npy", single_run=True, rows=True,
-              preprocessed=False),
+    InputKind(Kind.NPY, (".npy",), readers.read_npy, unit_range=False, relevance_suffix=".npy", single_run=True,
+              rows=True, preprocessed=False),
+    InputKind(Kind.NPZ, (".npz",), readers.read_npz, unit_range=False, relevance_suffix=".npz", single_run=True,
+              rows=True, preprocessed=False),
+    InputKind(Kind.IMAGE, IMAGE_SUFFIXES, readers.read_image, unit_range=True, relevance_suffix=".npy",
+              single_run=True, rows=False, preprocessed=True),
+    InputKind(Kind.PARQUET, (".parquet",), readers.read_rows_elsewhere, unit_range=False, relevance_suffix=".npz",
+              single_run=False, rows=True, preprocessed=True),
+    InputKind(Kind.PIXELS, (), readers.read_pixels, unit_range=True, relevance_suffix=".npy", single_run=True,
+              rows=True, preprocessed=False),
 )}
 
 ARRAY_KINDS = (Kind.NPY, Kind.NPZ)  # numeric arrays as stored (np.save / np.savez)

@@ -126,8 +126,6 @@ def test_zbox_needs_bounds_and_they_must_fit_the_channels():
     with pytest.raises(InputError, match=r"zbox bound low of shape \[2, 1, 1\] does not fit .* one per channel "
                                          r"shaped \[3, 1, 1\]"):
         onnx_lrp.Explainer(conv_model(), composite="epsilon-gamma-box", low=np.zeros((2, 1, 1)), high=1.0)
-    with pytest.raises(InputError, match=r"flat list|does not fit"):  # (3,) would broadcast along the width
-        onnx_lrp.Explainer(conv_model(), composite="epsilon-gamma-box", low=[0.0, 0.0, 0.0], high=[1.0] * 3)
     x = RNG.uniform(0, 1, (2, 3, 4, 4)).astype(np.float32)
     model = conv_model()
     per_channel = onnx_lrp.Explainer(model, composite="epsilon-gamma-box", low=np.zeros((3, 1, 1)),
@@ -135,6 +133,9 @@ def test_zbox_needs_bounds_and_they_must_fit_the_channels():
     scalar = onnx_lrp.Explainer(model, composite="epsilon-gamma-box", low=0.0, high=1.0).explain(x).relevance
     assert np.abs(scalar).sum() > 0
     assert_close(per_channel, scalar, rtol=1e-5, atol=1e-7)
+    # a flat list is one value per channel, as --low a,b,c (shaped [3, 1, 1], not broadcast along the width)
+    flat = onnx_lrp.Explainer(model, composite="epsilon-gamma-box", low=[0.0, 0.0, 0.0], high=[1.0] * 3)
+    assert_close(flat.explain(x).relevance, per_channel, rtol=1e-6)
 
 
 @pytest.mark.parametrize("params,message", [

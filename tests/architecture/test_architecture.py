@@ -26,7 +26,7 @@ STAGES = [
     ("onnx_lrp.run",),
     ("onnx_lrp.metrics", "onnx_lrp.methods"),  # faithfulness and similarity; attribution methods beyond LRP (the regression check compares with its Spearman)
     ("onnx_lrp.regression", "onnx_lrp.concepts", "onnx_lrp.dataset"),
-    ("onnx_lrp", "onnx_lrp.explainer", "onnx_lrp.plot", "onnx_lrp.ray"),  # the public facade
+    ("onnx_lrp", "onnx_lrp.explainer", "onnx_lrp.plot", "onnx_lrp.preprocess", "onnx_lrp.ray"),  # the public facade
     ("onnx_lrp.cli",),
 ]
 

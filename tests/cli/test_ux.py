@@ -339,14 +339,14 @@ def test_check_summary_names_the_worst_sample_per_metric():
 
 
 def test_crop_keeps_the_aspect_ratio(tmp_path):
-    """A 32x16 (W x H) image for a 16x16 model: --crop cuts the centre 16 columns (no resize needed), without it the
-    image is squeezed to half its width."""
+    """A 32x16 (W x H) image for a 16x16 model: --crop (the default) cuts the centre 16 columns (no resize needed),
+    --squash squeezes the image to half its width."""
     rng = np.random.default_rng(6)
     pixels = rng.integers(0, 256, size=(16, 32), dtype=np.uint8)
     Image.fromarray(pixels, mode="L").save(tmp_path / "wide.png")
     for crop, expect in ((True, pixels[:, 8:24]), (False, None)):
         out = tmp_path / f"s{crop}.npz"
-        r = cli("snapshot", DIGITS, tmp_path / "wide.png", "-o", out, *(["--crop"] if crop else []))
+        r = cli("snapshot", DIGITS, tmp_path / "wide.png", "-o", out, *(["--crop"] if crop else ["--squash"]))
         assert r.exit_code == 0, r.output
         with np.load(out) as z:
             x = z[[k for k in z.files if k.startswith("inputs")][0]][0, 0]
