@@ -63,12 +63,20 @@ def config_beside(model_file) -> "GenaiFolder | None":
         return None
     if not is_genai_folder(p.parent):
         return None
-    folder = read_folder(p.parent)
+    folder = read_folder(p.parent, tokenizer=False)
     return folder if folder.model.resolve() == p.resolve() else None
 
 
-def read_folder(path) -> GenaiFolder:
-    """The folder's :class:`GenaiFolder`; one-line InputError for what is missing or wrong."""
+def model_file(folder) -> "Path | None":
+    """The model file of an onnxruntime-genai folder (None for a folder without genai_config.json): a finder of
+    export folders (``onnx_lrp.io.model_folder.FINDERS``). The tokenizer is not required here (``inspect`` needs
+    none); a config naming a missing file or a file outside the folder is refused in one line."""
+    return read_folder(folder, tokenizer=False).model if is_genai_folder(folder) else None
+
+
+def read_folder(path, tokenizer: bool = True) -> GenaiFolder:
+    """The folder's :class:`GenaiFolder`; one-line InputError for what is missing or wrong (``tokenizer``: a
+    folder without tokenizer.json too)."""
     folder = Path(path)
     if not folder.is_dir():
         raise InputError(f"{folder} is not a folder; give an onnxruntime-genai model folder (with {CONFIG})")
@@ -86,12 +94,12 @@ def read_folder(path) -> GenaiFolder:
     if not model_file.is_file():
         raise InputError(f"{where} names the model file {name!r}, which is not in {folder}; copy it there or fix "
                          "model.decoder.filename")
-    tokenizer = folder / TOKENIZER
-    if not tokenizer.is_file():
+    tok_file = folder / TOKENIZER
+    if tokenizer and not tok_file.is_file():
         raise InputError(f"{folder} has no {TOKENIZER}: generation and --text need the model's tokenizer; copy the "
                          f"tokenizer.json of the model the folder was built from into it")
     return GenaiFolder(
-        folder=folder, model=model_file, tokenizer=tokenizer, eos=_ids(model.get("eos_token_id"), where, "eos_token_id"),
+        folder=folder, model=model_file, tokenizer=tok_file, eos=_ids(model.get("eos_token_id"), where, "eos_token_id"),
         bos=_one_id(model.get("bos_token_id"), where, "bos_token_id"),
         pad=_one_id(model.get("pad_token_id"), where, "pad_token_id"),
         inputs=_names(decoder.get("inputs"), where, "model.decoder.inputs"),
@@ -128,4 +136,4 @@ def _names(value, where: str, key: str) -> dict:
     return dict(names)
 
 
-__all__ = ["CONFIG", "GenaiFolder", "config_beside", "is_genai_folder", "read_folder"]
+__all__ = ["CONFIG", "GenaiFolder", "config_beside", "is_genai_folder", "model_file", "read_folder"]

@@ -49,7 +49,8 @@ class Decoder:
 
     def __init__(self, model, threads: int | None = None):
         path = Path(str(model))
-        self.folder = genai.read_folder(path) if genai.is_genai_folder(path) else genai.config_beside(path)
+        self.folder = genai.read_folder(path, tokenizer=False) if genai.is_genai_folder(path) else \
+            genai.config_beside(path)
         self.path = self.folder.model if self.folder is not None else path
         if not self.path.is_file():
             raise InputError(f"{self.path} is not a model file; give the .onnx file (or its onnxruntime-genai folder)")
@@ -180,7 +181,8 @@ class GenerationExplanation:
         for i, (top, value) in enumerate(zip(self.top(k), self.logits)):
             tok = self.tokens[self.n_prompt + i]
             said = ", ".join(f"{t.strip() or t!r} {r:+.3g}" for _, t, r in top)
-            note = "" if self.predicted[i] == self.generated[i] else f" (explained forward predicts {self.predicted[i]})"
+            note = "" if self.predicted[i] == self.generated[i] else \
+                f" (the explained forward predicts {self.predicted[i]})"
             head.append(f"  step {i + 1}: {tok!r}{foil} logit{' diff' if foil else ''} {value:.4g}{note}; top: {said}")
         return head
 
@@ -278,4 +280,5 @@ def _relevance_rows(ex, seq: list, p: int, generated: list, foil, start) -> tupl
     return per, [float(v) for v in values], [int(i) for i in at.argmax(-1)]
 
 
-__all__ = ["Decoder", "check_context", "GenerationExplanation", "GenerationRequest", "explain_generation", "sequence_feeds"]
+__all__ = ["Decoder", "GenerationExplanation", "GenerationRequest", "check_context", "explain_generation",
+           "sequence_feeds"]

@@ -56,6 +56,7 @@ def test_the_config_is_read_as_the_builder_wrote_it(name):
     assert folder.inputs["past_key_names"] == cfg["decoder"]["inputs"]["past_key_names"]
     assert genai.config_beside(folder.model) == folder and genai.is_genai_folder(LLM / name)
     assert genai.config_beside(LLM / "llama_optimum_past.onnx") is None
+    assert genai.model_file(LLM / name) == folder.model and genai.model_file(LLM) is None
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -102,6 +103,7 @@ def test_a_folder_without_a_tokenizer_is_refused(tmp_path):
     (folder / "tokenizer.json").unlink()
     with pytest.raises(InputError, match="no tokenizer.json"):
         genai.read_folder(folder)
+    assert genai.model_file(folder) == folder.resolve() / "model.onnx"  # inspect needs no tokenizer
     assert "tokenizer.json" in _refused(tmp_path, folder)
 
 
