@@ -62,6 +62,7 @@ ARCHS = ("llama", "qwen2")
 PROMPT = "the cat sat on the mat and the dog"
 N_NEW = 8
 VOCAB = 300
+SHAPE = (64, 128, 2, 4, 2, VOCAB)  # hidden, intermediate, layers, heads, key/value heads, vocabulary
 CONTEXT = 64  # max_position_embeddings: the genai folder's context_length
 BOS, EOS = "<|bos|>", "<|eos|>"
 CORPUS = """the cat sat on the mat and looked at the dog
@@ -98,14 +99,17 @@ def tokenizer_files(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def hf_model(arch: str, hf_dir: Path):
-    """The random-weight model, saved with its tokenizer; returns the torch model (eval, float32)."""
+def hf_model(arch: str, hf_dir: Path, shape=SHAPE):
+    """The random-weight model, saved with its tokenizer; returns the torch model (eval, float32). ``shape``:
+    (hidden, intermediate, layers, heads, key/value heads, vocabulary; at least the tokenizer's)."""
     import torch
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+    hidden, inter, layers, heads, kv, vocab = shape
+    common = dict(vocab_size=max(len(tok), vocab), hidden_size=hidden, intermediate_size=inter,
+                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                  max_position_embeddings=CONTEXT,
                   initializer_range=0.2, rope_theta=10000.0, bos_token_id=tok.bos_token_id,
                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, attn_implementation="eager")
     torch.manual_seed(0 if arch == "llama" else 1)
@@ -209,12 +213,13 @@ def lxt_in_process(arch: str, hf_dir: Path, ids: list, out: Path) -> None:
     subprocess.run(cmd, check=True)
 
 
-def one(arch: str, out: Path, builder_python: str, tok_dir: Path, work: Path) -> dict:
+def one(arch: str, out: Path, args, tok_dir: Path, work: Path) -> dict:
     import torch
 
+    builder_python = args.builder_python
     hf_dir = work / f"{arch}_hf"
     shutil.copytree(tok_dir, hf_dir)
-    model = hf_model(arch, hf_dir)
+    model = hf_model(arch, hf_dir, tuple(args.shape))
     status = {}
     for task, suffix in (("text-generation", "nopast"), ("text-generation-with-past", "past")):
         status[f"{arch}_optimum_{suffix}"] = optimum_export(hf_dir, task, out / f"{arch}_optimum_{suffix}.onnx")
@@ -225,7 +230,7 @@ def one(arch: str, out: Path, builder_python: str, tok_dir: Path, work: Path) ->
         folder = out / f"{arch}_genai_{precision}"
         shutil.rmtree(folder, ignore_errors=True)
         status[folder.name] = genai_build(builder_python, hf_dir, per_arch[arch], folder)
-        if status[folder.name] != "ok":
+        if status[folder.name] != "ok" or not args.refs:
             continue
         ids = genai_prompt_ids(folder)
         arrays.setdefault("prompt_ids", np.asarray(ids, dtype=np.int64))
@@ -237,6 +242,8 @@ def one(arch: str, out: Path, builder_python: str, tok_dir: Path, work: Path) ->
             status[folder.name] = f"built; onnxruntime-genai's own generation fails: {ref['error']}"
         else:
             arrays[f"genai_{precision}_generated"] = ref["generated"]
+    if not args.refs:
+        return status
     ids = arrays["prompt_ids"].tolist()
     from tokenizers import Tokenizer
     hf_ids = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).encode(PROMPT).ids
@@ -279,6 +286,10 @@ def main(argv=None):
     ap.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
     ap.add_argument("--builder-python", default=sys.executable,
                     help="a python whose transformers onnxruntime-genai's builder can import")
+    ap.add_argument("--shape", type=lambda v: [int(i) for i in v.split(",")], default=list(SHAPE),
+                    metavar="H,I,L,HEADS,KV,V", help="larger models for benchmarks/bench_llm.py --forms (with --no-refs)")
+    ap.add_argument("--no-refs", dest="refs", action="store_false",
+                    help="no references (genai's generation, logits, LXT): the models only")
     ap.add_argument("--lxt-only", help=argparse.SUPPRESS)
     ap.add_argument("--hf-dir", help=argparse.SUPPRESS)
     ap.add_argument("--ids", help=argparse.SUPPRESS)
@@ -293,7 +304,7 @@ def main(argv=None):
         tok_dir = Path(work) / "tokenizer"
         tokenizer_files(tok_dir)
         for arch in args.archs:
-            status.update(one(arch, args.out, args.builder_python, tok_dir, Path(work)))
+            status.update(one(arch, args.out, args, tok_dir, Path(work)))
             print(arch, {k: v for k, v in status.items() if k.startswith(arch)}, flush=True)
     refs = {"prompt": PROMPT, "n_new": N_NEW, "context_length": CONTEXT, "status": status, "versions": versions()}
     (args.out / "refs.json").write_text(json.dumps(refs, indent=1) + "\n")

@@ -107,6 +107,10 @@ class Decoder:
                 new = list(total)
         return out
 
+    def prompt_feeds(self, ids: list) -> dict:
+        """The first step's inputs: the prompt, its mask and positions, the past at length 0."""
+        return self._feeds(list(ids), len(ids), dict(self.empty))
+
     def _feeds(self, new: list, total: int, past: dict) -> dict:
         feeds = {self.ids: np.asarray([new], self.types.get(self.ids) or np.int64)}
         names = set(self.session.input_names)
