@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, LrpError
 from ..io import genai, tokens as tk
 from ..io.text import token_target
 from ..io.text_inputs import Encoded, encode, load_tokenizer, model_feeds, vocab_size
@@ -92,9 +92,12 @@ class Decoder:
         """Up to ``n`` new token ids after ``ids`` (stops after an id in ``eos``)."""
         total, new, past = list(ids), list(ids), dict(self.empty)
         out = []
-        for _ in range(n):
+        for step in range(n):
             feeds = self._feeds(new, len(total), past)
-            res = self.session.run(feeds, [self.logits] + [self.present[p] for p in self.past])
+            try:
+                res = self.session.run(feeds, [self.logits] + [self.present[p] for p in self.past])
+            except LrpError as exc:
+                raise type(exc)(f"generation step {step + 1} of {self.path.name}: {exc}") from None
             t = int(np.argmax(np.asarray(res[self.logits])[0, -1]))
             out.append(t)
             if t in eos:
