@@ -67,6 +67,14 @@ def config_beside(model_file) -> "GenaiFolder | None":
     return folder if folder.model.resolve() == p.resolve() else None
 
 
+def check_model_length(model_file, n_tokens: int, what: str = "the text") -> None:
+    """Refuse ``n_tokens`` beyond the context_length of the genai folder ``model_file`` sits in (nothing to check
+    for a model outside one)."""
+    folder = config_beside(model_file)
+    if folder is not None:
+        folder.check_length(n_tokens, what)
+
+
 def model_file(folder) -> "Path | None":
     """The model file of an onnxruntime-genai folder (None for a folder without genai_config.json): a finder of
     export folders (``onnx_lrp.io.model_folder.FINDERS``). The tokenizer is not required here (``inspect`` needs
@@ -136,4 +144,4 @@ def _names(value, where: str, key: str) -> dict:
     return dict(names)
 
 
-__all__ = ["CONFIG", "GenaiFolder", "config_beside", "is_genai_folder", "model_file", "read_folder"]
+__all__ = ["CONFIG", "GenaiFolder", "config_beside", "check_model_length", "is_genai_folder", "model_file", "read_folder"]

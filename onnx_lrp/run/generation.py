@@ -246,22 +246,11 @@ def _count(n) -> int:
 
 
 def sequence_feeds(ex, seq: list, batch: int) -> tuple[dict, str]:
-    """The explainer's inputs for ``seq`` repeated ``batch`` times, and the input whose relevance is the tokens'.
-    Past key/value inputs (an export with a KV cache that the loader did not feed empty) get the past at length 0."""
-    specs = [s for s in ex.inputs if not PAST.match(s.name)]
+    """The explainer's inputs for ``seq`` repeated ``batch`` times, and the input whose relevance is the tokens'."""
     enc = Encoded(ids=list(seq), attention_mask=[1] * len(seq), type_ids=[0] * len(seq), special=[False] * len(seq),
                   shown=[""] * len(seq), n_prompt=len(seq))
-    feeds, rel_name = model_feeds(specs, enc, len(seq))
-    feeds = {k: np.repeat(v, batch, axis=0) for k, v in feeds.items()}
-    for s in ex.inputs:
-        if PAST.match(s.name):
-            dims = [batch] + [d if isinstance(d, int) else 0 for d in list(s.dims)[1:]]
-            if len(dims) != 4 or 0 in (dims[1], dims[3]):
-                raise InputError(f"the explained model takes {s.name!r} with undeclared sizes; explain the export "
-                                 "without past (or a folder the loader feeds the past of)")
-            dims[2] = 0
-            feeds[s.name] = np.zeros(dims, np.dtype(s.dtype))
-    return feeds, rel_name
+    feeds, rel_name = model_feeds(ex.inputs, enc, len(seq))
+    return {k: np.repeat(v, batch, axis=0) for k, v in feeds.items()}, rel_name
 
 
 def _relevance_rows(ex, seq: list, p: int, generated: list, foil, start) -> tuple:

@@ -158,3 +158,7 @@ def test_a_prompt_longer_than_the_context_is_refused(tmp_path):
     assert _snapshot(folder) == before and not list(tmp_path.glob("*.html"))
     with pytest.raises(InputError, match="context_length 64"):
         genai.read_folder(folder).check_length(65)
+    with pytest.raises(InputError, match="the text needs 65 tokens, more than the model's context_length 64"):
+        genai.check_model_length(folder / "model.onnx", 65)
+    genai.check_model_length(folder / "model.onnx", 64)
+    genai.check_model_length(LLM / "llama_optimum_past.onnx", 10 ** 6)  # not in a genai folder: nothing to check
