@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError, LrpError
+from ..core.files import atomic_write
 from ..io import genai, tokens as tk
 from ..io.text import token_target
 from ..io.text_inputs import Encoded, encode, load_tokenizer, model_feeds, vocab_size
@@ -194,18 +195,26 @@ class GenerationExplanation:
         return head
 
     def html(self, path=None, percentile: float = 100.0):
-        """A page: the prompt and the continuation, then one row per generated token (its relevance over the tokens
-        before it, the token itself outlined). Written to ``path`` if given, else returned."""
-        n = len(self.generated)
-        shown = self.tokens[:-1]
-        rows = [self.relevance[i] for i in range(n)]
+        """A page: the prompt and the continuation, then one row per generated token: the relevance of the tokens
+        before it (the token itself outlined; later tokens white). Written to ``path`` if given, else returned."""
+        import html as h
+
         foil = f" vs {self.contrast_token!r}" if self.contrast is not None else ""
-        labels = [f"step {i + 1}: {self.tokens[self.n_prompt + i]!r}{foil} (logit{' diff' if foil else ''} "
-                  f"{self.logits[i]:.4g})" for i in range(n)]
-        page = tk.html_items(shown, rows, labels, title=f"{self.prompt} -> {self.continuation}", percentile=percentile)
+        title = f"{self.prompt} -> {self.continuation}"
+        rows = []
+        for k, value in enumerate(self.logits):
+            r = np.append(self.relevance[k], 0.0)  # the last generated token: never read by an explained logit
+            label = (f"step {k + 1}: {self.tokens[self.n_prompt + k]!r}{foil} (logit{' diff' if foil else ''} "
+                     f"{value:.4g}; max |relevance| {np.abs(r).max():.3g})")
+            spans = tk.token_spans(self.tokens, r, percentile, (self.n_prompt + k,), "")
+            rows.append(f"<h4>{h.escape(label)}</h4>\n<p>{spans}</p>\n")
+        page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + h.escape(title) + "</title>\n<style>"
+                "body{font-family:sans-serif}" + tk.STYLE + "</style></head>\n<body><h3>" + h.escape(title) + "</h3>\n"
+                f"<p>{h.escape(self.prompt)}<b>{h.escape(self.continuation)}</b></p>\n" + "<hr>\n".join(rows)
+                + "<p>each row on its own scale; red positive, blue negative</p>\n</body></html>\n")
         if path is None:
             return page
-        tk.write_html(path, shown, rows[0], page=page)
+        atomic_write(path, page.encode("utf-8"))
         return None
 
 

@@ -115,7 +115,7 @@ def test_cli_writes_the_rows_the_api_computes(con, tmp_path, monkeypatch):
     assert out["tokens"].tolist() == con.tokens and int(out["contrast"]) == FOIL
     assert_close(out["relevance"], con.relevance, rtol=1e-5, atol=1e-6)
     page = (tmp_path / "g.html").read_text()
-    assert page.count("<hr>") == 2 and "step 1:" in page
+    assert page.count("<hr>") == 2 and "step 1:" in page and page.count("outline:2px") == 3
     assert r.output.count("  step ") == 3 and "logit diff" in r.output and "top:" in r.output
     for args, said in ((["--text", PROMPT, "--generate", "2", "--target", "3"], "--target cannot be combined"),
                        (["--generate", "2"], "go with --text"),
