@@ -37,15 +37,18 @@ def generation_options() -> list:
 
 def genai_model(model, tokenizer_path=None) -> tuple:
     """(the model file, the tokenizer path or None, the genai folder or None) for MODEL: an onnxruntime-genai
-    folder gives its model file and tokenizer.json (refused in one line when either is missing)."""
+    folder gives its model file and tokenizer.json (refused in one line when either is missing), an export folder
+    its model.onnx, a model file in a genai folder that folder's tokenizer."""
     from onnx_lrp.io import genai
 
     if genai.is_genai_folder(model):
         folder = genai.read_folder(model)
         return folder.model, Path(tokenizer_path) if tokenizer_path else folder.tokenizer, folder
-    if Path(str(model)).is_dir():
-        raise InputError(f"{model} is a folder without {genai.CONFIG}; give the .onnx file (or an onnxruntime-genai "
-                         "model folder)")
+    if Path(str(model)).is_dir():  # an export folder (optimum, save_pretrained): its model.onnx
+        if not (Path(str(model)) / "model.onnx").is_file():
+            raise InputError(f"{model} is a folder without {genai.CONFIG} or model.onnx; give the .onnx file (or an "
+                             "onnxruntime-genai model folder)")
+        model = Path(str(model)) / "model.onnx"
     folder = genai.config_beside(model)
     tok = tokenizer_path or (folder.tokenizer if folder is not None else None)
     return Path(str(model)), Path(tok) if tok else None, folder
@@ -74,7 +77,7 @@ def run_generation(model, opts: dict, options: dict, refused: dict) -> int:
     t_build = time.perf_counter() - t0
     t1 = time.perf_counter()
     res = explain_generation(ex, tokenizer, GenerationRequest(opts["text"], n, opts.get("contrast"), options["start"]),
-                             Decoder(model if Path(str(model)).is_dir() else model_file, threads=ex.options.threads))
+                             Decoder(folder.folder if folder is not None else model_file, threads=ex.options.threads))
     t_explain = time.perf_counter() - t1
     if out_path is not None:
         from onnx_lrp.core.files import atomic_write

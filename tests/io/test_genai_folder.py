@@ -137,12 +137,14 @@ def test_a_config_that_is_not_json_is_refused(tmp_path):
     assert "genai_config.json" in _refused(tmp_path, folder)
 
 
-def test_a_folder_without_a_config_is_refused(tmp_path):
+def test_a_folder_without_a_config_or_a_model_is_refused(tmp_path):
+    """Without genai_config.json a folder is an export folder (its model.onnx); without either, refused."""
     folder = _copy(tmp_path)
     (folder / "genai_config.json").unlink()
     with pytest.raises(InputError, match="has no genai_config.json"):
         genai.read_folder(folder)
-    assert "genai_config.json" in _refused(tmp_path, folder)
+    (folder / "model.onnx").rename(folder / "decoder.onnx.bak")
+    assert "genai_config.json or model.onnx" in _refused(tmp_path, folder)
 
 
 def test_a_prompt_longer_than_the_context_is_refused(tmp_path):
