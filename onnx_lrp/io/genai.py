@@ -75,6 +75,23 @@ def check_model_length(model_file, n_tokens: int, what: str = "the text") -> Non
         folder.check_length(n_tokens, what)
 
 
+def eos_beside(model_file) -> tuple:
+    """The end-of-sequence ids a Hugging Face export folder gives beside ``model_file`` (``eos_token_id`` of its
+    generation_config.json, else of its config.json; an id or a list), or ()."""
+    folder = Path(model_file).parent
+    for name in ("generation_config.json", "config.json"):
+        p = folder / name
+        if p.is_file():
+            config = read_json(p, str(p), "fix it or move it away")
+            if isinstance(config, dict) and config.get("eos_token_id") is not None:
+                return tuple(expect_int(v, f"{p}: eos_token_id", lo=0) for v in _as_list(config["eos_token_id"]))
+    return ()
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
 def model_file(folder) -> "Path | None":
     """The model file of an onnxruntime-genai folder (None for a folder without genai_config.json): a finder of
     export folders (``onnx_lrp.io.model_folder.FINDERS``). The tokenizer is not required here (``inspect`` needs
@@ -122,8 +139,7 @@ def read_folder(path, tokenizer: bool = True) -> GenaiFolder:
 def _ids(value, where: str, key: str) -> tuple:
     if value is None:
         return ()
-    values = value if isinstance(value, list) else [value]
-    return tuple(expect_int(v, f"{where}: model.{key}", lo=0) for v in values)
+    return tuple(expect_int(v, f"{where}: model.{key}", lo=0) for v in _as_list(value))
 
 
 def _one_id(value, where: str, key: str) -> int | None:
@@ -144,4 +160,4 @@ def _names(value, where: str, key: str) -> dict:
     return dict(names)
 
 
-__all__ = ["CONFIG", "GenaiFolder", "config_beside", "check_model_length", "is_genai_folder", "model_file", "read_folder"]
+__all__ = ["CONFIG", "GenaiFolder", "config_beside", "check_model_length", "eos_beside", "is_genai_folder", "model_file", "read_folder"]

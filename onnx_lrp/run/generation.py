@@ -36,7 +36,7 @@ class GenerationRequest:
     """What to generate and explain: the ``prompt``, ``n`` new tokens at most (fewer when an end-of-sequence token
     comes: it ends the generation and is explained as its last token), a ``contrast`` token (a foil: id or one
     token's text), the ``start`` relevance ("logit" or "one-hot"), the end-of-sequence ids (``eos``; None: the genai
-    folder's, else none)."""
+    folder's, else the ``eos_token_id`` of the generation_config.json / config.json beside the model, else none)."""
     prompt: str
     n: int
     contrast: object = None
@@ -70,6 +70,7 @@ class Decoder:
         self.logits = (self.folder.outputs.get("logits") if self.folder else None) or self.session.output_names[0]
         self.present = _present_names(self.past, [o for o in self.session.output_names if o != self.logits])
         self.empty = {n: self._empty(args[n]) for n in self.past}
+        self.eos = self.folder.eos if self.folder is not None else genai.eos_beside(self.path)
 
     def _empty(self, arg) -> np.ndarray:
         """The past state of one input at length 0: batch 1, the sequence axis (-2) 0, the other sizes declared or
@@ -226,7 +227,7 @@ def explain_generation(ex, tokenizer, request: GenerationRequest, decoder: Decod
     enc = encode(tok, request.prompt)
     prompt = list(enc.ids)
     check_context(decoder.folder, len(prompt), n)
-    eos = request.eos if request.eos is not None else (decoder.folder.eos if decoder.folder is not None else ())
+    eos = request.eos if request.eos is not None else decoder.eos
     generated = decoder.greedy(prompt, n, tuple(eos))
     foil = None if request.contrast is None else token_target(request.contrast, tok, vocab_size(tok))
     if request.contrast is not None and foil is None:

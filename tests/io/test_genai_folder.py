@@ -88,6 +88,22 @@ def test_decoding_stops_at_an_end_of_sequence_id():
     assert got == want[:3]
 
 
+def test_an_export_folders_config_gives_the_end_of_sequence(tmp_path):
+    """Beside an optimum export, generation_config.json (else config.json) says eos_token_id: generation stops
+    there, as transformers' generate does."""
+    ref = np.load(LLM / "llama.npz")
+    want = ref["genai_fp32_generated"].tolist()
+    shutil.copy(LLM / "llama_optimum_past.onnx", tmp_path / "model.onnx")
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 1}))
+    assert Decoder(tmp_path / "model.onnx").eos == (1,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [want[1], 1]}))
+    dec = Decoder(tmp_path / "model.onnx")
+    assert dec.eos == (want[1], 1) and dec.greedy([int(i) for i in ref["prompt_ids"]], 8, dec.eos) == want[:2]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
+    with pytest.raises(InputError, match="eos_token_id is a string"):
+        Decoder(tmp_path / "model.onnx")
+
+
 def _refused(tmp_path, folder, *more):
     before = _snapshot(folder)
     r = _cli(folder, "--text", PROMPT, "--generate", "2", "-o", tmp_path / "out.npz", *more)
