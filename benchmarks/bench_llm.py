@@ -28,6 +28,18 @@ CPU provider has no bfloat16 kernels, so on the CPU a bfloat16 model's forward i
 same weights. The last line checks the goals of a LLaMA in bfloat16 on one GPU (``--device cuda --dtype bfloat16``):
 peak GPU memory <= 2.5x the weights, explain <= 3x the forward, relevance within 1e-2 rel-L2 of the float32 twin
 with the same top-10 tokens (on the CPU: peak RSS).
+
+Deployed forms (``--forms DIR``): the rows of the files people deploy a LLaMA with, from a folder written by
+``scripts/make_llm_models.py --out DIR`` (the same weights as an optimum export without past, the float export,
+and as onnxruntime-genai builder folders, fp32 and int4)::
+
+    python scripts/make_llm_models.py --out /tmp/llm1b --archs llama --shape 2048,8192,16,32,8,128256 --no-refs \
+        --builder-python /work/llmenv-genai/bin/python
+    python benchmarks/bench_llm.py --forms /tmp/llm1b [--arch llama] [--seq 32]
+
+Each row runs in its own process (its peak RSS its own): build (the relevance model), explain (the last position's
+arg-max token, best of ``--repeat``), forward (onnxruntime's plain run of the same file, the KV cache fed at length
+0), peak RSS over the form's weight bytes; a form onnx-lrp refuses is a row with its one-line reason.
 """
 from __future__ import annotations
 
@@ -123,7 +135,15 @@ def main(argv=None):
     ap.add_argument("--ref-python", default=sys.executable)
     ap.add_argument("--keep", default=None, help="folder to export into and keep (default: a temporary one)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    ap.add_argument("--forms", default=None, metavar="DIR",
+                    help="rows of the deployed forms in DIR (scripts/make_llm_models.py --out DIR) instead")
+    ap.add_argument("--arch", default="llama", help="with --forms: the files' prefix (llama, qwen2)")
+    ap.add_argument("--form-row", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.form_row:
+        return print(json.dumps(form_row(Path(args.form_row), args.seq, args.repeat, args.threads)))
+    if args.forms:
+        return forms(args)
     if args.build == "auto":
         args.build = "direct" if args.size in DIRECT_SIZES else "export"
 
@@ -278,6 +298,80 @@ def report(args, built: dict, res: dict, relevance: np.ndarray) -> None:
                      f"{res['top10_tokens_same_as_float32']} (goal <= 1e-2, same: {'ok' if ok else 'MISSED'}"
                      + (", trivially: computed in float32)" if res["model_precision"] == "float32" else ")"))
     print(f"goals ({args.size}, {args.dtype}, {args.device}): " + " | ".join(goals))
+
+
+FORMS = ("optimum_nopast.onnx", "genai_fp32", "genai_int4")  # the float export first: the others beside it
+
+
+def form_row(path: Path, seq: int, repeat: int, threads: int) -> dict:
+    """One deployed form's figures (in this process): weight bytes, build / explain / forward seconds, peak RSS."""
+    import onnx_lrp
+    from onnx_lrp.run.generation import Decoder, sequence_feeds
+
+    dec = Decoder(path, threads=threads or None)
+    files = [f for f in dec.path.parent.iterdir() if f.is_file() and f.name.startswith(dec.path.name)] \
+        if dec.folder is not None else [dec.path]
+    row = dict(form=path.name, weights_bytes=sum(f.stat().st_size for f in files))
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 256, seq)]
+    feeds = dec.prompt_feeds(ids)
+    row["forward_s"] = best(lambda: dec.session.run(feeds, [dec.logits]), repeat)
+    del dec
+    reset_peak()
+    row["base_rss_bytes"] = vm_rss()  # Python, numpy, onnxruntime and the decoder's session: not the explainer's
+    t0 = time.perf_counter()
+    try:
+        ex = onnx_lrp.Explainer(str(path if dec_file(path) is None else dec_file(path)), composite="attnlrp",
+                                threads=threads or None)
+    except onnx_lrp.LrpError as exc:
+        return dict(row, refused=str(exc).splitlines()[0][:300])
+    row["build_s"] = time.perf_counter() - t0
+    x, _ = sequence_feeds(ex, ids, 1)
+    row["explain_s"] = best(lambda: ex.explain(x, position=-1), repeat)
+    row["peak_rss_bytes"] = vm_hwm()
+    return row
+
+
+def vm_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def dec_file(path: Path) -> "Path | None":
+    """A genai folder's model file (the Explainer takes the file)."""
+    from onnx_lrp.io import genai
+
+    return genai.model_file(path) if path.is_dir() else None
+
+
+def forms(args) -> list:
+    """The rows of ``--forms DIR`` (one child process each), printed as a table."""
+    rows = []
+    for form in FORMS:
+        path = Path(args.forms) / f"{args.arch}_{form}"
+        if not path.exists():
+            rows.append(dict(form=path.name, refused="not in the folder"))
+            continue
+        cmd = [sys.executable, __file__, "--form-row", str(path), "--seq", str(args.seq), "--repeat",
+               str(args.repeat), "--threads", str(args.threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        lines = done.stdout.strip().splitlines()
+        rows.append(json.loads(lines[-1]) if done.returncode == 0 and lines else
+                    dict(form=path.name, refused=(done.stderr.strip().splitlines() or ["failed"])[-1][:300]))
+    print(f"{'form':<24} {'weights':>10} {'build s':>8} {'explain ms':>11} {'forward ms':>11} {'x fwd':>6} "
+          f"{'peak RSS':>10} {'x weights':>9}  (peak RSS: above the process before the build)")
+    for r in rows:
+        if "refused" in r:
+            print(f"{r['form']:<24} refused: {r['refused']}")
+            continue
+        extra = r["peak_rss_bytes"] - r["base_rss_bytes"]
+        print(f"{r['form']:<24} {r['weights_bytes'] / 1e6:>8.1f}MB {r['build_s']:>8.2f} {r['explain_s'] * 1e3:>11.1f} "
+              f"{r['forward_s'] * 1e3:>11.1f} {r['explain_s'] / r['forward_s']:>6.2f} "
+              f"{extra / 1e6:>8.0f}MB {extra / r['weights_bytes']:>9.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return rows
 
 
 def _run(args, tmp: Path) -> dict:

@@ -20,9 +20,10 @@ import numpy as np
 from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
 
 from .io import AtomicOutputs, check_writable, guard
+from .generate import GENERATE_KEYS, generation_options, run_generation
 from .options import device_note, explainer_setup, precision_note, uses_tf32
 
-TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings")
+TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings") + GENERATE_KEYS
 TASKS = ("text-classification", "token-classification", "text-generation")  # onnx_lrp.io.text_inputs.TASKS
 
 
@@ -48,7 +49,7 @@ def text_options(f):
         click.option("--embeddings", default=None, metavar="FILE.npy",
                      help="For a model that takes embeddings (inputs_embeds) instead of token ids: the embedding "
                           "table (vocabulary x hidden), or this text's embeddings (tokens x hidden)."),
-    ]
+    ] + generation_options()
     for opt in reversed(opts):
         f = opt(f)
     return f
@@ -66,6 +67,8 @@ def run_text(model, opts: dict, options: dict, refused: dict) -> int:
     from onnx_lrp.io import text_inputs as tx
     from onnx_lrp.io.text import TextRequest, explain_request
 
+    if opts.get("generate") is not None or opts.get("contrast") is not None:
+        return run_generation(model, opts, options, refused)
     target, position, start, device = options["target"], options["position"], options["start"], options["device"]
     out, html_path, token_scale, as_json = options["out"], options["html_path"], options["token_scale"], \
         options["as_json"]

@@ -165,6 +165,24 @@ class Explainer(Runner):
         return explain_text(self, text, tokenizer, target, text_pair=text_pair, position=position,
                             continuation=continuation, task=task, labels=labels, embeddings=embeddings, start=start)
 
+    def explain_generation(self, prompt: str, n: int, tokenizer=None, *, contrast=None, start: str | None = None,
+                           eos=None, decoder=None):
+        """Greedy generation of ``n`` tokens after ``prompt``, each explained over everything before it
+        (:func:`onnx_lrp.run.generation.explain_generation`): one batched relevance run. ``decoder``: the model that
+        generates (an .onnx file with or without KV cache, or an onnxruntime-genai folder; default the model this
+        explainer was built from); ``tokenizer``: default the tokenizer.json beside it. ``contrast``: a foil token
+        (logit(generated) - logit(foil)). Returns a :class:`onnx_lrp.run.generation.GenerationExplanation`."""
+        from .run import generation as gen
+
+        source = decoder if decoder is not None else self.relevance_model.source.model
+        if not isinstance(source, (str, Path)):
+            raise InputError("explain_generation needs the model as a file or folder to generate with: give "
+                             "decoder=PATH (the .onnx file or its onnxruntime-genai folder)")
+        dec = gen.Decoder(source, threads=self.options.threads)
+        tok = tokenizer if tokenizer is not None else dec.folder.tokenizer if dec.folder is not None else \
+            dec.path.parent / "tokenizer.json"
+        return gen.explain_generation(self, tok, gen.GenerationRequest(prompt, n, contrast, start, eos), dec)
+
     # ------------------------------------------------------------------ concepts (onnx_lrp.concepts)
     def concept_relevance(self, x, target=None, layer: str | None = None, channel_axis: int = 1,
                           abs_norm: bool = True):
