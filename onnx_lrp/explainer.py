@@ -167,11 +167,22 @@ class Explainer(Runner):
 
     def explain_generation(self, prompt: str, n: int, tokenizer=None, *, contrast=None, start: str | None = None,
                            eos=None, decoder=None):
-        """Greedy generation of ``n`` tokens after ``prompt``, each explained over everything before it
-        (:func:`onnx_lrp.run.generation.explain_generation`): one batched relevance run. ``decoder``: the model that
-        generates (an .onnx file with or without KV cache, or an onnxruntime-genai folder; default the model this
-        explainer was built from); ``tokenizer``: default the tokenizer.json beside it. ``contrast``: a foil token
-        (logit(generated) - logit(foil)). Returns a :class:`onnx_lrp.run.generation.GenerationExplanation`."""
+        """Greedy generation of `n` tokens after `prompt`, each generated token explained over everything before
+        it, in one batched relevance run.
+
+        Args:
+            prompt: the text to continue.
+            n: how many tokens to generate (greedy, through the model's KV cache when it has one).
+            tokenizer: a tokenizer.json path or a `tokenizers.Tokenizer` (default: the one beside the model).
+            contrast: a foil token: each row explains logit(generated) - logit(foil).
+            start: the start relevance, as `explain`.
+            eos: the end-of-sequence id(s) that stop generation (default: the model folder's).
+            decoder: the model that generates (an .onnx file with or without KV cache, or an onnxruntime-genai
+                folder; default the model this explainer was built from).
+
+        Returns:
+            GenerationExplanation: `relevance` (one row per generated token), `generated` ids and `tokens`.
+        """
         from .run import generation as gen
 
         source = decoder if decoder is not None else self.relevance_model.source.model
