@@ -123,10 +123,18 @@ def explain(**kw):
     of one kind. Prints a summary per item; writes the relevance, a heatmap if asked.
     """
     o = ExplainOptions.from_click(kw)
+    o.model = _model_file(o.model)
     ds = dataset_mode(o.options)
     text = text_mode(o.options)
     mode = next(m for m in MODES if m.chosen(ds, text))
     return mode.run(o, ds, text)
+
+
+def _model_file(model: str) -> str:
+    """MODEL as given, or an export folder's model file (:func:`onnx_lrp.io.model_folder.resolve_model_folder`)."""
+    from onnx_lrp.io.model_folder import resolve_model_folder
+
+    return str(resolve_model_folder(model)[0])
 
 
 def _text_mode(o: "ExplainOptions", ds, text):

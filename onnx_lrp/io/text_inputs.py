@@ -258,6 +258,23 @@ def model_labels(ex) -> dict | None:
         return None
 
 
+def config_labels(folder) -> dict | None:
+    """The ``id2label`` of the config.json in the model's ``folder`` (what transformers and optimum save), if any.
+    A config.json that is not UTF-8 JSON (or nested too deeply to read) is refused in one line; one without usable
+    id2label is ignored (a model without class names)."""
+    from ..core.validate import read_json
+    from .model_folder import CONFIG, beside
+
+    p = beside(folder, CONFIG)
+    config = read_json(p, f"{p} (beside the model)", "fix it or move it away") if p is not None else None
+    if not isinstance(config, dict) or not isinstance(config.get("id2label"), dict):
+        return None
+    try:
+        return read_labels(config["id2label"])
+    except InputError:
+        return None
+
+
 def class_index(target, labels: dict | None, width: int | None, what: str = "target") -> int | None:
     """A class from an index, a label name (case-insensitive) or None (the arg-max)."""
     if target is None or (isinstance(target, str) and target.strip().lower() in ("", "argmax")):
@@ -283,4 +300,4 @@ def class_index(target, labels: dict | None, width: int | None, what: str = "tar
 
 
 __all__ = ["TASKS", "Encoded", "load_tokenizer", "encode", "model_feeds", "token_embeddings",
-           "task_of", "read_labels", "model_labels", "class_index", "vocab_size"]
+           "task_of", "read_labels", "model_labels", "config_labels", "class_index", "vocab_size"]

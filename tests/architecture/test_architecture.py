@@ -383,7 +383,6 @@ PARAMETER_FACADE = {
 }
 # not yet passed one options object (issue 33: each moves to an options type of its stage, then leaves this list)
 PARAMETER_DEBT = {
-    "onnx_lrp/io/text.py:explain_text",
     "onnx_lrp/io/heatmap.py:picture",
     "onnx_lrp/run/runtime.py:Session.__init__",
 }
