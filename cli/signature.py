@@ -77,16 +77,16 @@ def text_args(model) -> tuple[list, str]:
     folder = os.path.dirname(str(model))
     tokenizer = os.path.join(folder, "tokenizer.json")
     page = f"{_page_stem(model)}.tokens.html"
-    if os.path.isfile(tokenizer):
-        args = ["--text", "TEXT", "--tokenizer", tokenizer, "--html", page]
-        note = f"TEXT: the text to explain; {tokenizer}: the model's own tokenizer, found beside it"
-    else:
-        args = ["--text", "TEXT", "--tokenizer", "TOKENIZER.json", "--html", page]
-        note = "TEXT: the text to explain; TOKENIZER.json: the model's own tokenizer (none is beside the model)"
+    found = os.path.isfile(tokenizer)
+    args = ["--text", "TEXT", "--tokenizer", tokenizer if found else "TOKENIZER.json", "--html", page]
+    note = "TEXT: the text to explain (needs pip install 'onnx-lrp[text]'); " + (
+        f"{tokenizer}: the model's own tokenizer, found beside it" if found else
+        "TOKENIZER.json: the model's own tokenizer (none is beside the model)")
     names = _class_names(os.path.join(folder, "config.json"))
     if names:
-        note += f"; class names from the config.json beside it ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): --target NAME"
-    return args, note + " (needs pip install 'onnx-lrp[text]')"
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        note += f"; --target NAME explains a class by its name from the config.json beside it ({shown})"
+    return args, note
 
 
 def _page_stem(model) -> str:

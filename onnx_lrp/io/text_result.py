@@ -89,11 +89,12 @@ class TextExplanation:
         line = f"relevance sum {total:.4g} of {what}"
         if begun == 0:
             return line
-        line += f" ({total / begun:.0%})"
+        line += f" ({100 * total / begun:.3g} %)"
         if abs(total - begun) <= ABSORBED_NOTE * abs(begun):
             return line
-        return (line + f"; the other {begun - total:.4g} is absorbed before the tokens (biases, normalisations, "
-                "the attention softmax, position and token-type embeddings): `onnx-lrp trace` splits it by node")
+        return (line + f"; the rest ({begun - total:+.4g}) stays in biases, normalisations, the attention softmax "
+                "and the position and token-type embeddings, whose rules pass none of it to the tokens: "
+                "`onnx-lrp trace` splits it node by node")
 
     def top(self, k: int = 3) -> list:
         """The ``k`` tokens of largest relevance: (token, relevance) pairs, largest first."""
