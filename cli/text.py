@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import click
-import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
 

@@ -24,10 +24,10 @@ class Explainer(Runner):
         (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
         low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
         the caller instead of their keywords. Every value is checked once, refused in one line
-        (:class:`onnx_lrp.run.launch.ExplainOptions`). ``model``: an .onnx file, its bytes, or an export folder
-        (optimum / ``save_pretrained``: its model.onnx; :func:`onnx_lrp.io.model_folder.resolve_model_folder`)."""
+        (:class:`onnx_lrp.run.launch.ExplainOptions`)."""
         given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
-        model, self.folder = resolve_model_folder(model)  # the tokenizer.json, config.json beside the model
+        # an export folder (optimum, save_pretrained) is its model.onnx; the tokenizer.json, config.json are read there
+        model, self.folder = resolve_model_folder(model)
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
         super().__init__(relevance_model, given.run, session)
 
@@ -85,12 +85,12 @@ class Explainer(Runner):
     def explain_text(self, text: str, tokenizer=None, target=None, *, text_pair: str | None = None, position=None,
                      continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
                      start: str | None = None):
-        """The relevance of each token of ``text`` (:mod:`onnx_lrp.io.text`): a text classifier's class (``target``:
+        """The relevance of each token of ``text`` (``onnx_lrp.io.text``): a text classifier's class (``target``:
         None for the arg-max, an index or a class name), a token classifier's class at ``position``, or a language
         model's next token (or ``continuation``). ``tokenizer``: the model's tokenizer.json (or a ``tokenizers`` /
         transformers fast tokenizer); default the tokenizer.json beside the model (or in its export folder). Class
         names: ``labels``, else the model's ``id2label`` metadata, else the config.json beside it. The other
-        arguments: :class:`onnx_lrp.io.text.TextRequest`. Returns a :class:`onnx_lrp.io.text_result.TextExplanation`
+        arguments: ``onnx_lrp.io.text.TextRequest``. Returns a ``TextExplanation``
         (``.tokens``, ``.relevance``, ``.html()``, ...)."""
         from .io.text import TextRequest, explain_request
 

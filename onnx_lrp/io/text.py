@@ -274,5 +274,5 @@ def _record(ex, res, kind: str, position, tok, labels) -> dict:
     return dict(position=position, target=t, label=label, logit=logit, predicted=pred, predicted_label=pred_label)
 
 
-__all__ = ["TASKS", "TextExplanation", "TextRequest", "explain_request", "labels_of", "run", "tokenizer_of", "token_position",
-           "token_target", "explain_one"]
+__all__ = ["TASKS", "TextExplanation", "TextRequest", "explain_request", "labels_of", "run", "tokenizer_of",
+           "token_position", "token_target", "explain_one"]

@@ -1,5 +1,6 @@
-"""What ``Explainer.explain_text`` (:func:`onnx_lrp.io.text.explain_request`) returns: the tokens, one relevance per token, what was explained, and
-the views of it (an HTML token heatmap, shown inline in a notebook, and a terminal line)."""
+"""What ``Explainer.explain_text`` (``onnx_lrp.io.text.explain_request``) returns: the tokens, one relevance per
+token, what was explained, and the views of it (an HTML token heatmap, shown inline in a notebook, and a terminal
+line)."""
 from __future__ import annotations
 
 import html
@@ -32,7 +33,7 @@ class TextExplanation:
 
     The tokens' relevance does not sum to the logit in general: biases, normalisations (LayerNorm's held scale),
     the softmax of attention and the position and token-type embeddings take their share, which never reaches the
-    tokens (often half of it or more). :meth:`sums` says both numbers; ``onnx-lrp trace`` splits the rest node by
+    tokens (often half of it or more). ``sums()`` says both numbers; ``onnx-lrp trace`` splits the rest node by
     node. Relevance far from the start (below 1 % or above 100 x, as for any input) is warned about when it is
     explained (``LrpWarning``; ``strict=True`` refuses it).
     """
@@ -107,7 +108,7 @@ class TextExplanation:
                 f"{float(self.relevance.sum()):.4g}; most relevant: {top})")
 
     def arrays(self) -> dict:
-        """What ``onnx-lrp explain --text ... -o OUT.npz`` writes, by name (as :meth:`onnx_lrp.Explanation.arrays`
+        """What ``onnx-lrp explain --text ... -o OUT.npz`` writes, by name (as ``Explanation.arrays()``
         for other inputs): ``relevance`` (one float32 per token), ``input_ids``, ``tokens``, ``n_prompt`` (the
         prompt's tokens; the rest: the continuation), ``positions`` (-1: a whole-text class) and ``targets``, one
         per explained logit."""

@@ -34,8 +34,8 @@ def _contrast(a, b):
 
 def _cells(page: str):
     """(text, background, foreground, outlined) of every token cell of the page."""
-    found = re.findall(r'<span class="t" style="background:rgb\(([^)]*)\);color:rgb\(([^)]*)\)([^"]*)"[^>]*>(.*?)</span>',
-                       page)
+    cell = r'<span class="t" style="background:rgb\(([^)]*)\);color:rgb\(([^)]*)\)([^"]*)"[^>]*>(.*?)</span>'
+    found = re.findall(cell, page)
     return [(text, tuple(map(int, bg.split(","))), tuple(map(int, fg.split(","))), "outline" in rest)
             for bg, fg, rest, text in found]
 
