@@ -57,8 +57,9 @@ def test_a_class_by_its_name_from_config_json(folder_ex, torch_ex):
         other = torch_ex.explain_text(REF["text"], target=name)
         assert other.label == NAMES[index]
         assert_close(other.relevance, res.relevance, rtol=1e-4, atol=f32_tol(res.relevance, 16))
-    with pytest.raises(InputError, match="'joyful' is not a class of this model; its classes: 0 negative"):
-        folder_ex.explain_text(REF["text"], target="joyful")
+    with pytest.raises(InputError, match="'postive' is not a class of this model; closest: 2 'positive'"):
+        folder_ex.explain_text(REF["text"], target="postive")
+    assert folder_ex.explain_text(REF["text"], target="neu").label == "neutral"  # a unique prefix, as for images
 
 
 def test_the_given_tokenizer_and_labels_win(folder_ex, tmp_path):
