@@ -132,9 +132,9 @@ def explain(**kw):
 
 def _model_file(model: str) -> str:
     """MODEL as given, or an export folder's model file (:func:`onnx_lrp.io.model_folder.resolve_model_folder`)."""
-    from onnx_lrp.io.model_folder import resolve_model_folder
+    from onnx_lrp.io.model_folder import model_argument
 
-    return str(resolve_model_folder(model)[0])
+    return model_argument(model)
 
 
 def _text_mode(o: "ExplainOptions", ds, text):

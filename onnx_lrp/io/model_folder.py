@@ -56,6 +56,15 @@ def resolve_model_folder(path) -> tuple[object, "Path | None"]:
                      f"one to explain, e.g. {p / onnx_files[0]}")
 
 
+def model_argument(model) -> str:
+    """The command line's MODEL: an export folder (a folder holding .onnx files) as its model file, anything else as
+    given (a folder without models stays a folder: the command says MODEL and INPUT may be swapped)."""
+    p = Path(os.fspath(model))
+    if p.is_dir() and any(p.glob("*.onnx")):
+        return str(resolve_model_folder(p)[0])
+    return model
+
+
 def beside(folder: "Path | None", name: str) -> "Path | None":
     """The file ``name`` in the model's folder, or None (no folder, or no such file there)."""
     if folder is None:
@@ -64,4 +73,4 @@ def beside(folder: "Path | None", name: str) -> "Path | None":
     return p if p.is_file() else None
 
 
-__all__ = ["CONFIG", "FINDERS", "TOKENIZER", "beside", "resolve_model_folder"]
+__all__ = ["CONFIG", "FINDERS", "TOKENIZER", "beside", "model_argument", "resolve_model_folder"]

@@ -126,3 +126,27 @@ def test_the_npz_is_the_text_explanations_arrays_round_trip(folder_ex, run_cli, 
         assert_close(got[k], want[k], rtol=0, atol=0) if got[k].dtype.kind != "U" else \
             np.testing.assert_array_equal(got[k], want[k])
     assert got["tokens"].tolist() == res.tokens and got["targets"].tolist() == [2]
+
+
+def test_an_export_folder_as_model_on_the_command_line(run_cli, tmp_path):
+    """explain and inspect take the folder (any model: the digits CNN here); other commands refuse it naming its
+    model.onnx. The reference: the same command on the .onnx file itself."""
+    from util import ROOT
+
+    folder = tmp_path / "digits export"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes((ROOT / "models" / "digits_cnn.onnx").read_bytes())
+    image = ROOT / "models" / "samples" / "png" / "digit_3.png"
+    assert run_cli("explain", folder, image, "-o", "a.npy", cwd=tmp_path)[0] == 0
+    assert run_cli("explain", folder / "model.onnx", image, "-o", "b.npy", cwd=tmp_path)[0] == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+    code, out, err = run_cli("inspect", folder, "--json", cwd=tmp_path)
+    assert code == 0 and json.loads(out)["suggested"]["command"].startswith(
+        f"onnx-lrp explain '{folder / 'model.onnx'}' IMAGE.png"), err
+    code, out, err = run_cli("rewrite", folder, "-o", "r.onnx", cwd=tmp_path)
+    assert code == 2 and err.count("\n") == 1 and f"is a folder; give its model file: {folder / 'model.onnx'}" in err
+    from onnx_lrp.core.errors import ModelError
+    from onnx_lrp.load import load
+
+    with pytest.raises(ModelError, match=f"is a directory; give the .onnx file \\({folder / 'model.onnx'}\\)"):
+        load(folder)  # the API's other doors name it too
