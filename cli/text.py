@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -216,6 +217,36 @@ def _build(model, options: dict, enc, continuation: bool):
                                      f"the model is refused ({str(exc).split(':')[0]})")
 
 
+def text_setup(model, options: dict):
+    """The explainer setup of a command run on a text (``trace --text``): the image options refused in one line."""
+    given = [f"--{k}" for k in ("size", "crop", "mean", "std") if options.get(k)]
+    if given:
+        raise InputError(f"{', '.join(given)} cannot be combined with --text (the input is the text)")
+    return explainer_setup(model, options, pre=_no_images())
+
+
+def text_batch(model, ex, text: str, tokenizer_path):
+    """``text`` as a batch of one item (the model's inputs filled from its tokenizer, as ``explain --text`` fills
+    them), named by the text: what ``trace --text`` traces."""
+    from onnx_lrp.io import text_inputs as tx
+    from onnx_lrp.io.model_folder import resolve_model_folder
+
+    folder = resolve_model_folder(model)[1] or Path(str(model)).absolute().parent
+    enc = tx.encode(tx.load_tokenizer(_tokenizer_path(model, folder, tokenizer_path)), text)
+    feeds, _ = tx.model_feeds(ex.inputs, enc, len(enc.ids))
+    return TextBatch(feeds, [repr(text[:40] + ("..." if len(text) > 40 else ""))])
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    """A text as one item of the model's inputs (``arrays`` by input name, batch axis 1) and its name."""
+    arrays: dict
+    names: list
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def _no_images():
     from onnx_lrp.io.inputs import Preprocess
 
@@ -248,4 +279,4 @@ def _write_text(out_path, html_out, res, token_scale) -> None:
             files.write_bytes(html_out, res.html(percentile=token_scale).encode("utf-8"))
 
 
-__all__ = ["text_options", "text_mode", "run_text"]
+__all__ = ["TextBatch", "text_batch", "text_options", "text_mode", "text_setup", "run_text"]

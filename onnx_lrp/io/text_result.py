@@ -95,7 +95,7 @@ class TextExplanation:
             return line
         return (line + f"; the rest ({begun - total:+.4g}) stays in biases, normalisations, the attention softmax "
                 "and the position and token-type embeddings, whose rules pass none of it to the tokens: "
-                "`onnx-lrp trace` splits it node by node")
+                "`onnx-lrp trace MODEL --text TEXT` splits it node by node")
 
     def top(self, k: int = 3) -> list:
         """The ``k`` tokens of largest relevance: (token, relevance) pairs, largest first."""

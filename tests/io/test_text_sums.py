@@ -56,7 +56,7 @@ def test_the_summary_says_the_sum_and_the_logit_of_the_shipped_sentiment_model()
     assert line.startswith(f"relevance sum {total:.4g} of the logit {res.logit:.4g} ({100 * total / res.logit:.3g} %)")
     # the issue's numbers: about half of the logit reaches the tokens; the line says where the rest stays
     assert 0.2 < total / res.logit < 0.8 and f"the rest ({res.logit - total:+.4g}) stays in biases" in line
-    assert "`onnx-lrp trace`" in line and "\n" not in line
+    assert "`onnx-lrp trace MODEL --text TEXT`" in line and "\n" not in line
     assert res.to_dict()["relevance_sum"] == total and res.to_dict()["start_relevance"] == res.logit
 
 
@@ -85,3 +85,21 @@ def test_a_conserving_explanation_says_no_rest(biased, run_cli, tmp_path):
     res = onnx_lrp.Explainer(biased, composite="epsilon-plus-flat").explain_text("the film")
     assert_close(np.sum(res.relevance), res.logit, rtol=1e-3, atol=f32_tol(res.logit, 8))
     assert "rest" not in res.sums() and res.sums().endswith("(100 %)")
+
+
+def test_trace_takes_the_text_and_its_ledger_adds_up_to_the_logit(biased, run_cli, tmp_path):
+    """`onnx-lrp trace MODEL --text TEXT` (what the sums line points to): the text's inputs as explain fills them;
+    the ledger's input relevance is explain_text's sum, and the bias node holds the rest."""
+    import json
+
+    with pytest.warns(LrpWarning, match="relevance not conserved"):
+        res = onnx_lrp.Explainer(biased, composite="attnlrp").explain_text("the film")
+    code, out, err = run_cli("trace", biased, "--text", "the film", "-c", "attnlrp", "--json", cwd=tmp_path)
+    assert code == 0, err
+    ledger = json.loads(out)
+    assert_close(ledger["start_relevance"], res.logit, rtol=1e-6, atol=f32_tol(res.logit, 4))
+    assert_close(ledger["input_relevance"], np.sum(res.relevance), rtol=1e-4, atol=f32_tol(res.logit, 16))
+    gemm = next(r for r in ledger["nodes"] if r["node"] == "Gemm_logits")
+    assert_close(gemm["absorbed"], res.logit - np.sum(res.relevance), rtol=1e-4, atol=f32_tol(res.logit, 16))
+    code, _, err = run_cli("trace", biased, "the.npy", "--text", "the film", cwd=tmp_path)
+    assert code == 2 and "give INPUT (an image, .npy/.npz array) or --text TEXT: one of them" in err
