@@ -11,6 +11,7 @@ first non-special token), or a language model's next token (N x T x V: at the la
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +180,7 @@ def _html_file(model, folder, html_path, no_html) -> Path | None:
     check_writable(out)
     if out.exists():
         owner = page_model(out)
-        mine = str(Path(str(model)).absolute())
+        mine = os.path.abspath(str(model))  # as the page names it (onnx_lrp.io.text.model_path)
         if owner != mine:
             whose = f"model {owner}" if owner else "something other than an onnx-lrp token page"
             raise OutputError(f"{out} here is the token page of {whose}, not of {model}; give --html FILE (or "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,6 +100,10 @@ def test_no_html_and_the_default_page_never_overwrites_another_models(run_cli, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]
     code, out, err = run_cli("explain", other / "tiny_lm.onnx", "--text", "the cat", cwd=tmp_path)
     assert code == 0 and (tmp_path / "tiny_lm.tokens.html").is_file(), err
+    from onnx_lrp.cli.text import _html_file
+
+    again = tmp_path / "elsewhere" / ".." / "elsewhere" / "tiny_lm.onnx"  # the same model, spelled otherwise
+    assert _html_file(again, again.parent, None, None) == Path("tiny_lm.tokens.html")  # its own page: rewritten
     before = _digests(tmp_path)
     # the shipped tiny_lm.onnx has the same file name: its default page would overwrite the other's
     code, out, err = run_cli("explain", LM, "--text", "the cat", "--tokenizer", LM_TOK, cwd=tmp_path)
