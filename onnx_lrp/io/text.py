@@ -65,9 +65,9 @@ def tokenizer_of(ex, tokenizer):
     """The tokenizer given, or the tokenizer.json beside the model (``ex.folder``); refused in one line without."""
     if tokenizer is not None:
         return tokenizer
-    found = beside(getattr(ex, "folder", None), TOKENIZER)
+    found = beside(ex.folder, TOKENIZER)
     if found is None:
-        where = f"beside the model in {ex.folder}" if getattr(ex, "folder", None) is not None else \
+        where = f"beside the model in {ex.folder}" if ex.folder is not None else \
             "for a model not given as a file"
         raise InputError(f"no tokenizer.json {where}: give the model's tokenizer (tokenizer='tokenizer.json', or "
                          "--tokenizer FILE)")
@@ -77,7 +77,7 @@ def tokenizer_of(ex, tokenizer):
 def labels_of(ex) -> dict | None:
     """The model's class names: its ``id2label`` metadata, else the config.json beside it (what transformers and
     optimum save); None when neither names them."""
-    return model_labels(ex) or config_labels(getattr(ex, "folder", None))
+    return model_labels(ex) or config_labels(ex.folder)
 
 
 def run(ex, tok, enc, request: TextRequest) -> TextExplanation:
