@@ -150,3 +150,14 @@ def test_an_export_folder_as_model_on_the_command_line(run_cli, tmp_path):
 
     with pytest.raises(ModelError, match=f"is a directory; give the .onnx file \\({folder / 'model.onnx'}\\)"):
         load(folder)  # the API's other doors name it too
+
+
+def test_a_hugging_face_folder_without_onnx_is_refused_saying_to_export_it(run_cli, tmp_path):
+    weights = tmp_path / "bert_pt"
+    weights.mkdir()
+    (weights / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b"}}))
+    image = GOLDENS.parent.parent / "models" / "samples" / "png" / "digit_3.png"
+    for args in ((weights, image), (weights, "--text", "hi")):
+        code, out, err = run_cli("explain", *args, cwd=tmp_path)
+        assert code == 2 and err.count("\n") == 1 and "no .onnx file" in err and "export" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert_pt"]
