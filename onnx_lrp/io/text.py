@@ -162,7 +162,7 @@ def _run(ex, tok, enc, request: TextRequest) -> TextExplanation:
     return TextExplanation(
         text=text, text_pair=text_pair, continuation=continuation, task=kind, tokens=list(enc.shown),
         input_ids=list(enc.ids), relevance=relevance, special=[bool(s) for s in enc.special],
-        start=start or ex.options.start, model=model_path(ex),
+        start=start or ex.options.start, model=model_path(ex), absorbers=absorbers(ex),
         n_prompt=enc.n_prompt, target=[r["target"] for r in records] if many else first["target"],
         label=continuation if many or continuation is not None else first["label"],
         predicted=first["predicted"], predicted_label=first["predicted_label"],
@@ -176,6 +176,28 @@ def model_path(ex) -> str | None:
 
     given = ex.relevance_model.source.model
     return os.path.abspath(os.fspath(given)) if isinstance(given, (str, os.PathLike)) else None
+
+
+NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "RMSNormalization",
+                   "SkipSimplifiedLayerNormalization", "BatchNormalization", "GroupNormalization",
+                   "InstanceNormalization"})
+
+
+def absorbers(ex) -> tuple:
+    """What in this model can keep relevance from the tokens, named from the ops of its relevance walk: biases (of
+    its linear layers), normalisations, the attention softmax, embeddings added to the tokens' (more lookups than the
+    tokens' own)."""
+    ops = [step.op_type for step in ex.relevance_model.trace]
+    found = []
+    if {"Gemm", "MatMul", "Conv"} & set(ops):
+        found.append("biases")
+    if NORMS & set(ops):
+        found.append("normalisations")
+    if "Softmax" in ops:
+        found.append("the attention softmax")
+    if ops.count("Gather") > 1:
+        found.append("the position and token-type embeddings")
+    return tuple(found)
 
 
 def _task(ex, tok, task, feeds, start) -> str:

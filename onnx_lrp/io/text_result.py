@@ -58,6 +58,7 @@ class TextExplanation:
     explanations: list = field(default_factory=list)
     start: str = "logit"
     model: str | None = None  # the model's file (absolute), named in the HTML page
+    absorbers: tuple = ()  # what in the model can keep relevance from the tokens ("biases", "normalisations", ...)
 
     # ----------------------------------------------------------------------------------------------- summary
     def headline(self) -> str:
@@ -93,8 +94,9 @@ class TextExplanation:
         line += f" ({100 * total / begun:.3g} %)"
         if abs(total - begun) <= ABSORBED_NOTE * abs(begun):
             return line
-        return (line + f"; the rest ({begun - total:+.4g}) stays in biases, normalisations, the attention softmax "
-                "and the position and token-type embeddings, whose rules pass none of it to the tokens: "
+        held = ", ".join(self.absorbers[:-1]) + " and " + self.absorbers[-1] if len(self.absorbers) > 1 else \
+            (self.absorbers[0] if self.absorbers else "the layers between")
+        return (line + f"; the rest ({begun - total:+.4g}) is kept from the tokens by the model's {held}: "
                 "`onnx-lrp trace MODEL --text TEXT` splits it node by node")
 
     def top(self, k: int = 3) -> list:

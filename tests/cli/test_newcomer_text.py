@@ -61,5 +61,12 @@ def test_the_folder_as_model_explains_without_a_tokenizer_option(exports, run_cl
     want = int(np.argmax(REF["logits"]))
     assert out.splitlines()[0].startswith("text-classification: class 0 'negative': logit ")
     assert want == 2 and out.splitlines()[0].endswith(f"the model predicts class 2 {REF['labels'][2]!r}")
-    assert "relevance sum " in out.splitlines()[1]
+    import onnx
+
+    model = onnx.load(exports / "my models" / "bert_optimum" / "model.onnx")
+    tables = {i.name for i in model.graph.initializer}
+    looked_up = [n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in tables]
+    assert len(looked_up) == 3 and any("position" in t for t in looked_up)  # the oracle: three embedding tables
+    assert out.splitlines()[1].startswith("relevance sum ") and "the position and token-type embeddings: " in \
+        out.splitlines()[1]
     assert out.splitlines()[-1].endswith("wrote bert_optimum.tokens.html")  # named after the folder, not "model"
