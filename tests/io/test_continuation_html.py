@@ -93,8 +93,17 @@ def _digests(folder):
 def test_no_html_and_the_default_page_never_overwrites_another_models(run_cli, tmp_path):
     other = tmp_path / "elsewhere"
     other.mkdir()
-    (other / "tiny_lm.onnx").write_bytes((GOLDENS / "text" / "gpt2_text.onnx").read_bytes())  # another model
-    (other / "tokenizer.json").write_bytes((GOLDENS / "text" / "tokenizer.json").read_bytes())
+    from util import make_model, node, to_bytes
+
+    tok = GOLDENS / "text" / "tokenizer.json"
+    vocab = tokenizers.Tokenizer.from_file(str(tok)).get_vocab_size()
+    rng = np.random.default_rng(0)
+    lm = make_model([node("Gather", ["emb", "input_ids"], "e"), node("MatMul", ["e", "w"], "logits")],
+                    {"input_ids": (["batch", "sequence"], np.int64)}, ["logits"],
+                    {"emb": rng.normal(size=(vocab, 4)).astype(np.float32),
+                     "w": rng.normal(size=(4, vocab)).astype(np.float32)})
+    (other / "tiny_lm.onnx").write_bytes(to_bytes(lm))  # another model of the same file name (a tiny LM: fast)
+    (other / "tokenizer.json").write_bytes(tok.read_bytes())
     code, out, err = run_cli("explain", other / "tiny_lm.onnx", "--text", "the cat", "--no-html", cwd=tmp_path)
     assert code == 0 and out.splitlines()[-1].endswith("wrote nothing (--no-html)"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]
