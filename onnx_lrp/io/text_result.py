@@ -131,7 +131,8 @@ class TextExplanation:
                     target=self.target, label=self.label, predicted=self.predicted,
                     predicted_label=self.predicted_label, position=self.position, logit=self.logit,
                     predictions=self.predictions, explained=list(self.steps),
-                    relevance_sum=float(self.relevance.sum()), start_relevance=self.start_relevance)
+                    relevance_sum=float(self.relevance.sum()), start_relevance=self.start_relevance,
+                    kept_by=list(self.absorbers))
 
     # ----------------------------------------------------------------------------------------------- views
     def _marks(self) -> list:

@@ -112,8 +112,8 @@ def token_spans(tokens: list[str], relevance, percentile: float = 100.0, marks=(
         fore = text_colour(back)
         shown = html.escape(tok).replace(" ", "&nbsp;") or "&#8203;"
         outline = ";outline:2px solid #000;outline-offset:1px" if i in marked else ""
-        spans.append(f'<span class="t" style="background:rgb{back};color:rgb{fore}{outline}" '
-                     f'title="{v:.6g}">{shown}</span>')
+        spans.append(f'<span class="t" style="color:rgb({",".join(map(str, fore))});'
+                     f'background:rgb({",".join(map(str, back))}){outline}" title="{v:.6g}">{shown}</span>')
     return sep.join(spans)
 
 

@@ -50,6 +50,7 @@ def test_the_suggested_command_runs_from_another_directory_with_class_names(expo
     page = exports / "work" / args[args.index("--html") + 1]
     assert page.is_file() and page.parent == exports / "work"
     assert summary["html_file"] == args[args.index("--html") + 1]
+    assert summary["kept_by"][-1] == "the position and token-type embeddings"  # BERT's three lookups
     assert len(summary["tokens"]) == REF["tokens"] and summary["relevance_sum"] == pytest.approx(
         sum(summary["relevance"]), rel=1e-9)
 

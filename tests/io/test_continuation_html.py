@@ -35,10 +35,10 @@ def _contrast(a, b):
 
 def _cells(page: str):
     """(text, background, foreground, outlined) of every token cell of the page."""
-    cell = r'<span class="t" style="background:rgb\(([^)]*)\);color:rgb\(([^)]*)\)([^"]*)"[^>]*>(.*?)</span>'
+    cell = r'<span class="t" style="color:rgb\(([^)]*)\);background:rgb\(([^)]*)\)([^"]*)"[^>]*>(.*?)</span>'
     found = re.findall(cell, page)
     return [(text, tuple(map(int, bg.split(","))), tuple(map(int, fg.split(","))), "outline" in rest)
-            for bg, fg, rest, text in found]
+            for fg, bg, rest, text in found]
 
 
 @pytest.fixture(scope="module")
