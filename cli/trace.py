@@ -44,7 +44,7 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
     ("Output", ["tolerance", "as_json", "device"])],
     examples=["onnx-lrp trace models/digits_cnn.onnx models/samples/png/digit_3.png",
               "onnx-lrp trace models/digits_cnn.onnx models/samples/batch.npy --item 8 --json",
-              "onnx-lrp trace models/text/sentiment.onnx --text 'a gripping, funny and moving film'"])
+              "onnx-lrp trace models/text/sentiment.onnx --text 'a funny film'"])
 @click.argument("model", metavar="MODEL")
 @click.argument("input_path", metavar="[INPUT]", required=False)
 @click.option("--text", default=None, metavar="TEXT",
