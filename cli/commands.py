@@ -103,6 +103,9 @@ def inspect(model, as_json, wide, **options):
     from onnx_lrp.core.errors import UnsupportedError
     from onnx_lrp.lrp import rewriter
 
+    from onnx_lrp.io.model_folder import model_argument
+
+    model = model_argument(model)  # an export folder: its model.onnx
     setup = explainer_setup(model, options)
     output_name, composite = options["output_name"], options["composite"]
     sig = signature(model, setup.constants)

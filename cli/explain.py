@@ -128,6 +128,7 @@ def explain(**kw):
     of one kind. Prints a summary per item; writes the relevance, a heatmap if asked.
     """
     o = ExplainOptions.from_click(kw)
+    o.model = _model_file(o.model)
     ds = dataset_mode(o.options)
     text = _text_given(o.options)
     mode = next(m for m in MODES if m.chosen(ds, text))
@@ -139,6 +140,13 @@ def _text_given(options: dict) -> dict | None:
     classes: alone it keeps explain on INPUT), else None."""
     text = text_mode({**options, "labels": None})
     return None if text is None else {**text, "labels": options.get("labels")}
+
+
+def _model_file(model: str) -> str:
+    """MODEL as given, or an export folder's model file (:func:`onnx_lrp.io.model_folder.resolve_model_folder`)."""
+    from onnx_lrp.io.model_folder import model_argument
+
+    return model_argument(model)
 
 
 def _text_mode(o: "ExplainOptions", ds, text):

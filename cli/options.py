@@ -227,6 +227,13 @@ def check_model_arg(model) -> None:
     if not isinstance(model, (str, os.PathLike)):
         return
     path = Path(model)
+    if path.is_dir() and any(path.glob("*.onnx")):  # an export folder (explain and inspect take it as its model)
+        from onnx_lrp.io.model_folder import resolve_model_folder
+
+        raise InputError(f"MODEL {model} is a folder; give its model file: {resolve_model_folder(path)[0]}")
+    if path.is_dir() and (path / "config.json").is_file():  # a save_pretrained folder of weights, not exported
+        raise InputError(f"MODEL {model} holds no .onnx file (a Hugging Face folder?): export it to ONNX first, e.g. "
+                         f"optimum-cli export onnx --model {model} {path.name}-onnx")
     if path.is_dir() or is_kind(path):
         what = "a directory" if path.is_dir() else f"an input file ({path.suffix.lower()})"
         raise InputError(f"MODEL {model} is {what}, not an ONNX model: the first argument is the model (.onnx), the "

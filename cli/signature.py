@@ -52,9 +52,7 @@ def suggestion(model, sig: dict, composite: str | None = None, output: str | Non
     comp += ["--output", output] if output else []
     floats = [v for v in inputs if v["dtype"].startswith(("float", "bfloat"))]
     if any(_is_tokens(v) for v in inputs):
-        args = ["--text", "TEXT", "--tokenizer", "tokenizer.json", "--html", f"{stem}.tokens.html"]
-        note = ("TEXT: the text to explain; tokenizer.json: the model's own tokenizer (needs pip install -e "
-                "'.[text]')")
+        args, note = text_args(model)
     elif len(inputs) == 1 and len(floats) == 1 and _image_like(floats[0]["dims"]):
         args, note = _image_args(floats[0]["dims"], stem)
     elif len(inputs) == 1:
@@ -69,6 +67,42 @@ def suggestion(model, sig: dict, composite: str | None = None, output: str | Non
     if composite and composite != "auto" and "box" in composite and "--mean" not in note:
         note += "; the box rule's bounds: --mean/--std (normalised inputs) or --low/--high"
     return dict(command=" ".join(shlex.quote(a) for a in head + args + comp), note=note)
+
+
+def text_args(model) -> tuple[list, str]:
+    """--text's arguments for a text model: the tokenizer.json and the class names beside the model, by paths that
+    work from the current directory (the model's path as given, joined: relative stays relative to here)."""
+    import os
+
+    folder = os.path.dirname(str(model))
+    tokenizer = os.path.join(folder, "tokenizer.json")
+    page = f"{_page_stem(model)}.tokens.html"
+    found = os.path.isfile(tokenizer)
+    args = ["--text", "TEXT", "--tokenizer", tokenizer if found else "TOKENIZER.json", "--html", page]
+    note = "TEXT: the text to explain (needs pip install 'onnx-lrp[text]'); " + (
+        f"{tokenizer}: the model's own tokenizer, found beside it" if found else
+        "TOKENIZER.json: the model's own tokenizer (none is beside the model)")
+    names = _class_names(os.path.join(folder, "config.json"))
+    if names:
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        note += f"; --target NAME explains a class by its name from the config.json beside it ({shown})"
+    return args, note
+
+
+def _page_stem(model) -> str:
+    """The default token page's name: the model file's stem, its folder's name for a generic model.onnx."""
+    p = Path(str(model)).absolute()
+    return p.parent.name if p.stem == "model" and p.parent.name else p.stem
+
+
+def _class_names(config) -> list:
+    from onnx_lrp.io.text_inputs import config_labels
+
+    try:
+        names = config_labels(Path(config).parent)
+    except Exception:  # noqa: BLE001 - a suggestion: a config.json it cannot read names no classes
+        return []
+    return [names[k] for k in sorted(names)] if names else []
 
 
 def _image_like(dims) -> bool:

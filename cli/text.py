@@ -11,19 +11,22 @@ first non-special token), or a language model's next token (N x T x V: at the la
 from __future__ import annotations
 
 import json
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
-import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError, UnsupportedError
+from onnx_lrp.io.genai import check_model_length
 
 from .io import AtomicOutputs, check_writable, guard
 from .generate import GENERATE_KEYS, generation_options, run_generation
 from .options import device_note, explainer_setup, precision_note, uses_tf32
 
-TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings") + GENERATE_KEYS
+TEXT_KEYS = ("text", "text_pair", "tokenizer_path", "continuation", "task", "labels", "embeddings",
+             "no_html") + GENERATE_KEYS
 TASKS = ("text-classification", "token-classification", "text-generation")  # onnx_lrp.io.text_inputs.TASKS
 
 
@@ -49,6 +52,8 @@ def text_options(f):
         click.option("--embeddings", default=None, metavar="FILE.npy",
                      help="For a model that takes embeddings (inputs_embeds) instead of token ids: the embedding "
                           "table (vocabulary x hidden), or this text's embeddings (tokens x hidden)."),
+        click.option("--no-html", "no_html", is_flag=True, default=None,
+                     help="With --text: write no HTML token page (default: --html FILE, else MODEL.tokens.html here)."),
     ] + generation_options()
     for opt in reversed(opts):
         f = opt(f)
@@ -63,60 +68,76 @@ def text_mode(options) -> dict | None:
 
 def run_text(model, opts: dict, options: dict, refused: dict) -> int:
     """Explain ``opts["text"]`` (:func:`text_mode`); ``options``: explain's click options (the explainer's among
-    them, :func:`cli.options.explainer_setup`)."""
+    them, :func:`cli.options.explainer_setup`). ``model``: an .onnx file or an export folder (its model.onnx)."""
     from onnx_lrp.io import text_inputs as tx
-    from onnx_lrp.io.text import TextRequest, explain_request
+    from onnx_lrp.io.model_folder import resolve_model_folder
+    from onnx_lrp.io.text import TextRequest, explain_request, labels_of
 
     if opts.get("generate") is not None or opts.get("contrast") is not None:
         return run_generation(model, opts, options, refused)
-    target, position, start, device = options["target"], options["position"], options["start"], options["device"]
-    out, html_path, token_scale, as_json = options["out"], options["html_path"], options["token_scale"], \
-        options["as_json"]
+    model, folder = resolve_model_folder(model)
+    folder = folder if folder is not None else Path(str(model)).absolute().parent  # a model not found: refused later
+    target, position, start = options["target"], options["position"], options["start"]
     if isinstance(target, str) and target.strip().lower() in ("", "argmax"):
         target = None  # the default: the prediction
-    out_path, html_out = _text_outputs(model, opts, target, position, out, html_path, refused)
-    tok_path = _tokenizer_path(model, opts["tokenizer_path"])
+    out_path, html_out = _text_outputs(model, folder, opts, (target, position), options, refused)
+    tok_path = _tokenizer_path(model, folder, opts["tokenizer_path"])
     tokenizer = tx.load_tokenizer(tok_path)
     enc = tx.encode(tokenizer, opts["text"], opts["text_pair"], opts["continuation"])
+    check_model_length(model, len(enc.ids))
     t0 = time.perf_counter()
     ex, comp, note = _build(model, options, enc, opts["continuation"] is not None)
     t_build = time.perf_counter() - t0
     if note:
         click.echo(f"onnx-lrp: {note}", err=True)
-    if device == "auto":
+    if options["device"] == "auto":
         why = ex.device_note or "onnxruntime has no CUDA provider here"
         click.echo(f"onnx-lrp: --device auto: using {ex.device}" + ("" if ex.device == "cuda" else f" ({why})"),
                    err=True)
-    labels = tx.read_labels(opts["labels"]) if opts["labels"] else tx.model_labels(ex) or _config_labels(model)
+    labels = tx.read_labels(opts["labels"]) if opts["labels"] else labels_of(ex)
     t1 = time.perf_counter()
-    res = explain_request(ex, tokenizer, TextRequest(opts["text"], opts["text_pair"], target, position,
-                                                     opts["continuation"], opts["task"], labels, opts["embeddings"],
-                                                     start))
-    t_explain = time.perf_counter() - t1
-    _write_text(out_path, html_out, res, token_scale)
-    name = ex.composite_name  # "auto" resolved
-    if as_json:
-        summary = dict(model=str(model), tokenizer=str(tok_path), composite=name, start=start,
-                       device=ex.device, tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision,
-                       **res.to_dict(), relevance_file=str(out_path) if out_path else None,
-                       html_file=str(html_out), build_s=round(t_build, 4), explain_s=round(t_explain, 4))
-        click.echo(json.dumps(summary, indent=2))
-        return 0
-    click.echo(f"{res.task}: {res.headline()}")
-    if res.predictions is not None:
-        click.echo("predicted per token: " + " ".join(f"{t.strip() or t}/{p}" for t, p in
-                                                      zip(res.tokens, res.predictions)))
-    click.echo(res.terminal(percentile=token_scale))
-    written = ", ".join(str(p) for p in (html_out, out_path) if p is not None)
-    click.echo(f"{len(res.tokens)} tokens, composite {name}, device {ex.device}"
-               f"{device_note(ex)}{precision_note(ex)}: explained in "
-               f"{t_explain:.3f} s (model built in {t_build:.3f} s); wrote {written}")
+    res = explain_request(ex, TextRequest(opts["text"], tokenizer, opts["text_pair"], target, position,
+                                          opts["continuation"], opts["task"], labels, opts["embeddings"], start))
+    timing = (t_build, time.perf_counter() - t1)
+    _write_text(out_path, html_out, res, options["token_scale"])
+    _text_report(model, ex, res, dict(tokenizer=str(tok_path), relevance_file=out_path, html_file=html_out,
+                                      timing=timing, start=start, as_json=options["as_json"],
+                                      token_scale=options["token_scale"]))
     return 0
 
 
-def _text_outputs(model, opts: dict, target, position, out, html_path, refused: dict):
-    """(relevance file or None, HTML file), both checked before any work; the options that do not go with --text
-    refused in one line."""
+def _text_report(model, ex, res, said: dict) -> None:
+    """The summary: JSON, or the headline, the sums, the tokens coloured and where the files went."""
+    t_build, t_explain = said["timing"]
+    written = ", ".join(str(p) for p in (said["html_file"], said["relevance_file"]) if p is not None)
+    if said["as_json"]:
+        summary = dict(model=str(model), tokenizer=said["tokenizer"], composite=ex.composite_name,
+                       start=said["start"], device=ex.device, tf32=uses_tf32(ex),
+                       precision=ex.relevance_model.model_precision, **res.to_dict(),
+                       relevance_file=_str(said["relevance_file"]), html_file=_str(said["html_file"]),
+                       build_s=round(t_build, 4), explain_s=round(t_explain, 4))
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"{res.task}: {res.headline()}")
+    click.echo(res.sums())
+    if res.predictions is not None:
+        click.echo("predicted per token: " + " ".join(f"{t.strip() or t}/{p}" for t, p in
+                                                      zip(res.tokens, res.predictions)))
+    click.echo(res.terminal(percentile=said["token_scale"]))
+    click.echo(f"{len(res.tokens)} tokens, composite {ex.composite_name}, device {ex.device}"
+               f"{device_note(ex)}{precision_note(ex)}: explained in "
+               f"{t_explain:.3f} s (model built in {t_build:.3f} s); "
+               + (f"wrote {written}" if written else "wrote nothing (--no-html)"))
+
+
+def _str(path) -> str | None:
+    return None if path is None else str(path)
+
+
+def _text_outputs(model, folder, opts: dict, asked: tuple, options: dict, refused: dict):
+    """(relevance file or None, HTML file or None), both checked before any work; the options that do not go with
+    --text refused in one line. ``asked``: (target, position)."""
+    target, position = asked
     given = [name for name, value in refused.items() if value]
     if given:
         raise InputError(f"{', '.join(given)} cannot be combined with --text (the input is the text)")
@@ -129,48 +150,58 @@ def _text_outputs(model, opts: dict, target, position, out, html_path, refused: 
     for name, value in (("--target", target), ("--position", position)):
         if isinstance(value, str) and "," in value:
             raise InputError(f"{name} {value}: give one value (one text is one item)")
-    out_path = Path(out) if out else None
+    out_path = Path(options["out"]) if options["out"] else None
     if out_path is not None:
         if out_path.suffix.lower() not in (".npy", ".npz"):
             raise OutputError(f"-o {out_path}: the relevance is written as .npy or .npz; change the suffix")
         check_writable(out_path)
-    html_out = Path(html_path) if html_path else Path(f"{Path(str(model)).stem}.tokens.html")
-    if html_out.suffix.lower() not in (".html", ".htm"):
-        raise OutputError(f"--html {html_out}: give an .html file name")
-    check_writable(html_out)
-    beside = Path(str(model)).parent
-    guard([("the tokenizer", opts["tokenizer_path"] or beside / "tokenizer.json"), ("the --labels file", opts["labels"]),
-           ("the --embeddings file", opts["embeddings"]), ("the config", beside / "config.json")],
+    html_out = _html_file(model, folder, options["html_path"], opts["no_html"])
+    guard([("the tokenizer", opts["tokenizer_path"] or folder / "tokenizer.json"),
+           ("the --labels file", opts["labels"]), ("the --embeddings file", opts["embeddings"]),
+           ("the config", folder / "config.json")],
           [("-o", out_path), ("--html", html_out)], models=[("the model", model)])
     return out_path, html_out
 
 
-def _tokenizer_path(model, given) -> Path:
+def _html_file(model, folder, html_path, no_html) -> Path | None:
+    """The token page: --html FILE, none with --no-html, else <name>.tokens.html here, named after the model's
+    file (after its folder for a generic model.onnx); refused when that page exists and was written for another
+    model (or is not a token page of onnx-lrp)."""
+    from onnx_lrp.io.tokens import page_model
+
+    if no_html and html_path:
+        raise InputError("--html and --no-html: give one")
+    if no_html:
+        return None
+    if html_path:
+        out = Path(html_path)
+        if out.suffix.lower() not in (".html", ".htm"):
+            raise OutputError(f"--html {out}: give an .html file name")
+        check_writable(out)
+        return out
+    stem = Path(str(model)).stem
+    if stem == "model" and folder is not None:
+        stem = folder.name or stem
+    out = Path(f"{stem}.tokens.html")
+    check_writable(out)
+    if out.exists():
+        owner = page_model(out)
+        mine = os.path.abspath(str(model))  # as the page names it (onnx_lrp.io.text.model_path)
+        if owner != mine:
+            whose = f"model {owner}" if owner else "something other than an onnx-lrp token page"
+            raise OutputError(f"{out} here is the token page of {whose}, not of {model}; give --html FILE (or "
+                              "--no-html), or remove it")
+    return out
+
+
+def _tokenizer_path(model, folder, given) -> Path:
     if given is not None:
         return Path(given)
-    beside = Path(str(model)).parent / "tokenizer.json"
-    if beside.is_file():
+    beside = folder / "tokenizer.json" if folder is not None else None
+    if beside is not None and beside.is_file():
         return beside
     raise InputError(f"--text needs the model's tokenizer: give --tokenizer tokenizer.json (there is none beside "
                      f"{model})")
-
-
-def _config_labels(model) -> dict | None:
-    """The id2label of a config.json beside the model (what transformers and optimum save), if any."""
-    from onnx_lrp.io.text_inputs import read_labels
-
-    from onnx_lrp.core.validate import read_json
-
-    p = Path(str(model)).parent / "config.json"
-    # a config.json that is not UTF-8 JSON (or nested too deeply to read) is refused in one line; one without
-    # usable id2label is ignored
-    config = read_json(p, f"{p} (beside the model)", "fix it or move it away") if p.is_file() else None
-    if not isinstance(config, dict) or not isinstance(config.get("id2label"), dict):
-        return None
-    try:
-        return read_labels(config["id2label"])
-    except InputError:
-        return None
 
 
 def _build(model, options: dict, enc, continuation: bool):
@@ -178,7 +209,7 @@ def _build(model, options: dict, enc, continuation: bool):
     computations that only fold with the length known, e.g. DeBERTa's relative positions exported by TorchScript).
     Returns (explainer, composite, the note to print or None)."""
     setup = explainer_setup(model, options, pre=_no_images())
-    setup = setup.changed(strict=False, precise=False)  # text runs as it always has: without --strict / --precise
+    setup = setup.changed(precise=False)  # text runs without --precise; --strict holds as for any input
     try:
         return setup.explainer(model), setup.composite, None
     except UnsupportedError as exc:
@@ -191,6 +222,36 @@ def _build(model, options: dict, enc, continuation: bool):
             raise exc from None
         return ex, setup.composite, (f"built for this text's {len(enc.ids)} tokens: with a dynamic sequence axis "
                                      f"the model is refused ({str(exc).split(':')[0]})")
+
+
+def text_setup(model, options: dict):
+    """The explainer setup of a command run on a text (``trace --text``): the image options refused in one line."""
+    given = [f"--{k}" for k in ("size", "crop", "mean", "std") if options.get(k)]
+    if given:
+        raise InputError(f"{', '.join(given)} cannot be combined with --text (the input is the text)")
+    return explainer_setup(model, options, pre=_no_images())
+
+
+def text_batch(model, ex, text: str, tokenizer_path):
+    """``text`` as a batch of one item (the model's inputs filled from its tokenizer, as ``explain --text`` fills
+    them), named by the text: what ``trace --text`` traces."""
+    from onnx_lrp.io import text_inputs as tx
+    from onnx_lrp.io.model_folder import resolve_model_folder
+
+    folder = resolve_model_folder(model)[1] or Path(str(model)).absolute().parent
+    enc = tx.encode(tx.load_tokenizer(_tokenizer_path(model, folder, tokenizer_path)), text)
+    feeds, _ = tx.model_feeds(ex.inputs, enc, len(enc.ids))
+    return TextBatch(feeds, [repr(text[:40] + ("..." if len(text) > 40 else ""))])
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    """A text as one item of the model's inputs (``arrays`` by input name, batch axis 1) and its name."""
+    arrays: dict
+    names: list
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _no_images():
@@ -213,18 +274,16 @@ def _text_shapes(model, n: int) -> dict | None:
 
 
 def _write_text(out_path, html_out, res, token_scale) -> None:
+    """The relevance (.npy: one value per token; .npz: :meth:`TextExplanation.arrays`) and the token page, all or
+    none."""
     with AtomicOutputs() as files:
-        rel = res.relevance.astype(np.float32)
+        arrays = res.arrays()
         if out_path is not None and out_path.suffix.lower() == ".npy":
-            files.save_npy(out_path, rel)
+            files.save_npy(out_path, arrays["relevance"])
         elif out_path is not None:
-            targets = res.target if isinstance(res.target, list) else [res.target]
-            files.save_npz(out_path, dict(relevance=rel, input_ids=np.asarray(res.input_ids, np.int64),
-                                          tokens=np.asarray(res.tokens, dtype=str), n_prompt=np.int64(res.n_prompt),
-                                          positions=np.asarray([-1 if s["position"] is None else s["position"]
-                                                                for s in res.steps], np.int64),
-                                          targets=np.asarray(targets, np.int64)))
-        files.write_bytes(html_out, res.html(percentile=token_scale).encode("utf-8"))
+            files.save_npz(out_path, arrays)
+        if html_out is not None:
+            files.write_bytes(html_out, res.html(percentile=token_scale).encode("utf-8"))
 
 
-__all__ = ["text_options", "text_mode", "run_text"]
+__all__ = ["TextBatch", "text_batch", "text_options", "text_mode", "text_setup", "run_text"]

@@ -16,6 +16,7 @@ from onnx_lrp.io.inputs import items_kind
 from .explain import parse_target
 from .helpfmt import Command
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
+from .text import text_batch, text_setup
 
 
 def _say(msg: str) -> None:
@@ -39,12 +40,17 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
 
 @click.command("trace", cls=Command, sections=[
     ("What to explain", ["item", "target", "output_name", "position", "start", *RULE_ROWS]),
-    ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
+    ("Inputs", [*INPUT_ROWS, *BINDING_ROWS, "text", "tokenizer_path"]),
     ("Output", ["tolerance", "as_json", "device"])],
     examples=["onnx-lrp trace models/digits_cnn.onnx models/samples/png/digit_3.png",
-              "onnx-lrp trace models/digits_cnn.onnx models/samples/batch.npy --item 8 --json"])
+              "onnx-lrp trace models/digits_cnn.onnx models/samples/batch.npy --item 8 --json",
+              "onnx-lrp trace models/text/sentiment.onnx --text 'a funny film'"])
 @click.argument("model", metavar="MODEL")
-@click.argument("input_path", metavar="INPUT")
+@click.argument("input_path", metavar="[INPUT]", required=False)
+@click.option("--text", default=None, metavar="TEXT",
+              help="Trace this text instead of INPUT (its tokenizer.json beside MODEL, or --tokenizer).")
+@click.option("--tokenizer", "tokenizer_path", default=None, metavar="tokenizer.json",
+              help="With --text: the model's tokenizer.json (default: the one beside MODEL).")
 @common
 @input_options
 @click.option("--item", type=click.IntRange(min=0), default=0, metavar="N",
@@ -66,8 +72,9 @@ def trace(model, input_path, **options):
     Per node from the explained output to the input: the relevance entering, leaving, absorbed (biases,
     stabilisers, rules that do not conserve) and still in flight, read from the relevance model itself.
     """
-    kind = items_kind(input_path)
-    setup = explainer_setup(model, options, data_kind=kind)
+    text = _text_of(input_path, options)
+    setup = explainer_setup(model, options, data_kind=items_kind(input_path)) if text is None else \
+        text_setup(model, options)
     item, target, position, start = options["item"], options["target"], options["position"], options["start"]
     tolerance, as_json = options["tolerance"], options["as_json"]
     if setup.zbox_note:
@@ -80,15 +87,16 @@ def trace(model, input_path, **options):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = setup.explainer(model, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
-    batch = setup.read(input_path, ex.inputs)
+    batch = setup.read(input_path, ex.inputs) if text is None else text_batch(model, ex, text,
+                                                                               options["tokenizer_path"])
     if item >= len(batch):
         raise InputError(f"--item {item}: INPUT holds {len(batch)} item(s); give 0 to {len(batch) - 1}")
     feeds = {name: a[item:item + 1] for name, a in batch.arrays.items()}
     extra = {"position": pos} if pos is not None else {}
     res = ex.explain(feeds, target=targets, **extra)
     summary = ledger_summary(ex, res, tolerance)
-    summary = dict(model=str(model), input=str(input_path), item=batch.names[item], composite=ex.composite_name,
-                   start=start, explained_output=ex.explained_output, target=int(res.target[0]), **summary)
+    summary = dict(model=str(model), input=str(input_path) if text is None else None, item=batch.names[item],
+                   composite=ex.composite_name, start=start, explained_output=ex.explained_output, target=int(res.target[0]), **summary)
     if res.position is not None:
         summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
     if start == "logit" and ex.explained_output in res.outputs:
@@ -99,6 +107,16 @@ def trace(model, input_path, **options):
         click.echo(json.dumps(summary, indent=2))
         return
     _print_ledger(summary, ex, res.deployed_gap, batch.names[item], start, tolerance)
+
+
+def _text_of(input_path, options) -> str | None:
+    """--text (then no INPUT, nor image options), or None: INPUT is traced."""
+    text = options.get("text")
+    if text is None and options.get("tokenizer_path") is not None:
+        raise InputError("--tokenizer goes with --text: give the text to trace")
+    if (input_path is None) == (text is None):
+        raise InputError("give INPUT (an image, .npy/.npz array) or --text TEXT: one of them")
+    return text
 
 
 def ledger_summary(ex, res, tolerance: float) -> dict:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .core.errors import InputError
 from .core.relevance_model import BuildOptions
+from .io.model_folder import resolve_model_folder
 from .load import external
 from .rules.composite import Composite
 from .run import launch
@@ -30,7 +31,8 @@ class Explainer(Runner):
         """Build the relevance model of `model` and start its onnxruntime session.
 
         Args:
-            model (str | Path | bytes): the ONNX model: a path or the model's bytes.
+            model (str | Path | bytes): the ONNX model: a path, an export folder (optimum, onnxruntime-genai: its
+                model file is read), or the model's bytes.
             composite: the rules: a built-in name (`"epsilon"`, `"epsilon-plus-flat"`, `"epsilon-gamma-box"`,
                 `"attnlrp"`, ...; [Composites and rules](../composites.md)), a TOML file or a `Composite`. Default
                 `"auto"`: `epsilon-plus-flat` for ReLU networks, `attnlrp` for the others (`composite_reason`
@@ -75,6 +77,9 @@ class Explainer(Runner):
         from .io import labels as names
         from .io.preprocess import shaped_bounds
 
+        # an export folder (optimum, save_pretrained, onnxruntime-genai) is its model file; the tokenizer.json and
+        # config.json are read there
+        model, self.folder = resolve_model_folder(model)
         given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run,
                                                     **shaped_bounds(model, options))
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
@@ -152,18 +157,20 @@ class Explainer(Runner):
         m = self.relevance_model
         return external.Parts(m.model_bytes, m.model_folder, m.model_arrays, m.model_prepack), None
 
-    def explain_text(self, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
+    def explain_text(self, text: str, tokenizer=None, target=None, *, text_pair: str | None = None, position=None,
                      continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
                      start: str | None = None):
-        """The relevance of each token of ``text`` (`onnx_lrp.io.text.explain_text`): a text classifier's
-        class (``target``: None for the arg-max, an index or a label name), a token classifier's class at
-        ``position``, or a language model's next token (or ``continuation``). ``tokenizer``: the model's
-        tokenizer.json (or a ``tokenizers`` / transformers fast tokenizer). Returns a
-        `onnx_lrp.io.text_result.TextExplanation` (``.tokens``, ``.relevance``, ``.html()``, ...)."""
-        from .io.text import explain_text
+        """The relevance of each token of ``text`` (``onnx_lrp.io.text``): a text classifier's class (``target``:
+        None for the arg-max, an index or a class name), a token classifier's class at ``position``, or a language
+        model's next token (or ``continuation``). ``tokenizer``: the model's tokenizer.json (or a ``tokenizers`` /
+        transformers fast tokenizer); default the tokenizer.json beside the model (or in its export folder). Class
+        names: ``labels``, else the model's ``id2label`` metadata, else the config.json beside it. The other
+        arguments: ``onnx_lrp.io.text.TextRequest``. Returns a ``TextExplanation``
+        (``.tokens``, ``.relevance``, ``.html()``, ...)."""
+        from .io.text import TextRequest, explain_request
 
-        return explain_text(self, text, tokenizer, target, text_pair=text_pair, position=position,
-                            continuation=continuation, task=task, labels=labels, embeddings=embeddings, start=start)
+        return explain_request(self, TextRequest(text, tokenizer, text_pair, target, position, continuation, task,
+                                                 labels, embeddings, start))
 
     def explain_generation(self, prompt: str, n: int, tokenizer=None, *, contrast=None, start: str | None = None,
                            eos=None, decoder=None):

@@ -1,6 +1,6 @@
 """Text in: a text and the model's tokenizer -> the model's inputs -> relevance per token.
 
-:func:`explain_text` (``Explainer.explain_text``) covers the text models users have, told apart by the explained
+:func:`explain_request` (``Explainer.explain_text``) covers the text models users have, told apart by the explained
 output's shape (:func:`onnx_lrp.io.text_inputs.task_of`):
 
 * ``text-classification`` (sentiment, NLI, intent; logits N x C): the class logit (``target``: the arg-max, a class
@@ -22,16 +22,27 @@ import numpy as np
 
 from ..core.errors import InputError, LrpError
 from . import tokens as tk
-from .text_inputs import TASKS, class_index, encode, load_tokenizer, model_feeds, model_labels, read_labels, task_of, \
-    vocab_size
+from .model_folder import TOKENIZER, beside
+from .text_inputs import TASKS, class_index, config_labels, encode, load_tokenizer, model_feeds, model_labels, \
+    read_labels, task_of, vocab_size
 from .text_result import TextExplanation
 
 
 @dataclass(frozen=True)
 class TextRequest:
-    """What :func:`explain_text` explains (each field as it documents it): the text (and ``text_pair``), the
-    ``target``, ``position``, ``continuation``, ``task``, ``labels``, ``embeddings`` and ``start``."""
+    """What :func:`explain_request` explains.
+
+    ``text``: the text. ``tokenizer``: a tokenizer.json (or its folder), a ``tokenizers.Tokenizer`` or a transformers
+    fast tokenizer; None: the tokenizer.json beside the model (or in its export folder). ``text_pair``: the second
+    text of a sentence pair. ``target``: a class index or name (classifiers), a token id or a token's text (language
+    models); None: the prediction. ``position``: the explained token (token classifiers; language models: the
+    position whose next token is explained), an index or the token as it reads. ``continuation``: language models:
+    explain these tokens. ``task``: one of TASKS, when the output's shape does not tell. ``labels``: class names (a
+    list, a dict, or a file); None: the model's ``id2label`` metadata, else the config.json beside the model.
+    ``embeddings``: for a model that takes embeddings, the table (vocabulary x hidden) or this text's (T x hidden),
+    an array or an .npy path. ``start``: the start relevance ("logit" or "one-hot"; None: the explainer's)."""
     text: str
+    tokenizer: object = None
     text_pair: str | None = None
     target: object = None
     position: object = None
@@ -42,33 +53,35 @@ class TextRequest:
     start: str | None = None
 
 
-def explain_text(ex, text: str, tokenizer, target=None, *, text_pair: str | None = None, position=None,
-                 continuation: str | None = None, task: str | None = None, labels=None, embeddings=None,
-                 start: str | None = None) -> TextExplanation:
-    """Explain ``ex``'s prediction for ``text`` (see the module docstring): the relevance per token.
-
-    ``tokenizer``: a tokenizer.json (or its folder), a ``tokenizers.Tokenizer`` or a transformers fast tokenizer.
-    ``target``: a class index or name (classifiers), a token id or a token's text (language models); None: the
-    prediction. ``text_pair``: the second text of a sentence pair. ``position``: the explained token (token
-    classifiers; language models: the position whose next token is explained), an index or the token as it reads.
-    ``continuation``: language models: explain these tokens. ``task``: one of TASKS, when the output's shape does
-    not tell. ``labels``: class names (a list, a dict, or a file); default the model's ``id2label`` metadata.
-    ``embeddings``: for a model that takes embeddings, the table (vocabulary x hidden) or this text's (T x hidden),
-    an array or an .npy path. ``start``: the start relevance ("logit" or "one-hot"; default the explainer's)."""
-    return explain_request(ex, tokenizer, TextRequest(text, text_pair, target, position, continuation, task, labels,
-                                                      embeddings, start))
-
-
-def explain_request(ex, tokenizer, request: TextRequest) -> TextExplanation:
-    """:func:`explain_text` with its arguments as one :class:`TextRequest`."""
-    tok = load_tokenizer(tokenizer)
+def explain_request(ex, request: TextRequest) -> TextExplanation:
+    """Explain ``ex``'s prediction for ``request.text`` (see the module docstring): the relevance per token."""
+    tok = load_tokenizer(tokenizer_of(ex, request.tokenizer))
     enc = encode(tok, request.text, request.text_pair, request.continuation)
-    names = read_labels(request.labels) if request.labels is not None else model_labels(ex)
+    names = read_labels(request.labels) if request.labels is not None else labels_of(ex)
     return run(ex, tok, enc, dataclasses.replace(request, labels=names))
 
 
+def tokenizer_of(ex, tokenizer):
+    """The tokenizer given, or the tokenizer.json beside the model (``ex.folder``); refused in one line without."""
+    if tokenizer is not None:
+        return tokenizer
+    found = beside(ex.folder, TOKENIZER)
+    if found is None:
+        where = f"beside the model in {ex.folder}" if ex.folder is not None else \
+            "for a model not given as a file"
+        raise InputError(f"no tokenizer.json {where}: give the model's tokenizer (tokenizer='tokenizer.json', or "
+                         "--tokenizer FILE)")
+    return found
+
+
+def labels_of(ex) -> dict | None:
+    """The model's class names: its ``id2label`` metadata, else the config.json beside it (what transformers and
+    optimum save); None when neither names them."""
+    return model_labels(ex) or config_labels(ex.folder)
+
+
 def run(ex, tok, enc, request: TextRequest) -> TextExplanation:
-    """:func:`explain_text` on a loaded tokenizer ``tok``, an encoded text ``enc`` and a request whose ``labels``
+    """:func:`explain_request` on a loaded tokenizer ``tok``, an encoded text ``enc`` and a request whose ``labels``
     are class names (read): the explained logits (one, or one per continuation token) and the relevance per token
     summed over them. A text longer than the model's positions (its position embedding table's rows) is refused in
     one line with both lengths."""
@@ -144,14 +157,47 @@ def _run(ex, tok, enc, request: TextRequest) -> TextExplanation:
         logits = np.asarray(explanations[0].outputs[ex.explained_output])[0]
         predictions = [_name(int(c), names) for c in logits.reshape(n, -1).argmax(-1)]
     many = len(records) > 1
+    # every token listed: a continuation's last token is only explained, never fed (relevance 0)
+    relevance = np.concatenate([relevance, np.zeros(len(enc.ids) - n)])
     return TextExplanation(
-        text=text, text_pair=text_pair, continuation=continuation, task=kind, tokens=enc.shown[:n],
-        input_ids=list(enc.ids[:n]), relevance=relevance, special=[bool(s) for s in enc.special[:n]],
+        text=text, text_pair=text_pair, continuation=continuation, task=kind, tokens=list(enc.shown),
+        input_ids=list(enc.ids), relevance=relevance, special=[bool(s) for s in enc.special],
+        start=start or ex.options.start, model=model_path(ex), absorbers=absorbers(ex),
         n_prompt=enc.n_prompt, target=[r["target"] for r in records] if many else first["target"],
         label=continuation if many or continuation is not None else first["label"],
         predicted=first["predicted"], predicted_label=first["predicted_label"],
         logit=float(sum(r["logit"] for r in records)), position=first["position"], predictions=predictions,
         steps=records, explanations=explanations)
+
+
+def model_path(ex) -> str | None:
+    """The model's file as an absolute path, or None for a model not given as a file (bytes, a ModelProto)."""
+    import os
+
+    given = ex.relevance_model.source.model
+    return os.path.abspath(os.fspath(given)) if isinstance(given, (str, os.PathLike)) else None
+
+
+NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "RMSNormalization",
+                   "SkipSimplifiedLayerNormalization", "BatchNormalization", "GroupNormalization",
+                   "InstanceNormalization"})
+
+
+def absorbers(ex) -> tuple:
+    """What in this model can keep relevance from the tokens, named from the ops of its relevance walk: biases (of
+    its linear layers), normalisations, the attention softmax, embeddings added to the tokens' (more lookups than the
+    tokens' own)."""
+    ops = [step.op_type for step in ex.relevance_model.trace]
+    found = []
+    if {"Gemm", "MatMul", "Conv"} & set(ops):
+        found.append("biases")
+    if NORMS & set(ops):
+        found.append("normalisations")
+    if "Softmax" in ops:
+        found.append("the attention softmax")
+    if ops.count("Gather") > 1:
+        found.append("the position and token-type embeddings")
+    return tuple(found)
 
 
 def _task(ex, tok, task, feeds, start) -> str:
@@ -250,5 +296,5 @@ def _record(ex, res, kind: str, position, tok, labels) -> dict:
     return dict(position=position, target=t, label=label, logit=logit, predicted=pred, predicted_label=pred_label)
 
 
-__all__ = ["TASKS", "TextExplanation", "TextRequest", "explain_request", "explain_text", "run", "token_position",
-           "token_target", "explain_one"]
+__all__ = ["TASKS", "TextExplanation", "TextRequest", "explain_request", "labels_of", "run", "tokenizer_of",
+           "token_position", "token_target", "explain_one"]

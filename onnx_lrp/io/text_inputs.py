@@ -8,14 +8,12 @@ the ids) or this text's embeddings (T x hidden).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import InputError
-from . import tokens as tk
 
 TASKS = ("text-classification", "token-classification", "text-generation")
 ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "input")  # the token-id input, by name (an only int input too)
@@ -217,70 +215,44 @@ def task_of(ex, tokenizer, task: str | None = None, per_position: int | None = N
 
 def read_labels(labels) -> dict | None:
     """Class names by index: a list, a dict (index -> name), or a file (a JSON list or dict, a config.json with
-    ``id2label``, or a text file with one name per line)."""
-    if labels is None:
-        return None
-    if isinstance(labels, (str, Path)):
-        path = labels
-        labels = tk.read_list_file(path, "labels file", "a JSON list, a config.json with id2label, or a text "
-                                   "file with one class name per line")
-        if isinstance(labels, dict) and "id2label" in labels:
-            labels = labels["id2label"]
-        elif isinstance(labels, list) and all(isinstance(v, str) for v in labels):
-            labels = [v.strip() for v in labels if v.strip()]
-        names = labels.values() if isinstance(labels, dict) else labels if isinstance(labels, list) else ()
-        if not isinstance(labels, (list, dict)) or not all(isinstance(v, str) for v in names):
-            raise InputError(f"labels file {path}: give a JSON list of class names, a dict of class index -> name "
-                             "(or a config.json with id2label), or a text file with one class name per line")
-    if isinstance(labels, (list, tuple)):
-        return {i: str(v) for i, v in enumerate(labels)}
-    if isinstance(labels, dict):
-        try:
-            return {int(k): str(v) for k, v in labels.items()}
-        except (TypeError, ValueError):
-            raise InputError("labels: give a dict of class index -> name, e.g. {0: 'negative', 1: 'positive'}"
-                             ) from None
-    raise InputError(f"labels must be a list, a dict or a file, not {type(labels).__name__}")
+    ``id2label``, or a text file with one name per line), read by :mod:`onnx_lrp.io.labels` as for any classifier."""
+    from .labels import as_labels
+
+    names = as_labels(labels)
+    return None if names is None else dict(enumerate(names))
 
 
 def model_labels(ex) -> dict | None:
     """The ``id2label`` the model carries in its ONNX metadata (a JSON dict or list), if any."""
+    from .labels import metadata_labels
+
     try:
         meta = ex.session.session.get_modelmeta().custom_metadata_map
     except AttributeError:
         return None
-    raw = meta.get("id2label")
-    if not raw:
-        return None
-    try:
-        return read_labels(json.loads(raw))
-    except (ValueError, InputError):
-        return None
+    names = metadata_labels(meta)
+    return None if names is None else dict(enumerate(names))
+
+
+def config_labels(folder) -> dict | None:
+    """The ``id2label`` of the config.json in the model's ``folder`` (what transformers and optimum save), if any.
+    A config.json that is not UTF-8 JSON (or nested too deeply to read) is refused in one line; one without usable
+    id2label is ignored (a model without class names)."""
+    from .labels import labels_beside
+    from .model_folder import CONFIG
+
+    names = labels_beside(Path(folder) / CONFIG) if folder is not None else None
+    return None if names is None else dict(enumerate(names))
 
 
 def class_index(target, labels: dict | None, width: int | None, what: str = "target") -> int | None:
-    """A class from an index, a label name (case-insensitive) or None (the arg-max)."""
-    if target is None or (isinstance(target, str) and target.strip().lower() in ("", "argmax")):
-        return None
-    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
-        t = int(target)
-    elif isinstance(target, str) and target.strip().lstrip("-").isdigit():
-        t = int(target.strip())
-    elif isinstance(target, str) and labels:
-        found = [i for i, name in labels.items() if name.lower() == target.strip().lower()]
-        if not found:
-            raise InputError(f"{what} {target!r} is not a class of this model; its classes: "
-                             f"{', '.join(f'{i} {n}' for i, n in sorted(labels.items()))}")
-        return found[0]
-    elif isinstance(target, str):
-        raise InputError(f"{what} {target!r}: the model names no classes; give a class index, or the class names "
-                         "(--labels FILE / labels=...)")
-    else:
-        raise InputError(f"{what} must be a class index or name, not {target!r}")
-    if t < 0 or (width is not None and t >= width):
-        raise InputError(f"{what} {t} out of range: the model has {width} classes")
-    return t
+    """A class from an index, a class name (case-insensitive, an alias or a unique prefix:
+    :func:`onnx_lrp.io.labels.resolve_target`) or None (the arg-max)."""
+    from .labels import resolve_target
+
+    names = [labels[i] for i in sorted(labels)] if labels else None
+    return resolve_target(target, names, width, what)
 
 
 __all__ = ["TASKS", "Encoded", "load_tokenizer", "encode", "model_feeds", "token_embeddings",
-           "task_of", "read_labels", "model_labels", "class_index", "vocab_size"]
+           "task_of", "read_labels", "model_labels", "config_labels", "class_index", "vocab_size"]

@@ -83,6 +83,24 @@ def _rgb(v: float) -> tuple[int, int, int]:
     return (255, fade, fade) if v >= 0 else (fade, fade, 255)
 
 
+def _luminance(rgb) -> float:
+    """WCAG 2 relative luminance of an sRGB colour (0..255 channels)."""
+    lin = [c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(a, b) -> float:
+    """WCAG 2 contrast ratio of two sRGB colours (1..21)."""
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_colour(background) -> tuple[int, int, int]:
+    """Black or white, whichever reads better on ``background`` (WCAG contrast; always >= 4.5:1, AA)."""
+    black, white = (0, 0, 0), (255, 255, 255)
+    return black if contrast(background, black) >= contrast(background, white) else white
+
+
 def token_spans(tokens: list[str], relevance, percentile: float = 100.0, marks=(), sep: str = " ") -> str:
     """The tokens as HTML spans on backgrounds coloured by their relevance (hover shows the value), joined by
     ``sep`` ("" for tokens that carry their own spaces); tokens at ``marks`` are outlined."""
@@ -90,11 +108,12 @@ def token_spans(tokens: list[str], relevance, percentile: float = 100.0, marks=(
     marked = set(marks)
     spans = []
     for i, (tok, v, s) in enumerate(zip(tokens, r, _scaled(r, percentile))):
-        red, green, blue = _rgb(s)
+        back = _rgb(s)
+        fore = text_colour(back)
         shown = html.escape(tok).replace(" ", "&nbsp;") or "&#8203;"
-        outline = ";outline:2px solid #000" if i in marked else ""
-        spans.append(f'<span class="t" style="background:rgb({red},{green},{blue}){outline}" '
-                     f'title="{v:.6g}">{shown}</span>')
+        outline = ";outline:2px solid #000;outline-offset:1px" if i in marked else ""
+        spans.append(f'<span class="t" style="color:rgb({",".join(map(str, fore))});'
+                     f'background:rgb({",".join(map(str, back))}){outline}" title="{v:.6g}">{shown}</span>')
     return sep.join(spans)
 
 
@@ -109,16 +128,35 @@ def scale_note(relevance, percentile: float = 100.0) -> str:
 
 
 def html_page(tokens: list[str], relevance, title: str = "onnx-lrp token relevance", percentile: float = 100.0,
-              marks=(), sep: str = " ", lines=()) -> str:
+              marks=(), sep: str = " ", lines=(), model: str | None = None) -> str:
     """An HTML page with each token on a background coloured by its relevance (hover shows the value); colours
     reach full strength at the ``percentile`` of |relevance| (100: the largest), stronger values are clipped.
-    ``lines``: paragraphs of plain text under the title; ``marks``, ``sep``: see :func:`token_spans`."""
+    ``lines``: paragraphs of plain text under the title; ``marks``, ``sep``: see :func:`token_spans`; ``model``: the
+    model's file, named in the page's ``onnx-lrp-model`` meta tag (:func:`page_model` reads it back)."""
     r = per_token(relevance, len(tokens))
     body = "".join(f"<p>{html.escape(line)}</p>\n" for line in lines)
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(title) + "</title>\n"
+    meta = "" if model is None else f'<meta name="{MODEL_META}" content="{html.escape(str(model), quote=True)}">'
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">" + meta + "<title>" + html.escape(title)
+            + "</title>\n"
             "<style>body{font-family:sans-serif}" + STYLE + "</style></head>\n<body><h3>" + html.escape(title)
             + "</h3>\n" + body + "<p>" + token_spans(tokens, r, percentile, marks, sep) + "</p>\n"
             f"<p>{scale_note(r, percentile)}</p>\n</body></html>\n")
+
+
+MODEL_META = "onnx-lrp-model"
+
+
+def page_model(path) -> "str | None":
+    """The model an HTML token page was written for (its ``onnx-lrp-model`` meta tag), or None: not such a page
+    (or unreadable)."""
+    import re
+
+    try:
+        head = Path(path).read_bytes()[:4096].decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = re.search(r'<meta name="' + MODEL_META + r'" content="([^"]*)">', head)
+    return html.unescape(found.group(1)) if found else None
 
 
 def html_items(tokens, rows, labels, title: str = "onnx-lrp token relevance", percentile: float = 100.0) -> str:
@@ -145,10 +183,12 @@ def terminal(tokens: list[str], relevance, color: bool = True, percentile: float
         return " ".join(f"{t.strip() or t}[{v:+.3g}]" for t, v in zip(tokens, r))
     out = []
     for tok, s in zip(tokens, _scaled(r, percentile)):
-        red, green, blue = _rgb(s)
-        out.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{tok}\x1b[0m")
+        back = _rgb(s)
+        fore = text_colour(back)
+        out.append("\x1b[48;2;{};{};{}m\x1b[38;2;{};{};{}m".format(*back, *fore) + f"{tok}\x1b[0m")
     return sep.join(out)
 
 
 __all__ = ["read_tokens", "tokens_for", "per_token", "token_spans", "scale_note", "html_page", "html_items",
+           "contrast", "text_colour", "page_model",
            "write_html", "terminal"]

@@ -381,10 +381,8 @@ PARAMETER_FACADE = {
     "onnx_lrp/metrics/__init__.py:evaluate", "onnx_lrp/dataset/__init__.py:explain_dataset",
     "onnx_lrp/plot.py:heatmap", "onnx_lrp/run/explanation.py:Explanation.heatmap",
 }
-# not yet passed one options object (issue 33: each moves to an options type of its stage, then leaves this list)
-PARAMETER_DEBT = {
-    "onnx_lrp/io/text.py:explain_text",
-}
+# not yet passed one options object (each moves to an options type of its stage, then leaves this list): none left
+PARAMETER_DEBT: set[str] = set()
 
 
 def _many_parameters(source: str) -> list[tuple[str, int]]:

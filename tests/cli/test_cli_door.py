@@ -104,7 +104,7 @@ def test_inspect_suggests_an_npz_for_several_inputs_and_text_for_token_ids(tmp_p
     (tmp_path / "lm.onnx").write_bytes(to_bytes(lm))
     r = cli("inspect", tmp_path / "lm.onnx", "-c", "attnlrp")
     assert "  input_ids  int64    [batch, sequence]" in r.stdout
-    assert "--text TEXT --tokenizer tokenizer.json" in r.stdout
+    assert "--text TEXT --tokenizer TOKENIZER.json" in r.stdout  # none beside the model: a placeholder
 
 
 # ------------------------------------------------------------------------------------------- preprocessing (point 4)

@@ -77,9 +77,9 @@ def test_continuation_is_the_sum_over_its_tokens(ref):
     result = _cli("--text", PROMPT, "--continuation", " mat and", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["input_ids"] == ids[:-1]
+    assert summary["input_ids"] == ids  # every continuation token listed; the last one only explained
     assert [e["target"] for e in summary["explained"]] == more == summary["target"]
-    assert_close(summary["relevance"], want, rtol=1e-5, atol=1e-7)
+    assert_close(summary["relevance"], list(want) + [0.0], rtol=1e-5, atol=1e-7)
 
 
 def test_per_token_output_by_default_in_the_current_directory(tmp_path):

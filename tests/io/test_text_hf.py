@@ -155,4 +155,4 @@ def test_token_classifier_cli_labels_and_positions(tmp_path, monkeypatch):
     assert by_word["predictions"] == [names[i] for i in logits.argmax(-1)]
     assert [t["token"].strip() for t in by_word["token_relevance"]] == [t.strip() for t in by_word["tokens"]]
     bad = CliRunner().invoke(main, args + ["--target", "B-MISC"])
-    assert bad.exit_code == 2 and "B-MISC" in bad.stderr and "3 B-LOC" in bad.stderr
+    assert bad.exit_code == 2 and "B-MISC" in bad.stderr and "closest: 3 'B-LOC'" in bad.stderr

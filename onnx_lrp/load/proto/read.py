@@ -44,7 +44,10 @@ def read_proto(source) -> onnx.ModelProto:
     if not path.exists():
         raise ModelError(f"model file {path} not found; check the path")
     if path.is_dir():
-        raise ModelError(f"model path {path} is a directory; give the .onnx file")
+        found = sorted(p.name for p in path.glob("*.onnx"))  # an export folder: name its model file
+        hint = f" ({path / 'model.onnx'})" if "model.onnx" in found else \
+            f" (in it: {', '.join(found[:4])})" if found else ""
+        raise ModelError(f"model path {path} is a directory; give the .onnx file{hint}")
     if path.stat().st_size == 0:
         raise ModelError(f"model file {path} is empty; re-export the model")
     try:
