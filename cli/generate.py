@@ -16,6 +16,7 @@ import click
 import numpy as np
 
 from onnx_lrp.core.errors import InputError, OutputError
+from onnx_lrp.io.kinds import Kind, is_kind
 
 from .io import check_writable, guard
 from .options import explainer_setup
@@ -118,7 +119,7 @@ def _outputs(model, model_file: Path, opts: dict, options: dict, refused: dict):
         raise InputError(f"--generate is for language models; --task {opts['task']} says this is not one")
     out_path = Path(options["out"]) if options.get("out") else None
     if out_path is not None:
-        if out_path.suffix.lower() != ".npz":
+        if not is_kind(out_path, Kind.NPZ):
             raise OutputError(f"-o {out_path}: a generation is written as .npz (relevance, generated, tokens); change "
                               "the suffix")
         check_writable(out_path)
