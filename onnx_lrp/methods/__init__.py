@@ -12,13 +12,16 @@ import numpy as np
 
 from ..core.errors import InputError
 from ..run import launch
-from . import gradients, noise, occlusion
+from . import expected, gradcam, gradients, noise, occlusion, rise
 from .options import (OPTIONS, GradientOptions, InputXGradientOptions, IntegratedGradientsOptions,
                       NoiseTunnelOptions, OcclusionOptions, RunSettings, make_options)
 
 METHODS = tuple(OPTIONS)
 GRADIENT_METHODS = {"gradient": gradients.gradient, "gradient-x-input": gradients.gradient_x_input,
-                    "integrated-gradients": gradients.integrated_gradients}
+                    "integrated-gradients": gradients.integrated_gradients,
+                    "expected-gradients": expected.expected_gradients, "gradient-shap": expected.expected_gradients}
+RUNNER_METHODS = {**GRADIENT_METHODS, "grad-cam": gradcam.grad_cam}  # run on self.engine, a GradientRunner
+FORWARD_METHODS = {"occlusion": occlusion.occlusion, "rise": rise.rise}
 _SETTINGS = tuple(RunSettings.__dataclass_fields__)
 
 
@@ -33,8 +36,10 @@ class Attributor:
         self.settings = RunSettings(**{k: options.pop(k) for k in _SETTINGS if k in options})
         self.options = make_options(method, options)
         self.base = None
-        if method == "occlusion":
+        if method in FORWARD_METHODS:
             self.engine = occlusion.Forward(model, self.settings)
+        elif method == "grad-cam":
+            self.engine = gradcam.LayerRunner(model, self.settings, self.options.layer)
         elif method in GRADIENT_METHODS:
             self.engine = gradients.GradientRunner(model, self.settings)
         else:
@@ -58,7 +63,7 @@ class Attributor:
     def attribute(self, x, target=None) -> np.ndarray:
         """The attribution of ``target`` (an int, one per item, or None: the arg-max at ``x``) for ``x``, in x's
         shape."""
-        if self.method == "occlusion":
+        if self.method in FORWARD_METHODS:
             return self._occlusion(x, target)
         runner = self.engine if self.base is None else None
         if runner is None:
@@ -68,7 +73,7 @@ class Attributor:
         else:
             xb, bare = runner.batch(x)
             t = runner.targets(xb, target)
-            out = GRADIENT_METHODS[self.method](runner, xb, t, self.options)
+            out = RUNNER_METHODS[self.method](runner, xb, t, self.options)
         return out[0] if bare else out
 
     def _noise_input(self, x):
@@ -92,7 +97,10 @@ class Attributor:
         a, bare = self.engine.prepared(x)
         if target is not None and np.any(np.asarray(target) < 0):
             raise InputError(f"target must be >= 0, not {target!r}")
-        out = occlusion.occlusion(self.engine, a, target, self.options)
+        if self.method == "rise" and a.dtype.kind != "f":
+            raise InputError(f"rise multiplies the input by masks: input {self.engine.input!r} must be float, not "
+                             f"{a.dtype} (token ids: use occlusion with a baseline token, or LRP)")
+        out = FORWARD_METHODS[self.method](self.engine, a, target, self.options)
         return out[0] if bare else out
 
 

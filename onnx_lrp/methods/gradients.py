@@ -116,7 +116,7 @@ def gradient_composite() -> Composite:
 class GradientRunner:
     """The true-gradient relevance model of ``model``, built once: :meth:`gradients` runs it on stacked rows."""
 
-    def __init__(self, model, settings: RunSettings = RunSettings()):
+    def __init__(self, model, settings: RunSettings = RunSettings(), relevance_at: tuple = ()):
         self.settings = settings
         stops = non_differentiable(model, settings.output)
         if stops:
@@ -125,7 +125,7 @@ class GradientRunner:
         try:
             self.runner = launch.runner(model, launch.ExplainOptions.from_keywords(
                 gradient_composite(), settings.device, output=settings.output, explain_logits=False,
-                start="one-hot", threads=settings.threads))
+                start="one-hot", threads=settings.threads, relevance_at=relevance_at))
         except UnsupportedError as exc:
             raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
                                    "(forwards only) or LRP.") from None

@@ -154,9 +154,133 @@ class OcclusionOptions:
         object.__setattr__(self, "baselines", _array_or_scalar("baselines", self.baselines))
 
 
+def _optional_array(name: str, value, kind: str, ndim: int):
+    """``value`` as a finite array of ``kind`` ("f" float, "i" int) with at least ``ndim`` axes, or None."""
+    if value is None:
+        return None
+    a = np.asarray(value)
+    ok = a.dtype.kind == "f" if kind == "f" else a.dtype.kind in "iu"
+    if not ok or a.ndim < ndim or a.size == 0 or (kind == "f" and not np.all(np.isfinite(a))):
+        what = "float" if kind == "f" else "integer"
+        raise InputError(f"{name} must be a finite {what} array with at least {ndim} axes, not {type(value).__name__}"
+                         f"{'' if not hasattr(value, 'shape') else ' of shape ' + str(np.shape(value))}")
+    return a
+
+
+def _stdevs(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise InputError(f"stdevs must be a number >= 0, not {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, eq=False)
+class ExpectedGradientsOptions:
+    """``expected-gradients`` / ``gradient-shap`` (captum's GradientShap): ``n_samples`` draws per item, each a
+    baseline picked from the background set ``baselines`` (n x the input's shape after its batch axis), a point at
+    ``alpha`` ~ U(0, 1) on the path from it to the input plus Gaussian noise of ``stdevs`` (0: none, Expected
+    Gradients), and the mean of gradient x (noisy input - baseline). The draws come from ``seed``, or are given:
+    ``baseline_indices`` (samples x batch, into the background set), ``alphas`` (samples x batch) and ``noise``
+    (samples x the input's shape)."""
+
+    baselines: object = None
+    n_samples: int | None = None  # None: the given draws' samples, else 5 (captum's default)
+    stdevs: float = 0.0
+    seed: int | None = None
+    baseline_indices: object = None
+    alphas: object = None
+    noise: object = None
+
+    def __post_init__(self):
+        if self.baselines is None:
+            raise InputError("expected-gradients needs baselines=: a background set, n x the input's shape after its "
+                             "batch axis (e.g. some training inputs)")
+        object.__setattr__(self, "baselines", _optional_array("baselines", self.baselines, "f", 1))
+        if self.seed is not None:
+            _int("seed", self.seed, low=0)
+        object.__setattr__(self, "stdevs", _stdevs(self.stdevs))
+        given = {}
+        for name, kind in (("baseline_indices", "i"), ("alphas", "f"), ("noise", "f")):
+            a = _optional_array(name, getattr(self, name), kind, 1)
+            object.__setattr__(self, name, a)
+            if a is not None:
+                given[name] = a.shape[0]
+        if self.alphas is not None and (np.any(self.alphas < 0) or np.any(self.alphas > 1)):
+            raise InputError("alphas must lie in [0, 1] (the points on the path from the baseline to the input)")
+        if self.baseline_indices is not None and (np.any(self.baseline_indices < 0) or
+                                                  np.any(self.baseline_indices >= len(self.baselines))):
+            raise InputError(f"baseline_indices must lie in [0, {len(self.baselines)}) (the background set's rows)")
+        if self.n_samples is not None:
+            given["n_samples"] = _int("n_samples", self.n_samples)
+        if len(set(given.values())) > 1:
+            raise InputError("the samples disagree: " + ", ".join(f"{k} {v}" for k, v in given.items()) +
+                             "; give the same number of samples to each")
+        object.__setattr__(self, "n_samples", next(iter(given.values()), 5))
+
+
+INTERPOLATE_MODES = ("nearest", "bilinear", "none")
+
+
+@dataclass(frozen=True)
+class GradCamOptions:
+    """``grad-cam`` (captum's LayerGradCam + LayerAttribution.interpolate): at the named tensor ``layer`` (N x C x
+    spatial axes), the channels weighted by their mean gradient, summed, ReLU'd when ``relu_attributions``, and
+    upsampled to the input's spatial axes by ``interpolate_mode`` (``"nearest"`` as captum's default,
+    ``"bilinear"`` (linear on every axis, half-pixel centres), ``"none"``: the layer's own size)."""
+
+    layer: str = ""
+    relu_attributions: bool = False
+    interpolate_mode: str = "nearest"
+
+    def __post_init__(self):
+        if not isinstance(self.layer, str) or not self.layer:
+            raise InputError("grad-cam needs layer=: the name of a tensor N x C x H x W in the model (e.g. the last "
+                             "convolution block's output)")
+        if not isinstance(self.relu_attributions, bool):
+            raise InputError(f"relu_attributions must be True or False, not {self.relu_attributions!r}")
+        if self.interpolate_mode not in INTERPOLATE_MODES:
+            raise InputError(f"interpolate_mode must be one of {', '.join(INTERPOLATE_MODES)}, not "
+                             f"{self.interpolate_mode!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class RiseOptions:
+    """``rise``: ``n_masks`` random masks of ``cells`` cells per masked axis, each cell kept with ``probability``
+    (drawn with ``seed``, or given as ``masks``: n_masks x the input's trailing axes), the masked-out entries filled
+    with ``baselines``."""
+
+    n_masks: int | None = None  # None: masks' count, else 2000
+    probability: float = 0.5
+    cells: int = 7
+    seed: int | None = None
+    masks: object = None
+    baselines: object = 0.0
+
+    def __post_init__(self):
+        p = self.probability
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1:
+            raise InputError(f"probability must be a number in (0, 1], not {p!r}")
+        object.__setattr__(self, "probability", float(p))
+        _int("cells", self.cells)
+        if self.seed is not None:
+            _int("seed", self.seed, low=0)
+        masks = _optional_array("masks", self.masks, "f", 2)
+        if masks is not None and (np.any(masks < 0) or np.any(masks > 1)):
+            raise InputError("masks must lie in [0, 1] (1 keeps an entry, 0 fills it with the baseline)")
+        object.__setattr__(self, "masks", masks)
+        if self.n_masks is not None:
+            _int("n_masks", self.n_masks)
+            if masks is not None and self.n_masks != masks.shape[0]:
+                raise InputError(f"masks has {masks.shape[0]} masks, n_masks says {self.n_masks}: give one of them")
+        object.__setattr__(self, "n_masks", 2000 if masks is None and self.n_masks is None else
+                           int(self.n_masks if masks is None else masks.shape[0]))
+        object.__setattr__(self, "baselines", _array_or_scalar("baselines", self.baselines))
+
+
 OPTIONS = {"gradient": GradientOptions, "gradient-x-input": InputXGradientOptions,
            "integrated-gradients": IntegratedGradientsOptions, "smoothgrad": NoiseTunnelOptions,
-           "vargrad": NoiseTunnelOptions, "occlusion": OcclusionOptions}
+           "vargrad": NoiseTunnelOptions, "occlusion": OcclusionOptions,
+           "expected-gradients": ExpectedGradientsOptions, "gradient-shap": ExpectedGradientsOptions,
+           "grad-cam": GradCamOptions, "rise": RiseOptions}
 
 
 def make_options(method: str, options: dict):
@@ -175,4 +299,5 @@ def make_options(method: str, options: dict):
 
 
 __all__ = ["RunSettings", "GradientOptions", "InputXGradientOptions", "IntegratedGradientsOptions",
-           "NoiseTunnelOptions", "OcclusionOptions", "OPTIONS", "NT_TYPES", "make_options"]
+           "NoiseTunnelOptions", "OcclusionOptions", "ExpectedGradientsOptions", "GradCamOptions",
+           "RiseOptions", "OPTIONS", "NT_TYPES", "make_options"]
