@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 import sys
 from pathlib import Path
 
@@ -125,15 +126,22 @@ def _more_cases(name, module, x, t):
                                                                 relu, mode)
 
 
+def _small(a: np.ndarray) -> np.ndarray:
+    """A float32 array whose values are all float16 values, stored as float16 (the tests read it back as float32)."""
+    if a.dtype == np.float32 and np.array_equal(a.astype(np.float16).astype(np.float32), a):
+        return a.astype(np.float16)
+    return a
+
+
 def write_cases(path: Path, nets: dict, cases) -> None:
     """``nets``: name -> (module, x, t); ``cases(name, module, x, t)`` yields (case, method, options, reference):
     one npz with the inputs, targets, array options, references and a JSON index, as captum.npz."""
     arrays, index = {}, {}
     for name, (module, x, t) in nets.items():
-        arrays[f"{name}/x"], arrays[f"{name}/target"] = x, t
+        arrays[f"{name}/x"], arrays[f"{name}/target"] = _small(x), t
         for case, method, options, ref in cases(name, module, x, t):
             key = f"{name}/{case}"
-            arrays.update({f"{key}/{k}": v for k, v in options.items() if isinstance(v, np.ndarray)})
+            arrays.update({f"{key}/{k}": _small(v) for k, v in options.items() if isinstance(v, np.ndarray)})
             arrays[f"{key}/ref"] = ref
             index[key] = {"method": method,
                           "options": {k: v for k, v in options.items() if not isinstance(v, np.ndarray)},
@@ -149,8 +157,115 @@ def main_more() -> None:
     write_cases(OUT / "captum_more.npz", nets, _more_cases)
 
 
+def _model_nets() -> dict:
+    """The parity models (tests/captum_nets.py): name -> (module, input, targets)."""
+    from captum_nets import BertLike, LSTMNet, plain_cnn, resnet_small
+
+    rng = np.random.default_rng(50)
+    torch.manual_seed(51)
+    bert, lstm = BertLike().eval(), LSTMNet().eval()
+    return {"resnet": (resnet_small(52), _f16(rng.normal(size=(2, 3, 26, 26))), np.array([1, 3])),
+            "bert": (bert, _f16(rng.normal(size=(2, 6, 8))), np.array([0, 2])),
+            "lstm": (lstm, rng.normal(size=(2, 5, 4)).astype(np.float32), np.array([2, 1])),
+            "plain_cnn": (plain_cnn(53), rng.normal(size=(2, 3, 8, 8)).astype(np.float32), np.array([4, 0]))}
+
+
+def _f16(a) -> np.ndarray:
+    """``a`` rounded to float16 (stored so, half the bytes), as float32."""
+    return np.asarray(a, np.float16).astype(np.float32)
+
+
+def _relu_output(onnx_bytes: bytes, prefix: str) -> str:
+    """The name of the last Relu output under ``prefix`` in the exported graph (a stage's output)."""
+    import onnx
+
+    names = [n.output[0] for n in onnx.load_from_string(onnx_bytes).graph.node
+             if n.op_type == "Relu" and n.output[0].startswith(prefix)]
+    return names[-1]
+
+
+def _gradient_cases(module, x, t, rng):
+    """captum's Saliency, InputXGradient, IntegratedGradients, NoiseTunnel and GradientShap on one model."""
+    X, T = torch.tensor(x), torch.tensor(t)
+    yield "saliency", "gradient", {}, _np(C.Saliency(module).attribute(X, target=T, abs=False))
+    yield "ixg", "gradient-x-input", {}, _np(C.InputXGradient(module).attribute(X, target=T))
+    base = _f16(rng.normal(scale=0.3, size=x.shape))
+    for rule in (("gausslegendre",) if x.ndim == 4 else ("riemann_trapezoid",)):
+        ref = C.IntegratedGradients(module).attribute(X, baselines=torch.tensor(base), target=T, n_steps=16,
+                                                      method=rule)
+        yield f"ig_{rule}", "integrated-gradients", {"baselines": base, "n_steps": 16, "integration": rule}, _np(ref)
+    torch.manual_seed(54)
+    drawn = torch.normal(0, torch.tensor(0.2).repeat((len(x) * 2,) + x.shape[1:])).numpy()
+    torch.manual_seed(54)
+    ref = C.NoiseTunnel(C.Saliency(module)).attribute(X, nt_type="smoothgrad", nt_samples=2, stdevs=0.2, target=T,
+                                                      abs=False)
+    noise = np.ascontiguousarray(drawn.reshape((len(x), 2) + x.shape[1:]).swapaxes(0, 1))
+    yield "smoothgrad", "smoothgrad", {"noise": noise}, _np(ref)
+    background = _f16(rng.normal(scale=0.5, size=(3,) + x.shape[1:]))
+    yield ("gradient_shap", "gradient-shap") + gradient_shap_case(module, x, t, background, 2, 0.1, 55)
+
+
+def _model_cases(name, module, x, t):
+    """The cases of parity_models.npz for one model."""
+    rng = np.random.default_rng(60)
+    X, T = torch.tensor(x), torch.tensor(t)
+    if name in ("resnet", "bert"):
+        yield from _gradient_cases(module, x, t, rng)
+    if name == "resnet":
+        onnx_bytes = (OUT / "resnet.onnx").read_bytes()
+        stages = [(6, False, "nearest"), (4, True, "bilinear"), (5, False, "nearest")]  # 2, 7, 4 -> 26 pixels
+        for k, (stage, relu, mode) in enumerate(stages):
+            layer = _relu_output(onnx_bytes, f"/{stage}/")
+            yield (f"grad_cam_{k}", "grad-cam") + grad_cam_case(module, module[stage], layer, x, t, relu, mode)
+    windows = {"resnet": [((3, 13, 13), (3, 13, 13)), ((3, 10, 10), (1, 8, 8))], "bert": [((1, 8), (1, 8))],
+               "lstm": [((1, 4), (1, 4)), ((2, 2), (1, 2))], "plain_cnn": []}[name]
+    for k, (window, strides) in enumerate(windows):
+        ref = C.Occlusion(module).attribute(X, sliding_window_shapes=window, strides=strides, baselines=0.1,
+                                            target=T)
+        yield f"occlusion_{k}", "occlusion", {"sliding_window_shapes": list(window), "strides": list(strides),
+                                              "baselines": 0.1}, _np(ref)
+    if name == "plain_cnn":
+        yield from _zennit_cases(module, x, t)
+
+
+def _zennit_cases(module, x, t):
+    """zennit 0.5.1's SmoothGrad (of EpsilonPlusFlat, and of the gradient) with its noise stored (its last sample
+    is no noise), IntegratedGradients (riemann_right from 0) and Occlusion (tiling windows filled with 0: zennit
+    returns f(x occluded) on each window, onnx-lrp's (captum's) occlusion f(x) - that; stored as the latter). zennit's
+    SmoothGrad of a composite starts from the target's logit (its attr_output the one-hot times the output), as LRP."""
+    from zennit.attribution import IntegratedGradients, Occlusion, SmoothGrad, occlude_independent
+    from zennit.composites import EpsilonPlusFlat
+
+    X = torch.tensor(x)
+    one_hot = torch.eye(5)[torch.tensor(t)]
+    std = 0.1 * (X.amax((1, 2, 3), keepdim=True) - X.amin((1, 2, 3), keepdim=True))
+    for case, composite in (("zennit_smoothgrad_epf", EpsilonPlusFlat()), ("zennit_smoothgrad", None)):
+        torch.manual_seed(56)
+        noise = np.stack([(torch.randn_like(X) * std).numpy() for _ in range(3)] + [np.zeros_like(x)])
+        torch.manual_seed(56)
+        with SmoothGrad(module, composite=composite, noise_level=0.1, n_iter=4) as attributor:
+            _, ref = attributor(X, one_hot if composite is None else lambda out: out * one_hot)  # LRP: from the logit
+        base = {"base": "epsilon-plus-flat"} if composite is not None else {}
+        yield case, "smoothgrad", {"noise": noise, **base}, _np(ref)
+    with IntegratedGradients(module, n_iter=8) as attributor:
+        _, ref = attributor(X, one_hot)
+    yield "zennit_ig", "integrated-gradients", {"n_steps": 8, "integration": "riemann_right", "baselines": 0.0}, \
+        _np(ref)
+    hide = partial(occlude_independent, fill_fn=torch.zeros_like, invert=True)  # the window filled, the rest kept
+    with Occlusion(module, window=(3, 4, 4), stride=(3, 4, 4), occlusion_fn=hide) as attributor:
+        _, ref = attributor(X, lambda out: out * one_hot)  # the score: the target's output
+    with torch.no_grad():
+        fx = module(X)[torch.arange(len(x)), torch.tensor(t)].numpy()
+    yield "zennit_occlusion", "occlusion", {"sliding_window_shapes": [3, 4, 4], "strides": [3, 4, 4],
+                                            "baselines": 0.0}, fx.reshape(-1, 1, 1, 1) - _np(ref)
+
+
 def main_models() -> None:
-    raise NotImplementedError
+    """The parity models exported to ONNX and parity_models.npz."""
+    nets = _model_nets()
+    for name, (module, x, _) in nets.items():
+        (OUT / f"{name}.onnx").write_bytes(_export(module, x))
+    write_cases(OUT / "parity_models.npz", nets, _model_cases)
 
 
 def main() -> None:

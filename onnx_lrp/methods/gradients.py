@@ -4,9 +4,10 @@ relevance, the true gradient of the explained entry w.r.t. the input — no divi
 at 0 are no special case. Every gradient-family method is that graph run at other inputs: the integration points or
 the noisy samples stacked along the batch axis, as many rows per onnxruntime run as the memory budget allows.
 
-Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`). Ops
-whose ``gradient`` rule is not their true gradient, or that have none (LayerNorm and the other normalisations with
-their scale held, recurrent ops, quotients of activations), and ops on the path that pass no gradient (ArgMax,
+Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`);
+LayerNormalization and functions of one tensor written out (GELU, SiLU) their true gradients (:mod:`.normgrad`). Ops
+whose ``gradient`` rule is not their true gradient, or that have none (the other normalisations with their scale
+held, recurrent ops, quotients of activations), and ops on the path that pass no gradient (ArgMax,
 casts to integers, ...), are refused before anything runs, naming the node."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..rules.elementwise import Gradient
 from ..rules.composite import Composite, Entry
 from ..run import launch
 from .integration import alphas_and_steps
+from .normgrad import NORM_OPS, FunctionGradient, TrueNormGradient  # LayerNorm's, GELU's true gradients
 from .options import RunSettings
 
 ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
@@ -96,7 +98,7 @@ def _gate_gradient(rule, em, layer, r_outs):
 
 
 @dataclass(frozen=True)
-class TrueGradient(Gradient):
+class TrueGradient(FunctionGradient, Gradient):
     """The ``gradient`` rule with the product rule on products of two activations and on gates (the registered
     ``gradient`` rule refuses them: LRP shares their relevance instead)."""
 
@@ -107,8 +109,10 @@ class TrueGradient(Gradient):
 
 def gradient_composite() -> Composite:
     """The composite of the true gradient: the ``gradient`` rule (each op's own vector-Jacobian product) on every
-    node; normalisations with a held scale refused (:class:`HeldScale`)."""
-    return Composite("true-gradient", (Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
+    node; LayerNormalization's true gradient (:mod:`.normgrad`), other normalisations with a held scale refused
+    (:class:`HeldScale`)."""
+    return Composite("true-gradient", (Entry({"op_type": NORM_OPS}, TrueNormGradient()),
+                                       Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
                                        Entry({}, TrueGradient())),
                      "the gradient of the explained entry: every op's own vector-Jacobian product", "<methods>")
 

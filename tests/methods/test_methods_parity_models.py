@@ -1,0 +1,84 @@
+"""onnx_lrp.methods on the parity models of issue 36 against captum 0.9 and zennit 0.5.1, from the stored goldens
+(tests/goldens/methods/parity_models.npz and the models' ONNX exports, written by scripts/make_captum_goldens.py
+models): a torchvision-ResNet18-shaped network with BatchNorm (gradient, gradient x input, Integrated Gradients,
+SmoothGrad, GradientSHAP, Grad-CAM at two stages, occlusion), a BERT-shaped sequence classifier attributed at its
+embeddings (the same gradient methods, token occlusion), an LSTM (occlusion; its gradient methods are refused in one
+line naming the node), and zennit's SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on
+a plain CNN with the same noise. Gradient methods within 1e-5 relative L2, occlusion equal up to float32 rounding
+of the output differences; one live captum check when torch is present."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from onnx_lrp import UnsupportedError
+from onnx_lrp.methods import Attributor, attribute
+from util import GOLDENS as ALL_GOLDENS
+
+GOLDENS = ALL_GOLDENS / "methods"
+DATA = np.load(GOLDENS / "parity_models.npz")
+INDEX = json.loads(str(DATA["index"]))
+TOL = 1e-5
+
+
+def _f32(a):
+    return a.astype(np.float32) if a.dtype == np.float16 else a
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("key", sorted(INDEX))
+def test_matches_reference(key):
+    net = key.split("/")[0]
+    case = INDEX[key]
+    options = {**case["options"], **{name: _f32(DATA[f"{key}/{name}"]) for name in case["arrays"]}}
+    x, target, ref = _f32(DATA[f"{net}/x"]), DATA[f"{net}/target"], DATA[f"{key}/ref"].astype(np.float64)
+    got = Attributor(str(GOLDENS / f"{net}.onnx"), case["method"], **options).attribute(x, target)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    if case["method"] == "occlusion":
+        np.testing.assert_allclose(got, ref, rtol=0, atol=np.abs(ref).max() * 4e-6)
+    else:
+        assert _rel(got, ref) <= TOL
+
+
+def test_goldens_cover_the_models_and_methods():
+    methods = {}
+    for key, case in INDEX.items():
+        methods.setdefault(key.split("/")[0], set()).add(case["method"])
+    gradient = {"gradient", "gradient-x-input", "integrated-gradients", "smoothgrad", "gradient-shap", "occlusion"}
+    assert methods["resnet"] == gradient | {"grad-cam"}
+    assert methods["bert"] == gradient
+    assert methods["lstm"] == {"occlusion"}
+    assert {k for k in INDEX if k.startswith("plain_cnn/zennit")} == {
+        "plain_cnn/zennit_smoothgrad_epf", "plain_cnn/zennit_smoothgrad", "plain_cnn/zennit_ig",
+        "plain_cnn/zennit_occlusion"}
+
+
+def test_lstm_gradient_refused_naming_the_node():
+    x = _f32(DATA["lstm/x"])
+    with pytest.raises(UnsupportedError) as exc:
+        attribute(str(GOLDENS / "lstm.onnx"), x, "integrated-gradients", target=DATA["lstm/target"])
+    assert "LSTM" in str(exc.value) and "occlusion" in str(exc.value)
+
+
+def test_live_resnet_against_captum():
+    """The ResNet's Integrated Gradients and Grad-CAM live against captum on the torch twin."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    captum_attr = pytest.importorskip("captum.attr")
+    from captum_nets import resnet_small
+    net = resnet_small(52)
+    x, t = _f32(DATA["resnet/x"]), DATA["resnet/target"]
+    X, T = torch.tensor(x), torch.tensor(t)
+    ref = captum_attr.IntegratedGradients(net).attribute(X, baselines=0.2, target=T, n_steps=8).detach().numpy()
+    got = attribute(str(GOLDENS / "resnet.onnx"), x, "integrated-gradients", target=t, baselines=0.2, n_steps=8)
+    assert _rel(got, ref) <= TOL
+    layer = INDEX["resnet/grad_cam_0"]["options"]["layer"]
+    cam = captum_attr.LayerGradCam(net, net[6]).attribute(X, target=T)
+    ref = captum_attr.LayerAttribution.interpolate(cam, x.shape[2:]).detach().numpy()
+    assert _rel(attribute(str(GOLDENS / "resnet.onnx"), x, "grad-cam", target=t, layer=layer), ref) <= TOL
