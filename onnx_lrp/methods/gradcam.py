@@ -26,7 +26,7 @@ class LayerRunner(GradientRunner):
         try:
             super().__init__(model, settings, relevance_at=(layer,))
         except InputError as exc:
-            if layer in str(exc) and "not" in str(exc):
+            if str(exc).startswith("no tensor named"):
                 raise InputError(f"grad-cam: tensor {layer!r} is not in the model as the methods load it (it may be "
                                  "folded into a neighbour, e.g. a Conv's output before a BatchNorm); name the tensor "
                                  "after it") from None
@@ -55,6 +55,9 @@ def _layer_session(model, layer: str, settings: RunSettings):
     if value is None:
         raise InputError(f"grad-cam: layer {layer!r} is not a tensor of the model; give the name of a node's output "
                          "(N x C x H x W), e.g. the last convolution block's")
+    if value.shape is not None and len(value.shape) < 3:
+        raise InputError(f"grad-cam: tensor {layer!r} has shape {value.shape}, not N x C x spatial axes; name a "
+                         "convolution's (spatial) output")
     graph.outputs.clear()
     graph.outputs.append(value)
     parts = load.serialize_parts(ir_model)

@@ -167,3 +167,41 @@ def test_live_against_captum():
     ref = captum_attr.LayerAttribution.interpolate(cam, (8, 8)).detach().numpy()
     got = attribute(CNN, x, "grad-cam", target=t, layer="/conv2/Conv_output_0")
     assert _rel(got, ref) <= TOL
+
+
+def _conv_gap_model():
+    """x -> Conv -> Identity ("ident") -> Relu ("r") -> GlobalAveragePool -> Flatten -> MatMul F: y."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w, f = rng.normal(size=(4, 3, 3, 3)).astype(np.float32), rng.normal(size=(4, 2)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Identity", ["c"], ["ident"], name="id"),
+             helper.make_node("Relu", ["ident"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"], name="gap"),
+             helper.make_node("Flatten", ["p"], ["flat"], name="flatten"),
+             helper.make_node("MatMul", ["flat", "F"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(f, "F")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString(), f
+
+
+def test_grad_cam_numpy_oracle_and_folded_layer_refused():
+    """After a global average pool and a linear head the gradient at r is F[c, t] / (H W) everywhere: Grad-CAM is
+    sum_c F[c, t] / (H W) * r_c (r from onnxruntime); a tensor the loader folds away (an Identity's output) is
+    refused in one line naming it."""
+    model, f = _conv_gap_model()
+    x = np.random.default_rng(3).normal(size=(2, 3, 6, 6)).astype(np.float32)
+    t = np.array([0, 1])
+    import onnx
+    m = onnx.load_from_string(model)
+    m.graph.output.extend([onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, None)])
+    probe = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    r = probe.run(["r"], {"x": x})[0].astype(np.float64)
+    ref = np.einsum("nc,nchw->nhw", f[:, t].T / 36.0, r)[:, None]
+    got = attribute(model, x, "grad-cam", target=t, layer="r", interpolate_mode="none")
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+    with pytest.raises(InputError) as exc:
+        Attributor(model, "grad-cam", layer="ident")
+    assert "'ident' is not in the model as the methods load it" in str(exc.value) and "\n" not in str(exc.value)
