@@ -184,16 +184,14 @@ def _relu_output(onnx_bytes: bytes, prefix: str) -> str:
     return names[-1]
 
 
-def _gradient_cases(module, x, t, rng):
+def _gradient_cases(module, x, t, rng, rule):
     """captum's Saliency, InputXGradient, IntegratedGradients, NoiseTunnel and GradientShap on one model."""
     X, T = torch.tensor(x), torch.tensor(t)
     yield "saliency", "gradient", {}, _np(C.Saliency(module).attribute(X, target=T, abs=False))
     yield "ixg", "gradient-x-input", {}, _np(C.InputXGradient(module).attribute(X, target=T))
     base = _f16(rng.normal(scale=0.3, size=x.shape))
-    for rule in (("gausslegendre",) if x.ndim == 4 else ("riemann_trapezoid",)):
-        ref = C.IntegratedGradients(module).attribute(X, baselines=torch.tensor(base), target=T, n_steps=16,
-                                                      method=rule)
-        yield f"ig_{rule}", "integrated-gradients", {"baselines": base, "n_steps": 16, "integration": rule}, _np(ref)
+    ref = C.IntegratedGradients(module).attribute(X, baselines=torch.tensor(base), target=T, n_steps=16, method=rule)
+    yield f"ig_{rule}", "integrated-gradients", {"baselines": base, "n_steps": 16, "integration": rule}, _np(ref)
     torch.manual_seed(54)
     drawn = torch.normal(0, torch.tensor(0.2).repeat((len(x) * 2,) + x.shape[1:])).numpy()
     torch.manual_seed(54)
@@ -209,8 +207,9 @@ def _model_cases(name, module, x, t):
     """The cases of parity_models.npz for one model."""
     rng = np.random.default_rng(60)
     X, T = torch.tensor(x), torch.tensor(t)
-    if name in ("resnet", "bert"):
-        yield from _gradient_cases(module, x, t, rng)
+    rules = {"resnet": "gausslegendre", "bert": "riemann_trapezoid", "lstm": "riemann_middle"}
+    if name in rules:
+        yield from _gradient_cases(module, x, t, rng, rules[name])
     if name == "resnet":
         onnx_bytes = (OUT / "resnet.onnx").read_bytes()
         stages = [(6, False, "nearest"), (4, True, "bilinear"), (5, False, "nearest")]  # 2, 7, 4 -> 26 pixels

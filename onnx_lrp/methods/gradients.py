@@ -5,9 +5,9 @@ at 0 are no special case. Every gradient-family method is that graph run at othe
 the noisy samples stacked along the batch axis, as many rows per onnxruntime run as the memory budget allows.
 
 Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`);
-LayerNormalization and functions of one tensor written out (GELU, SiLU) their true gradients (:mod:`.normgrad`). Ops
-whose ``gradient`` rule is not their true gradient, or that have none (the other normalisations with their scale
-held, recurrent ops, quotients of activations), and ops on the path that pass no gradient (ArgMax,
+LayerNormalization and functions of one tensor written out (GELU, SiLU) their true gradients (:mod:`.normgrad`), and
+forward LSTMs theirs through time (:mod:`.lstmgrad`). Ops whose ``gradient`` rule is not their true gradient, or that
+have none (the other normalisations with their scale held, GRU, RNN, other LSTMs, quotients of activations), and ops on the path that pass no gradient (ArgMax,
 casts to integers, ...), are refused before anything runs, naming the node."""
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ..rules.elementwise import Gradient
 from ..rules.composite import Composite, Entry
 from ..run import launch
 from .integration import alphas_and_steps
+from .lstmgrad import TrueLSTMGradient  # the LSTM op's true gradient
 from .normgrad import NORM_OPS, FunctionGradient, TrueNormGradient  # LayerNorm's, GELU's true gradients
 from .options import RunSettings
 
@@ -112,6 +113,7 @@ def gradient_composite() -> Composite:
     node; LayerNormalization's true gradient (:mod:`.normgrad`), other normalisations with a held scale refused
     (:class:`HeldScale`)."""
     return Composite("true-gradient", (Entry({"op_type": NORM_OPS}, TrueNormGradient()),
+                                       Entry({"op_type": ["LSTM"]}, TrueLSTMGradient()),
                                        Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
                                        Entry({}, TrueGradient())),
                      "the gradient of the explained entry: every op's own vector-Jacobian product", "<methods>")

@@ -113,7 +113,7 @@ class Tangent:
             return em.mul(ds[0], em.mul(e, em.op("Pow", ins[0], em.sub(e, em.scalar(1.0, _np(e)))), tag="dpow"))
         if op in _DERIVATIVES and len(ins) == 1:
             return em.mul(ds[0], _DERIVATIVES[op](em, ins[0], v), tag="t_chain")
-        raise _refuse(self.node, f"the true gradient through {op} inside this function of one tensor is not written")
+        raise _refuse(self.em, self.node, f"the true gradient through {op} inside this function of one tensor is not written")
 
 
 def _np(v):
@@ -121,10 +121,10 @@ def _np(v):
     return np.dtype(v.dtype.numpy()) if v.dtype is not None else None
 
 
-def _refuse(node, reason: str):
+def _refuse(em, node, reason: str):
     from ..core.errors import UnsupportedError
-    return UnsupportedError([{"name": node.name, "op_type": node.op_type, "domain": node.domain, "opset": 0,
-                              "reason": reason}], "Use occlusion (forwards only) or LRP.")
+    return UnsupportedError([{"name": node.name, "op_type": node.op_type, "domain": node.domain,
+                              "opset": em.opset, "reason": reason}], "Use occlusion (forwards only) or LRP.")
 
 
 class FunctionGradient:

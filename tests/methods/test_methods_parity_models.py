@@ -2,8 +2,8 @@
 (tests/goldens/methods/parity_models.npz and the models' ONNX exports, written by scripts/make_captum_goldens.py
 models): a torchvision-ResNet18-shaped network with BatchNorm (gradient, gradient x input, Integrated Gradients,
 SmoothGrad, GradientSHAP, Grad-CAM at two stages, occlusion), a BERT-shaped sequence classifier attributed at its
-embeddings (the same gradient methods, token occlusion), an LSTM (occlusion; its gradient methods are refused in one
-line naming the node), and zennit's SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on
+embeddings (LayerNorm and GELU with their true gradients; the same gradient methods, token occlusion), an LSTM (the
+same, through its true gradient in time; a bidirectional one refused in one line naming the node), and zennit's SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on
 a plain CNN with the same noise. Gradient methods within 1e-5 relative L2, occlusion equal up to float32 rounding
 of the output differences; one live captum check when torch is present."""
 from __future__ import annotations
@@ -53,17 +53,28 @@ def test_goldens_cover_the_models_and_methods():
     gradient = {"gradient", "gradient-x-input", "integrated-gradients", "smoothgrad", "gradient-shap", "occlusion"}
     assert methods["resnet"] == gradient | {"grad-cam"}
     assert methods["bert"] == gradient
-    assert methods["lstm"] == {"occlusion"}
+    assert methods["lstm"] == gradient
     assert {k for k in INDEX if k.startswith("plain_cnn/zennit")} == {
         "plain_cnn/zennit_smoothgrad_epf", "plain_cnn/zennit_smoothgrad", "plain_cnn/zennit_ig",
         "plain_cnn/zennit_occlusion"}
 
 
-def test_lstm_gradient_refused_naming_the_node():
-    x = _f32(DATA["lstm/x"])
+def test_bidirectional_lstm_gradient_refused_naming_the_node():
+    """The LSTM's true gradient is written for the forward direction: a bidirectional one is refused in one line
+    naming the node (occlusion still explains it)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w, r = rng.normal(size=(2, 24, 4)).astype(np.float32), rng.normal(size=(2, 24, 6)).astype(np.float32)
+    nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=6, direction="bidirectional", name="bilstm"),
+             helper.make_node("ReduceMean", ["y"], ["y_mean"], axes=[0, 1], keepdims=0, name="mean")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, "N", 4])],
+                              [helper.make_tensor_value_info("y_mean", TensorProto.FLOAT, ["N", 6])],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     with pytest.raises(UnsupportedError) as exc:
-        attribute(str(GOLDENS / "lstm.onnx"), x, "integrated-gradients", target=DATA["lstm/target"])
-    assert "LSTM" in str(exc.value) and "occlusion" in str(exc.value)
+        Attributor(model, "integrated-gradients")
+    message = str(exc.value)
+    assert "[bilstm]" in message and "bidirectional" in message and "occlusion" in message and "\n" not in message
 
 
 def test_live_resnet_against_captum():
