@@ -7,8 +7,9 @@ the noisy samples stacked along the batch axis, as many rows per onnxruntime run
 Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`);
 LayerNormalization and functions of one tensor written out (GELU, SiLU) their true gradients (:mod:`.normgrad`), and
 forward LSTMs theirs through time (:mod:`.lstmgrad`). Ops whose ``gradient`` rule is not their true gradient, or that
-have none (the other normalisations with their scale held, GRU, RNN, other LSTMs, quotients of activations), and ops on the path that pass no gradient (ArgMax,
-casts to integers, ...), are refused before anything runs, naming the node."""
+have none (the other normalisations with their scale held, GRU, RNN, other LSTMs, quotients of activations), and
+ops on the path that pass no gradient (ArgMax, casts to integers, ...), are refused before anything runs, naming the
+node."""
 from __future__ import annotations
 
 from dataclasses import dataclass
