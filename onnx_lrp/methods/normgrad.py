@@ -113,7 +113,8 @@ class Tangent:
             return em.mul(ds[0], em.mul(e, em.op("Pow", ins[0], em.sub(e, em.scalar(1.0, _np(e)))), tag="dpow"))
         if op in _DERIVATIVES and len(ins) == 1:
             return em.mul(ds[0], _DERIVATIVES[op](em, ins[0], v), tag="t_chain")
-        raise _refuse(self.em, self.node, f"the true gradient through {op} inside this function of one tensor is not written")
+        raise _refuse(self.em, self.node, f"the true gradient through {op} inside this function of one tensor is "
+                      "not written")
 
 
 def _np(v):

@@ -1,10 +1,10 @@
 """onnx_lrp.methods on the parity models of issue 36 against captum 0.9 and zennit 0.5.1, from the stored goldens
 (tests/goldens/methods/parity_models.npz and the models' ONNX exports, written by scripts/make_captum_goldens.py
 models): a torchvision-ResNet18-shaped network with BatchNorm (gradient, gradient x input, Integrated Gradients,
-SmoothGrad, GradientSHAP, Grad-CAM at two stages, occlusion), a BERT-shaped sequence classifier attributed at its
-embeddings (LayerNorm and GELU with their true gradients; the same gradient methods, token occlusion), an LSTM (the
-same, through its true gradient in time; a bidirectional one refused in one line naming the node), and zennit's SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on
-a plain CNN with the same noise. Gradient methods within 1e-5 relative L2, occlusion equal up to float32 rounding
+SmoothGrad, GradientSHAP, Grad-CAM at three stages, occlusion), a BERT-shaped sequence classifier attributed at
+its embeddings (LayerNorm and GELU with their true gradients; the same gradient methods, token occlusion), an LSTM
+(the same, through its true gradient in time; a bidirectional one refused in one line naming the node), and zennit's
+SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on a plain CNN with the same noise. Gradient methods within 1e-5 relative L2, occlusion equal up to float32 rounding
 of the output differences; one live captum check when torch is present."""
 from __future__ import annotations
 
