@@ -4,8 +4,9 @@ models): a torchvision-ResNet18-shaped network with BatchNorm (gradient, gradien
 SmoothGrad, GradientSHAP, Grad-CAM at three stages, occlusion), a BERT-shaped sequence classifier attributed at
 its embeddings (LayerNorm and GELU with their true gradients; the same gradient methods, token occlusion), an LSTM
 (the same, through its true gradient in time; a bidirectional one refused in one line naming the node), and zennit's
-SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on a plain CNN with the same noise. Gradient methods within 1e-5 relative L2, occlusion equal up to float32 rounding
-of the output differences; one live captum check when torch is present."""
+SmoothGrad of EpsilonPlusFlat, SmoothGrad, IntegratedGradients and Occlusion on a plain CNN with the same noise.
+Gradient methods within 1e-5 relative L2, occlusion equal up to float32 rounding of the output differences; one
+live captum check when torch is present."""
 from __future__ import annotations
 
 import json
