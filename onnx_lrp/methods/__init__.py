@@ -69,11 +69,16 @@ class Attributor:
         if runner is None:
             xb, bare = self._noise_input(x)
             t = self._noise_targets(xb, target)
-            out = noise.smooth(lambda rows, tt: self.base(self.engine, rows, tt), xb, t, self.options)
+            gradient_base = isinstance(self.engine, gradients.GradientRunner)
+            options = self.engine.packed_options(self.method, self.options, xb) if gradient_base else self.options
+            out = noise.smooth(lambda rows, tt: self.base(self.engine, rows, tt), xb, t, options)
+            if gradient_base:
+                return self.engine.result(out, x, bare)
         else:
             xb, bare = runner.batch(x)
             t = runner.targets(xb, target)
-            out = RUNNER_METHODS[self.method](runner, xb, t, self.options)
+            out = RUNNER_METHODS[self.method](runner, xb, t, runner.packed_options(self.method, self.options, xb))
+            return runner.result(out, x, bare)
         return out[0] if bare else out
 
     def _noise_input(self, x):

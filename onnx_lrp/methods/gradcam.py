@@ -31,15 +31,18 @@ class LayerRunner(GradientRunner):
                                  "folded into a neighbour, e.g. a Conv's output before a BatchNorm); name the tensor "
                                  "after it") from None
             raise
+        if self.packing is not None:
+            raise InputError(f"grad-cam takes a model with one input; this one has {len(self.packing.names)} "
+                             f"({', '.join(self.packing.names)})")
 
     def layer_values(self, rows: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(``layer``'s value, the gradient of each row's target entry at it), in chunks of rows."""
         step = self.rows_per_run(rows)
         acts, grads = [], []
         for i in range(0, len(rows), step):
-            part = np.ascontiguousarray(rows[i:i + step], self.spec.dtype)
+            part = rows[i:i + step]
             grads.append(self.run(part, targets[i:i + step])[RELEVANCE_PREFIX + self.layer])
-            acts.append(self.forward.run({self.spec.name: part}, [self.layer])[self.layer])
+            acts.append(self.forward.run(self.feeds(part), [self.layer])[self.layer])
         a, g = np.concatenate(acts), np.concatenate(grads)
         if a.shape != g.shape or a.ndim < 3:
             raise InputError(f"grad-cam: tensor {self.layer!r} has shape {' x '.join(map(str, a.shape))}, not N x C x "

@@ -12,6 +12,7 @@ ops on the path that pass no gradient (ArgMax, casts to integers, ...), are refu
 node."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
@@ -30,6 +31,7 @@ from .integration import alphas_and_steps
 from .lstmgrad import TrueLSTMGradient  # the LSTM op's true gradient
 from .normgrad import NORM_OPS, FunctionGradient, TrueNormGradient  # LayerNorm's, GELU's true gradients
 from .options import RunSettings
+from .packing import Packing
 
 ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
 
@@ -136,22 +138,52 @@ class GradientRunner:
         except UnsupportedError as exc:
             raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
                                    "(forwards only) or LRP.") from None
-        if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
-            raise InputError(f"the gradient methods take a model with one float input for now; this one has "
-                             f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
+        for spec in self.runner.inputs:
+            if spec.dtype.kind != "f" or spec.name not in self.runner.relevance_inputs:
+                raise InputError(f"input {spec.name!r} is {np.dtype(spec.dtype).name}, not float: gradient methods "
+                                 "need float inputs (token ids: attribute at the embeddings' output; or use LRP)")
         self.spec = self.runner.inputs[0]
-        if self.spec.dtype.kind != "f" or self.runner.relevance_inputs[0] != self.spec.name:
-            raise InputError(f"input {self.spec.name!r} is {np.dtype(self.spec.dtype).name}, not float: gradient "
-                             "methods need a float input (token ids: no baseline in their space yet; use LRP)")
+        self.packing = Packing(self.runner.inputs) if len(self.runner.inputs) > 1 else None
         self.sequence = self.runner.relevance_model.sequence_rows is not None or self.runner.relevance_model.whole
         if self.sequence:
             raise InputError(f"the gradient methods explain one entry per item; output "
                              f"{self.runner.explained_output!r} is a sequence or has no batch axis (use LRP)")
 
     def batch(self, x) -> tuple[np.ndarray, bool]:
-        """``x`` checked and cast, with its batch axis; and whether it came without one."""
-        a = self.runner.checked_feeds(x)[self.spec.name]
-        return a, a.ndim != np.ndim(x)
+        """``x`` checked and cast, with its batch axis (several inputs: packed, :mod:`.packing`); and whether it
+        came without one."""
+        if self.packing is None:
+            a = self.runner.checked_feeds(x)[self.spec.name]
+            return a, a.ndim != np.ndim(x)
+        given = self.packing.as_dict(x)
+        feeds = self.runner.checked_feeds(given)
+        return self.packing.pack(feeds), feeds[self.spec.name].ndim != np.ndim(given[self.spec.name])
+
+    def packed_options(self, method: str, options, x: np.ndarray):
+        """``options`` with the values given per input packed as ``x`` (one input: a 1-tuple is its value)."""
+        if self.packing is not None:
+            return self.packing.options(method, options, x)
+        changes = {}
+        for f in ("baselines", "noise"):
+            v = getattr(options, f, None)
+            if isinstance(v, (tuple, dict)):
+                if len(v) != 1:
+                    raise InputError(f"{f} is given for {len(v)} inputs; the model has one ({self.spec.name!r})")
+                changes[f] = v[0] if isinstance(v, tuple) else next(iter(v.values()))
+        return dataclasses.replace(options, **changes) if changes else options
+
+    def result(self, out: np.ndarray, x, bare: bool):
+        """The attribution in the form ``x`` came in (several inputs: a tuple or a dict, as given)."""
+        if self.packing is None:
+            return out[0] if bare else out
+        return self.packing.result(out, x, bare)
+
+    def feeds(self, rows: np.ndarray) -> dict:
+        """The model's feeds for stacked (packed) rows."""
+        if self.packing is None:
+            return {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype)}
+        arrays = self.packing.unpack(rows)
+        return {s.name: np.ascontiguousarray(arrays[s.name], s.dtype) for s in self.runner.inputs}
 
     def targets(self, x: np.ndarray, target) -> np.ndarray:
         """One target per item of ``x``; None: the arg-max of the output at ``x`` (one run)."""
@@ -169,20 +201,24 @@ class GradientRunner:
         return max(1, self.settings.memory_budget // row)
 
     def run(self, rows: np.ndarray, targets: np.ndarray) -> dict:
-        feeds = {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype), TARGET_INPUT: targets,
-                 ONE_HOT_INPUT: np.array(True)}
+        feeds = {**self.feeds(rows), TARGET_INPUT: targets, ONE_HOT_INPUT: np.array(True)}
         return self.runner.run_bound(feeds)
 
     def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """The gradient of each row's target entry w.r.t. the row, in chunks of :meth:`rows_per_run` rows."""
         step = self.rows_per_run(rows)
-        name = RELEVANCE_PREFIX + self.spec.name
-        parts = [self.run(rows[i:i + step], targets[i:i + step])[name] for i in range(0, len(rows), step)]
+        parts = [self._gradient(self.run(rows[i:i + step], targets[i:i + step])) for i in range(0, len(rows), step)]
         g = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if not np.all(np.isfinite(g)):
             raise InputError("the gradient is not finite at some of the inputs (an overflow in the model's forward "
                              "or at a point of the path); check the input's scale")
         return g
+
+
+    def _gradient(self, out: dict) -> np.ndarray:
+        if self.packing is None:
+            return out[RELEVANCE_PREFIX + self.spec.name]
+        return self.packing.pack({n: out[RELEVANCE_PREFIX + n] for n in self.packing.names})
 
 
 def gradient(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:

@@ -20,8 +20,26 @@ def _int(name: str, value, low: int = 1) -> int:
     return int(value)
 
 
+def _per_input(check, name: str, value, *args):
+    """``check(name, value, *args)`` on each value of a tuple or dict given per input (a model with several
+    inputs; :mod:`.packing`), or on the value itself."""
+    if isinstance(value, tuple):
+        return tuple(check(name, v, *args) for v in value)
+    if isinstance(value, dict):
+        return {k: check(name, v, *args) for k, v in value.items()}
+    return check(name, value, *args)
+
+
+def _rows(value) -> int:
+    """The number of rows of an array, or of the first of several given per input."""
+    first = value[0] if isinstance(value, tuple) else next(iter(value.values())) if isinstance(value, dict) else value
+    return int(np.shape(first)[0])
+
+
 def _array_or_scalar(name: str, value):
     """A real scalar (float) or a numeric array, as given; anything else is refused."""
+    if isinstance(value, (tuple, dict)):
+        return _per_input(_array_or_scalar, name, value)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     a = np.asarray(value)
@@ -113,15 +131,13 @@ class NoiseTunnelOptions:
             raise InputError(f"base {self.base!r} cannot be smoothed: give gradient, gradient-x-input, "
                              "integrated-gradients or an LRP composite name")
         if self.noise is not None:
-            noise = np.asarray(self.noise)
-            if noise.dtype.kind != "f" or noise.ndim < 1 or not np.all(np.isfinite(noise)):
-                raise InputError("noise must be a finite float array of samples x input shape")
-            if self.nt_samples is not None and self.nt_samples != noise.shape[0]:
-                raise InputError(f"noise has {noise.shape[0]} samples, nt_samples says {self.nt_samples}: give one "
+            noise = _per_input(_optional_array, "noise", self.noise, "f", 1)
+            if self.nt_samples is not None and self.nt_samples != _rows(noise):
+                raise InputError(f"noise has {_rows(noise)} samples, nt_samples says {self.nt_samples}: give one "
                                  "of them (or the two alike)")
             object.__setattr__(self, "noise", noise)
         object.__setattr__(self, "nt_samples", 5 if self.noise is None and self.nt_samples is None else
-                           int(self.nt_samples if self.noise is None else self.noise.shape[0]))
+                           int(self.nt_samples if self.noise is None else _rows(self.noise)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,21 +210,22 @@ class ExpectedGradientsOptions:
         if self.baselines is None:
             raise InputError("expected-gradients needs baselines=: a background set, n x the input's shape after its "
                              "batch axis (e.g. some training inputs)")
-        object.__setattr__(self, "baselines", _optional_array("baselines", self.baselines, "f", 1))
+        object.__setattr__(self, "baselines", _per_input(_optional_array, "baselines", self.baselines, "f", 1))
         if self.seed is not None:
             _int("seed", self.seed, low=0)
         object.__setattr__(self, "stdevs", _stdevs(self.stdevs))
         given = {}
         for name, kind in (("baseline_indices", "i"), ("alphas", "f"), ("noise", "f")):
-            a = _optional_array(name, getattr(self, name), kind, 1)
+            a = _per_input(_optional_array, name, getattr(self, name), kind, 1) if name == "noise" else \
+                _optional_array(name, getattr(self, name), kind, 1)
             object.__setattr__(self, name, a)
             if a is not None:
-                given[name] = a.shape[0]
+                given[name] = _rows(a)
         if self.alphas is not None and (np.any(self.alphas < 0) or np.any(self.alphas > 1)):
             raise InputError("alphas must lie in [0, 1] (the points on the path from the baseline to the input)")
         if self.baseline_indices is not None and (np.any(self.baseline_indices < 0) or
-                                                  np.any(self.baseline_indices >= len(self.baselines))):
-            raise InputError(f"baseline_indices must lie in [0, {len(self.baselines)}) (the background set's rows)")
+                                                  np.any(self.baseline_indices >= _rows(self.baselines))):
+            raise InputError(f"baseline_indices must lie in [0, {_rows(self.baselines)}) (the background set's rows)")
         if self.n_samples is not None:
             given["n_samples"] = _int("n_samples", self.n_samples)
         if len(set(given.values())) > 1:
