@@ -260,11 +260,65 @@ def _zennit_cases(module, x, t):
 
 
 def main_models() -> None:
-    """The parity models exported to ONNX and parity_models.npz."""
+    """The parity models exported to ONNX and parity_models.npz; the two-input model and two_inputs.npz."""
     nets = _model_nets()
     for name, (module, x, _) in nets.items():
         (OUT / f"{name}.onnx").write_bytes(_export(module, x))
     write_cases(OUT / "parity_models.npz", nets, _model_cases)
+    main_two_inputs()
+
+
+def main_two_inputs() -> None:
+    """two_inputs.onnx (tests/captum_nets.TwoInputs) and two_inputs.npz: captum's Saliency, IntegratedGradients
+    (a baseline per input: an array and a number), NoiseTunnel and GradientShap on both inputs at once, with the
+    noise and draws stored per input (``<case>/<option>/<input>``)."""
+    from captum_nets import TwoInputs, export_inputs
+
+    torch.manual_seed(70)
+    module = TwoInputs().eval()
+    rng = np.random.default_rng(71)
+    u, v = _f16(rng.normal(size=(2, 4))), _f16(rng.normal(size=(2, 2, 5)))
+    t = np.array([0, 2])
+    (OUT / "two_inputs.onnx").write_bytes(export_inputs(module, (u, v), ("u", "v")))
+    X, T = (torch.tensor(u), torch.tensor(v)), torch.tensor(t)
+    arrays = {"u": u, "v": v, "target": t}
+
+    def store(case, refs, **options):
+        arrays.update({f"{case}/ref/{k}": _np(r) for k, r in zip("uv", refs)})
+        for name, value in options.items():
+            arrays.update({f"{case}/{name}/{k}": np.asarray(a) for k, a in zip("uv", value)} if isinstance(
+                value, tuple) else {f"{case}/{name}": np.asarray(value)})
+
+    store("saliency", C.Saliency(module).attribute(X, target=T, abs=False))
+    bu = _f16(rng.normal(size=u.shape))
+    store("ig", C.IntegratedGradients(module).attribute(X, baselines=(torch.tensor(bu), 0.3), target=T, n_steps=8),
+          baselines=(bu, np.float32(0.3)), n_steps=8)
+    torch.manual_seed(72)
+    noise = tuple(torch.normal(0, torch.tensor(0.2).repeat((2 * 3,) + a.shape[1:])).numpy() for a in (u, v))
+    torch.manual_seed(72)
+    ref = C.NoiseTunnel(C.Saliency(module)).attribute(X, nt_type="smoothgrad", nt_samples=3, stdevs=0.2, target=T,
+                                                      abs=False)
+    store("smoothgrad", ref, noise=tuple(n.reshape((2, 3) + n.shape[1:]).swapaxes(0, 1) for n in noise))
+    background = (_f16(rng.normal(size=(4, 4))), _f16(rng.normal(size=(4, 2, 5))))
+    # captum draws the background rows of each input apart (one np.random.choice per input); onnx_lrp draws one row
+    # of the background set for all inputs: captum is fed the same rows for both here
+    drawn_rows = rng.integers(0, 4, 6)
+    choice, np.random.choice = np.random.choice, lambda n, size: drawn_rows.copy()
+    try:
+        torch.manual_seed(73)
+        np.random.seed(73)
+        ref = C.GradientShap(module).attribute(X, baselines=tuple(torch.tensor(b) for b in background), n_samples=3,
+                                               stdevs=0.1, target=T)
+    finally:
+        np.random.choice = choice
+    torch.manual_seed(73)
+    drawn = tuple(torch.normal(0, torch.tensor(0.1).repeat((2 * 3,) + a.shape[1:])).numpy() for a in (u, v))
+    np.random.seed(73)
+    index, alphas = drawn_rows.reshape(2, 3).T, np.random.uniform(0.0, 1.0, 6).reshape(2, 3).T
+    store("gradient_shap", ref, baselines=background, baseline_indices=index, alphas=alphas,
+          noise=tuple(n.reshape((2, 3) + n.shape[1:]).swapaxes(0, 1) for n in drawn))
+    np.savez_compressed(OUT / "two_inputs.npz", **{k: _small(np.asarray(a)) for k, a in arrays.items()})
+    print(f"two inputs -> {OUT / 'two_inputs.npz'}")
 
 
 def main() -> None:

@@ -119,3 +119,25 @@ def plain_cnn(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 8, 3), nn.ReLU(),
                          nn.Flatten(), nn.Linear(8 * 2 * 2, 5)).eval()
+
+
+class TwoInputs(nn.Module):
+    """Two float inputs (a vector u: N x 4, a sequence v: N x 2 x 5) joined before a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c, self.fc = nn.Linear(4, 6), nn.Conv1d(2, 3, 3), nn.Linear(6 + 3 * 3, 3)
+
+    def forward(self, u, v):
+        return self.fc(torch.cat([torch.tanh(self.a(u)), torch.relu(self.c(v)).flatten(1)], 1))
+
+
+def export_inputs(module, xs: tuple, names: tuple) -> bytes:
+    """torch.onnx export of a model with several inputs (batch axis dynamic)."""
+    f = io.BytesIO()
+    axes = {n: {0: "N"} for n in names + ("y",)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(torch.as_tensor(x) for x in xs), f, input_names=list(names),
+                          output_names=["y"], opset_version=17, dynamo=False, dynamic_axes=axes)
+    return f.getvalue()

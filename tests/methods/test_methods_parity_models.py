@@ -94,3 +94,37 @@ def test_live_resnet_against_captum():
     cam = captum_attr.LayerGradCam(net, net[6]).attribute(X, target=T)
     ref = captum_attr.LayerAttribution.interpolate(cam, x.shape[2:]).detach().numpy()
     assert _rel(attribute(str(GOLDENS / "resnet.onnx"), x, "grad-cam", target=t, layer=layer), ref) <= TOL
+
+
+TWO = np.load(GOLDENS / "two_inputs.npz")
+TWO_CASES = {"saliency": "gradient", "ig": "integrated-gradients", "smoothgrad": "smoothgrad",
+             "gradient_shap": "gradient-shap"}
+
+
+def _two_options(case):
+    """The case's options from two_inputs.npz: ``<case>/<option>/<input>`` as a tuple (u, v), else the array."""
+    options = {}
+    for key in TWO.files:
+        parts = key.split("/")
+        if parts[0] != case or parts[1] == "ref":
+            continue
+        value = _f32(TWO[key]) if TWO[key].ndim else TWO[key].item()
+        options[parts[1]] = options.get(parts[1], ()) + (value,) if len(parts) == 3 else value
+    return options
+
+
+@pytest.mark.parametrize("case", sorted(TWO_CASES))
+def test_two_inputs_attributed_as_captum(case):
+    """A model with two float inputs: every input attributed at once, a tuple in and out (a dict in, a dict out),
+    per-input baselines and noise, as captum's."""
+    u, v, t = _f32(TWO["u"]), _f32(TWO["v"]), TWO["target"]
+    attr = Attributor(str(GOLDENS / "two_inputs.onnx"), TWO_CASES[case], **_two_options(case))
+    got = attr.attribute((u, v), t)
+    assert isinstance(got, tuple) and [g.shape for g in got] == [u.shape, v.shape]
+    for g, name in zip(got, "uv"):
+        assert _rel(g, TWO[f"{case}/ref/{name}"]) <= TOL
+    if case == "saliency":
+        as_dict = attr.attribute({"v": v, "u": u}, t)
+        assert sorted(as_dict) == ["u", "v"] and np.array_equal(as_dict["u"], got[0])
+        one = attr.attribute((u[1], v[1]), t[1])
+        np.testing.assert_allclose(one[1], got[1][1], rtol=1e-6, atol=1e-9)
