@@ -1,11 +1,15 @@
 """Attribution methods beyond LRP on the same graph (issue 36): the gradient family (``gradient``,
-``gradient-x-input``, ``integrated-gradients``, ``smoothgrad`` / ``vargrad``) as the true-gradient relevance graph
-run at stacked inputs (:mod:`.gradients`), and ``occlusion`` as batched forwards of the original model
-(:mod:`.occlusion`). Options take captum's names; each method's options are one frozen dataclass (:mod:`.options`).
+``gradient-x-input``, ``integrated-gradients``, ``smoothgrad`` / ``vargrad``, ``expected-gradients`` /
+``gradient-shap`` (:mod:`.expected`), ``grad-cam`` at a named tensor (:mod:`.gradcam`)) as the true-gradient
+relevance graph run at stacked inputs (:mod:`.gradients`), and ``occlusion`` and ``rise`` (:mod:`.rise`) as batched
+forwards of the original model (:mod:`.occlusion`). Options take captum's names; each method's options are one
+frozen dataclass (:mod:`.options`).
 
     attribute(model, x, method="integrated-gradients", target=3, n_steps=32, baselines=0.0)
 
-returns an array of ``x``'s shape."""
+returns an array of ``x``'s shape (``grad-cam`` and ``rise`` with masks over the spatial axes: N x 1 x those axes,
+as captum's LayerGradCam); for a model with several float inputs the gradient methods take and give a tuple (or a
+dict by input name), as captum."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +17,9 @@ import numpy as np
 from ..core.errors import InputError
 from ..run import launch
 from . import expected, gradcam, gradients, noise, occlusion, rise
-from .options import (OPTIONS, GradientOptions, InputXGradientOptions, IntegratedGradientsOptions,
-                      NoiseTunnelOptions, OcclusionOptions, RunSettings, make_options)
+from .options import (OPTIONS, ExpectedGradientsOptions, GradCamOptions, GradientOptions, InputXGradientOptions,
+                      IntegratedGradientsOptions, NoiseTunnelOptions, OcclusionOptions, RiseOptions, RunSettings,
+                      make_options)
 
 METHODS = tuple(OPTIONS)
 GRADIENT_METHODS = {"gradient": gradients.gradient, "gradient-x-input": gradients.gradient_x_input,
@@ -112,10 +117,13 @@ class Attributor:
 def attribute(model, x, method: str = "integrated-gradients", target=None, **options) -> np.ndarray:
     """The attribution of ``target`` for ``x`` by ``method`` (one of :data:`METHODS`) with its options (captum's
     names: ``n_steps``, ``baselines``, ``integration``, ``nt_type``, ``nt_samples``, ``stdevs``, ``noise``, ``seed``,
-    ``base``, ``sliding_window_shapes``, ``strides``, ``abs``) and the run settings (``output``, ``device``,
-    ``threads``, ``internal_batch_size``, ``memory_budget``): an array of ``x``'s shape."""
+    ``base``, ``sliding_window_shapes``, ``strides``, ``abs``, ``n_samples``, ``layer``, ``relu_attributions``;
+    and ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``, ``cells``, ``masks``)
+    and the run settings (``output``, ``device``, ``threads``, ``internal_batch_size``, ``memory_budget``): an array
+    of ``x``'s shape."""
     return Attributor(model, method, **options).attribute(x, target)
 
 
 __all__ = ["attribute", "Attributor", "METHODS", "GradientOptions", "InputXGradientOptions",
-           "IntegratedGradientsOptions", "NoiseTunnelOptions", "OcclusionOptions", "RunSettings"]
+           "IntegratedGradientsOptions", "NoiseTunnelOptions", "OcclusionOptions", "ExpectedGradientsOptions",
+           "GradCamOptions", "RiseOptions", "RunSettings"]
