@@ -41,8 +41,8 @@ class LayerRunner(GradientRunner):
         acts, grads = [], []
         for i in range(0, len(rows), step):
             part = rows[i:i + step]
-            grads.append(self.run(part, targets[i:i + step])[RELEVANCE_PREFIX + self.layer])
-            acts.append(self.forward.run(self.feeds(part), [self.layer])[self.layer])
+            grads.append(self.run(part, targets[i:i + step], i)[RELEVANCE_PREFIX + self.layer])
+            acts.append(self.forward.run(self.feeds(part, i), [self.layer])[self.layer])
         a, g = np.concatenate(acts), np.concatenate(grads)
         if a.shape != g.shape or a.ndim < 3:
             raise InputError(f"grad-cam: tensor {self.layer!r} has shape {' x '.join(map(str, a.shape))}, not N x C x "

@@ -138,12 +138,16 @@ class GradientRunner:
         except UnsupportedError as exc:
             raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
                                    "(forwards only) or LRP.") from None
-        for spec in self.runner.inputs:
-            if spec.dtype.kind != "f" or spec.name not in self.runner.relevance_inputs:
-                raise InputError(f"input {spec.name!r} is {np.dtype(spec.dtype).name}, not float: gradient methods "
-                                 "need float inputs (token ids: attribute at the embeddings' output; or use LRP)")
-        self.spec = self.runner.inputs[0]
-        self.packing = Packing(self.runner.inputs) if len(self.runner.inputs) > 1 else None
+        floats = [s for s in self.runner.inputs if s.dtype.kind == "f" and s.name in self.runner.relevance_inputs]
+        held = [s for s in self.runner.inputs if s not in floats]
+        if not floats or any(s.dtype.kind == "f" for s in held):
+            spec = held[0]
+            raise InputError(f"input {spec.name!r} is {np.dtype(spec.dtype).name}, not float: gradient methods "
+                             "need float inputs (token ids: attribute at the embeddings' output; or use LRP)")
+        self.spec = floats[0]
+        self.packing = Packing(floats) if len(floats) > 1 else None
+        self.held_names = [s.name for s in held]  # integer inputs (masks, positions): fed as given, not attributed
+        self.held: dict = {}
         self.sequence = self.runner.relevance_model.sequence_rows is not None or self.runner.relevance_model.whole
         if self.sequence:
             raise InputError(f"the gradient methods explain one entry per item; output "
@@ -152,12 +156,21 @@ class GradientRunner:
     def batch(self, x) -> tuple[np.ndarray, bool]:
         """``x`` checked and cast, with its batch axis (several inputs: packed, :mod:`.packing`); and whether it
         came without one."""
-        if self.packing is None:
+        if self.packing is None and not self.held_names:
             a = self.runner.checked_feeds(x)[self.spec.name]
             return a, a.ndim != np.ndim(x)
-        given = self.packing.as_dict(x)
-        feeds = self.runner.checked_feeds(given)
-        return self.packing.pack(feeds), feeds[self.spec.name].ndim != np.ndim(given[self.spec.name])
+        names = [s.name for s in self.runner.inputs]
+        if isinstance(x, (tuple, list)) and len(x) == len(names):
+            x = dict(zip(names, x))
+        if not isinstance(x, dict):
+            raise InputError(f"the model has {len(names)} inputs ({', '.join(names)}): give a tuple of arrays in that "
+                             "order or a dict by input name")
+        feeds = self.runner.checked_feeds(x)
+        self.held = {k: feeds[k] for k in self.held_names}
+        bare = feeds[self.spec.name].ndim != np.ndim(x[self.spec.name])
+        if self.packing is None:
+            return feeds[self.spec.name], bare
+        return self.packing.pack({k: feeds[k] for k in self.packing.names}), bare
 
     def packed_options(self, method: str, options, x: np.ndarray):
         """``options`` with the values given per input packed as ``x`` (one input: a 1-tuple is its value)."""
@@ -174,16 +187,25 @@ class GradientRunner:
 
     def result(self, out: np.ndarray, x, bare: bool):
         """The attribution in the form ``x`` came in (several inputs: a tuple or a dict, as given)."""
-        if self.packing is None:
-            return out[0] if bare else out
-        return self.packing.result(out, x, bare)
+        if self.packing is not None:
+            return self.packing.result(out, x, bare)
+        out = out[0] if bare else out
+        if not self.held_names:
+            return out
+        return {self.spec.name: out} if isinstance(x, dict) else (out,)
 
-    def feeds(self, rows: np.ndarray) -> dict:
-        """The model's feeds for stacked (packed) rows."""
+    def feeds(self, rows: np.ndarray, start: int = 0) -> dict:
+        """The model's feeds for stacked (packed) rows ``start``, ``start + 1``, ...: row r is a copy of item
+        r mod N (the methods stack their samples item by item), whose integer inputs it takes."""
         if self.packing is None:
-            return {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype)}
-        arrays = self.packing.unpack(rows)
-        return {s.name: np.ascontiguousarray(arrays[s.name], s.dtype) for s in self.runner.inputs}
+            feeds = {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype)}
+        else:
+            arrays = self.packing.unpack(rows)
+            feeds = {s.name: np.ascontiguousarray(arrays[s.name], s.dtype) for s in self.runner.inputs
+                     if s.name in arrays}
+        for k, a in self.held.items():
+            feeds[k] = a[np.arange(start, start + len(rows)) % len(a)]
+        return feeds
 
     def targets(self, x: np.ndarray, target) -> np.ndarray:
         """One target per item of ``x``; None: the arg-max of the output at ``x`` (one run)."""
@@ -200,14 +222,14 @@ class GradientRunner:
         row = max(1, x[:1].nbytes) * ROW_FACTOR
         return max(1, self.settings.memory_budget // row)
 
-    def run(self, rows: np.ndarray, targets: np.ndarray) -> dict:
-        feeds = {**self.feeds(rows), TARGET_INPUT: targets, ONE_HOT_INPUT: np.array(True)}
+    def run(self, rows: np.ndarray, targets: np.ndarray, start: int = 0) -> dict:
+        feeds = {**self.feeds(rows, start), TARGET_INPUT: targets, ONE_HOT_INPUT: np.array(True)}
         return self.runner.run_bound(feeds)
 
     def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """The gradient of each row's target entry w.r.t. the row, in chunks of :meth:`rows_per_run` rows."""
         step = self.rows_per_run(rows)
-        parts = [self._gradient(self.run(rows[i:i + step], targets[i:i + step])) for i in range(0, len(rows), step)]
+        parts = [self._gradient(self.run(rows[i:i + step], targets[i:i + step], i)) for i in range(0, len(rows), step)]
         g = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if not np.all(np.isfinite(g)):
             raise InputError("the gradient is not finite at some of the inputs (an overflow in the model's forward "

@@ -205,3 +205,41 @@ def test_grad_cam_numpy_oracle_and_folded_layer_refused():
     with pytest.raises(InputError) as exc:
         Attributor(model, "grad-cam", layer="ident")
     assert "'ident' is not in the model as the methods load it" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _masked_model():
+    """y = tanh((x * mask) W): a float input x (N x 4) and an integer mask (N x 4), as an embeddings + attention
+    mask export."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(4).normal(size=(4, 3)).astype(np.float32)
+    nodes = [helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Mul", ["x", "m"], ["xm"], name="masked"),
+             helper.make_node("MatMul", ["xm", "W"], ["z"], name="mm"),
+             helper.make_node("Tanh", ["z"], ["y"], name="tanh")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(w, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(), w
+
+
+def test_integer_inputs_held_as_given():
+    """An integer input beside the float one (a mask) is fed as given to every stacked row of its item and not
+    attributed (captum's additional_forward_args): the gradient is W[:, t] mask (1 - tanh(z)^2), numpy's; chunks
+    of 3 rows that cut through the items give the same Integrated Gradients."""
+    model, w = _masked_model()
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    mask = np.array([[1, 1, 0, 1], [1, 0, 0, 0], [0, 1, 1, 1]])
+    t = np.array([0, 2, 1])
+    z = (x * mask).astype(np.float64) @ w
+    ref = w[:, t].T * mask * (1 - np.tanh(z[np.arange(3), t]) ** 2)[:, None]
+    got = attribute(model, {"x": x, "mask": mask}, "gradient", target=t)
+    assert sorted(got) == ["x"]
+    np.testing.assert_allclose(got["x"], ref, rtol=1e-5, atol=1e-7)
+    one = attribute(model, (x, mask), "integrated-gradients", target=t, n_steps=16)[0]
+    chunked = attribute(model, (x, mask), "integrated-gradients", target=t, n_steps=16, internal_batch_size=5)[0]
+    np.testing.assert_allclose(chunked, one, rtol=1e-6, atol=1e-8)
+    assert np.all(one[mask == 0] == 0)
+    zt = z[np.arange(3), t]
+    np.testing.assert_allclose(one.sum(1), np.tanh(zt), rtol=2e-3, atol=1e-5)  # completeness from baseline 0
