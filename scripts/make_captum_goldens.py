@@ -270,8 +270,8 @@ def main_models() -> None:
 
 def main_two_inputs() -> None:
     """two_inputs.onnx (tests/captum_nets.TwoInputs) and two_inputs.npz: captum's Saliency, IntegratedGradients
-    (a baseline per input: an array and a number), NoiseTunnel and GradientShap on both inputs at once, with the
-    noise and draws stored per input (``<case>/<option>/<input>``)."""
+    (a baseline per input: an array and a number), NoiseTunnel, GradientShap and Occlusion on both inputs at once,
+    with the noise and draws stored per input (``<case>/<option>/<input>``)."""
     from captum_nets import TwoInputs, export_inputs
 
     torch.manual_seed(70)
@@ -317,6 +317,9 @@ def main_two_inputs() -> None:
     index, alphas = drawn_rows.reshape(2, 3).T, np.random.uniform(0.0, 1.0, 6).reshape(2, 3).T
     store("gradient_shap", ref, baselines=background, baseline_indices=index, alphas=alphas,
           noise=tuple(n.reshape((2, 3) + n.shape[1:]).swapaxes(0, 1) for n in drawn))
+    # occlusion: a window, strides and baseline per input (test_methods_parity_models.py TWO_OCCLUSION)
+    store("occlusion", C.Occlusion(module).attribute(X, sliding_window_shapes=((2,), (1, 3)), strides=((1,), (1, 2)),
+                                                     baselines=(0.1, -0.2), target=T))
     np.savez_compressed(OUT / "two_inputs.npz", **{k: _small(np.asarray(a)) for k, a in arrays.items()})
     print(f"two inputs -> {OUT / 'two_inputs.npz'}")
 

@@ -140,10 +140,30 @@ class NoiseTunnelOptions:
                            int(self.nt_samples if self.noise is None else _rows(self.noise)))
 
 
+def _window(shapes, strides, given_shapes, given_strides) -> tuple:
+    """(window, strides) of one input as tuples of ints; ``given_*`` as the user wrote them (for the message)."""
+    if isinstance(shapes, numbers.Integral):
+        shapes = (shapes,)
+    if not shapes or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shapes):
+        raise InputError(f"sliding_window_shapes must be a tuple of ints >= 1 (one per input axis after the batch "
+                         f"axis; a tuple of such tuples for several inputs), not {given_shapes!r}")
+    strides = (strides,) * len(shapes) if isinstance(strides, numbers.Integral) else strides
+    try:
+        strides = tuple(_int("strides", s) for s in strides)
+    except TypeError:
+        raise InputError(f"strides must be an int or a tuple of ints, not {given_strides!r}") from None
+    if len(strides) != len(shapes):
+        raise InputError(f"strides has {len(strides)} entries, sliding_window_shapes {len(shapes)}: give one per "
+                         "axis (or one int)")
+    return tuple(int(s) for s in shapes), strides
+
+
 @dataclass(frozen=True, eq=False)
 class OcclusionOptions:
     """``occlusion`` (captum's Occlusion): windows of ``sliding_window_shapes`` (the input's shape without its batch
-    axis) moved by ``strides`` (an int or one per axis) and filled with ``baselines`` (a number or an array)."""
+    axis) moved by ``strides`` (an int or one per axis) and filled with ``baselines`` (a number or an array). A model
+    with several inputs: a tuple of windows (and of strides, baselines) with one per input, each input occluded
+    while the others stay as given, as captum."""
 
     sliding_window_shapes: tuple = ()
     strides: object = 1
@@ -151,22 +171,16 @@ class OcclusionOptions:
 
     def __post_init__(self):
         shapes = self.sliding_window_shapes
-        if isinstance(shapes, numbers.Integral):
-            shapes = (shapes,)
-        if not shapes or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1
-                                 for s in shapes):
-            raise InputError(f"sliding_window_shapes must be a tuple of ints >= 1 (one per input axis after the "
-                             f"batch axis), not {self.sliding_window_shapes!r}")
-        object.__setattr__(self, "sliding_window_shapes", tuple(int(s) for s in shapes))
-        strides = (self.strides,) * len(shapes) if isinstance(self.strides, numbers.Integral) else self.strides
-        try:
-            strides = tuple(_int("strides", s) for s in strides)
-        except TypeError:
-            raise InputError(f"strides must be an int or a tuple of ints, not {self.strides!r}") from None
-        if len(strides) != len(shapes):
-            raise InputError(f"strides has {len(strides)} entries, sliding_window_shapes {len(shapes)}: give one "
-                             "per axis (or one int)")
-        object.__setattr__(self, "strides", strides)
+        if isinstance(shapes, (tuple, list)) and shapes and all(isinstance(w, (tuple, list)) for w in shapes):
+            strides = self.strides if isinstance(self.strides, (tuple, list)) and len(self.strides) == len(shapes) \
+                and not isinstance(self.strides[0], numbers.Integral) else (self.strides,) * len(shapes)
+            pairs = [_window(w, st, self.sliding_window_shapes, self.strides) for w, st in zip(shapes, strides)]
+            object.__setattr__(self, "sliding_window_shapes", tuple(w for w, _ in pairs))  # one per input
+            object.__setattr__(self, "strides", tuple(st for _, st in pairs))
+        else:
+            shapes, strides = _window(shapes, self.strides, shapes, self.strides)
+            object.__setattr__(self, "sliding_window_shapes", shapes)
+            object.__setattr__(self, "strides", strides)
         object.__setattr__(self, "baselines", _array_or_scalar("baselines", self.baselines))
 
 
