@@ -1,24 +1,32 @@
 """Attribution methods beyond LRP on the same graph (issue 36): the gradient family (``gradient``,
-``gradient-x-input``, ``integrated-gradients``, ``smoothgrad`` / ``vargrad``) as the true-gradient relevance graph
-run at stacked inputs (:mod:`.gradients`), and ``occlusion`` as batched forwards of the original model
-(:mod:`.occlusion`). Options take captum's names; each method's options are one frozen dataclass (:mod:`.options`).
+``gradient-x-input``, ``integrated-gradients``, ``smoothgrad`` / ``vargrad``, ``expected-gradients`` /
+``gradient-shap`` (:mod:`.expected`), ``grad-cam`` at a named tensor (:mod:`.gradcam`)) as the true-gradient
+relevance graph run at stacked inputs (:mod:`.gradients`), and ``occlusion`` and ``rise`` (:mod:`.rise`) as batched
+forwards of the original model (:mod:`.occlusion`). Options take captum's names; each method's options are one
+frozen dataclass (:mod:`.options`).
 
     attribute(model, x, method="integrated-gradients", target=3, n_steps=32, baselines=0.0)
 
-returns an array of ``x``'s shape."""
+returns an array of ``x``'s shape (``grad-cam`` and ``rise`` with masks over the spatial axes: N x 1 x those axes,
+as captum's LayerGradCam); for a model with several float inputs the gradient methods take and give a tuple (or a
+dict by input name), as captum."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..core.errors import InputError
 from ..run import launch
-from . import gradients, noise, occlusion
-from .options import (OPTIONS, GradientOptions, InputXGradientOptions, IntegratedGradientsOptions,
-                      NoiseTunnelOptions, OcclusionOptions, RunSettings, make_options)
+from . import expected, gradcam, gradients, noise, occlusion, rise
+from .options import (OPTIONS, ExpectedGradientsOptions, GradCamOptions, GradientOptions, InputXGradientOptions,
+                      IntegratedGradientsOptions, NoiseTunnelOptions, OcclusionOptions, RiseOptions, RunSettings,
+                      make_options)
 
 METHODS = tuple(OPTIONS)
 GRADIENT_METHODS = {"gradient": gradients.gradient, "gradient-x-input": gradients.gradient_x_input,
-                    "integrated-gradients": gradients.integrated_gradients}
+                    "integrated-gradients": gradients.integrated_gradients,
+                    "expected-gradients": expected.expected_gradients, "gradient-shap": expected.expected_gradients}
+RUNNER_METHODS = {**GRADIENT_METHODS, "grad-cam": gradcam.grad_cam}  # run on self.engine, a GradientRunner
+FORWARD_METHODS = {"occlusion": occlusion.occlusion, "rise": rise.rise}
 _SETTINGS = tuple(RunSettings.__dataclass_fields__)
 
 
@@ -33,8 +41,10 @@ class Attributor:
         self.settings = RunSettings(**{k: options.pop(k) for k in _SETTINGS if k in options})
         self.options = make_options(method, options)
         self.base = None
-        if method == "occlusion":
+        if method in FORWARD_METHODS:
             self.engine = occlusion.Forward(model, self.settings)
+        elif method == "grad-cam":
+            self.engine = gradcam.LayerRunner(model, self.settings, self.options.layer)
         elif method in GRADIENT_METHODS:
             self.engine = gradients.GradientRunner(model, self.settings)
         else:
@@ -58,17 +68,22 @@ class Attributor:
     def attribute(self, x, target=None) -> np.ndarray:
         """The attribution of ``target`` (an int, one per item, or None: the arg-max at ``x``) for ``x``, in x's
         shape."""
-        if self.method == "occlusion":
+        if self.method in FORWARD_METHODS:
             return self._occlusion(x, target)
         runner = self.engine if self.base is None else None
         if runner is None:
             xb, bare = self._noise_input(x)
             t = self._noise_targets(xb, target)
-            out = noise.smooth(lambda rows, tt: self.base(self.engine, rows, tt), xb, t, self.options)
+            gradient_base = isinstance(self.engine, gradients.GradientRunner)
+            options = self.engine.packed_options(self.method, self.options, xb) if gradient_base else self.options
+            out = noise.smooth(lambda rows, tt: self.base(self.engine, rows, tt), xb, t, options)
+            if gradient_base:
+                return self.engine.result(out, x, bare)
         else:
             xb, bare = runner.batch(x)
             t = runner.targets(xb, target)
-            out = GRADIENT_METHODS[self.method](runner, xb, t, self.options)
+            out = RUNNER_METHODS[self.method](runner, xb, t, runner.packed_options(self.method, self.options, xb))
+            return runner.result(out, x, bare)
         return out[0] if bare else out
 
     def _noise_input(self, x):
@@ -92,17 +107,25 @@ class Attributor:
         a, bare = self.engine.prepared(x)
         if target is not None and np.any(np.asarray(target) < 0):
             raise InputError(f"target must be >= 0, not {target!r}")
-        out = occlusion.occlusion(self.engine, a, target, self.options)
+        if self.method == "rise" and (isinstance(a, dict) or a.dtype.kind != "f"):
+            raise InputError(f"rise multiplies the input by masks: it takes a model with one float input, not "
+                             f"{', '.join(self.engine.names)} (token ids: use occlusion with a baseline token, or LRP)")
+        out = FORWARD_METHODS[self.method](self.engine, a, target, self.options)
+        if isinstance(out, dict):
+            return occlusion.in_form({k: v[0] if bare else v for k, v in out.items()}, x, self.engine.names)
         return out[0] if bare else out
 
 
 def attribute(model, x, method: str = "integrated-gradients", target=None, **options) -> np.ndarray:
     """The attribution of ``target`` for ``x`` by ``method`` (one of :data:`METHODS`) with its options (captum's
     names: ``n_steps``, ``baselines``, ``integration``, ``nt_type``, ``nt_samples``, ``stdevs``, ``noise``, ``seed``,
-    ``base``, ``sliding_window_shapes``, ``strides``, ``abs``) and the run settings (``output``, ``device``,
-    ``threads``, ``internal_batch_size``, ``memory_budget``): an array of ``x``'s shape."""
+    ``base``, ``sliding_window_shapes``, ``strides``, ``abs``, ``n_samples``, ``layer``, ``relu_attributions``;
+    and ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``, ``cells``, ``masks``)
+    and the run settings (``output``, ``device``, ``threads``, ``internal_batch_size``, ``memory_budget``): an array
+    of ``x``'s shape."""
     return Attributor(model, method, **options).attribute(x, target)
 
 
 __all__ = ["attribute", "Attributor", "METHODS", "GradientOptions", "InputXGradientOptions",
-           "IntegratedGradientsOptions", "NoiseTunnelOptions", "OcclusionOptions", "RunSettings"]
+           "IntegratedGradientsOptions", "NoiseTunnelOptions", "OcclusionOptions", "ExpectedGradientsOptions",
+           "GradCamOptions", "RiseOptions", "RunSettings"]

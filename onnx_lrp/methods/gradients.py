@@ -4,12 +4,15 @@ relevance, the true gradient of the explained entry w.r.t. the input — no divi
 at 0 are no special case. Every gradient-family method is that graph run at other inputs: the integration points or
 the noisy samples stacked along the batch axis, as many rows per onnxruntime run as the memory budget allows.
 
-Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`). Ops
-whose ``gradient`` rule is not their true gradient, or that have none (LayerNorm and the other normalisations with
-their scale held, recurrent ops, quotients of activations), and ops on the path that pass no gradient (ArgMax,
-casts to integers, ...), are refused before anything runs, naming the node."""
+Products of two activations (attention, gated MLPs) and gates take the product rule (:class:`TrueGradient`);
+LayerNormalization and functions of one tensor written out (GELU, SiLU) their true gradients (:mod:`.normgrad`), and
+forward LSTMs theirs through time (:mod:`.lstmgrad`). Ops whose ``gradient`` rule is not their true gradient, or that
+have none (the other normalisations with their scale held, GRU, RNN, other LSTMs, quotients of activations), and
+ops on the path that pass no gradient (ArgMax, casts to integers, ...), are refused before anything runs, naming the
+node."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
@@ -25,7 +28,10 @@ from ..rules.elementwise import Gradient
 from ..rules.composite import Composite, Entry
 from ..run import launch
 from .integration import alphas_and_steps
+from .lstmgrad import TrueLSTMGradient  # the LSTM op's true gradient
+from .normgrad import NORM_OPS, FunctionGradient, TrueNormGradient  # LayerNorm's, GELU's true gradients
 from .options import RunSettings
+from .packing import Packing
 
 ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in units of the input row's bytes (rough)
 
@@ -96,7 +102,7 @@ def _gate_gradient(rule, em, layer, r_outs):
 
 
 @dataclass(frozen=True)
-class TrueGradient(Gradient):
+class TrueGradient(FunctionGradient, Gradient):
     """The ``gradient`` rule with the product rule on products of two activations and on gates (the registered
     ``gradient`` rule refuses them: LRP shares their relevance instead)."""
 
@@ -107,8 +113,11 @@ class TrueGradient(Gradient):
 
 def gradient_composite() -> Composite:
     """The composite of the true gradient: the ``gradient`` rule (each op's own vector-Jacobian product) on every
-    node; normalisations with a held scale refused (:class:`HeldScale`)."""
-    return Composite("true-gradient", (Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
+    node; LayerNormalization's true gradient (:mod:`.normgrad`), other normalisations with a held scale refused
+    (:class:`HeldScale`)."""
+    return Composite("true-gradient", (Entry({"op_type": NORM_OPS}, TrueNormGradient()),
+                                       Entry({"op_type": ["LSTM"]}, TrueLSTMGradient()),
+                                       Entry({"kind": ["layernorm", "normalization"]}, HeldScale()),
                                        Entry({}, TrueGradient())),
                      "the gradient of the explained entry: every op's own vector-Jacobian product", "<methods>")
 
@@ -116,7 +125,7 @@ def gradient_composite() -> Composite:
 class GradientRunner:
     """The true-gradient relevance model of ``model``, built once: :meth:`gradients` runs it on stacked rows."""
 
-    def __init__(self, model, settings: RunSettings = RunSettings()):
+    def __init__(self, model, settings: RunSettings = RunSettings(), relevance_at: tuple = ()):
         self.settings = settings
         stops = non_differentiable(model, settings.output)
         if stops:
@@ -125,26 +134,78 @@ class GradientRunner:
         try:
             self.runner = launch.runner(model, launch.ExplainOptions.from_keywords(
                 gradient_composite(), settings.device, output=settings.output, explain_logits=False,
-                start="one-hot", threads=settings.threads))
+                start="one-hot", threads=settings.threads, relevance_at=relevance_at))
         except UnsupportedError as exc:
             raise UnsupportedError(exc.nodes, "The gradient methods need every op's own gradient: use occlusion "
                                    "(forwards only) or LRP.") from None
-        if len(self.runner.inputs) != 1 or len(self.runner.relevance_inputs) != 1:
-            raise InputError(f"the gradient methods take a model with one float input for now; this one has "
-                             f"{len(self.runner.inputs)} inputs ({', '.join(i.name for i in self.runner.inputs)})")
-        self.spec = self.runner.inputs[0]
-        if self.spec.dtype.kind != "f" or self.runner.relevance_inputs[0] != self.spec.name:
-            raise InputError(f"input {self.spec.name!r} is {np.dtype(self.spec.dtype).name}, not float: gradient "
-                             "methods need a float input (token ids: no baseline in their space yet; use LRP)")
+        floats = [s for s in self.runner.inputs if s.dtype.kind == "f" and s.name in self.runner.relevance_inputs]
+        held = [s for s in self.runner.inputs if s not in floats]
+        if not floats or any(s.dtype.kind == "f" for s in held):
+            spec = held[0]
+            raise InputError(f"input {spec.name!r} is {np.dtype(spec.dtype).name}, not float: gradient methods "
+                             "need float inputs (token ids: attribute at the embeddings' output; or use LRP)")
+        self.spec = floats[0]
+        self.packing = Packing(floats) if len(floats) > 1 else None
+        self.held_names = [s.name for s in held]  # integer inputs (masks, positions): fed as given, not attributed
+        self.held: dict = {}
         self.sequence = self.runner.relevance_model.sequence_rows is not None or self.runner.relevance_model.whole
         if self.sequence:
             raise InputError(f"the gradient methods explain one entry per item; output "
                              f"{self.runner.explained_output!r} is a sequence or has no batch axis (use LRP)")
 
     def batch(self, x) -> tuple[np.ndarray, bool]:
-        """``x`` checked and cast, with its batch axis; and whether it came without one."""
-        a = self.runner.checked_feeds(x)[self.spec.name]
-        return a, a.ndim != np.ndim(x)
+        """``x`` checked and cast, with its batch axis (several inputs: packed, :mod:`.packing`); and whether it
+        came without one."""
+        if self.packing is None and not self.held_names:
+            a = self.runner.checked_feeds(x)[self.spec.name]
+            return a, a.ndim != np.ndim(x)
+        names = [s.name for s in self.runner.inputs]
+        if isinstance(x, (tuple, list)) and len(x) == len(names):
+            x = dict(zip(names, x))
+        if not isinstance(x, dict):
+            raise InputError(f"the model has {len(names)} inputs ({', '.join(names)}): give a tuple of arrays in that "
+                             "order or a dict by input name")
+        feeds = self.runner.checked_feeds(x)
+        self.held = {k: feeds[k] for k in self.held_names}
+        bare = feeds[self.spec.name].ndim != np.ndim(x[self.spec.name])
+        if self.packing is None:
+            return feeds[self.spec.name], bare
+        return self.packing.pack({k: feeds[k] for k in self.packing.names}), bare
+
+    def packed_options(self, method: str, options, x: np.ndarray):
+        """``options`` with the values given per input packed as ``x`` (one input: a 1-tuple is its value)."""
+        if self.packing is not None:
+            return self.packing.options(method, options, x)
+        changes = {}
+        for f in ("baselines", "noise"):
+            v = getattr(options, f, None)
+            if isinstance(v, (tuple, dict)):
+                if len(v) != 1:
+                    raise InputError(f"{f} is given for {len(v)} inputs; the model has one ({self.spec.name!r})")
+                changes[f] = v[0] if isinstance(v, tuple) else next(iter(v.values()))
+        return dataclasses.replace(options, **changes) if changes else options
+
+    def result(self, out: np.ndarray, x, bare: bool):
+        """The attribution in the form ``x`` came in (several inputs: a tuple or a dict, as given)."""
+        if self.packing is not None:
+            return self.packing.result(out, x, bare)
+        out = out[0] if bare else out
+        if not self.held_names:
+            return out
+        return {self.spec.name: out} if isinstance(x, dict) else (out,)
+
+    def feeds(self, rows: np.ndarray, start: int = 0) -> dict:
+        """The model's feeds for stacked (packed) rows ``start``, ``start + 1``, ...: row r is a copy of item
+        r mod N (the methods stack their samples item by item), whose integer inputs it takes."""
+        if self.packing is None:
+            feeds = {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype)}
+        else:
+            arrays = self.packing.unpack(rows)
+            feeds = {s.name: np.ascontiguousarray(arrays[s.name], s.dtype) for s in self.runner.inputs
+                     if s.name in arrays}
+        for k, a in self.held.items():
+            feeds[k] = a[np.arange(start, start + len(rows)) % len(a)]
+        return feeds
 
     def targets(self, x: np.ndarray, target) -> np.ndarray:
         """One target per item of ``x``; None: the arg-max of the output at ``x`` (one run)."""
@@ -161,21 +222,25 @@ class GradientRunner:
         row = max(1, x[:1].nbytes) * ROW_FACTOR
         return max(1, self.settings.memory_budget // row)
 
-    def run(self, rows: np.ndarray, targets: np.ndarray) -> dict:
-        feeds = {self.spec.name: np.ascontiguousarray(rows, self.spec.dtype), TARGET_INPUT: targets,
-                 ONE_HOT_INPUT: np.array(True)}
+    def run(self, rows: np.ndarray, targets: np.ndarray, start: int = 0) -> dict:
+        feeds = {**self.feeds(rows, start), TARGET_INPUT: targets, ONE_HOT_INPUT: np.array(True)}
         return self.runner.run_bound(feeds)
 
     def gradients(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """The gradient of each row's target entry w.r.t. the row, in chunks of :meth:`rows_per_run` rows."""
         step = self.rows_per_run(rows)
-        name = RELEVANCE_PREFIX + self.spec.name
-        parts = [self.run(rows[i:i + step], targets[i:i + step])[name] for i in range(0, len(rows), step)]
+        parts = [self._gradient(self.run(rows[i:i + step], targets[i:i + step], i)) for i in range(0, len(rows), step)]
         g = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if not np.all(np.isfinite(g)):
             raise InputError("the gradient is not finite at some of the inputs (an overflow in the model's forward "
                              "or at a point of the path); check the input's scale")
         return g
+
+
+    def _gradient(self, out: dict) -> np.ndarray:
+        if self.packing is None:
+            return out[RELEVANCE_PREFIX + self.spec.name]
+        return self.packing.pack({n: out[RELEVANCE_PREFIX + n] for n in self.packing.names})
 
 
 def gradient(gr: GradientRunner, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:

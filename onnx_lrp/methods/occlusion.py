@@ -35,76 +35,129 @@ def windows(shape: tuple, window: tuple, strides: tuple) -> list:
 
 
 class Forward:
-    """The original model in a plain onnxruntime session: its explained output's rows for stacked inputs."""
+    """The original model in a plain onnxruntime session: its explained output's rows for stacked inputs (an array
+    for a model with one input; a dict of arrays by input name for several)."""
 
     def __init__(self, model, settings):
         source = carried_model(model)
         if source is None:
             raise InputError("occlusion runs the model as a file or bytes; save it (onnx.save) and give the path")
         self.session = runtime.Session(source, settings.device, settings.threads, deployed=True)
-        if len(self.session.input_names) != 1:
-            raise InputError(f"occlusion takes a model with one input for now; this one has "
-                             f"{len(self.session.input_names)} ({', '.join(self.session.input_names)})")
-        self.input = self.session.input_names[0]
+        self.names = list(self.session.input_names)
+        self.input = self.names[0]
         self.output = settings.output or self.session.output_names[0]
         if self.output not in self.session.output_names:
             raise InputError(f"output {self.output!r} is not an output of the model "
                              f"({', '.join(self.session.output_names)})")
         self.settings = settings
 
-    def prepared(self, x) -> tuple[np.ndarray, bool]:
-        """``x`` as the model takes it (its element type, with the batch axis) and whether it came without one."""
+    def prepared(self, x):
+        """``x`` as the model takes it (its element type, with the batch axis) and whether it came without one;
+        several inputs: a dict by input name, from a tuple in the model's order or a dict."""
+        if len(self.names) == 1:
+            return self._one(self.session.inputs()[0], x)
+        if isinstance(x, (tuple, list)) and len(x) == len(self.names):
+            x = dict(zip(self.names, x))
+        if not isinstance(x, dict) or sorted(x) != sorted(self.names):
+            raise InputError(f"the model has {len(self.names)} inputs ({', '.join(self.names)}): give a tuple of "
+                             "arrays in that order or a dict by input name")
+        specs = {s.name: s for s in self.session.inputs()}
+        out = {k: self._one(specs[k], x[k]) for k in self.names}
+        return {k: a for k, (a, _) in out.items()}, out[self.input][1]
+
+    def _one(self, spec, x) -> tuple[np.ndarray, bool]:
         a = np.asarray(x)
-        spec = self.session.inputs()[0]
-        want = self.session.input_types.get(self.input)
+        want = self.session.input_types.get(spec.name)
         kind = None if want is None else np.dtype(want).kind
         if a.dtype.kind not in "fiu" or kind is None or (kind in "iu" and a.dtype.kind == "f"):
-            raise InputError(f"input {self.input!r} wants {spec.type}, not an array of {a.dtype}")
+            raise InputError(f"input {spec.name!r} wants {spec.type}, not an array of {a.dtype}")
         bare = a.ndim == len(spec.shape) - 1
         return (a[None] if bare else a).astype(want, copy=False), bare
 
-    def rows_per_run(self, x: np.ndarray) -> int:
+    def feeds(self, x) -> dict:
+        return {self.input: x} if not isinstance(x, dict) else x
+
+    def rows_per_run(self, x) -> int:
         if self.session.inputs()[0].shape[:1] == [1]:
             return 1  # exported with a fixed batch of 1
         if self.settings.internal_batch_size is not None:
             return self.settings.internal_batch_size
-        return max(1, self.settings.memory_budget // (max(1, x[:1].nbytes) * ROW_FACTOR))
+        row = sum(max(1, a[:1].nbytes) for a in self.feeds(x).values())
+        return max(1, self.settings.memory_budget // (row * ROW_FACTOR))
 
-    def entries(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    def scores(self, x) -> np.ndarray:
+        """The explained output at ``x``, N x entries per item."""
+        feeds = self.feeds(x)
+        y = self.session.run({k: np.ascontiguousarray(a) for k, a in feeds.items()}, [self.output])[self.output]
+        return np.asarray(y, np.float64).reshape(len(feeds[self.input]), -1)
+
+    def entries(self, rows, targets: np.ndarray) -> np.ndarray:
         """The output entry ``targets[i]`` of row i (float64), one run."""
-        y = self.session.run({self.input: np.ascontiguousarray(rows)}, [self.output])[self.output]
-        y = np.asarray(y, np.float64).reshape(len(rows), -1)
+        y = self.scores(rows)
         if np.any(targets >= y.shape[1]):
             raise InputError(f"target {int(targets.max())} out of range: output {self.output!r} has {y.shape[1]} "
                              "entries per item")
         return y[np.arange(len(y)), targets]
 
 
-def occlusion(fwd: Forward, x: np.ndarray, targets, options) -> np.ndarray:
+def _per_input(value, names: list, several: bool) -> dict:
+    """An option given per input (a tuple in the model's order, or a dict) as a dict; else the one value for
+    every input."""
+    if isinstance(value, dict):
+        return {k: value.get(k, 0.0) for k in names}
+    if several or (isinstance(value, tuple) and len(value) == len(names)):
+        if not isinstance(value, tuple) or len(value) != len(names):
+            raise InputError(f"occlusion: give one window (and strides, baselines) per input ({', '.join(names)})")
+        return dict(zip(names, value))
+    return {k: value for k in names}
+
+
+def occlusion(fwd: Forward, x, targets, options):
     """captum's Occlusion: sum over windows of (f(x) - f(x occluded)) on the window, divided by the coverage; the
-    occluded copies made and run a chunk of windows at a time."""
-    spots = windows(x.shape[1:], options.sliding_window_shapes, options.strides)
-    base = np.broadcast_to(np.asarray(options.baselines, x.dtype), x.shape)
-    batch = x.shape[0]
+    occluded copies made and run a chunk of windows at a time. Several inputs (``x`` a dict): each input occluded in
+    turn, the others as given; a dict of attributions."""
+    feeds = fwd.feeds(x)
+    batch = len(feeds[fwd.input])
     if targets is None:
-        y = np.asarray(fwd.session.run({fwd.input: x}, [fwd.output])[fwd.output]).reshape(batch, -1)
-        targets = np.argmax(y, axis=1)
+        targets = np.argmax(fwd.scores(x), axis=1)
     targets = np.broadcast_to(np.asarray(targets, np.int64).reshape(-1), (batch,))
     whole = fwd.entries(x, targets)
+    if not isinstance(x, dict):
+        return _occlude(fwd, feeds, fwd.input, (options.sliding_window_shapes, options.strides, options.baselines),
+                        targets, whole)
+    several = isinstance(options.sliding_window_shapes[0], tuple)
+    shapes = _per_input(options.sliding_window_shapes, fwd.names, several)
+    strides = _per_input(options.strides, fwd.names, several)
+    bases = _per_input(options.baselines, fwd.names, False)
+    return {k: _occlude(fwd, feeds, k, (shapes[k], strides[k], bases[k]), targets, whole) for k in fwd.names}
+
+
+def _occlude(fwd: Forward, feeds: dict, name: str, window: tuple, targets, whole) -> np.ndarray:
+    """Occlusion of input ``name`` (window shape, strides, baseline), the other inputs as given."""
+    x = feeds[name]
+    spots = windows(x.shape[1:], window[0], window[1])
+    base = np.broadcast_to(np.asarray(window[2], x.dtype), x.shape)
+    batch = x.shape[0]
     total = np.zeros(x.shape, np.float64)
     cover = np.zeros(x.shape[1:], np.float64)
-    per_run = max(1, fwd.rows_per_run(x) // batch)
+    per_run = max(1, fwd.rows_per_run(feeds) // batch)
     for start in range(0, len(spots), per_run):
         chunk = spots[start:start + per_run]
-        rows = np.repeat(x[None], len(chunk), axis=0)
+        rows = {k: np.repeat(a[None], len(chunk), axis=0) for k, a in feeds.items()}
         for k, spot in enumerate(chunk):
-            rows[(k, slice(None)) + spot] = base[(slice(None),) + spot]
-        drops = whole[None] - fwd.entries(rows.reshape((-1,) + x.shape[1:]), np.tile(targets, len(chunk))
+            rows[name][(k, slice(None)) + spot] = base[(slice(None),) + spot]
+        rows = {k: a.reshape((-1,) + a.shape[2:]) for k, a in rows.items()}
+        drops = whole[None] - fwd.entries(rows if len(rows) > 1 else rows[name], np.tile(targets, len(chunk))
                                           ).reshape(len(chunk), batch)
         for k, spot in enumerate(chunk):
             total[(slice(None),) + spot] += drops[k].reshape((batch,) + (1,) * (x.ndim - 1))
             cover[spot] += 1
-    return (total / cover).astype(x.dtype)
+    return (total / cover).astype(x.dtype if x.dtype.kind == "f" else np.float32)
 
 
-__all__ = ["windows", "Forward", "occlusion"]
+def in_form(out: dict, given, names: list):
+    """Attributions by input name in the form the inputs came in: a dict, or a tuple in the model's order."""
+    return out if isinstance(given, dict) else tuple(out[k] for k in names)
+
+
+__all__ = ["windows", "Forward", "occlusion", "in_form"]

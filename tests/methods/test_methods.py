@@ -271,16 +271,15 @@ class Normed(nn.Module):
         return self.b(torch.relu(self.ln(self.a(x))))
 
 
-def test_layernorm_refused_not_held_scale_gradient():
-    """LayerNorm's rules hold its scale: that is not the true gradient, so the gradient methods refuse it (naming
-    the node) instead of returning a gradient 100 % off; occlusion (forwards only) still explains the model."""
+def test_layernorm_true_gradient_not_held_scale():
+    """LayerNorm's LRP rules hold its scale; the gradient methods take its true gradient (through the mean and the
+    std, onnx_lrp.methods.normgrad): Integrated Gradients as captum's; occlusion (forwards only) as captum's."""
     torch.manual_seed(0)
     x = np.random.default_rng(0).normal(size=(2, 6)).astype(np.float32)
     module = Normed().eval()
     onnx_bytes = _export(module, x)
-    with pytest.raises(UnsupportedError) as exc:
-        attribute(onnx_bytes, x, "integrated-gradients", target=0)
-    _one_line(exc, "LayerNormalization", "/ln/LayerNormalization", "occlusion")
+    ref = captum_attr.IntegratedGradients(module).attribute(torch.tensor(x), target=0, n_steps=8).detach().numpy()
+    assert _rel(attribute(onnx_bytes, x, "integrated-gradients", target=0, n_steps=8), ref) <= TOL
     ref = captum_attr.Occlusion(module).attribute(torch.tensor(x), sliding_window_shapes=(2,), target=0).numpy()
     got = attribute(onnx_bytes, x, "occlusion", target=0, sliding_window_shapes=(2,))
     np.testing.assert_allclose(got, ref, rtol=0, atol=np.abs(ref).max() * 4e-6)

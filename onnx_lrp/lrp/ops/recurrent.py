@@ -446,3 +446,7 @@ def _rnn(em, cell: Cell):
         [(h_prev, fl), (a, fl)]
     rh0, s_a = _scan(em, "bwd", [ryh], scans, bwd, 1, reverse=True)
     return s_a, w, rh0, None
+
+
+# the building blocks onnx_lrp.methods.lstmgrad (the LSTM's true gradient) emits its scans with
+scan, Spec, input_proj, optional_input, take, DEFAULT_ACTS = _scan, _Spec, _input_proj, _opt, _take, _DEFAULT_ACTS
