@@ -65,7 +65,7 @@ def _layer_session(model, layer: str, settings: RunSettings):
     graph.outputs.append(value)
     parts = load.serialize_parts(ir_model)
     return runtime.Session(parts.model_bytes, settings.device, settings.threads, deployed=True,
-                           data_folder=parts.folder, arrays=parts.arrays, prepack=parts.prepack)
+                           external=runtime.ExternalData(parts.folder, parts.arrays, parts.prepack))
 
 
 def resize_nearest(a: np.ndarray, axis: int, size: int) -> np.ndarray:
