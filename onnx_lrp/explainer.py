@@ -16,14 +16,28 @@ class Explainer(Runner):
     onnxruntime session (``explain``: :class:`onnx_lrp.run.runner.Runner`'s). ``relevance_model`` is what was built
     (:class:`onnx_lrp.core.relevance_model.RelevanceModel`), ``options`` how it runs."""
 
+    def __new__(cls, model=None, composite="auto", device=None, *, method: str = "lrp", **options):
+        """``method=`` one of :data:`onnx_lrp.methods.METHODS`: a :class:`onnx_lrp.methods.explain.MethodExplainer`
+        (its ``explain`` returns the method's attribution as the Explanation's ``relevance``); else LRP."""
+        from .methods.explain import MethodExplainer, is_method
+
+        if cls is Explainer and is_method(method):
+            if composite != "auto":
+                raise InputError(f"composite={composite!r} is LRP's; method {method!r} takes no composite (smoothgrad "
+                                 "and vargrad take base=COMPOSITE)")
+            return MethodExplainer(model, method, device, **options)
+        return super().__new__(cls)
+
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
-                 build: BuildOptions | None = None, run: RunOptions | None = None, **options):
+                 method: str = "lrp", build: BuildOptions | None = None, run: RunOptions | None = None, **options):
         """``options``: the fields of :class:`onnx_lrp.core.relevance_model.BuildOptions` (output, relevance_at,
         explain_logits, ledger, constants, input_shapes, precision) and of :class:`onnx_lrp.run.options.RunOptions`
         (threads, start, strict, precise, tf32, ...), the rest rule parameters of the composite (epsilon, gamma,
         low, high, ...); ``device``: "cpu" (default), "cuda" or "auto". ``build`` / ``run``: those objects made by
         the caller instead of their keywords. Every value is checked once, refused in one line
-        (:class:`onnx_lrp.run.launch.ExplainOptions`)."""
+        (:class:`onnx_lrp.run.launch.ExplainOptions`). ``method``: "lrp" (default), a composite's name (as
+        ``composite=``), or a method of :mod:`onnx_lrp.methods` (then :meth:`__new__` answers)."""
+        composite = _lrp_composite(method, composite)
         given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run, **options)
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
         super().__init__(relevance_model, given.run, session)
@@ -120,6 +134,18 @@ class Explainer(Runner):
         layer = _layer(layer)
         options = concepts.ConceptOptions(width=width, layers=layers, abs_norm=abs_norm)
         return concepts.concept_graph(self, x, target, layer, concept, options)
+
+
+def _lrp_composite(method, composite):
+    """The composite ``method=`` names ("lrp": ``composite`` as given)."""
+    if method is None or method == "lrp":
+        return composite
+    if not isinstance(method, str):
+        raise InputError(f"method must be a name (lrp, a composite or one of onnx_lrp.methods.METHODS), not "
+                         f"{type(method).__name__}")
+    if composite != "auto" and composite != method:
+        raise InputError(f"method={method!r} and composite={composite!r} name two rule sets; give one")
+    return method
 
 
 def _layer(layer) -> str:

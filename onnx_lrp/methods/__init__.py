@@ -62,7 +62,7 @@ class Attributor:
             return self._occlusion(x, target)
         runner = self.engine if self.base is None else None
         if runner is None:
-            xb, bare = self._noise_input(x)
+            xb, bare = self.noise_input(x)
             t = self._noise_targets(xb, target)
             out = noise.smooth(lambda rows, tt: self.base(self.engine, rows, tt), xb, t, self.options)
         else:
@@ -71,7 +71,8 @@ class Attributor:
             out = GRADIENT_METHODS[self.method](runner, xb, t, self.options)
         return out[0] if bare else out
 
-    def _noise_input(self, x):
+    def noise_input(self, x):
+        """``x`` as the noise tunnel's base takes it (with its batch axis) and whether it came without one."""
         if isinstance(self.engine, gradients.GradientRunner):
             return self.engine.batch(x)
         feeds = self.engine.checked_feeds(x)
