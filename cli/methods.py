@@ -131,4 +131,42 @@ def method_explainer(model, method: str, keywords: dict, *, output=None, device=
     return onnx_lrp.Explainer(model, device=resolve_device(device or "cpu"), method=method, **keywords, **extra)
 
 
-__all__ = ["METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer"]
+def snapshot_method(arrays: dict, method: str | None, keywords: dict) -> dict:
+    """A snapshot's arrays with the method and its options stored (meta "method"; array options as
+    ``method/<option>``), so that check recomputes the same attributions; unchanged for LRP."""
+    if method is None:
+        return arrays
+    import json
+
+    import numpy as np
+
+    meta = json.loads(str(arrays["meta"]))
+    plain = {k: v for k, v in keywords.items() if not isinstance(v, np.ndarray)}
+    plain = {k: list(v) if isinstance(v, tuple) else v for k, v in plain.items()}
+    stored = {f"method/{k}": v for k, v in keywords.items() if isinstance(v, np.ndarray)}
+    meta["method"] = {"name": method, "options": plain, "arrays": sorted(k.split("/", 1)[1] for k in stored)}
+    return {**arrays, **stored, "meta": np.array(json.dumps(meta))}
+
+
+def snapshot_keywords(baseline, meta: dict) -> tuple[str | None, dict]:
+    """(the method a snapshot was taken with, its options) from its metadata and arrays; (None, {}) for LRP."""
+    import numpy as np
+
+    entry = meta.get("method")
+    if entry is None:
+        return None, {}
+    from onnx_lrp.methods.explain import is_method
+
+    if not isinstance(entry, dict) or not is_method(entry.get("name")) or not isinstance(entry.get("options"), dict):
+        raise InputError(f"baseline {baseline}: its metadata's method is not one onnx-lrp knows ({entry!r}); "
+                         "recreate it with `onnx-lrp snapshot --method ...`")
+    keywords = {k: tuple(v) if isinstance(v, list) else v for k, v in entry["options"].items()}
+    with np.load(baseline, allow_pickle=False) as z:
+        for k in entry.get("arrays", []):
+            if f"method/{k}" not in z.files:
+                raise InputError(f"baseline {baseline} lacks method/{k}; recreate it with `onnx-lrp snapshot`")
+            keywords[k] = z[f"method/{k}"]
+    return entry["name"], keywords
+
+
+__all__ = ["snapshot_method", "snapshot_keywords", "METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer"]

@@ -5,11 +5,13 @@ outputs, the explained target and value, as LRP's Explanation holds them; it nam
 and the device as an LRP Explainer does, so that the command line runs either."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..core.errors import InputError
 from ..core.interface import RELEVANCE_PREFIX, TARGET_OUTPUT
-from ..core.relevance_model import InputSpec
+from ..core.relevance_model import InputSpec, carried_model
 from ..run.explanation import Explanation
 from ..run.runner import Runner
 from . import gradients
@@ -23,6 +25,16 @@ def is_method(method) -> bool:
     from . import METHODS
 
     return isinstance(method, str) and method in METHODS
+
+
+@dataclass(frozen=True)
+class ForwardModel:
+    """What a method run on the original model (occlusion, ...) says where an LRP explainer's relevance model is
+    asked for: the model as given (``model_bytes``: bytes or a path), no quantized output step, float32."""
+
+    model_bytes: object
+    output_step: float | None = None
+    model_precision: str = "float32"
 
 
 class MethodExplainer:
@@ -39,6 +51,7 @@ class MethodExplainer:
         engine = self.attributor.engine
         self._runner = engine.runner if isinstance(engine, gradients.GradientRunner) else \
             engine if isinstance(engine, Runner) else None
+        self._source = carried_model(model)
 
     # ------------------------------------------------------------------ what an Explainer names
     @property
@@ -48,6 +61,14 @@ class MethodExplainer:
     composite_reason = ""
     gap_warnings = False
     device_note = None
+
+    @property
+    def relevance_model(self):
+        """The relevance model the method runs (the true gradient's, or the noise tunnel's base), else the model
+        as given (:class:`ForwardModel`)."""
+        if self._runner is not None:
+            return self._runner.relevance_model
+        return ForwardModel(self._source)
 
     @property
     def device(self) -> str:

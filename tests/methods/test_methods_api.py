@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnx_lrp import Explainer, InputError, UnsupportedError
 from onnx_lrp.cli.main import main
 from onnx_lrp.methods import Attributor
-from util import GOLDENS, make_model, node, rel_l2, to_bytes
+from util import GOLDENS, f32_tol, make_model, node, rel_l2, to_bytes
 
 METHODS = GOLDENS / "methods"
 DATA = np.load(METHODS / "captum.npz")
@@ -160,3 +160,39 @@ def test_integrated_gradients_of_token_ids_refused(tmp_path):
     with pytest.raises(InputError) as exc:
         Explainer(str(path), method="integrated-gradients")
     assert "'ids'" in str(exc.value) and "int64" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_snapshot_and_check_pin_a_methods_attributions(ig, tmp_path):
+    """snapshot --method stores the method's attributions (== the API's) and its options; check recomputes them
+    (exit 0), and a changed attribution is relevance drift (exit 1)."""
+    ex, options = ig
+    np.save(tmp_path / "x.npy", X)
+    snap = tmp_path / "snap.npz"
+    result = CliRunner().invoke(main, ["snapshot", CNN, str(tmp_path / "x.npy"), "-o", str(snap), "--method",
+                                       "occlusion", "--sliding-window-shapes", "3,2,2", "--strides", "2"])
+    assert result.exit_code == 0, result.output
+    stored = dict(np.load(snap))
+    api = Explainer(CNN, method="occlusion", sliding_window_shapes=(3, 2, 2), strides=2).explain(X)
+    np.testing.assert_array_equal(stored["relevance/x"], api.relevance)
+    assert CliRunner().invoke(main, ["check", CNN, str(snap)]).exit_code == 0
+    stored["relevance/x"] = stored["relevance/x"] * np.float32(-1)
+    np.savez(tmp_path / "drifted.npz", **stored)
+    result = CliRunner().invoke(main, ["check", CNN, str(tmp_path / "drifted.npz")])
+    assert result.exit_code == 1 and "relevance" in result.stdout, result.output
+
+
+def test_dataset_engine_writes_the_methods_attributions(ig, tmp_path):
+    ex, options = ig
+    np.save(tmp_path / "x.npy", X)
+    out = tmp_path / "out"
+    args = ["explain", CNN, str(tmp_path / "x.npy"), "--out-dir", str(out), "--method", "integrated-gradients",
+            "--n-steps", "8"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    from onnx_lrp.dataset import read_shards
+
+    shards = read_shards(out)
+    api = Explainer(CNN, method="integrated-gradients", n_steps=8).explain(X)
+    np.testing.assert_allclose(shards["relevance"], api.relevance, rtol=1e-6, atol=f32_tol(api.relevance))
+    np.testing.assert_array_equal(shards["targets"], api.target)
+    result = CliRunner().invoke(main, args[:-1] + ["4"])  # other options: not a resume of this run
+    assert result.exit_code == 2 and "another composite" in result.stderr, result.stderr
