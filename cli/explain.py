@@ -373,7 +373,8 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, batch, m: Explanation, t
             it["position"] = int(pos_used[i])
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
-    summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
+    summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name,
+                   start=None if _method(ex) else o.start,
                    device=ex.device, **_numerics(ex),
                    explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
