@@ -35,9 +35,6 @@ class _Wrap:
         if rm.model_folder is not None or rm.model_arrays:
             raise InputError("rewrite --method writes models whose weights fit in one file (< 2 GB) for now; "
                              "use rewrite without --method (LRP) or the Python API's Attributor")
-        if gr.spec.dims and gr.spec.dims[0] == 1:
-            raise InputError(f"input {gr.spec.name!r} has a fixed batch of 1: the steps go along the batch axis; "
-                             "export the model with a dynamic batch axis")
         self.model = loader.deserialize(rm.model_bytes)
         self.graph = g = self.model.graph
         self.name = gr.spec.name
@@ -102,6 +99,9 @@ def _baseline(w: _Wrap, baselines, baseline_input: bool) -> tuple[ir.Value, list
 def integrated_gradients_model(gr: GradientRunner, options, baseline_input: bool = False) -> bytes:
     """The ONNX model of the prediction and captum's IntegratedGradients (``options``:
     :class:`onnx_lrp.methods.options.IntegratedGradientsOptions`) in one run; see the module."""
+    if gr.spec.dims and gr.spec.dims[0] == 1:
+        raise InputError(f"input {gr.spec.name!r} has a fixed batch of 1: the steps go along the batch axis; "
+                         "export the model with a dynamic batch axis")
     w = _Wrap(gr)
     em = w.em
     alphas, steps = alphas_and_steps(options.integration, options.n_steps)
