@@ -9,16 +9,20 @@ import click
 
 from onnx_lrp.core.errors import OutputError
 
-from .helpfmt import Command
+from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
-from .options import BINDING_ROWS, RULE_ROWS, common, explainer_setup
+from .methods import METHOD_KEYS, method_keywords, method_options
+from .options import BINDING_ROWS, RULE_ROWS, common, explainer_setup, rule_params
 from .signature import signature, signature_lines, suggestion
 
 
 @click.command("rewrite", cls=Command, sections=[
-    ("Options", ["out", "output_name", "relevance_at", "computed_weights", *RULE_ROWS, *BINDING_ROWS])],
+    ("Options", ["out", "output_name", "relevance_at", "computed_weights", *RULE_ROWS, *BINDING_ROWS]),
+    ("Method", [Row(METHOD_KEYS, "Gradient methods in the graph instead of LRP (docs/methods.md)."),
+                Row(("baseline_input",), "integrated-gradients: the baseline is an input, lrp/baselines.")])],
     examples=["onnx-lrp rewrite models/digits_cnn.onnx -o digits.lrp.onnx",
-              "onnx-lrp rewrite resnet18.onnx -o resnet18.lrp.onnx --computed-weights"])
+              "onnx-lrp rewrite resnet18.onnx -o resnet18.ig.onnx \\",
+              "    --method integrated-gradients --n-steps 32"])
 @click.argument("model", metavar="MODEL")
 @click.option("-o", "--out", "out", default=None, metavar="OUT.onnx",
               help="Where to write it (default: ./MODEL.lrp.onnx).")
@@ -29,7 +33,10 @@ from .signature import signature, signature_lines, suggestion
               help="Also this tensor's relevance (repeatable).")
 @click.option("--computed-weights", is_flag=True,
               help="No weight copies: about the model's size.")
-def rewrite(model, out, computed_weights, **options):
+@method_options
+@click.option("--baseline-input", "baseline_input", is_flag=True,
+              help="integrated-gradients: the baseline as the input lrp/baselines.")
+def rewrite(model, out, computed_weights, baseline_input, **options):
     """Write MODEL's relevance model: one ONNX file that runs in stock onnxruntime, without onnx-lrp.
 
     It has the model's inputs and outputs, plus outputs lrp/relevance/<input>, lrp/target_used and
@@ -47,6 +54,10 @@ def rewrite(model, out, computed_weights, **options):
     # MODEL.lrp.onnx.data too (written with a large model): never over the model's own data files
     guard([], [("-o", out_path), ("-o's data file", out_path.with_name(out_path.name + ".data"))],
           models=[("the model", model)])
+    method, keywords = method_keywords(options)
+    if method is not None or baseline_input:
+        return _rewrite_method(model, out_path, method, keywords, {**options, "computed_weights": computed_weights},
+                               baseline_input)
     setup = explainer_setup(model, options)
     ex = onnx_lrp.Explainer(model, composite=setup.composite, build=setup.build, run=setup.run)
     parts = ex.model_parts(computed_weights)
@@ -69,6 +80,31 @@ def rewrite(model, out, computed_weights, **options):
     seq = ", lrp/position (int64 [N], -1 = the last)" if ex.relevance_model.sequence_rows is not None else ""
     click.echo(f"  inputs to feed besides the model's: lrp/target (int64 [N], -1 = argmax), lrp/one_hot (bool scalar, "
                f"false = start from the logit){seq}")
+
+
+def _rewrite_method(model, out_path: Path, method, keywords: dict, options: dict, baseline_input: bool) -> None:
+    """rewrite --method: one ONNX model of the prediction and a gradient method's attribution
+    (onnx_lrp.methods.ingraph)."""
+    from onnx_lrp.core.errors import InputError
+    from onnx_lrp.methods.ingraph import BASELINES_INPUT, method_model
+
+    if method is None:
+        raise InputError("--baseline-input is for --method integrated-gradients")
+    lrp_only = [flag for flag, given in (("--relevance-at", options.get("relevance_at")),
+                                         ("--composite", options.get("composite", "auto") != "auto"),
+                                         ("--computed-weights", options.get("computed_weights")),
+                                         ("a rule parameter", rule_params(options))) if given]
+    if lrp_only:
+        raise InputError(f"{lrp_only[0]} is LRP's; rewrite --method {method} writes the method's graph")
+    data = method_model(model, method, baseline_input, output=options.get("output_name"), **keywords)
+    with AtomicOutputs() as w:
+        w.write_bytes(out_path, data)
+    click.echo(f"wrote {out_path} ({len(data) / 1024:.1f} KiB): method {method}" +
+               (f", {keywords['n_steps']} steps" if "n_steps" in keywords else ""))
+    feeds = "lrp/target (int64 [N], -1 = argmax)" + (f", {BASELINES_INPUT} (the input's shape)" if baseline_input
+                                                     else "")
+    click.echo(f"  outputs: the model's, lrp/relevance/<input> (the attribution), lrp/target_used; inputs to feed "
+               f"besides the model's: {feeds}")
 
 
 def model_bytes_on_disk(model) -> int:

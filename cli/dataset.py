@@ -12,6 +12,7 @@ from onnx_lrp.core.errors import InputError
 from onnx_lrp.io.inputs import stored_dtypes
 from onnx_lrp.io.kinds import ARRAY_KINDS, KINDS, Kind, is_kind, kind_of
 
+from .methods import method_explainer, method_keywords, with_lrp_method
 from .options import explainer_setup, preprocess
 
 
@@ -97,12 +98,13 @@ def run_dataset(model, source, ds: dict, options: dict, targets, refused: dict) 
     pre = preprocess(options)
     check_source_preprocessing(source, pre)
     # images among the sources: ZBox bounds from the pixel range after --mean/--std (no note in dataset mode)
+    options = with_lrp_method(options)
     setup = explainer_setup(model, options, pre=pre, data_kind=lambda: "image" if has_images(source) else "array")
     summary = onnx_lrp.explain_dataset(
         model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=options["batch_size"],
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets,
         ray_address=ds["ray_address"], overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean,
-        std=pre.std, crop=pre.crop, column=ds["column"], **setup.keywords())
+        std=pre.std, crop=pre.crop, column=ds["column"], **_explaining(model, options, setup))
     as_json = options["as_json"]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -114,6 +116,18 @@ def run_dataset(model, source, ds: dict, options: dict, targets, refused: dict) 
         if summary["failed"]:
             click.echo(f"{summary['failed']} item(s) failed: see {summary['errors']}")
     return 1 if summary["failed"] else 0
+
+
+def _explaining(model, options: dict, setup) -> dict:
+    """explain_dataset's keywords of how to explain: LRP's (the setup's), or --method's (cli/methods.py): its
+    explainer, and the method and options the manifest records."""
+    method, keywords = method_keywords(options)
+    if method is None:
+        return setup.keywords()
+    if (options.get("engine") or "local") != "local":
+        raise InputError(f"--method {method} runs on the local engine (--engine local)")
+    ex = method_explainer(model, method, keywords, output=options.get("output_name"), device=options.get("device"))
+    return dict(explainer=ex, method=method, **keywords)
 
 
 __all__ = ["check_source_preprocessing", "dataset_options", "dataset_mode", "has_images", "run_dataset"]

@@ -124,7 +124,7 @@ def plot(ev):
                 Row(("runs", "subset_size"), "faithfulness-correlation: subsets, size.", left="--runs N, --subset-size N"),
                 "mask", "layout"]),
     ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS]),
-    ("Output", ["as_json", "plot_path", "device"])],
+    ("Output", ["methods", "as_json", "plot_path", "device"])],
     examples=["onnx-lrp evaluate models/digits_cnn.onnx models/samples/batch.npy --patch 2 \\",
               "    --steps 40 --plot curves.png",
               "onnx-lrp evaluate model.onnx x.npy -m randomisation --plot layers.png"])
@@ -158,6 +158,8 @@ def plot(ev):
               help="Draw the curves or the per-layer similarity.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", metavar="cpu|cuda|auto",
               help="onnxruntime device (default cpu).")
+@click.option("--methods", default=None, metavar="A,B,..",
+              help="Side by side: lrp, composites, methods (docs/methods.md).")
 def evaluate(model, input_path, **options):
     """Is the explanation faithful? Score MODEL's LRP explanations of INPUT with a Quantus 0.6 metric.
 
@@ -193,6 +195,8 @@ def evaluate(model, input_path, **options):
     x = next(iter(batch.arrays.values()))
     targets = parse_target(o["target"])
     m = _mask(o["mask"], len(x), x.shape) if o["mask"] is not None else None
+    if o["methods"] is not None:
+        return _side_by_side(model, batch, ex, setup, {**o, "targets": targets, "orders": orders}, m)
     metric = {k: o[k] for k in ("metric", "patch", "steps", "baseline", "prob", "seed", "runs", "subset_size")}
     ev = onnx_lrp.evaluate(model, batch.arrays, target=targets, orders=orders, mask=m, device=setup.run.device,
                            explainer=ex, composite=comp, **metric,
@@ -211,6 +215,23 @@ def evaluate(model, input_path, **options):
             click.echo(f"wrote {plot_path}")
     if ev.summary().get("beats_random") is False:
         raise SystemExit(1)
+
+
+def _side_by_side(model, batch, ex, setup, o: dict, mask) -> None:
+    """--methods: every method explained and scored on the metric, one table, one picture (cli/compare.py);
+    exit 0 whichever beats its floor (a comparison, not a check)."""
+    from . import compare
+
+    names = compare.method_list(o["methods"])
+    o["channels_last"] = {"auto": None, "channels-first": False, "channels-last": True}[o["layout"]]
+    columns = compare.compare(model, batch.arrays, names, setup, o, mask, lrp=ex if "lrp" in names else None)
+    x = next(iter(batch.arrays.values()))
+
+    def write(image):
+        with AtomicOutputs() as w:
+            w.save_png(Path(o["plot_path"]), image)
+
+    compare.report(columns, x, list(batch.names), o["plot_path"], o["as_json"], write)
 
 
 __all__ = ["evaluate", "summary_lines", "plot"]

@@ -23,6 +23,7 @@ from onnx_lrp.run.explanation import Explanation
 from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
+from .methods import METHOD_KEYS, method_explainer, method_keywords, method_options, with_lrp_method
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, device_note, explainer_setup, input_options,
                       precision_note, uses_tf32)
 from .text import TEXT_KEYS, run_text, text_mode, text_options
@@ -65,7 +66,8 @@ DOCS = ("Image models", "Text and transformers", "Explaining a whole dataset")
 SECTIONS = [
     ("What to explain", ["target", Row(("labels",), "Class names: JSON list, lines, config.json.",
                                        left="--labels FILE"),
-                         "output_name", "position", "start", "relevance_at", *RULE_ROWS]),
+                         "output_name", "position", "start", "relevance_at", *RULE_ROWS,
+                         Row(METHOD_KEYS, "Methods beyond LRP (see the docs: Methods).")]),
     ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
     ("Outputs", ["out", "heatmap_path", Row(("cmap", "heatmap_style"), "Heatmap colours and layout.",
                                             left="--cmap, --heatmap-style"), "as_json"]),
@@ -121,6 +123,7 @@ SECTIONS = [
 @click.option("--strict", is_flag=True, help="Exit 1 if relevance is not conserved.")
 @text_options
 @dataset_options
+@method_options
 def explain(**kw):
     """Explain MODEL's prediction for INPUT with LRP: the relevance of every input element for a class.
 
@@ -308,9 +311,9 @@ def _destinations(o: ExplainOptions) -> _Destinations:
 
 def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
-    setup = explainer_setup(o.model, o.options, data_kind=dest.data_kind)
+    setup = explainer_setup(o.model, with_lrp_method(o.options), data_kind=dest.data_kind)
     t0 = time.perf_counter()
-    ex = setup.explainer(o.model)
+    ex = _explainer(o, setup)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
@@ -333,6 +336,33 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
         res.token_rows = _token_rows(dest.tokens, merged.relevance, res.n)
         res.item_tokens = [tokens_for(dest.tokens, i, res.n) for i in range(res.n)]
     return res
+
+
+def _explainer(o: ExplainOptions, setup):
+    """The LRP explainer of the setup, or that of --method (a method beyond LRP: its options, cli/methods.py)."""
+    method, keywords = method_keywords(o.options)
+    if method is None:
+        return setup.explainer(o.model)
+    refused = [flag for flag, given in (("--relevance-at", o.relevance_at), ("--position", o.position),
+                                        ("--start one-hot", o.start != "logit"),
+                                        ("--composite", o.options.get("composite", "auto") != "auto"),
+                                        ("a rule parameter (" + ", ".join(setup.params) + ")", setup.params))
+               if given]
+    if refused:
+        raise InputError(f"{refused[0]} is LRP's; --method {method} explains the output entry itself")
+    return method_explainer(o.model, method, keywords, output=o.output_name, device=o.device)
+
+
+def _method(ex) -> str | None:
+    """The method beyond LRP ``ex`` runs (an onnx_lrp.methods.explain.MethodExplainer), else None."""
+    return getattr(ex, "attributor", None) and ex.method
+
+
+def _numerics(ex) -> dict:
+    """The summary's tf32 and precision (LRP), or the method."""
+    if _method(ex):
+        return dict(method=ex.method, tf32=False, precision="float32")
+    return dict(tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision)
 
 
 def _read(dest: _Destinations, ex, setup):
@@ -371,8 +401,9 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, batch, m: Explanation, t
             it["position"] = int(pos_used[i])
         if behind:
             it["logit"] = float(start_values[i])  # relevance starts from this value (start logit), not the output
-    summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name, start=o.start,
-                   device=ex.device, tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision,
+    summary = dict(model=str(o.model), input=str(dest.input_path), composite=ex.composite_name,
+                   start=None if _method(ex) else o.start,
+                   device=ex.device, **_numerics(ex),
                    explained_output=ex.explained_output, items=items, relevance_file=str(dest.out_path),
                    heatmap_file=str(dest.heat_path) if dest.heat_path else None, build_s=round(t_build, 4),
                    explain_s=round(t_explain, 4))
@@ -468,8 +499,9 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
     resized = res.batch.resize_note()
-    click.echo(f"{n} item(s), composite {ex.composite_name}{chosen}, start {o.start}, device {ex.device}"
-               f"{device_note(ex)}{precision_note(ex)}: explained in "
+    how = f"method {ex.method}" if _method(ex) else f"composite {ex.composite_name}{chosen}, start {o.start}"
+    click.echo(f"{n} item(s), {how}, device {ex.device}"
+               f"{'' if _method(ex) else device_note(ex) + precision_note(ex)}: explained in "
                f"{res.t_explain:.3f} s "
                f"(model built in {res.t_build:.3f} s)" + (f"; {resized}" if resized else ""))
     if res.token_rows is not None:

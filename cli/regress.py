@@ -31,6 +31,8 @@ from .helpfmt import Command, Row
 from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
                       input_options)
+from .methods import (METHOD_KEYS, method_explainer, method_keywords, method_options, snapshot_keywords, snapshot_method,
+                      with_lrp_method)
 from .regress_options import Asked, Engine, Faith, Reports, packed
 
 
@@ -301,7 +303,8 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
     ("What to store", ["out", "target", "output_name", "start", "batch_size",
                        Row(("metrics", "metric_patch", "metric_steps", "metric_baseline", "metric_seed"),
                            "Faithfulness too (region perturbation), for check --metric-tol.")]),
-    ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])],
+    ("Explanations", [*RULE_ROWS, Row(METHOD_KEYS, "Methods beyond LRP (docs/methods.md)."), *INPUT_ROWS,
+                      *BINDING_ROWS])],
     examples=["onnx-lrp snapshot models/digits_cnn.onnx models/samples/npy -o baseline.npz",
               "onnx-lrp snapshot model.onnx inputs.npz -o baseline.npz --metrics aopc,abpc"])
 @click.argument("model", metavar="MODEL")
@@ -316,6 +319,7 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, metavar="N", help="Items per model run (32).")
 @faith_options
 @input_options
+@method_options
 @packed("asked", Asked)
 @packed("faith", Faith)
 def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **rule_kw):
@@ -335,10 +339,14 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
     guard([("the input", inputs_path)], [("-o", out_path)], models=[("the model", model)])
     tracked = tracking.parse_metrics(metrics)
     targets = parse_target(target)
+    composite = with_lrp_method(dict(rule_kw, composite=composite))["composite"]  # --method COMPOSITE
     setup = _setup(model, composite, rule_kw, inputs_path)
     t0 = time.perf_counter()
-    ex = _explainer(model, setup.composite, output_name, start, **setup.bindings())
-    comp_name, comp_toml = rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
+    method, method_kw = method_keywords(rule_kw)
+    ex = _explainer(model, setup.composite, output_name, start, **setup.bindings()) if method is None else \
+        method_explainer(model, method, method_kw, output=output_name)
+    comp_name, comp_toml = (method, "") if method else \
+        rg.composite_source(ex.composite_name if ex.composite_reason else composite)  # auto
     batch = setup.read(inputs_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
@@ -352,6 +360,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
                       start=start, output=output_name, explained_output=ex.explained_output, target_request=target,
                       batch_size=batch_size, machine=gaps.machine_facts(ex.device),
                       deployed_gap=gaps.worst(gap_list) and gaps.worst(gap_list).as_dict()))
+    arrays = snapshot_method(arrays, method, method_kw)
     if tracked:
         settings = dict(patch=metric_patch, steps=metric_steps, baseline=metric_baseline, prob="softmax",
                         seed=metric_seed)
@@ -409,7 +418,9 @@ def check(model, baseline, reports: Reports, batch_size, where: Engine, metric_t
     meta = snap.meta
     stored = _stored_faithfulness(baseline, meta, len(snap.targets), tolerances)
     t0 = time.perf_counter()
-    ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"])
+    method, method_kw = snapshot_keywords(baseline, meta)
+    ex = _explainer(model, snap.composite(), meta.get("output"), meta["start"]) if method is None else \
+        method_explainer(model, method, method_kw, output=meta.get("output"))
     arrays = _inputs_for(ex, snap.inputs, f"baseline {baseline}")
     batch_size = batch_size or int(meta.get("batch_size") or 32)
     rel, outs, gap_list = _recompute(ex, arrays, snap.targets, batch_size, engine, workers, ray_address)

@@ -26,8 +26,21 @@ class Explainer(Runner):
         ```
     """
 
+    def __new__(cls, model=None, composite="auto", device=None, *, method: str = "lrp", **options):
+        """`method=` one of `onnx_lrp.methods.METHODS`: an `onnx_lrp.methods.explain.MethodExplainer` (its `explain`
+        returns the method's attribution as the Explanation's `relevance`); else LRP."""
+        from .methods.explain import MethodExplainer, is_method
+
+        if cls is Explainer and is_method(method):
+            if composite != "auto":
+                raise InputError(f"composite={composite!r} is LRP's; method {method!r} takes no composite (smoothgrad "
+                                 "and vargrad take base=COMPOSITE)")
+            return MethodExplainer(model, method, device, **options)
+        return super().__new__(cls)
+
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
-                 build: BuildOptions | None = None, run: RunOptions | None = None, labels=None, **options):
+                 method: str = "lrp", build: BuildOptions | None = None, run: RunOptions | None = None, labels=None,
+                 **options):
         """Build the relevance model of `model` and start its onnxruntime session.
 
         Args:
@@ -38,6 +51,10 @@ class Explainer(Runner):
                 `"auto"`: `epsilon-plus-flat` for ReLU networks, `attnlrp` for the others (`composite_reason`
                 says why).
             device: `"cpu"` (default), `"cuda"`, or `"auto"` (CUDA when it starts, else the CPU).
+            method: `"lrp"` (default: the composite's rules), a composite's name (as `composite=`), or an
+                attribution method of `onnx_lrp.methods` (`"gradient"`, `"integrated-gradients"`, `"smoothgrad"`,
+                `"occlusion"`, `"grad-cam"`, ...; [Methods](../methods.md)) with its options as keywords (captum's
+                names: `n_steps`, `baselines`, ...): `explain` then returns the method's attribution.
             build: a `BuildOptions` made by the caller, instead of its keywords below.
             run: a `RunOptions` made by the caller, instead of its keywords below.
             labels: the class names: a list, a dict of index -> name, or a file as `--labels` takes (a JSON list,
@@ -69,8 +86,6 @@ class Explainer(Runner):
         Rule parameters of the composite: `epsilon`, `gamma`, `low`, `high` (one value, or one per channel),
         `alpha`, `beta`, `stabilizer`; unset, the composite's own values.
 
-        The attribution method (`method=`, LRP by default): see [the Python API guide](../python-api.md).
-
         Raises:
             LrpError: the model, an option or the device is refused (a subclass naming what and why).
         """
@@ -80,6 +95,7 @@ class Explainer(Runner):
         # an export folder (optimum, save_pretrained, onnxruntime-genai) is its model file; the tokenizer.json and
         # config.json are read there
         model, self.folder = resolve_model_folder(model)
+        composite = _lrp_composite(method, composite)
         given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run,
                                                     **shaped_bounds(model, options))
         relevance_model, session = launch.build_and_start(model, given.composite, given.build, given.run)
@@ -229,6 +245,18 @@ class Explainer(Runner):
         layer = _layer(layer)
         options = concepts.ConceptOptions(width=width, layers=layers, abs_norm=abs_norm)
         return concepts.concept_graph(self, x, target, layer, concept, options)
+
+
+def _lrp_composite(method, composite):
+    """The composite ``method=`` names ("lrp": ``composite`` as given)."""
+    if method is None or method == "lrp":
+        return composite
+    if not isinstance(method, str):
+        raise InputError(f"method must be a name (lrp, a composite or one of onnx_lrp.methods.METHODS), not "
+                         f"{type(method).__name__}")
+    if composite != "auto" and composite != method:
+        raise InputError(f"method={method!r} and composite={composite!r} name two rule sets; give one")
+    return method
 
 
 def _layer(layer) -> str:

@@ -116,10 +116,15 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
     pre = Preprocess(tuple(size) if size is not None else None, tuple(np.atleast_1d(mean).tolist()),
                      tuple(np.atleast_1d(std).tolist()), crop=bool(crop))
     options = DatasetOptions(engine, batch_size, shard_size, workers, ray_address, overwrite, progress, column, pre)
-    if explainer is None:
+    if explainer is None and _is_method(explainer_options.get("method")):
+        explainer = _method_explainer(model, explainer_options)
+    elif explainer is None:
         from ..run.launch import ExplainOptions, runner  # the loader and the rewriter: in the driver only
 
-        explainer = runner(model, ExplainOptions.from_keywords(**explainer_options))
+        explainer = runner(model, ExplainOptions.from_keywords(**_lrp_keywords(explainer_options)))
+    if _is_method(getattr(explainer, "method", None)) and engine != "local":
+        raise InputError(f"method {explainer.method!r} runs on the local engine (--engine local); Ray's actors "
+                         "run LRP's relevance model")
     return _run(model, source, Path(out_dir), options, (explainer, explainer_options), target)
 
 
@@ -128,7 +133,7 @@ def _run(model, source, out_dir: Path, options: DatasetOptions, explaining: tupl
     ex, given = explaining
     src = open_source(source, input_infos(ex.inputs), options.preprocess, options.column)
     target = _checked_target(target, len(src))
-    start = given.get("start", ex.options.start)
+    start = None if _is_method(getattr(ex, "method", None)) else given.get("start", ex.options.start)
     header = _header(model, ex, (src, source), options, target, start, given)
     out = Output(out_dir, header, options.shard_size, options.overwrite)
     n, size = len(src), options.shard_size
@@ -151,6 +156,46 @@ def _run(model, source, out_dir: Path, options: DatasetOptions, explaining: tupl
     return _summary(out, options.engine, n, len(all_shards), todo, seconds, t0)
 
 
+def _is_method(name) -> bool:
+    from ..methods.explain import is_method
+
+    return is_method(name)
+
+
+def _lrp_keywords(options: dict) -> dict:
+    """The Explainer's keywords with ``method=`` naming a composite (or "lrp") turned into ``composite=``."""
+    method = options.get("method")
+    rest = {k: v for k, v in options.items() if k != "method"}
+    if method in (None, "lrp"):
+        return rest
+    if rest.get("composite", "auto") not in ("auto", method):
+        raise InputError(f"method={method!r} and composite={rest['composite']!r} name two rule sets; give one")
+    return {**rest, "composite": method}
+
+
+def _method_explainer(model, options: dict):
+    """An attribution method's explainer (:class:`onnx_lrp.methods.explain.MethodExplainer`) from the keywords."""
+    from ..methods.explain import MethodExplainer
+
+    rest = {k: v for k, v in options.items() if k != "method"}
+    return MethodExplainer(model, options["method"], rest.pop("device", None), **rest)
+
+
+def _recipe(ex, options: dict) -> dict:
+    """What the manifest records of how the relevance is computed: the composite (name, digest), or the method and a
+    digest of its options (arrays by their bytes)."""
+    if not _is_method(getattr(ex, "method", None)):
+        from ..rules.composite import load_composite
+
+        return _composite_id(load_composite(ex.relevance_model.source.composite_spec()))
+    h = hashlib.sha256(ex.method.encode())
+    for k in sorted(options):
+        v = options[k]
+        h.update(f"{k}={v.dtype}{v.shape}".encode() + v.tobytes() if isinstance(v, np.ndarray) else
+                 f"{k}={v!r}".encode())
+    return dict(name=ex.method, sha256=h.hexdigest())
+
+
 def _checked_target(target, n: int):
     """None (arg-max), one class index, or one index per item of the ``n``."""
     if isinstance(target, str):
@@ -168,17 +213,17 @@ def _header(model, ex, sources: tuple, o: DatasetOptions, target, start, options
     """The manifest's header: what a rerun must match to resume (model, composite, parameters, source).
     ``sources``: (the opened source, as given); ``options``: the relevance model's keywords as given."""
     from ..load import model_sha256
-    from ..rules.composite import load_composite
     from ..rules.params import params_to_json
     from ..run.options import RunOptions
 
     src, source = sources
     pre = o.preprocess
-    params = {k: v for k, v in options.items() if k != "composite" and k not in RunOptions.UNRECORDED}
+    params = {} if _is_method(getattr(ex, "method", None)) else \
+        {k: v for k, v in options.items() if k != "composite" and k not in RunOptions.UNRECORDED}
     return dict(format=FORMAT, onnx_lrp_version=VERSION, engine=o.engine, model=str(model),
                 model_sha256=model_sha256(model) if isinstance(model, (str, os.PathLike)) else
                 hashlib.sha256(ex.relevance_model.model_bytes).hexdigest(),
-                composite=_composite_id(load_composite(ex.relevance_model.source.composite_spec())),
+                composite=_recipe(ex, options),
                 parameters=dict(params_to_json(params), target=_json_target(target), start=start,
                                 output=ex.explained_output, size=list(pre.size) if pre.size else None,
                                 mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=o.column),

@@ -72,7 +72,7 @@ class Attributor:
             return self._occlusion(x, target)
         runner = self.engine if self.base is None else None
         if runner is None:
-            xb, bare = self._noise_input(x)
+            xb, bare = self.noise_input(x)
             t = self._noise_targets(xb, target)
             gradient_base = isinstance(self.engine, gradients.GradientRunner)
             options = self.engine.packed_options(self.method, self.options, xb) if gradient_base else self.options
@@ -86,7 +86,8 @@ class Attributor:
             return runner.result(out, x, bare)
         return out[0] if bare else out
 
-    def _noise_input(self, x):
+    def noise_input(self, x):
+        """``x`` as the noise tunnel's base takes it (with its batch axis) and whether it came without one."""
         if isinstance(self.engine, gradients.GradientRunner):
             return self.engine.batch(x)
         feeds = self.engine.checked_feeds(x)

@@ -1,0 +1,172 @@
+"""``--method NAME`` and the methods' options (captum's names) of ``explain``, ``snapshot`` / ``check`` and
+``evaluate``: one reading of the command line into the keywords of ``onnx_lrp.Explainer(model, method=...)``."""
+from __future__ import annotations
+
+import click
+
+from onnx_lrp.core.errors import InputError
+
+# click's dest -> (the method option's keyword, the methods that take it)
+_IG = ("integrated-gradients",)
+_NT = ("smoothgrad", "vargrad")
+OPTION_METHODS = {
+    "memory_budget": None,  # every method (None: not LRP)
+    "n_steps": _IG, "integration": _IG, "baselines": _IG + ("occlusion",),
+    "nt_type": ("smoothgrad",), "nt_samples": _NT, "stdevs": _NT, "seed": _NT, "base": _NT,
+    "sliding_window_shapes": ("occlusion",), "strides": ("occlusion",), "abs": ("gradient",),
+}
+METHOD_KEYS = ("method",) + tuple(OPTION_METHODS)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def method_options(f):
+    """--method and its options, all default None (so that an option given to a method that does not take it is
+    refused by name)."""
+    decorators = [
+        click.option("--method", default=None, metavar="NAME",
+                     help="lrp (default), a composite, gradient, gradient-x-input, integrated-gradients, smoothgrad, "
+                          "vargrad, occlusion (docs/methods.md)."),
+        click.option("--n-steps", "n_steps", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="integrated-gradients: points on the path (default 50)."),
+        click.option("--baselines", default=None, metavar="X|FILE.npy",
+                     help="integrated-gradients, occlusion: the baseline, a number or an .npy (default 0)."),
+        click.option("--integration", default=None, metavar="RULE",
+                     help="integrated-gradients: gausslegendre (default), riemann_left|right|middle|trapezoid."),
+        click.option("--nt-type", "nt_type", default=None, metavar="T", help="smoothgrad|smoothgrad_sq|vargrad."),
+        click.option("--nt-samples", "nt_samples", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="smoothgrad, vargrad: noisy samples (default 5)."),
+        click.option("--stdevs", type=click.FloatRange(min=0), default=None, metavar="S",
+                     help="smoothgrad, vargrad: noise standard deviation (default 1)."),
+        click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
+                     help="smoothgrad, vargrad: the noise's seed."),
+        click.option("--base", default=None, metavar="NAME",
+                     help="smoothgrad, vargrad: the smoothed method or composite (default gradient)."),
+        click.option("--sliding-window-shapes", "sliding_window_shapes", default=None, metavar="A,B,..",
+                     help="occlusion: the window, one size per input axis after the batch."),
+        click.option("--strides", default=None, metavar="S[,S..]", help="occlusion: the window's step (default 1)."),
+        click.option("--abs", "abs", is_flag=True, default=None, help="gradient: its magnitude."),
+        click.option("--memory-budget", "memory_budget", type=click.IntRange(min=1), default=None, metavar="MB",
+                     help="Methods: megabytes one stacked run may take (default 2048)."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+def _ints(text: str, flag: str) -> tuple:
+    try:
+        vals = tuple(int(v) for v in str(text).replace(" ", "").split(",") if v)
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: give integers separated by commas (3,8,8)") from None
+    if not vals:
+        raise InputError(f"{flag} {text!r}: give integers separated by commas (3,8,8)")
+    return vals
+
+
+def _baselines(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not str(text).lower().endswith(".npy"):
+        raise InputError(f"--baselines {text!r}: give a number or an .npy file")
+    import numpy as np
+
+    try:
+        return np.load(text, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--baselines {text}: cannot read it as an .npy array ({exc})") from None
+
+
+_PARSE = {"sliding_window_shapes": lambda v: _ints(v, "--sliding-window-shapes"),
+          "strides": lambda v: (lambda t: t[0] if len(t) == 1 else t)(_ints(v, "--strides")),
+          "baselines": _baselines, "memory_budget": lambda v: int(v) * 2**20}
+
+
+def method_keywords(options: dict) -> tuple[str | None, dict]:
+    """(the method of --method, or None for LRP; its keywords) from click's option dict; an option given without
+    a method that takes it is refused, naming the methods that do."""
+    from onnx_lrp.methods.explain import is_method
+
+    method = options.get("method")
+    given = {k: v for k, v in options.items() if k in OPTION_METHODS and v is not None}
+    if not is_method(method):
+        if given:
+            flag = _flag(next(iter(given)))
+            raise InputError(f"{flag} is an option of the attribution methods; give --method (docs/methods.md)")
+        return None, {}
+    keywords = {}
+    for k, v in given.items():
+        takers = OPTION_METHODS[k]
+        if takers is not None and method not in takers:
+            raise InputError(f"{_flag(k)} is for --method {' or '.join(takers)}, not {method}")
+        keywords[k] = _PARSE.get(k, lambda a: a)(v)
+    return method, keywords
+
+
+def with_lrp_method(options: dict) -> dict:
+    """click's options with a composite named by --method as --composite (``--method epsilon`` is ``--composite
+    epsilon``); refused when --composite names another."""
+    from onnx_lrp.methods.explain import is_method
+
+    method = options.get("method")
+    if method in (None, "lrp") or is_method(method):
+        return options
+    composite = options.get("composite")
+    if composite not in (None, "auto", method):
+        raise InputError(f"--method {method} and --composite {composite} name two rule sets; give one")
+    return {**options, "composite": method}
+
+
+def method_explainer(model, method: str, keywords: dict, *, output=None, device=None, threads=None):
+    """``onnx_lrp.Explainer(model, method=method, **keywords)`` with the run's output, device and threads."""
+    import onnx_lrp
+
+    from onnx_lrp.run.runtime import resolve_device
+
+    extra = {k: v for k, v in (("output", output), ("threads", threads)) if v is not None}
+    return onnx_lrp.Explainer(model, device=resolve_device(device or "cpu"), method=method, **keywords, **extra)
+
+
+def snapshot_method(arrays: dict, method: str | None, keywords: dict) -> dict:
+    """A snapshot's arrays with the method and its options stored (meta "method"; array options as
+    ``method/<option>``), so that check recomputes the same attributions; unchanged for LRP."""
+    if method is None:
+        return arrays
+    import json
+
+    import numpy as np
+
+    meta = json.loads(str(arrays["meta"]))
+    plain = {k: v for k, v in keywords.items() if not isinstance(v, np.ndarray)}
+    plain = {k: list(v) if isinstance(v, tuple) else v for k, v in plain.items()}
+    stored = {f"method/{k}": v for k, v in keywords.items() if isinstance(v, np.ndarray)}
+    meta["method"] = {"name": method, "options": plain, "arrays": sorted(k.split("/", 1)[1] for k in stored)}
+    return {**arrays, **stored, "meta": np.array(json.dumps(meta))}
+
+
+def snapshot_keywords(baseline, meta: dict) -> tuple[str | None, dict]:
+    """(the method a snapshot was taken with, its options) from its metadata and arrays; (None, {}) for LRP."""
+    import numpy as np
+
+    entry = meta.get("method")
+    if entry is None:
+        return None, {}
+    from onnx_lrp.methods.explain import is_method
+
+    if not isinstance(entry, dict) or not is_method(entry.get("name")) or not isinstance(entry.get("options"), dict):
+        raise InputError(f"baseline {baseline}: its metadata's method is not one onnx-lrp knows ({entry!r}); "
+                         "recreate it with `onnx-lrp snapshot --method ...`")
+    keywords = {k: tuple(v) if isinstance(v, list) else v for k, v in entry["options"].items()}
+    with np.load(baseline, allow_pickle=False) as z:
+        for k in entry.get("arrays", []):
+            if f"method/{k}" not in z.files:
+                raise InputError(f"baseline {baseline} lacks method/{k}; recreate it with `onnx-lrp snapshot`")
+            keywords[k] = z[f"method/{k}"]
+    return entry["name"], keywords
+
+
+__all__ = ["snapshot_method", "snapshot_keywords", "METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer"]

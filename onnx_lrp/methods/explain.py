@@ -1,0 +1,186 @@
+"""``Explainer(model, method="integrated-gradients", ...)``: any method of :mod:`onnx_lrp.methods` behind the
+Explainer's face. :class:`MethodExplainer` answers ``explain(x, target)`` with an
+:class:`onnx_lrp.run.explanation.Explanation` whose ``relevance`` is the method's attribution, beside the model's
+outputs, the explained target and value, as LRP's Explanation holds them; it names the inputs, the explained output
+and the device as an LRP Explainer does, so that the command line runs either."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import InputError
+from ..core.interface import RELEVANCE_PREFIX, TARGET_OUTPUT
+from ..core.relevance_model import InputSpec, carried_model
+from ..run.explanation import Explanation
+from ..run.runner import Runner
+from . import gradients
+
+#: what ``method=`` calls LRP (then ``composite=`` chooses the rules)
+LRP = "lrp"
+
+
+def is_method(method) -> bool:
+    """Whether ``method`` is one of the methods beyond LRP (else it is LRP: "lrp" or a composite name)."""
+    from . import METHODS
+
+    return isinstance(method, str) and method in METHODS
+
+
+@dataclass(frozen=True)
+class ForwardModel:
+    """What a method run on the original model (occlusion, ...) says where an LRP explainer's relevance model is
+    asked for: the model as given (``model_bytes``: bytes or a path), no quantized output step, float32."""
+
+    model_bytes: object
+    output_step: float | None = None
+    model_precision: str = "float32"
+
+
+class MethodExplainer:
+    """One attribution method on one model, built once (:class:`onnx_lrp.methods.Attributor`); ``explain`` returns
+    an Explanation with the attribution as ``relevance``."""
+
+    def __init__(self, model, method: str, device: str | None = None, **options):
+        from . import Attributor
+
+        if device is not None:
+            options["device"] = device
+        self.attributor = Attributor(model, method, **options)
+        self.method = method
+        engine = self.attributor.engine
+        self._runner = engine.runner if isinstance(engine, gradients.GradientRunner) else \
+            engine if isinstance(engine, Runner) else None
+        self._source = carried_model(model)
+
+    # ------------------------------------------------------------------ what an Explainer names
+    @property
+    def composite_name(self) -> str:
+        return self.method
+
+    composite_reason = ""
+    gap_warnings = False
+    device_note = None
+
+    @property
+    def relevance_model(self):
+        """The relevance model the method runs (the true gradient's, or the noise tunnel's base), else the model
+        as given (:class:`ForwardModel`)."""
+        if self._runner is not None:
+            return self._runner.relevance_model
+        return ForwardModel(self._source)
+
+    @property
+    def device(self) -> str:
+        if self._runner is not None:
+            return self._runner.device
+        return self.attributor.engine.session.device
+
+    @property
+    def inputs(self) -> list:
+        if self._runner is not None:
+            return self._runner.inputs
+        session = self.attributor.engine.session
+        return [InputSpec(i.name, np.dtype(session.input_types.get(i.name) or np.float32),
+                          tuple(d if isinstance(d, int) else None for d in i.shape)) for i in session.inputs()]
+
+    @property
+    def relevance_inputs(self) -> list:
+        return [self.inputs[0].name]
+
+    @property
+    def output_names(self) -> list:
+        if self._runner is not None:
+            return self._runner.output_names
+        return list(self.attributor.engine.session.output_names)
+
+    @property
+    def explained_output(self) -> str:
+        if self._runner is not None:
+            return self._runner.explained_output
+        return self.attributor.engine.output
+
+    @property
+    def explained_tensor(self) -> str:
+        return self.explained_output
+
+    def __repr__(self) -> str:
+        return f"MethodExplainer(method={self.method!r}, device={self.device!r}, explained_output=" \
+               f"{self.explained_output!r})"
+
+    # ------------------------------------------------------------------ explain
+    def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
+        """The attribution of ``target`` (None: the arg-max per item; an int; one per item) for ``x`` by the
+        method, as an Explanation (``relevance`` in x's shape, with or without its batch axis as given)."""
+        if position is not None or isinstance(target, tuple):
+            raise InputError(f"position is for LRP on sequence outputs; method {self.method!r} explains one entry "
+                             "per item: give the target as a flat index")
+        if start not in (None, "one-hot"):
+            raise InputError(f"start={start!r} is LRP's; method {self.method!r} explains the output entry itself")
+        x = self._single(x)
+        engine = self.attributor.engine
+        if isinstance(engine, gradients.GradientRunner):
+            xb, bare = engine.batch(x)
+            outputs, targets, g = self._gradient_run(engine, xb, target)
+            relevance = self._from_gradient(g, xb, targets)
+        elif isinstance(engine, Runner):
+            xb, bare = self.attributor.noise_input(x)
+            lrp = engine.explain(xb, target=target)
+            outputs, targets = lrp.forward or lrp.outputs, np.asarray(lrp.target, np.int64).reshape(-1)
+            relevance = self.attributor.attribute(xb, targets)
+        else:
+            xb, bare = engine.prepared(x)
+            outputs, targets = self._forward_run(engine, xb, target)
+            relevance = self.attributor.attribute(xb, targets)
+        return self._explanation(relevance, outputs, targets, xb, bare)
+
+    def _single(self, x):
+        """The one input's array of ``x`` (an array, or a dict by input name as the Explainer takes it)."""
+        if not isinstance(x, dict):
+            return x
+        name = self.inputs[0].name
+        if set(x) != {name}:
+            raise InputError(f"method {self.method!r} takes the model's one input {name!r}; got "
+                             f"{', '.join(map(repr, x)) or 'none'}")
+        return x[name]
+
+    def _gradient_run(self, engine, xb: np.ndarray, target):
+        """One run of the gradient graph at ``xb``: (the model's outputs, the targets used, the gradient)."""
+        res = engine.run(xb, engine.runner.checked_targets(target, xb.shape[0]))
+        outputs = {n: res[n] for n in engine.runner.output_names if n in res}
+        targets = np.asarray(res[TARGET_OUTPUT], np.int64).reshape(-1)
+        return outputs, targets, res[RELEVANCE_PREFIX + engine.spec.name]
+
+    def _from_gradient(self, g: np.ndarray, xb: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """The attribution: the gradient itself (``gradient``, ``gradient-x-input``: no second run), else the method
+        run at the targets the gradient run resolved."""
+        if self.method == "gradient":
+            return np.abs(g) if self.attributor.options.abs else g
+        if self.method == "gradient-x-input":
+            return g * xb
+        return self.attributor.attribute(xb, targets)
+
+    def _forward_run(self, engine, xb: np.ndarray, target):
+        """The original model's outputs at ``xb`` (one run) and the targets (None: the arg-max per item)."""
+        outputs = engine.session.run({engine.input: np.ascontiguousarray(xb)})
+        y = np.asarray(outputs[engine.output]).reshape(xb.shape[0], -1)
+        if target is None:
+            return outputs, np.argmax(y, axis=1).astype(np.int64)
+        t = np.asarray(target)
+        if t.dtype.kind not in "iu" or t.ndim > 1 or (t.ndim == 1 and len(t) != xb.shape[0]) or np.any(t < 0) \
+                or np.any(t >= y.shape[1]):
+            raise InputError(f"target {target!r}: give one class index in [0, {y.shape[1]}) or one per item "
+                             f"({xb.shape[0]})")
+        return outputs, np.broadcast_to(t.astype(np.int64).reshape(-1), (xb.shape[0],)).copy()
+
+    def _explanation(self, relevance, outputs: dict, targets: np.ndarray, xb: np.ndarray, bare: bool):
+        n = xb.shape[0]
+        explained = np.asarray(outputs[self.explained_output]).reshape(n, -1)
+        value = explained[np.arange(n), targets]
+        res = Explanation(relevance=np.asarray(relevance), outputs=outputs, target=targets,
+                          explained_output=self.explained_output, explained_value=value, forward=outputs,
+                          inputs={self.inputs[0].name: xb})
+        return res.without_batch_axis() if bare else res
+
+
+__all__ = ["MethodExplainer", "is_method", "LRP"]
