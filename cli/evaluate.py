@@ -12,7 +12,7 @@ from onnx_lrp.core.errors import InputError, OutputError
 from onnx_lrp.core.validate import check_npy
 from onnx_lrp.io.inputs import items_kind
 
-from .explain import parse_target
+from .class_targets import resolve_named, target_option
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
@@ -134,8 +134,8 @@ def plot(ev):
               help="One of the five above (default: the first).")
 @common
 @input_options
-@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
-              help="Class, one per item, or argmax (default).")
+@click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]|argmax",
+              help="Class (index or name), one per item, or argmax (default).")
 @click.option("--patch", type=click.IntRange(min=1), default=8, metavar="N",
               help="region-perturbation: region side (8).")
 @click.option("--steps", type=click.IntRange(min=1), default=50, metavar="N",
@@ -193,7 +193,7 @@ def evaluate(model, input_path, **options):
     if len(batch) == 0:
         raise InputError(f"{input_path} holds no items; give at least one")
     x = next(iter(batch.arrays.values()))
-    targets = parse_target(o["target"])
+    targets = resolve_named(target_option(o["target"]), ex, model)  # an index, or a class name
     m = _mask(o["mask"], len(x), x.shape) if o["mask"] is not None else None
     if o["methods"] is not None:
         return _side_by_side(model, batch, ex, setup, {**o, "targets": targets, "orders": orders}, m)

@@ -553,7 +553,7 @@ def _name_classes(res: _Result, labels) -> None:
     """The class names of each item's prediction and target in its summary row (JSON, table, captions)."""
     from onnx_lrp.io.labels import label_of
 
-    res.labels = labels
+    res.labels = res.explanation.class_names = labels  # the .npz's target_labels / predicted_labels
     note = res.batch.resize_note()
     if note:
         res.summary["resized"] = note

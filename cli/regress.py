@@ -26,7 +26,7 @@ from onnx_lrp.regression.html import drift_image
 from onnx_lrp.run import deployed_gap as gaps
 from onnx_lrp.run.batches import explain_all
 
-from .explain import parse_target
+from .class_targets import resolve_named, target_option
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
@@ -311,7 +311,7 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 @click.argument("inputs_path", metavar="INPUTS")
 @click.option("-o", "--out", "out", required=True, metavar="BASELINE.npz", help="Where to write the snapshot.")
 @common
-@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
+@click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]|argmax",
               help="Class, one per item, or argmax (default).")
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Output to explain (default: the first).")
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
@@ -338,7 +338,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
     check_writable(out_path)
     guard([("the input", inputs_path)], [("-o", out_path)], models=[("the model", model)])
     tracked = tracking.parse_metrics(metrics)
-    targets = parse_target(target)
+    targets = target_option(target)  # an index, or a class name resolved once the model is built
     composite = with_lrp_method(dict(rule_kw, composite=composite))["composite"]  # --method COMPOSITE
     setup = _setup(model, composite, rule_kw, inputs_path)
     t0 = time.perf_counter()
@@ -350,6 +350,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
     batch = setup.read(inputs_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
+    targets = resolve_named(targets, ex, model)
     _targets(targets, len(batch))
     gap_list = []
     with Progress("explaining") as bar:
@@ -515,7 +516,7 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 @click.argument("model_b", metavar="MODEL_B")
 @click.argument("inputs_path", metavar="INPUTS")
 @common
-@click.option("--target", "-t", default="argmax", metavar="INT[,..]|argmax",
+@click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]|argmax",
               help="Class (argmax: MODEL_A's), one per item.")
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Output to explain (default: the first).")
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
@@ -538,7 +539,7 @@ def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composit
     th, config_used = _pop_thresholds(kw)
     files = _check_outputs(reports, [("the input", inputs_path), ("the --config file", config_used)],
                            [("MODEL_A", model_a), ("MODEL_B", model_b)])
-    targets = parse_target(target)
+    targets = target_option(target)  # an index, or a class name resolved once the model is built
     setup = _setup(model_a, composite, kw, inputs_path)
     comp_rules = setup.composite
     t0 = time.perf_counter()
@@ -547,6 +548,7 @@ def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composit
     batch = setup.read(inputs_path, ex_a.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
+    targets = resolve_named(targets, ex_a, model_a)
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
     n = len(batch)

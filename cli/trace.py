@@ -13,6 +13,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 from onnx_lrp.io.inputs import items_kind
 
+from .class_targets import resolve_named, target_option
 from .explain import parse_target
 from .helpfmt import Command
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
@@ -55,7 +56,8 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
 @input_options
 @click.option("--item", type=click.IntRange(min=0), default=0, metavar="N",
               help="Which item of INPUT to trace (default 0).")
-@click.option("--target", "-t", default="argmax", metavar="INT|argmax", help="Class to explain (default: argmax).")
+@click.option("--target", "-t", default="argmax", metavar="INT|NAME|argmax",
+              help="Class to explain, index or name (default: argmax).")
 @click.option("--output", "output_name", default=None, metavar="NAME",
               help="Output to explain (default: the first).")
 @click.option("--position", default=None, metavar="INT", help="Sequence outputs: position (default: last).")
@@ -79,7 +81,7 @@ def trace(model, input_path, **options):
     tolerance, as_json = options["tolerance"], options["as_json"]
     if setup.zbox_note:
         _say(setup.zbox_note)
-    targets = parse_target(target)
+    targets = target_option(target)  # an index, or a class name resolved once the model is built
     if isinstance(targets, list):
         raise InputError(f"--target {target!r}: trace explains one item; give one class")
     pos = parse_target(position, "--position") if position is not None else None
@@ -87,6 +89,9 @@ def trace(model, input_path, **options):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = setup.explainer(model, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
+    targets = resolve_named(targets, ex, model)
+    if isinstance(targets, list):
+        raise InputError(f"--target {target!r}: trace explains one item; give one class")
     batch = setup.read(input_path, ex.inputs) if text is None else text_batch(model, ex, text,
                                                                                options["tokenizer_path"])
     if item >= len(batch):

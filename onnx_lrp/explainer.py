@@ -120,7 +120,10 @@ class Explainer(Runner):
         given = convert.api_inputs(x, self.inputs, self.device)
         if self.relevance_model.sequence_rows is None and names.by_name(target):
             target = names.resolve_targets(target, self.labels, self.output_width())
-        return convert.answer_in_kind(super().explain(given.x, target, start, position), given.like)
+        res = convert.answer_in_kind(super().explain(given.x, target, start, position), given.like)
+        if self.labels:
+            res.class_names = self.labels  # captions and .npz name the classes
+        return res
 
     @property
     def composite(self) -> Composite:

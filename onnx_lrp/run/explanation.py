@@ -52,6 +52,8 @@ class Explanation:
             (quantized and float16 models); None without a deployed run.
         batched: False when one item was given without its batch axis.
         inputs: the model's inputs as fed, by name, with the batch axis (what `heatmap()` draws).
+        class_names: the classifier's class names (the Explainer's `labels`), indexed by class; None when the
+            model names no classes. `heatmap()` captions and `arrays()` name the classes with them.
 
     `heatmap()` draws it (a PIL image; a notebook shows the Explanation as that picture).
     """
@@ -68,6 +70,7 @@ class Explanation:
     deployed_gap: object = None  # onnx_lrp.run.deployed_gap.Gap of the explained output, or None
     batched: bool = True  # False: one item given without its batch axis; no per-item field has one then
     inputs: dict | None = None  # the model's inputs as fed, by name, with the batch axis (what heatmap() draws)
+    class_names: list | None = None  # the class names (the Explainer's labels), indexed by class; None: unnamed
 
     def __repr__(self) -> str:
         shown = ["relevance", "target", "position", "explained_output", "explained_value", "outputs"]
@@ -111,15 +114,16 @@ class Explanation:
                    target=_cat(np.asarray(p.target, np.int64) for p in parts),
                    relevance_at={k: _cat(p.relevance_at[k] for p in parts) for k in first.relevance_at},
                    explained_output=first.explained_output, position=flat("position", np.int64),
-                   explained_value=flat("explained_value"), ledger=ledger, inputs=inputs,
+                   explained_value=flat("explained_value"), ledger=ledger, inputs=inputs, class_names=first.class_names,
                    deployed_gap=worst([p.deployed_gap.shifted(i) for p, i in zip(parts, first_items)
                                        if p.deployed_gap is not None]))
 
     def arrays(self, items=None) -> dict:
         """What ``onnx-lrp explain -o OUT.npz`` writes, by name: ``relevance`` (``relevance/<input>`` for several
         inputs), ``outputs`` (the explained output), ``targets``, ``positions`` (sequence outputs), ``outputs/<name>``
-        (every output, when the model has several), ``relevance_at/<tensor>``, and ``items`` (the items' names, when
-        given)."""
+        (every output, when the model has several), ``relevance_at/<tensor>``, ``items`` (the items' names, when
+        given), and, when the classes have names (``class_names``), ``target_labels`` and ``predicted_labels``
+        (fixed-width unicode arrays, one name per item: ``np.load`` reads them without pickle)."""
         out = {}
         if isinstance(self.relevance, dict):
             out.update({f"relevance/{k}": v for k, v in self.relevance.items()})
@@ -134,7 +138,35 @@ class Explanation:
         out.update({f"relevance_at/{k}": v for k, v in self.relevance_at.items()})
         if items is not None:
             out["items"] = np.array(items, dtype=str)
+        if self.class_names:
+            out["target_labels"], out["predicted_labels"] = self.named_classes()
         return out
+
+    def predicted(self) -> np.ndarray | None:
+        """The predicted class per item (the arg-max of the explained output, at `position` for sequence outputs),
+        or None without the explained output."""
+        y = (self.outputs or {}).get(self.explained_output)
+        if y is None or not viewable(y):
+            return None
+        y = np.asarray(y)
+        y = y if self.batched else y[None]
+        n = len(np.asarray(self.target).reshape(-1))
+        if y.ndim < 1 or len(y) != n:
+            return None
+        pos = None if self.position is None else np.asarray(self.position).reshape(-1)
+        rows = [y[i][int(pos[i])] if pos is not None and y[i].ndim >= 2 else y[i] for i in range(n)]
+        return np.array([int(np.argmax(r)) for r in rows], np.int64)
+
+    def named_classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(target names, predicted names) per item as fixed-width unicode arrays ("" for a class without a name)."""
+        from ..io.labels import label_of
+
+        target = np.asarray(self.target).reshape(-1)
+        pred = self.predicted()
+        pred = np.full(len(target), -1) if pred is None else pred
+        names = [label_of(t, self.class_names) or "" for t in target], \
+            [label_of(p, self.class_names) or "" for p in pred]
+        return np.array(names[0], dtype=str).astype("U"), np.array(names[1], dtype=str).astype("U")
 
     # ------------------------------------------------------------------------------------------ the batch axis
     def without_batch_axis(self, whole: bool = False) -> "Explanation":
@@ -225,7 +257,8 @@ class Explanation:
 
     def _labels(self, rel: np.ndarray) -> list[list[str]]:
         """Caption lines per item: the item, the predicted class, the target (and position), the explained value
-        and the sum of the drawn relevance."""
+        and the sum of the drawn relevance; with class names, a fourth line: the target's name (and the
+        prediction's, when it differs), as the CLI's captions."""
         n = len(rel)
         target = np.asarray(self.target).reshape(-1)
         pos = None if self.position is None else np.asarray(self.position).reshape(-1)
@@ -243,6 +276,11 @@ class Explanation:
             third = (f"logit {float(value[i % len(value)]):.4g}  " if value is not None else "") + \
                 f"sum R {float(np.sum(rel[i], dtype=np.float64)):.4g}"
             lines.append([first, second, third])
+        if self.class_names:
+            targets, preds = self.named_classes()
+            for i, line in enumerate(lines):
+                t, p = str(targets[i % len(targets)]), str(preds[i % len(preds)])
+                line.append((t or f"class {int(target[i % len(target)])}") + (f" (pred {p})" if p and p != t else ""))
         return lines
 
 
