@@ -1,0 +1,183 @@
+"""Decoders exported with a KV cache (optimum's ``text-generation-with-past``, onnxruntime-genai's model builder,
+torch.onnx exports with ``past_key_values``): the past state fed empty.
+
+The past key/value inputs (``past_key_values.<i>.key`` / ``.value``, ``past.<i>...``, ``past_key_<i>``, ...) stop
+being inputs: each becomes a tensor of length 0 along its sequence axis (the batch taken from another input that
+shares the batch dimension), so the model computes a prompt as its no-past export does. Where the past only meets
+the new keys in a ``Concat`` along that axis the empty part is taken out of the ``Concat`` (a ``Concat`` left with
+one input is that input); onnxruntime's GroupQueryAttention / MultiHeadAttention / Attention take an absent past as
+empty and lose the input. The ``present.*`` outputs are dropped, and the nodes that only computed them.
+
+Past state given by the caller (bound with ``constants=``) is a constant of the relevance model: it is held fixed
+and gets no relevance (said in the load notes).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx_ir as ir
+
+from ...core.errors import ModelError
+from ..builder import MS, LoadPass, Report, bypass
+
+
+PAST = re.compile(r"^(past_key_values|past_key|past_value|past)([._/\-]|\d|$)")
+PRESENT = re.compile(r"^(present_key_values|present_key|present_value|present)([._/\-]|\d|$)")
+# com.microsoft ops that take an absent past as empty: op type -> the indices of their past inputs
+_ABSENT_IS_EMPTY = {"GroupQueryAttention": (3, 4), "MultiHeadAttention": (6, 7), "Attention": (4,)}
+
+
+class EmptyPast(LoadPass):
+    """Past key/value inputs fed empty (length 0 along their sequence axis), ``present.*`` outputs dropped."""
+
+    def apply(self, model: ir.Model, report: Report) -> int:
+        graph = model.graph
+        given = [n for n in graph.initializers if PAST.match(n)]
+        report.note(len(given), "{n} past key/value input(s) given: held constant (they get no relevance)")
+        pasts = [v for v in graph.inputs if v.name and PAST.match(v.name) and v.dtype is not None and
+                 v.dtype.is_floating_point()]
+        presents = [v for v in graph.outputs if v.name and PRESENT.match(v.name)]
+        if not pasts and not presents:
+            return 0
+        if pasts and len(pasts) == len(graph.inputs):
+            return 0  # nothing else to take the batch from: not a decoder's cache
+        for v in presents:
+            graph.outputs.remove(v)
+        for v in pasts:
+            _empty(graph, v)
+        removed = _drop_dead(graph)
+        report.note(len(pasts), "fed {n} past key/value input(s) empty (a prompt without KV cache)")
+        report.note(len(presents), "dropped {n} present key/value output(s)")
+        return len(pasts) + len(presents) + removed
+
+
+def _axes(graph: ir.Graph, past: ir.Value) -> tuple[int | None, int, ir.Value | None, int]:
+    """(batch axis of ``past`` or None, its sequence axis, the input sharing the batch, that input's batch axis)."""
+    dims = list(past.shape) if past.shape is not None else []
+    others = [v for v in graph.inputs if not (v.name and PAST.match(v.name)) and v.shape is not None]
+    sym = [(i, str(d)) for i, d in enumerate(dims) if not isinstance(d, int)]
+    batch = None
+    for i, name in sym:
+        ref = next(((v, j) for v in others for j, d in enumerate(v.shape) if not isinstance(d, int) and
+                    str(d) == name), None)
+        if ref is not None and name and name != "None":
+            batch = (i, ref[0], ref[1])
+            break
+    rest = [i for i, _ in sym if batch is None or i != batch[0]]
+    named = [i for i in rest if re.search(r"past|seq|len|cache|total", str(dims[i]), re.I)]
+    seq = (named or rest or [None])[0]
+    if seq is None:
+        seq = next((i for i, d in enumerate(dims) if d == 0), None)
+    if seq is None:
+        raise_unknown(past)
+    if batch is None:
+        ref = next(((v, 0) for v in others if len(v.shape) >= 1 and v.dtype is not None and
+                    not v.dtype.is_floating_point()), None) if dims and not isinstance(dims[0], int) and seq != 0 \
+            else None
+        return (0, seq, ref[0], 0) if ref is not None else (None, seq, None, 0)
+    return batch[0], seq, batch[1], batch[2]
+
+
+def raise_unknown(past: ir.Value) -> None:
+    raise ModelError(f"past state input {past.name!r} of shape {past.shape}: its sequence axis is not known (name "
+                     "the dimension, e.g. past_sequence_length); export the model without past, or give the input")
+
+
+def _empty(graph: ir.Graph, past: ir.Value) -> None:
+    """``past`` replaced by an empty tensor along its sequence axis; Concats and fused attention lose it."""
+    bax, seq, ref, rax = _axes(graph, past)
+    for use in list(past.uses()):
+        node, idx = use.node, use.idx
+        if node.domain == MS and idx in _ABSENT_IS_EMPTY.get(node.op_type, ()):
+            node.replace_input_with(idx, None)
+        elif node.op_type == "Concat" and node.domain in ("", "ai.onnx") and _axis(node, past) == seq:
+            _drop_concat_input(graph, node, idx)
+    if not list(past.uses()):
+        graph.inputs.remove(past)
+        return
+    empty = _empty_value(graph, past, bax, seq, ref, rax)
+    past.replace_all_uses_with(empty)
+    graph.inputs.remove(past)
+
+
+def _axis(node: ir.Node, v: ir.Value) -> int | None:
+    a = node.attributes.get("axis")
+    r = len(v.shape) if v.shape is not None else None
+    if a is None or r is None:
+        return None
+    return int(a.value) % r
+
+
+def _drop_concat_input(graph: ir.Graph, node: ir.Node, idx: int) -> None:
+    rest = [v for i, v in enumerate(node.inputs) if i != idx]
+    if len(rest) == 1:
+        bypass(node.outputs[0], rest[0])
+        for i in range(len(node.inputs)):
+            node.replace_input_with(i, None)
+        graph.remove(node, safe=False)
+        return
+    new = ir.node("Concat", rest, attributes={"axis": node.attributes["axis"].value}, name=node.name)
+    graph.insert_before(node, new)
+    out = new.outputs[0]
+    out.type, out.shape = node.outputs[0].type, node.outputs[0].shape
+    name = node.outputs[0].name
+    node.outputs[0].name = None
+    out.name = name
+    node.outputs[0].replace_all_uses_with(out, replace_graph_outputs=True)
+    for i in range(len(node.inputs)):
+        node.replace_input_with(i, None)
+    graph.remove(node, safe=False)
+
+
+def _empty_value(graph: ir.Graph, past: ir.Value, bax, seq: int, ref, rax: int) -> ir.Value:
+    """ConstantOfShape of ``past``'s shape with 0 on the sequence axis and the batch from ``ref``'s."""
+    dims = list(past.shape)
+    dt = past.dtype.numpy()
+    base = past.name
+
+    def const(arr, name):
+        v = ir.Value(name=f"{base}/empty/{name}", shape=ir.Shape(arr.shape),
+                     type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)), const_value=ir.tensor(arr))
+        graph.register_initializer(v)
+        return v
+
+    fixed = [0 if i == seq else (d if isinstance(d, int) else 1) for i, d in enumerate(dims)]
+    unknown = [i for i, d in enumerate(dims) if i not in (seq, bax) and not isinstance(d, int)]
+    if unknown:
+        raise_unknown(past)
+    if bax is None or ref is None:
+        return const(np.zeros(fixed, dt), "value")
+    # nodes are inserted at the front in reverse order of use
+    parts = [const(np.asarray(fixed[:bax], np.int64), "head"), None, const(np.asarray(fixed[bax + 1:], np.int64),
+                                                                            "tail")]
+    shape_node = ir.node("Shape", [ref], attributes={"start": rax, "end": rax + 1}, name=f"{base}/empty/batch")
+    cat = ir.node("Concat", [parts[0], shape_node.outputs[0], parts[2]], attributes={"axis": 0},
+                  name=f"{base}/empty/shape")
+    fill = ir.node("ConstantOfShape", [cat.outputs[0]], attributes={"value": ir.tensor(np.zeros(1, dt))},
+                   name=f"{base}/empty/value")
+    first = graph.node(0)
+    for n, tag in ((shape_node, "batch"), (cat, "shape"), (fill, "value")):
+        n.outputs[0].name = f"{base}/empty/{tag}"
+        graph.insert_before(first, n)
+    shape_node.outputs[0].type = cat.outputs[0].type = ir.TensorType(ir.DataType.INT64)
+    shape_node.outputs[0].shape, cat.outputs[0].shape = ir.Shape([1]), ir.Shape([len(dims)])
+    out = fill.outputs[0]
+    out.type = past.type
+    out.shape = ir.Shape([0 if i == seq else d for i, d in enumerate(dims)])
+    return out
+
+
+def _drop_dead(graph: ir.Graph) -> int:
+    """Remove nodes none of whose outputs is read (the present state's producers)."""
+    removed = 0
+    for node in reversed(list(graph)):
+        if node.outputs and all(not list(o.uses()) and not o.is_graph_output() for o in node.outputs):
+            for i in range(len(node.inputs)):
+                node.replace_input_with(i, None)
+            graph.remove(node, safe=False)
+            removed += 1
+    return removed
+
+
+__all__ = ["EmptyPast", "PAST", "PRESENT"]

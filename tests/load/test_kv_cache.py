@@ -1,0 +1,135 @@
+"""Decoders exported with a KV cache: the past key/value inputs fed empty (length 0 along the sequence axis), the
+``present.*`` outputs dropped; the relevance equals the no-past export's. A synthetic torch.onnx-like decoder layer
+(past Concat'ed to the new keys, the past length read with Shape for the causal mask) against its twin without past,
+and the optimum export pair of the tiny LLaMA / Qwen2 of tests/goldens/llm/ when they are there."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnx_lrp
+from onnx_lrp import load as loader
+from onnx_lrp.core import meta
+from util import GOLDENS, assert_close
+
+D, N, H, V = 8, 2, 4, 11
+PAST = ("past_key_values.0.key", "past_key_values.0.value")
+PRESENT = ("present.0.key", "present.0.value")
+
+
+def _weights():
+    rng = np.random.default_rng(0)
+    w = {k: (0.5 * rng.standard_normal((D, D))).astype(np.float32) for k in "qkvo"}
+    w["lm"] = rng.standard_normal((D, V)).astype(np.float32)
+    return w
+
+
+def _decoder(past: bool) -> onnx.ModelProto:
+    """One attention layer and an LM head; with ``past``: K/V = Concat(past, new) on the sequence axis, the causal mask
+    offset by the past length (Shape(past)[2]), the present outputs as torch.onnx writes them."""
+    mk = helper.make_node
+    consts = dict(hs=np.array([0, 0, N, H], np.int64), ms=np.array([0, 0, D], np.int64),
+                  sq=np.array(np.sqrt(H), np.float32), i2=np.array([2], np.int64), zero=np.array(0, np.int64),
+                  one=np.array(1, np.int64), neg=np.array(-1e9, np.float32), fz=np.array(0, np.float32),
+                  a1=np.array([1], np.int64))
+    inits = [numpy_helper.from_array(v, "W" + k) for k, v in _weights().items()]
+    inits += [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    nodes = []
+    for t in "qkv":
+        nodes += [mk("MatMul", ["x", "W" + t], [t + "p"]), mk("Reshape", [t + "p", "hs"], [t + "r"]),
+                  mk("Transpose", [t + "r"], [t + "h"], perm=[0, 2, 1, 3])]
+    if past:
+        nodes += [mk("Concat", [PAST[0], "kh"], ["K"], axis=2), mk("Concat", [PAST[1], "vh"], ["Vv"], axis=-2),
+                  mk("Shape", [PAST[0]], ["ps"]), mk("Gather", ["ps", "i2"], ["plen1"]),
+                  mk("Squeeze", ["plen1"], ["plen"]), mk("Identity", ["K"], [PRESENT[0]]),
+                  mk("Identity", ["Vv"], [PRESENT[1]])]
+    else:
+        nodes += [mk("Identity", ["kh"], ["K"]), mk("Identity", ["vh"], ["Vv"]), mk("Identity", ["zero"], ["plen"])]
+    nodes += [mk("Shape", ["x"], ["xs"], start=1, end=2), mk("Squeeze", ["xs"], ["S"]), mk("Add", ["S", "plen"], ["T"]),
+              mk("Range", ["zero", "T", "one"], ["j"]), mk("Range", ["zero", "S", "one"], ["i0"]),
+              mk("Add", ["i0", "plen"], ["i1"]), mk("Unsqueeze", ["i1", "a1"], ["i"]),
+              mk("LessOrEqual", ["j", "i"], ["ok"]), mk("Where", ["ok", "fz", "neg"], ["bias"]),
+              mk("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]), mk("MatMul", ["qh", "Kt"], ["s0"]),
+              mk("Div", ["s0", "sq"], ["s1"]), mk("Add", ["s1", "bias"], ["s2"]), mk("Softmax", ["s2"], ["p"], axis=-1),
+              mk("MatMul", ["p", "Vv"], ["c"]), mk("Transpose", ["c"], ["ct"], perm=[0, 2, 1, 3]),
+              mk("Reshape", ["ct", "ms"], ["cm"]), mk("MatMul", ["cm", "Wo"], ["o"]), mk("Add", ["o", "x"], ["h"]),
+              mk("MatMul", ["h", "Wlm"], ["logits"])]
+    for i, n in enumerate(nodes):
+        n.name = f"n{i}_{n.op_type}"
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", "sequence_length", D])]
+    outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", V])]
+    if past:
+        ins += [helper.make_tensor_value_info(p, TensorProto.FLOAT, ["batch_size", N, "past_sequence_length", H])
+                for p in PAST]
+        outs += [helper.make_tensor_value_info(p, TensorProto.FLOAT, ["batch_size", N, "total_sequence_length", H])
+                 for p in PRESENT]
+    m = helper.make_model(helper.make_graph(nodes, "decoder", ins, outs, initializer=inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m
+
+
+@pytest.fixture(scope="module")
+def pair():
+    x = np.random.default_rng(1).standard_normal((2, 5, D)).astype(np.float32)
+    return _decoder(True).SerializeToString(), _decoder(False).SerializeToString(), x
+
+
+def test_past_inputs_fed_empty_and_present_outputs_dropped(pair):
+    model = loader.load(pair[0])
+    assert [v.name for v in model.graph.inputs] == ["x"] and [v.name for v in model.graph.outputs] == ["logits"]
+    assert not [n for n in model.graph if n.op_type == "Concat" and any(
+        v is not None and v.name in PAST for v in n.inputs)]
+    notes = meta.DEPLOYED_FORMS.get(model)
+    assert "fed 2 past key/value input(s) empty (a prompt without KV cache)" in notes
+    assert "dropped 2 present key/value output(s)" in notes
+
+
+def test_relevance_equals_the_no_past_export(pair):
+    with_past, without, x = pair
+    a = onnx_lrp.Explainer(with_past, composite="attnlrp").explain({"x": x})
+    b = onnx_lrp.Explainer(without, composite="attnlrp").explain({"x": x})
+    empty = np.zeros((2, N, 0, H), np.float32)
+    ref = ort.InferenceSession(with_past, providers=["CPUExecutionProvider"]).run(
+        ["logits"], {"x": x, PAST[0]: empty, PAST[1]: empty})[0]
+    assert_close(a.outputs["logits"], ref, rtol=1e-6)  # the forward: onnxruntime's run with an empty past
+    np.testing.assert_array_equal(a.target, b.target)
+    assert_close(a.relevance, b.relevance, rtol=0, atol=1e-6)
+    assert np.abs(b.relevance).max() > 0.1
+
+
+def test_given_past_is_held_constant(pair):
+    """Past state bound with ``constants=``: the forward is onnxruntime's with that past; it is said in the notes."""
+    with_past, _, x = pair
+    rng = np.random.default_rng(2)
+    past = {p: rng.standard_normal((2, N, 3, H)).astype(np.float32) for p in PAST}
+    model = loader.load(with_past, constants=past)
+    assert "2 past key/value input(s) given: held constant (they get no relevance)" in \
+        meta.DEPLOYED_FORMS.get(model)
+    got = onnx_lrp.Explainer(with_past, composite="attnlrp", constants=past).explain({"x": x})
+    ref = ort.InferenceSession(with_past, providers=["CPUExecutionProvider"]).run(["logits"], {"x": x, **past})[0]
+    assert_close(got.outputs["logits"], ref, rtol=1e-6)
+
+
+def _optimum_pairs():
+    root = GOLDENS / "llm"
+    out = []
+    for arch in ("llama", "qwen2"):
+        a, b = root / arch / "optimum-with-past" / "model.onnx", root / arch / "optimum" / "model.onnx"
+        out.append(pytest.param(a, b, id=arch, marks=pytest.mark.skipif(
+            not (a.exists() and b.exists()), reason=f"no optimum pair of the tiny {arch} in {root}")))
+    return out
+
+
+@pytest.mark.parametrize("with_past, without", _optimum_pairs())
+def test_optimum_with_past_explains_like_without(with_past, without):
+    ids = np.array([[3, 17, 5, 9, 2, 11]], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None]}
+    a = onnx_lrp.Explainer(str(with_past), composite="attnlrp")
+    b = onnx_lrp.Explainer(str(without), composite="attnlrp")
+    ra, rb = (e.explain({k: v for k, v in feeds.items() if k in [s.name for s in e.inputs]}) for e in (a, b))
+    np.testing.assert_array_equal(ra.target, rb.target)
+    assert_close(ra.relevance, rb.relevance, rtol=0, atol=1e-6)
