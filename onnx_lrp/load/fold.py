@@ -31,7 +31,7 @@ def fold_constants(model: ir.Model) -> int:
     outputs = {id(v) for v in graph.outputs}
     folded = 0
     for node in list(graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type in NO_FOLD:
+        if node.domain not in ("", "ai.onnx") or node.op_type in NO_FOLD or meta.KEEP_PACKED.get(node, False):
             continue
         if any(id(o) in outputs for o in node.outputs) or any(
                 a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from ...core import meta
 from ...core.errors import ModelError
 from ...core.quantization import INT8, QRANGE, dequantize, qparams_misfit, relay_sources
 from ..builder import MS, LoadPass, Report, attr, const, to_initializer
@@ -82,8 +83,8 @@ def fold_weight_dequantize(graph: ir.Graph) -> int:
     """DequantizeLinear (and QuantizeLinear -> DequantizeLinear) of constants -> float initializers."""
     done = _fold_constant_quantize(graph)
     for node in list(graph):
-        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
-            continue
+        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or meta.KEEP_PACKED.get(node):
+            continue  # block_quant's packed weights stay packed
         x, scale = const(node.inputs[0]), const(node.inputs[1])
         zp = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
         if x is None or scale is None or (len(node.inputs) > 2 and node.inputs[2] is not None and zp is None):

@@ -43,9 +43,9 @@ Refused with one line naming the node: past key-value state given to the op, rot
 Attention / MultiHeadAttention, packed
 or 4-D/5-D query/key/value layouts of MultiHeadAttention, 4-D masks, non-constant projection weights or biases,
 inputs of unknown rank. Refused before anything is rewritten (:class:`RefuseUnsupported`): onnxruntime's NCHWc
-layout (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), ORT's
-weight-only block quantization (MatMulNBits, MatMulBnb4, GatherBlockQuantized), quantized fused transformer ops
-(QAttention, QEmbedLayerNormalization, QOrderedMatMul), fused attention ops other than those split here
+layout (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead),
+bitsandbytes' 4-bit MatMulBnb4 (MatMulNBits and GatherBlockQuantized are :mod:`..block_quant`'s), quantized fused
+transformer ops (QAttention, QEmbedLayerNormalization, QOrderedMatMul), fused attention ops other than those split here
 (PackedAttention, DecoderMaskedMultiHeadAttention, SparseAttention, ...), fused activations other than the standard
 ONNX ones.
 """
@@ -66,9 +66,7 @@ from .split_tools import Refuse, RefuseAs, Unknown
 _REFUSED_MS = {
     **{t: "quantized fused transformer op with no float counterpart here; quantize the float model with "
           "QuantFormat.QDQ instead" for t in ("QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")},
-    **{t: "onnxruntime's weight-only block quantization (int4 / blockwise); dequantize the weights to float or to "
-          "QDQ (DequantizeLinear with block_size) instead" for t in ("MatMulNBits", "MatMulBnb4",
-                                                                       "GatherBlockQuantized")},
+    "MatMulBnb4": "bitsandbytes' 4-bit weights (NF4 / FP4); quantize with MatMulNBits (int4) or QDQ instead",
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
        for t in ("PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
                  "DecoderMaskedMultiHeadAttention", "SparseAttention", "LongformerAttention")},
