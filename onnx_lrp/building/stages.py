@@ -88,12 +88,15 @@ def deployed_model(model, forward: ir.Model, options: BuildOptions) -> Deployed 
 
 def deployed_kinds(forward: ir.Model) -> tuple:
     """What makes the deployed model's forward differ from the explained one: "int8" (quantized: Q/DQ pairs or
-    dynamic quantization stay in the canonized graph) and "float16" (upcast by the loader)."""
+    dynamic quantization stay in the canonized graph), "float16" (upcast by the loader) and "int8-activations"
+    (MatMulNBits with accuracy_level 4)."""
     kinds = []
     if any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in forward.graph):
         kinds.append("int8")
     if any("float16" in note for note in meta.DEPLOYED_FORMS.get(forward) or ()):
         kinds.append("float16")
+    if any("accuracy_level 4" in note for note in meta.DEPLOYED_FORMS.get(forward) or ()):
+        kinds.append("int8-activations")  # MatMulNBits quantizing their activations (load.passes.block_quant)
     return tuple(kinds)
 
 

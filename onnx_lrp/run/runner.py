@@ -324,6 +324,7 @@ class Runner:
         session = session or self.deployed_session
         types = session.input_types
         feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
+        feeds.update(gaps.empty_past(session.inputs(), feeds))  # a decoder's KV cache: empty, as explained
         feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
                  for k, v in feeds.items() if k in types}
         static_one = self._static_one()

@@ -206,3 +206,77 @@ def test_gather_block_quantized_forward_and_token_relevance(kind):
     assert_close(ra.relevance, rb.relevance, rtol=1e-5, atol=1e-6)
     assert TensorProto.FLOAT not in initializer_bytes(a.relevance_model) or \
         initializer_bytes(a.relevance_model)[TensorProto.FLOAT] < table.nbytes // 2
+
+
+def test_accuracy_level_4_gap_is_measured_and_said_with_an_empty_kv_cache():
+    """MatMulNBits with accuracy_level 4 (int8 activations in onnxruntime's kernel) in a decoder-like graph with a past
+    input: the deployed model runs with its past fed empty, its gap to the float forward is measured, and where it is
+    beyond the tolerance it is said with its cause."""
+    from onnx_lrp.core.errors import LrpWarning
+    from onnx_lrp.run import deployed_gap
+
+    inits, names, attrs, w, _ = nbits_layer(64, 8, 4, 32, "none", False, accuracy=4)
+    nodes = [helper.make_node("MatMulNBits", ["x"] + names, ["logits"], domain="com.microsoft", name="mm", **attrs),
+             helper.make_node("Reshape", ["logits", "heads"], ["k"], name="k_heads"),
+             helper.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2, name="cat")]
+    inits["heads"] = np.array([0, 2, -1, 4], np.int64)
+    ins = [helper.make_tensor_value_info("x", F, ["batch_size", "sequence_length", 64]),
+           helper.make_tensor_value_info("past_key_values.0.key", F, ["batch_size", 2, "past_sequence_length", 4])]
+    outs = [helper.make_tensor_value_info("logits", F, ["batch_size", "sequence_length", 8]),
+            helper.make_tensor_value_info("present.0.key", F, ["batch_size", 2, "total_sequence_length", 4])]
+    m = _model(nodes, inits, ins, outs)
+    x = (4 * np.random.default_rng(7).standard_normal((1, 2, 64))).astype(np.float32)
+    e = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-6)
+    assert e.relevance_model.deployed is not None and "int8-activations" in e.relevance_model.deployed.kinds
+    with pytest.warns(LrpWarning, match="accuracy_level 4") if _int8_path(m, x) else _nothing():
+        res = e.explain(x, target=(1, 0))
+    ref = _session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": np.zeros((1, 2, 0, 4),
+                                                                                                    np.float32)})[0]
+    gap = res.deployed_gap
+    assert_close(res.outputs["logits"], ref, rtol=0, atol=0)  # the outputs are the deployed model's
+    assert_close(res.forward["logits"], x @ w, rtol=1e-5, atol=1e-5)  # the explained forward is the float one
+    assert gap.max_abs == pytest.approx(np.abs(ref - res.forward["logits"]).max(), rel=1e-6)
+    if gap.beyond:
+        assert gap.reason == deployed_gap.INT8_ACTIVATIONS
+
+
+def _int8_path(m, x) -> bool:
+    """Whether this CPU's MatMulNBits kernel with accuracy_level 4 differs from float beyond 1e-4 of the output."""
+    empty = np.zeros((1, 2, 0, 4), np.float32)
+    y4 = _session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": empty})[0]
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.name == "accuracy_level":
+                a.i = 0
+    y0 = _session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": empty})[0]
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.name == "accuracy_level":
+                a.i = 4
+    return bool(np.abs(y4 - y0).max() > 1e-4 * np.abs(y4).max())
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_opset_below_21_is_raised_with_reduction_axes_as_inputs():
+    """onnxruntime-genai writes its int4 models at opset 14: the model is raised to 21 for DequantizeLinear's
+    block_size, a ReduceMean's ``axes`` attribute (opset < 18) becoming an input; the forward is unchanged."""
+    inits, names, attrs, w, _ = nbits_layer(64, 8, 4, 32, "packed", False)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1, name="mean"),
+             helper.make_node("Sub", ["x", "mean"], ["centred"], name="centre"),
+             helper.make_node("MatMulNBits", ["centred"] + names, ["y"], domain="com.microsoft", name="mm", **attrs)]
+    m = _model(nodes, inits, [helper.make_tensor_value_info("x", F, ["batch", 64])],
+               [helper.make_tensor_value_info("y", F, ["batch", 8])], opset=14)
+    x = np.random.default_rng(8).standard_normal((3, 64)).astype(np.float32)
+    ref = _session(m.SerializeToString()).run(None, {"x": x})[0]
+    model = loader.load(m.SerializeToString())
+    assert model.opset_imports[""] >= 21
+    assert all("axes" not in n.attributes for n in model.graph if n.op_type == "ReduceMean")
+    got = _session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, {"x": x})[0]
+    assert_close(got, ref, rtol=1e-5, atol=1e-5)
