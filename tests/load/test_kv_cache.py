@@ -118,7 +118,7 @@ def _optimum_pairs():
     root = GOLDENS / "llm"
     out = []
     for arch in ("llama", "qwen2"):
-        a, b = root / arch / "optimum-with-past" / "model.onnx", root / arch / "optimum" / "model.onnx"
+        a, b = root / f"{arch}_optimum_past.onnx", root / f"{arch}_optimum_nopast.onnx"
         out.append(pytest.param(a, b, id=arch, marks=pytest.mark.skipif(
             not (a.exists() and b.exists()), reason=f"no optimum pair of the tiny {arch} in {root}")))
     return out
