@@ -133,3 +133,19 @@ def test_optimum_with_past_explains_like_without(with_past, without):
     ra, rb = (e.explain({k: v for k, v in feeds.items() if k in [s.name for s in e.inputs]}) for e in (a, b))
     np.testing.assert_array_equal(ra.target, rb.target)
     assert_close(ra.relevance, rb.relevance, rtol=0, atol=1e-6)
+
+
+def test_past_with_its_own_dimension_names_and_fixed_past_left_alone(pair):
+    """The batch named differently in the past than in the other inputs (the sequence axis told by its name); a
+    past of fixed length has no axis to empty: left as an input (the fused ops' own refusals then apply)."""
+    _, without, x = pair
+    m = _decoder(True)
+    for i in m.graph.input[1:]:
+        i.type.tensor_type.shape.dim[0].dim_param, i.type.tensor_type.shape.dim[2].dim_param = "b", "past_len"
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    a = onnx_lrp.Explainer(m.SerializeToString(), composite="attnlrp").explain({"x": x})
+    b = onnx_lrp.Explainer(without, composite="attnlrp").explain({"x": x})
+    assert_close(a.relevance, b.relevance, rtol=0, atol=1e-6)
+    for i in m.graph.input[1:]:
+        i.type.tensor_type.shape.dim[2].dim_value = 3
+    assert [v.name for v in loader.load(m.SerializeToString()).graph.inputs] == ["x", *PAST]

@@ -18,12 +18,12 @@ import re
 import numpy as np
 import onnx_ir as ir
 
-from ...core.errors import ModelError
 from ..builder import MS, LoadPass, Report, bypass
 
 
 PAST = re.compile(r"^(past_key_values|past_key|past_value|past)([._/\-]|\d|$)")
 PRESENT = re.compile(r"^(present_key_values|present_key|present_value|present)([._/\-]|\d|$)")
+_SEQ = r"past|seq|len|cache|total"  # names of a sequence dimension
 # com.microsoft ops that take an absent past as empty: op type -> the indices of their past inputs
 _ABSENT_IS_EMPTY = {"GroupQueryAttention": (3, 4), "MultiHeadAttention": (6, 7), "Attention": (4,)}
 
@@ -35,58 +35,56 @@ class EmptyPast(LoadPass):
         graph = model.graph
         given = [n for n in graph.initializers if PAST.match(n)]
         report.note(len(given), "{n} past key/value input(s) given: held constant (they get no relevance)")
-        pasts = [v for v in graph.inputs if v.name and PAST.match(v.name) and v.dtype is not None and
+        named = [v for v in graph.inputs if v.name and PAST.match(v.name) and v.dtype is not None and
                  v.dtype.is_floating_point()]
+        if named and len(named) == len(graph.inputs):
+            return 0  # nothing else to take the batch from: not a decoder's cache
+        pasts = [(v, axes) for v in named for axes in [_axes(graph, v)] if axes is not None]
+        if len(pasts) < len(named):  # a past of fixed length (no sequence axis to empty): left to the ops' refusals
+            return 0
         presents = [v for v in graph.outputs if v.name and PRESENT.match(v.name)]
         if not pasts and not presents:
             return 0
-        if pasts and len(pasts) == len(graph.inputs):
-            return 0  # nothing else to take the batch from: not a decoder's cache
         for v in presents:
             graph.outputs.remove(v)
-        for v in pasts:
-            _empty(graph, v)
+        for v, axes in pasts:
+            _empty(graph, v, axes)
         removed = _drop_dead(graph)
         report.note(len(pasts), "fed {n} past key/value input(s) empty (a prompt without KV cache)")
         report.note(len(presents), "dropped {n} present key/value output(s)")
         return len(pasts) + len(presents) + removed
 
 
-def _axes(graph: ir.Graph, past: ir.Value) -> tuple[int | None, int, ir.Value | None, int]:
-    """(batch axis of ``past`` or None, its sequence axis, the input sharing the batch, that input's batch axis)."""
+def _axes(graph: ir.Graph, past: ir.Value) -> tuple | None:
+    """(batch axis of ``past`` or None, its sequence axis, the input sharing the batch, that input's batch axis), or
+    None when no axis can be the sequence (a past of fixed length, or several unnamed dimensions)."""
     dims = list(past.shape) if past.shape is not None else []
     others = [v for v in graph.inputs if not (v.name and PAST.match(v.name)) and v.shape is not None]
-    sym = [(i, str(d)) for i, d in enumerate(dims) if not isinstance(d, int)]
+    sym = [(i, str(d)) for i, d in enumerate(dims) if not isinstance(d, int) and d is not None and str(d)]
     batch = None
     for i, name in sym:
         ref = next(((v, j) for v in others for j, d in enumerate(v.shape) if not isinstance(d, int) and
-                    str(d) == name), None)
-        if ref is not None and name and name != "None":
+                    d is not None and str(d) == name), None)
+        if ref is not None:
             batch = (i, ref[0], ref[1])
             break
+    if batch is None and len(sym) == 2:  # the batch named otherwise than in the other inputs: by the names
+        seq = [i for i, name in sym if re.search(_SEQ, name, re.I)]
+        ids = next((v for v in others if v.dtype is not None and not v.dtype.is_floating_point() and v.shape),
+                   next((v for v in others if v.shape), None))  # token ids, else the first input with a batch
+        if len(seq) == 1 and ids is not None:
+            batch = (next(i for i, _ in sym if i != seq[0]), ids, 0)
     rest = [i for i, _ in sym if batch is None or i != batch[0]]
-    named = [i for i in rest if re.search(r"past|seq|len|cache|total", str(dims[i]), re.I)]
-    seq = (named or rest or [None])[0]
-    if seq is None:
-        seq = next((i for i, d in enumerate(dims) if d == 0), None)
-    if seq is None:
-        raise_unknown(past)
-    if batch is None:
-        ref = next(((v, 0) for v in others if len(v.shape) >= 1 and v.dtype is not None and
-                    not v.dtype.is_floating_point()), None) if dims and not isinstance(dims[0], int) and seq != 0 \
-            else None
-        return (0, seq, ref[0], 0) if ref is not None else (None, seq, None, 0)
-    return batch[0], seq, batch[1], batch[2]
+    if len(rest) != 1 or any(d is None or (not isinstance(d, int) and not str(d)) for d in dims):
+        return None
+    if batch is None:  # a static batch: the one symbolic dimension is the sequence if its name says so
+        return (None, rest[0], None, 0) if re.search(_SEQ, str(dims[rest[0]]), re.I) else None
+    return batch[0], rest[0], batch[1], batch[2]
 
 
-def raise_unknown(past: ir.Value) -> None:
-    raise ModelError(f"past state input {past.name!r} of shape {past.shape}: its sequence axis is not known (name "
-                     "the dimension, e.g. past_sequence_length); export the model without past, or give the input")
-
-
-def _empty(graph: ir.Graph, past: ir.Value) -> None:
+def _empty(graph: ir.Graph, past: ir.Value, axes: tuple) -> None:
     """``past`` replaced by an empty tensor along its sequence axis; Concats and fused attention lose it."""
-    bax, seq, ref, rax = _axes(graph, past)
+    bax, seq, ref, rax = axes
     for use in list(past.uses()):
         node, idx = use.node, use.idx
         if node.domain == MS and idx in _ABSENT_IS_EMPTY.get(node.op_type, ()):
@@ -143,9 +141,6 @@ def _empty_value(graph: ir.Graph, past: ir.Value, bax, seq: int, ref, rax: int) 
         return v
 
     fixed = [0 if i == seq else (d if isinstance(d, int) else 1) for i, d in enumerate(dims)]
-    unknown = [i for i, d in enumerate(dims) if i not in (seq, bax) and not isinstance(d, int)]
-    if unknown:
-        raise_unknown(past)
     if bax is None or ref is None:
         return const(np.zeros(fixed, dt), "value")
     # nodes are inserted at the front in reverse order of use
