@@ -19,6 +19,7 @@ forward computes in float, and the gap to the deployed model is measured and sai
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,11 +50,12 @@ class BlockQuantized(LoadPass):
         if not nodes:
             return 0
         packed = _raise_opset(model)
+        ctx = _Context(packed, {})
         done, refused, accurate = 0, [], 0
-        for node in nodes:
+        for node in sorted(nodes, key=lambda x: x.op_type != "GatherBlockQuantized"):  # tables first: tied heads
             b = Builder(graph, node)
             try:
-                y = (_matmul_nbits if node.op_type == "MatMulNBits" else _gather_block)(b, node, packed)
+                y = (_matmul_nbits if node.op_type == "MatMulNBits" else _gather_block)(b, node, ctx)
             except Refused as why:
                 b.undo()
                 refused.append((node, f"{node.op_type} with {why}"))
@@ -99,6 +101,23 @@ def _unpack(data: np.ndarray, bits: int, count: int) -> np.ndarray:
     out = np.empty((data.shape[0], data.shape[1] * 2), np.uint8)
     out[:, 0::2], out[:, 1::2] = data & 0x0F, data >> 4
     return out[:, :count]
+
+
+@dataclass(frozen=True)
+class _Context:
+    """``packed``: weights kept packed (opset 21); ``tables``: the embedding tables converted so far, by content (a
+    head tied to its embedding reads the table transposed instead of a second packed copy)."""
+    packed: bool
+    tables: dict
+
+
+def _key(q: np.ndarray, s: np.ndarray, z, bits: int, block: int) -> str:
+    """The content of a (rows, K) quantized weight (zero points absent: their default)."""
+    z = np.full(s.shape, 2 ** (bits - 1), np.uint8) if z is None else z
+    h = hashlib.sha256(repr((q.shape, s.shape, bits, block, str(z.dtype))).encode())
+    for a in (q, s, z):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -185,7 +204,7 @@ def _constants(node, idx) -> list:
     return out
 
 
-def _matmul_nbits(b, node, packed: bool) -> ir.Value:
+def _matmul_nbits(b, node, ctx: _Context) -> ir.Value:
     k, n = int(attr(node, "K", 0)), int(attr(node, "N", 0))
     bits, block = int(attr(node, "bits", 4)), int(attr(node, "block_size", 0) or 0)
     if bits not in (4, 8) or block < 16 or k <= 0 or n <= 0:
@@ -194,13 +213,20 @@ def _matmul_nbits(b, node, packed: bool) -> ir.Value:
     nb = -(-k // block)
     if g is not None and not np.array_equal(np.asarray(g).reshape(-1), np.arange(k) // block):
         raise Refused("g_idx in another order than the blocks (act-order); quantize without it")
-    q = _unpack(np.asarray(bq).reshape(n, -1), bits, nb * block)
+    q = _unpack(np.asarray(bq).reshape(n, -1), bits, nb * block)[:, :k]
     s = np.asarray(s).reshape(n, nb)
     if z is not None:
         z = np.asarray(z).reshape(n, -1)
         z = z[:, :nb] if z.dtype.kind == "f" else _unpack(z, bits, nb)
-    w = _weight(b, np.ascontiguousarray(q[:, :k].T), np.ascontiguousarray(s.T),
-                None if z is None else np.ascontiguousarray(z.T), _Blocks(bits, 0, block), packed, "w")
+    table = ctx.tables.get(_key(q, s, z, bits, block)) if ctx.packed else None
+    if table is not None:  # tied to an embedding: its table, transposed
+        w = b.op("Transpose", [table], perm=[1, 0], tag="tied_w")
+        w.type, w.shape = table.type, ir.Shape([k, n])
+        meta.KEEP_PACKED.set(w.producer(), True)
+        meta.PACKED_WEIGHT.set(w, lambda: np.ascontiguousarray(meta.PACKED_WEIGHT.get(table)().T))
+    else:
+        w = _weight(b, np.ascontiguousarray(q.T), np.ascontiguousarray(s.T),
+                    None if z is None else np.ascontiguousarray(z.T), _Blocks(bits, 0, block), ctx.packed, "w")
     y = b.op("MatMul", [node.inputs[0], w], like=node.outputs[0], tag="matmul")
     bias = padded_inputs(node, 6)[5]
     if bias is not None:
@@ -208,7 +234,7 @@ def _matmul_nbits(b, node, packed: bool) -> ir.Value:
     return y
 
 
-def _gather_block(b, node, packed: bool) -> ir.Value:
+def _gather_block(b, node, ctx: _Context) -> ir.Value:
     data, ids = node.inputs[0], node.inputs[1]
     dc, s, z = _constants(node, (0, 2, 3))
     if dc is None or dc.ndim != 2:
@@ -231,9 +257,12 @@ def _gather_block(b, node, packed: bool) -> ir.Value:
         z = _unpack(z.reshape(q.shape[0], -1), 4, s.shape[1])
     else:
         z = z.astype(np.int16).reshape(s.shape) + (2 ** (bits - 1) if signed else 0)
-    table = _weight(b, q.astype(np.uint8), s, z, _Blocks(bits, 1, block), packed, "table")
+    q = q.astype(np.uint8)
+    table = _weight(b, q, s, z, _Blocks(bits, 1, block), ctx.packed, "table")
     if table.shape is not None and list(table.shape) != [q.shape[0], hidden]:
         raise Refused("a table whose hidden size does not fit its blocks")
+    if ctx.packed:
+        ctx.tables[_key(q, s, z, bits, block)] = table
     return b.op("Gather", [table, ids], axis=0, like=node.outputs[0], tag="lookup")
 
 

@@ -23,7 +23,7 @@ from ..builder import MS, LoadPass, Report, bypass
 
 PAST = re.compile(r"^(past_key_values|past_key|past_value|past)([._/\-]|\d|$)")
 PRESENT = re.compile(r"^(present_key_values|present_key|present_value|present)([._/\-]|\d|$)")
-_SEQ = r"past|seq|len|cache|total"  # names of a sequence dimension
+_SEQ = (r"past", r"seq", r"len|total", r"cache")  # names of a sequence dimension, in order of preference
 # com.microsoft ops that take an absent past as empty: op type -> the indices of their past inputs
 _ABSENT_IS_EMPTY = {"GroupQueryAttention": (3, 4), "MultiHeadAttention": (6, 7), "Attention": (4,)}
 
@@ -57,29 +57,36 @@ class EmptyPast(LoadPass):
 
 def _axes(graph: ir.Graph, past: ir.Value) -> tuple | None:
     """(batch axis of ``past`` or None, its sequence axis, the input sharing the batch, that input's batch axis), or
-    None when no axis can be the sequence (a past of fixed length, or several unnamed dimensions)."""
+    None when no axis can be the sequence (a past of fixed length, unnamed dimensions, names that do not tell)."""
     dims = list(past.shape) if past.shape is not None else []
+    if not dims or any(d is None or (not isinstance(d, int) and not str(d)) for d in dims):
+        return None
     others = [v for v in graph.inputs if not (v.name and PAST.match(v.name)) and v.shape is not None]
-    sym = [(i, str(d)) for i, d in enumerate(dims) if not isinstance(d, int) and d is not None and str(d)]
-    batch = None
-    for i, name in sym:
-        ref = next(((v, j) for v in others for j, d in enumerate(v.shape) if not isinstance(d, int) and
-                    d is not None and str(d) == name), None)
-        if ref is not None:
-            batch = (i, ref[0], ref[1])
-            break
-    if batch is None and len(sym) == 2:  # the batch named otherwise than in the other inputs: by the names
-        seq = [i for i, name in sym if re.search(_SEQ, name, re.I)]
+    sym = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    batch = next(((i, v, j) for i in sym for v in others for j, d in enumerate(v.shape)
+                  if not isinstance(d, int) and d is not None and str(d) == str(dims[i])), None)
+    rest = [i for i in sym if batch is None or i != batch[0]]
+    seq = rest[0] if len(rest) == 1 and batch is not None else _seq_by_name(rest, dims)
+    if seq is None:
+        return None
+    if batch is None and len(rest) == 2:  # the batch named otherwise than in the other inputs
         ids = next((v for v in others if v.dtype is not None and not v.dtype.is_floating_point() and v.shape),
                    next((v for v in others if v.shape), None))  # token ids, else the first input with a batch
-        if len(seq) == 1 and ids is not None:
-            batch = (next(i for i, _ in sym if i != seq[0]), ids, 0)
-    rest = [i for i, _ in sym if batch is None or i != batch[0]]
-    if len(rest) != 1 or any(d is None or (not isinstance(d, int) and not str(d)) for d in dims):
+        if ids is not None:
+            batch = (next(i for i in rest if i != seq), ids, 0)
+    elif batch is None and len(rest) > 1:
         return None
-    if batch is None:  # a static batch: the one symbolic dimension is the sequence if its name says so
-        return (None, rest[0], None, 0) if re.search(_SEQ, str(dims[rest[0]]), re.I) else None
-    return batch[0], rest[0], batch[1], batch[2]
+    return (None, seq, None, 0) if batch is None else (batch[0], seq, batch[1], batch[2])
+
+
+def _seq_by_name(axes: list, dims: list) -> int | None:
+    """The one axis among ``axes`` whose dimension's name says sequence (past, then seq, then len / total, then
+    cache), or None."""
+    for pattern in _SEQ:
+        hit = [i for i in axes if re.search(pattern, str(dims[i]), re.I)]
+        if len(hit) == 1:
+            return hit[0]
+    return None
 
 
 def _empty(graph: ir.Graph, past: ir.Value, axes: tuple) -> None:
