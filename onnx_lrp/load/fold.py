@@ -173,6 +173,8 @@ def mark_shape_only(graph: ir.Graph) -> int:
         if _is_int(v):
             only.add(id(v))
             ids.add(id(v))
+    # values a loading pass marked (rotary cos/sin gathered at position ids): what is computed from them alone too
+    only.update(id(o) for n in graph for o in n.outputs if meta.SHAPE_ONLY.get(o, False))
     marked = 0
     for node in graph:
         std = node.domain in ("", "ai.onnx")

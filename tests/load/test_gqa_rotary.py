@@ -129,14 +129,15 @@ def _twin_with_rotary_nodes(interleaved: int) -> onnx.ModelProto:
     return m
 
 
-@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("interleaved", [1])
 def test_gqa_rotary_relevance_equals_separate_rotary_nodes(interleaved):
     feeds = _feeds("positions")
     a = onnx_lrp.Explainer(_model("positions", H, interleaved).SerializeToString(), composite="attnlrp")
     b = onnx_lrp.Explainer(_twin_with_rotary_nodes(interleaved).SerializeToString(), composite="attnlrp")
     ra, rb = a.explain(feeds), b.explain(feeds)
     np.testing.assert_array_equal(ra.target, rb.target)
-    rel_a, rel_b = ra.relevance["x"], rb.relevance["x"]
+    assert a.relevance_inputs == b.relevance_inputs == ["x"]  # none for position_ids
+    rel_a, rel_b = ra.relevance, rb.relevance
     assert np.abs(rel_b).max() > 1e-3
     assert_close(rel_a, rel_b, rtol=1e-5, atol=1e-6)
 
@@ -165,3 +166,16 @@ def test_simplified_norms_as_the_builder_writes_them_match_onnxruntime(bias):
     got = e.explain({"x": x}, target=(3, 0))
     assert_close(got.forward["y"], ref, rtol=1e-5, atol=1e-6)
     assert np.isfinite(got.relevance).all()
+
+
+def test_position_ids_carry_no_relevance():
+    """cos/sin gathered at position_ids are positions, not token embeddings: position_ids 0..S-1 give the relevance
+    of the model whose positions come from the sequence length, and no relevance of their own."""
+    feeds = _feeds("positions")
+    feeds["position_ids"] = np.tile(np.arange(S), (B, 1))
+    a = onnx_lrp.Explainer(_model("positions").SerializeToString(), composite="attnlrp")
+    b = onnx_lrp.Explainer(_model("plain").SerializeToString(), composite="attnlrp")
+    assert a.relevance_inputs == ["x"]
+    ra, rb = a.explain(feeds), b.explain({k: v for k, v in feeds.items() if k != "position_ids"})
+    assert np.abs(rb.relevance).max() > 1e-3
+    assert_close(ra.relevance, rb.relevance, rtol=1e-6, atol=1e-7)

@@ -248,8 +248,7 @@ def _gqa_rotary(b, node, qh: ir.Value, kh: ir.Value, head: int) -> tuple[ir.Valu
         raise Refuse("position_ids that are not (B, S)")
     else:
         pos = typed(b.op("Cast", [pos], to=INT64.value, tag="position_ids"), INT64)
-    cos = b.op("Gather", [cos_c, pos], axis=0, tag="cos")  # (S, rd/2) or (B, S, rd/2)
-    sin = b.op("Gather", [sin_c, pos], axis=0, tag="sin")
+    cos, sin = _angles(b, cos_c, sin_c, pos)  # (S, rd/2) or (B, S, rd/2)
     inter = bool(int(attr(node, "rotary_interleaved", 0) or 0))
     return tuple(_rotary_part(b, x, cos, sin, rd, head, inter, tag) for x, tag in ((qh, "q"), (kh, "k")))
 
@@ -322,8 +321,7 @@ def rotary(b, node) -> ir.Value:
     if len(pos.shape) == 1:  # an offset: positions offset + 0..S-1
         seq = positions(b, x, 1 if r == 3 else 2, "seq_pos")
         pos = typed(b.op("Add", [seq, b.op("Cast", [pos], to=INT64.value, tag="offset")], tag="positions"), INT64)
-    cos = b.op("Gather", [cos_c, pos], axis=0, tag="cos")  # (B, S, rd/2) or (S, rd/2)
-    sin = b.op("Gather", [sin_c, pos], axis=0, tag="sin")
+    cos, sin = _angles(b, cos_c, sin_c, pos)  # (B, S, rd/2) or (S, rd/2)
     axis = -2 if r == 3 else -3  # the heads axis: (.., S, 1, rd) for (B, S, N, H); (.., 1, S, rd) for (B, N, S, H)
     xr = xh if rd == head else b.op("Slice", [xh, i64(b, [0], "start"), i64(b, [rd], "end"), i64(b, [-1], "axis")],
                                     tag="x_rot")
@@ -336,6 +334,18 @@ def rotary(b, node) -> ir.Value:
         y = b.op("Reshape", [y, i64(b, [0, 0, -1], "merge_shape")], tag="merged")
     y.type, y.shape = out.type, out.shape
     return y
+
+
+def _angles(b, cos_c: ir.Value, sin_c: ir.Value, pos: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """cos and sin gathered from the caches at the positions: marked as carrying no relevance (a lookup at position
+    ids is not a token's embedding)."""
+    out = []
+    for c, tag in ((cos_c, "cos"), (sin_c, "sin")):
+        v = b.op("Gather", [c, pos], axis=0, tag=tag)
+        v.type = c.type
+        meta.SHAPE_ONLY.set(v, True)
+        out.append(v)
+    return out[0], out[1]
 
 
 def _rotate(b, xr: ir.Value, cos: ir.Value, sin: ir.Value, axis: int, rd: int, interleaved: bool) -> ir.Value:
