@@ -135,7 +135,7 @@ def _two_layers(packed: bool, zp: str, bits: int = 4):
     return _model(nodes, inits, ins, outs)
 
 
-@pytest.mark.parametrize("zp, bits", [("none", 4), ("packed", 4), ("float", 4), ("packed", 8)])
+@pytest.mark.parametrize("zp, bits", [("none", 4), ("float", 4), ("packed", 8)])
 def test_matmul_nbits_relevance_equals_the_float_twin_with_weights_kept_packed(zp, bits):
     x = np.random.default_rng(4).standard_normal((2, 3, 32)).astype(np.float32)
     a = onnx_lrp.Explainer(_two_layers(True, zp, bits).SerializeToString(), composite="epsilon", epsilon=1e-6)

@@ -91,8 +91,8 @@ def _feeds(case: str):
     return f
 
 
-CASES = [("plain", H, 0), ("plain", H, 1), ("packed", H, 0), ("packed", H, 1), ("padded", H, 0),
-         ("positions", H, 0), ("partial", H // 2, 0), ("partial", H // 2, 1)]
+CASES = [("plain", H, 0), ("packed", H, 1), ("padded", H, 0), ("positions", H, 1), ("partial", H // 2, 0),
+         ("partial", H // 2, 1)]
 
 
 @pytest.mark.parametrize("case, rd, inter", CASES, ids=[f"{c}-rd{r}-i{i}" for c, r, i in CASES])
@@ -142,7 +142,7 @@ def test_gqa_rotary_relevance_equals_separate_rotary_nodes(interleaved):
     assert_close(rel_a, rel_b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias", [True])
 def test_simplified_norms_as_the_builder_writes_them_match_onnxruntime(bias):
     """SimplifiedLayerNormalization (default domain) -> SkipSimplifiedLayerNormalization (its sum output used by the
     next residual), as the genai builder chains them."""

@@ -1,7 +1,7 @@
 """Decoders exported with a KV cache: the past key/value inputs fed empty (length 0 along the sequence axis), the
 ``present.*`` outputs dropped; the relevance equals the no-past export's. A synthetic torch.onnx-like decoder layer
-(past Concat'ed to the new keys, the past length read with Shape for the causal mask) against its twin without past,
-and the optimum export pair of the tiny LLaMA / Qwen2 of tests/goldens/llm/ when they are there."""
+(past Concat'ed to the new keys, the past length read with Shape for the causal mask) against its twin without past
+(optimum's exports of the tiny LLaMA / Qwen2 with and without past: tests/parity/test_genai_forms.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_lrp
 from onnx_lrp import load as loader
 from onnx_lrp.core import meta
-from util import GOLDENS, assert_close
+from util import assert_close
 
 D, N, H, V = 8, 2, 4, 11
 PAST = ("past_key_values.0.key", "past_key_values.0.value")
@@ -112,27 +112,6 @@ def test_given_past_is_held_constant(pair):
     got = onnx_lrp.Explainer(with_past, composite="attnlrp", constants=past).explain({"x": x})
     ref = ort.InferenceSession(with_past, providers=["CPUExecutionProvider"]).run(["logits"], {"x": x, **past})[0]
     assert_close(got.outputs["logits"], ref, rtol=1e-6)
-
-
-def _optimum_pairs():
-    root = GOLDENS / "llm"
-    out = []
-    for arch in ("llama", "qwen2"):
-        a, b = root / f"{arch}_optimum_past.onnx", root / f"{arch}_optimum_nopast.onnx"
-        out.append(pytest.param(a, b, id=arch, marks=pytest.mark.skipif(
-            not (a.exists() and b.exists()), reason=f"no optimum pair of the tiny {arch} in {root}")))
-    return out
-
-
-@pytest.mark.parametrize("with_past, without", _optimum_pairs())
-def test_optimum_with_past_explains_like_without(with_past, without):
-    ids = np.array([[3, 17, 5, 9, 2, 11]], np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None]}
-    a = onnx_lrp.Explainer(str(with_past), composite="attnlrp")
-    b = onnx_lrp.Explainer(str(without), composite="attnlrp")
-    ra, rb = (e.explain({k: v for k, v in feeds.items() if k in [s.name for s in e.inputs]}) for e in (a, b))
-    np.testing.assert_array_equal(ra.target, rb.target)
-    assert_close(ra.relevance, rb.relevance, rtol=0, atol=1e-6)
 
 
 def test_past_with_its_own_dimension_names_and_fixed_past_left_alone(pair):

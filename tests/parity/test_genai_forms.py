@@ -1,6 +1,6 @@
-"""The deployed forms of one decoder explain alike: onnxruntime-genai's fp32 folder (GroupQueryAttention with past
-and do_rotary, SkipSimplifiedLayerNormalization) like optimum's export without past and like LXT on the Hugging Face
-model it was built from; its int4 folder (MatMulNBits, GatherBlockQuantized) like its float twin (the same weights
+"""The deployed forms of one decoder explain alike: optimum's export with past like the one without; onnxruntime-genai's
+fp32 folder (GroupQueryAttention with past and do_rotary, SkipSimplifiedLayerNormalization) like optimum's export
+without past and like LXT on the Hugging Face model it was built from; its int4 folder (MatMulNBits, GatherBlockQuantized) like its float twin (the same weights
 dequantized in numpy, activations not quantized), with the 4-bit weights kept packed in the relevance model. Two
 architectures: a LLaMA with grouped-query attention and a Qwen2 with QKV biases and tied embeddings
 (tests/goldens/llm/, made by scripts/make_llm_models.py); skipped where a model is not there."""
@@ -59,6 +59,18 @@ def test_genai_fp32_explains_like_optimum_without_past(arch):
     if "genai_fp32_logits" in refs:  # the explained forward is onnxruntime-genai's own
         g = refs["genai_fp32_logits"].reshape(a[2].shape[-2:])[-1]
         assert_close(a[2][0, -1], g, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_optimum_with_past_explains_like_without(arch):
+    """optimum's text-generation-with-past export: the past fed empty, the present dropped; the relevance equals the
+    export without past (<= 1e-6)."""
+    past, nopast = LLM / f"{arch}_optimum_past.onnx", LLM / f"{arch}_optimum_nopast.onnx"
+    _need(past, nopast)
+    a, b = _explained(past, arch), _explained(nopast, arch)
+    assert a[1] == b[1]
+    assert_close(a[0], b[0], rtol=0, atol=1e-6)
+    assert_close(a[2], b[2], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
