@@ -141,6 +141,11 @@ def cause(runner, feeds: dict, forward: np.ndarray, gap: Gap) -> str:
     return OTHER
 
 
+def is_past(name: str) -> bool:
+    """Whether ``name`` is a decoder's past key/value input (``past_key_values.0.key``, ``past.1``, ...)."""
+    return bool(_PAST.match(name))
+
+
 def empty_past(inputs, feeds: dict) -> dict:
     """Feeds for the deployed model's past key/value inputs that ``feeds`` lacks: length 0 along the sequence axis
     (every symbolic dimension but the batch), the batch from a given input sharing its symbol (``inputs``:
@@ -187,5 +192,5 @@ def machine_facts(device: str = "cpu") -> dict:
     return dict(runtime.cpu_facts(), int8_saturates=int8_saturates(device))
 
 
-__all__ = ["Gap", "measure", "tolerance", "worst", "cause", "empty_past", "int8_saturates", "machine_facts", "RELATIVE",
+__all__ = ["Gap", "measure", "tolerance", "worst", "cause", "empty_past", "is_past", "int8_saturates", "machine_facts", "RELATIVE",
            "SATURATE", "QDQ_FUSED", "BOTH", "ROUNDING", "FLOAT16", "INT8_ACTIVATIONS", "OTHER"]

@@ -156,8 +156,10 @@ class Runner:
         known = {i.name for i in self.inputs}
         extra = set(arrays) - known
         if extra:
+            past = " (a decoder's past key/value state is fed empty; to explain with a given past, bind it with "\
+                "the Explainer's constants=)" if any(gaps.is_past(n) for n in extra) else ""
             raise InputError(f"unknown input(s) {', '.join(sorted(extra))}; the model's inputs are "
-                             f"{', '.join(sorted(known))}")
+                             f"{', '.join(sorted(known))}{past}")
         feeds = {}
         for spec in self.inputs:
             if spec.name not in arrays:

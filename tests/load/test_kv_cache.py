@@ -128,3 +128,12 @@ def test_past_with_its_own_dimension_names_and_fixed_past_left_alone(pair):
     for i in m.graph.input[1:]:
         i.type.tensor_type.shape.dim[2].dim_value = 3
     assert [v.name for v in loader.load(m.SerializeToString()).graph.inputs] == ["x", *PAST]
+
+
+def test_past_given_as_an_input_is_refused_in_one_line_saying_what_to_do(pair):
+    with_past, _, x = pair
+    e = onnx_lrp.Explainer(with_past, composite="attnlrp")
+    past = np.zeros((2, N, 3, H), np.float32)
+    with pytest.raises(onnx_lrp.InputError, match=r"unknown input\(s\) past_key_values.0.key.*constants=") as info:
+        e.explain({"x": x, PAST[0]: past})
+    assert "\n" not in str(info.value)
