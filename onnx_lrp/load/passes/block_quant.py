@@ -160,10 +160,20 @@ def _weight(b, q: np.ndarray, s: np.ndarray, z, how: _Blocks, packed: bool, tag:
 
 
 def _value(vals, zf, bits: int, axis: int, block: int) -> np.ndarray:
-    """The float value of a packed weight (what its DequantizeLinear computes), from its constants."""
+    """The float value of a packed weight (what its DequantizeLinear computes, then minus ``zf * scale`` for float
+    zero points), from its constants, one block at a time (no full-size temporaries)."""
     x, s = vals[0].const_value.numpy(), vals[1].const_value.numpy()
     z = vals[2].const_value.numpy() if len(vals) > 2 else zf
-    return dequantize(x, s, z, axis, block).astype(s.dtype)
+    out = np.empty(x.shape, s.dtype)
+    for i in range(s.shape[axis]):
+        at = (slice(i * block, (i + 1) * block), slice(None)) if axis == 0 else (slice(None), slice(i * block,
+                                                                                                    (i + 1) * block))
+        one = (slice(i, i + 1), slice(None)) if axis == 0 else (slice(None), slice(i, i + 1))
+        q = x[at].astype(np.float32)
+        if z is not None:
+            q -= z[one].astype(np.float32)
+        out[at] = q * s[one]
+    return out
 
 
 def _minus_zero_times_scale(b, w, zs: np.ndarray, shape, axis: int, block: int):
