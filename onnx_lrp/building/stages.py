@@ -83,7 +83,10 @@ def deployed_model(model, forward: ir.Model, options: BuildOptions) -> Deployed 
     source = deployed_source(model) if kinds else None
     if source is None:
         return None
-    return Deployed(source, kinds, {k: np.asarray(v) for k, v in (options.constants or {}).items()})
+    constants = {k: np.asarray(v) for k, v in (options.constants or {}).items()}
+    for name, dims in (meta.EMPTY_PAST.get(forward) or {}).items():  # a decoder's past: empty (its batch: the run's)
+        constants.setdefault(name, np.zeros(dims, np.float32))
+    return Deployed(source, kinds, constants)
 
 
 def deployed_kinds(forward: ir.Model) -> tuple:

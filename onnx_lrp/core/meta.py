@@ -88,8 +88,11 @@ INV_SCALE: Key[tuple] = Key("lrp_inv_scale", "(emitter, value) of the inverse sc
 # ---------------------------------------------------------------------------------------------- the model
 #: on the loaded model: one line per deployed form brought back to float ops (int8, float16, fused ops)
 DEPLOYED_FORMS: "Key[list[str]]" = Key("lrp_deployed", "what the loader undid of the deployed form")
+#: on the loaded model: the past key/value inputs fed empty, name -> their dims (0 on the sequence axis, 1 for the
+#: batch): what the deployed model is fed (load.passes.past_state; building.stages.deployed_model)
+EMPTY_PAST: "Key[dict]" = Key("lrp_empty_past", "past inputs fed empty: name -> dims (batch 1)")
 
 KEYS = (SHAPE_ONLY, PRESUMED_CARRY, MASK_PER_ROW, PACKED_WEIGHT, KEEP_PACKED, BIAS, BIAS_ADD, ABSORBED_BY,
-        CHANNEL_AFFINE, COUPLES_ITEMS, CONTROL_FLOW_REASON, PATTERN, INSIDE, INV_SCALE, DEPLOYED_FORMS)
+        CHANNEL_AFFINE, COUPLES_ITEMS, CONTROL_FLOW_REASON, PATTERN, INSIDE, INV_SCALE, DEPLOYED_FORMS, EMPTY_PAST)
 
 __all__ = ["Key", "KEYS"] + [k for k, v in dict(globals()).items() if isinstance(v, Key)]

@@ -147,22 +147,27 @@ def is_past(name: str) -> bool:
 
 
 def empty_past(inputs, feeds: dict) -> dict:
-    """Feeds for the deployed model's past key/value inputs that ``feeds`` lacks: length 0 along the sequence axis
-    (every symbolic dimension but the batch), the batch from a given input sharing its symbol (``inputs``:
-    onnxruntime's input descriptions, ``.name``, ``.shape``, ``.type``)."""
-    out = {}
+    """Feeds for the deployed model's past key/value inputs: length 0 along the sequence axis, the batch from the
+    given inputs that share its symbol (``inputs``: onnxruntime's input descriptions, ``.name``, ``.shape``,
+    ``.type``); an empty past in ``feeds`` (the loader's, batch 1) gets the run's batch, a missing one 0 for every
+    other symbolic dimension."""
     sizes = {}
     for i in inputs:
-        if i.name in feeds and isinstance(i.shape, (list, tuple)):
+        if i.name in feeds and not is_past(i.name) and isinstance(i.shape, (list, tuple)):
             for d, n in zip(i.shape, np.shape(feeds[i.name])):
                 if isinstance(d, str) and d:
                     sizes.setdefault(d, n)
+    out = {}
     for i in inputs:
-        if i.name in feeds or not _PAST.match(i.name) or not isinstance(i.shape, (list, tuple)):
+        if not is_past(i.name) or not isinstance(i.shape, (list, tuple)):
             continue
-        dims = [d if isinstance(d, int) else sizes.get(d, 0) if isinstance(d, str) and d else 0 for d in i.shape]
-        dtype = np.float16 if "float16" in str(i.type) else np.float32
-        out[i.name] = np.zeros(dims, dtype)
+        given = feeds.get(i.name)
+        if given is not None and np.size(given):
+            continue  # a past the caller gave
+        known = np.shape(given) if given is not None else (0,) * len(i.shape)
+        dims = [sizes.get(d, k) if isinstance(d, str) and d else d if isinstance(d, int) else k
+                for d, k in zip(i.shape, known)]
+        out[i.name] = np.zeros(dims, np.float16 if "float16" in str(i.type) else np.float32)
     return out
 
 

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
+from onnx_lrp.run import deployed_gap
 from util import GOLDENS, assert_close, rel_l2
 
 LLM = GOLDENS / "llm"
@@ -45,7 +46,7 @@ def _explained(source, arch: str):
         fill = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(ids.shape[1])[None]}
         res = e.explain({k: v for k, v in fill.items() if k in names})
     return np.asarray(res.relevance, np.float64)[0], int(np.asarray(res.target).reshape(-1)[0]), \
-        np.asarray(res.forward["logits"]), e.relevance_model
+        np.asarray(res.forward["logits"]), e.relevance_model, res.deployed_gap
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -78,7 +79,7 @@ def test_genai_fp32_matches_lxt(arch):
     genai = LLM / f"{arch}_genai_fp32" / "model.onnx"
     _need(genai)
     refs = _refs(arch)
-    rel, target, _, _ = _explained(genai, arch)
+    rel, target = _explained(genai, arch)[:2]
     assert target == int(refs["lxt_target"])
     own = rel_l2(refs["lxt_relevance32"], refs["lxt_relevance64"])  # LXT's own float32 distance to float64
     assert rel_l2(rel, refs["lxt_relevance64"]) <= max(1e-5, 3 * own)
@@ -163,6 +164,14 @@ def test_genai_int4_explains_like_its_float_twin_with_weights_kept_packed(arch):
     held = sum(_nbytes(t) for t in onnx.load_from_string(rm.model_bytes).graph.initializer) + \
         sum(x.nbytes for x in rm.model_arrays.values())
     assert held <= 1.2 * folder, (held, folder)
+    # accuracy_level 4 (the builder's CPU default, the LLaMA's): the deployed model runs beside, its past fed empty,
+    # and its gap (int8 activations) is measured and said
+    levels = {helper.get_attribute_value(x) for n in m.graph.node if n.op_type == "MatMulNBits" for x in n.attribute
+              if x.name == "accuracy_level"}
+    gap = a[4]
+    assert (gap is not None) == (4 in levels)
+    if gap is not None and gap.beyond:
+        assert gap.reason == deployed_gap.INT8_ACTIVATIONS
 
 
 def _nbytes(t: onnx.TensorProto) -> int:

@@ -18,6 +18,7 @@ import re
 import numpy as np
 import onnx_ir as ir
 
+from ...core import meta
 from ..builder import MS, LoadPass, Report, bypass
 
 
@@ -47,8 +48,13 @@ class EmptyPast(LoadPass):
             return 0
         for v in presents:
             graph.outputs.remove(v)
+        fed = {}
         for v, axes in pasts:
+            dims = _deployed_dims(v, axes)
+            if dims is not None:
+                fed[v.name] = dims
             _empty(graph, v, axes)
+        meta.EMPTY_PAST.set(model, fed)
         removed = _drop_dead(graph)
         report.note(len(pasts), "fed {n} past key/value input(s) empty (a prompt without KV cache)")
         report.note(len(presents), "dropped {n} present key/value output(s)")
@@ -77,6 +83,61 @@ def _axes(graph: ir.Graph, past: ir.Value) -> tuple | None:
     elif batch is None and len(rest) > 1:
         return None
     return (None, seq, None, 0) if batch is None else (batch[0], seq, batch[1], batch[2])
+
+
+def _deployed_dims(past: ir.Value, axes: tuple) -> list | None:
+    """The dims of ``past`` fed empty to the deployed model (batch 1, sequence 0); a dimension named otherwise (the
+    builder's ``kv_cache_dim``) read from the fused attention or Concat that takes it; None where unknown."""
+    bax, seq = axes[0], axes[1]
+    dims = [0 if i == seq else 1 if i == bax else d for i, d in enumerate(past.shape)]
+    for i, d in enumerate(dims):
+        if isinstance(d, int):
+            continue
+        for use in past.uses():
+            got = _dim_from(use.node, use.idx, i)
+            if got is not None:
+                dims[i] = got
+                break
+        if not isinstance(dims[i], int):
+            return None
+    return dims
+
+
+def _dim_from(node: ir.Node, idx: int, axis: int) -> int | None:
+    """The size ``node`` needs on ``axis`` of its input ``idx`` (a past): a Concat's other inputs' static size, or
+    GroupQueryAttention's head size / kv heads ((B, N_kv, P, H))."""
+    if node.op_type == "Concat":
+        for v in node.inputs:
+            if v is not None and v is not node.inputs[idx] and v.shape is not None and len(v.shape) > axis and \
+                    isinstance(v.shape[axis], int):
+                return v.shape[axis]
+        return None
+    if node.domain == MS and node.op_type == "GroupQueryAttention" and axis in (1, 3):
+        a = {k: x.value for k, x in node.attributes.items()}
+        n, nkv, q = int(a.get("num_heads", 0)), int(a.get("kv_num_heads", 0)), node.inputs[0]
+        d = _width(q)
+        if not n or not nkv or not isinstance(d, int):
+            return None
+        packed = len(node.inputs) < 2 or node.inputs[1] is None
+        return nkv if axis == 1 else d // (n + 2 * nkv) if packed else d // n
+    return None
+
+
+def _width(v: ir.Value | None, depth: int = 0) -> int | None:
+    """The last dimension of ``v``: its shape's, or a MatMulNBits' N (the contrib ops are not shape-inferred yet),
+    through an Add / Mul of a bias or scale."""
+    if v is None or depth > 3:
+        return None
+    if v.shape is not None and len(v.shape) and isinstance(v.shape[-1], int):
+        return v.shape[-1]
+    p = v.producer()
+    if p is None:
+        return None
+    if p.op_type == "MatMulNBits" and "N" in p.attributes:
+        return int(p.attributes["N"].value)
+    if p.op_type in ("Add", "Mul", "Cast", "Identity"):
+        return next((w for w in (_width(x, depth + 1) for x in p.inputs) if w is not None), None)
+    return None
 
 
 def _seq_by_name(axes: list, dims: list) -> int | None:
