@@ -280,3 +280,28 @@ def test_opset_below_21_is_raised_with_reduction_axes_as_inputs():
     assert all("axes" not in n.attributes for n in model.graph if n.op_type == "ReduceMean")
     got = _session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, {"x": x})[0]
     assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_head_tied_to_a_quantized_embedding_reads_the_same_packed_table():
+    """onnxruntime-genai's tied embeddings: GatherBlockQuantized reads the head's MatMulNBits weight (reshaped); the
+    relevance model holds that packed table once, and the forward is onnxruntime's."""
+    vocab, k, block = 24, 32, 16
+    inits, names, attrs, w, _ = nbits_layer(k, vocab, 4, block, "packed", False, seed=9)
+    inits["table_shape"] = np.array([vocab, k // 2], np.int64)
+    inits["scales"], inits["zero_points"] = inits["scales"].reshape(vocab, -1), inits["zero_points"].reshape(vocab, -1)
+    nodes = [helper.make_node("Reshape", ["B", "table_shape"], ["table"], name="tie"),
+             helper.make_node("GatherBlockQuantized", ["table", "ids", "scales", "zero_points"], ["e"],
+                              domain="com.microsoft", name="embed", gather_axis=0, quantize_axis=1, block_size=block,
+                              bits=4),
+             helper.make_node("Relu", ["e"], ["r"], name="relu"),
+             helper.make_node("MatMulNBits", ["r"] + names, ["logits"], domain="com.microsoft", name="head", **attrs)]
+    m = _model(nodes, inits, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+               [helper.make_tensor_value_info("logits", F, ["batch", "seq", vocab])])
+    ids = np.array([[1, 5, 23, 5]], np.int64)
+    ref = _session(m.SerializeToString()).run(None, {"ids": ids})[0]
+    assert_close(ref, np.maximum(w.T[ids], 0) @ w, rtol=1e-5, atol=1e-5)  # the table is the head's weight
+    e = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-6)
+    res = e.explain({"ids": ids})
+    assert_close(res.forward["logits"], ref, rtol=1e-5, atol=1e-5)
+    size = initializer_bytes(e.relevance_model)
+    assert size[TensorProto.UINT4] < 1.5 * vocab * k // 2, size  # one packed table (and its zero points)
