@@ -20,6 +20,7 @@ forward computes in float, and the gap to the deployed model is measured and sai
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,8 +156,23 @@ def _weight(b, q: np.ndarray, s: np.ndarray, z, how: _Blocks, packed: bool, tag:
         meta.KEEP_PACKED.set(n, True)
     vals = list(ins)
     zf = None if z is None or z.dtype.kind != "f" else z
-    meta.PACKED_WEIGHT.set(w, lambda: _value(vals, zf, bits, axis, block))
+    meta.PACKED_WEIGHT.set(w, _Shared(lambda: _value(vals, zf, bits, axis, block)))
     return w
+
+
+class _Shared:
+    """A packed weight's float value on demand: the same array while a caller still holds it (the rules read a
+    weight several times per layer), computed again once it is freed (no float copy outlives the build)."""
+
+    def __init__(self, compute):
+        self.compute, self.ref = compute, None
+
+    def __call__(self) -> np.ndarray:
+        arr = self.ref() if self.ref is not None else None
+        if arr is None:
+            arr = self.compute()
+            self.ref = weakref.ref(arr)
+        return arr
 
 
 def _value(vals, zf, bits: int, axis: int, block: int) -> np.ndarray:
@@ -233,7 +249,7 @@ def _matmul_nbits(b, node, ctx: _Context) -> ir.Value:
         w = b.op("Transpose", [table], perm=[1, 0], tag="tied_w")
         w.type, w.shape = table.type, ir.Shape([k, n])
         meta.KEEP_PACKED.set(w.producer(), True)
-        meta.PACKED_WEIGHT.set(w, lambda: np.ascontiguousarray(meta.PACKED_WEIGHT.get(table)().T))
+        meta.PACKED_WEIGHT.set(w, _Shared(lambda: np.ascontiguousarray(meta.PACKED_WEIGHT.get(table)().T)))
     else:
         w = _weight(b, np.ascontiguousarray(q.T), np.ascontiguousarray(s.T),
                     None if z is None else np.ascontiguousarray(z.T), _Blocks(bits, 0, block), ctx.packed, "w")
