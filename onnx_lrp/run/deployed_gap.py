@@ -48,7 +48,7 @@ FLOAT16 = "the deployed model computes in float16, the explanation in float32"
 INT8_ACTIVATIONS = "onnxruntime's MatMulNBits with accuracy_level 4 quantize their activations to 8 bits on this CPU; " \
                    "the explained forward computes them in float (the same 4-bit weights)"
 # a past key/value input of a decoder (the relevance model feeds it empty; the deployed run gets it empty too)
-_PAST = re.compile(r"^(past_key_values|past_key|past_value|past)([._/\-]|\d|$)")
+_PAST = re.compile(r"^(past_key_values|past_key|past_value)([._/\-]|\d|$)|^past[._]?\d")
 OTHER = "the deployed model's kernels compute differently from the explained forward"
 
 

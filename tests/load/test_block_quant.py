@@ -305,3 +305,38 @@ def test_head_tied_to_a_quantized_embedding_reads_the_same_packed_table():
     assert_close(res.forward["logits"], ref, rtol=1e-5, atol=1e-5)
     size = initializer_bytes(e.relevance_model)
     assert size[TensorProto.UINT4] < 1.5 * vocab * k // 2, size  # one packed table (and its zero points)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_qdq_int4_weights_stay_packed(signed):
+    """A QDQ model with 4-bit weights (DequantizeLinear of int4 / uint4 with block_size, as onnxruntime's
+    MatMul4BitsQuantizer writes in QDQ format): the weights stay 4-bit in the relevance model, which explains like
+    the float twin."""
+    rng = np.random.default_rng(10)
+    k, n, block = 32, 8, 16
+    s = (0.01 + 0.1 * rng.random((k // block, n))).astype(np.float32)
+    if signed:
+        q, z = rng.integers(-8, 8, (k, n)), np.zeros((k // block, n), np.int64)
+        tensors = [helper.make_tensor("wq", TensorProto.INT4, [k, n], q.reshape(-1).tolist())]
+    else:
+        q, z = rng.integers(0, 16, (k, n)), rng.integers(0, 16, (k // block, n))
+        tensors = [helper.make_tensor("wq", TensorProto.UINT4, [k, n], q.reshape(-1).tolist()),
+                   helper.make_tensor("wz", TensorProto.UINT4, list(z.shape), z.reshape(-1).tolist())]
+    w = ((q - np.repeat(z, block, 0)) * np.repeat(s, block, 0)).astype(np.float32)
+    dq = helper.make_node("DequantizeLinear", ["wq", "ws"] + ([] if signed else ["wz"]), ["w"], axis=0,
+                          block_size=block, name="dq")
+    nodes = [dq, helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"])]
+    ins, outs = [helper.make_tensor_value_info("x", F, ["b", k])], [helper.make_tensor_value_info("y", F, ["b", n])]
+    g = helper.make_graph(nodes, "qdq4", ins, outs, initializer=tensors + [numpy_helper.from_array(s, "ws")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    twin = _model([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"])],
+                  {"w": w}, ins, outs)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    a = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-6)
+    ra, rb = a.explain(x), onnx_lrp.Explainer(twin.SerializeToString(), composite="epsilon", epsilon=1e-6).explain(x)
+    assert_close(ra.forward["y"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    assert_close(ra.relevance, rb.relevance, rtol=1e-5, atol=1e-6)
+    size = initializer_bytes(a.relevance_model)
+    assert size.get(TensorProto.INT4 if signed else TensorProto.UINT4, 0) >= k * n // 2
+    assert size.get(TensorProto.FLOAT, 0) < k * n * 4 // 2, size  # no float copy of the weight

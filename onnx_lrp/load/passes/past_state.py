@@ -22,8 +22,9 @@ from ...core import meta
 from ..builder import MS, LoadPass, Report, bypass
 
 
-PAST = re.compile(r"^(past_key_values|past_key|past_value|past)([._/\-]|\d|$)")
-PRESENT = re.compile(r"^(present_key_values|present_key|present_value|present)([._/\-]|\d|$)")
+# a KV cache's names (not the state of a recurrent or linear-attention op: past_state / present_state)
+PAST = re.compile(r"^(past_key_values|past_key|past_value)([._/\-]|\d|$)|^past[._]?\d")
+PRESENT = re.compile(r"^(present_key_values|present_key|present_value)([._/\-]|\d|$)|^present[._]?\d")
 _SEQ = (r"past", r"seq", r"len|total", r"cache")  # names of a sequence dimension, in order of preference
 # com.microsoft ops that take an absent past as empty: op type -> the indices of their past inputs
 _ABSENT_IS_EMPTY = {"GroupQueryAttention": (3, 4), "MultiHeadAttention": (6, 7), "Attention": (4,)}
