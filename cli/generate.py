@@ -87,13 +87,14 @@ def run_generation(model, opts: dict, options: dict, refused: dict) -> int:
         buf = io.BytesIO()
         np.savez(buf, **res.arrays())
         atomic_write(out_path, buf.getvalue())
-    res.html(html_out, percentile=options["token_scale"])
+    if html_out is not None:
+        res.html(html_out, percentile=options["token_scale"])
     if options["as_json"]:
         click.echo(json.dumps(dict(model=str(model), tokenizer=str(tok_path), composite=ex.composite_name,
                                    prompt=res.prompt, prompt_ids=res.prompt_ids, generated=res.generated,
                                    tokens=res.tokens, continuation=res.continuation, logits=res.logits,
                                    predicted=res.predicted, contrast=res.contrast, relevance=res.relevance.tolist(),
-                                   relevance_file=str(out_path) if out_path else None, html_file=str(html_out),
+                                   relevance_file=str(out_path) if out_path else None, html_file=str(html_out) if html_out else None,
                                    build_s=round(t_build, 4), explain_s=round(t_explain, 4)), indent=2))
         return 0
     for line in res.lines():
@@ -123,11 +124,14 @@ def _outputs(model, model_file: Path, opts: dict, options: dict, refused: dict):
             raise OutputError(f"-o {out_path}: a generation is written as .npz (relevance, generated, tokens); change "
                               "the suffix")
         check_writable(out_path)
-    html_out = Path(options["html_path"]) if options.get("html_path") else \
-        Path(f"{Path(str(model)).resolve().name if Path(str(model)).is_dir() else model_file.stem}.generation.html")
-    if html_out.suffix.lower() not in (".html", ".htm"):
+    if opts.get("no_html") and options.get("html_path"):
+        raise InputError("--html and --no-html: give one")
+    html_out = None if opts.get("no_html") else Path(options["html_path"]) if options.get("html_path") else \
+        Path(f"{_page_stem(model, model_file)}.generation.html")
+    if html_out is not None and html_out.suffix.lower() not in (".html", ".htm"):
         raise OutputError(f"--html {html_out}: give an .html file name")
-    check_writable(html_out)
+    if html_out is not None:
+        check_writable(html_out)
     guard([("the tokenizer", opts.get("tokenizer_path") or model_file.parent / "tokenizer.json")],
           [("-o", out_path), ("--html", html_out)], models=[("the model", model_file)])
     return out_path, html_out
@@ -137,3 +141,10 @@ def _no_images():
     from onnx_lrp.io.inputs import Preprocess
 
     return Preprocess()
+
+
+def _page_stem(model, model_file: Path) -> str:
+    """The default page's name: the folder's for a folder or a generic model.onnx, else the model file's."""
+    if Path(str(model)).is_dir():
+        return Path(str(model)).resolve().name
+    return model_file.parent.resolve().name if model_file.stem == "model" else model_file.stem

@@ -3,7 +3,8 @@
 ``@click.command("explain", cls=Command, examples=[...], sections=[...], docs=[...])``: ``sections`` is a list of
 ``(title, rows)``; a row is an option's name (the Python name of its parameter), or a :class:`Row` that puts several
 options on one line with a help of its own. Options a section does not list are shown under "Other options", so
-none is ever hidden. ``docs``: the titles of the documentation pages the help points to (last, with its address). Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/cli/test_cli_door.py).
+none is ever hidden. ``docs``: the titles of the documentation pages the help points to (last, with its address).
+Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/cli/test_cli_door.py).
 """
 from __future__ import annotations
 

@@ -83,17 +83,23 @@ def deployed_model(model, forward: ir.Model, options: BuildOptions) -> Deployed 
     source = deployed_source(model) if kinds else None
     if source is None:
         return None
-    return Deployed(source, kinds, {k: np.asarray(v) for k, v in (options.constants or {}).items()})
+    constants = {k: np.asarray(v) for k, v in (options.constants or {}).items()}
+    for name, dims in (meta.EMPTY_PAST.get(forward) or {}).items():  # a decoder's past: empty (its batch: the run's)
+        constants.setdefault(name, np.zeros(dims, np.float32))
+    return Deployed(source, kinds, constants)
 
 
 def deployed_kinds(forward: ir.Model) -> tuple:
     """What makes the deployed model's forward differ from the explained one: "int8" (quantized: Q/DQ pairs or
-    dynamic quantization stay in the canonized graph) and "float16" (upcast by the loader)."""
+    dynamic quantization stay in the canonized graph), "float16" (upcast by the loader) and "int8-activations"
+    (MatMulNBits with accuracy_level 4)."""
     kinds = []
     if any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in forward.graph):
         kinds.append("int8")
     if any("float16" in note for note in meta.DEPLOYED_FORMS.get(forward) or ()):
         kinds.append("float16")
+    if any("accuracy_level 4" in note for note in meta.DEPLOYED_FORMS.get(forward) or ()):
+        kinds.append("int8-activations")  # MatMulNBits quantizing their activations (load.passes.block_quant)
     return tuple(kinds)
 
 

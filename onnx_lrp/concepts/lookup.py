@@ -90,4 +90,5 @@ def input_layers(graph: ir.Graph, name: str, layers: list[str] | None = None) ->
     return found
 
 
-__all__ = ["LAYER_OPS", "layer_names", "listing", "tensor_values", "tensor_names", "closest", "find_tensor", "input_layers"]
+__all__ = ["LAYER_OPS", "layer_names", "listing", "tensor_values", "tensor_names", "closest", "find_tensor",
+           "input_layers"]

@@ -17,7 +17,8 @@ FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.Da
 
 
 def is_param(v: ir.Value | None) -> bool:
-    return v is not None and v.const_value is not None
+    """A constant, or a weight dequantized at run time from block-quantized constants (``meta.PACKED_WEIGHT``)."""
+    return v is not None and (v.const_value is not None or meta.PACKED_WEIGHT.has(v))
 
 
 def is_float(v: ir.Value | None) -> bool:
@@ -100,7 +101,9 @@ def subgraphs(node: ir.Node) -> list[ir.Graph]:
 
 
 def const(v: ir.Value | None) -> np.ndarray | None:
-    """The value's constant array, or None when it is computed."""
+    """The value's constant array (a packed weight's dequantized value), or None when it is computed."""
+    if v is not None and v.const_value is None and meta.PACKED_WEIGHT.has(v):
+        return meta.PACKED_WEIGHT.get(v)()
     return None if v is None or v.const_value is None else v.const_value.numpy()
 
 

@@ -54,6 +54,11 @@ PRESUMED_CARRY: Key[bool] = Key("lrp_presumed_carry", "unknown dtype, computed f
 #: a 1-D attention mask of one entry per batch row (onnxruntime's mask_index), between two steps of ort_fused
 MASK_PER_ROW: Key[bool] = Key("lrp_mask_per_row", "a mask with one count per batch row")
 
+#: a weight computed from block-quantized constants at rest (4- / 8-bit, DequantizeLinear with block_size): a
+#: parameter whose float value this function returns (written by load.passes.block_quant; read by core.graph's
+#: is_param / const)
+PACKED_WEIGHT: "Key[Any]" = Key("lrp_packed_weight", "a weight dequantized at run time; its float value: call")
+
 # ---------------------------------------------------------------------------------------------- nodes (canonizers)
 #: on a linear layer: the bias of the Add after it, folded in (so that z+ / gamma / alpha-beta see one layer
 #: ``x W + b``); written by load.passes.canonize, read by the linear ops
@@ -69,6 +74,9 @@ COUPLES_ITEMS: Key[str] = Key("lrp_couples_items", "reduces over the batch axis:
 #: on a Loop / Scan / If left in the graph: why it could not be made static (the rewriter's refusal)
 CONTROL_FLOW_REASON: Key[str] = Key("lrp_control", "why this control-flow node stays")
 
+#: on a node that dequantizes weights at rest (block_quant): constant folding leaves it (the weights stay 4-bit)
+KEEP_PACKED: Key[bool] = Key("lrp_keep_packed", "dequantizes packed weights at run time: not folded")
+
 # ---------------------------------------------------------------------------------------------- nodes (patterns)
 #: on the node that heads a recognised pattern (lrp.patterns: a held scale, a gate, a non-linearity of one input)
 PATTERN: Key[Any] = Key("lrp_pattern", "the pattern match this node heads")
@@ -80,8 +88,11 @@ INV_SCALE: Key[tuple] = Key("lrp_inv_scale", "(emitter, value) of the inverse sc
 # ---------------------------------------------------------------------------------------------- the model
 #: on the loaded model: one line per deployed form brought back to float ops (int8, float16, fused ops)
 DEPLOYED_FORMS: "Key[list[str]]" = Key("lrp_deployed", "what the loader undid of the deployed form")
+#: on the loaded model: the past key/value inputs fed empty, name -> their dims (0 on the sequence axis, 1 for the
+#: batch): what the deployed model is fed (load.passes.past_state; building.stages.deployed_model)
+EMPTY_PAST: "Key[dict]" = Key("lrp_empty_past", "past inputs fed empty: name -> dims (batch 1)")
 
-KEYS = (SHAPE_ONLY, PRESUMED_CARRY, MASK_PER_ROW, BIAS, BIAS_ADD, ABSORBED_BY, CHANNEL_AFFINE, COUPLES_ITEMS,
-        CONTROL_FLOW_REASON, PATTERN, INSIDE, INV_SCALE, DEPLOYED_FORMS)
+KEYS = (SHAPE_ONLY, PRESUMED_CARRY, MASK_PER_ROW, PACKED_WEIGHT, KEEP_PACKED, BIAS, BIAS_ADD, ABSORBED_BY,
+        CHANNEL_AFFINE, COUPLES_ITEMS, CONTROL_FLOW_REASON, PATTERN, INSIDE, INV_SCALE, DEPLOYED_FORMS, EMPTY_PAST)
 
 __all__ = ["Key", "KEYS"] + [k for k, v in dict(globals()).items() if isinstance(v, Key)]

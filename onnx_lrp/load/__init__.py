@@ -16,7 +16,8 @@ from ..core import meta
 from ..core.graph import mark_presumed
 from .builder import Report
 from .fold import check_sizes, fold_constants, mark_shape_only, name_everything, refresh_shapes, reinfer_shapes
-from .passes import canonize, control_flow, dynamic_quant, float16, ort_fused, qdq, qoperator
+from .passes import (block_quant, canonize, control_flow, dynamic_quant, float16, ort_fused, past_state, qdq,
+                     qoperator)
 from .proto.check import check
 from .proto.digest import data_files, model_sha256
 from .proto.external_data import data_folder
@@ -29,9 +30,11 @@ from .proto.save import save_bytes, save_parts
 from .proto.serialize import deserialize, serialize, serialize_parts, to_ir
 
 
+# decoders exported with a KV cache: the past fed empty, the present dropped (before anything reads the past)
+STATE = [past_state.EmptyPast()]
 # deployed forms, first stage: read and rewrite the quantized forms (nothing else runs if one is refused)
-QUANTIZED = [ort_fused.RefuseUnsupported(), qdq.StandardQdqDomain(), qoperator.QOperatorToQdq(),
-             dynamic_quant.SplitFusedDynamicQuant()]
+QUANTIZED = [ort_fused.RefuseUnsupported(), block_quant.BlockQuantized(), qdq.StandardQdqDomain(),
+             qoperator.QOperatorToQdq(), dynamic_quant.SplitFusedDynamicQuant()]
 # second stage: float16 first (the splits write float32 constants), then the fused ops, then the weights
 FLOAT16 = [float16.UpcastLowPrecision()]
 FUSED = [ort_fused.SplitFused(reinfer_shapes)]
@@ -70,6 +73,8 @@ def _run(model: ir.Model, passes: list, report: Report) -> bool:
 def deployed_forms(model: ir.Model) -> list[str]:
     """Bring deployed forms back to standard float ops; one error listing every refused node. Returns the notes."""
     report = Report()
+    if _run(model, STATE, report):
+        reinfer_shapes(model)
     if _run(model, QUANTIZED, report) and not report.refused:
         reinfer_shapes(model)
     if not report.refused:

@@ -31,7 +31,8 @@ def fold_constants(model: ir.Model) -> int:
     outputs = {id(v) for v in graph.outputs}
     folded = 0
     for node in list(graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type in NO_FOLD:
+        if node.domain not in ("", "ai.onnx") or node.op_type in NO_FOLD or meta.KEEP_PACKED.get(node, False) or \
+                _packed_dequantize(node):
             continue
         if any(id(o) in outputs for o in node.outputs) or any(
                 a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
@@ -67,6 +68,12 @@ def fold_constants(model: ir.Model) -> int:
         graph.remove(node)
         folded += 1
     return folded
+
+
+def _packed_dequantize(node: ir.Node) -> bool:
+    """A DequantizeLinear of 4-bit weights: kept (the qdq pass makes it a packed weight, not a float copy)."""
+    x = node.inputs[0] if node.op_type == "DequantizeLinear" and node.inputs else None
+    return x is not None and x.dtype in (ir.DataType.INT4, ir.DataType.UINT4)
 
 
 def _shape_dims(v: ir.Value | None, opset: int, depth: int = 0) -> list | None:
@@ -173,6 +180,8 @@ def mark_shape_only(graph: ir.Graph) -> int:
         if _is_int(v):
             only.add(id(v))
             ids.add(id(v))
+    # values a loading pass marked (rotary cos/sin gathered at position ids): what is computed from them alone too
+    only.update(id(o) for n in graph for o in n.outputs if meta.SHAPE_ONLY.get(o, False))
     marked = 0
     for node in graph:
         std = node.domain in ("", "ai.onnx")

@@ -8,7 +8,7 @@ import onnx_ir as ir
 from ..core import meta
 from ..core.emitter import Emitter
 from ..core.errors import InputError, LrpError, UnsupportedError, internal_error
-from ..core.graph import carries, is_param, static_dims
+from ..core.graph import carries, const, is_param, static_dims
 from ..core.interface import ONE_HOT_INPUT, POSITION_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, Step
 from .engine import Layer, Rel
 from .weight_bases import all_chunks
@@ -27,7 +27,7 @@ def _nonneg_analysis(graph: ir.Graph) -> dict[int, bool]:
         if v is None:
             return True
         if is_param(v):
-            arr = v.const_value.numpy()
+            arr = const(v)
             return arr.dtype.kind in "biu" or all_chunks(arr, lambda a: np.all(a >= 0))
         return known.get(id(v), False)
 

@@ -11,7 +11,12 @@ outputs:
   rounding (``session.disable_quant_qdq=1`` runs them as written);
 * requantized recurrent state (``DynamicQuantizeLSTM``) and rounding ties that move a quantized value to the
   neighbouring step in deep quantized stacks;
-* float16 models compute in float16, the explanation in float32.
+* float16 models compute in float16, the explanation in float32;
+* onnxruntime's MatMulNBits with ``accuracy_level`` 4 (onnxruntime-genai's int4 models for CPU) quantize their
+  activations to 8 bits per block; the explained forward dequantizes the same 4-bit weights and computes in float.
+
+A decoder's past key/value inputs, fed empty in the relevance model, are fed empty to the deployed run too
+(:func:`empty_past`).
 
 :func:`measure` compares the explained output of both; the tolerance is one quantization step of that output (the
 scale of the ``DequantizeLinear`` that writes it) or 1e-4 of its largest magnitude, whichever is larger.
@@ -21,6 +26,7 @@ arithmetic and with its Q/DQ pairs as written: only for a gap beyond the toleran
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +45,10 @@ BOTH = "int8 kernels of this CPU saturate (no VNNI) and onnxruntime's fused Q/DQ
 ROUNDING = "onnxruntime's integer kernels round differently from the float path (requantized recurrent state, " \
            "rounding ties in deep quantized stacks)"
 FLOAT16 = "the deployed model computes in float16, the explanation in float32"
+INT8_ACTIVATIONS = "onnxruntime's MatMulNBits with accuracy_level 4 quantize their activations to 8 bits on this CPU; " \
+                   "the explained forward computes them in float (the same 4-bit weights)"
+# a past key/value input of a decoder (the relevance model feeds it empty; the deployed run gets it empty too)
+_PAST = re.compile(r"^(past_key_values|past_key|past_value)([._/\-]|\d|$)|^past[._]?\d")
 OTHER = "the deployed model's kernels compute differently from the explained forward"
 
 
@@ -126,7 +136,39 @@ def cause(runner, feeds: dict, forward: np.ndarray, gap: Gap) -> str:
         return ROUNDING
     if "float16" in kinds:
         return FLOAT16
+    if "int8-activations" in kinds:
+        return INT8_ACTIVATIONS
     return OTHER
+
+
+def is_past(name: str) -> bool:
+    """Whether ``name`` is a decoder's past key/value input (``past_key_values.0.key``, ``past.1``, ...)."""
+    return bool(_PAST.match(name))
+
+
+def empty_past(inputs, feeds: dict) -> dict:
+    """Feeds for the deployed model's past key/value inputs: length 0 along the sequence axis, the batch from the
+    given inputs that share its symbol (``inputs``: onnxruntime's input descriptions, ``.name``, ``.shape``,
+    ``.type``); an empty past in ``feeds`` (the loader's, batch 1) gets the run's batch, a missing one 0 for every
+    other symbolic dimension."""
+    sizes = {}
+    for i in inputs:
+        if i.name in feeds and not is_past(i.name) and isinstance(i.shape, (list, tuple)):
+            for d, n in zip(i.shape, np.shape(feeds[i.name])):
+                if isinstance(d, str) and d:
+                    sizes.setdefault(d, n)
+    out = {}
+    for i in inputs:
+        if not is_past(i.name) or not isinstance(i.shape, (list, tuple)):
+            continue
+        given = feeds.get(i.name)
+        if given is not None and np.size(given):
+            continue  # a past the caller gave
+        known = np.shape(given) if given is not None else (0,) * len(i.shape)
+        dims = [sizes.get(d, k) if isinstance(d, str) and d else d if isinstance(d, int) else k
+                for d, k in zip(i.shape, known)]
+        out[i.name] = np.zeros(dims, np.float16 if "float16" in str(i.type) else np.float32)
+    return out
 
 
 def int8_saturates(device: str = "cpu") -> bool | None:
@@ -155,5 +197,5 @@ def machine_facts(device: str = "cpu") -> dict:
     return dict(runtime.cpu_facts(), int8_saturates=int8_saturates(device))
 
 
-__all__ = ["Gap", "measure", "tolerance", "worst", "cause", "int8_saturates", "machine_facts", "RELATIVE",
-           "SATURATE", "QDQ_FUSED", "BOTH", "ROUNDING", "FLOAT16", "OTHER"]
+__all__ = ["Gap", "measure", "tolerance", "worst", "cause", "empty_past", "is_past", "int8_saturates", "machine_facts", "RELATIVE",
+           "SATURATE", "QDQ_FUSED", "BOTH", "ROUNDING", "FLOAT16", "INT8_ACTIVATIONS", "OTHER"]

@@ -156,8 +156,10 @@ class Runner:
         known = {i.name for i in self.inputs}
         extra = set(arrays) - known
         if extra:
+            past = " (a decoder's past key/value state is fed empty; to explain with a given past, bind it with "\
+                "the Explainer's constants=)" if any(gaps.is_past(n) for n in extra) else ""
             raise InputError(f"unknown input(s) {', '.join(sorted(extra))}; the model's inputs are "
-                             f"{', '.join(sorted(known))}")
+                             f"{', '.join(sorted(known))}{past}")
         feeds = {}
         for spec in self.inputs:
             if spec.name not in arrays:
@@ -338,6 +340,7 @@ class Runner:
         session = session or self.deployed_session
         types = session.input_types
         feeds = dict(feeds, **{k: v for k, v in self.deployed_constants.items() if k in types})
+        feeds.update(gaps.empty_past(session.inputs(), feeds))  # a decoder's KV cache: empty, as explained
         feeds = {k: np.asarray(v).astype(types[k], copy=False) if types.get(k) is not None else v
                  for k, v in feeds.items() if k in types}
         static_one = self._static_one()

@@ -148,6 +148,14 @@ def cuda_options(tf32: bool = False) -> dict:
     return {"use_tf32": "1" if tf32 else "0"}
 
 
+def _keep_packed(model_bytes, deployed: bool) -> dict:
+    """A relevance model with block-quantized weights (DequantizeLinear with ``block_size``: int4 LLMs) runs without
+    onnxruntime's constant folding, which would dequantize them to float32 copies when Q/DQ handling is off."""
+    if deployed or not isinstance(model_bytes, (bytes, bytearray)) or b"block_size" not in model_bytes:
+        return {}
+    return {"disabled_optimizers": ["ConstantFolding"]}
+
+
 def basic_optimized(model_bytes: bytes, folder=None) -> bytes:
     """The model after onnxruntime's basic (level 1) graph optimisations, as a CPU session writes it: the graph
     onnxruntime partitions between its providers (constants folded, redundant nodes gone; :mod:`.placement`)."""
@@ -316,7 +324,8 @@ class Session:
         try:  # onnxruntime's own warnings (e.g. an unavailable provider) and the CUDA libraries' lines stay quiet
             with warnings.catch_warnings(), quiet_while(cuda), captured_stderr(cuda) as said:
                 warnings.simplefilter("ignore")
-                self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=providers)
+                self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=providers,
+                                                    **_keep_packed(model_bytes, self.deployed))
         except Exception as exc:  # onnxruntime raises its own exception types
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if cuda:

@@ -1,7 +1,9 @@
 """QDQ static quantization (``onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ)``).
 
 ``DequantizeLinear`` of constant weights and biases is folded to float initializers (per-tensor, per-axis and
-blocked scales; a ``QuantizeLinear`` of a float constant, as QAT exports write, is folded first).
+blocked scales; a ``QuantizeLinear`` of a float constant, as QAT exports write, is folded first); 4-bit (int4 /
+uint4) weights stay 4-bit: their DequantizeLinear stays in the graph and its output is a parameter for the rules
+(``meta.PACKED_WEIGHT``).
 ``QuantizeLinear -> DequantizeLinear`` on an activation stays in the graph, so the forward pass (outputs, and the
 activations the rules see) is the quantized one; for relevance the pair is an identity (the handlers in
 :mod:`onnx_lrp.lrp.ops.quantize`). com.microsoft QuantizeLinear / DequantizeLinear (``UseQDQContribOps``) on 8-bit
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from ...core import meta
 from ...core.errors import ModelError
 from ...core.quantization import INT8, QRANGE, dequantize, qparams_misfit, relay_sources
 from ..builder import MS, LoadPass, Report, attr, const, to_initializer
@@ -82,14 +85,17 @@ def fold_weight_dequantize(graph: ir.Graph) -> int:
     """DequantizeLinear (and QuantizeLinear -> DequantizeLinear) of constants -> float initializers."""
     done = _fold_constant_quantize(graph)
     for node in list(graph):
-        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
-            continue
+        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or meta.KEEP_PACKED.get(node):
+            continue  # block_quant's packed weights stay packed
         x, scale = const(node.inputs[0]), const(node.inputs[1])
         zp = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
         if x is None or scale is None or (len(node.inputs) > 2 and node.inputs[2] is not None and zp is None):
             continue
+        if node.inputs[0].dtype in (ir.DataType.INT4, ir.DataType.UINT4):
+            _keep_packed(node, x, scale, zp)  # 4-bit weights stay 4-bit: a packed weight for the rules
+            continue
         if x.dtype.kind not in "iu":
-            continue  # float8 / int4 payloads: left to onnxruntime
+            continue  # float8 payloads: left to onnxruntime
         out = node.outputs[0]
         if out.is_graph_output():
             continue
@@ -104,6 +110,21 @@ def fold_weight_dequantize(graph: ir.Graph) -> int:
         graph.remove(node)
         done += 1
     return done
+
+
+def _keep_packed(node: ir.Node, x, scale, zp) -> None:
+    """A DequantizeLinear of constant 4-bit weights kept in the graph; its output a parameter whose float value is
+    computed on demand (``meta.PACKED_WEIGHT``), as load.passes.block_quant's."""
+    axis, block = int(attr(node, "axis", 1)), int(attr(node, "block_size", 0) or 0)
+    misfit = qparams_misfit(x, scale, zp, axis, block)
+    if misfit:
+        raise ModelError(f"node {node.name} (DequantizeLinear): {misfit}; the model is malformed (re-export it)")
+    meta.KEEP_PACKED.set(node, True)
+    vals = list(node.inputs)
+    meta.PACKED_WEIGHT.set(node.outputs[0], lambda: dequantize(
+        vals[0].const_value.numpy(), vals[1].const_value.numpy(),
+        vals[2].const_value.numpy() if len(vals) > 2 and vals[2] is not None else None, axis, block).astype(
+        vals[1].const_value.numpy().dtype))
 
 
 def standard_qdq_domain(graph: ir.Graph, opset: int) -> int:

@@ -24,8 +24,10 @@ Each op keeps the exact semantics of onnxruntime's CPU kernel
   carries no relevance).
 - ``MultiHeadAttention`` with separate 3-D query, key and value (optional bias, ``key_padding_mask`` as above,
   ``attention_bias``, ``unidirectional``): the same from the projections on.
-- ``GroupQueryAttention`` on a prompt without past state: the same, K/V heads repeated as LLaMA's ``repeat_kv``,
-  causal (within ``local_window_size``), keys after ``seqlens_k`` masked.
+- ``GroupQueryAttention`` on a prompt (past state absent, or past graph inputs fed empty by
+  :mod:`..past_state`): the same, K/V heads repeated as LLaMA's ``repeat_kv``, causal (within
+  ``local_window_size``), keys after ``seqlens_k`` masked, packed QKV sliced; ``do_rotary`` rotates q and k by the
+  cos/sin caches at ``position_ids`` (or 0..S-1), ``rotary_interleaved`` and partial rotary as ``RotaryEmbedding``.
 - ``EmbedLayerNormalization``: Gathers of the word, position (``position_ids`` or 0..S-1) and segment embeddings,
   their sum, ``LayerNormalization``; its integer ``mask_index`` output is the number of ones per row of the mask
   (zeros without a mask), its ``embedding_sum`` output the sum before the norm.
@@ -37,12 +39,13 @@ Each op keeps the exact semantics of onnxruntime's CPU kernel
 - ``BiasAdd`` and ``BiasSplitGelu`` (diffusion models): ``x + bias + skip``; ``left * gelu(right)`` of the halves
   of ``x + bias``.
 
-Refused with one line naming the node: past/present key-value state, rotary attention (``do_rotary``), packed
+Refused with one line naming the node: past key-value state given to the op, rotary attention (``do_rotary``) of
+Attention / MultiHeadAttention, packed
 or 4-D/5-D query/key/value layouts of MultiHeadAttention, 4-D masks, non-constant projection weights or biases,
 inputs of unknown rank. Refused before anything is rewritten (:class:`RefuseUnsupported`): onnxruntime's NCHWc
-layout (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead), ORT's
-weight-only block quantization (MatMulNBits, MatMulBnb4, GatherBlockQuantized), quantized fused transformer ops
-(QAttention, QEmbedLayerNormalization, QOrderedMatMul), fused attention ops other than those split here
+layout (``com.microsoft.nchwc`` ops, written by ORT_ENABLE_ALL on x86: save with ORT_ENABLE_EXTENDED instead),
+bitsandbytes' 4-bit MatMulBnb4 (MatMulNBits and GatherBlockQuantized are :mod:`..block_quant`'s), quantized fused
+transformer ops (QAttention, QEmbedLayerNormalization, QOrderedMatMul), fused attention ops other than those split here
 (PackedAttention, DecoderMaskedMultiHeadAttention, SparseAttention, ...), fused activations other than the standard
 ONNX ones.
 """
@@ -63,9 +66,7 @@ from .split_tools import Refuse, RefuseAs, Unknown
 _REFUSED_MS = {
     **{t: "quantized fused transformer op with no float counterpart here; quantize the float model with "
           "QuantFormat.QDQ instead" for t in ("QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")},
-    **{t: "onnxruntime's weight-only block quantization (int4 / blockwise); dequantize the weights to float or to "
-          "QDQ (DequantizeLinear with block_size) instead" for t in ("MatMulNBits", "MatMulBnb4",
-                                                                       "GatherBlockQuantized")},
+    "MatMulBnb4": "bitsandbytes' 4-bit weights (NF4 / FP4); quantize with MatMulNBits (int4) or QDQ instead",
     **{t: "onnxruntime's fused attention/embedding op; export the model without ORT's transformer optimiser"
        for t in ("PackedAttention", "PackedMultiHeadAttention", "DecoderAttention",
                  "DecoderMaskedMultiHeadAttention", "SparseAttention", "LongformerAttention")},

@@ -176,17 +176,17 @@ def mha(b, node) -> ir.Value:
 
 
 def gqa(b, node) -> ir.Value:
-    """GroupQueryAttention on a prompt without past state: causal (within ``local_window_size``), keys after
-    ``seqlens_k[b]`` (the last valid index) masked, K/V heads repeated to the query heads as LLaMA's ``repeat_kv``
-    (Expand + Reshape); present_key / present_value are K and V in (B, N_kv, S, H)."""
+    """GroupQueryAttention on a prompt (past state absent, or fed empty by the loader): causal (within
+    ``local_window_size``), keys after ``seqlens_k[b]`` (the last valid index) masked, ``do_rotary`` (the cos/sin
+    caches at ``position_ids`` or 0..S-1, ``rotary_interleaved``), K/V heads repeated to the query heads as LLaMA's
+    ``repeat_kv`` (Expand + Reshape); present_key / present_value are K and V in (B, N_kv, S, H)."""
     n, nkv = int(attr(node, "num_heads", 0) or 0), int(attr(node, "kv_num_heads", 0) or 0)
     if n <= 0 or nkv <= 0 or n % nkv:
         raise Refuse(f"num_heads {n} and kv_num_heads {nkv}")
     q, k, v, past_k, past_v, seqlens = (opt(node, i) for i in range(6))
     if past_k is not None or past_v is not None:
-        raise Refuse("past key/value state (KV cache); only a prompt without past inputs is supported")
-    if int(attr(node, "do_rotary", 0) or 0):
-        raise Refuse("rotary embedding inside the op (do_rotary=1)")
+        raise Refuse("past key/value state given (KV cache); only a prompt is supported: leave the past inputs "
+                     "to the loader (fed empty)")
     if float(attr(node, "softcap", 0.0) or 0.0) or int(attr(node, "smooth_softmax", 0) or 0) or \
             opt(node, 11) is not None or (len(node.outputs) > 3 and used(node.outputs[3])):
         raise Refuse("softcap, smooth softmax, head sinks or the QK output")
@@ -206,6 +206,8 @@ def gqa(b, node) -> ir.Value:
     qh = _heads(b, q, n, h, (0, 2, 1, 3), "q")
     kh = _heads(b, k, nkv, h, (0, 2, 1, 3), "k")  # (B, N_kv, S, H): present_key
     vh = _heads(b, v, nkv, h, (0, 2, 1, 3), "v")
+    if int(attr(node, "do_rotary", 0) or 0):
+        qh, kh = _gqa_rotary(b, node, qh, kh, h)
     for o, t in zip(node.outputs[1:3], (kh, vh)):
         if used(o):
             take_over(o, t)
@@ -229,6 +231,38 @@ def gqa(b, node) -> ir.Value:
     p = b.op("Softmax", [s], axis=-1, tag="probs")
     ctx = b.op("Transpose", [b.op("MatMul", [p, vh], tag="context")], perm=[0, 2, 1, 3], tag="context_t")
     return b.op("Reshape", [ctx, i64(b, [0, 0, n * h], "merge_shape")], like=node.outputs[0], tag="merged")
+
+
+def _gqa_rotary(b, node, qh: ir.Value, kh: ir.Value, head: int) -> tuple[ir.Value, ir.Value]:
+    """GroupQueryAttention's ``do_rotary``: q and k (B, N, S, H) rotated by the cos/sin caches (max length, rd/2)
+    gathered at ``position_ids`` (B, S) or, on a prompt, 0..S-1; the first rd of each head rotated."""
+    cos_c, sin_c, pos = opt(node, 7), opt(node, 8), opt(node, 9)
+    if cos_c is None or sin_c is None or cos_c.shape is None or not isinstance(cos_c.shape[-1], int):
+        raise Refuse("do_rotary without cos/sin caches of known width")
+    rd = 2 * cos_c.shape[-1]
+    if rd > head:
+        raise Refuse(f"cos/sin caches of width {rd // 2} for heads of size {head}")
+    if pos is None:
+        pos = positions(b, qh, 2, "seq_pos")
+    elif pos.shape is None or len(pos.shape) != 2:
+        raise Refuse("position_ids that are not (B, S)")
+    else:
+        pos = typed(b.op("Cast", [pos], to=INT64.value, tag="position_ids"), INT64)
+    cos, sin = _angles(b, cos_c, sin_c, pos)  # (S, rd/2) or (B, S, rd/2)
+    inter = bool(int(attr(node, "rotary_interleaved", 0) or 0))
+    return tuple(_rotary_part(b, x, cos, sin, rd, head, inter, tag) for x, tag in ((qh, "q"), (kh, "k")))
+
+
+def _rotary_part(b, xh: ir.Value, cos, sin, rd: int, head: int, interleaved: bool, tag: str) -> ir.Value:
+    """(B, N, S, H) with its first ``rd`` of each head rotated (the rest passed through)."""
+    xr = xh if rd == head else b.op("Slice", [xh, i64(b, [0], "start"), i64(b, [rd], "end"), i64(b, [-1], "axis")],
+                                    tag=f"{tag}_rot_part")
+    y = _rotate(b, xr, cos, sin, -3, rd, interleaved)
+    if rd != head:
+        rest = b.op("Slice", [xh, i64(b, [rd], "start"), i64(b, [head], "end"), i64(b, [-1], "axis")],
+                    tag=f"{tag}_pass")
+        y = b.op("Concat", [y, rest], axis=-1, tag=f"{tag}_with_pass")
+    return y
 
 
 def _seqlens_bias(b, node, q: ir.Value, seqlens: ir.Value, dt: np.dtype) -> ir.Value:
@@ -287,8 +321,7 @@ def rotary(b, node) -> ir.Value:
     if len(pos.shape) == 1:  # an offset: positions offset + 0..S-1
         seq = positions(b, x, 1 if r == 3 else 2, "seq_pos")
         pos = typed(b.op("Add", [seq, b.op("Cast", [pos], to=INT64.value, tag="offset")], tag="positions"), INT64)
-    cos = b.op("Gather", [cos_c, pos], axis=0, tag="cos")  # (B, S, rd/2) or (S, rd/2)
-    sin = b.op("Gather", [sin_c, pos], axis=0, tag="sin")
+    cos, sin = _angles(b, cos_c, sin_c, pos)  # (B, S, rd/2) or (S, rd/2)
     axis = -2 if r == 3 else -3  # the heads axis: (.., S, 1, rd) for (B, S, N, H); (.., 1, S, rd) for (B, N, S, H)
     xr = xh if rd == head else b.op("Slice", [xh, i64(b, [0], "start"), i64(b, [rd], "end"), i64(b, [-1], "axis")],
                                     tag="x_rot")
@@ -301,6 +334,18 @@ def rotary(b, node) -> ir.Value:
         y = b.op("Reshape", [y, i64(b, [0, 0, -1], "merge_shape")], tag="merged")
     y.type, y.shape = out.type, out.shape
     return y
+
+
+def _angles(b, cos_c: ir.Value, sin_c: ir.Value, pos: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """cos and sin gathered from the caches at the positions: marked as carrying no relevance (a lookup at position
+    ids is not a token's embedding)."""
+    out = []
+    for c, tag in ((cos_c, "cos"), (sin_c, "sin")):
+        v = b.op("Gather", [c, pos], axis=0, tag=tag)
+        v.type = c.type
+        meta.SHAPE_ONLY.set(v, True)
+        out.append(v)
+    return out[0], out[1]
 
 
 def _rotate(b, xr: ir.Value, cos: ir.Value, sin: ir.Value, axis: int, rd: int, interleaved: bool) -> ir.Value:
