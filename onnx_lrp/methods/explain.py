@@ -183,4 +183,43 @@ class MethodExplainer:
         return res.without_batch_axis() if bare else res
 
 
-__all__ = ["MethodExplainer", "is_method", "LRP"]
+#: ops whose output grad-cam's default layer is never (no activation of their own, or not float)
+_NOT_LAYERS = {"Constant", "Shape", "Size", "Cast", "ConstantOfShape", "Range", "Unsqueeze", "Squeeze", "Reshape",
+               "Gather", "Concat", "Slice", "Identity"}
+
+
+def spatial_tensors(model, x: np.ndarray, device: str = "cpu") -> list[str]:
+    """The model's tensors that are N x C x spatial axes at ``x`` (the first item; the rank of ``x``, at least 3,
+    more than one spatial entry), in the graph's order: the last is grad-cam's default layer (the output of the last
+    convolution block, before pooling or flattening ends the spatial axes). One run of the model with every such
+    tensor as an output."""
+    from .. import load
+    from ..run import runtime
+
+    x = np.asarray(x)
+    if x.ndim < 3:
+        raise InputError(f"grad-cam needs an input with spatial axes (N x C x H x W); this one is "
+                         f"{' x '.join(map(str, x.shape))}: name a layer or use another method")
+    ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
+    graph = ir_model.graph
+    if len(graph.inputs) != 1:
+        raise InputError(f"grad-cam takes a model with one input; this one has {len(graph.inputs)}")
+    values = [o for n in graph for o in n.outputs if o.name and n.op_type not in _NOT_LAYERS]
+    graph.outputs.clear()
+    graph.outputs.extend(values)
+    parts = load.serialize_parts(ir_model)
+    session = runtime.Session(parts.model_bytes, device, deployed=True,
+                              external=runtime.ExternalData(parts.folder, parts.arrays, parts.prepack))
+    given = graph.inputs[0]
+    first = x[:1].astype(given.dtype.numpy()) if given.dtype is not None else x[:1]
+    out = session.run({given.name: np.ascontiguousarray(first)}, [v.name for v in values])
+    return [v.name for v in values if _spatial(out.get(v.name), x.ndim)]
+
+
+def _spatial(a, rank: int) -> bool:
+    a = None if a is None else np.asarray(a)
+    return a is not None and a.dtype.kind == "f" and a.ndim == rank and a.shape[0] == 1 and \
+        int(np.prod(a.shape[2:])) > 1
+
+
+__all__ = ["MethodExplainer", "is_method", "LRP", "spatial_tensors"]
