@@ -2,7 +2,12 @@
 Explainer's face. :class:`MethodExplainer` answers ``explain(x, target)`` with an
 :class:`onnx_lrp.run.explanation.Explanation` whose ``relevance`` is the method's attribution, beside the model's
 outputs, the explained target and value, as LRP's Explanation holds them; it names the inputs, the explained output
-and the device as an LRP Explainer does, so that the command line runs either."""
+and the device as an LRP Explainer does, so that the command line runs either.
+
+Every method of :data:`onnx_lrp.methods.METHODS` runs here: ``grad-cam`` (``layer=`` a tensor N x C x spatial
+axes) and ``rise`` give their maps N x 1 x the input's spatial axes (as captum's LayerGradCam), the others an
+attribution in the input's shape; ``expected-gradients`` / ``gradient-shap`` take their background set as
+``baselines=``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -111,7 +116,8 @@ class MethodExplainer:
     # ------------------------------------------------------------------ explain
     def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
         """The attribution of ``target`` (None: the arg-max per item; an int; one per item) for ``x`` by the
-        method, as an Explanation (``relevance`` in x's shape, with or without its batch axis as given)."""
+        method, as an Explanation (``relevance`` in x's shape, or N x 1 x its spatial axes for ``grad-cam`` and
+        ``rise``; with or without the batch axis as ``x`` came)."""
         if position is not None or isinstance(target, tuple):
             raise InputError(f"position is for LRP on sequence outputs; method {self.method!r} explains one entry "
                              "per item: give the target as a flat index")
