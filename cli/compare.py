@@ -87,6 +87,8 @@ def explainers(model, names: list[str], setup, x: np.ndarray, options: dict, lrp
     import onnx_lrp
     from onnx_lrp.methods.explain import is_method
 
+    if options.get("layer") is not None and "grad-cam" not in names:
+        raise InputError("--layer is grad-cam's layer; add grad-cam to --methods or drop --layer")
     columns = []
     for name in names:
         note = ""
@@ -94,9 +96,11 @@ def explainers(model, names: list[str], setup, x: np.ndarray, options: dict, lrp
             ex = lrp or setup.explainer(model)
         elif is_method(name):
             kw = default_options(name, x, options["patch"], options["seed"])
-            if name == "grad-cam":
+            if name == "grad-cam" and options.get("layer") is not None:
+                kw["layer"] = options["layer"]
+            elif name == "grad-cam":
                 kw["layer"] = grad_cam_layer(model, x, setup.run.device)
-                note = f"grad-cam at {kw['layer']} (the last spatial tensor), upsampled to the input"
+                note = f"grad-cam at {kw['layer']} (the last spatial tensor; --layer names another), upsampled"
             ex = onnx_lrp.Explainer(model, method=name, device=setup.run.device, **kw)
         else:
             ex = onnx_lrp.Explainer(model, composite=name, device=setup.run.device)

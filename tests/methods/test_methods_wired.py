@@ -121,10 +121,22 @@ def test_evaluate_side_by_side_names_grad_cams_layer(tmp_path):
     assert result.exit_code == 0, result.output
     rows = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")][1:]
     assert rows == names
-    assert f"grad-cam at {LAST_SPATIAL} (the last spatial tensor)" in result.stdout
+    assert f"grad-cam at {LAST_SPATIAL} (the last spatial tensor" in result.stdout
     result = CliRunner().invoke(main, args + ["--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["methods"]["grad-cam"]["layer"] == LAST_SPATIAL
+
+
+def test_evaluate_layer_names_grad_cams_tensor_and_is_refused_without_it(tmp_path):
+    np.save(tmp_path / "x.npy", X)
+    args = ["evaluate", CNN, str(tmp_path / "x.npy"), "--layer", "/conv2/Conv_output_0"]
+    result = CliRunner().invoke(main, args + ["--methods", "lrp,grad-cam", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["methods"]["grad-cam"]["layer"] == "/conv2/Conv_output_0"
+    for extra in ([], ["--methods", "lrp,rise"]):
+        result = CliRunner().invoke(main, args + extra)
+        err = result.stderr
+        assert result.exit_code == 2 and err.count("\n") == 1 and "--layer" in err and "grad-cam" in err, err
 
 
 def test_evaluate_grad_cam_without_spatial_axes_refused(tmp_path):
