@@ -33,6 +33,7 @@ class Column:
     target: np.ndarray = None
     seconds_per_item: float = 0.0
     evaluation: object = None
+    note: str = ""  # what the table says below it (grad-cam's layer)
 
 
 def method_list(text: str) -> list[str]:
@@ -46,12 +47,20 @@ def method_list(text: str) -> list[str]:
 def default_options(method: str, x: np.ndarray, patch: int, seed: int) -> dict:
     """The options a method runs with in the comparison: IG 32 steps from 0; SmoothGrad / VarGrad 16 samples of
     noise 0.1 x the input's range (zennit's noise level), seeded; occlusion windows of --patch (every channel)
-    moved by half of it."""
+    moved by half of it; expected-gradients / gradient-shap 16 draws with the batch and a zero input as the
+    background set (gradient-shap: with SmoothGrad's noise); RISE 1000 masks, half of the cells kept, seeded.
+    grad-cam's layer: :func:`grad_cam_layer`."""
+    spread = float(x.max() - x.min()) or 1.0
     if method == "integrated-gradients":
         return dict(n_steps=32, baselines=0.0)
     if method in ("smoothgrad", "vargrad"):
-        spread = float(x.max() - x.min()) or 1.0
         return dict(nt_samples=16, stdevs=0.1 * spread, seed=seed)
+    if method in ("expected-gradients", "gradient-shap"):
+        background = np.concatenate([np.zeros_like(x[:1]), x]).astype(np.float32)
+        noise = dict(stdevs=0.1 * spread) if method == "gradient-shap" else {}
+        return dict(baselines=background, n_samples=16, seed=seed, **noise)
+    if method == "rise":
+        return dict(n_masks=1000, probability=0.5, seed=seed)
     if method == "occlusion":
         item = x.shape[1:]
         side = [min(patch, d) for d in item[-2:]] if len(item) >= 2 else [min(patch, item[-1])]
@@ -61,21 +70,41 @@ def default_options(method: str, x: np.ndarray, patch: int, seed: int) -> dict:
     return {}
 
 
+def grad_cam_layer(model, x: np.ndarray, device: str) -> str:
+    """grad-cam's layer in the comparison: the last tensor with the input's spatial axes (the last convolution
+    block's output, before pooling or flattening; onnx_lrp.methods.explain.spatial_tensors)."""
+    from onnx_lrp.methods.explain import spatial_tensors
+
+    names = spatial_tensors(model, x, device)
+    if not names:
+        raise InputError("--methods grad-cam: the model has no tensor N x C x spatial axes at this input; drop "
+                         "grad-cam or explain it with `onnx-lrp explain --method grad-cam --layer NAME`")
+    return names[-1]
+
+
 def explainers(model, names: list[str], setup, x: np.ndarray, options: dict, lrp=None) -> list[Column]:
     """One explainer per name: "lrp" (``lrp``, or the setup's composite), a composite's name, or a method."""
     import onnx_lrp
     from onnx_lrp.methods.explain import is_method
 
+    if options.get("layer") is not None and "grad-cam" not in names:
+        raise InputError("--layer is grad-cam's layer; add grad-cam to --methods or drop --layer")
     columns = []
     for name in names:
+        note = ""
         if name == "lrp":
             ex = lrp or setup.explainer(model)
         elif is_method(name):
-            ex = onnx_lrp.Explainer(model, method=name, device=setup.run.device,
-                                    **default_options(name, x, options["patch"], options["seed"]))
+            kw = default_options(name, x, options["patch"], options["seed"])
+            if name == "grad-cam" and options.get("layer") is not None:
+                kw["layer"] = options["layer"]
+            elif name == "grad-cam":
+                kw["layer"] = grad_cam_layer(model, x, setup.run.device)
+                note = f"grad-cam at {kw['layer']} (the last spatial tensor; --layer names another), upsampled"
+            ex = onnx_lrp.Explainer(model, method=name, device=setup.run.device, **kw)
         else:
             ex = onnx_lrp.Explainer(model, composite=name, device=setup.run.device)
-        columns.append(Column(name, ex))
+        columns.append(Column(name, ex, note=note))
     return columns
 
 
@@ -127,11 +156,13 @@ def table_lines(columns: list[Column]) -> list[str]:
         values = "  ".join(f"{s.get(k, float('nan')):>11.4f}" for k, _ in cols)
         beats = {True: "yes", False: "NO", None: "-"}[s.get("beats_random")]
         lines.append(f"  {c.name:<{width}}  {values}  {beats:>12}  {c.seconds_per_item:>9.4f}")
-    return lines
+    return lines + [c.note for c in columns if c.note]
 
 
 def as_dict(columns: list[Column]) -> dict:
-    return {c.name: {**c.evaluation.as_dict(), "seconds_per_item": c.seconds_per_item} for c in columns}
+    return {c.name: {**c.evaluation.as_dict(), "seconds_per_item": c.seconds_per_item,
+                     **({"layer": c.explainer.attributor.options.layer} if c.name == "grad-cam" else {})}
+            for c in columns}
 
 
 def picture(columns: list[Column], x: np.ndarray, item_names: list[str]):

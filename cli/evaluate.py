@@ -124,7 +124,7 @@ def plot(ev):
                 Row(("runs", "subset_size"), "faithfulness-correlation: subsets, size.", left="--runs N, --subset-size N"),
                 "mask", "layout"]),
     ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS]),
-    ("Output", ["methods", "as_json", "plot_path", "device"])],
+    ("Output", ["methods", "layer", "as_json", "plot_path", "device"])],
     examples=["onnx-lrp evaluate models/digits_cnn.onnx models/samples/batch.npy --patch 2 \\",
               "    --steps 40 --plot curves.png",
               "onnx-lrp evaluate model.onnx x.npy -m randomisation --plot layers.png"])
@@ -160,6 +160,8 @@ def plot(ev):
               help="onnxruntime device (default cpu).")
 @click.option("--methods", default=None, metavar="A,B,..",
               help="Side by side: lrp, composites, methods (docs/methods.md).")
+@click.option("--layer", default=None, metavar="TENSOR",
+              help="--methods grad-cam: its tensor (default: the last spatial one).")
 def evaluate(model, input_path, **options):
     """Is the explanation faithful? Score MODEL's LRP explanations of INPUT with a Quantus 0.6 metric.
 
@@ -195,6 +197,8 @@ def evaluate(model, input_path, **options):
     x = next(iter(batch.arrays.values()))
     targets = resolve_named(target_option(o["target"]), ex, model)  # an index, or a class name
     m = _mask(o["mask"], len(x), x.shape) if o["mask"] is not None else None
+    if o["layer"] is not None and o["methods"] is None:
+        raise InputError("--layer is grad-cam's layer in --methods; give --methods ...,grad-cam")
     if o["methods"] is not None:
         return _side_by_side(model, batch, ex, setup, {**o, "targets": targets, "orders": orders}, m)
     metric = {k: o[k] for k in ("metric", "patch", "steps", "baseline", "prob", "seed", "runs", "subset_size")}

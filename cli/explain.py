@@ -125,10 +125,8 @@ SECTIONS = [
 @dataset_options
 @method_options
 def explain(**kw):
-    """Explain MODEL's prediction for INPUT with LRP: the relevance of every input element for a class.
-
-    INPUT: an image, a .npy array (a batch on the first axis), a .npz (one array per model input), or a directory
-    of one kind. Prints a summary per item; writes the relevance, a heatmap if asked.
+    """Explain MODEL's prediction for INPUT (an image, a .npy batch, a .npz of one array per model input, or a
+    directory of one kind) with LRP or a --method: a summary per item, the relevance, a heatmap if asked.
     """
     o = ExplainOptions.from_click(kw)
     o.model = _model_file(o.model)

@@ -9,6 +9,7 @@ Every subcommand's ``--help`` stays within 60 lines at 80 columns (tests/cli/tes
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 import click
@@ -156,10 +157,15 @@ def _write_rows(formatter, rows) -> None:
         if len(left) <= width:
             formatter.write(f"{'':>{indent}}{left:<{width}}  {wrapped[0]}".rstrip() + "\n")
             rest = wrapped[1:]
-        else:  # the options on lines of their own (wrapped after a comma), the help below
-            for line in click.formatting.wrap_text(left, formatter.width - indent).splitlines():
+        else:  # the options on lines of their own (wrapped at spaces, never inside a flag), the help below or
+            # beside the last of them when that one is short enough
+            lines = textwrap.wrap(left, formatter.width - indent, break_on_hyphens=False, break_long_words=False)
+            for line in lines[:-1]:
                 formatter.write(f"{'':>{indent}}{line}\n")
-            rest = wrapped
+            beside = len(lines[-1]) <= width
+            formatter.write(f"{'':>{indent}}{lines[-1]:<{width if beside else 0}}"
+                            + (f"  {wrapped[0]}".rstrip() if beside else "") + "\n")
+            rest = wrapped[1:] if beside else wrapped
         for line in rest:
             formatter.write(f"{'':>{indent + width + 2}}{line}\n")
 

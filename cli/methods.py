@@ -9,13 +9,21 @@ from onnx_lrp.core.errors import InputError
 # click's dest -> (the method option's keyword, the methods that take it)
 _IG = ("integrated-gradients",)
 _NT = ("smoothgrad", "vargrad")
+_SHAP = ("expected-gradients", "gradient-shap")
 OPTION_METHODS = {
     "memory_budget": None,  # every method (None: not LRP)
-    "n_steps": _IG, "integration": _IG, "baselines": _IG + ("occlusion",),
-    "nt_type": ("smoothgrad",), "nt_samples": _NT, "stdevs": _NT, "seed": _NT, "base": _NT,
+    "n_steps": _IG, "integration": _IG, "baselines": _IG + ("occlusion", "rise") + _SHAP,
+    "nt_type": ("smoothgrad",), "nt_samples": _NT, "stdevs": _NT + ("gradient-shap",),
+    "seed": _NT + _SHAP + ("rise",), "base": _NT,
     "sliding_window_shapes": ("occlusion",), "strides": ("occlusion",), "abs": ("gradient",),
+    "n_samples": _SHAP, "layer": ("grad-cam",), "relu_attributions": ("grad-cam",),
+    "n_masks": ("rise",), "probability": ("rise",),
 }
-METHOD_KEYS = ("method",) + tuple(OPTION_METHODS)
+# the help's order: options of one metavar side by side (NAME, N, F, ..., the flags), four lines at 80 columns
+METHOD_KEYS = ("method", "base", "layer", "integration", "nt_type", "relu_attributions", "n_steps", "nt_samples",
+               "n_samples", "n_masks", "seed", "memory_budget", "stdevs", "probability", "baselines", "strides", "abs",
+               "sliding_window_shapes")
+assert set(METHOD_KEYS) == {"method", *OPTION_METHODS}
 
 
 def _flag(dest: str) -> str:
@@ -24,32 +32,43 @@ def _flag(dest: str) -> str:
 
 def method_options(f):
     """--method and its options, all default None (so that an option given to a method that does not take it is
-    refused by name)."""
+    refused by name); in :data:`METHOD_KEYS`' order, options of one metavar side by side in the help."""
     decorators = [
         click.option("--method", default=None, metavar="NAME",
                      help="lrp (default), a composite, gradient, gradient-x-input, integrated-gradients, smoothgrad, "
-                          "vargrad, occlusion (docs/methods.md)."),
-        click.option("--n-steps", "n_steps", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="integrated-gradients: points on the path (default 50)."),
-        click.option("--baselines", default=None, metavar="X|FILE.npy",
-                     help="integrated-gradients, occlusion: the baseline, a number or an .npy (default 0)."),
-        click.option("--integration", default=None, metavar="RULE",
-                     help="integrated-gradients: gausslegendre (default), riemann_left|right|middle|trapezoid."),
-        click.option("--nt-type", "nt_type", default=None, metavar="T", help="smoothgrad|smoothgrad_sq|vargrad."),
-        click.option("--nt-samples", "nt_samples", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="smoothgrad, vargrad: noisy samples (default 5)."),
-        click.option("--stdevs", type=click.FloatRange(min=0), default=None, metavar="S",
-                     help="smoothgrad, vargrad: noise standard deviation (default 1)."),
-        click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
-                     help="smoothgrad, vargrad: the noise's seed."),
+                          "vargrad, expected-gradients, gradient-shap, grad-cam, occlusion, rise (docs/methods.md)."),
         click.option("--base", default=None, metavar="NAME",
                      help="smoothgrad, vargrad: the smoothed method or composite (default gradient)."),
+        click.option("--layer", default=None, metavar="NAME",
+                     help="grad-cam: the tensor N x C x H x W it weighs (e.g. the last convolution block's output)."),
+        click.option("--integration", default=None, metavar="NAME",
+                     help="integrated-gradients: gausslegendre (default), riemann_left|right|middle|trapezoid."),
+        click.option("--nt-type", "nt_type", default=None, metavar="NAME", help="smoothgrad|smoothgrad_sq|vargrad."),
+        click.option("--n-steps", "n_steps", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="integrated-gradients: points on the path (default 50)."),
+        click.option("--nt-samples", "nt_samples", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="smoothgrad, vargrad: noisy samples (default 5)."),
+        click.option("--n-samples", "n_samples", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="expected-gradients, gradient-shap: draws per item (default 5)."),
+        click.option("--n-masks", "n_masks", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="rise: random masks (default 2000)."),
+        click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
+                     help="smoothgrad, vargrad, expected-gradients, gradient-shap, rise: the draws' seed."),
+        click.option("--memory-budget", "memory_budget", type=click.IntRange(min=1), default=None, metavar="MB",
+                     help="Methods: megabytes one stacked run may take (default 2048)."),
+        click.option("--stdevs", type=click.FloatRange(min=0), default=None, metavar="F",
+                     help="smoothgrad, vargrad, gradient-shap: noise standard deviation (default 1; 0)."),
+        click.option("--probability", type=click.FloatRange(min=0, max=1, min_open=True), default=None, metavar="F",
+                     help="rise: the chance a mask's cell is kept (default 0.5)."),
+        click.option("--baselines", default=None, metavar="X|FILE.npy",
+                     help="integrated-gradients, occlusion, rise: the baseline, a number or an .npy (default 0); "
+                          "expected-gradients, gradient-shap: the background set, an .npy (n x an item's shape)."),
         click.option("--sliding-window-shapes", "sliding_window_shapes", default=None, metavar="A,B,..",
                      help="occlusion: the window, one size per input axis after the batch."),
         click.option("--strides", default=None, metavar="S[,S..]", help="occlusion: the window's step (default 1)."),
         click.option("--abs", "abs", is_flag=True, default=None, help="gradient: its magnitude."),
-        click.option("--memory-budget", "memory_budget", type=click.IntRange(min=1), default=None, metavar="MB",
-                     help="Methods: megabytes one stacked run may take (default 2048)."),
+        click.option("--relu-attributions", "relu_attributions", is_flag=True, default=None,
+                     help="grad-cam: its positive part."),
     ]
     for d in reversed(decorators):
         f = d(f)
@@ -98,6 +117,7 @@ def method_keywords(options: dict) -> tuple[str | None, dict]:
             flag = _flag(next(iter(given)))
             raise InputError(f"{flag} is an option of the attribution methods; give --method (docs/methods.md)")
         return None, {}
+    _needed(method, given)
     keywords = {}
     for k, v in given.items():
         takers = OPTION_METHODS[k]
@@ -105,6 +125,25 @@ def method_keywords(options: dict) -> tuple[str | None, dict]:
             raise InputError(f"{_flag(k)} is for --method {' or '.join(takers)}, not {method}")
         keywords[k] = _PARSE.get(k, lambda a: a)(v)
     return method, keywords
+
+
+# what a method cannot run without, as the command line says it
+_NEEDS = {"grad-cam": ("layer", "--layer NAME: the tensor N x C x H x W it weighs (e.g. the last convolution block's "
+                                "output; onnx-lrp concepts MODEL --list-layers lists the convolutions' outputs)"),
+          "expected-gradients": ("baselines", "--baselines FILE.npy: a background set, n x an item's shape (e.g. "
+                                              "some training inputs)")}
+_NEEDS["gradient-shap"] = _NEEDS["expected-gradients"]
+
+
+def _needed(method: str, given: dict) -> None:
+    """The option ``method`` cannot run without (grad-cam's --layer, the background set), refused when missing."""
+    need = _NEEDS.get(method)
+    if need is None:
+        return
+    key, what = need
+    value = given.get(key)
+    if value is None or (key == "baselines" and not str(value).lower().endswith(".npy")):
+        raise InputError(f"--method {method} needs {what}")
 
 
 def with_lrp_method(options: dict) -> dict:

@@ -2,7 +2,12 @@
 Explainer's face. :class:`MethodExplainer` answers ``explain(x, target)`` with an
 :class:`onnx_lrp.run.explanation.Explanation` whose ``relevance`` is the method's attribution, beside the model's
 outputs, the explained target and value, as LRP's Explanation holds them; it names the inputs, the explained output
-and the device as an LRP Explainer does, so that the command line runs either."""
+and the device as an LRP Explainer does, so that the command line runs either.
+
+Every method of :data:`onnx_lrp.methods.METHODS` runs here: ``grad-cam`` (``layer=`` a tensor N x C x spatial
+axes) and ``rise`` give their maps N x 1 x the input's spatial axes (as captum's LayerGradCam), the others an
+attribution in the input's shape; ``expected-gradients`` / ``gradient-shap`` take their background set as
+``baselines=``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -111,7 +116,8 @@ class MethodExplainer:
     # ------------------------------------------------------------------ explain
     def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
         """The attribution of ``target`` (None: the arg-max per item; an int; one per item) for ``x`` by the
-        method, as an Explanation (``relevance`` in x's shape, with or without its batch axis as given)."""
+        method, as an Explanation (``relevance`` in x's shape, or N x 1 x its spatial axes for ``grad-cam`` and
+        ``rise``; with or without the batch axis as ``x`` came)."""
         if position is not None or isinstance(target, tuple):
             raise InputError(f"position is for LRP on sequence outputs; method {self.method!r} explains one entry "
                              "per item: give the target as a flat index")
@@ -183,4 +189,43 @@ class MethodExplainer:
         return res.without_batch_axis() if bare else res
 
 
-__all__ = ["MethodExplainer", "is_method", "LRP"]
+#: ops whose output grad-cam's default layer is never (no activation of their own, or not float)
+_NOT_LAYERS = {"Constant", "Shape", "Size", "Cast", "ConstantOfShape", "Range", "Unsqueeze", "Squeeze", "Reshape",
+               "Gather", "Concat", "Slice", "Identity"}
+
+
+def spatial_tensors(model, x: np.ndarray, device: str = "cpu") -> list[str]:
+    """The model's tensors that are N x C x spatial axes at ``x`` (the first item; the rank of ``x``, at least 3,
+    more than one spatial entry), in the graph's order: the last is grad-cam's default layer (the output of the last
+    convolution block, before pooling or flattening ends the spatial axes). One run of the model with every such
+    tensor as an output."""
+    from .. import load
+    from ..run import runtime
+
+    x = np.asarray(x)
+    if x.ndim < 3:
+        raise InputError(f"grad-cam needs an input with spatial axes (N x C x H x W); this one is "
+                         f"{' x '.join(map(str, x.shape))}: name a layer or use another method")
+    ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
+    graph = ir_model.graph
+    if len(graph.inputs) != 1:
+        raise InputError(f"grad-cam takes a model with one input; this one has {len(graph.inputs)}")
+    values = [o for n in graph for o in n.outputs if o.name and n.op_type not in _NOT_LAYERS]
+    graph.outputs.clear()
+    graph.outputs.extend(values)
+    parts = load.serialize_parts(ir_model)
+    session = runtime.Session(parts.model_bytes, device, deployed=True,
+                              external=runtime.ExternalData(parts.folder, parts.arrays, parts.prepack))
+    given = graph.inputs[0]
+    first = x[:1].astype(given.dtype.numpy()) if given.dtype is not None else x[:1]
+    out = session.run({given.name: np.ascontiguousarray(first)}, [v.name for v in values])
+    return [v.name for v in values if _spatial(out.get(v.name), x.ndim)]
+
+
+def _spatial(a, rank: int) -> bool:
+    a = None if a is None else np.asarray(a)
+    return a is not None and a.dtype.kind == "f" and a.ndim == rank and a.shape[0] == 1 and \
+        int(np.prod(a.shape[2:])) > 1
+
+
+__all__ = ["MethodExplainer", "is_method", "LRP", "spatial_tensors"]
