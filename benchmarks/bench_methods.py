@@ -24,25 +24,10 @@ import sys
 import tempfile
 
 import numpy as np
+from bench_cnn import build  # the same torchvision export as the CNN benchmark
 from timing import best
 
 MiB = 2**20
-
-
-def build(arch: str, path: str, size: int):
-    import torch
-    import torchvision
-
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, arch)(weights=None).eval()
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.1, 0.1)
-            m.running_var.uniform_(0.5, 1.5)
-    x = torch.randn(1, 3, size, size)
-    torch.onnx.export(model, x, path, input_names=["x"], output_names=["logits"],
-                      dynamic_axes={"x": {0: "N"}, "logits": {0: "N"}}, dynamo=False, opset_version=17)
-    return model
 
 
 def _status_kib(field: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from onnx_lrp.core.errors import InputError
+from onnx_lrp.io.kinds import Kind, is_kind
 
 # click's dest -> (the method option's keyword, the methods that take it)
 _IG = ("integrated-gradients",)
@@ -90,7 +91,7 @@ def _baselines(text: str):
         return float(text)
     except ValueError:
         pass
-    if not str(text).lower().endswith(".npy"):
+    if not is_kind(text, Kind.NPY):
         raise InputError(f"--baselines {text!r}: give a number or an .npy file")
     import numpy as np
 
@@ -142,7 +143,7 @@ def _needed(method: str, given: dict) -> None:
         return
     key, what = need
     value = given.get(key)
-    if value is None or (key == "baselines" and not str(value).lower().endswith(".npy")):
+    if value is None or (key == "baselines" and not is_kind(value, Kind.NPY)):
         raise InputError(f"--method {method} needs {what}")
 
 

@@ -28,19 +28,13 @@ from captum import attr as C
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "goldens" / "methods"
 sys.path.insert(0, str(ROOT / "tests"))
-from captum_nets import CNN, MLP, export as _export  # noqa: E402
+from captum_nets import MLP, export as _export, seeded_cnn  # noqa: E402
 
 RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 
 
 def _nets():
-    torch.manual_seed(10)
-    cnn = CNN().eval()
-    with torch.no_grad():
-        cnn.bn.running_mean.uniform_(-0.5, 0.5)
-        cnn.bn.running_var.uniform_(0.5, 2.0)
-        cnn.bn.weight.uniform_(0.5, 1.5)
-        cnn.bn.bias.uniform_(-0.3, 0.3)
+    cnn = seeded_cnn()
     torch.manual_seed(12)
     mlp = MLP().eval()
     rng = np.random.default_rng(20)

@@ -141,3 +141,15 @@ def export_inputs(module, xs: tuple, names: tuple) -> bytes:
         torch.onnx.export(module, tuple(torch.as_tensor(x) for x in xs), f, input_names=list(names),
                           output_names=["y"], opset_version=17, dynamo=False, dynamic_axes=axes)
     return f.getvalue()
+
+
+def seeded_cnn() -> CNN:
+    """The CNN of the stored goldens: seed 10, BatchNorm statistics and affine drawn away from the identity."""
+    torch.manual_seed(10)
+    cnn = CNN().eval()
+    with torch.no_grad():
+        cnn.bn.running_mean.uniform_(-0.5, 0.5)
+        cnn.bn.running_var.uniform_(0.5, 2.0)
+        cnn.bn.weight.uniform_(0.5, 1.5)
+        cnn.bn.bias.uniform_(-0.3, 0.3)
+    return cnn

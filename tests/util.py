@@ -235,3 +235,28 @@ def assert_close(actual, desired, rtol: float = 1e-7, atol: float = 0.0, ulps: f
     narrow = any(np.asarray(v).dtype.kind == "f" and np.asarray(v).dtype.itemsize <= 4 for v in (actual, desired))
     np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol + (f32_tol(desired, ulps) if narrow else 0.0),
                                **kw)
+
+
+def assert_cli_refuses(argv, folder: Path, *words):
+    """The command line ``argv`` (after ``onnx-lrp``) exits 2 with one ``onnx-lrp: error:`` line holding every word
+    of ``words``, and writes nothing into ``folder``."""
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+
+    before = sorted(p.name for p in folder.iterdir())
+    result = CliRunner().invoke(main, [str(a) for a in argv])
+    err = result.stderr
+    assert result.exit_code == 2 and err.count("\n") == 1 and err.startswith("onnx-lrp: error: "), err
+    assert all(w in err for w in words), err
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def ort_session(data: bytes, optimise: bool = True):
+    """A plain onnxruntime CPU session of ``data`` (the reference run of a test); ``optimise=False``: as written,
+    without graph optimisations."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimise:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])

@@ -116,17 +116,23 @@ def load_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as exc:
-        if "pickle" in str(exc).lower() or "object" in str(exc).lower():
-            raise InputError(f"input {path} holds pickled Python objects, which are never loaded; save a numeric "
-                             "array (np.save(path, np.asarray(x, dtype=np.float32)))") from None
-        raise InputError(f"input {path} is not a valid .npy file ({_first_line(exc)}); write it with np.save") \
-            from None
+        raise _refused_array_file(path, exc, "a valid .npy file; write it with np.save",
+                                  "save a numeric array (np.save(path, np.asarray(x, dtype=np.float32)))") from None
     except Exception as exc:  # EOFError, UnpicklingError, OSError on truncated files
         raise InputError(f"input {path} is not a valid .npy file ({type(exc).__name__}: {_first_line(exc)}); "
                          "it may be truncated; write it with np.save") from None
     if not isinstance(arr, np.ndarray):
         raise InputError(f"input {path} is not a .npy array; use .npz for several arrays")
     return arr
+
+
+def _refused_array_file(path, exc: ValueError, what: str, fix: str) -> InputError:
+    """numpy's ValueError on reading ``path`` as one line: pickled objects (never loaded; ``fix``) or not a valid
+    ``what`` ("a valid .npy file; write it with np.save")."""
+    if "pickle" in str(exc).lower() or "object" in str(exc).lower():
+        return InputError(f"input {path} holds pickled Python objects, which are never loaded; {fix}")
+    file, how = what.split("; ")
+    return InputError(f"input {path} is not {file} ({_first_line(exc)}); {how}")
 
 
 def _check_npy_magic(path: Path) -> None:
@@ -159,11 +165,8 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except ValueError as exc:
-        if "pickle" in str(exc).lower() or "object" in str(exc).lower():
-            raise InputError(f"input {path} holds pickled Python objects, which are never loaded; save numeric "
-                             "arrays with np.savez") from None
-        raise InputError(f"input {path} is not a valid .npz file ({_first_line(exc)}); write it with np.savez") \
-            from None
+        raise _refused_array_file(path, exc, "a valid .npz file; write it with np.savez",
+                                  "save numeric arrays with np.savez") from None
     except (zipfile.BadZipFile, EOFError, OSError) as exc:
         raise InputError(f"input {path} is not a valid .npz file ({type(exc).__name__}: {_first_line(exc)}); "
                          "it may be truncated; write it with np.savez") from None

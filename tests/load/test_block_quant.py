@@ -8,24 +8,16 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
 from onnx_lrp import load as loader
-from onnx_lrp.core import meta
-from util import assert_close
+from util import assert_close, ort_session
 
 F = TensorProto.FLOAT
 
 
-def _session(data: bytes, optimise: bool = True):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not optimise:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
 def _pack4(q: np.ndarray) -> np.ndarray:
@@ -86,7 +78,7 @@ CASES = [(64, 8, 4, 32, "none", False), (64, 8, 4, 16, "packed", True), (96, 8, 
 def test_matmul_nbits_forward_matches_onnxruntime(k, n, bits, block, zp, bias):
     m, w, b = _nbits_model(k, n, bits, block, zp, bias)
     a = np.random.default_rng(1).standard_normal((2, 3, k)).astype(np.float32)
-    ref = _session(m.SerializeToString()).run(None, {"a": a})[0]
+    ref = ort_session(m.SerializeToString()).run(None, {"a": a})[0]
     model = loader.load(m.SerializeToString())
     assert not [x for x in model.graph if x.domain == "com.microsoft"]
     dq = [x for x in model.graph if x.op_type == "DequantizeLinear"]
@@ -94,7 +86,7 @@ def test_matmul_nbits_forward_matches_onnxruntime(k, n, bits, block, zp, bias):
     packed = dq[0].inputs[0].const_value.numpy()
     assert packed.dtype in (ml_dtypes.int4, ml_dtypes.uint4, np.int8, np.uint8)
     assert packed.dtype.itemsize * 8 >= bits and (bits == 8) == (packed.dtype in (np.int8, np.uint8))
-    got = _session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, {"a": a})[0]
+    got = ort_session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, {"a": a})[0]
     assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert_close(got, a @ w + (0 if b is None else b), rtol=1e-5, atol=1e-5)  # and the numpy oracle
 
@@ -195,7 +187,7 @@ def _embedding_model(kind: str, packed: bool):
 def test_gather_block_quantized_forward_and_token_relevance(kind):
     m, table = _embedding_model(kind, True)
     ids = np.array([[3, 0, 23, 7, 7]], np.int64)
-    ref = _session(m.SerializeToString()).run(None, {"ids": ids})[0]
+    ref = ort_session(m.SerializeToString()).run(None, {"ids": ids})[0]
     w = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "w"))
     assert_close(ref, np.maximum(table[ids], 0) @ w, rtol=1e-5, atol=1e-5)  # onnxruntime means the numpy table
     a = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-6)
@@ -230,7 +222,7 @@ def test_accuracy_level_4_gap_is_measured_and_said_with_an_empty_kv_cache():
     assert e.relevance_model.deployed is not None and "int8-activations" in e.relevance_model.deployed.kinds
     with pytest.warns(LrpWarning, match="accuracy_level 4") if _int8_path(m, x) else _nothing():
         res = e.explain(x, target=(1, 0))
-    ref = _session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": np.zeros((1, 2, 0, 4),
+    ref = ort_session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": np.zeros((1, 2, 0, 4),
                                                                                                     np.float32)})[0]
     gap = res.deployed_gap
     assert_close(res.outputs["logits"], ref, rtol=0, atol=0)  # the outputs are the deployed model's
@@ -243,12 +235,12 @@ def test_accuracy_level_4_gap_is_measured_and_said_with_an_empty_kv_cache():
 def _int8_path(m, x) -> bool:
     """Whether this CPU's MatMulNBits kernel with accuracy_level 4 differs from float beyond 1e-4 of the output."""
     empty = np.zeros((1, 2, 0, 4), np.float32)
-    y4 = _session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": empty})[0]
+    y4 = ort_session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": empty})[0]
     for n in m.graph.node:
         for a in n.attribute:
             if a.name == "accuracy_level":
                 a.i = 0
-    y0 = _session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": empty})[0]
+    y0 = ort_session(m.SerializeToString()).run(["logits"], {"x": x, "past_key_values.0.key": empty})[0]
     for n in m.graph.node:
         for a in n.attribute:
             if a.name == "accuracy_level":
@@ -274,11 +266,11 @@ def test_opset_below_21_is_raised_with_reduction_axes_as_inputs():
     m = _model(nodes, inits, [helper.make_tensor_value_info("x", F, ["batch", 64])],
                [helper.make_tensor_value_info("y", F, ["batch", 8])], opset=14)
     x = np.random.default_rng(8).standard_normal((3, 64)).astype(np.float32)
-    ref = _session(m.SerializeToString()).run(None, {"x": x})[0]
+    ref = ort_session(m.SerializeToString()).run(None, {"x": x})[0]
     model = loader.load(m.SerializeToString())
     assert model.opset_imports[""] >= 21
     assert all("axes" not in n.attributes for n in model.graph if n.op_type == "ReduceMean")
-    got = _session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, {"x": x})[0]
+    got = ort_session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, {"x": x})[0]
     assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -298,7 +290,7 @@ def test_head_tied_to_a_quantized_embedding_reads_the_same_packed_table():
     m = _model(nodes, inits, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
                [helper.make_tensor_value_info("logits", F, ["batch", "seq", vocab])])
     ids = np.array([[1, 5, 23, 5]], np.int64)
-    ref = _session(m.SerializeToString()).run(None, {"ids": ids})[0]
+    ref = ort_session(m.SerializeToString()).run(None, {"ids": ids})[0]
     assert_close(ref, np.maximum(w.T[ids], 0) @ w, rtol=1e-5, atol=1e-5)  # the table is the head's weight
     e = onnx_lrp.Explainer(m.SerializeToString(), composite="epsilon", epsilon=1e-6)
     res = e.explain({"ids": ids})

@@ -7,25 +7,18 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_lrp
 from onnx_lrp import load as loader
-from util import assert_close
+from util import assert_close, ort_session
 
 B, S, NQ, NKV, H = 2, 5, 4, 2, 32
 MAXLEN = 16
 F = TensorProto.FLOAT
 
 
-def _session(data: bytes, optimise: bool = True):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not optimise:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
 def _caches(rd: int):
@@ -100,13 +93,13 @@ def test_gqa_rotary_with_empty_past_matches_onnxruntime(case, rd, inter):
     m = _model(case, rd, inter)
     feeds = _feeds(case)
     empty = np.zeros((B, NKV, 0, H), np.float32)
-    ref = _session(m.SerializeToString()).run(None, {**feeds, "past_key_values.0.key": empty,
+    ref = ort_session(m.SerializeToString()).run(None, {**feeds, "past_key_values.0.key": empty,
                                                      "past_key_values.0.value": empty})
     model = loader.load(m.SerializeToString())
     assert not [n for n in model.graph if n.domain == "com.microsoft"]
     assert [v.name for v in model.graph.outputs] == ["logits"]
     import onnx_ir as ir
-    got = _session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, feeds)
+    got = ort_session(ir.serde.serialize_model(model).SerializeToString(), optimise=False).run(None, feeds)
     assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
 
 
@@ -161,7 +154,7 @@ def test_simplified_norms_as_the_builder_writes_them_match_onnxruntime(bias):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     m.ir_version = 10
     x = (3 * rng.standard_normal((2, 4, d))).astype(np.float32)
-    ref = _session(m.SerializeToString()).run(None, {"x": x})[0]
+    ref = ort_session(m.SerializeToString()).run(None, {"x": x})[0]
     e = onnx_lrp.Explainer(m.SerializeToString(), composite="attnlrp")
     got = e.explain({"x": x}, target=(3, 0))
     assert_close(got.forward["y"], ref, rtol=1e-5, atol=1e-6)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnx_lrp import Explainer, InputError, UnsupportedError
 from onnx_lrp.cli.main import main
 from onnx_lrp.methods import Attributor
-from util import GOLDENS, f32_tol, make_model, node, rel_l2, to_bytes
+from util import GOLDENS, assert_cli_refuses, f32_tol, make_model, node, rel_l2, to_bytes
 
 METHODS = GOLDENS / "methods"
 DATA = np.load(METHODS / "captum.npz")
@@ -92,13 +92,7 @@ def test_cli_writes_what_the_api_returns(ig, tmp_path):
 
 def _refused(args, tmp_path, *words):
     np.save(tmp_path / "x.npy", X)
-    before = sorted(p.name for p in tmp_path.iterdir())
-    result = CliRunner().invoke(main, ["explain", CNN, str(tmp_path / "x.npy"), "-o", str(tmp_path / "r.npy"),
-                                       *args])
-    err = result.stderr
-    assert result.exit_code == 2 and err.count("\n") == 1 and err.startswith("onnx-lrp: error: "), err
-    assert all(w in err for w in words), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert_cli_refuses(["explain", CNN, tmp_path / "x.npy", "-o", tmp_path / "r.npy", *args], tmp_path, *words)
 
 
 @pytest.mark.parametrize("args,words", [

@@ -141,14 +141,8 @@ def test_live_against_captum():
     """One live check each (expected gradients with noise, Grad-CAM) on the stored models' torch twins."""
     torch = pytest.importorskip("torch")
     captum_attr = pytest.importorskip("captum.attr")
-    from captum_nets import CNN as TorchCNN
-    torch.manual_seed(10)
-    cnn = TorchCNN().eval()
-    with torch.no_grad():
-        cnn.bn.running_mean.uniform_(-0.5, 0.5)
-        cnn.bn.running_var.uniform_(0.5, 2.0)
-        cnn.bn.weight.uniform_(0.5, 1.5)
-        cnn.bn.bias.uniform_(-0.3, 0.3)
+    from captum_nets import seeded_cnn
+    cnn = seeded_cnn()
     x, t = DATA["cnn/x"], DATA["cnn/target"]
     bg = np.random.default_rng(8).normal(size=(3,) + x.shape[1:]).astype(np.float32)
     torch.manual_seed(9)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from onnx_lrp import Explainer
 from onnx_lrp.cli.main import main
-from util import GOLDENS, assert_close, rel_l2
+from util import GOLDENS, assert_cli_refuses, assert_close, rel_l2
 
 METHODS = GOLDENS / "methods"
 DATA = np.load(METHODS / "captum_more.npz")
@@ -90,13 +90,7 @@ def test_cli_writes_what_the_api_returns(tmp_path):
 
 def _refused(tmp_path, args, *words):
     np.save(tmp_path / "x.npy", X)
-    before = sorted(p.name for p in tmp_path.iterdir())
-    result = CliRunner().invoke(main, ["explain", CNN, str(tmp_path / "x.npy"), "-o", str(tmp_path / "r.npy"),
-                                       *args])
-    err = result.stderr
-    assert result.exit_code == 2 and err.count("\n") == 1 and err.startswith("onnx-lrp: error: "), err
-    assert all(w in err for w in words), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert_cli_refuses(["explain", CNN, tmp_path / "x.npy", "-o", tmp_path / "r.npy", *args], tmp_path, *words)
 
 
 @pytest.mark.parametrize("args,words", [
