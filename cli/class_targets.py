@@ -1,5 +1,5 @@
-"""``--target`` by class name for the subcommands beyond ``explain`` (``evaluate``, ``trace``, ``snapshot``,
-``diff``): the option is read before the model is built (:func:`target_option`) and names are resolved once the
+"""``--target`` as the subcommands read it (``explain``, ``evaluate``, ``trace``, ``snapshot``, ``diff``): an index,
+one per item, or class names: the option is read before the model is built (:func:`target_option`) and names are resolved once the
 explainer knows the classes (:func:`resolve_named`), from the model's ``id2label`` metadata or the config.json
 beside it (or in its export folder), as ``explain`` does.
 """
@@ -7,7 +7,22 @@ from __future__ import annotations
 
 from onnx_lrp.core.errors import InputError, LrpError
 
-from .explain import parse_target
+
+def parse_target(text: str | None, what: str = "--target"):
+    """None (arg-max), an int, or a list of ints."""
+    if text is None or (what == "--target" and str(text).strip().lower() in ("", "argmax")):
+        return None
+    hint = "give argmax, one class index (3) or one per item (3,1,4)" if what == "--target" else \
+        "give one index (5) or one per item (5,7,2)"
+    try:
+        vals = [int(v) for v in str(text).replace(" ", "").split(",") if v != ""]
+    except ValueError:
+        raise InputError(f"{what} {text!r}: {hint}") from None
+    if not vals:
+        raise InputError(f"{what} {text!r}: {hint}")
+    if any(v < 0 for v in vals):
+        raise InputError(f"{what} {text!r}: indices are >= 0")
+    return vals[0] if len(vals) == 1 else vals
 
 
 def target_option(text, what: str = "--target"):
@@ -23,10 +38,11 @@ def target_option(text, what: str = "--target"):
         raise
 
 
-def resolve_named(targets, ex, model, what: str = "--target"):
+def resolve_named(targets, ex, model, what: str = "--target", labels=None):
     """``targets`` as :func:`target_option` returned them, with a class name turned into its index: the whole text
     one name, else one name (or index) per item, comma-separated. Names come from the model's ``id2label``
-    metadata or the config.json beside ``model``; a miss is refused in one line naming the closest classes."""
+    metadata or the config.json beside ``model`` (``labels``: names already found, e.g. from --labels); a miss is
+    refused in one line naming the closest classes."""
     from onnx_lrp.io.labels import find_labels, resolve_target
     from onnx_lrp.io.model_folder import resolve_model_folder
 
@@ -37,7 +53,7 @@ def resolve_named(targets, ex, model, what: str = "--target"):
         path = resolve_model_folder(model)[0]
     except (LrpError, TypeError, OSError):
         pass
-    labels = getattr(ex, "labels", None) or find_labels(None, ex, path)
+    labels = labels or getattr(ex, "labels", None) or find_labels(None, ex, path)
     width = ex.output_width()
     try:
         return resolve_target(targets, labels, width, what)
@@ -48,4 +64,4 @@ def resolve_named(targets, ex, model, what: str = "--target"):
         return [resolve_target(p, labels, width, what) for p in parts]
 
 
-__all__ = ["resolve_named", "target_option"]
+__all__ = ["parse_target", "resolve_named", "target_option"]

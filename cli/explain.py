@@ -20,6 +20,7 @@ from onnx_lrp.io.kinds import Kind, relevance_name
 from onnx_lrp.run.batches import explain_chunks, merge, slices
 from onnx_lrp.run.explanation import Explanation
 
+from .class_targets import parse_target, resolve_named, target_option
 from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
@@ -31,23 +32,6 @@ from .text import TEXT_KEYS, run_text, text_mode, text_options
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar when the whole run is expected to take longer than this
 SUMMARY_ROWS = 20
-
-
-def parse_target(text: str | None, what: str = "--target"):
-    """None (arg-max), an int, or a list of ints."""
-    if text is None or (what == "--target" and str(text).strip().lower() in ("", "argmax")):
-        return None
-    hint = "give argmax, one class index (3) or one per item (3,1,4)" if what == "--target" else \
-        "give one index (5) or one per item (5,7,2)"
-    try:
-        vals = [int(v) for v in str(text).replace(" ", "").split(",") if v != ""]
-    except ValueError:
-        raise InputError(f"{what} {text!r}: {hint}") from None
-    if not vals:
-        raise InputError(f"{what} {text!r}: {hint}")
-    if any(v < 0 for v in vals):
-        raise InputError(f"{what} {text!r}: indices are >= 0")
-    return vals[0] if len(vals) == 1 else vals
 
 
 def _say(msg: str) -> None:
@@ -288,7 +272,7 @@ def _destinations(o: ExplainOptions) -> _Destinations:
         check_writable(heat_path)
         if heat_path.resolve() == out_path.resolve():
             raise OutputError(f"--heatmap and -o both name {out_path}; give two different files")
-    targets = _target_arg(o.target)
+    targets = target_option(o.target)
     positions = parse_target(o.position, "--position") if o.position is not None else None
     tokens = None
     if o.html_path and not o.tokens_path:
@@ -515,35 +499,13 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     click.echo(f"relevance -> {dest.out_path}" + heat_text + (f"; tokens -> {dest.html_out}" if dest.html_out else ""))
 
 
-def _target_arg(text):
-    """--target as :func:`parse_target` reads it, or the text itself when it names classes (resolved once the
-    class names are known: :func:`_class_names`)."""
-    from onnx_lrp.io.labels import by_name
-
-    try:
-        return parse_target(text)
-    except InputError:
-        if by_name(str(text)):
-            return str(text)
-        raise
-
-
 def _class_names(o: ExplainOptions, ex, dest: _Destinations):
     """The class names (--labels, the model's id2label metadata, a config.json beside it) or None; a --target
-    given by name resolved with them (the whole text one name, else one name per item, comma-separated)."""
-    from onnx_lrp.io.labels import find_labels, resolve_target
+    given by name resolved with them (:func:`cli.class_targets.resolve_named`)."""
+    from onnx_lrp.io.labels import find_labels
 
     labels = find_labels(o.options.get("labels"), ex, o.model)
-    if not isinstance(dest.targets, str):
-        return labels
-    width = ex.output_width()
-    try:
-        dest.targets = resolve_target(dest.targets, labels, width, "--target")
-    except InputError:
-        parts = [p.strip() for p in dest.targets.split(",")]
-        if len(parts) < 2 or not all(parts):
-            raise
-        dest.targets = [resolve_target(p, labels, width, "--target") for p in parts]
+    dest.targets = resolve_named(dest.targets, ex, o.model, labels=labels)
     return labels
 
 

@@ -14,7 +14,7 @@ from onnx_lrp.core.errors import InputError
 from onnx_lrp.io.inputs import items_kind
 
 from .class_targets import resolve_named, target_option
-from .explain import parse_target
+from .class_targets import parse_target
 from .helpfmt import Command
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 from .text import text_batch, text_setup
