@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .core.errors import InputError
 from .core.relevance_model import BuildOptions
@@ -10,6 +11,11 @@ from .load import external
 from .rules.composite import Composite
 from .run import launch
 from .run.runner import Explanation, InputSpec, Runner, RunOptions  # noqa: F401 (Explanation, InputSpec: this API)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .run.generation import GenerationExplanation
 
 
 class Explainer(Runner):
@@ -39,7 +45,7 @@ class Explainer(Runner):
         return super().__new__(cls)
 
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
-                 method: str = "lrp", build: BuildOptions | None = None, run: RunOptions | None = None, labels=None,
+                 method: str = "lrp", build: BuildOptions | None = None, run: RunOptions | None = None, labels: "list | dict | str | Path | None" = None,
                  **options):
         """Build the relevance model of `model` and start its onnxruntime session.
 
@@ -102,7 +108,8 @@ class Explainer(Runner):
         super().__init__(relevance_model, given.run, session)
         self.labels = names.find_labels(labels, self, model)
 
-    def explain(self, x, target=None, start: str | None = None, position=None) -> Explanation:
+    def explain(self, x: "np.ndarray | dict", target: "int | str | list | None" = None, start: str | None = None,
+                position: "int | list | None" = None) -> Explanation:
         """Relevance of the inputs for `target`.
 
         Args:
@@ -110,7 +117,8 @@ class Explainer(Runner):
                 tensors on its device), or a dict of them by input name. uint8 arrays are 8-bit pixels, divided
                 by 255 with a warning.
             target: None (the arg-max per item), a class index or a class name (see `labels`), or one per item.
-            start, position: as `Runner.explain`.
+            start: the start relevance, `"logit"` or `"one-hot"` (default: the explainer's `start`).
+            position: for sequence outputs, the explained position(s) (default: the last).
 
         Returns:
             Explanation: the relevance of each input, the outputs, the targets and the checks.
@@ -191,8 +199,10 @@ class Explainer(Runner):
         return explain_request(self, TextRequest(text, tokenizer, text_pair, target, position, continuation, task,
                                                  labels, embeddings, start))
 
-    def explain_generation(self, prompt: str, n: int, tokenizer=None, *, contrast=None, start: str | None = None,
-                           eos=None, decoder=None):
+    def explain_generation(self, prompt: str, n: int, tokenizer: "str | Path | None" = None, *,
+                           contrast: "str | int | None" = None, start: str | None = None,
+                           eos: "int | list | None" = None, decoder: "str | Path | None" = None
+                           ) -> "GenerationExplanation":
         """Greedy generation of `n` tokens after `prompt`, each generated token explained over everything before
         it, in one batched relevance run.
 
