@@ -100,6 +100,23 @@ def one_class(text, ex, model, labels_file=None) -> tuple[int | None, list[str] 
     return target, labels
 
 
+def report_names(comp, labels, context: dict) -> list[str]:
+    """``check`` / ``diff`` with class names: ``class_names`` in the JSON report's context (its samples' target and
+    predicted indices index it), and one line per changed prediction naming both classes (none without names)."""
+    if not labels:
+        return []
+    context["class_names"] = list(labels)
+    shown = lambda i: f"{i} {labels[i]!r}" if 0 <= int(i) < len(labels) else f"{i}"  # noqa: E731
+    return [f"prediction changed: {s.item}: {shown(s.predicted_baseline)} -> {shown(s.predicted_current)}"
+            for s in comp.samples if s.predicted_current != s.predicted_baseline]
+
+
+def say_names(comp, labels, context: dict) -> None:
+    """Print :func:`report_names`' lines (and put the names in ``context``)."""
+    for line in report_names(comp, labels, context):
+        click.echo(line)
+
+
 def named(indices, labels) -> list | None:
     """The names of the class ``indices`` (one or many) for JSON, or None without names."""
     from onnx_lrp.io.labels import label_of
@@ -109,4 +126,4 @@ def named(indices, labels) -> list | None:
     return [label_of(i, labels) for i in np.asarray(indices).reshape(-1)]
 
 
-__all__ = ["class_names", "labels_option", "named", "one_class", "parse_target", "resolve_named", "target_option"]
+__all__ = ["class_names", "labels_option", "named", "one_class", "report_names", "say_names", "parse_target", "resolve_named", "target_option"]

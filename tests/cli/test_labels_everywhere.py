@@ -103,3 +103,27 @@ def test_method_explainer_takes_names(files):
         ex.explain(X, target="eigth")
     with pytest.raises(InputError, match="9 names for the 10 classes"):
         onnx_lrp.Explainer(MODEL, method="gradient", labels=NAMES[:9])
+
+
+def test_check_and_diff_name_changed_predictions(files, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(MODEL)
+    bias = next(t for t in m.graph.initializer if t.name == "classifier.4.bias")
+    b = numpy_helper.to_array(bias).copy()
+    b[2] += 1000.0  # every item now predicts class 2
+    bias.CopyFrom(numpy_helper.from_array(b, bias.name))
+    onnx.save(m, tmp_path / "b.onnx")
+    r = cli("snapshot", MODEL, files / "x.npy", "-o", tmp_path / "base.npz")
+    assert r.exit_code == 0, r.output
+    predicted = np.argmax(onnx_lrp.Explainer(MODEL).explain(X).outputs["logits"], axis=1)
+    want = [f"prediction changed: x.npy[{i}]: {p} {NAMES[p]!r} -> 2 'two'" for i, p in enumerate(predicted)]
+    r = cli("check", tmp_path / "b.onnx", tmp_path / "base.npz", "--labels", files / "names.txt", "--report-json",
+            tmp_path / "c.json")
+    assert r.exit_code == 1 and [ln for ln in r.stdout.splitlines() if ln.startswith("prediction")] == want, r.output
+    assert json.loads((tmp_path / "c.json").read_text())["class_names"] == NAMES
+    r = cli("diff", MODEL, tmp_path / "b.onnx", files / "x.npy", "--labels", files / "names.txt")
+    assert r.exit_code == 1 and [ln for ln in r.stdout.splitlines() if ln.startswith("prediction")] == want, r.output
+    r = cli("check", tmp_path / "b.onnx", tmp_path / "base.npz")  # without names: the table's indices only
+    assert r.exit_code == 1 and "prediction changed" not in r.stdout
