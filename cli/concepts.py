@@ -259,7 +259,7 @@ def relmax():
 
 
 @relmax.command("build", cls=Command, sections=[
-    ("Scan", ["layer", "out_dir", "labels", "samples", "shard_size", "batch_size", "overwrite"]),
+    ("Scan", ["layer", "out_dir", "labels", "target", "samples", "shard_size", "batch_size", "overwrite"]),
     ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])],
     examples=["onnx-lrp relmax build model.onnx images/ --layer TENSOR --out-dir relmax/",
               "onnx-lrp relmax build model.onnx data.parquet --layer TENSOR --out-dir relmax/"])
@@ -267,7 +267,10 @@ def relmax():
 @click.argument("source", metavar="SOURCE")
 @click.option("--layer", required=True, metavar="TENSOR", help="Its channels get reference samples.")
 @click.option("--out-dir", required=True, metavar="DIR", help="Where the result goes; a rerun resumes.")
-@click.option("--labels", default=None, metavar="FILE.npy", help="One class per item (default: the arg-max).")
+@click.option("--labels", default=None, metavar="FILE",
+              help="FILE.npy: one class per item; else class names.")
+@click.option("--target", "-t", default=None, metavar="INT|NAME",
+              help="One class for every item (default: the arg-max).")
 @click.option("--samples", type=click.IntRange(min=1), default=40, metavar="N",
               help="Reference samples kept per channel (40).")
 @click.option("--shard-size", type=click.IntRange(min=1), default=256, metavar="N", help="Items per shard (256).")
@@ -289,21 +292,32 @@ def relmax_build(model, source, **options):
     _, ex = _build(model, o, pre, source, source=True)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
-    targets = None
-    if labels:
-        check_npy(labels, f"--labels {labels}")
-        try:
-            targets = np.load(labels, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
-                             "saved with np.save") from None
-        if targets.ndim != 1 or targets.dtype.kind not in "iu":
-            raise InputError(f"--labels {labels} holds {targets.dtype} of shape {targets.shape}; give one class index "
-                             "per item (integers, one axis), saved with np.save")
+    targets = _relmax_targets(o, ex, model, len(src))
     rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples=o["samples"], shard_size=o["shard_size"],
                           batch_size=o["batch_size"], overwrite=o["overwrite"], log=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "
                f"reference samples of {len(src)} items")
+
+
+def _relmax_targets(o: dict, ex, model, n: int):
+    """relmax build's classes: one per item (``--labels FILE.npy``), one for all (``--target INT|NAME``, names from
+    ``--labels`` as a names file, the model's id2label or the config.json beside it), or None (the arg-max)."""
+    labels, target = o["labels"], o["target"]
+    if not labels or Path(labels).suffix.lower() != ".npy":
+        index = one_class(target, ex, model, labels)[0]
+        return None if index is None else np.full(n, index, np.int64)
+    if target is not None:
+        raise InputError("--labels FILE.npy gives one class per item; --target one for all: give one of them")
+    check_npy(labels, f"--labels {labels}")
+    try:
+        targets = np.load(labels, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
+                         "saved with np.save") from None
+    if targets.ndim != 1 or targets.dtype.kind not in "iu":
+        raise InputError(f"--labels {labels} holds {targets.dtype} of shape {targets.shape}; give one class index "
+                         "per item (integers, one axis), saved with np.save")
+    return targets
 
 
 @relmax.command("show", cls=Command, sections=[

@@ -127,3 +127,21 @@ def test_check_and_diff_name_changed_predictions(files, tmp_path):
     assert r.exit_code == 1 and [ln for ln in r.stdout.splitlines() if ln.startswith("prediction")] == want, r.output
     r = cli("check", tmp_path / "b.onnx", tmp_path / "base.npz")  # without names: the table's indices only
     assert r.exit_code == 1 and "prediction changed" not in r.stdout
+
+
+def test_relmax_build_takes_one_class_by_name(files, tmp_path):
+    common = ["--layer", LAYER, "--samples", "2"]
+    np.save(tmp_path / "fours.npy", np.full(len(X), 4))
+    r = cli("relmax", "build", MODEL, files / "x.npy", *common, "--out-dir", tmp_path / "a", "--labels",
+            files / "names.txt", "-t", "four")
+    assert r.exit_code == 0, r.output
+    r = cli("relmax", "build", MODEL, files / "x.npy", *common, "--out-dir", tmp_path / "b", "--labels",
+            tmp_path / "fours.npy")
+    assert r.exit_code == 0, r.output
+    with np.load(tmp_path / "a" / "relmax.npz") as a, np.load(tmp_path / "b" / "relmax.npz") as b:
+        assert a.files == b.files
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k])
+    r = cli("relmax", "build", MODEL, files / "x.npy", *common, "--out-dir", tmp_path / "c", "--labels",
+            tmp_path / "fours.npy", "-t", "4")
+    assert r.exit_code == 2 and "give one of them" in r.output and not (tmp_path / "c").exists()
