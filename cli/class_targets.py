@@ -5,7 +5,13 @@ beside it (or in its export folder), as ``explain`` does.
 """
 from __future__ import annotations
 
+import click
+import numpy as np
+
 from onnx_lrp.core.errors import InputError, LrpError
+
+#: --labels as every subcommand that names classes takes it (the help row: ``labels``)
+LABELS_HELP = "Class names: JSON list, lines, config.json."
 
 
 def parse_target(text: str | None, what: str = "--target"):
@@ -64,4 +70,60 @@ def resolve_named(targets, ex, model, what: str = "--target", labels=None):
         return [resolve_target(p, labels, width, what) for p in parts]
 
 
-__all__ = ["parse_target", "resolve_named", "target_option"]
+def labels_option(f):
+    """``--labels FILE`` (the class names: a JSON list, one name per line, a config.json with ``id2label``) on a
+    click command; its value reaches the command as ``labels`` (see :func:`class_names`)."""
+    return click.option("--labels", "labels", default=None, metavar="FILE", help=LABELS_HELP)(f)
+
+
+def class_names(labels_file, ex, model) -> list[str] | None:
+    """The class names of ``model`` as ``explain`` finds them: ``--labels`` (refused in one line when it does not
+    count the classes), else the model's ``id2label`` metadata, else the config.json beside it; None without."""
+    from onnx_lrp.io.labels import find_labels
+    from onnx_lrp.io.model_folder import resolve_model_folder
+
+    path = model
+    try:
+        path = resolve_model_folder(model)[0]
+    except (LrpError, TypeError, OSError):
+        pass
+    return find_labels(labels_file, getattr(ex, "_runner", None) or ex, path)
+
+
+def one_class(text, ex, model, labels_file=None) -> tuple[int | None, list[str] | None]:
+    """(the class index of ``--target`` for a command that explains one class: None for argmax, an index or a
+    class name, the class names found): a list of classes is refused in one line."""
+    labels = class_names(labels_file, ex, model)
+    target = resolve_named(target_option(None if text is None else str(text)), ex, model, labels=labels)
+    if isinstance(target, list):
+        raise InputError(f"--target {text!r}: this command explains one class; give one index or name")
+    return target, labels
+
+
+def report_names(comp, labels, context: dict) -> list[str]:
+    """``check`` / ``diff`` with class names: ``class_names`` in the JSON report's context (its samples' target and
+    predicted indices index it), and one line per changed prediction naming both classes (none without names)."""
+    if not labels:
+        return []
+    context["class_names"] = list(labels)
+    shown = lambda i: f"{i} {labels[i]!r}" if 0 <= int(i) < len(labels) else f"{i}"  # noqa: E731
+    return [f"prediction changed: {s.item}: {shown(s.predicted_baseline)} -> {shown(s.predicted_current)}"
+            for s in comp.samples if s.predicted_current != s.predicted_baseline]
+
+
+def say_names(comp, labels, context: dict) -> None:
+    """Print :func:`report_names`' lines (and put the names in ``context``)."""
+    for line in report_names(comp, labels, context):
+        click.echo(line)
+
+
+def named(indices, labels) -> list | None:
+    """The names of the class ``indices`` (one or many) for JSON, or None without names."""
+    from onnx_lrp.io.labels import label_of
+
+    if not labels or indices is None:
+        return None
+    return [label_of(i, labels) for i in np.asarray(indices).reshape(-1)]
+
+
+__all__ = ["class_names", "labels_option", "named", "one_class", "report_names", "say_names", "parse_target", "resolve_named", "target_option"]

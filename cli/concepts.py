@@ -15,6 +15,7 @@ from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind
 from onnx_lrp.io.kinds import Kind
 
+from .class_targets import labels_option, one_class
 from .dataset import check_source_preprocessing, has_images
 from .helpfmt import Command, Group
 from .io import AtomicOutputs, check_writable, guard
@@ -43,6 +44,18 @@ def _one_item(input_path, ex, setup, item: int) -> np.ndarray:
     if not 0 <= item < len(a):
         raise InputError(f"--item {item} out of range: {input_path} holds {len(a)} item(s); give 0 to {len(a) - 1}")
     return a[item:item + 1]
+
+
+def _name(target, labels) -> str | None:
+    from onnx_lrp.io.labels import label_of
+
+    return label_of(None if target is None else int(target), labels)
+
+
+def _shown(target, labels) -> str:
+    """``3`` or, with class names, ``3 'cat'``."""
+    name = _name(target, labels)
+    return f"{target} {name!r}" if name else f"{target}"
 
 
 def _build(model, options: dict, pre, inputs=None, source: bool = False):
@@ -102,7 +115,7 @@ def concept_picture(res, x: np.ndarray, full: np.ndarray, scale: int | None = No
     return canvas
 
 
-CONCEPT_SECTIONS = [("Explanations", ["target", "item", *RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])]
+CONCEPT_SECTIONS = [("Explanations", ["target", "labels", "item", *RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])]
 LAYER = "/features/features.6/Conv_output_0"
 
 
@@ -119,7 +132,9 @@ LAYER = "/features/features.6/Conv_output_0"
               help="The K channels of largest share (default 6).")
 @click.option("--concepts", "concept_spec", default=None, metavar="C[,C..][;C..]",
               help="These: ',' joins channels, ';' splits concepts.")
-@click.option("--target", type=int, default=None, metavar="INT", help="Class explained (default: the arg-max).")
+@click.option("--target", "-t", default=None, metavar="INT|NAME",
+              help="Class explained, index or name (default: arg-max).")
+@labels_option
 @click.option("--item", type=click.IntRange(min=0), default=0, metavar="N",
               help="Which item of INPUT (default 0).")
 @click.option("--include-parallel", is_flag=True,
@@ -158,6 +173,7 @@ def concepts(model, input_path, **options):
         require_suffix("--heatmap", heatmap_path, (".png",), "the picture")
     guard([("the input", input_path)], [("--heatmap", heatmap_path), ("-o", out)], models=[("the model", model)])
     x = _one_item(input_path, ex, setup, o["item"])
+    target, labels = one_class(target, ex, model, o["labels"])
     res = ex.explain_concepts(x, target, layer, concepts=_concepts_arg(o["top"], o["concept_spec"]),
                               exclude_parallel=not o["include_parallel"], record=list(o["record"]), init=init)
     rows = [dict(channels=g, share=float(s)) for g, s in zip(res.concepts, res.shares)]
@@ -171,10 +187,11 @@ def concepts(model, input_path, **options):
                       **{f"relevance_at/{k}": v for k, v in res.relevance_at.items()}}
             w.save_npz(out, arrays)
     if o["as_json"]:
-        click.echo(json.dumps(dict(layer=layer, target=res.target, logit=res.logit, concepts=rows,
+        named = {"target_label": _name(res.target, labels)} if labels else {}
+        click.echo(json.dumps(dict(layer=layer, target=res.target, **named, logit=res.logit, concepts=rows,
                                    exclude_parallel=res.exclude_parallel, init=init)))
         return
-    click.echo(f"class {res.target} (logit {res.logit:.4g}), layer {layer}, "
+    click.echo(f"class {_shown(res.target, labels)} (logit {res.logit:.4g}), layer {layer}, "
                f"{'excluding' if res.exclude_parallel else 'including'} parallel paths:")
     for r in rows:
         word = "channel " if len(r["channels"]) == 1 else "channels"
@@ -195,7 +212,9 @@ def concepts(model, input_path, **options):
               help="Its channel (default: the most relevant).")
 @click.option("--width", default="5,2", metavar="W[,W...]",
               help="Concepts kept per level (default 5,2).")
-@click.option("--target", type=int, default=None, metavar="INT", help="Class explained (default: the arg-max).")
+@click.option("--target", "-t", default=None, metavar="INT|NAME",
+              help="Class explained, index or name (default: arg-max).")
+@labels_option
 @click.option("--item", type=click.IntRange(min=0), default=0, metavar="N", help="Which item of INPUT (default 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the graph as JSON.")
 @common
@@ -211,15 +230,17 @@ def concept_graph(model, input_path, **options):
         raise InputError(f"--width {width!r}: give positive ints separated by ',' (e.g. 5,2)") from None
     setup, ex = _build(model, o, pre, input_path)
     x = _one_item(input_path, ex, setup, o["item"])
+    target, labels = one_class(target, ex, model, o["labels"])
     if concept is None:
         concept = int(np.argmax(ex.concept_relevance(x, target, layer)[0]))
     g = ex.concept_graph(x, target, layer, concept, width=widths)
     if o["as_json"]:
-        click.echo(json.dumps(dict(target=g.target, root=list(g.root), nodes=[list(n) for n in g.nodes],
+        named = {"target_label": _name(g.target, labels)} if labels else {}
+        click.echo(json.dumps(dict(target=g.target, **named, root=list(g.root), nodes=[list(n) for n in g.nodes],
                                    edges=[dict(source=list(s), target=[d[0], d[1]], share=d[2])
                                           for s, ds in g.edges.items() for d in ds])))
         return
-    click.echo(f"class {g.target}: concept {concept} of {layer}")
+    click.echo(f"class {_shown(g.target, labels)}: concept {concept} of {layer}")
 
     def show(node, depth, seen):
         for lower, c, share in g.edges.get(node, []):
@@ -238,7 +259,7 @@ def relmax():
 
 
 @relmax.command("build", cls=Command, sections=[
-    ("Scan", ["layer", "out_dir", "labels", "samples", "shard_size", "batch_size", "overwrite"]),
+    ("Scan", ["layer", "out_dir", "labels", "target", "samples", "shard_size", "batch_size", "overwrite"]),
     ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS])],
     examples=["onnx-lrp relmax build model.onnx images/ --layer TENSOR --out-dir relmax/",
               "onnx-lrp relmax build model.onnx data.parquet --layer TENSOR --out-dir relmax/"])
@@ -246,7 +267,10 @@ def relmax():
 @click.argument("source", metavar="SOURCE")
 @click.option("--layer", required=True, metavar="TENSOR", help="Its channels get reference samples.")
 @click.option("--out-dir", required=True, metavar="DIR", help="Where the result goes; a rerun resumes.")
-@click.option("--labels", default=None, metavar="FILE.npy", help="One class per item (default: the arg-max).")
+@click.option("--labels", default=None, metavar="FILE",
+              help="FILE.npy: one class per item; else class names.")
+@click.option("--target", "-t", default=None, metavar="INT|NAME",
+              help="One class for every item (default: the arg-max).")
 @click.option("--samples", type=click.IntRange(min=1), default=40, metavar="N",
               help="Reference samples kept per channel (40).")
 @click.option("--shard-size", type=click.IntRange(min=1), default=256, metavar="N", help="Items per shard (256).")
@@ -268,21 +292,32 @@ def relmax_build(model, source, **options):
     _, ex = _build(model, o, pre, source, source=True)
     crp.find_tensor(crp.models_of(ex).graph(), layer)
     src = open_source(source, input_infos(ex.inputs), pre)
-    targets = None
-    if labels:
-        check_npy(labels, f"--labels {labels}")
-        try:
-            targets = np.load(labels, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
-                             "saved with np.save") from None
-        if targets.ndim != 1 or targets.dtype.kind not in "iu":
-            raise InputError(f"--labels {labels} holds {targets.dtype} of shape {targets.shape}; give one class index "
-                             "per item (integers, one axis), saved with np.save")
+    targets = _relmax_targets(o, ex, model, len(src))
     rm = crp.relmax_build(ex, src, out_dir, layer, targets, samples=o["samples"], shard_size=o["shard_size"],
                           batch_size=o["batch_size"], overwrite=o["overwrite"], log=lambda m: click.echo(m, err=True))
     click.echo(f"wrote {Path(out_dir) / 'relmax.npz'}: {rm.indices.shape[1]} channels x {rm.indices.shape[0]} "
                f"reference samples of {len(src)} items")
+
+
+def _relmax_targets(o: dict, ex, model, n: int):
+    """relmax build's classes: one per item (``--labels FILE.npy``), one for all (``--target INT|NAME``, names from
+    ``--labels`` as a names file, the model's id2label or the config.json beside it), or None (the arg-max)."""
+    labels, target = o["labels"], o["target"]
+    if not labels or Path(labels).suffix.lower() != ".npy":
+        index = one_class(target, ex, model, labels)[0]
+        return None if index is None else np.full(n, index, np.int64)
+    if target is not None:
+        raise InputError("--labels FILE.npy gives one class per item; --target one for all: give one of them")
+    check_npy(labels, f"--labels {labels}")
+    try:
+        targets = np.load(labels, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"--labels {labels}: cannot read it as .npy ({exc}); give one class index per item, "
+                         "saved with np.save") from None
+    if targets.ndim != 1 or targets.dtype.kind not in "iu":
+        raise InputError(f"--labels {labels} holds {targets.dtype} of shape {targets.shape}; give one class index "
+                         "per item (integers, one axis), saved with np.save")
+    return targets
 
 
 @relmax.command("show", cls=Command, sections=[

@@ -12,7 +12,7 @@ from onnx_lrp.core.errors import InputError, OutputError
 from onnx_lrp.core.validate import check_npy
 from onnx_lrp.io.inputs import items_kind
 
-from .class_targets import resolve_named, target_option
+from .class_targets import class_names, labels_option, named, resolve_named, target_option
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
@@ -120,7 +120,7 @@ def plot(ev):
 
 
 @click.command("evaluate", cls=Command, sections=[
-    ("Metric", ["metric", "target", "patch", "steps", "order", "baseline", "prob", "seed",
+    ("Metric", ["metric", "target", "labels", "patch", "steps", "order", "baseline", "prob", "seed",
                 Row(("runs", "subset_size"), "faithfulness-correlation: subsets, size.", left="--runs N, --subset-size N"),
                 "mask", "layout"]),
     ("Explanations", [*RULE_ROWS, *INPUT_ROWS, *BINDING_ROWS]),
@@ -136,6 +136,7 @@ def plot(ev):
 @input_options
 @click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]|argmax",
               help="Class (index or name), one per item, or argmax (default).")
+@labels_option
 @click.option("--patch", type=click.IntRange(min=1), default=8, metavar="N",
               help="region-perturbation: region side (8).")
 @click.option("--steps", type=click.IntRange(min=1), default=50, metavar="N",
@@ -195,7 +196,8 @@ def evaluate(model, input_path, **options):
     if len(batch) == 0:
         raise InputError(f"{input_path} holds no items; give at least one")
     x = next(iter(batch.arrays.values()))
-    targets = resolve_named(target_option(o["target"]), ex, model)  # an index, or a class name
+    labels = class_names(o["labels"], ex, model)
+    targets = resolve_named(target_option(o["target"]), ex, model, labels=labels)  # an index, or a class name
     m = _mask(o["mask"], len(x), x.shape) if o["mask"] is not None else None
     if o["layer"] is not None and o["methods"] is None:
         raise InputError("--layer is grad-cam's layer in --methods; give --methods ...,grad-cam")
@@ -211,6 +213,8 @@ def evaluate(model, input_path, **options):
     if as_json:
         out = ev.as_dict()
         out.update(model=str(model), input=str(input_path), items=list(batch.names))
+        if labels:
+            out["target_labels"] = named(ev.target, labels)
         click.echo(json.dumps(out, indent=2))
     else:
         for line in summary_lines(ev):

@@ -26,7 +26,7 @@ from onnx_lrp.regression.html import drift_image
 from onnx_lrp.run import deployed_gap as gaps
 from onnx_lrp.run.batches import explain_all
 
-from .class_targets import resolve_named, target_option
+from .class_targets import class_names, labels_option, resolve_named, say_names, target_option
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
@@ -300,7 +300,7 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 
 # ---------------------------------------------------------------------------------------------- snapshot
 @click.command("snapshot", cls=Command, sections=[
-    ("What to store", ["out", "target", "output_name", "start", "batch_size",
+    ("What to store", ["out", "target", "labels", "output_name", "start", "batch_size",
                        Row(("metrics", "metric_patch", "metric_steps", "metric_baseline", "metric_seed"),
                            "Faithfulness too (region perturbation), for check --metric-tol.")]),
     ("Explanations", [*RULE_ROWS, Row(METHOD_KEYS, "Methods beyond LRP (docs/methods.md)."), *INPUT_ROWS,
@@ -313,6 +313,7 @@ def _faith_eval(model, ex, arrays: dict, rel: dict, targets, settings: dict):
 @common
 @click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]|argmax",
               help="Class, one per item, or argmax (default).")
+@labels_option
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Output to explain (default: the first).")
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
               help="Start: the logit (default) or 1 (zennit).")
@@ -338,7 +339,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
     check_writable(out_path)
     guard([("the input", inputs_path)], [("-o", out_path)], models=[("the model", model)])
     tracked = tracking.parse_metrics(metrics)
-    targets = target_option(target)  # an index, or a class name resolved once the model is built
+    targets, labels = target_option(target), rule_kw.pop("labels", None)  # a name: resolved with the model
     composite = with_lrp_method(dict(rule_kw, composite=composite))["composite"]  # --method COMPOSITE
     setup = _setup(model, composite, rule_kw, inputs_path)
     t0 = time.perf_counter()
@@ -350,7 +351,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
     batch = setup.read(inputs_path, ex.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
-    targets = resolve_named(targets, ex, model)
+    targets = resolve_named(targets, ex, model, labels=class_names(labels, ex, model))
     _targets(targets, len(batch))
     gap_list = []
     with Progress("explaining") as bar:
@@ -382,7 +383,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
 # ---------------------------------------------------------------------------------------------- check
 @click.command("check", cls=Command, sections=[
     ("Thresholds (per sample)", THRESHOLD_ROWS),
-    ("Reports", REPORT_ROWS),
+    ("Reports", [*REPORT_ROWS, "labels"]),
     ("Running", ["batch_size", Row(("engine", "workers", "ray_address"), "Recompute here or on Ray Data."),
                  "metric_tol"])],
     examples=["onnx-lrp check models/digits_cnn.onnx baseline.npz",
@@ -401,6 +402,7 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
               help="--engine ray: the cluster to join (auto: the one `ray start --head` started).")
 @click.option("--metric-tol", "metric_tol", multiple=True, metavar="NAME=DROP|off",
               help=f"Faithfulness: most drop of aopc, abpc ({tracking.DEFAULT_TOLERANCE:g}).")
+@labels_option
 @packed("reports", Reports)
 @packed("where", Engine)
 def check(model, baseline, reports: Reports, batch_size, where: Engine, metric_tol, **kw):
@@ -410,7 +412,7 @@ def check(model, baseline, reports: Reports, batch_size, where: Engine, metric_t
     happened (default: relevance drift or a changed prediction; the samples named on stdout and in the reports), 0
     when none did, 2 on bad input (docs/ci-regression.md).
     """
-    th, config_used = _pop_thresholds(kw)
+    th, config_used, labels = *_pop_thresholds(kw), kw.pop("labels", None)
     tolerances = tracking.parse_tolerances(metric_tol)
     max_rows, engine, workers, ray_address = reports.max_rows, where.engine, where.workers, where.ray_address
     files = _check_outputs(reports, [("the baseline", baseline), ("the --config file", config_used)],
@@ -436,6 +438,7 @@ def check(model, baseline, reports: Reports, batch_size, where: Engine, metric_t
                f"{meta['composite']['name']}, model {'changed' if context['model_changed'] else 'unchanged'} "
                f"(sha256 {context['model_sha256']['current'][:12]})"
                + (f", thresholds from {config_used}" if config_used else ""))
+    say_names(comp, class_names(labels, ex, model), context)
     deployed_diff = context.get("deployed_outputs")
     if deployed_diff is not None and deployed_diff["differ"]:
         click.echo(f"note: {rg.deployed_difference_message(deployed_diff, ex.explained_output)}")
@@ -506,7 +509,7 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 
 # ---------------------------------------------------------------------------------------------- diff
 @click.command("diff", cls=Command, sections=[
-    ("What to explain", ["target", "output_name", "start", "batch_size", *RULE_ROWS]),
+    ("What to explain", ["target", "labels", "output_name", "start", "batch_size", *RULE_ROWS]),
     ("Inputs", [*INPUT_ROWS, *BINDING_ROWS]),
     ("Thresholds (per sample)", THRESHOLD_ROWS),
     ("Reports", REPORT_ROWS)],
@@ -518,6 +521,7 @@ def _check_context(model, baseline, meta: dict, ex, config_used, base, cur) -> d
 @common
 @click.option("--target", "-t", default="argmax", metavar="INT|NAME[,..]|argmax",
               help="Class (argmax: MODEL_A's), one per item.")
+@labels_option
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Output to explain (default: the first).")
 @click.option("--start", type=click.Choice(["logit", "one-hot"]), default="logit", metavar="logit|one-hot",
               help="Start: the logit (default) or 1 (zennit).")
@@ -536,7 +540,7 @@ def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composit
 
     target, output_name, start, batch_size = asked.target, asked.output_name, asked.start, asked.batch_size
     max_rows = reports.max_rows
-    th, config_used = _pop_thresholds(kw)
+    th, config_used, labels = *_pop_thresholds(kw), kw.pop("labels", None)
     files = _check_outputs(reports, [("the input", inputs_path), ("the --config file", config_used)],
                            [("MODEL_A", model_a), ("MODEL_B", model_b)])
     targets = target_option(target)  # an index, or a class name resolved once the model is built
@@ -548,7 +552,7 @@ def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composit
     batch = setup.read(inputs_path, ex_a.inputs)
     if len(batch) == 0:
         raise InputError(f"{inputs_path} holds no items (an empty batch); give at least one")
-    targets = resolve_named(targets, ex_a, model_a)
+    targets = resolve_named(targets, ex_a, model_a, labels=(names := class_names(labels, ex_a, model_a)))
     _targets(targets, len(batch))
     arrays_b = _inputs_for(ex_b, batch.arrays, f"MODEL_B {model_b} (inputs of MODEL_A)")
     n = len(batch)
@@ -569,6 +573,7 @@ def diff(model_a, model_b, inputs_path, asked: Asked, reports: Reports, composit
                    model_sha256=dict(a=model_sha256(model_a), b=model_sha256(model_b)))
     click.echo(f"diff {model_a} -> {model_b}: {len(comp.samples)} sample(s), composite {comp_rules.name}"
                + (f", thresholds from {config_used}" if config_used else ""))
+    say_names(comp, names, context)
     gap_b = _gap_note(gap_list, batch.names)
     if gap_b is not None:
         context["deployed_gap"] = gap_b

@@ -13,8 +13,7 @@ import numpy as np
 from onnx_lrp.core.errors import InputError
 from onnx_lrp.io.inputs import items_kind
 
-from .class_targets import resolve_named, target_option
-from .class_targets import parse_target
+from .class_targets import class_names, labels_option, named, parse_target, resolve_named, target_option
 from .helpfmt import Command
 from .options import BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, explainer_setup, input_options
 from .text import text_batch, text_setup
@@ -40,7 +39,7 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
 
 
 @click.command("trace", cls=Command, sections=[
-    ("What to explain", ["item", "target", "output_name", "position", "start", *RULE_ROWS]),
+    ("What to explain", ["item", "target", "labels", "output_name", "position", "start", *RULE_ROWS]),
     ("Inputs", [*INPUT_ROWS, *BINDING_ROWS, "text", "tokenizer_path"]),
     ("Output", ["tolerance", "as_json", "device"])],
     examples=["onnx-lrp trace models/digits_cnn.onnx models/samples/png/digit_3.png",
@@ -58,6 +57,7 @@ def ledger_rows(rows, entering, leaving, start: float, tolerance: float) -> list
               help="Which item of INPUT to trace (default 0).")
 @click.option("--target", "-t", default="argmax", metavar="INT|NAME|argmax",
               help="Class to explain, index or name (default: argmax).")
+@labels_option
 @click.option("--output", "output_name", default=None, metavar="NAME",
               help="Output to explain (default: the first).")
 @click.option("--position", default=None, metavar="INT", help="Sequence outputs: position (default: last).")
@@ -89,7 +89,8 @@ def trace(model, input_path, **options):
         raise InputError(f"--position {position!r}: trace explains one item; give one position")
     ex = setup.explainer(model, ledger=True)
     ex.gap_warnings = False  # reported in the ledger's header instead
-    targets = resolve_named(targets, ex, model)
+    labels = class_names(options["labels"], ex, model)
+    targets = resolve_named(targets, ex, model, labels=labels)
     if isinstance(targets, list):
         raise InputError(f"--target {target!r}: trace explains one item; give one class")
     batch = setup.read(input_path, ex.inputs) if text is None else text_batch(model, ex, text,
@@ -102,6 +103,11 @@ def trace(model, input_path, **options):
     summary = ledger_summary(ex, res, tolerance)
     summary = dict(model=str(model), input=str(input_path) if text is None else None, item=batch.names[item],
                    composite=ex.composite_name, start=start, explained_output=ex.explained_output, target=int(res.target[0]), **summary)
+    if labels:
+        summary["target_label"] = named(res.target, labels)[0]
+        predicted = _predicted(res)
+        if predicted is not None:
+            summary.update(predicted=predicted, predicted_label=named(predicted, labels)[0])
     if res.position is not None:
         summary["position"] = int(np.asarray(res.position).reshape(-1)[0])
     if start == "logit" and ex.explained_output in res.outputs:
@@ -112,6 +118,16 @@ def trace(model, input_path, **options):
         click.echo(json.dumps(summary, indent=2))
         return
     _print_ledger(summary, ex, res.deployed_gap, batch.names[item], start, tolerance)
+
+
+def _predicted(res):
+    """The arg-max class of the explained output (first item; at the explained position for sequences)."""
+    if res.explained_output not in res.outputs:
+        return None
+    y = np.asarray(res.outputs[res.explained_output])
+    if res.position is not None and y.ndim >= 3:
+        y = y[:, int(np.asarray(res.position).reshape(-1)[0])]
+    return int(np.argmax(y.reshape(y.shape[0], -1)[0]))
 
 
 def _text_of(input_path, options) -> str | None:
@@ -148,7 +164,8 @@ def _print_ledger(summary: dict, ex, gap, item_name: str, start: str, tolerance:
     width = max([len("node")] + [len(r["node"]) for r in rows])
     opw = max([len("op")] + [len(r["op_type"]) for r in rows])
     rw = max([len("rule")] + [len(r["rule"]) for r in rows])
-    click.echo(f"ledger of {item_name}: {ex.explained_output}[{summary['target']}]"
+    name = f" {summary['target_label']!r}" if summary.get("target_label") else ""
+    click.echo(f"ledger of {item_name}: {ex.explained_output}[{summary['target']}]{name}"
                + (f" at position {summary['position']}" if "position" in summary else "")
                + f", composite {ex.composite_name}, start {start}: relevance {start_value:.6g} enters at the output")
     if gap is not None and gap.beyond:

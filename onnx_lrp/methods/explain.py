@@ -25,6 +25,13 @@ from . import gradients
 LRP = "lrp"
 
 
+def names_target(target) -> bool:
+    """Whether ``target`` names a class (then resolved through ``labels``)."""
+    from ..io.labels import by_name
+
+    return by_name(target)
+
+
 def is_method(method) -> bool:
     """Whether ``method`` is one of the methods beyond LRP (else it is LRP: "lrp" or a composite name)."""
     from . import METHODS
@@ -46,7 +53,9 @@ class MethodExplainer:
     """One attribution method on one model, built once (:class:`onnx_lrp.methods.Attributor`); ``explain`` returns
     an Explanation with the attribution as ``relevance``."""
 
-    def __init__(self, model, method: str, device: str | None = None, **options):
+    def __init__(self, model, method: str, device: str | None = None, labels=None, **options):
+        from ..io import labels as names
+        from ..io.model_folder import resolve_model_folder
         from . import Attributor
 
         if device is not None:
@@ -57,6 +66,9 @@ class MethodExplainer:
         self._runner = engine.runner if isinstance(engine, gradients.GradientRunner) else \
             engine if isinstance(engine, Runner) else None
         self._source = carried_model(model)
+        path = resolve_model_folder(model)[0]
+        #: the class names (``labels=``, the model's id2label metadata, the config.json beside it), or None
+        self.labels = names.find_labels(labels, self._runner if self._runner is not None else self, path)
 
     # ------------------------------------------------------------------ what an Explainer names
     @property
@@ -109,6 +121,14 @@ class MethodExplainer:
     def explained_tensor(self) -> str:
         return self.explained_output
 
+    def output_width(self) -> int | None:
+        """The number of classes of the explained output per item, when known before a run."""
+        if self._runner is not None:
+            return self._runner.output_width()
+        outs = self.attributor.engine.session.session.get_outputs()
+        dims = next((o.shape[1:] for o in outs if o.name == self.explained_output and o.shape), None)
+        return int(np.prod(dims)) if dims and all(isinstance(d, int) for d in dims) else None
+
     def __repr__(self) -> str:
         return f"MethodExplainer(method={self.method!r}, device={self.device!r}, explained_output=" \
                f"{self.explained_output!r})"
@@ -124,6 +144,10 @@ class MethodExplainer:
         if start not in (None, "one-hot"):
             raise InputError(f"start={start!r} is LRP's; method {self.method!r} explains the output entry itself")
         x = self._single(x)
+        if names_target(target):
+            from ..io.labels import resolve_targets
+
+            target = resolve_targets(target, self.labels, self.output_width())
         engine = self.attributor.engine
         if isinstance(engine, gradients.GradientRunner):
             xb, bare = engine.batch(x)
@@ -186,6 +210,8 @@ class MethodExplainer:
         res = Explanation(relevance=np.asarray(relevance), outputs=outputs, target=targets,
                           explained_output=self.explained_output, explained_value=value, forward=outputs,
                           inputs={self.inputs[0].name: xb})
+        if self.labels:
+            res.class_names = self.labels  # captions and .npz name the classes
         return res.without_batch_axis() if bare else res
 
 
