@@ -13,7 +13,7 @@ from onnx_lrp.core.files import printable, require_suffix
 from onnx_lrp.core.validate import check_npy
 from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import items_kind
-from onnx_lrp.io.kinds import Kind
+from onnx_lrp.io.kinds import Kind, is_kind
 
 from .class_targets import labels_option, one_class
 from .dataset import check_source_preprocessing, has_images
@@ -303,7 +303,7 @@ def _relmax_targets(o: dict, ex, model, n: int):
     """relmax build's classes: one per item (``--labels FILE.npy``), one for all (``--target INT|NAME``, names from
     ``--labels`` as a names file, the model's id2label or the config.json beside it), or None (the arg-max)."""
     labels, target = o["labels"], o["target"]
-    if not labels or Path(labels).suffix.lower() != ".npy":
+    if not labels or not is_kind(labels, Kind.NPY):
         index = one_class(target, ex, model, labels)[0]
         return None if index is None else np.full(n, index, np.int64)
     if target is not None:

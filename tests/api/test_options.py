@@ -139,11 +139,13 @@ def test_every_session_of_a_relevance_model_takes_the_run_options_settings():
     """A new session setting is a RunOptions field and one entry of its session_settings(): every onnxruntime
     session made outside run/runtime.py (the relevance model's, the deployed model's, the diagnostic one, the concept
     models') receives the settings as ``**`` keywords, none names one by hand. (The model's own forward for the
-    metrics, the deployed-gap probes and occlusion run the model as written: no settings, as before.)"""
+    metrics, the deployed-gap probes, occlusion, grad-cam's layer values, the methods' tensor listing and the
+    greedy decoder of a generation run the model as written: no settings, as before.)"""
     import ast
 
     calls = []
-    as_written = {"run/runtime.py", "metrics/forward.py", "run/deployed_gap.py", "methods/occlusion.py"}
+    as_written = {"run/runtime.py", "metrics/forward.py", "run/deployed_gap.py", "methods/occlusion.py",
+                  "methods/gradcam.py", "methods/explain.py", "run/generation.py"}
     for path in sorted((ROOT / "onnx_lrp").rglob("*.py")):
         if path.relative_to(ROOT / "onnx_lrp").as_posix() in as_written:
             continue
