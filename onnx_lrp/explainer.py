@@ -45,17 +45,15 @@ class Explainer(Runner):
         return super().__new__(cls)
 
     def __init__(self, model, composite: "str | Path | Composite" = "auto", device: str | None = None, *,
-                 method: str = "lrp", build: BuildOptions | None = None, run: RunOptions | None = None, labels: "list | dict | str | Path | None" = None,
-                 **options):
+                 method: str = "lrp", build: BuildOptions | None = None, run: RunOptions | None = None,
+                 labels: "list | dict | str | Path | None" = None, **options):
         """Build the relevance model of `model` and start its onnxruntime session.
 
         Args:
-            model (str | Path | bytes): the ONNX model: a path, an export folder (optimum, onnxruntime-genai: its
-                model file is read), or the model's bytes.
-            composite: the rules: a built-in name (`"epsilon"`, `"epsilon-plus-flat"`, `"epsilon-gamma-box"`,
-                `"attnlrp"`, ...; [Composites and rules](../composites.md)), a TOML file or a `Composite`. Default
-                `"auto"`: `epsilon-plus-flat` for ReLU networks, `attnlrp` for the others (`composite_reason`
-                says why).
+            model (str | Path | bytes): a path, an export folder (optimum, onnxruntime-genai) or the model's bytes.
+            composite: the rules: a built-in name (`"epsilon-plus-flat"`, `"attnlrp"`, ...; [Composites and
+                rules](../composites.md)), a TOML file or a `Composite`. Default `"auto"`: `epsilon-plus-flat` for
+                ReLU networks, `attnlrp` for the others (`composite_reason` says why).
             device: `"cpu"` (default), `"cuda"`, or `"auto"` (CUDA when it starts, else the CPU).
             method: `"lrp"` (default: the composite's rules), a composite's name (as `composite=`), or an
                 attribution method of `onnx_lrp.methods` (`"gradient"`, `"integrated-gradients"`, `"smoothgrad"`,
@@ -71,15 +69,14 @@ class Explainer(Runner):
 
         Keywords of the build (`onnx_lrp.BuildOptions`):
 
-        - `output` (None): the output to explain (None: the model's first output). An output behind a softmax is
-          explained through its logits unless `explain_logits=False` (default True).
+        - `output` (None): the output to explain (None: the first), through its logits when it is behind a softmax
+          unless `explain_logits=False`.
         - `relevance_at` (()): names of tensors whose relevance is returned too (names from `onnx-lrp inspect`).
         - `ledger` (False): also return the relevance entering and leaving every node (`Explanation.ledger`).
         - `constants` (None): `{input name: value}`, inputs bound to fixed values (no longer fed).
         - `input_shapes` (None): `{input name: shape}`, dynamic input dimensions fixed.
-        - `precision` (`"auto"`): what a float16 / bfloat16 model's relevance is computed in: `"model"` (its own
-          type, float32 where stability needs it), `"float32"`, or `"auto"` (the first on CUDA, the second on the
-          CPU).
+        - `precision` (`"auto"`): a float16 / bfloat16 model's relevance in `"model"` (its type, float32 where
+          stability needs it) or `"float32"`; `"auto"`: the first on CUDA, the second on the CPU.
 
         Keywords of the run (`onnx_lrp.RunOptions`):
 
@@ -89,8 +86,8 @@ class Explainer(Runner):
         - `precise` (False): onnxruntime without layout optimisations (about 13 % slower).
         - `tf32` (False): CUDA only, TF32 convolutions and matrix products (faster; the relevance drifts).
 
-        Rule parameters of the composite: `epsilon`, `gamma`, `low`, `high` (one value, or one per channel),
-        `alpha`, `beta`, `stabilizer`; unset, the composite's own values.
+        Rule parameters (unset: the composite's): `epsilon`, `gamma`, `low` / `high` (per channel too), `alpha` / `beta`,
+        `stabilizer`.
 
         Raises:
             LrpError: the model, an option or the device is refused (a subclass naming what and why).

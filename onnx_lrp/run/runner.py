@@ -299,6 +299,13 @@ class Runner:
             merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         else:
             merged = self._run(feeds, targets, start, positions)
+        return self._explanation(x, merged, feeds, (targets, start, positions), deployed)
+
+    def _explanation(self, x, merged: dict, feeds: dict, asked: tuple, deployed) -> Explanation:
+        """The checked run's Explanation: finiteness and conservation checked, the targets and positions it used,
+        the deployed outputs and their gap (``asked``: the targets, start and positions of the run)."""
+        m, (targets, start, positions) = self.relevance_model, asked
+        batch = next((a.shape[0] for a in feeds.values() if a.ndim), 1)
         per_row = self.checks.width(merged, targets)
         self.checks.finite(merged, feeds, targets, start, positions)
         rel = {n: merged[RELEVANCE_PREFIX + n] for n in self.relevance_inputs}
