@@ -260,3 +260,24 @@ def ort_session(data: bytes, optimise: bool = True):
     if not optimise:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+#: class names of the digits model in models/ (it carries none of its own)
+DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def cli(*args):
+    """``onnx-lrp ARGS`` in-process (click's runner; paths as strings): the click Result."""
+    from click.testing import CliRunner
+
+    from onnx_lrp.cli.main import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def ok_json(result) -> dict:
+    """The --json output of a run that explained (exit 0, or 1 for a verdict)."""
+    import json
+
+    assert result.exit_code in (0, 1), (result.exit_code, result.output, result.stderr)
+    return json.loads(result.stdout)

@@ -10,16 +10,14 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from util import ROOT
+from util import DIGIT_NAMES, ROOT, cli, ok_json
 
 import onnx_lrp
-from onnx_lrp.cli.main import main
 from onnx_lrp.core.errors import InputError
 
 MODEL = ROOT / "models" / "digits_cnn.onnx"
 LAYER = "/features/features.6/Conv_output_0"
-NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+NAMES = DIGIT_NAMES
 X = np.load(ROOT / "models" / "samples" / "batch.npy")[:2]
 
 
@@ -30,15 +28,6 @@ def files(tmp_path_factory):
     (d / "short.json").write_text(json.dumps(NAMES[:9]))
     np.save(d / "x.npy", X)
     return d
-
-
-def cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def ok_json(r) -> dict:
-    assert r.exit_code in (0, 1), (r.exit_code, r.output, r.stderr)
-    return json.loads(r.stdout)
 
 
 def test_trace_names_the_class(files):

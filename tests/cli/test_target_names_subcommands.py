@@ -8,12 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from util import ROOT
+from util import DIGIT_NAMES, ROOT, cli, ok_json
 
-from onnx_lrp.cli.main import main
 
-NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+NAMES = DIGIT_NAMES
 X = np.load(ROOT / "models" / "samples" / "batch.npy")[:2]
 
 
@@ -24,15 +22,6 @@ def folder(tmp_path_factory):
     (d / "config.json").write_text(json.dumps({"id2label": {str(i): n for i, n in enumerate(NAMES)}}))
     np.save(d / "x.npy", X)
     return d
-
-
-def cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def ok_json(r) -> dict:
-    assert r.exit_code in (0, 1), (r.exit_code, r.output, r.stderr)
-    return json.loads(r.stdout)
 
 
 def test_trace_by_name_is_trace_by_index(folder):
