@@ -104,7 +104,7 @@ def run_dataset(model, source, ds: dict, options: dict, targets, refused: dict) 
         model, source, ds["out_dir"], engine=ds["engine"] or "local", batch_size=options["batch_size"],
         shard_size=ds["shard_size"] or 256, workers=ds["workers"], target=targets,
         ray_address=ds["ray_address"], overwrite=bool(ds["overwrite"]), progress=True, size=pre.size, mean=pre.mean,
-        std=pre.std, crop=pre.crop, column=ds["column"], **_explaining(model, options, setup))
+        std=pre.std, crop=pre.crop, squash=pre.squash, column=ds["column"], **_explaining(model, options, setup))
     as_json = options["as_json"]
     if as_json:
         click.echo(json.dumps(summary, indent=2))

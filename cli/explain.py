@@ -146,8 +146,7 @@ def _text_mode(o: "ExplainOptions", ds, text):
 def _dataset_mode(o: "ExplainOptions", ds, text):
     """--out-dir: every item of SOURCE into shards, by its own module (cli/dataset.py)."""
     _need_input(o)
-    for option, why in (("squash", "resizes keeping the aspect ratio (the centre cut)"),
-                        ("labels", "records class indices (targets by index)")):
+    for option, why in (("labels", "records class indices (targets by index)"),):
         if o.options.get(option):
             raise InputError(f"--{option} is not taken with --out-dir: the dataset engine {why}; drop --{option}")
     return run_dataset(o.model, o.input_path, ds, o.options, parse_target(o.target),
@@ -504,7 +503,8 @@ def _class_names(o: ExplainOptions, ex, dest: _Destinations):
     given by name resolved with them (:func:`cli.class_targets.resolve_named`)."""
     from onnx_lrp.io.labels import find_labels
 
-    labels = find_labels(o.options.get("labels"), ex, o.model)
+    given = o.options.get("labels")
+    labels = ex.labels if given is None and hasattr(ex, "labels") else find_labels(given, ex, o.model)
     dest.targets = resolve_named(dest.targets, ex, o.model, labels=labels)
     return labels
 

@@ -102,19 +102,22 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
                     shard_size: int = DEFAULT_SHARD_SIZE, workers: int | None = None, target=None,
                     ray_address: str | None = None, overwrite: bool = False, progress: bool = False,
                     size=None, mean=(0.0,), std=(1.0,), crop: bool = False, column: str | None = None,
-                    explainer=None,
+                    explainer=None, squash: bool = False,
                     **explainer_options) -> dict:
     """Explain every item of ``source`` into ``out_dir`` (see the module docstring); returns the summary.
 
     ``explainer_options`` go to `onnx_lrp.Explainer` (composite, device, output, start, relevance_at and rule
-    parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``); ``target`` is None
+    parameters); ``size``/``mean``/``std`` preprocess images (as ``onnx-lrp explain``: resizing keeps the aspect ratio and cuts the
+    centre; ``squash=True`` stretches to the size instead, as ``--squash``); ``target`` is None
     (arg-max), a class index, or one index per item. ``explainer`` reuses an Explainer (or any
     `onnx_lrp.run.runner.Runner`) built by the caller. The other keywords: `DatasetOptions`.
     A summary: item count, explained, failed, shards (written now / resumed), seconds, seconds until the first
     shard was written (the fixed start: Ray's actors, imports, sessions), items/s.
     """
     pre = Preprocess(tuple(size) if size is not None else None, tuple(np.atleast_1d(mean).tolist()),
-                     tuple(np.atleast_1d(std).tolist()), crop=bool(crop))
+                     tuple(np.atleast_1d(std).tolist()), crop=bool(crop), squash=bool(squash))
+    if pre.crop and pre.squash:
+        raise InputError("crop keeps the aspect ratio and squash does not; give one of them")
     options = DatasetOptions(engine, batch_size, shard_size, workers, ray_address, overwrite, progress, column, pre)
     if explainer is None and _is_method(explainer_options.get("method")):
         explainer = _method_explainer(model, explainer_options)
@@ -226,7 +229,8 @@ def _header(model, ex, sources: tuple, o: DatasetOptions, target, start, options
                 composite=_recipe(ex, options),
                 parameters=dict(params_to_json(params), target=_json_target(target), start=start,
                                 output=ex.explained_output, size=list(pre.size) if pre.size else None,
-                                mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=o.column),
+                                mean=list(pre.mean), std=list(pre.std), crop=pre.crop, column=o.column,
+                                **({"squash": True} if pre.squash else {})),
                 source=dict(path=str(source), kind=src.kind, fingerprint=src.fingerprint()),
                 shard_size=o.shard_size, item_count=len(src), batch_size=o.batch_size)
 

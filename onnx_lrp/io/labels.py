@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, LrpWarning
 
+_DEFAULT = re.compile(r"LABEL_\d+")  # the id2label transformers writes when a config names no classes
 HINT = "a JSON list of class names, a config.json with id2label, or a text file with one class name per line"
 
 
@@ -98,9 +101,9 @@ def metadata_labels(metadata: dict | None) -> list[str] | None:
 def find_labels(given, runner, model=None) -> list[str] | None:
     """The class names of a model: ``given`` (:func:`as_labels`), else the ``id2label`` of its ONNX metadata (read
     from ``runner``'s session), else the config.json beside ``model`` (a path; :func:`labels_beside`). Names that
-    do not count the model's classes (:func:`class_count`) are refused when given, and not used when found (a
-    language model's config.json names 2 default labels, not its vocabulary): one name too many or too few would
-    name every class by its neighbour's name."""
+    do not count the model's classes (:func:`class_count`) are refused when given, and not used when found, with
+    an LrpWarning unless they are transformers' defaults (``LABEL_0``, ``LABEL_1``: a language model's config.json
+    names 2, not its vocabulary): one name too many or too few would name every class by its neighbour's name."""
     width = class_count(runner)
     if given is not None:
         names = as_labels(given)
@@ -112,10 +115,16 @@ def find_labels(given, runner, model=None) -> list[str] | None:
         meta = runner.session.session.get_modelmeta().custom_metadata_map
     except AttributeError:
         meta = None
-    found = metadata_labels(meta)
+    found, where = metadata_labels(meta), "the model's metadata"
     if found is None and isinstance(model, (str, Path)):
-        found = labels_beside(model)
-    return None if found is not None and width is not None and len(found) != width else found
+        found, where = labels_beside(model), str(Path(str(model)).parent / "config.json")
+    if found is not None and width is not None and len(found) != width:
+        if not all(_DEFAULT.fullmatch(n) for n in found):  # transformers' LABEL_0, LABEL_1: no names at all
+            warnings.warn(f"{where} names {len(found)} classes but {runner.explained_output!r} has {width}: its "
+                          "names are not used (give labels=, --labels, with one name per class)", LrpWarning,
+                          stacklevel=3)
+        return None
+    return found
 
 
 def class_count(runner) -> int | None:

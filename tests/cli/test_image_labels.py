@@ -79,6 +79,22 @@ def test_config_json_beside_the_model_is_found(files, tmp_path):
     assert _summary(r)["items"][0]["target"] == 1
 
 
+@pytest.mark.parametrize("names, warned", [(NAMES[:4], True), (["LABEL_0", "LABEL_1"], False)])
+def test_config_json_that_miscounts_is_not_used(files, tmp_path, names, warned):
+    """A config.json beside the model naming another number of classes than the model has is not used, and said
+    in one line; transformers' default LABEL_i names (a language model's config) are left without a word."""
+    shutil.copy(files / "rgb.onnx", tmp_path / "model.onnx")
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {str(i): n for i, n in enumerate(names)}}))
+    r = CliRunner().invoke(main, ["explain", str(tmp_path / "model.onnx"), str(files / "wide.png"),
+                                                  "--json", "-o", str(tmp_path / "r.npy")])
+    assert r.exit_code == 0, r.output
+    assert not any(n in r.stdout for n in names)  # no class named
+    said = [ln for ln in r.stderr.splitlines() if "config.json names" in ln]
+    assert len(said) == (1 if warned else 0), r.stderr
+    if warned:
+        assert f"names {len(names)} classes but 'y' has 5" in said[0] and "--labels" in said[0]
+
+
 @pytest.mark.parametrize("target, words", [("tabby kat", "closest: 2 'tabby, tabby cat'"),
                                            ("t", "names 3 classes"), ("zebra", "give a class index 0..4")])
 def test_a_miss_is_refused_in_one_line(files, tmp_path, target, words):
@@ -104,9 +120,31 @@ def test_size_keeps_the_aspect_and_says_so(files, tmp_path):
     assert r.exit_code == 0 and "keeping the aspect" in r.output
 
 
-@pytest.mark.parametrize("option", [["--squash"], ["--labels", "names.txt"]])
-def test_dataset_mode_refuses_what_it_does_not_take(files, tmp_path, option):
-    args = [files / a if a.endswith(".txt") else a for a in option]
-    r = cli("explain", files / "rgb.onnx", files / "wide.png", "--out-dir", tmp_path / "out", *args)
-    assert r.exit_code == 2 and f"{option[0]} is not taken with --out-dir" in r.output
+def test_dataset_mode_refuses_what_it_does_not_take(files, tmp_path):
+    r = cli("explain", files / "rgb.onnx", files / "wide.png", "--out-dir", tmp_path / "out", "--labels",
+            files / "names.txt")
+    assert r.exit_code == 2 and "--labels is not taken with --out-dir" in r.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--squash", None])
+def test_dataset_mode_resizes_as_a_single_run(files, tmp_path, flag):
+    """--out-dir (and explain_dataset's squash=) resize as the single run does: squashed with --squash, else the
+    centre cut; the two differ on a 12x8 image."""
+    import onnx_lrp
+    from onnx_lrp.dataset import read_shards
+
+    (tmp_path / "src").mkdir()
+    shutil.copy(files / "wide.png", tmp_path / "src" / "wide.png")
+    flags = [flag] if flag else []
+    r = cli("explain", files / "rgb.onnx", files / "wide.png", *flags, "-o", tmp_path / "r.npy")
+    assert r.exit_code == 0, r.output
+    single = np.load(tmp_path / "r.npy")
+    r = cli("explain", files / "rgb.onnx", tmp_path / "src", *flags, "--out-dir", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(read_shards(tmp_path / "out")["relevance"], single, rtol=1e-6, atol=1e-7)
+    onnx_lrp.explain_dataset(files / "rgb.onnx", tmp_path / "src", tmp_path / "api", squash=bool(flag))
+    np.testing.assert_allclose(read_shards(tmp_path / "api")["relevance"], single, rtol=1e-6, atol=1e-7)
+    other = onnx_lrp.explain_dataset(files / "rgb.onnx", tmp_path / "src", tmp_path / "other", squash=not flag)
+    assert other["explained"] == 1
+    assert not np.allclose(read_shards(tmp_path / "other")["relevance"], single, atol=1e-3)

@@ -223,8 +223,6 @@ def _tiny_model():
 def _oracle(p, x, t):
     """epsilon-plus on Conv -> BN -> ReLU -> Gemm from the rules' formulas: BN folded into the convolution, z+ at
     the convolution (the first linear layer), epsilon at the dense layer, relevance starting from the logit."""
-    import sys
-    sys.path.insert(0, "/work/shared/reference")
     scale = p["s"] / np.sqrt(p["v"] + 1e-5)
     A, _ = conv_matrix(p["W"] * scale[:, None, None, None], (5, 5))
     b = np.repeat((p["b"] - p["m"]) * scale + p["B"], 9)
