@@ -9,6 +9,8 @@ given; given, they must fit those lengths. Every past input of the model must be
 from __future__ import annotations
 
 import re
+import zipfile
+from pathlib import Path
 
 import numpy as np
 
@@ -28,16 +30,32 @@ def fillable(name: str) -> bool:
     return name in ("attention_mask", "position_ids", "seqlens_k", "total_sequence_length")
 
 
+def npz_names(path) -> list:
+    """The names of the arrays in an .npz INPUT when they hold a decoder's past (else []): read from the archive's
+    listing, nothing inflated (the reader checks the file itself)."""
+    p = Path(path)
+    if p.suffix.lower() != ".npz" or not p.is_file():
+        return []
+    try:
+        with zipfile.ZipFile(p) as z:
+            names = [n[:-4] if n.endswith(".npy") else n for n in z.namelist()]
+    except (OSError, zipfile.BadZipFile):
+        return []
+    return names if past_names(names) else []
+
+
+def given_specs(specs, names: list) -> list:
+    """The inputs a file holding ``names`` must give: all of ``specs`` but the lengths' inputs it leaves to be
+    filled (all of them when ``names`` is empty: no past); a past for some layers only is refused."""
+    _whole_past([s.name for s in specs], names)
+    return list(specs) if not names else [s for s in specs if s.name in names or not fillable(s.name)]
+
+
 def complete(specs, arrays: dict) -> tuple[dict, int]:
     """(the feeds with the lengths' inputs filled, P) for the inputs ``specs`` (InputSpec, the model's with its
     past inputs) and the given ``arrays``; refused in one line when a past is partial or the lengths disagree."""
     arrays = dict(arrays)
-    wanted = [s.name for s in specs if PAST.match(s.name)]
-    given = past_names(arrays)
-    missing = [n for n in wanted if n not in arrays]
-    if missing:
-        raise InputError(f"a past is given for {', '.join(given)} but not for {', '.join(missing)}: give the past "
-                         f"of every layer ({len(wanted)} arrays) or none")
+    wanted = _whole_past([s.name for s in specs], list(arrays))
     lengths = {n: np.shape(arrays[n])[-2] if np.ndim(arrays[n]) == 4 else None for n in wanted}
     bad = [n for n, p in lengths.items() if p is None]
     if bad:
@@ -57,6 +75,16 @@ def complete(specs, arrays: dict) -> tuple[dict, int]:
     _fill(arrays, names, b, (p, s))
     _check(arrays, names, b, (p, s), ids)
     return arrays, p
+
+
+def _whole_past(inputs: list, names: list) -> list:
+    """The model's past inputs among ``inputs``; refused when ``names`` give some of them only."""
+    wanted = past_names(inputs)
+    missing = [n for n in wanted if n not in names]
+    if missing and past_names(names):
+        raise InputError(f"a past is given for {', '.join(past_names(names))} but not for {', '.join(missing)}: give "
+                         f"the past of every layer ({len(wanted)} arrays) or none")
+    return wanted
 
 
 def _fill(arrays: dict, names: set, b: int, lengths: tuple) -> None:
@@ -110,4 +138,4 @@ def note(relevance: dict, names, p: int) -> str:
             "= the explained value)")
 
 
-__all__ = ["past_names", "fillable", "complete", "past_part", "note"]
+__all__ = ["past_names", "fillable", "npz_names", "given_specs", "complete", "past_part", "note"]
