@@ -4,7 +4,9 @@ onnxruntime-genai fills them, checked in one line each, and the part of the rele
 
 For P past positions and S new tokens: ``attention_mask`` (B, P + S) of ones, ``position_ids`` (B, S) P..P+S-1,
 ``seqlens_k`` (B,) P + S - 1 and ``total_sequence_length`` () P + S when the model takes them and they are not
-given; given, they must fit those lengths. Every past input of the model must be given, all at one length.
+given; given, they must fit those lengths. Every past input of the model must be given, all at one length. A max-length
+past buffer (onnxruntime-genai's shared past/present buffer) with a mask of T <= P positions is read as its first
+T - S positions, as GroupQueryAttention reads it.
 """
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ def complete(specs, arrays: dict) -> tuple[dict, int]:
     if ids is None:
         raise InputError("a past is given but no input of the new tokens (input_ids: batch x new tokens)")
     b, s = np.shape(arrays[ids])[:2]
+    p = _buffer(arrays, wanted, p, s)
     names = {spec.name for spec in specs}
     _fill(arrays, names, b, (p, s))
     _check(arrays, names, b, (p, s), ids)
@@ -85,6 +88,19 @@ def _whole_past(inputs: list, names: list) -> list:
         raise InputError(f"a past is given for {', '.join(past_names(names))} but not for {', '.join(missing)}: give "
                          f"the past of every layer ({len(wanted)} arrays) or none")
     return wanted
+
+
+def _buffer(arrays: dict, wanted: list, p: int, s: int) -> int:
+    """A max-length past buffer (onnxruntime-genai's shared past/present buffer) with an attention mask of T < P + S
+    positions, S <= T <= P: its first T - S positions are the past (what GroupQueryAttention reads of it); the
+    pasts cut to them. Returns the past's length."""
+    mask = arrays.get("attention_mask")
+    t = np.shape(mask)[-1] if np.ndim(mask) == 2 else None
+    if t is None or t == p + s or not s <= t <= p:
+        return p
+    for n in wanted:
+        arrays[n] = np.asarray(arrays[n])[..., :t - s, :]
+    return t - s
 
 
 def _fill(arrays: dict, names: set, b: int, lengths: tuple) -> None:
@@ -108,7 +124,8 @@ def _check(arrays: dict, names: set, b: int, lengths: tuple, ids: str) -> None:
     said = f"a past of {p} positions and {s} new tokens in {ids!r}"
     mask = arrays.get("attention_mask")
     if "attention_mask" in names and np.shape(mask) != (b, p + s):
-        raise InputError(f"input 'attention_mask' has shape {list(np.shape(mask))}; with {said} it is ({b}, {p + s})")
+        raise InputError(f"input 'attention_mask' has shape {list(np.shape(mask))}; with {said} it is ({b}, {p + s}) "
+                         f"(or ({b}, T), {s} <= T <= {p}, for a max-length past buffer of which T - {s} are read)")
     pos = arrays.get("position_ids")
     if "position_ids" in names and np.shape(pos)[-1:] != (s,):
         raise InputError(f"input 'position_ids' has shape {list(np.shape(pos))}; with {said} it is ({b}, {s})")

@@ -149,14 +149,28 @@ def test_an_explainer_uses_a_past_given_without_being_told(runs, explained):
     assert_close(res.relevance["input_ids"], explained["genai"].relevance["input_ids"], rtol=1e-6)
 
 
+def test_a_max_length_past_buffer_is_read_as_far_as_the_mask_says(runs, explainers, explained):
+    """onnxruntime-genai's shared buffer: pasts of 12 positions of which the mask (9 = 5 past + 4 new) says the first
+    5 hold the past (the rest garbage): onnxruntime's run of the folder's file, and the relevance of the 5-position
+    past."""
+    r = runs["genai"]
+    buffers = {n: np.concatenate([v, np.full((1, 2, 12 - K, 16), 7, np.float32)], 2) for n, v in r["past"].items()}
+    feeds = dict(input_ids=r["ids"][:, K:], attention_mask=np.ones((1, 9), np.int64), **buffers)
+    ref = ort_session(str(MODELS["genai"])).run(["logits"], feeds)[0]
+    res = explainers["genai"].explain(feeds)
+    assert_close(res.outputs["logits"], ref, rtol=1e-5, atol=1e-5)
+    assert_close(res.relevance["input_ids"], explained["genai"].relevance["input_ids"], rtol=1e-6)
+    assert res.notes == explained["genai"].notes
+
+
 def test_a_partial_past_or_inconsistent_lengths_are_refused_in_one_line(runs, explainers):
     r, ex = runs["optimum"], explainers["optimum"]
     new = r["ids"][:, K:]
     some = {n: v for n, v in r["past"].items() if ".0." in n}
     cases = [(dict(input_ids=new, **some), r"past is given for past_key_values.0.key, past_key_values.0.value but "
                                            r"not for past_key_values.1.key, past_key_values.1.value"),
-             (dict(input_ids=new, attention_mask=np.ones((1, 4), np.int64), **r["past"]),
-              r"'attention_mask' has shape \[1, 4\]; with a past of 5 positions and 4 new tokens in 'input_ids' it "
+             (dict(input_ids=new, attention_mask=np.ones((1, 7), np.int64), **r["past"]),
+              r"'attention_mask' has shape \[1, 7\]; with a past of 5 positions and 4 new tokens in 'input_ids' it "
               r"is \(1, 9\)"),
              (dict(input_ids=new, position_ids=np.arange(5, 8)[None], **r["past"]), r"'position_ids' has shape"),
              (dict(input_ids=new, **dict(r["past"], **{"past_key_values.1.value": r["past"]["past_key_values.1.value"]
