@@ -18,6 +18,7 @@ from onnx_lrp.io import heatmap as hm
 from onnx_lrp.io.inputs import input_kind, items_kind
 from onnx_lrp.io.kinds import Kind, relevance_name
 from onnx_lrp.run.batches import explain_chunks, merge, slices
+from onnx_lrp.run import given_past
 from onnx_lrp.run.explanation import Explanation
 
 from .class_targets import parse_target, resolve_named, target_option
@@ -294,7 +295,9 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     """Build the explainer, read the inputs, explain them in batches; the merged arrays and the summary."""
     setup = explainer_setup(o.model, with_lrp_method(o.options), data_kind=dest.data_kind)
     t0 = time.perf_counter()
-    ex = _explainer(o, setup)
+    past = given_past.npz_names(dest.input_path)  # an .npz INPUT with a decoder's past: the model keeping its past
+    ex = setup.explainer(o.model, past_inputs=True) if past and method_keywords(o.options)[0] is None else \
+        _explainer(o, setup)
     t_build = time.perf_counter() - t0
     ex.gap_warnings = False  # the summary reports the largest gap of the whole run, once
     if o.device == "auto":
@@ -306,7 +309,7 @@ def _run(o: ExplainOptions, dest: _Destinations) -> _Result:
     if len(ex.relevance_inputs) > 1 and dest.out_path.suffix.lower() == ".npy":
         raise OutputError(f"-o {dest.out_path}: the model has {len(ex.relevance_inputs)} float inputs "
                           f"({', '.join(ex.relevance_inputs)}); write an .npz to hold a relevance per input")
-    batch = _read(dest, ex, setup)
+    batch = _read(dest, ex, setup, past)
     t1 = time.perf_counter()
     merged = _explain_batches(ex, batch, dest, o.batch_size, t1)
     t_explain = time.perf_counter() - t1
@@ -346,9 +349,10 @@ def _numerics(ex) -> dict:
     return dict(tf32=uses_tf32(ex), precision=ex.relevance_model.model_precision)
 
 
-def _read(dest: _Destinations, ex, setup):
-    """The inputs as one batch; refused when empty or when --target / --position do not give one per item."""
-    batch = setup.read(dest.input_path, ex.inputs)
+def _read(dest: _Destinations, ex, setup, past: list = ()):
+    """The inputs as one batch; refused when empty or when --target / --position do not give one per item.
+    ``past``: the .npz's names when it holds a decoder's past (the lengths' inputs may be left out)."""
+    batch = setup.read(dest.input_path, given_past.given_specs(ex.inputs, past))
     n = len(batch)
     if n == 0:
         raise InputError(f"{dest.input_path} holds no items (an empty batch); give at least one")
@@ -390,6 +394,8 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, batch, m: Explanation, t
                    explain_s=round(t_explain, 4))
     if behind:
         summary["logits"] = ex.explained_tensor
+    if m.notes:
+        summary["notes"] = m.notes  # a given past's part of the relevance
     gap = m.deployed_gap
     if gap is not None:
         summary["deployed_gap"] = gap.as_dict()
@@ -478,6 +484,8 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     if behind:
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
+    for line in res.explanation.notes:
+        click.echo(line)
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
     resized = res.batch.resize_note()
     how = f"method {ex.method}" if _method(ex) else f"composite {ex.composite_name}{chosen}, start {o.start}"

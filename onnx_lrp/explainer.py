@@ -75,6 +75,8 @@ class Explainer(Runner):
         - `ledger` (False): also return the relevance entering and leaving every node (`Explanation.ledger`).
         - `constants` (None): `{input name: value}`, inputs bound to fixed values (no longer fed).
         - `input_shapes` (None): `{input name: shape}`, dynamic input dimensions fixed.
+        - `past_inputs` (False): a decoder's past key/value inputs stay inputs (their relevance returned) instead of
+          fed empty; `explain` builds such a model by itself when given a past.
         - `precision` (`"auto"`): a float16 / bfloat16 model's relevance in `"model"` (its type, float32 where
           stability needs it) or `"float32"`; `"auto"`: the first on CUDA, the second on the CPU.
 
@@ -112,7 +114,8 @@ class Explainer(Runner):
         Args:
             x: a numpy array or a torch tensor (any grad state or device; the relevance then comes back as torch
                 tensors on its device), or a dict of them by input name. uint8 arrays are 8-bit pixels, divided
-                by 255 with a warning.
+                by 255 with a warning. A decoder's past key/value state (`past_key_values.*`) given in the dict
+                is used (`attention_mask`, `position_ids` filled for it when not given; [Deployed LLMs](../llm.md)).
             target: None (the arg-max per item), a class index or a class name (see `labels`), or one per item.
             start: the start relevance, `"logit"` or `"one-hot"` (default: the explainer's `start`).
             position: for sequence outputs, the explained position(s) (default: the last).
@@ -120,6 +123,13 @@ class Explainer(Runner):
         Returns:
             Explanation: the relevance of each input, the outputs, the targets and the checks.
         """
+        from .run import given_past
+
+        if isinstance(x, dict) and given_past.past_names(x):  # a decoder's past given: the model keeping its past
+            return self._explain_past(x, target, start, position)
+        return self._explain_arrays(x, target, start, position)
+
+    def _explain_arrays(self, x, target, start, position) -> Explanation:
         from .io import convert, labels as names
 
         given = convert.api_inputs(x, self.inputs, self.device)
@@ -128,6 +138,25 @@ class Explainer(Runner):
         res = convert.answer_in_kind(super().explain(given.x, target, start, position), given.like)
         if self.labels:
             res.class_names = self.labels  # captions and .npz name the classes
+        return res
+
+    def _explain_past(self, x: dict, target, start, position) -> Explanation:
+        """``explain`` with a past key/value state in ``x``: run by the relevance model that keeps its past inputs
+        (built once, on the first such call), the lengths' inputs filled; the past's part is said in ``notes``."""
+        import dataclasses
+
+        from .run import given_past
+
+        source = self.relevance_model.source
+        if not source.options.past_inputs:
+            if getattr(self, "_with_past", None) is None:
+                build = dataclasses.replace(source.options, past_inputs=True)
+                self._with_past = Explainer(source.model, source.composite_spec(), self.device, build=build,
+                                            run=self.options, labels=self.labels)
+            return self._with_past.explain(x, target, start, position)
+        arrays, p = given_past.complete(self.inputs, x)
+        res = self._explain_arrays(arrays, target, start, position)
+        res.notes.append(given_past.note(res.relevance, given_past.past_names(arrays), p))
         return res
 
     @property

@@ -47,7 +47,8 @@ def only_lrp_errors(what: str, memory_error=ModelError, hint: str = ""):
 # ------------------------------------------------------------------------------------------------ load, choose
 def load(model, options: BuildOptions) -> ir.Model:
     """The canonized forward graph of ``model`` (:func:`onnx_lrp.load.load`)."""
-    return loader.load(model, constants=options.constants, input_shapes=options.input_shapes)
+    return loader.load(model, constants=options.constants, input_shapes=options.input_shapes,
+                       past_inputs=options.past_inputs)
 
 
 def choose(composite, forward: ir.Model, options: BuildOptions) -> tuple[Composite, str]:

@@ -48,6 +48,9 @@ class BuildOptions:
     #: the device the relevance model is built for ("cpu" or "cuda"): it decides precision="auto" and whether a
     #: float16 deployed model fits beside the relevance model
     device: str = "cpu"
+    #: a decoder's past key/value inputs stay inputs (a past given at run time gets the relevance that reaches it)
+    #: instead of being fed empty (onnx_lrp.load.passes.past_state)
+    past_inputs: bool = False
 
     def __post_init__(self):
         """Each value checked once, refused in one line; ``relevance_at`` as a tuple (one name: a str), ``ledger`` a

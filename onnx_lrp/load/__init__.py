@@ -42,17 +42,18 @@ WEIGHTS = [qdq.FoldWeightDequantize(), dynamic_quant.DequantizeIntegerOps(), qdq
 
 
 def load(source, name: str | None = None, constants: dict | None = None,
-         input_shapes: dict | None = None) -> ir.Model:
+         input_shapes: dict | None = None, past_inputs: bool = False) -> ir.Model:
     """Read, check, upgrade, shape-infer, fold constants, unroll static control flow and canonize a model.
     ``constants`` binds graph inputs to fixed values (they stop being inputs); ``input_shapes`` fixes dynamic
-    dimensions of graph inputs (input name -> sizes)."""
+    dimensions of graph inputs (input name -> sizes); ``past_inputs`` keeps a decoder's past key/value inputs as
+    inputs (else they are fed empty)."""
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "model"
     model = read(source, name, constants, input_shapes)
     name_everything(model.graph)
     fold_constants(model)
     unroll_control_flow(model)  # static Loop/Scan unrolled, If with a constant condition inlined
-    deployed_forms(model)  # Q/DQ, QOperator, dynamic quant, float16, ORT fused ops
+    deployed_forms(model, past_inputs)  # Q/DQ, QOperator, dynamic quant, float16, ORT fused ops
     canonize.StandardForm()(model)
     fold_constants(model)  # canonization can expose new constant chains
     model.graph.sort()
@@ -70,10 +71,11 @@ def _run(model: ir.Model, passes: list, report: Report) -> bool:
     return any([bool(p.apply(model, report)) for p in passes])
 
 
-def deployed_forms(model: ir.Model) -> list[str]:
-    """Bring deployed forms back to standard float ops; one error listing every refused node. Returns the notes."""
+def deployed_forms(model: ir.Model, past_inputs: bool = False) -> list[str]:
+    """Bring deployed forms back to standard float ops; one error listing every refused node. Returns the notes.
+    ``past_inputs``: a decoder's past key/value inputs stay inputs (else fed empty)."""
     report = Report()
-    if _run(model, STATE, report):
+    if _run(model, [past_state.KeptPast()] if past_inputs else STATE, report):
         reinfer_shapes(model)
     if _run(model, QUANTIZED, report) and not report.refused:
         reinfer_shapes(model)

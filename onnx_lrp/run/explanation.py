@@ -54,6 +54,8 @@ class Explanation:
         inputs: the model's inputs as fed, by name, with the batch axis (what `heatmap()` draws).
         class_names: the classifier's class names (the Explainer's `labels`), indexed by class; None when the
             model names no classes. `heatmap()` captions and `arrays()` name the classes with them.
+        notes: lines on what the arrays alone do not say: with a decoder's past given, the part of the relevance
+            the past holds.
 
     `heatmap()` draws it (a PIL image; a notebook shows the Explanation as that picture).
     """
@@ -71,6 +73,7 @@ class Explanation:
     batched: bool = True  # False: one item given without its batch axis; no per-item field has one then
     inputs: dict | None = None  # the model's inputs as fed, by name, with the batch axis (what heatmap() draws)
     class_names: list | None = None  # the class names (the Explainer's labels), indexed by class; None: unnamed
+    notes: list = field(default_factory=list)  # what the arrays do not say (a given past's part of the relevance)
 
     def __repr__(self) -> str:
         shown = ["relevance", "target", "position", "explained_output", "explained_value", "outputs"]
@@ -115,6 +118,7 @@ class Explanation:
                    relevance_at={k: _cat(p.relevance_at[k] for p in parts) for k in first.relevance_at},
                    explained_output=first.explained_output, position=flat("position", np.int64),
                    explained_value=flat("explained_value"), ledger=ledger, inputs=inputs, class_names=first.class_names,
+                   notes=[n for p in parts for n in p.notes],
                    deployed_gap=worst([p.deployed_gap.shifted(i) for p, i in zip(parts, first_items)
                                        if p.deployed_gap is not None]))
 

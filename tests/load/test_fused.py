@@ -439,14 +439,3 @@ def test_group_query_attention_prompt_matches_onnxruntime(case):
     _check(_contrib([node], ins, outs, {}), feeds)
 
 
-def test_group_query_attention_with_past_is_refused_in_one_line():
-    n, nkv, h = 4, 2, 8
-    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tot"], ["y", "k2", "v2"],
-                            domain="com.microsoft", name="gqa_kv", num_heads=n, kv_num_heads=nkv)
-    ins = [_vi("q", TensorProto.FLOAT, [B, 1, n * h])] + [_vi(x, TensorProto.FLOAT, [B, 1, nkv * h]) for x in "kv"]
-    ins += [_vi(x, TensorProto.FLOAT, [B, nkv, "past", h]) for x in ("pk", "pv")]
-    ins += [_vi("sl", TensorProto.INT32, [B]), _vi("tot", TensorProto.INT32, [])]
-    m = _contrib([node], ins, [_vi("y", TensorProto.FLOAT, [B, 1, n * h])], {})
-    with pytest.raises(UnsupportedError, match="gqa_kv.*KV cache") as info:
-        loader.load(m.SerializeToString())
-    assert "\n" not in str(info.value)

@@ -9,7 +9,10 @@ one input is that input); onnxruntime's GroupQueryAttention / MultiHeadAttention
 empty and lose the input. The ``present.*`` outputs are dropped, and the nodes that only computed them.
 
 Past state given by the caller (bound with ``constants=``) is a constant of the relevance model: it is held fixed
-and gets no relevance (said in the load notes).
+and gets no relevance (said in the load notes). :class:`KeptPast` (``BuildOptions(past_inputs=True)``, what the
+Explainer builds when a past is given with the inputs) keeps the past inputs as inputs: the relevance model then
+takes a past of any length and returns the relevance that reaches it (the part of the explained logit the past
+holds); only the ``present.*`` outputs are dropped.
 """
 from __future__ import annotations
 
@@ -60,6 +63,23 @@ class EmptyPast(LoadPass):
         report.note(len(pasts), "fed {n} past key/value input(s) empty (a prompt without KV cache)")
         report.note(len(presents), "dropped {n} present key/value output(s)")
         return len(pasts) + len(presents) + removed
+
+
+class KeptPast(LoadPass):
+    """Past key/value inputs kept as inputs (a past given at run time), ``present.*`` outputs dropped."""
+
+    def apply(self, model: ir.Model, report: Report) -> int:
+        graph = model.graph
+        named = [v for v in graph.inputs if v.name and PAST.match(v.name)]
+        presents = [v for v in graph.outputs if v.name and PRESENT.match(v.name)]
+        if not named or len(named) == len(graph.inputs):
+            return 0
+        for v in presents:
+            graph.outputs.remove(v)
+        removed = _drop_dead(graph)
+        report.note(len(named), "kept {n} past key/value input(s) as inputs (a past given with the inputs)")
+        report.note(len(presents), "dropped {n} present key/value output(s)")
+        return len(presents) + removed
 
 
 def _axes(graph: ir.Graph, past: ir.Value) -> tuple | None:
@@ -244,4 +264,4 @@ def _drop_dead(graph: ir.Graph) -> int:
     return removed
 
 
-__all__ = ["EmptyPast", "PAST", "PRESENT"]
+__all__ = ["EmptyPast", "KeptPast", "PAST", "PRESENT"]

@@ -25,7 +25,7 @@ Each op keeps the exact semantics of onnxruntime's CPU kernel
 - ``MultiHeadAttention`` with separate 3-D query, key and value (optional bias, ``key_padding_mask`` as above,
   ``attention_bias``, ``unidirectional``): the same from the projections on.
 - ``GroupQueryAttention`` on a prompt (past state absent, or past graph inputs fed empty by
-  :mod:`..past_state`): the same, K/V heads repeated as LLaMA's ``repeat_kv``, causal (within
+  :mod:`..past_state`) or after a given past (put before the new K/V, the mask and rotary positions offset): the same, K/V heads repeated as LLaMA's ``repeat_kv``, causal (within
   ``local_window_size``), keys after ``seqlens_k`` masked, packed QKV sliced; ``do_rotary`` rotates q and k by the
   cos/sin caches at ``position_ids`` (or 0..S-1), ``rotary_interleaved`` and partial rotary as ``RotaryEmbedding``.
 - ``EmbedLayerNormalization``: Gathers of the word, position (``position_ids`` or 0..S-1) and segment embeddings,
@@ -39,7 +39,7 @@ Each op keeps the exact semantics of onnxruntime's CPU kernel
 - ``BiasAdd`` and ``BiasSplitGelu`` (diffusion models): ``x + bias + skip``; ``left * gelu(right)`` of the halves
   of ``x + bias``.
 
-Refused with one line naming the node: past key-value state given to the op, rotary attention (``do_rotary``) of
+Refused with one line naming the node: past key-value state given to Attention / MultiHeadAttention, rotary attention (``do_rotary``) of
 Attention / MultiHeadAttention, packed
 or 4-D/5-D query/key/value layouts of MultiHeadAttention, 4-D masks, non-constant projection weights or biases,
 inputs of unknown rank. Refused before anything is rewritten (:class:`RefuseUnsupported`): onnxruntime's NCHWc

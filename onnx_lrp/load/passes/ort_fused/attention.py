@@ -1,5 +1,5 @@
 """onnxruntime's attention ops split into a TorchScript export's attention: ``Attention`` (packed QKV projection),
-``MultiHeadAttention``, ``GroupQueryAttention`` on a prompt, and ``RotaryEmbedding``; the masks of onnxruntime's CPU
+``MultiHeadAttention``, ``GroupQueryAttention`` (on a prompt or after a past), and ``RotaryEmbedding``; the masks of onnxruntime's CPU
 kernel rebuilt as additive biases from the integer inputs and shapes alone."""
 from __future__ import annotations
 
@@ -176,17 +176,17 @@ def mha(b, node) -> ir.Value:
 
 
 def gqa(b, node) -> ir.Value:
-    """GroupQueryAttention on a prompt (past state absent, or fed empty by the loader): causal (within
-    ``local_window_size``), keys after ``seqlens_k[b]`` (the last valid index) masked, ``do_rotary`` (the cos/sin
-    caches at ``position_ids`` or 0..S-1, ``rotary_interleaved``), K/V heads repeated to the query heads as LLaMA's
-    ``repeat_kv`` (Expand + Reshape); present_key / present_value are K and V in (B, N_kv, S, H)."""
+    """GroupQueryAttention: causal (within ``local_window_size``), keys after ``seqlens_k[b]`` (the last valid index)
+    masked, ``do_rotary`` (the cos/sin caches at ``position_ids`` or, as onnxruntime derives them, past..past+S-1),
+    K/V heads repeated to the query heads as LLaMA's ``repeat_kv`` (Expand + Reshape); present_key / present_value
+    are K and V in (B, N_kv, S, H). A past (B, N_kv, P, H) is put before the new keys and values: onnxruntime reads
+    its first ``seqlens_k[b] + 1 - S`` positions (the rest of a shared max-length buffer is masked)."""
     n, nkv = int(attr(node, "num_heads", 0) or 0), int(attr(node, "kv_num_heads", 0) or 0)
     if n <= 0 or nkv <= 0 or n % nkv:
         raise Refuse(f"num_heads {n} and kv_num_heads {nkv}")
     q, k, v, past_k, past_v, seqlens = (opt(node, i) for i in range(6))
-    if past_k is not None or past_v is not None:
-        raise Refuse("past key/value state given (KV cache); only a prompt is supported: leave the past inputs "
-                     "to the loader (fed empty)")
+    if (past_k is None) != (past_v is None) or any(p is not None and rank(p) != 4 for p in (past_k, past_v)):
+        raise Refuse("a past key without its past value (or the reverse), or a past not (B, N_kv, P, H)")
     if float(attr(node, "softcap", 0.0) or 0.0) or int(attr(node, "smooth_softmax", 0) or 0) or \
             opt(node, 11) is not None or (len(node.outputs) > 3 and used(node.outputs[3])):
         raise Refuse("softcap, smooth softmax, head sinks or the QK output")
@@ -206,8 +206,14 @@ def gqa(b, node) -> ir.Value:
     qh = _heads(b, q, n, h, (0, 2, 1, 3), "q")
     kh = _heads(b, k, nkv, h, (0, 2, 1, 3), "k")  # (B, N_kv, S, H): present_key
     vh = _heads(b, v, nkv, h, (0, 2, 1, 3), "v")
+    past = None if past_k is None else _gqa_past(b, node.inputs[0], seqlens)
     if int(attr(node, "do_rotary", 0) or 0):
-        qh, kh = _gqa_rotary(b, node, qh, kh, h)
+        qh, kh = _gqa_rotary(b, node, qh, kh, h, None if past is None else past.positions)
+    if past is not None:
+        if int(attr(node, "past_present_share_buffer", 0) or 0) and any(used(o) for o in node.outputs[1:3]):
+            raise Refuse("a shared past/present buffer whose present outputs are read")
+        kh, vh = (b.op("Concat", [p, t], axis=2, tag=f"{tag}_with_past") for p, t, tag in
+                  ((past_k, kh, "k"), (past_v, vh, "v")))
     for o, t in zip(node.outputs[1:3], (kh, vh)):
         if used(o):
             take_over(o, t)
@@ -226,16 +232,75 @@ def gqa(b, node) -> ir.Value:
         s = b.op("Div", [s, b.const(np.array(math.sqrt(h), dt), "sqrt_head")], tag="scaled")
     if opt(node, 10) is not None:
         s = b.op("Add", [s, node.inputs[10]], tag="attention_bias")
-    bias = _seqlens_bias(b, node, q, seqlens, dt)
+    if past is None:
+        bias = _seqlens_bias(b, node, q, seqlens, dt)
+    else:
+        bias = _past_bias(b, node, past, past_k, seqlens, dt)
     s = b.op("Add", [s, bias], tag="masked")
     p = b.op("Softmax", [s], axis=-1, tag="probs")
     ctx = b.op("Transpose", [b.op("MatMul", [p, vh], tag="context")], perm=[0, 2, 1, 3], tag="context_t")
     return b.op("Reshape", [ctx, i64(b, [0, 0, n * h], "merge_shape")], like=node.outputs[0], tag="merged")
 
 
-def _gqa_rotary(b, node, qh: ir.Value, kh: ir.Value, head: int) -> tuple[ir.Value, ir.Value]:
+@dataclass(frozen=True)
+class _Past:
+    """Where a GroupQueryAttention's new tokens sit after its past: ``length`` (B, 1, 1, 1), the past positions
+    onnxruntime reads (``seqlens_k + 1 - S``, at least 0), ``query`` (B, 1, S, 1) the new tokens' positions and
+    ``positions`` (B, S) the same for the rotary caches (all int64, from integers and shapes only)."""
+    length: ir.Value
+    query: ir.Value
+    positions: ir.Value
+
+
+def _gqa_past(b, q: ir.Value, seqlens: ir.Value) -> _Past:
+    last = typed(b.op("Reshape", [b.op("Cast", [seqlens], to=INT64.value, tag="seqlens"),
+                                  i64(b, [-1, 1, 1, 1], "mask_shape")], tag="last_key"), INT64)
+    s = typed(b.op("Shape", [q], start=1, end=2, tag="new_len"), INT64, [1])
+    start = typed(b.op("Sub", [typed(b.op("Add", [last, b.const(np.array(1, np.int64), "one")], tag="total"), INT64),
+                               s], tag="past_start"), INT64)
+    length = typed(b.op("Max", [start, b.const(np.array(0, np.int64), "zero")], tag="past_len"), INT64)
+    i = positions(b, q, 1, "query_pos")  # (S,)
+    query = typed(b.op("Add", [length, b.op("Unsqueeze", [i, i64(b, [1], "axes")], tag="query_col")],
+                       tag="query_at"), INT64)  # (B, 1, S, 1)
+    pos = typed(b.op("Add", [b.op("Reshape", [length, i64(b, [-1, 1], "row_shape")], tag="past_row"), i],
+                     tag="rotary_pos"), INT64)  # (B, S)
+    return _Past(length, query, pos)
+
+
+def _past_bias(b, node, past: _Past, past_k: ir.Value, seqlens: ir.Value, dt: np.dtype) -> ir.Value:
+    """The additive mask over [past buffer (P), new keys (S)]: a past key is open below the past length, a new key
+    j at position past + j; causal, within ``local_window_size``, not after ``seqlens_k``."""
+    kv = b.op("Concat", [b.op("Shape", [past_k], start=2, end=3, tag="past_buf"),
+                         b.op("Shape", [node.inputs[0]], start=1, end=2, tag="new_keys")], axis=0, tag="key_count")
+    n = typed(b.op("ReduceSum", [kv], keepdims=0, tag="keys_n"), INT64, [])
+    j = typed(b.op("Range", [b.const(np.array(0, np.int64), "zero"), n, b.const(np.array(1, np.int64), "one")],
+                   tag="key_idx"), INT64)  # (T,)
+    pb = typed(b.op("Shape", [past_k], start=2, end=3, tag="past_buf_len"), INT64, [1])
+    is_past = typed(b.op("Less", [j, pb], tag="is_past"), ir.DataType.BOOL)
+    new_at = typed(b.op("Add", [past.length, b.op("Sub", [j, pb], tag="new_idx")], tag="new_at"), INT64)
+    key = typed(b.op("Where", [is_past, j, new_at], tag="key_at"), INT64)  # (B, 1, 1, T)
+    read = typed(b.op("Or", [b.op("Not", [is_past], tag="is_new"), b.op("Less", [j, past.length], tag="past_read")],
+                      tag="key_read"), ir.DataType.BOOL)
+    allowed = typed(b.op("And", [read, b.op("LessOrEqual", [key, past.query], tag="causal")], tag="causal_read"),
+                    ir.DataType.BOOL)
+    window = int(attr(node, "local_window_size", -1))
+    if window > 0:
+        lo = typed(b.op("Sub", [past.query, b.const(np.array(window, np.int64), "window")], tag="window_start"), INT64)
+        allowed = typed(b.op("And", [allowed, b.op("Greater", [key, lo], tag="in_window")], tag="windowed"),
+                        ir.DataType.BOOL)
+    last = typed(b.op("Reshape", [b.op("Cast", [seqlens], to=INT64.value, tag="seqlens"),
+                                  i64(b, [-1, 1, 1, 1], "mask_shape")], tag="last_key"), INT64)
+    allowed = typed(b.op("And", [allowed, b.op("LessOrEqual", [key, last], tag="valid_key")], tag="allowed"),
+                    ir.DataType.BOOL)
+    return b.op("Where", [allowed, b.const(np.array(0, dt), "open"), b.const(np.array(np.finfo(dt).min, dt),
+                                                                               "filter")], tag="mask_bias")
+
+
+def _gqa_rotary(b, node, qh: ir.Value, kh: ir.Value, head: int, after_past: ir.Value | None
+                ) -> tuple[ir.Value, ir.Value]:
     """GroupQueryAttention's ``do_rotary``: q and k (B, N, S, H) rotated by the cos/sin caches (max length, rd/2)
-    gathered at ``position_ids`` (B, S) or, on a prompt, 0..S-1; the first rd of each head rotated."""
+    gathered at ``position_ids`` (B, S), else at ``after_past`` (B, S) (the positions after a past) or, on a prompt,
+    0..S-1; the first rd of each head rotated."""
     cos_c, sin_c, pos = opt(node, 7), opt(node, 8), opt(node, 9)
     if cos_c is None or sin_c is None or cos_c.shape is None or not isinstance(cos_c.shape[-1], int):
         raise Refuse("do_rotary without cos/sin caches of known width")
@@ -243,7 +308,7 @@ def _gqa_rotary(b, node, qh: ir.Value, kh: ir.Value, head: int) -> tuple[ir.Valu
     if rd > head:
         raise Refuse(f"cos/sin caches of width {rd // 2} for heads of size {head}")
     if pos is None:
-        pos = positions(b, qh, 2, "seq_pos")
+        pos = positions(b, qh, 2, "seq_pos") if after_past is None else after_past
     elif pos.shape is None or len(pos.shape) != 2:
         raise Refuse("position_ids that are not (B, S)")
     else:
