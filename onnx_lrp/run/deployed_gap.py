@@ -182,10 +182,11 @@ def cannot_run(message: str, source=None, device: str = "cpu") -> str:
         "the explained forward is the float32 computation of its weights"
     if m is None:
         said = message.split("] : ")[-1].splitlines()[0][:200] if message else "no reason given"
-        return f"the deployed model cannot run as written on {where} ({said}); {instead}, the gap is not measured here"
-    return (f"the deployed model cannot run as written on {where}: {m.group(1)} (node {m.group(2)!r}) has no "
-            f"{'CPU' if device == 'cpu' else device} kernel for {low or 'its types'}; {instead}, the gap is not "
-            "measured here")
+        return f"onnxruntime cannot run the deployed model as written on {where} ({said}); {instead}, the gap is " \
+            "not measured here"
+    return (f"onnxruntime cannot run the deployed model as written on {where}: {m.group(1)} (node {m.group(2)!r}) "
+            f"has no {'CPU' if device == 'cpu' else device} kernel for {low or 'its types'}; {instead}, the gap is "
+            "not measured here")
 
 
 def low_float_type(source) -> str | None:
