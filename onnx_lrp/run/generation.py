@@ -5,6 +5,8 @@ everything before it.
   model has one (``past_key_values.*`` / ``past.*`` inputs fed back from its ``present.*`` outputs, empty at the
   first step; the genai folder's ``genai_config.json`` gives the names and cache sizes), else one full forward per
   step. Greedy: the arg-max logit at the last position, the first on a tie (onnxruntime-genai's ``do_sample=False``).
+  Where the deployed file cannot run a cached step, or cannot run here at all (bfloat16 on a CPU), it decodes
+  otherwise and says how (``Decoder.note``, ``GenerationExplanation.decoded``).
 * :func:`explain_generation`: the prompt and the N generated tokens as one causal sequence (prompt + generated[:-1],
   P + N - 1 tokens) explained in one batch of N rows (2 N with a contrast): row k explains the logit at position
   P + k - 1 of generated[k]. A causal model's logit there reads no later token, so row k equals explaining step k
@@ -224,7 +226,8 @@ class GenerationExplanation:
     ``relevance`` (N x (P + N - 1): row k, the relevance of each token before generated[k] for its logit; zeros
     after its position), ``logits`` (each explained logit, or logit difference with a contrast), ``predicted``
     (the explained forward's arg-max at each step: the generated token unless the deployed arithmetic differs,
-    e.g. int4 kernels), ``contrast`` (the foil's id or None), ``n_prompt`` (P)."""
+    e.g. int4 kernels), ``contrast`` (the foil's id or None), ``n_prompt`` (P), ``decoded`` (how the ids were decoded
+    where not by the deployed file through its KV cache, one line; None otherwise)."""
     prompt: str
     prompt_ids: list
     generated: list
