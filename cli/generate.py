@@ -93,7 +93,8 @@ def run_generation(model, opts: dict, options: dict, refused: dict) -> int:
         click.echo(json.dumps(dict(model=str(model), tokenizer=str(tok_path), composite=ex.composite_name,
                                    prompt=res.prompt, prompt_ids=res.prompt_ids, generated=res.generated,
                                    tokens=res.tokens, continuation=res.continuation, logits=res.logits,
-                                   predicted=res.predicted, contrast=res.contrast, relevance=res.relevance.tolist(),
+                                   predicted=res.predicted, contrast=res.contrast, decoded=res.decoded,
+                                   relevance=res.relevance.tolist(),
                                    relevance_file=str(out_path) if out_path else None, html_file=str(html_out) if html_out else None,
                                    build_s=round(t_build, 4), explain_s=round(t_explain, 4)), indent=2))
         return 0

@@ -17,7 +17,13 @@ Each is saved with ``save_pretrained`` (in a temporary folder; the weights are n
   -> folders ``<arch>_genai_<p>/`` (``genai_config.json``, ``model.onnx`` (+ ``model.onnx.data``), the tokenizer
   files): ``fp32`` and ``int4`` for both (LLaMA's int4 with the builder's CPU defaults: symmetric, block 32,
   ``accuracy_level`` 4; Qwen2's int4 asymmetric (zero points), block 16, ``accuracy_level`` 0, embeddings quantized
-  too (``GatherBlockQuantized``, tied to the head)), and ``fp16`` for LLaMA where the builder writes it for the CPU.
+  too (``GatherBlockQuantized``, tied to the head)), and ``fp16`` for LLaMA where the builder writes it for the CPU
+  (MultiHeadAttention and RotaryEmbedding in float16);
+* the same builder with ``-e cuda`` (it writes CUDA folders without a GPU) -> ``llama_genai_fp16_cuda/``,
+  ``llama_genai_bf16_cuda/`` (GroupQueryAttention with packed QKV and ``do_rotary``, in float16 / bfloat16) and
+  ``llama_genai_int4_cuda/`` (MatMulNBits with float16 scales, no ``accuracy_level``). ``-p fp32 -e cuda`` is not
+  kept: onnxruntime-genai 0.18 writes a graph whose ``present.*`` outputs no node produces (the ONNX checker and
+  onnxruntime refuse it).
 
 References, one ``<arch>.npz`` (and ``refs.json`` with what ran, versions and sizes):
 
@@ -26,7 +32,8 @@ References, one ``<arch>.npz`` (and ``refs.json`` with what ran, versions and si
 * ``hf_logits``: the Hugging Face model's logits over the prompt (float32);
 * per genai folder ``<p>``: ``genai_<p>_generated`` (onnxruntime-genai's own greedy generation of ``N_NEW`` tokens
   after the prompt, ``do_sample=False``; the new tokens only) and ``genai_<p>_logits`` (its logits for the prompt,
-  the ``logits`` output after ``append_tokens``);
+  the ``logits`` output after ``append_tokens``); for the CUDA folders in ``<arch>_cuda.npz`` (onnxruntime-genai run
+  on the CPU, its providers cleared; none for bf16, which has no CPU kernels);
 * ``lxt_relevance64`` / ``lxt_relevance32``, ``lxt_target``: LXT 2.1's efficient AttnLRP (``monkey_patch`` of
   transformers' llama / qwen2 modules) on the Hugging Face model for the arg-max logit at the prompt's last
   position, the gradient seeded with 1 (onnx-lrp's ``start="logit"``), embeddings x gradient summed over the hidden
@@ -72,12 +79,17 @@ the quick brown fox jumps over the lazy dog
 paris is the capital of france and berlin is the capital of germany
 once upon a time there was a little model that wanted to explain itself
 every token the model writes depends on every token before it""".splitlines()
-GENAI = {  # folder suffix -> builder arguments per architecture (None: not built)
+GENAI = {  # folder suffix -> builder arguments per architecture (None: not built); -e cpu unless they say -e
     "fp32": {"llama": ["-p", "fp32"], "qwen2": ["-p", "fp32"]},
     "fp16": {"llama": ["-p", "fp16"], "qwen2": None},
     "int4": {"llama": ["-p", "int4"],
              "qwen2": ["-p", "int4", "--extra_options", "is_symmetric=false", "block_size=16", "accuracy_level=0",
                        "algo_config=rtn"]},
+    # the CUDA folders (written without a GPU): GroupQueryAttention in float16 / bfloat16, MatMulNBits with float16
+    # scales; their references in <arch>_cuda.npz (onnxruntime-genai on the CPU, its providers cleared)
+    "fp16_cuda": {"llama": ["-p", "fp16", "-e", "cuda"], "qwen2": None},
+    "bf16_cuda": {"llama": ["-p", "bf16", "-e", "cuda"], "qwen2": None},
+    "int4_cuda": {"llama": ["-p", "int4", "-e", "cuda"], "qwen2": None},
 }
 
 
@@ -150,7 +162,7 @@ def genai_build(builder_python: str, hf_dir: Path, args: list, target: Path) -> 
     """onnxruntime-genai's builder on the saved model into ``target`` (a folder), the cache in a temporary folder."""
     with tempfile.TemporaryDirectory() as cache:
         cmd = [builder_python, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(target),
-               "-e", "cpu", "-c", cache] + args
+               "-c", cache] + ([] if "-e" in args else ["-e", "cpu"]) + args
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     if done.returncode != 0 or not (target / "genai_config.json").exists():
         shutil.rmtree(target, ignore_errors=True)
@@ -159,29 +171,46 @@ def genai_build(builder_python: str, hf_dir: Path, args: list, target: Path) -> 
     return "ok"
 
 
-def genai_reference(folder: Path, prompt_ids: list) -> dict:
-    """onnxruntime-genai's greedy generation (the new tokens) and its logits for the prompt."""
+def genai_model(folder: Path):
+    """onnxruntime-genai's model of ``folder`` on the CPU (a CUDA folder's providers cleared)."""
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompt_ids) + N_NEW, batch_size=1)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.asarray(prompt_ids, dtype=np.int32))
-    logits = np.asarray(gen.get_output("logits"), dtype=np.float32)
+    config = og.Config(str(folder))
+    config.clear_providers()
+    return og.Model(config)
+
+
+def genai_reference(folder: Path, prompt_ids: list) -> dict:
+    """onnxruntime-genai's greedy generation (the new tokens) and its logits for the prompt; ``error``: what failed
+    (a model it cannot run on the CPU: no logits either)."""
+    import onnxruntime_genai as og
+
+    logits = None
     try:
+        model = genai_model(folder)
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=len(prompt_ids) + N_NEW, batch_size=1)
+        gen = og.Generator(model, params)
+        gen.append_tokens(np.asarray(prompt_ids, dtype=np.int32))
+        logits = np.asarray(gen.get_output("logits"), dtype=np.float32)
         while not gen.is_done():
             gen.generate_next_token()
     except RuntimeError as exc:  # recorded: the folder stays, without generated ids
-        return {"logits": logits, "error": str(exc).splitlines()[0][:300]}
+        return {"error": str(exc).splitlines()[0][:300]} | ({"logits": logits} if logits is not None else {})
     seq = np.asarray(gen.get_sequence(0), dtype=np.int64)
     return {"generated": seq[len(prompt_ids):], "logits": logits}
 
 
 def genai_prompt_ids(folder: Path) -> list:
+    """The prompt as onnxruntime-genai's tokenizer encodes it (tokenizers' reading of the folder's tokenizer.json
+    where onnxruntime-genai cannot load the model on the CPU)."""
     import onnxruntime_genai as og
+    from tokenizers import Tokenizer
 
-    return [int(i) for i in og.Tokenizer(og.Model(str(folder))).encode(PROMPT)]
+    try:
+        return [int(i) for i in og.Tokenizer(genai_model(folder)).encode(PROMPT)]
+    except RuntimeError:
+        return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(PROMPT).ids
 
 
 def lxt_relevance(arch: str, hf_dir: Path, ids: list, dtype: str) -> tuple:
@@ -223,7 +252,7 @@ def one(arch: str, out: Path, args, tok_dir: Path, work: Path) -> dict:
     status = {}
     for task, suffix in (("text-generation", "nopast"), ("text-generation-with-past", "past")):
         status[f"{arch}_optimum_{suffix}"] = optimum_export(hf_dir, task, out / f"{arch}_optimum_{suffix}.onnx")
-    arrays = {}
+    arrays, cuda = {}, {}
     for precision, per_arch in GENAI.items():
         if per_arch[arch] is None:
             continue
@@ -237,11 +266,13 @@ def one(arch: str, out: Path, args, tok_dir: Path, work: Path) -> dict:
         if ids != arrays["prompt_ids"].tolist():
             raise SystemExit(f"{folder.name}: genai tokenizes the prompt as {ids}, not {arrays['prompt_ids']}")
         ref = genai_reference(folder, ids)
-        arrays[f"genai_{precision}_logits"] = ref["logits"]
+        put = cuda if precision.endswith("_cuda") else arrays  # existing goldens stay as they were
+        if "logits" in ref:
+            put[f"genai_{precision}_logits"] = ref["logits"]
         if "error" in ref:
             status[folder.name] = f"built; onnxruntime-genai's own generation fails: {ref['error']}"
         else:
-            arrays[f"genai_{precision}_generated"] = ref["generated"]
+            put[f"genai_{precision}_generated"] = ref["generated"]
     if not args.refs:
         return status
     ids = arrays["prompt_ids"].tolist()
@@ -255,6 +286,8 @@ def one(arch: str, out: Path, args, tok_dir: Path, work: Path) -> dict:
     lxt_in_process(arch, hf_dir, ids, lxt_file)
     arrays.update(dict(np.load(lxt_file)))
     np.savez_compressed(out / f"{arch}.npz", **arrays)
+    if cuda:
+        np.savez_compressed(out / f"{arch}_cuda.npz", prompt_ids=arrays["prompt_ids"], **cuda)
     return status
 
 

@@ -26,6 +26,7 @@ arithmetic and with its Q/DQ pairs as written: only for a gap beyond the toleran
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
@@ -171,6 +172,40 @@ def empty_past(inputs, feeds: dict) -> dict:
     return out
 
 
+def cannot_run(message: str, source=None, device: str = "cpu") -> str:
+    """One line for a deployed model onnxruntime cannot run here (``message``: its error; ``source``: the model
+    file, read for its float type): the op without a kernel, for which type, and what is explained instead."""
+    where = "this CPU" if device == "cpu" else device
+    m = re.search(r"implementation for ([\w.]+)\(\d+\) node with name '([^']*)'", message)
+    low = low_float_type(source)
+    instead = "the explained forward is its float32 upcast" if low else \
+        "the explained forward is the float32 computation of its weights"
+    if m is None:
+        said = message.split("] : ")[-1].splitlines()[0][:200] if message else "no reason given"
+        return f"onnxruntime cannot run the deployed model as written on {where} ({said}); {instead}, the gap is " \
+            "not measured here"
+    return (f"onnxruntime cannot run the deployed model as written on {where}: {m.group(1)} (node {m.group(2)!r}) "
+            f"has no {'CPU' if device == 'cpu' else device} kernel for {low or 'its types'}; {instead}, the gap is "
+            "not measured here")
+
+
+def low_float_type(source) -> str | None:
+    """"bfloat16" or "float16": the low-precision float type of most of a model file's initializers (None: a
+    float32 model, or not a file that can be read)."""
+    if not isinstance(source, (str, os.PathLike)) or not os.path.isfile(source):
+        return None
+    try:
+        import onnx_ir as ir
+
+        model = ir.load(os.fspath(source))  # the graph; external data stays on disk, unread
+        kinds = [v.dtype.name for v in model.graph.initializers.values() if v.dtype is not None]
+    except Exception:  # noqa: BLE001 - a fact for the message only
+        return None
+    counts = {d: sum(k == d for k in kinds) for d in ("BFLOAT16", "FLOAT16", "FLOAT")}
+    best = max(counts, key=counts.get)
+    return best.lower() if best != "FLOAT" and counts[best] else None
+
+
 def int8_saturates(device: str = "cpu") -> bool | None:
     """Whether onnxruntime's int8 matrix product saturates on this machine: MatMulInteger of 64 pairs 255 x 127
     (exact: 2072640; 16-bit pair sums: 1048544). None when it cannot be run."""
@@ -197,5 +232,5 @@ def machine_facts(device: str = "cpu") -> dict:
     return dict(runtime.cpu_facts(), int8_saturates=int8_saturates(device))
 
 
-__all__ = ["Gap", "measure", "tolerance", "worst", "cause", "empty_past", "is_past", "int8_saturates", "machine_facts", "RELATIVE",
+__all__ = ["Gap", "cannot_run", "low_float_type", "measure", "tolerance", "worst", "cause", "empty_past", "is_past", "int8_saturates", "machine_facts", "RELATIVE",
            "SATURATE", "QDQ_FUSED", "BOTH", "ROUNDING", "FLOAT16", "INT8_ACTIVATIONS", "OTHER"]

@@ -5,6 +5,8 @@ everything before it.
   model has one (``past_key_values.*`` / ``past.*`` inputs fed back from its ``present.*`` outputs, empty at the
   first step; the genai folder's ``genai_config.json`` gives the names and cache sizes), else one full forward per
   step. Greedy: the arg-max logit at the last position, the first on a tie (onnxruntime-genai's ``do_sample=False``).
+  Where the deployed file cannot run a cached step, or cannot run here at all (bfloat16 on a CPU), it decodes
+  otherwise and says how (``Decoder.note``, ``GenerationExplanation.decoded``).
 * :func:`explain_generation`: the prompt and the N generated tokens as one causal sequence (prompt + generated[:-1],
   P + N - 1 tokens) explained in one batch of N rows (2 N with a contrast): row k explains the logit at position
   P + k - 1 of generated[k]. A causal model's logit there reads no later token, so row k equals explaining step k
@@ -20,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError, LrpError
+from ..core.errors import InputError, LrpError, ModelError
 from ..core.files import atomic_write
 from ..io import genai, tokens as tk
 from ..io.text import token_target
 from ..io.text_inputs import Encoded, encode, load_tokenizer, model_feeds, vocab_size
-from . import runtime
+from . import deployed_gap, runtime
 
 PAST = re.compile(r"^(past_key_values|past_key_value|past)[._]")
 LAYER_KIND = re.compile(r"(\d+)\D*?(key|value)?$")
@@ -46,7 +48,18 @@ class GenerationRequest:
 
 class Decoder:
     """Greedy decoding of ``model`` (an .onnx file, or an onnxruntime-genai folder) as deployed, in plain
-    onnxruntime (``threads``: its intra-op threads)."""
+    onnxruntime (``threads``: its intra-op threads).
+
+    Where the deployed file cannot do that, :meth:`greedy` decodes otherwise and says how in :attr:`note`:
+
+    * a cached step that fails in onnxruntime's buffer planner (onnxruntime-genai's CPU float16 folders declare the
+      repeated keys / values with the new tokens' length: from the second step the planner reuses a buffer of the
+      wrong size) runs again with onnxruntime's memory reuse off: the same kernels, the same ids;
+    * a cached step that fails otherwise: from there without the cache, each step the whole sequence as a prompt
+      (the past empty): the ids of the deployed model's prompt runs;
+    * a deployed file onnxruntime cannot run at all on this CPU (a kernel missing for bfloat16, ...): the float32
+      upcast (the explained forward, ``upcast``) decodes, and the ids are the upcast's.
+    """
 
     def __init__(self, model, threads: int | None = None):
         path = Path(str(model))
@@ -55,7 +68,19 @@ class Decoder:
         self.path = self.folder.model if self.folder is not None else path
         if not self.path.is_file():
             raise InputError(f"{self.path} is not a model file; give the .onnx file (or its onnxruntime-genai folder)")
-        self.session = runtime.Session(str(self.path), deployed=True, threads=threads)
+        self.threads = threads
+        self.eos = self.folder.eos if self.folder is not None else genai.eos_beside(self.path)
+        self.note = None  # how decoding departed from the deployed model's cached run (one line), or None
+        self.cannot_run = None  # why onnxruntime cannot run the deployed file here (one line), or None
+        try:
+            self.session = runtime.Session(str(self.path), deployed=True, threads=threads)
+        except ModelError as exc:
+            self.session, self.past, self.cannot_run = None, [], deployed_gap.cannot_run(str(exc), str(self.path))
+            return
+        self._interface()
+
+    def _interface(self) -> None:
+        """The names of the ids, mask, positions, past and present tensors, and the empty past, from the session."""
         args = {i.name: i for i in self.session.inputs()}
         self.types = self.session.input_types
         names = self.folder.inputs if self.folder is not None else {}
@@ -70,7 +95,6 @@ class Decoder:
         self.logits = (self.folder.outputs.get("logits") if self.folder else None) or self.session.output_names[0]
         self.present = _present_names(self.past, [o for o in self.session.output_names if o != self.logits])
         self.empty = {n: self._empty(args[n]) for n in self.past}
-        self.eos = self.folder.eos if self.folder is not None else genai.eos_beside(self.path)
 
     def _empty(self, arg) -> np.ndarray:
         """The past state of one input at length 0: batch 1, the sequence axis (-2) 0, the other sizes declared or
@@ -90,27 +114,74 @@ class Decoder:
                                  "says it) or an export with fixed head sizes")
         return np.zeros(shape, self.types.get(arg.name) or np.float32)
 
-    def greedy(self, ids: list, n: int, eos=()) -> list:
-        """Up to ``n`` new token ids after ``ids`` (stops after an id in ``eos``)."""
-        total, new, past = list(ids), list(ids), dict(self.empty)
-        out = []
+    def greedy(self, ids: list, n: int, eos=(), upcast=None) -> list:
+        """Up to ``n`` new token ids after ``ids`` (stops after an id in ``eos``). ``upcast``: the float32 upcast's
+        logits at the last position of a sequence (a function of the ids), for a deployed file that cannot run
+        here (:attr:`note` says so)."""
+        if self.session is None:
+            if upcast is None:
+                raise ModelError(f"{self.cannot_run.split(';')[0]}; generation needs a model it can run")
+            self.note = f"{self.cannot_run.split(';')[0]}; the generated ids are its float32 upcast's (the " \
+                        "explained forward, each step the whole sequence)"
+        total, out = list(ids), []
+        self._new, self._past = list(ids), dict(self.empty) if self.session is not None else {}
+        mode = "upcast" if self.session is None else "cached" if self.past else "full"
         for step in range(n):
-            feeds = self._feeds(new, len(total), past)
-            try:
-                res = self.session.run(feeds, [self.logits] + [self.present[p] for p in self.past])
-            except LrpError as exc:
-                raise type(exc)(f"generation step {step + 1} of {self.path.name}: {exc}") from None
-            t = int(np.argmax(np.asarray(res[self.logits])[0, -1]))
+            t, mode = self._next(total, step, mode, upcast)
             out.append(t)
             if t in eos:
                 break
             total.append(t)
-            if self.past:
-                past = {p: res[self.present[p]] for p in self.past}
-                new = [t]
-            else:
-                new = list(total)
         return out
+
+    def _next(self, total: list, step: int, mode: str, upcast) -> tuple:
+        """(the next id, the mode of the next step): one step of ``mode`` ("cached", "full", "upcast")."""
+        if mode == "upcast":
+            return int(np.argmax(np.asarray(upcast(total)))), mode
+        if mode == "full":
+            res = self._run(self._feeds(total, len(total), dict(self.empty)), step, [self.logits])
+            return _last_argmax(res[self.logits]), mode
+        feeds = self._feeds(self._new, len(total), self._past)
+        try:
+            res = self._run(feeds, step, [self.logits] + [self.present[p] for p in self.past])
+        except LrpError as exc:
+            if step == 0 and upcast is None:
+                raise
+            if step == 0:  # the deployed file fails on the prompt itself
+                self.note = f"{str(exc)[:300]}; the generated ids are its float32 upcast's (the explained forward)"
+                return self._next(total, step, "upcast", upcast)
+            res = self._recover(feeds, step, exc)
+            if res is None:
+                return self._next(total, step, "full", upcast)
+        self._past = {p: res[self.present[p]] for p in self.past}
+        t = _last_argmax(res[self.logits])
+        self._new = [t]
+        return t, mode
+
+    def _recover(self, feeds: dict, step: int, exc: LrpError) -> "dict | None":
+        """A cached step that failed: again with onnxruntime's memory reuse off (the session kept for the next
+        steps), else None (decode without the cache from here); :attr:`note` says which."""
+        outputs = [self.logits] + [self.present[p] for p in self.past]
+        try:
+            session = runtime.Session(str(self.path), deployed=True, threads=self.threads,
+                                      config={runtime.NO_MEMORY_REUSE: "1"})
+            res = session.run(feeds, outputs)
+        except LrpError:
+            why = str(exc).split(": ", 1)[-1][:200]
+            self.note = (f"the deployed model fails on its cached step {step + 1} ({why}); decoded without the cache "
+                         "from there: each step the whole sequence as a prompt (the past empty)")
+            return None
+        self.session = session
+        self.note = (f"onnxruntime's buffer planner fails on the deployed model's cached step {step + 1} (the shapes "
+                     "its graph declares do not hold there); decoded with onnxruntime's memory reuse off: the same "
+                     "kernels, through the KV cache")
+        return res
+
+    def _run(self, feeds: dict, step: int, outputs: list) -> dict:
+        try:
+            return self.session.run(feeds, outputs)
+        except LrpError as exc:
+            raise type(exc)(f"generation step {step + 1} of {self.path.name}: {exc}") from None
 
     def prompt_feeds(self, ids: list) -> dict:
         """The first step's inputs: the prompt, its mask and positions, the past at length 0."""
@@ -126,6 +197,11 @@ class Decoder:
                                               or np.int64)[None]
         feeds.update(past)
         return feeds
+
+
+def _last_argmax(logits) -> int:
+    """The greedy id: the arg-max at the last position (the first on a tie)."""
+    return int(np.argmax(np.asarray(logits)[0, -1]))
 
 
 def _present_names(past: list, outputs: list) -> dict:
@@ -150,7 +226,8 @@ class GenerationExplanation:
     ``relevance`` (N x (P + N - 1): row k, the relevance of each token before generated[k] for its logit; zeros
     after its position), ``logits`` (each explained logit, or logit difference with a contrast), ``predicted``
     (the explained forward's arg-max at each step: the generated token unless the deployed arithmetic differs,
-    e.g. int4 kernels), ``contrast`` (the foil's id or None), ``n_prompt`` (P)."""
+    e.g. int4 kernels), ``contrast`` (the foil's id or None), ``n_prompt`` (P), ``decoded`` (how the ids were decoded
+    where not by the deployed file through its KV cache, one line; None otherwise)."""
     prompt: str
     prompt_ids: list
     generated: list
@@ -161,6 +238,7 @@ class GenerationExplanation:
     n_prompt: int
     contrast: int | None = None
     contrast_token: str | None = None
+    decoded: str | None = None  # how the ids were decoded where not by the deployed model's cached run, or None
 
     @property
     def continuation(self) -> str:
@@ -187,6 +265,7 @@ class GenerationExplanation:
         """The continuation, then one line per step: the token, its logit and its top-``k`` earlier tokens."""
         foil = f" vs {self.contrast_token!r}" if self.contrast is not None else ""
         head = [f"{self.prompt!r} -> {self.continuation!r} ({len(self.generated)} token(s), greedy)"]
+        head += [f"  decoded: {self.decoded}"] if self.decoded else []
         for i, (top, value) in enumerate(zip(self.top(k), self.logits)):
             tok = self.tokens[self.n_prompt + i]
             said = ", ".join(f"{t.strip() or t!r} {r:+.3g}" for _, t, r in top)
@@ -228,7 +307,7 @@ def explain_generation(ex, tokenizer, request: GenerationRequest, decoder: Decod
     prompt = list(enc.ids)
     check_context(decoder.folder, len(prompt), n)
     eos = request.eos if request.eos is not None else decoder.eos
-    generated = decoder.greedy(prompt, n, tuple(eos))
+    generated = decoder.greedy(prompt, n, tuple(eos), upcast=_upcast_logits(ex))
     foil = None if request.contrast is None else token_target(request.contrast, tok, vocab_size(tok))
     if request.contrast is not None and foil is None:
         raise InputError(f"contrast {request.contrast!r}: give the foil token (an id or one token's text)")
@@ -237,8 +316,18 @@ def explain_generation(ex, tokenizer, request: GenerationRequest, decoder: Decod
     shown = list(enc.shown) + [tok.decode([t], skip_special_tokens=False) for t in generated]
     return GenerationExplanation(
         prompt=request.prompt, prompt_ids=prompt, generated=generated, tokens=shown, relevance=rows, logits=values,
-        predicted=predicted, n_prompt=len(prompt), contrast=foil,
+        predicted=predicted, n_prompt=len(prompt), contrast=foil, decoded=decoder.note,
         contrast_token=None if foil is None else tok.decode([foil], skip_special_tokens=False))
+
+
+def _upcast_logits(ex):
+    """The explained forward's (the float32 upcast's) logits at the last position of a sequence of ids: the
+    decoder of a deployed file that cannot run here (one relevance run per step)."""
+    def logits(seq: list) -> np.ndarray:
+        feeds, _ = sequence_feeds(ex, seq, 1)
+        res = ex.explain(feeds, position=np.asarray([len(seq) - 1], np.int64))
+        return np.asarray(res.forward[ex.explained_output])[0, len(seq) - 1]
+    return logits
 
 
 def check_context(folder, n_prompt: int, n: int) -> None:

@@ -130,7 +130,8 @@ class Runner:
                 self.deployed_session = runtime.Session(self.deployed, session.device, threads, deployed=True,
                                                         **self.options.session_settings())
             except LrpError as exc:  # not runnable as written (e.g. a com.microsoft op without a CPU kernel)
-                self.deployed_note = f"{exc}; outputs are the explained forward's"
+                self.deployed_note = f"{gaps.cannot_run(str(exc), self.deployed, session.device)}; outputs are " \
+                    "the explained forward's"
                 warnings.warn(self.deployed_note, LrpWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ input checks

@@ -254,6 +254,19 @@ class ExternalData:
 
 
 NO_EXTERNAL_DATA = ExternalData()
+# a config entry of Session ("1"): onnxruntime's memory reuse off. The same kernels and arithmetic; for graphs whose
+# declared shapes mislead onnxruntime's buffer planner (onnxruntime-genai's CPU float16 folders from the second
+# cached step: onnx_lrp.run.generation)
+NO_MEMORY_REUSE = "onnx_lrp.no_memory_reuse"
+
+
+def _configure(opts, config: dict) -> None:
+    """Session config entries (NO_MEMORY_REUSE: a session option) on ``opts``."""
+    for key, value in config.items():
+        if key == NO_MEMORY_REUSE:
+            opts.enable_mem_reuse = str(value) != "1"
+        else:
+            opts.add_session_config_entry(key, value)
 
 
 class Session:
@@ -308,8 +321,7 @@ class Session:
             # relevance models: run Q/DQ pairs as written (the float path the relevance is computed on); ORT's QDQ
             # fusions would regroup them around the float weights the qdq loading pass folds
             opts.add_session_config_entry("session.disable_quant_qdq", "1")
-        for key, value in self.config.items():
-            opts.add_session_config_entry(key, value)
+        _configure(opts, self.config)
         threads = _threads(threads)
         if threads:
             opts.intra_op_num_threads = threads

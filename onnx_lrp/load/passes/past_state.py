@@ -156,6 +156,9 @@ def _width(v: ir.Value | None, depth: int = 0) -> int | None:
         return None
     if p.op_type == "MatMulNBits" and "N" in p.attributes:
         return int(p.attributes["N"].value)
+    if p.op_type == "MatMul" and len(p.inputs) > 1 and p.inputs[1] is not None and p.inputs[1].shape is not None \
+            and len(p.inputs[1].shape) > 1 and isinstance(p.inputs[1].shape[-1], int):
+        return p.inputs[1].shape[-1]  # a float16 / bfloat16 projection (not shape-inferred before the upcast)
     if p.op_type in ("Add", "Mul", "Cast", "Identity"):
         return next((w for w in (_width(x, depth + 1) for x in p.inputs) if w is not None), None)
     return None
