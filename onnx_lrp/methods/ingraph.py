@@ -13,6 +13,7 @@ model's outputs at the input, ``lrp/relevance/<input>`` (the attribution) and ``
 external data (or over 1 GiB of weights) is written as ``OUT`` + ``OUT.data`` (:func:`save_method_model`)."""
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from .. import load as loader
@@ -43,6 +44,10 @@ def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
     if wrong or (inputs and method not in ("integrated-gradients", "expected-gradients", "gradient-shap")):
         raise InputError(f"--baseline-input is for integrated-gradients, expected-gradients and gradient-shap, not "
                          f"{method}" if not wrong else f"inputs= takes 'baselines', not {wrong[0]!r}")
+    if "baselines" in inputs and options.get("baselines") is not None:
+        raise InputError("baselines are the input lrp/baselines here (--baseline-input); do not give them too")
+    if "baselines" in inputs and method in ("expected-gradients", "gradient-shap"):
+        options = {**options, "baselines": np.zeros((1, 1))}  # a placeholder: the background set is the input
     attributor = Attributor(model, method, **options)
     engine, opts = attributor.engine, attributor.options
     if method in ("occlusion", "rise"):
@@ -78,9 +83,10 @@ def method_model(model, method: str, baseline_input: bool = False, **options) ->
     return parts.model_bytes
 
 
-def save_method_model(model, path, method: str, baseline_input: bool = False, **options) -> external.Parts:
+def save_method_model(model, path, method: str, baseline_input: bool = False, **options) -> tuple[list, bool]:
     """Write ``method`` on ``model`` to ``path`` (and ``path.data`` for a model with external data or over 1 GiB
-    of weights: its weights streamed from the model's data files); never over the model or its data files."""
+    of weights: its weights streamed from the model's data files), never over the model or its data files; returns
+    (the written model's input names, whether it has ``path.data``)."""
     import os
     from pathlib import Path
 
@@ -90,12 +96,14 @@ def save_method_model(model, path, method: str, baseline_input: bool = False, **
     if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
         ins = [("the model", model), *(("the model's data file", f) for f in loader.data_files(Path(model)))]
     guard_outputs(ins, [("the output", path), ("the output's data file", Path(str(path) + ".data"))])
-    parts = method_parts(model, method, baseline_input, **options)
+    written = method_ir(model, method, ("baselines",) if baseline_input else (), **options)
+    names = [v.name for v in written.graph.inputs]
+    parts = loader.serialize_parts(written)
     try:
         loader.save_parts(parts, path)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return parts
+    return names, parts.large
 
 
 __all__ = ["IN_GRAPH", "BASELINES_INPUT", "METHOD_INPUTS", "method_ir", "method_parts", "method_model",

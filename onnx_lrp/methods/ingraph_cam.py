@@ -19,7 +19,7 @@ def _layer_shape(gr: LayerRunner) -> tuple:
     dims = gr.spec.dims[1:] if gr.spec.dims else None
     if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
         raise InputError(f"rewrite --method grad-cam needs the input's shape after its batch axis fixed; "
-                         f"{gr.spec.name!r} has {gr.spec.dims}: give --input-shape or export it fixed")
+                         f"{gr.spec.name!r} has {gr.spec.dims}: export the model with those sizes fixed")
     x = np.zeros((1,) + tuple(dims), gr.spec.dtype)
     shape = gr.forward.run(gr.feeds(x), [gr.layer])[gr.layer].shape
     if len(shape) < 3:

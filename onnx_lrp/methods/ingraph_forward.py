@@ -63,7 +63,7 @@ def occlusion_model(model, fwd, options) -> ir.Model:
     dims = w.item_dims()
     if None in dims:
         raise InputError(f"rewrite --method occlusion needs the input's shape after its batch axis fixed; {w.name!r} "
-                         f"is {' x '.join(str(d) for d in ['N'] + dims)}: give --input-shape or export it fixed")
+                         f"is {' x '.join(str(d) for d in ['N'] + dims)}: export the model with those sizes fixed")
     if isinstance(options.sliding_window_shapes[0], tuple):
         raise InputError("sliding_window_shapes: one window for the model's one input, not one per input")
     spots = windows(tuple(dims), options.sliding_window_shapes, options.strides)
