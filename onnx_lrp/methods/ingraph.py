@@ -31,6 +31,25 @@ METHOD_INPUTS = {"integrated-gradients": ("lrp/baselines",), "smoothgrad": ("lrp
                  "rise": ("lrp/masks",)}
 
 
+def _checked(method: str, inputs: tuple, options: dict) -> dict:
+    """What the methods' graphs cannot take, refused before anything is built; the options to build with."""
+    if method not in IN_GRAPH:
+        raise InputError(f"rewrite --method writes {', '.join(IN_GRAPH)}; {method!r} is none of them")
+    wrong = [i for i in inputs if i != "baselines"]
+    if wrong or (inputs and method not in ("integrated-gradients", "expected-gradients", "gradient-shap")):
+        raise InputError(f"--baseline-input is for integrated-gradients, expected-gradients and gradient-shap, not "
+                         f"{method}" if not wrong else f"inputs= takes 'baselines', not {wrong[0]!r}")
+    if method in ("smoothgrad", "vargrad") and options.get("base", "gradient") not in ingraph_sampled.BASES:
+        raise InputError(f"rewrite --method {method} smooths {', '.join(ingraph_sampled.BASES)}; base "
+                         f"{options['base']!r} runs through `onnx-lrp explain --method` (an LRP composite's "
+                         "SmoothGrad is not one graph yet)")
+    if "baselines" in inputs and options.get("baselines") is not None:
+        raise InputError("baselines are the input lrp/baselines here (--baseline-input); do not give them too")
+    if "baselines" in inputs and method in ("expected-gradients", "gradient-shap"):
+        options = {**options, "baselines": np.zeros((1, 1))}  # a placeholder: the background set is the input
+    return options
+
+
 def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
     """``method`` (one of :data:`IN_GRAPH`) on ``model`` as one onnx_ir model (see the module); ``inputs``: the
     random parts or baselines that are graph inputs rather than constants (``"baselines"`` for
@@ -38,16 +57,7 @@ def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
     ``seed`` or the arrays are given: :mod:`.ingraph_sampled`)."""
     from . import Attributor
 
-    if method not in IN_GRAPH:
-        raise InputError(f"rewrite --method writes {', '.join(IN_GRAPH)}; {method!r} is none of them")
-    wrong = [i for i in inputs if i != "baselines"]
-    if wrong or (inputs and method not in ("integrated-gradients", "expected-gradients", "gradient-shap")):
-        raise InputError(f"--baseline-input is for integrated-gradients, expected-gradients and gradient-shap, not "
-                         f"{method}" if not wrong else f"inputs= takes 'baselines', not {wrong[0]!r}")
-    if "baselines" in inputs and options.get("baselines") is not None:
-        raise InputError("baselines are the input lrp/baselines here (--baseline-input); do not give them too")
-    if "baselines" in inputs and method in ("expected-gradients", "gradient-shap"):
-        options = {**options, "baselines": np.zeros((1, 1))}  # a placeholder: the background set is the input
+    options = _checked(method, inputs, options)
     attributor = Attributor(model, method, **options)
     engine, opts = attributor.engine, attributor.options
     if method in ("occlusion", "rise"):
@@ -55,9 +65,10 @@ def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
     if getattr(engine, "packing", None) is not None or getattr(engine, "held_names", None):
         raise InputError("rewrite --method takes a model with one (float) input for now; this one has "
                          f"{len(engine.runner.inputs)}: use the Python API's Attributor")
-    batch_axis_free(engine.spec.name, engine.spec.dims)
     if method == "grad-cam":
         return ingraph_cam.grad_cam_model(engine, opts)
+    if method not in ("gradient", "gradient-x-input"):
+        batch_axis_free(engine.spec.name, engine.spec.dims)
     if method in ("smoothgrad", "vargrad"):
         return ingraph_sampled.noise_tunnel_model(engine, opts)
     if method in ("expected-gradients", "gradient-shap"):
