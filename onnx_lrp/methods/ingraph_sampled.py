@@ -40,6 +40,8 @@ def _noise(w: GradientGraph, noise, samples: int, stdevs: float, seed) -> tuple[
             raise InputError(f"noise has shape {np.shape(noise)}; give samples x the input's shape "
                              f"({' x '.join(str(d) for d in [None] + w.item_dims())} after the samples)")
         return em.const(a.astype(w.dtype.numpy()), tag="noise"), []
+    if seed is not None and stdevs == 0:  # onnxruntime aborts on a normal of scale 0
+        return em.const(np.zeros((samples,) + (1,) * w.rank, w.dtype.numpy()), tag="noise"), []
     if seed is not None:
         return em.op("RandomNormalLike", _samples_like(w, samples), mean=0.0, scale=float(stdevs), seed=float(seed),
                      dtype=w.dtype, tag="noise"), []
