@@ -78,13 +78,14 @@ def occlusion_model(model, fwd, options) -> ir.Model:
         masks[(k,) + spot] = True
     em = w.em
     with em.scope("method/occlusion"):
-        m = em.const(masks.reshape((len(spots), 1) + tuple(dims)), tag="windows")
+        flat_masks = em.const(masks.reshape(len(spots), -1), tag="windows")  # one constant, two views
+        m = em.op("Reshape", flat_masks, em.ints((len(spots), 1) + tuple(dims)), tag="window_masks")
         base = np.broadcast_to(np.asarray(options.baselines, np.float64), tuple(dims)).astype(w.dtype.numpy())
         perturbed = em.op("Where", m, em.const(base, tag="baseline"), em.op("Unsqueeze", w.x, em.ints([0])),
                           tag="occluded")
         whole, parts, target, n = _entries(w, perturbed, 1)
         drops = em.op("Sub", em.op("Unsqueeze", whole, em.ints([0])), parts, tag="drops")
-        flat = em.op("Cast", em.const(masks.reshape(len(spots), -1), tag="windows_flat"), to=ir.DataType.DOUBLE)
+        flat = em.op("Cast", flat_masks, to=ir.DataType.DOUBLE, tag="windows64")
         total = em.op("MatMul", em.op("Transpose", drops, perm=[1, 0]), flat, tag="total")
         cover = em.const(masks.sum(axis=0).reshape(1, -1).astype(np.float64), tag="cover", dtype=np.float64)
         out = em.op("Reshape", em.op("Div", total, cover, tag="mean"), em.op("Shape", w.x), tag="by_entry")
