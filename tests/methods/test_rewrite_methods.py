@@ -1,6 +1,7 @@
 """``rewrite --method`` for every method: the written ONNX file, run in plain onnxruntime with the random parts fed
 as its inputs (lrp/noise, lrp/baseline_indices, lrp/alphas, lrp/baselines, lrp/masks), gives captum 0.9's stored
-result for the same draws (tests/goldens/methods: captum.npz, captum_more.npz; <= 1e-5 relative L2) and the
+result for the same draws (tests/goldens/methods: captum.npz, captum_more.npz, and on a ResNet-, a BERT-shaped
+model and an LSTM parity_models.npz, zennit's Occlusion there too; <= 1e-5 relative L2) and the
 Attributor's (occlusion and RISE to float rounding); its outputs are the plain model's; a model with external data
 is written as OUT + OUT.data that runs from the file; bad input is refused in one line, exit 2, nothing written.
 No torch: the goldens are committed."""
@@ -180,3 +181,27 @@ def test_refusals_one_line(tmp_path, args, words):
 def test_draws_given_as_options_refused():
     with pytest.raises(InputError, match="lrp/alphas"):
         method_model(MLP, "expected-gradients", baselines=np.zeros((2, 10), np.float32), alphas=np.ones(3))
+
+
+PARITY = np.load(METHODS / "parity_models.npz")
+_FED = {"noise": "lrp/noise", "baseline_indices": "lrp/baseline_indices", "alphas": "lrp/alphas"}
+
+
+@pytest.mark.parametrize("key", ["resnet/grad_cam_1", "resnet/gradient_shap", "bert/ig_riemann_trapezoid",
+                                 "lstm/smoothgrad", "plain_cnn/zennit_occlusion"])
+def test_larger_models_match_captum_and_zennit(key):
+    """A ResNet-shaped network with BatchNorm, a BERT-shaped classifier at its embeddings (LayerNorm, GELU), an
+    LSTM, and zennit's Occlusion: the written file against the stored captum / zennit result."""
+    net = key.split("/")[0]
+    method, options, arrays, ref = _golden(PARITY, key)
+    x, t = PARITY[f"{net}/x"].astype(np.float32), PARITY[f"{net}/target"].astype(np.int64)
+    feeds = {_FED[k]: v.astype(np.int64 if v.dtype.kind in "iu" else np.float32) for k, v in arrays.items()
+             if k in _FED}
+    given = {k: v.astype(np.float32) for k, v in arrays.items() if k not in _FED}
+    if method == "integrated-gradients":
+        feeds["lrp/baselines"] = given.pop("baselines")
+    if method == "gradient-shap":
+        options = {**options, "stdevs": 0.1}  # the noise is fed: an input
+    written = method_model(str(METHODS / f"{net}.onnx"), method, "lrp/baselines" in feeds, **options, **given)
+    got = _run(written, {"x": x, "lrp/target": t, **feeds})["lrp/relevance/x"]
+    assert rel_l2(got, ref) <= (2e-5 if method == "occlusion" else 1e-5)
