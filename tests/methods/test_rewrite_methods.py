@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from onnx_lrp import InputError
 from onnx_lrp.cli.main import main
 from onnx_lrp.methods import Attributor
-from onnx_lrp.methods.ingraph import method_model, save_method_model
+from onnx_lrp.methods.ingraph import METHOD_INPUTS, method_model, save_method_model
 from util import GOLDENS, assert_close, rel_l2
 
 METHODS = GOLDENS / "methods"
@@ -68,6 +68,8 @@ def test_written_model_is_captums(data, key, feeds, build):
         build = {"baselines": arrays["baselines"]}
     written = method_model(str(METHODS / f"{net}.onnx"), method, baseline_input, **options, **build)
     fed = {k: v.astype(np.float32 if v.dtype.kind == "f" else np.int64) for k, v in feeds(arrays).items()}
+    inputs = [i.name for i in onnx.load_from_string(written).graph.input]
+    assert inputs[:2] == ["x", "lrp/target"] and set(inputs[2:]) == set(fed) <= set(METHOD_INPUTS.get(method, ()))
     got = _run(written, {"x": x, "lrp/target": t, **fed})
     assert got["lrp/relevance/x"].shape == ref.shape and got["lrp/relevance/x"].dtype == np.float32
     if method == "occlusion":  # exact up to float rounding
