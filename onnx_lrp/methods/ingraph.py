@@ -26,7 +26,7 @@ IN_GRAPH = ("gradient", "gradient-x-input", "integrated-gradients", "smoothgrad"
             "gradient-shap", "grad-cam", "occlusion", "rise")
 #: the inputs a method's model may take besides the model's and lrp/target
 METHOD_INPUTS = {"integrated-gradients": ("lrp/baselines",), "smoothgrad": ("lrp/noise",), "vargrad": ("lrp/noise",),
-                 "expected-gradients": ("lrp/baselines", "lrp/baseline_indices", "lrp/alphas"),
+                 "expected-gradients": ("lrp/baselines", "lrp/baseline_indices", "lrp/alphas", "lrp/noise"),
                  "gradient-shap": ("lrp/baselines", "lrp/baseline_indices", "lrp/alphas", "lrp/noise"),
                  "rise": ("lrp/masks",)}
 

@@ -105,6 +105,8 @@ def test_rise_masks_as_input_and_as_constant():
     assert_close(got["lrp/relevance/x"], ref, rtol=1e-6)
     got, ref = _attributor_case("rise", {"masks": masks, "probability": 0.5}, {}, {})
     assert_close(got["lrp/relevance/x"], ref, rtol=1e-6)
+    got, ref = _attributor_case("rise", {"seed": 5, "n_masks": 12, "cells": 3}, {}, {})  # drawn as the Attributor
+    assert_close(got["lrp/relevance/x"], ref, rtol=1e-6)
     x, _ = _xt("cnn")  # the model's outputs at the input, the arg-max target when -1
     plain = _run(CNN, {"x": x})["y"]
     out = _run(method_model(CNN, "rise", masks=masks), {"x": x, "lrp/target": np.full(2, -1, np.int64)})
