@@ -39,10 +39,6 @@ def _checked(method: str, inputs: tuple, options: dict) -> dict:
     if wrong or (inputs and method not in ("integrated-gradients", "expected-gradients", "gradient-shap")):
         raise InputError(f"--baseline-input is for integrated-gradients, expected-gradients and gradient-shap, not "
                          f"{method}" if not wrong else f"inputs= takes 'baselines', not {wrong[0]!r}")
-    if method in ("smoothgrad", "vargrad") and options.get("base", "gradient") not in ingraph_sampled.BASES:
-        raise InputError(f"rewrite --method {method} smooths {', '.join(ingraph_sampled.BASES)}; base "
-                         f"{options['base']!r} runs through `onnx-lrp explain --method` (an LRP composite's "
-                         "SmoothGrad is not one graph yet)")
     if "baselines" in inputs and options.get("baselines") is not None:
         raise InputError("baselines are the input lrp/baselines here (--baseline-input); do not give them too")
     if "baselines" in inputs and method in ("expected-gradients", "gradient-shap"):
@@ -62,6 +58,8 @@ def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
     engine, opts = attributor.engine, attributor.options
     if method in ("occlusion", "rise"):
         return ingraph_forward.forward_model(model, engine, method, opts)
+    if attributor.base is not None and opts.base not in ingraph_sampled.BASES:  # an LRP composite's SmoothGrad
+        return ingraph_sampled.noise_tunnel_model(engine, opts)
     if getattr(engine, "packing", None) is not None or getattr(engine, "held_names", None):
         raise InputError("rewrite --method takes a model with one (float) input for now; this one has "
                          f"{len(engine.runner.inputs)}: use the Python API's Attributor")

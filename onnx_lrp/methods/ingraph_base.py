@@ -87,13 +87,13 @@ class MethodGraph:
 
 
 class GradientGraph(MethodGraph):
-    """The true-gradient relevance model's graph opened for the method: also its target and one-hot inputs and its
-    gradient output out of the way."""
+    """A relevance model's graph opened for the method (the true-gradient one, or an LRP composite's started at
+    ``one_hot`` or the logit): also its target and one-hot inputs and its relevance output out of the way."""
 
-    def __init__(self, gr: GradientRunner):
-        rm = gr.runner.relevance_model
+    def __init__(self, runner, name: str, one_hot: bool = True):
+        rm = runner.relevance_model
         model = open_model(rm.model_bytes, rm.model_folder, rm.model_arrays)
-        super().__init__(model, gr.spec.name, gr.runner.output_names, gr.runner.explained_output)
+        super().__init__(model, name, runner.output_names, runner.explained_output)
         inputs = {v.name: v for v in self.graph.inputs}
         self.old_t, self.old_one = inputs[TARGET_INPUT], inputs[ONE_HOT_INPUT]
         outputs = {v.name: v for v in self.graph.outputs}
@@ -103,7 +103,7 @@ class GradientGraph(MethodGraph):
         for v in (self.old_t, self.old_one, self.gradient, self.target_used):
             v.name = "lrp/method/was/" + v.name
         self.removed += [self.old_t, self.old_one]
-        self.old_one.replace_all_uses_with(self.em.const(np.array(True), tag="one_hot"))
+        self.old_one.replace_all_uses_with(self.em.const(np.array(one_hot), tag="one_hot"))
 
     def plain(self) -> ir.Value:
         """The graph run at the input alone: the target as given (-1: the arg-max), resolved."""
@@ -188,7 +188,7 @@ def ig_sum(w: GradientGraph, xs: ir.Value, lead: int, b: ir.Value, options) -> t
 def integrated_gradients_model(gr: GradientRunner, options, baseline_input: bool = False) -> ir.Model:
     """The model of the prediction and captum's IntegratedGradients (``options``:
     :class:`onnx_lrp.methods.options.IntegratedGradientsOptions`) in one run; see the module."""
-    w = GradientGraph(gr)
+    w = GradientGraph(gr.runner, gr.spec.name)
     with w.em.scope("method/ig"):
         b, extra = _baseline(w, options.baselines, baseline_input)
         attribution, target, n = ig_sum(w, w.x, 0, b, options)
@@ -198,7 +198,7 @@ def integrated_gradients_model(gr: GradientRunner, options, baseline_input: bool
 
 def gradient_model(gr: GradientRunner, method: str, options) -> ir.Model:
     """The model of the prediction and ``gradient`` (signed, or ``abs``) or ``gradient-x-input``."""
-    w = GradientGraph(gr)
+    w = GradientGraph(gr.runner, gr.spec.name)
     em = w.em
     with em.scope("method/" + method):
         target = w.plain()

@@ -69,7 +69,7 @@ def grad_cam_model(gr: LayerRunner, options) -> ir.Model:
     """captum's LayerGradCam + LayerAttribution.interpolate (``options``:
     :class:`onnx_lrp.methods.options.GradCamOptions`) in one graph."""
     item, layer = _layer_shape(gr)
-    w = GradientGraph(gr)
+    w = GradientGraph(gr.runner, gr.spec.name)
     em = w.em
     values = {o.name: o for node in w.graph for o in node.outputs}
     act, grad = values.get(gr.layer), w.outputs.get(RELEVANCE_PREFIX + gr.layer)

@@ -1,5 +1,5 @@
 """The sampled gradient methods in one graph (:mod:`.ingraph`): SmoothGrad / SmoothGrad-squared / VarGrad over
-``gradient``, ``gradient-x-input`` or ``integrated-gradients``, and Expected Gradients / GradientSHAP. Every sample
+``gradient``, ``gradient-x-input``, ``integrated-gradients`` or an LRP composite, and Expected Gradients / GradientSHAP. Every sample
 is a row of the true-gradient relevance model's one stacked run; the means (and the variance) are taken in float64.
 
 The random parts are graph inputs with the Attributor's names, so that a result can be reproduced: ``lrp/noise``
@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from ..core.errors import InputError
 from .gradients import GradientRunner
-from .ingraph_base import GradientGraph, constant_baseline, ig_sum
+from .ingraph_base import GradientGraph, batch_axis_free, constant_baseline, ig_sum
 from .options import make_options
 
 NOISE_INPUT, INDICES_INPUT, ALPHAS_INPUT = "lrp/noise", "lrp/baseline_indices", "lrp/alphas"
@@ -57,26 +57,39 @@ def _mean0(w: GradientGraph, v: ir.Value) -> ir.Value:
     return em.op("Div", em.op("ReduceSum", v, em.ints([0]), keepdims=0), count, tag="mean")
 
 
-def noise_tunnel_model(gr: GradientRunner, options) -> ir.Model:
+def _lrp_graph(runner) -> GradientGraph:
+    """An LRP composite's relevance model opened for SmoothGrad: one float input, one explained entry per item."""
+    rm = runner.relevance_model
+    if len(runner.inputs) != 1 or runner.inputs[0].dtype.kind != "f":
+        raise InputError(f"rewrite --method smoothgrad over a composite takes a model with one float input; this one "
+                         f"has {', '.join(s.name for s in runner.inputs)}")
+    if rm.sequence_rows is not None or rm.whole:
+        raise InputError(f"smoothgrad explains one entry per item; output {runner.explained_output!r} is a sequence "
+                         "or has no batch axis (use LRP)")
+    spec = runner.inputs[0]
+    batch_axis_free(spec.name, spec.dims)
+    return GradientGraph(runner, spec.name, one_hot=runner.options.start == "one-hot")
+
+
+def noise_tunnel_model(engine, options) -> ir.Model:
     """captum's NoiseTunnel (``options``: :class:`onnx_lrp.methods.options.NoiseTunnelOptions`) over a gradient
-    method, in one graph."""
-    if options.base not in BASES:
-        raise InputError(f"rewrite --method {options.nt_type} smooths {', '.join(BASES)}; base {options.base!r} runs "
-                         "through `onnx-lrp explain --method` (an LRP composite's SmoothGrad is not one graph yet)")
-    base = make_options(options.base, dict(options.base_options))
-    w = GradientGraph(gr)
+    method (``engine`` a :class:`GradientRunner`) or an LRP composite (``engine`` its runner: zennit's SmoothGrad
+    of a composite), in one graph."""
+    lrp = not isinstance(engine, GradientRunner)
+    base = None if lrp else make_options(options.base, dict(options.base_options))
+    w = _lrp_graph(engine) if lrp else GradientGraph(engine.runner, engine.spec.name)
     em = w.em
     with em.scope("method/noise_tunnel"):
         noise, extra = _noise(w, options.noise, options.nt_samples, options.stdevs, options.seed)
         xs = em.op("Add", em.op("Unsqueeze", w.x, em.ints([0])), noise, tag="noisy")
-        if options.base == "integrated-gradients":
+        if not lrp and options.base == "integrated-gradients":
             attr, target, n = ig_sum(w, xs, 1, constant_baseline(w, base.baselines), base)
         else:
             g, target, n = w.stacked(xs, 1)
             attr = w.double(g)
             if options.base == "gradient-x-input":
                 attr = em.op("Mul", attr, w.double(xs), tag="times_input")
-            elif base.abs:
+            elif not lrp and base.abs:
                 attr = em.op("Abs", attr, tag="abs")
         mean = _mean0(w, attr)
         out = mean
@@ -127,7 +140,7 @@ def expected_gradients_model(gr: GradientRunner, options, baseline_input: bool =
     if given:
         raise InputError(f"rewrite takes {given[0]} as the input lrp/{given[0]} (samples x N), or drawn with seed=; "
                          "do not give it as an option")
-    w = GradientGraph(gr)
+    w = GradientGraph(gr.runner, gr.spec.name)
     em = w.em
     with em.scope("method/expected_gradients"):
         background, extra = _background(w, options, baseline_input)

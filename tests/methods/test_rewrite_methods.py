@@ -169,7 +169,7 @@ def test_external_data_written_beside(tmp_path):
 @pytest.mark.parametrize("args,words", [
     (["--method", "rise", "--n-steps", "3"], "--n-steps is for --method integrated-gradients"),
     (["--method", "grad-cam", "--layer", "/conv2/Conv_output_0", "--baseline-input"], "not grad-cam"),
-    (["--method", "smoothgrad", "--base", "epsilon"], "base 'epsilon'"),
+    (["--method", "smoothgrad", "--base", "occlusion"], "base 'occlusion' cannot be smoothed"),
     (["--method", "occlusion", "--sliding-window-shapes", "1,1,1", "--memory-budget", "1"],
      "192 windows of one item"),
     (["--method", "gradient-shap", "--baseline-input", "--baselines", "0.5"], "do not give them too"),
@@ -192,10 +192,11 @@ _FED = {"noise": "lrp/noise", "baseline_indices": "lrp/baseline_indices", "alpha
 
 
 @pytest.mark.parametrize("key", ["resnet/grad_cam_1", "resnet/gradient_shap", "bert/ig_riemann_trapezoid",
-                                 "lstm/smoothgrad", "plain_cnn/zennit_occlusion"])
+                                 "lstm/smoothgrad", "plain_cnn/zennit_occlusion", "plain_cnn/zennit_smoothgrad_epf"])
 def test_larger_models_match_captum_and_zennit(key):
     """A ResNet-shaped network with BatchNorm, a BERT-shaped classifier at its embeddings (LayerNorm, GELU), an
-    LSTM, and zennit's Occlusion: the written file against the stored captum / zennit result."""
+    LSTM, and zennit's Occlusion and SmoothGrad of EpsilonPlusFlat (an LRP composite's relevance model at the noisy
+    rows): the written file against the stored captum / zennit result."""
     net = key.split("/")[0]
     method, options, arrays, ref = _golden(PARITY, key)
     x, t = PARITY[f"{net}/x"].astype(np.float32), PARITY[f"{net}/target"].astype(np.int64)
