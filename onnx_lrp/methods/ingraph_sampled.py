@@ -147,7 +147,8 @@ def expected_gradients_model(gr: GradientRunner, options, baseline_input: bool =
         idx, alphas, drawn = _draws(w, options, background)
         xs = em.op("Unsqueeze", w.x, em.ints([0]), tag="input")
         if options.noise is not None or options.stdevs > 0:
-            noise, more = _noise(w, options.noise, options.n_samples, options.stdevs, options.seed)
+            seed = None if options.seed is None else options.seed + 2  # a stream apart from the draws'
+            noise, more = _noise(w, options.noise, options.n_samples, options.stdevs, seed)
             xs, drawn = em.op("Add", xs, noise, tag="noisy"), drawn + more
         b = em.op("Gather", background, idx, axis=0, tag="baselines")
         diff = em.op("Sub", xs, b, tag="diff")
