@@ -18,8 +18,9 @@ from .signature import signature, signature_lines, suggestion
 
 @click.command("rewrite", cls=Command, sections=[
     ("Options", ["out", "output_name", "relevance_at", "computed_weights", *RULE_ROWS, *BINDING_ROWS]),
-    ("Method", [Row(METHOD_KEYS, "Gradient methods in the graph instead of LRP (docs/methods.md)."),
-                Row(("baseline_input",), "integrated-gradients: the baseline is an input, lrp/baselines.")])],
+    ("Method", [Row(METHOD_KEYS, "An attribution method in the graph instead of LRP (docs/methods.md)."),
+                Row(("baseline_input",), "integrated-gradients: the baseline; expected-gradients, gradient-shap: "
+                                         "the background set; as the input lrp/baselines.")])],
     examples=["onnx-lrp rewrite models/digits_cnn.onnx -o digits.lrp.onnx",
               "onnx-lrp rewrite resnet18.onnx -o resnet18.ig.onnx \\",
               "    --method integrated-gradients --n-steps 32"])
@@ -35,7 +36,7 @@ from .signature import signature, signature_lines, suggestion
               help="No weight copies: about the model's size.")
 @method_options
 @click.option("--baseline-input", "baseline_input", is_flag=True,
-              help="integrated-gradients: the baseline as the input lrp/baselines.")
+              help="The baseline (background set) as the input lrp/baselines.")
 def rewrite(model, out, computed_weights, baseline_input, **options):
     """Write MODEL's relevance model: one ONNX file that runs in stock onnxruntime, without onnx-lrp.
 
@@ -54,7 +55,7 @@ def rewrite(model, out, computed_weights, baseline_input, **options):
     # MODEL.lrp.onnx.data too (written with a large model): never over the model's own data files
     guard([], [("-o", out_path), ("-o's data file", out_path.with_name(out_path.name + ".data"))],
           models=[("the model", model)])
-    method, keywords = method_keywords(options)
+    method, keywords = method_keywords({**options, "baseline_input": baseline_input})
     if method is not None or baseline_input:
         return _rewrite_method(model, out_path, method, keywords, {**options, "computed_weights": computed_weights},
                                baseline_input)
@@ -82,29 +83,39 @@ def rewrite(model, out, computed_weights, baseline_input, **options):
                f"false = start from the logit){seq}")
 
 
+# what each input of a method's model holds (onnx_lrp.methods.ingraph.METHOD_INPUTS)
+_FEEDS = {"lrp/baselines": "the baseline, the input's shape", "lrp/noise": "samples x N x an item's shape",
+          "lrp/baseline_indices": "int64 samples x N, rows of lrp/baselines", "lrp/alphas": "samples x N in [0, 1]",
+          "lrp/masks": "n_masks x the masked axes"}
+
+
 def _rewrite_method(model, out_path: Path, method, keywords: dict, options: dict, baseline_input: bool) -> None:
-    """rewrite --method: one ONNX model of the prediction and a gradient method's attribution
-    (onnx_lrp.methods.ingraph)."""
+    """rewrite --method: one ONNX model of the prediction and a method's attribution (onnx_lrp.methods.ingraph);
+    OUT + OUT.data for a model with external data."""
     from onnx_lrp.core.errors import InputError
-    from onnx_lrp.methods.ingraph import BASELINES_INPUT, method_model
+    from onnx_lrp.methods.ingraph import save_method_model
 
     if method is None:
-        raise InputError("--baseline-input is for --method integrated-gradients")
+        raise InputError("--baseline-input is for --method integrated-gradients, expected-gradients or gradient-shap")
     lrp_only = [flag for flag, given in (("--relevance-at", options.get("relevance_at")),
                                          ("--composite", options.get("composite", "auto") != "auto"),
                                          ("--computed-weights", options.get("computed_weights")),
+                                         ("--constant", options.get("constants")),
+                                         ("--input-shape", options.get("input_shapes")),
                                          ("a rule parameter", rule_params(options))) if given]
     if lrp_only:
         raise InputError(f"{lrp_only[0]} is LRP's; rewrite --method {method} writes the method's graph")
-    data = method_model(model, method, baseline_input, output=options.get("output_name"), **keywords)
-    with AtomicOutputs() as w:
-        w.write_bytes(out_path, data)
-    click.echo(f"wrote {out_path} ({len(data) / 1024:.1f} KiB): method {method}" +
-               (f", {keywords['n_steps']} steps" if "n_steps" in keywords else ""))
-    feeds = "lrp/target (int64 [N], -1 = argmax)" + (f", {BASELINES_INPUT} (the input's shape)" if baseline_input
-                                                     else "")
+    inputs, large = save_method_model(model, out_path, method, baseline_input, output=options.get("output_name"),
+                                      **keywords)
+    data_path = out_path.with_name(out_path.name + ".data")
+    written = out_path.stat().st_size + (data_path.stat().st_size if large else 0)
+    click.echo(f"wrote {out_path}{f' and {data_path.name}' if large else ''} ({written / 1024:.1f} KiB): method "
+               f"{method}" + (f", {keywords['n_steps']} steps" if "n_steps" in keywords else ""))
+    what = {**_FEEDS, "lrp/baselines": "the background set, rows x an item's shape"} if method in (
+        "expected-gradients", "gradient-shap") else _FEEDS
+    feeds = ["lrp/target (int64 [N], -1 = argmax)"] + [f"{n} ({what[n]})" for n in inputs if n in what]
     click.echo(f"  outputs: the model's, lrp/relevance/<input> (the attribution), lrp/target_used; inputs to feed "
-               f"besides the model's: {feeds}")
+               f"besides the model's: {', '.join(feeds)}")
 
 
 def model_bytes_on_disk(model) -> int:

@@ -118,7 +118,7 @@ def method_keywords(options: dict) -> tuple[str | None, dict]:
             flag = _flag(next(iter(given)))
             raise InputError(f"{flag} is an option of the attribution methods; give --method (docs/methods.md)")
         return None, {}
-    _needed(method, given)
+    _needed(method, given, bool(options.get("baseline_input")))
     keywords = {}
     for k, v in given.items():
         takers = OPTION_METHODS[k]
@@ -136,10 +136,11 @@ _NEEDS = {"grad-cam": ("layer", "--layer NAME: the tensor N x C x H x W it weigh
 _NEEDS["gradient-shap"] = _NEEDS["expected-gradients"]
 
 
-def _needed(method: str, given: dict) -> None:
-    """The option ``method`` cannot run without (grad-cam's --layer, the background set), refused when missing."""
+def _needed(method: str, given: dict, baseline_input: bool = False) -> None:
+    """The option ``method`` cannot run without (grad-cam's --layer, the background set unless it is an input:
+    rewrite's --baseline-input), refused when missing."""
     need = _NEEDS.get(method)
-    if need is None:
+    if need is None or (baseline_input and need[0] == "baselines"):
         return
     key, what = need
     value = given.get(key)

@@ -1,0 +1,148 @@
+"""Occlusion and RISE in one graph (:mod:`.ingraph`): the original model's one batched forward, the input first
+and then its perturbed copies along the batch axis, and the attribution from the explained output's entries.
+
+``occlusion``: the windows' masks a constant (captum's windows, :func:`onnx_lrp.methods.occlusion.windows`), each
+window filled with the baseline, and each entry's attribution the sum of the drops of the windows that cover it over
+their count, as captum. The batch (windows per item) is refused when it would take more than ``memory_budget``.
+``rise``: the masks a constant (``masks=``, or drawn with ``seed=`` as :func:`onnx_lrp.methods.rise.draw_masks`
+draws them) or the input ``lrp/masks`` (n_masks x the masked axes); the saliency
+``sum_i f(x * M_i + b (1 - M_i)) M_i / (n_masks * probability)``, N x (1, ...) x the masked axes."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from .. import load
+from ..core.errors import InputError
+from .ingraph_base import END, MethodGraph, argmax_targets, batch_axis_free
+from .occlusion import ROW_FACTOR, windows
+from .rise import draw_masks
+
+MASKS_INPUT = "lrp/masks"
+
+
+def _opened(model, fwd) -> MethodGraph:
+    if len(fwd.names) != 1:
+        raise InputError(f"rewrite --method occlusion / rise takes a model with one input; this one has "
+                         f"{len(fwd.names)} ({', '.join(fwd.names)}): use the Python API's Attributor")
+    ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
+    w = MethodGraph(ir_model, fwd.input, [v.name for v in ir_model.graph.outputs], fwd.output)
+    batch_axis_free(w.name, list(w.old_x.shape))
+    if w.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16):
+        raise InputError(f"rewrite --method occlusion / rise perturbs a float input; {w.name!r} is {w.dtype.name} "
+                         "(token ids: use the Python API's Attributor)")
+    w.forget_shapes()
+    return w
+
+
+def _entries(w: MethodGraph, perturbed: ir.Value, lead: int) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """(the explained entry at the input (float64, N); at each perturbed row (float64, ``perturbed``'s ``lead``
+    axes x N); the targets; N): one forward of the input and ``perturbed`` stacked."""
+    em = w.em
+    shape = em.op("Shape", w.x, tag="shape")
+    n = em.op("Slice", shape, em.ints([0]), em.ints([1]), tag="n")
+    tail = em.op("Slice", shape, em.ints([1]), em.ints([END]), tag="tail")
+    flat = em.op("Reshape", perturbed, em.op("Concat", em.ints([-1]), tail, axis=0), tag="perturbed_rows")
+    w.old_x.replace_all_uses_with(em.op("Concat", w.x, flat, axis=0, tag="rows"))
+    target = argmax_targets(em, w.explained, w.t, n)
+    pshape = em.op("Shape", perturbed, tag="perturbed_shape")
+    k = em.op("ReduceProd", em.op("Slice", pshape, em.ints([0]), em.ints([lead])), keepdims=1, tag="per_item")
+    index = em.op("Unsqueeze", em.op("Concat", target, em.op("Tile", target, k), axis=0), em.ints([1]), tag="index")
+    scores = em.op("Flatten", w.explained, axis=1, tag="scores")
+    entries = em.op("Cast", em.op("GatherElements", scores, index, axis=1), to=ir.DataType.DOUBLE, tag="entries")
+    entries = em.op("Reshape", entries, em.ints([-1]), tag="entry")
+    whole = em.op("Slice", entries, em.ints([0]), n, em.ints([0]), tag="whole")
+    rest = em.op("Slice", entries, n, em.ints([END]), em.ints([0]), tag="rest")
+    lead_n = em.op("Concat", em.op("Slice", pshape, em.ints([0]), em.ints([lead])), n, axis=0, tag="lead_n")
+    return whole, em.op("Reshape", rest, lead_n, tag="perturbed_entries"), target, n
+
+
+def occlusion_model(model, fwd, options) -> ir.Model:
+    """captum's Occlusion (``options``: :class:`onnx_lrp.methods.options.OcclusionOptions`) in one graph."""
+    w = _opened(model, fwd)
+    dims = w.item_dims()
+    if None in dims:
+        raise InputError(f"rewrite --method occlusion needs the input's shape after its batch axis fixed; {w.name!r} "
+                         f"is {' x '.join(str(d) for d in ['N'] + dims)}: export the model with those sizes fixed")
+    if isinstance(options.sliding_window_shapes[0], tuple):
+        raise InputError("sliding_window_shapes: one window for the model's one input, not one per input")
+    spots = windows(tuple(dims), options.sliding_window_shapes, options.strides)
+    row = int(np.prod(dims)) * w.dtype.itemsize
+    budget = fwd.settings.memory_budget
+    if len(spots) * row * ROW_FACTOR > budget:
+        raise InputError(f"occlusion: {len(spots)} windows of one item ({len(spots) * row / 2**20:.1f} MiB of "
+                         f"rows) exceed the memory budget ({budget / 2**20:.0f} MiB, memory_budget / --memory-budget "
+                         "counts about 16x the rows); give larger strides or windows, or a larger budget")
+    masks = np.zeros((len(spots),) + tuple(dims), bool)
+    for k, spot in enumerate(spots):
+        masks[(k,) + spot] = True
+    em = w.em
+    with em.scope("method/occlusion"):
+        flat_masks = em.const(masks.reshape(len(spots), -1), tag="windows")  # one constant, two views
+        m = em.op("Reshape", flat_masks, em.ints((len(spots), 1) + tuple(dims)), tag="window_masks")
+        base = np.broadcast_to(np.asarray(options.baselines, np.float64), tuple(dims)).astype(w.dtype.numpy())
+        perturbed = em.op("Where", m, em.const(base, tag="baseline"), em.op("Unsqueeze", w.x, em.ints([0])),
+                          tag="occluded")
+        whole, parts, target, n = _entries(w, perturbed, 1)
+        drops = em.op("Sub", em.op("Unsqueeze", whole, em.ints([0])), parts, tag="drops")
+        flat = em.op("Cast", flat_masks, to=ir.DataType.DOUBLE, tag="windows64")
+        total = em.op("MatMul", em.op("Transpose", drops, perm=[1, 0]), flat, tag="total")
+        cover = em.const(masks.sum(axis=0).reshape(1, -1).astype(np.float64), tag="cover", dtype=np.float64)
+        out = em.op("Reshape", em.op("Div", total, cover, tag="mean"), em.op("Shape", w.x), tag="by_entry")
+        relevance = em.op("Cast", out, to=w.dtype, tag="attribution")
+    return w.finish(relevance, target, n)
+
+
+def _rise_masks(w: MethodGraph, options) -> tuple[ir.Value, list, int]:
+    """(the masks, n_masks x their axes; the new inputs; the masks' axes)."""
+    dims = w.item_dims()
+    masked = dims[1:] if w.rank >= 3 else dims
+    if options.masks is not None or options.seed is not None:
+        if options.masks is None and None in masked:
+            raise InputError(f"rise draws its masks over the input's fixed axes; {w.name!r} is "
+                             f"{' x '.join(str(d) for d in ['N'] + dims)}: give masks=, or feed lrp/masks")
+        masks = options.masks if options.masks is not None else draw_masks(tuple(masked), options)
+        tail = masks.shape[1:]
+        if len(tail) > w.rank - 1 or any(d is not None and t != d for t, d in zip(tail[::-1], dims[::-1])):
+            raise InputError(f"masks have shape {' x '.join(map(str, masks.shape))}; give n_masks x the input's "
+                             f"trailing axes (e.g. n_masks x {' x '.join(str(d) for d in masked)})")
+        return w.em.const(np.asarray(masks, np.float64), tag="masks", dtype=np.float64), [], len(tail)
+    v = w.input(MASKS_INPUT, w.dtype, ["n_masks", *[d if d is not None else f"m{i}" for i, d in
+                                                    enumerate(masked, 1)]])
+    return w.em.op("Cast", v, to=ir.DataType.DOUBLE, tag="masks"), [v], len(masked)
+
+
+def rise_model(model, fwd, options) -> ir.Model:
+    """RISE (``options``: :class:`onnx_lrp.methods.options.RiseOptions`) in one graph."""
+    w = _opened(model, fwd)
+    em = w.em
+    with em.scope("method/rise"):
+        masks, extra, axes = _rise_masks(w, options)
+        lead = w.rank - 1 - axes
+        mshape = em.op("Shape", masks, tag="masks_shape")
+        count = em.op("Slice", mshape, em.ints([0]), em.ints([1]), tag="count")
+        m = em.op("Reshape", masks, em.op("Concat", count, em.ints([1] * (lead + 1)),
+                                          em.op("Slice", mshape, em.ints([1]), em.ints([END])), axis=0), tag="m")
+        item = tuple(d if d is not None else 1 for d in w.item_dims())
+        base = np.asarray(options.baselines, np.float64)
+        b = em.const(base if base.ndim == 0 else np.broadcast_to(base, item), tag="baseline", dtype=np.float64)
+        xd = em.op("Unsqueeze", em.op("Cast", w.x, to=ir.DataType.DOUBLE), em.ints([0]), tag="x64")
+        keep = em.op("Sub", em.const(np.array(1.0), dtype=np.float64, tag="one"), m, tag="dropped")
+        rows = em.op("Add", em.op("Mul", xd, m), em.op("Mul", b, keep), tag="masked64")
+        _, scores, target, n = _entries(w, em.op("Cast", rows, to=w.dtype, tag="masked"), 1)
+        flat = em.op("Reshape", masks, em.op("Concat", count, em.ints([-1]), axis=0), tag="masks_flat")
+        total = em.op("MatMul", em.op("Transpose", scores, perm=[1, 0]), flat, tag="total")
+        scale = em.op("Mul", em.op("Cast", count, to=ir.DataType.DOUBLE),
+                      em.const(np.array([options.probability]), dtype=np.float64, tag="probability"), tag="scale")
+        out_shape = em.op("Concat", n, em.ints([1] * lead), em.op("Slice", mshape, em.ints([1]), em.ints([END])),
+                          axis=0, tag="out_shape")
+        out = em.op("Reshape", em.op("Div", total, scale, tag="saliency"), out_shape, tag="by_entry")
+        relevance = em.op("Cast", out, to=w.dtype, tag="attribution")
+    return w.finish(relevance, target, n, extra)
+
+
+def forward_model(model, fwd, method: str, options) -> ir.Model:
+    return occlusion_model(model, fwd, options) if method == "occlusion" else rise_model(model, fwd, options)
+
+
+__all__ = ["occlusion_model", "rise_model", "forward_model", "MASKS_INPUT"]
