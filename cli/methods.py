@@ -65,7 +65,8 @@ def method_options(f):
                      help="integrated-gradients, occlusion, rise: the baseline, a number or an .npy (default 0); "
                           "expected-gradients, gradient-shap: the background set, an .npy (n x an item's shape)."),
         click.option("--sliding-window-shapes", "sliding_window_shapes", default=None, metavar="A,B,..",
-                     help="occlusion: the window, one size per input axis after the batch."),
+                     help="occlusion: the window, one size per input axis after the batch (several inputs: "
+                          "one window each, separated by ';')."),
         click.option("--strides", default=None, metavar="S[,S..]", help="occlusion: the window's step (default 1)."),
         click.option("--abs", "abs", is_flag=True, default=None, help="gradient: its magnitude."),
         click.option("--relu-attributions", "relu_attributions", is_flag=True, default=None,
@@ -101,8 +102,16 @@ def _baselines(text: str):
         raise InputError(f"--baselines {text}: cannot read it as an .npy array ({exc})") from None
 
 
-_PARSE = {"sliding_window_shapes": lambda v: _ints(v, "--sliding-window-shapes"),
-          "strides": lambda v: (lambda t: t[0] if len(t) == 1 else t)(_ints(v, "--strides")),
+def _per_input_ints(text: str, flag: str, one=None):
+    """Integers separated by commas; several inputs: one group per input, separated by ';' (2;1,3)."""
+    if ";" in str(text):
+        return tuple(_ints(part, flag) for part in str(text).split(";"))
+    vals = _ints(text, flag)
+    return one(vals) if one is not None else vals
+
+
+_PARSE = {"sliding_window_shapes": lambda v: _per_input_ints(v, "--sliding-window-shapes"),
+          "strides": lambda v: _per_input_ints(v, "--strides", lambda t: t[0] if len(t) == 1 else t),
           "baselines": _baselines, "memory_budget": lambda v: int(v) * 2**20}
 
 
