@@ -4,11 +4,12 @@ Explainer's face. :class:`MethodExplainer` answers ``explain(x, target)`` with a
 outputs, the explained target and value, as LRP's Explanation holds them; it names the inputs, the explained output
 and the device as an LRP Explainer does, so that the command line runs either.
 
-Every method of :data:`onnx_lrp.methods.METHODS` runs here (a model with several inputs: a dict by input name or a
-tuple in the model's order in, a relevance per attributed input out, as LRP's; integer inputs held): ``grad-cam`` (``layer=`` a tensor N x C x spatial
+Every method of :data:`onnx_lrp.methods.METHODS` runs here: ``grad-cam`` (``layer=`` a tensor N x C x spatial
 axes) and ``rise`` give their maps N x 1 x the input's spatial axes (as captum's LayerGradCam), the others an
 attribution in the input's shape; ``expected-gradients`` / ``gradient-shap`` take their background set as
-``baselines=``."""
+``baselines=``. A model with several inputs takes a dict by input name (or a tuple in the model's order) and gives a
+relevance per attributed input by name, as LRP's Explanation: the float inputs (occlusion: every input); integer
+inputs (token ids, masks) are fed as given (:attr:`MethodExplainer.held_inputs`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
