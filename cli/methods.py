@@ -15,7 +15,7 @@ OPTION_METHODS = {
     "memory_budget": None,  # every method (None: not LRP)
     "n_steps": _IG, "integration": _IG, "baselines": _IG + ("occlusion", "rise") + _SHAP,
     "nt_type": ("smoothgrad",), "nt_samples": _NT, "stdevs": _NT + ("gradient-shap",),
-    "seed": _NT + _SHAP + ("rise",), "base": _NT,
+    "seed": _NT + _SHAP + ("rise",), "base": _NT + _IG,
     "sliding_window_shapes": ("occlusion",), "strides": ("occlusion",), "abs": ("gradient",),
     "n_samples": _SHAP, "layer": ("grad-cam",), "relu_attributions": ("grad-cam",),
     "n_masks": ("rise",), "probability": ("rise",),
@@ -39,7 +39,8 @@ def method_options(f):
                      help="lrp (default), a composite, gradient, gradient-x-input, integrated-gradients, smoothgrad, "
                           "vargrad, expected-gradients, gradient-shap, grad-cam, occlusion, rise (docs/methods.md)."),
         click.option("--base", default=None, metavar="NAME",
-                     help="smoothgrad, vargrad: the smoothed method or composite (default gradient)."),
+                     help="smoothgrad, vargrad: the smoothed method or composite (default gradient); "
+                          "integrated-gradients: a composite whose modified gradient is integrated."),
         click.option("--layer", default=None, metavar="NAME",
                      help="grad-cam: the tensor N x C x H x W it weighs (e.g. the last convolution block's output)."),
         click.option("--integration", default=None, metavar="NAME",
