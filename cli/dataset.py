@@ -124,8 +124,6 @@ def _explaining(model, options: dict, setup) -> dict:
     method, keywords = method_keywords(options)
     if method is None:
         return setup.keywords()
-    if (options.get("engine") or "local") != "local":
-        raise InputError(f"--method {method} runs on the local engine (--engine local)")
     ex = method_explainer(model, method, keywords, output=options.get("output_name"), device=options.get("device"))
     return dict(explainer=ex, method=method, **keywords)
 

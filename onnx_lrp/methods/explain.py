@@ -60,6 +60,7 @@ class MethodExplainer:
         from ..io.model_folder import resolve_model_folder
         from . import Attributor
 
+        self._given = dict(options)  # the method's options and settings as given (payload())
         if device is not None:
             options["device"] = device
         self.attributor = Attributor(model, method, **options)
@@ -142,6 +143,15 @@ class MethodExplainer:
         outs = self.attributor.engine.session.session.get_outputs()
         dims = next((o.shape[1:] for o in outs if o.name == self.explained_output and o.shape), None)
         return int(np.prod(dims)) if dims and all(isinstance(d, int) for d in dims) else None
+
+    def payload(self) -> "MethodPayload":
+        """What builds the same explainer in another process (a Ray actor of the dataset engine): the model as that
+        process reads it (a path, or bytes), the method and its options."""
+        if self._source is None:
+            raise InputError(f"method {self.method!r} on Ray builds the model again in each worker: give it as a file "
+                             "path or bytes (onnx.save it), not an in-memory model")
+        options = {k: v for k, v in self._given.items() if k not in ("device", "threads")}
+        return MethodPayload(self._source, self.method, options)
 
     def __repr__(self) -> str:
         return f"MethodExplainer(method={self.method!r}, device={self.device!r}, explained_output=" \
@@ -251,6 +261,21 @@ class MethodExplainer:
         return res.without_batch_axis() if bare else res
 
 
+@dataclass(frozen=True)
+class MethodPayload:
+    """A method explainer as plain data (:meth:`MethodExplainer.payload`): ``explainer(device, threads)`` builds it
+    again (the model loaded and the method's graph built in that process)."""
+
+    model: object  # a path or bytes
+    method: str
+    options: dict
+    kind = "method"  # what onnx_lrp.dataset.ray tells it from an LRP payload by
+
+    def explainer(self, device: str | None = None, threads: int | None = None) -> MethodExplainer:
+        extra = {} if threads is None else {"threads": threads}
+        return MethodExplainer(self.model, self.method, device, **self.options, **extra)
+
+
 #: ops whose output grad-cam's default layer is never (no activation of their own, or not float)
 _NOT_LAYERS = {"Constant", "Shape", "Size", "Cast", "ConstantOfShape", "Range", "Unsqueeze", "Squeeze", "Reshape",
                "Gather", "Concat", "Slice", "Identity"}
@@ -290,4 +315,4 @@ def _spatial(a, rank: int) -> bool:
         int(np.prod(a.shape[2:])) > 1
 
 
-__all__ = ["MethodExplainer", "is_method", "LRP", "spatial_tensors"]
+__all__ = ["MethodExplainer", "MethodPayload", "is_method", "LRP", "spatial_tensors"]
