@@ -161,6 +161,9 @@ def method_model(model, method: str, baseline_input: bool = False, **options) ->
                          "`onnx-lrp explain --method` (its stacked runs are not one graph yet)")
     if baseline_input and method != "integrated-gradients":
         raise InputError(f"--baseline-input is for integrated-gradients, not {method}")
+    if options.get("base", "gradient") != "gradient":
+        raise InputError(f"rewrite --method {method} writes the true gradient into the graph; over composite "
+                         f"{options['base']!r} it runs through `onnx-lrp explain --method` (not one graph yet)")
     attributor = Attributor(model, method, **options)
     if method == "integrated-gradients":
         return integrated_gradients_model(attributor.engine, attributor.options, baseline_input)

@@ -80,3 +80,10 @@ def test_several_inputs_over_a_composite_are_refused_naming_them():
     u, v = np.zeros((1, 4), np.float32), np.zeros((1, 2, 5), np.float32)
     with pytest.raises(InputError, match=r"one input; this one has 2 \(u, v\): use base='gradient'"):
         attr.attribute({"u": u, "v": v}, 0)
+
+
+def test_rewrite_refuses_ig_over_a_composite(tmp_path):
+    """The in-graph IG is the true gradient's: over a composite it is refused in one line, nothing written."""
+    r = cli("rewrite", MODEL, "-o", tmp_path / "ig.onnx", "--method", "integrated-gradients", "--base", "epsilon")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "over composite 'epsilon'" in r.stderr, r.stderr
+    assert not (tmp_path / "ig.onnx").exists()
