@@ -171,6 +171,20 @@ def with_lrp_method(options: dict) -> dict:
     return {**options, "composite": method}
 
 
+def with_base_params(method: str, keywords: dict, params: dict) -> dict:
+    """The rule parameters given (--epsilon, --low/--high, ...) as ``base_options`` of a method over a composite
+    (``--base COMPOSITE``: integrated-gradients, smoothgrad, vargrad); refused for any other method."""
+    from onnx_lrp.methods.explain import is_method
+
+    if not params:
+        return keywords
+    base = keywords.get("base")
+    if base is None or is_method(base):
+        raise InputError(f"a rule parameter ({', '.join(params)}) is LRP's; --method {method} takes one only over a "
+                         "composite (--base COMPOSITE)")
+    return {**keywords, "base_options": dict(params)}
+
+
 def method_explainer(model, method: str, keywords: dict, *, output=None, device=None, threads=None):
     """``onnx_lrp.Explainer(model, method=method, **keywords)`` with the run's output, device and threads."""
     import onnx_lrp
@@ -219,4 +233,5 @@ def snapshot_keywords(baseline, meta: dict) -> tuple[str | None, dict]:
     return entry["name"], keywords
 
 
-__all__ = ["snapshot_method", "snapshot_keywords", "METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer"]
+__all__ = ["snapshot_method", "snapshot_keywords", "METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer",
+           "with_base_params"]

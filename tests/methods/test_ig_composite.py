@@ -53,6 +53,17 @@ def test_the_explainer_and_the_cli_give_the_same(tmp_path, attributors):
     assert r.exit_code == 0, r.output
     with np.load(tmp_path / "r.npz") as z:
         np.testing.assert_allclose(z["relevance"], want, rtol=1e-6, atol=np.abs(want).max() * 1e-6)
+    # the composite's rule parameters (--low/--high of EpsilonGammaBox) go to the base on the command line
+    r = cli("explain", MODEL, tmp_path / "x.npy", "--method", "integrated-gradients", "--base", "epsilon-gamma-box",
+            "--low", "-3", "--high", "3", "--n-steps", "8", "--integration", "riemann_right", "--target", "4,1",
+            "-o", tmp_path / "b.npz")
+    assert r.exit_code == 0, r.output
+    with np.load(tmp_path / "b.npz") as z:
+        assert rel_l2(z["relevance"], GOLD["egb/ref"]) <= max(1e-5, 3 * INDEX["egb"]["f32_vs_f64"])
+    r = cli("explain", MODEL, tmp_path / "x.npy", "--method", "integrated-gradients", "--epsilon", "0.1",
+            "-o", tmp_path / "c.npz")
+    assert r.exit_code == 2 and "takes one only over a composite (--base COMPOSITE)" in r.stderr, r.stderr
+    assert not (tmp_path / "c.npz").exists()
 
 
 def test_chunked_runs_and_argmax_targets_give_the_same(attributors):
