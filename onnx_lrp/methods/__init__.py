@@ -2,8 +2,9 @@
 ``gradient-x-input``, ``integrated-gradients``, ``smoothgrad`` / ``vargrad``, ``expected-gradients`` /
 ``gradient-shap`` (:mod:`.expected`), ``grad-cam`` at a named tensor (:mod:`.gradcam`)) as the true-gradient
 relevance graph run at stacked inputs (:mod:`.gradients`), and ``occlusion`` and ``rise`` (:mod:`.rise`) as batched
-forwards of the original model (:mod:`.occlusion`). Options take captum's names; each method's options are one
-frozen dataclass (:mod:`.options`).
+forwards of the original model (:mod:`.occlusion`); ``integrated-gradients`` and ``smoothgrad`` with ``base=`` an LRP
+composite run its relevance model instead (:func:`.integration.integrated_relevance`, :mod:`.noise`). Options take
+captum's names; each method's options are one frozen dataclass (:mod:`.options`).
 
     attribute(model, x, method="integrated-gradients", target=3, n_steps=32, baselines=0.0)
 
@@ -150,7 +151,7 @@ def attribute(model, x, method: str = "integrated-gradients", target=None, **opt
     """The attribution of ``target`` for ``x`` by ``method`` (one of :data:`METHODS`) with its options (captum's
     names: ``n_steps``, ``baselines``, ``integration``, ``nt_type``, ``nt_samples``, ``stdevs``, ``noise``, ``seed``,
     ``base``, ``sliding_window_shapes``, ``strides``, ``abs``, ``n_samples``, ``layer``, ``relu_attributions``;
-    and ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``, ``cells``, ``masks``)
+    and ``base_options``, ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``, ``cells``, ``masks``)
     and the run settings (``output``, ``device``, ``threads``, ``internal_batch_size``, ``memory_budget``): an array
     of ``x``'s shape."""
     return Attributor(model, method, **options).attribute(x, target)
