@@ -151,7 +151,8 @@ def attribute(model, x, method: str = "integrated-gradients", target=None, **opt
     """The attribution of ``target`` for ``x`` by ``method`` (one of :data:`METHODS`) with its options (captum's
     names: ``n_steps``, ``baselines``, ``integration``, ``nt_type``, ``nt_samples``, ``stdevs``, ``noise``, ``seed``,
     ``base``, ``sliding_window_shapes``, ``strides``, ``abs``, ``n_samples``, ``layer``, ``relu_attributions``;
-    and ``base_options``, ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``, ``cells``, ``masks``)
+    and ``base_options``, ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``,
+    ``cells``, ``masks``)
     and the run settings (``output``, ``device``, ``threads``, ``internal_batch_size``, ``memory_budget``): an array
     of ``x``'s shape."""
     return Attributor(model, method, **options).attribute(x, target)
