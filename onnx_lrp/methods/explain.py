@@ -8,8 +8,9 @@ Every method of :data:`onnx_lrp.methods.METHODS` runs here: ``grad-cam`` (``laye
 axes) and ``rise`` give their maps N x 1 x the input's spatial axes (as captum's LayerGradCam), the others an
 attribution in the input's shape; ``expected-gradients`` / ``gradient-shap`` take their background set as
 ``baselines=``. A model with several inputs takes a dict by input name (or a tuple in the model's order) and gives a
-relevance per attributed input by name, as LRP's Explanation: the float inputs (occlusion: every input); integer
-inputs (token ids, masks) are fed as given (:attr:`MethodExplainer.held_inputs`)."""
+relevance per attributed input by name (one attributed input: its array), as LRP's Explanation: the float inputs
+(occlusion: every input); integer inputs (token ids, masks) are fed as given (:attr:`MethodExplainer.held_inputs`).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -251,6 +252,8 @@ class MethodExplainer:
         n = len(np.asarray(targets).reshape(-1))
         explained = np.asarray(outputs[self.explained_output]).reshape(n, -1)
         value = explained[np.arange(n), targets]
+        if isinstance(relevance, dict) and len(relevance) == 1:  # one attributed input: its array, as LRP's
+            relevance = next(iter(relevance.values()))
         relevance = {k: np.asarray(v) for k, v in relevance.items()} if isinstance(relevance, dict) else \
             np.asarray(relevance)
         res = Explanation(relevance=relevance, outputs=outputs, target=targets,

@@ -126,7 +126,25 @@ def test_integer_inputs_are_held_not_attributed(method):
         onnx_lrp.Explainer(model, method=method)
     assert ex.relevance_inputs == ["x"] and ex.held_inputs == ["m"]
     res = ex.explain({"x": x, "m": m}, target=t)
-    assert sorted(res.relevance) == ["x"]
+    lrp = onnx_lrp.Explainer(model).explain({"x": x, "m": m}, target=t)
+    assert isinstance(res.relevance, np.ndarray) and isinstance(lrp.relevance, np.ndarray)  # one input: as LRP's
     grad = w[:, t].T * m  # the gradient of y[t] w.r.t. x; the model is linear in x: IG from 0 is gradient x input
     want = grad if method == "gradient" else grad * x
-    np.testing.assert_allclose(res.relevance["x"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res.relevance, want, rtol=1e-5, atol=1e-6)
+    assert sorted(res.inputs) == ["m", "x"] and np.array_equal(res.inputs["m"], m)
+
+
+def test_cli_with_a_held_mask_writes_what_lrp_writes(tmp_path):
+    """A float input and an integer mask: the .npz holds the same arrays by name as LRP's (one relevance)."""
+    model, w = _masked_linear()
+    (tmp_path / "m.onnx").write_bytes(model)
+    x = np.random.default_rng(7).normal(size=(2, 4)).astype(np.float32)
+    m = np.array([[1, 0, 1, 1], [1, 1, 0, 1]], np.int64)
+    np.savez(tmp_path / "xm.npz", x=x, m=m)
+    for name, flags in (("lrp", []), ("grad", ["--method", "gradient"])):
+        r = cli("explain", tmp_path / "m.onnx", tmp_path / "xm.npz", "--target", "2", "-o", tmp_path / f"{name}.npz",
+                *flags)
+        assert r.exit_code == 0, r.output
+    with np.load(tmp_path / "lrp.npz") as a, np.load(tmp_path / "grad.npz") as b:
+        assert sorted(a.files) == sorted(b.files) and "relevance" in b.files
+        np.testing.assert_allclose(b["relevance"], np.broadcast_to(w[:, 2], x.shape) * m, rtol=1e-5, atol=1e-6)
