@@ -11,9 +11,8 @@ import pytest
 from onnx_lrp import explain_dataset
 from onnx_lrp.dataset import read_shards
 from onnx_lrp.dataset.shards import MANIFEST
-from util import GOLDENS, ROOT, cli
+from util import GOLDENS, cli
 
-DIGITS = ROOT / "models" / "digits_cnn.onnx"
 TWO = GOLDENS / "methods" / "two_inputs.onnx"
 
 
@@ -43,23 +42,17 @@ def _same_shards(a, b):
 
 
 def test_ray_engine_with_a_method_writes_what_the_local_engine_writes(tmp_path, ray_cluster):
-    x = np.load(ROOT / "models" / "samples" / "batch.npy")[:7].astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    options = dict(method="integrated-gradients", n_steps=4, baselines=0.1, shard_size=3, batch_size=2)
-    s = explain_dataset(DIGITS, tmp_path / "x.npy", tmp_path / "ray", engine="ray", workers=1, **options)
-    assert (s["explained"], s["failed"], s["shards_written"]) == (7, 0, 3)
-    explain_dataset(DIGITS, tmp_path / "x.npy", tmp_path / "local", **options)
-    _same_shards(tmp_path / "ray", tmp_path / "local")
-
-
-def test_cli_ray_engine_with_a_method_on_two_inputs(tmp_path, ray_cluster):
+    """Ray through the API, the local engine through the command line: integrated-gradients on a model with two
+    inputs (a relevance per input), three shards."""
     rng = np.random.default_rng(3)
     np.savez(tmp_path / "uv.npz", u=rng.normal(size=(5, 4)).astype(np.float32),
              v=rng.normal(size=(5, 2, 5)).astype(np.float32))
-    for engine in ("ray", "local"):
-        r = cli("explain", TWO, tmp_path / "uv.npz", "--out-dir", tmp_path / engine, "--engine", engine,
-                "--method", "gradient-x-input", "--shard-size", "2", "--target", "1",
-                *(["--workers", "1"] if engine == "ray" else []))
-        assert r.exit_code == 0, r.output
+    s = explain_dataset(str(TWO), tmp_path / "uv.npz", tmp_path / "ray", engine="ray", workers=1, shard_size=2,
+                        target=1, method="integrated-gradients", n_steps=4, baselines=0.1)
+    assert (s["explained"], s["failed"], s["shards_written"]) == (5, 0, 3)
+    r = cli("explain", TWO, tmp_path / "uv.npz", "--out-dir", tmp_path / "local", "--method", "integrated-gradients",
+            "--n-steps", "4", "--baselines", "0.1", "--shard-size", "2", "--target", "1")
+    assert r.exit_code == 0, r.output
     assert {"relevance/u", "relevance/v"} <= set(read_shards(tmp_path / "ray"))
     _same_shards(tmp_path / "ray", tmp_path / "local")
+
