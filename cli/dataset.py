@@ -12,7 +12,7 @@ from onnx_lrp.core.errors import InputError
 from onnx_lrp.io.inputs import stored_dtypes
 from onnx_lrp.io.kinds import ARRAY_KINDS, KINDS, Kind, is_kind, kind_of
 
-from .methods import method_explainer, method_keywords, with_lrp_method
+from .methods import method_explainer, method_keywords, with_base_params, with_lrp_method
 from .options import explainer_setup, preprocess
 
 
@@ -124,8 +124,7 @@ def _explaining(model, options: dict, setup) -> dict:
     method, keywords = method_keywords(options)
     if method is None:
         return setup.keywords()
-    if (options.get("engine") or "local") != "local":
-        raise InputError(f"--method {method} runs on the local engine (--engine local)")
+    keywords = with_base_params(method, keywords, setup.params)  # --base COMPOSITE: its rule parameters
     ex = method_explainer(model, method, keywords, output=options.get("output_name"), device=options.get("device"))
     return dict(explainer=ex, method=method, **keywords)
 

@@ -25,7 +25,8 @@ from .class_targets import parse_target, resolve_named, target_option
 from .dataset import DATASET_KEYS, dataset_mode, dataset_options, run_dataset
 from .helpfmt import Command, Row
 from .io import AtomicOutputs, check_writable, guard
-from .methods import METHOD_KEYS, method_explainer, method_keywords, method_options, with_lrp_method
+from .methods import (METHOD_KEYS, method_explainer, method_keywords, method_options, with_base_params,
+                      with_lrp_method)
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, common, device_note, explainer_setup, input_options,
                       precision_note, uses_tf32)
 from .text import TEXT_KEYS, run_text, text_mode, text_options
@@ -329,11 +330,11 @@ def _explainer(o: ExplainOptions, setup):
         return setup.explainer(o.model)
     refused = [flag for flag, given in (("--relevance-at", o.relevance_at), ("--position", o.position),
                                         ("--start one-hot", o.start != "logit"),
-                                        ("--composite", o.options.get("composite", "auto") != "auto"),
-                                        ("a rule parameter (" + ", ".join(setup.params) + ")", setup.params))
+                                        ("--composite", o.options.get("composite", "auto") != "auto"))
                if given]
     if refused:
         raise InputError(f"{refused[0]} is LRP's; --method {method} explains the output entry itself")
+    keywords = with_base_params(method, keywords, setup.params)  # --base COMPOSITE: its rule parameters
     return method_explainer(o.model, method, keywords, output=o.output_name, device=o.device)
 
 

@@ -15,7 +15,7 @@ OPTION_METHODS = {
     "memory_budget": None,  # every method (None: not LRP)
     "n_steps": _IG, "integration": _IG, "baselines": _IG + ("occlusion", "rise") + _SHAP,
     "nt_type": ("smoothgrad",), "nt_samples": _NT, "stdevs": _NT + ("gradient-shap",),
-    "seed": _NT + _SHAP + ("rise",), "base": _NT,
+    "seed": _NT + _SHAP + ("rise",), "base": _NT + _IG,
     "sliding_window_shapes": ("occlusion",), "strides": ("occlusion",), "abs": ("gradient",),
     "n_samples": _SHAP, "layer": ("grad-cam",), "relu_attributions": ("grad-cam",),
     "n_masks": ("rise",), "probability": ("rise",),
@@ -39,7 +39,8 @@ def method_options(f):
                      help="lrp (default), a composite, gradient, gradient-x-input, integrated-gradients, smoothgrad, "
                           "vargrad, expected-gradients, gradient-shap, grad-cam, occlusion, rise (docs/methods.md)."),
         click.option("--base", default=None, metavar="NAME",
-                     help="smoothgrad, vargrad: the smoothed method or composite (default gradient)."),
+                     help="smoothgrad, vargrad: the smoothed method or composite (default gradient); "
+                          "integrated-gradients: a composite whose modified gradient is integrated."),
         click.option("--layer", default=None, metavar="NAME",
                      help="grad-cam: the tensor N x C x H x W it weighs (e.g. the last convolution block's output)."),
         click.option("--integration", default=None, metavar="NAME",
@@ -65,7 +66,8 @@ def method_options(f):
                      help="integrated-gradients, occlusion, rise: the baseline, a number or an .npy (default 0); "
                           "expected-gradients, gradient-shap: the background set, an .npy (n x an item's shape)."),
         click.option("--sliding-window-shapes", "sliding_window_shapes", default=None, metavar="A,B,..",
-                     help="occlusion: the window, one size per input axis after the batch."),
+                     help="occlusion: the window, one size per input axis after the batch (several inputs: "
+                          "one window each, separated by ';')."),
         click.option("--strides", default=None, metavar="S[,S..]", help="occlusion: the window's step (default 1)."),
         click.option("--abs", "abs", is_flag=True, default=None, help="gradient: its magnitude."),
         click.option("--relu-attributions", "relu_attributions", is_flag=True, default=None,
@@ -101,8 +103,16 @@ def _baselines(text: str):
         raise InputError(f"--baselines {text}: cannot read it as an .npy array ({exc})") from None
 
 
-_PARSE = {"sliding_window_shapes": lambda v: _ints(v, "--sliding-window-shapes"),
-          "strides": lambda v: (lambda t: t[0] if len(t) == 1 else t)(_ints(v, "--strides")),
+def _per_input_ints(text: str, flag: str, one=None):
+    """Integers separated by commas; several inputs: one group per input, separated by ';' (2;1,3)."""
+    if ";" in str(text):
+        return tuple(_ints(part, flag) for part in str(text).split(";"))
+    vals = _ints(text, flag)
+    return one(vals) if one is not None else vals
+
+
+_PARSE = {"sliding_window_shapes": lambda v: _per_input_ints(v, "--sliding-window-shapes"),
+          "strides": lambda v: _per_input_ints(v, "--strides", lambda t: t[0] if len(t) == 1 else t),
           "baselines": _baselines, "memory_budget": lambda v: int(v) * 2**20}
 
 
@@ -162,6 +172,20 @@ def with_lrp_method(options: dict) -> dict:
     return {**options, "composite": method}
 
 
+def with_base_params(method: str, keywords: dict, params: dict) -> dict:
+    """The rule parameters given (--epsilon, --low/--high, ...) as ``base_options`` of a method over a composite
+    (``--base COMPOSITE``: integrated-gradients, smoothgrad, vargrad); refused for any other method."""
+    from onnx_lrp.methods.explain import is_method
+
+    if not params:
+        return keywords
+    base = keywords.get("base")
+    if base is None or is_method(base):
+        raise InputError(f"a rule parameter ({', '.join(params)}) is LRP's; --method {method} takes one only over a "
+                         "composite (--base COMPOSITE)")
+    return {**keywords, "base_options": dict(params)}
+
+
 def method_explainer(model, method: str, keywords: dict, *, output=None, device=None, threads=None):
     """``onnx_lrp.Explainer(model, method=method, **keywords)`` with the run's output, device and threads."""
     import onnx_lrp
@@ -210,4 +234,5 @@ def snapshot_keywords(baseline, meta: dict) -> tuple[str | None, dict]:
     return entry["name"], keywords
 
 
-__all__ = ["snapshot_method", "snapshot_keywords", "METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer"]
+__all__ = ["snapshot_method", "snapshot_keywords", "METHOD_KEYS", "OPTION_METHODS", "method_options", "method_keywords", "with_lrp_method", "method_explainer",
+           "with_base_params"]

@@ -125,9 +125,6 @@ def explain_dataset(model, source, out_dir, engine: str = "local", *, batch_size
         from ..run.launch import ExplainOptions, runner  # the loader and the rewriter: in the driver only
 
         explainer = runner(model, ExplainOptions.from_keywords(**_lrp_keywords(explainer_options)))
-    if _is_method(getattr(explainer, "method", None)) and engine != "local":
-        raise InputError(f"method {explainer.method!r} runs on the local engine (--engine local); Ray's actors "
-                         "run LRP's relevance model")
     return _run(model, source, Path(out_dir), options, (explainer, explainer_options), target)
 
 

@@ -8,6 +8,10 @@ the ``engine="ray"`` of `onnx_lrp.explain_dataset`.
                          compute=ray.data.ActorPoolStrategy(size=4), batch_size=64)
     # on GPU nodes: num_gpus=1 and fn_constructor_kwargs={"relevance_model": ref, "device": "cuda"}
 
+An attribution method beyond LRP (``explain_dataset(..., engine="ray", method=M)``) travels as its
+`onnx_lrp.methods.explain.MethodPayload` (the model's path or bytes, the method and its options): each actor builds
+the method's explainer from it (loading the model and building the method's graph there).
+
 This module is ``onnx_lrp.dataset.ray`` (public as ``onnx_lrp.ray``); of the dataset package it imports only
 `onnx_lrp.dataset.shards` (the shard task). Every import below is absolute, so ``import ray`` is always the real
 Ray.
@@ -58,6 +62,8 @@ def _explainer(model, relevance_model, device, threads, explainer_options):
         ray = require_ray()
         if isinstance(payload, ray.ObjectRef):
             payload = ray.get(payload)
+        if getattr(payload, "kind", None) == "method":  # an attribution method: built in the actor
+            return payload.explainer(device, threads)
         return Runner.from_payload(payload, device, threads)
     if model is None:
         raise InputError("ExplainBatch needs model= (an ONNX file) or relevance_model= (from "

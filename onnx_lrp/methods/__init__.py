@@ -2,8 +2,9 @@
 ``gradient-x-input``, ``integrated-gradients``, ``smoothgrad`` / ``vargrad``, ``expected-gradients`` /
 ``gradient-shap`` (:mod:`.expected`), ``grad-cam`` at a named tensor (:mod:`.gradcam`)) as the true-gradient
 relevance graph run at stacked inputs (:mod:`.gradients`), and ``occlusion`` and ``rise`` (:mod:`.rise`) as batched
-forwards of the original model (:mod:`.occlusion`). Options take captum's names; each method's options are one
-frozen dataclass (:mod:`.options`).
+forwards of the original model (:mod:`.occlusion`); ``integrated-gradients`` and ``smoothgrad`` with ``base=`` an LRP
+composite run its relevance model instead (:func:`.integration.integrated_relevance`, :mod:`.noise`). Options take
+captum's names; each method's options are one frozen dataclass (:mod:`.options`).
 
     attribute(model, x, method="integrated-gradients", target=3, n_steps=32, baselines=0.0)
 
@@ -12,11 +13,13 @@ as captum's LayerGradCam); for a model with several float inputs the gradient me
 dict by input name), as captum."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, LrpWarning
 from ..run import launch
-from . import expected, gradcam, gradients, noise, occlusion, rise
+from . import expected, gradcam, gradients, integration, noise, occlusion, rise
 from .options import (OPTIONS, ExpectedGradientsOptions, GradCamOptions, GradientOptions, InputXGradientOptions,
                       IntegratedGradientsOptions, NoiseTunnelOptions, OcclusionOptions, RiseOptions, RunSettings,
                       make_options)
@@ -28,6 +31,14 @@ GRADIENT_METHODS = {"gradient": gradients.gradient, "gradient-x-input": gradient
 RUNNER_METHODS = {**GRADIENT_METHODS, "grad-cam": gradcam.grad_cam}  # run on self.engine, a GradientRunner
 FORWARD_METHODS = {"occlusion": occlusion.occlusion, "rise": rise.rise}
 _SETTINGS = tuple(RunSettings.__dataclass_fields__)
+
+
+def _path_relevance(lrp, rows, targets):
+    """The composite's relevance at points of the integration path: not conserved there (the start is 1 at any point
+    of the path), so the conservation warning is not given."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LrpWarning)
+        return lrp.explain(rows, target=targets).relevance
 
 
 class Attributor:
@@ -45,6 +56,9 @@ class Attributor:
             self.engine = occlusion.Forward(model, self.settings)
         elif method == "grad-cam":
             self.engine = gradcam.LayerRunner(model, self.settings, self.options.layer)
+        elif method == "integrated-gradients" and self.options.base != "gradient":
+            self.engine = self._lrp(model, self.options.base, {"start": "one-hot", **self.options.base_options})
+            self.base = _path_relevance
         elif method in GRADIENT_METHODS:
             self.engine = gradients.GradientRunner(model, self.settings)
         else:
@@ -60,10 +74,13 @@ class Attributor:
         if options.base in METHODS:
             raise InputError(f"base {options.base!r} cannot be smoothed: give gradient, gradient-x-input, "
                              "integrated-gradients or an LRP composite name")
-        lrp = launch.runner(model, launch.ExplainOptions.from_keywords(
-            options.base, self.settings.device, output=self.settings.output, threads=self.settings.threads,
-            **dict(options.base_options)))
+        lrp = self._lrp(model, options.base, dict(options.base_options))
         return lrp, lambda eng, rows, t: eng.explain(rows, target=t).relevance
+
+    def _lrp(self, model, composite: str, keywords: dict):
+        """The LRP runner of ``composite`` (its rule parameters and ``start`` in ``keywords``) with the settings."""
+        return launch.runner(model, launch.ExplainOptions.from_keywords(
+            composite, self.settings.device, output=self.settings.output, threads=self.settings.threads, **keywords))
 
     def attribute(self, x, target=None) -> np.ndarray:
         """The attribution of ``target`` (an int, one per item, or None: the arg-max at ``x``) for ``x``, in x's
@@ -71,7 +88,11 @@ class Attributor:
         if self.method in FORWARD_METHODS:
             return self._occlusion(x, target)
         runner = self.engine if self.base is None else None
-        if runner is None:
+        if runner is None and self.method == "integrated-gradients":
+            xb, bare = self.noise_input(x)
+            out = integration.integrated_relevance(lambda rows, tt: self.base(self.engine, rows, tt), xb,
+                                                   self._noise_targets(xb, target), self.options, self._rows(xb))
+        elif runner is None:
             xb, bare = self.noise_input(x)
             t = self._noise_targets(xb, target)
             gradient_base = isinstance(self.engine, gradients.GradientRunner)
@@ -87,16 +108,25 @@ class Attributor:
         return out[0] if bare else out
 
     def noise_input(self, x):
-        """``x`` as the noise tunnel's base takes it (with its batch axis) and whether it came without one."""
+        """``x`` as the noise tunnel's base (or the composite of integrated-gradients) takes it (with its batch
+        axis) and whether it came without one."""
         if isinstance(self.engine, gradients.GradientRunner):
             return self.engine.batch(x)
         feeds = self.engine.checked_feeds(x)
+        over = f"{self.method} over composite {self.options.base!r}"
         if len(feeds) != 1:
-            raise InputError("smoothgrad takes a model with one input for now")
+            raise InputError(f"{over} takes a model with one input; this one has {len(feeds)} "
+                             f"({', '.join(feeds)}): use base='gradient' for several inputs")
         a = next(iter(feeds.values()))
         if a.dtype.kind != "f":
-            raise InputError(f"smoothgrad adds Gaussian noise: the input must be float, not {a.dtype}")
+            raise InputError(f"{over} moves the input (noise, a path): it must be float, not {a.dtype}")
         return a, a.ndim != np.ndim(x)
+
+    def _rows(self, x: np.ndarray) -> int:
+        """Stacked rows per run of the LRP base: ``internal_batch_size``, else as many as the memory budget allows."""
+        if self.settings.internal_batch_size is not None:
+            return self.settings.internal_batch_size
+        return max(1, self.settings.memory_budget // (max(1, x[:1].nbytes) * gradients.ROW_FACTOR))
 
     def _noise_targets(self, xb, target):
         if isinstance(self.engine, gradients.GradientRunner):
@@ -121,7 +151,8 @@ def attribute(model, x, method: str = "integrated-gradients", target=None, **opt
     """The attribution of ``target`` for ``x`` by ``method`` (one of :data:`METHODS`) with its options (captum's
     names: ``n_steps``, ``baselines``, ``integration``, ``nt_type``, ``nt_samples``, ``stdevs``, ``noise``, ``seed``,
     ``base``, ``sliding_window_shapes``, ``strides``, ``abs``, ``n_samples``, ``layer``, ``relu_attributions``;
-    and ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``, ``cells``, ``masks``)
+    and ``base_options``, ``baseline_indices``, ``alphas``, ``interpolate_mode``, ``n_masks``, ``probability``,
+    ``cells``, ``masks``)
     and the run settings (``output``, ``device``, ``threads``, ``internal_batch_size``, ``memory_budget``): an array
     of ``x``'s shape."""
     return Attributor(model, method, **options).attribute(x, target)

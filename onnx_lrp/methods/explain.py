@@ -7,7 +7,10 @@ and the device as an LRP Explainer does, so that the command line runs either.
 Every method of :data:`onnx_lrp.methods.METHODS` runs here: ``grad-cam`` (``layer=`` a tensor N x C x spatial
 axes) and ``rise`` give their maps N x 1 x the input's spatial axes (as captum's LayerGradCam), the others an
 attribution in the input's shape; ``expected-gradients`` / ``gradient-shap`` take their background set as
-``baselines=``."""
+``baselines=``. A model with several inputs takes a dict by input name (or a tuple in the model's order) and gives a
+relevance per attributed input by name (one attributed input: its array), as LRP's Explanation: the float inputs
+(occlusion: every input); integer inputs (token ids, masks) are fed as given (:attr:`MethodExplainer.held_inputs`).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,6 +61,7 @@ class MethodExplainer:
         from ..io.model_folder import resolve_model_folder
         from . import Attributor
 
+        self._given = dict(options)  # the method's options and settings as given (payload())
         if device is not None:
             options["device"] = device
         self.attributor = Attributor(model, method, **options)
@@ -103,7 +107,19 @@ class MethodExplainer:
 
     @property
     def relevance_inputs(self) -> list:
-        return [self.inputs[0].name]
+        """The inputs the method attributes: the float inputs (gradient methods; integer ones, token ids and masks,
+        are fed as given: :attr:`held_inputs`), every input for occlusion, the one input otherwise."""
+        engine = self.attributor.engine
+        if isinstance(engine, gradients.GradientRunner):
+            return list(engine.packing.names) if engine.packing is not None else [engine.spec.name]
+        if isinstance(engine, Runner):
+            return [self.inputs[0].name]
+        return list(engine.names) if self.method == "occlusion" else [engine.input]
+
+    @property
+    def held_inputs(self) -> list:
+        """The model's inputs fed as given and not attributed (integer inputs of the gradient methods)."""
+        return [s.name for s in self.inputs if s.name not in self.relevance_inputs]
 
     @property
     def output_names(self) -> list:
@@ -129,6 +145,15 @@ class MethodExplainer:
         dims = next((o.shape[1:] for o in outs if o.name == self.explained_output and o.shape), None)
         return int(np.prod(dims)) if dims and all(isinstance(d, int) for d in dims) else None
 
+    def payload(self) -> "MethodPayload":
+        """What builds the same explainer in another process (a Ray actor of the dataset engine): the model as that
+        process reads it (a path, or bytes), the method and its options."""
+        if self._source is None:
+            raise InputError(f"method {self.method!r} on Ray builds the model again in each worker: give it as a file "
+                             "path or bytes (onnx.save it), not an in-memory model")
+        options = {k: v for k, v in self._given.items() if k not in ("device", "threads")}
+        return MethodPayload(self._source, self.method, options)
+
     def __repr__(self) -> str:
         return f"MethodExplainer(method={self.method!r}, device={self.device!r}, explained_output=" \
                f"{self.explained_output!r})"
@@ -151,68 +176,107 @@ class MethodExplainer:
         engine = self.attributor.engine
         if isinstance(engine, gradients.GradientRunner):
             xb, bare = engine.batch(x)
+            feeds = engine.feeds(xb)
             outputs, targets, g = self._gradient_run(engine, xb, target)
-            relevance = self._from_gradient(g, xb, targets)
+            relevance = self._from_gradient(g, xb, targets, feeds)
         elif isinstance(engine, Runner):
             xb, bare = self.attributor.noise_input(x)
+            feeds = {self.inputs[0].name: xb}
             lrp = engine.explain(xb, target=target)
             outputs, targets = lrp.forward or lrp.outputs, np.asarray(lrp.target, np.int64).reshape(-1)
             relevance = self.attributor.attribute(xb, targets)
         else:
             xb, bare = engine.prepared(x)
+            feeds = engine.feeds(xb)
             outputs, targets = self._forward_run(engine, xb, target)
             relevance = self.attributor.attribute(xb, targets)
-        return self._explanation(relevance, outputs, targets, xb, bare)
+            if isinstance(relevance, dict):
+                relevance = {k: relevance[k] for k in self.relevance_inputs}
+        return self._explanation(relevance, outputs, targets, feeds, bare)
 
     def _single(self, x):
-        """The one input's array of ``x`` (an array, or a dict by input name as the Explainer takes it)."""
+        """``x`` as the method's engine takes it: the one input's array (from an array or a dict by input name), or
+        for a model with several inputs a dict by input name (from a dict, or a tuple in the model's order)."""
+        names = [s.name for s in self.inputs]
+        if len(names) > 1:
+            if isinstance(x, (tuple, list)) and len(x) == len(names):
+                x = dict(zip(names, x))
+            if not isinstance(x, dict) or set(x) != set(names):
+                got = ", ".join(map(repr, x)) if isinstance(x, dict) else type(x).__name__
+                raise InputError(f"the model has {len(names)} inputs ({', '.join(names)}): give a dict by input name "
+                                 f"or a tuple in that order; got {got or 'none'}")
+            return x
         if not isinstance(x, dict):
             return x
-        name = self.inputs[0].name
-        if set(x) != {name}:
-            raise InputError(f"method {self.method!r} takes the model's one input {name!r}; got "
+        if set(x) != {names[0]}:
+            raise InputError(f"method {self.method!r} takes the model's one input {names[0]!r}; got "
                              f"{', '.join(map(repr, x)) or 'none'}")
-        return x[name]
+        return x[names[0]]
 
     def _gradient_run(self, engine, xb: np.ndarray, target):
         """One run of the gradient graph at ``xb``: (the model's outputs, the targets used, the gradient)."""
         res = engine.run(xb, engine.runner.checked_targets(target, xb.shape[0]))
         outputs = {n: res[n] for n in engine.runner.output_names if n in res}
         targets = np.asarray(res[TARGET_OUTPUT], np.int64).reshape(-1)
-        return outputs, targets, res[RELEVANCE_PREFIX + engine.spec.name]
+        if engine.packing is None:
+            return outputs, targets, res[RELEVANCE_PREFIX + engine.spec.name]
+        return outputs, targets, engine.packing.pack({n: res[RELEVANCE_PREFIX + n] for n in engine.packing.names})
 
-    def _from_gradient(self, g: np.ndarray, xb: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    def _from_gradient(self, g: np.ndarray, xb: np.ndarray, targets: np.ndarray, feeds: dict):
         """The attribution: the gradient itself (``gradient``, ``gradient-x-input``: no second run), else the method
-        run at the targets the gradient run resolved."""
-        if self.method == "gradient":
-            return np.abs(g) if self.attributor.options.abs else g
-        if self.method == "gradient-x-input":
-            return g * xb
-        return self.attributor.attribute(xb, targets)
+        run at the targets the gradient run resolved; several inputs (or integer ones held): a dict by input name
+        of the attributed inputs."""
+        engine = self.attributor.engine
+        plain = engine.packing is None and not engine.held_names
+        if self.method in ("gradient", "gradient-x-input"):
+            out = g * xb if self.method == "gradient-x-input" else np.abs(g) if self.attributor.options.abs else g
+            return out if plain else engine.result(out, {}, False)
+        out = self.attributor.attribute(xb if plain else feeds, targets)
+        return out if plain else {k: out[k] for k in self.relevance_inputs}
 
     def _forward_run(self, engine, xb: np.ndarray, target):
         """The original model's outputs at ``xb`` (one run) and the targets (None: the arg-max per item)."""
-        outputs = engine.session.run({engine.input: np.ascontiguousarray(xb)})
-        y = np.asarray(outputs[engine.output]).reshape(xb.shape[0], -1)
+        feeds = engine.feeds(xb)
+        n = len(feeds[engine.input])
+        outputs = engine.session.run({k: np.ascontiguousarray(a) for k, a in feeds.items()})
+        y = np.asarray(outputs[engine.output]).reshape(n, -1)
         if target is None:
             return outputs, np.argmax(y, axis=1).astype(np.int64)
         t = np.asarray(target)
-        if t.dtype.kind not in "iu" or t.ndim > 1 or (t.ndim == 1 and len(t) != xb.shape[0]) or np.any(t < 0) \
+        if t.dtype.kind not in "iu" or t.ndim > 1 or (t.ndim == 1 and len(t) != n) or np.any(t < 0) \
                 or np.any(t >= y.shape[1]):
-            raise InputError(f"target {target!r}: give one class index in [0, {y.shape[1]}) or one per item "
-                             f"({xb.shape[0]})")
-        return outputs, np.broadcast_to(t.astype(np.int64).reshape(-1), (xb.shape[0],)).copy()
+            raise InputError(f"target {target!r}: give one class index in [0, {y.shape[1]}) or one per item ({n})")
+        return outputs, np.broadcast_to(t.astype(np.int64).reshape(-1), (n,)).copy()
 
-    def _explanation(self, relevance, outputs: dict, targets: np.ndarray, xb: np.ndarray, bare: bool):
-        n = xb.shape[0]
+    def _explanation(self, relevance, outputs: dict, targets: np.ndarray, feeds: dict, bare: bool):
+        n = len(np.asarray(targets).reshape(-1))
         explained = np.asarray(outputs[self.explained_output]).reshape(n, -1)
         value = explained[np.arange(n), targets]
-        res = Explanation(relevance=np.asarray(relevance), outputs=outputs, target=targets,
+        if isinstance(relevance, dict) and len(relevance) == 1:  # one attributed input: its array, as LRP's
+            relevance = next(iter(relevance.values()))
+        relevance = {k: np.asarray(v) for k, v in relevance.items()} if isinstance(relevance, dict) else \
+            np.asarray(relevance)
+        res = Explanation(relevance=relevance, outputs=outputs, target=targets,
                           explained_output=self.explained_output, explained_value=value, forward=outputs,
-                          inputs={self.inputs[0].name: xb})
+                          inputs=dict(feeds))
         if self.labels:
             res.class_names = self.labels  # captions and .npz name the classes
         return res.without_batch_axis() if bare else res
+
+
+@dataclass(frozen=True)
+class MethodPayload:
+    """A method explainer as plain data (:meth:`MethodExplainer.payload`): ``explainer(device, threads)`` builds it
+    again (the model loaded and the method's graph built in that process)."""
+
+    model: object  # a path or bytes
+    method: str
+    options: dict
+    kind = "method"  # what onnx_lrp.dataset.ray tells it from an LRP payload by
+
+    def explainer(self, device: str | None = None, threads: int | None = None) -> MethodExplainer:
+        extra = {} if threads is None else {"threads": threads}
+        return MethodExplainer(self.model, self.method, device, **self.options, **extra)
 
 
 #: ops whose output grad-cam's default layer is never (no activation of their own, or not float)
@@ -254,4 +318,4 @@ def _spatial(a, rank: int) -> bool:
         int(np.prod(a.shape[2:])) > 1
 
 
-__all__ = ["MethodExplainer", "is_method", "LRP", "spatial_tensors"]
+__all__ = ["MethodExplainer", "MethodPayload", "is_method", "LRP", "spatial_tensors"]

@@ -39,6 +39,9 @@ def _checked(method: str, inputs: tuple, options: dict) -> dict:
     if wrong or (inputs and method not in ("integrated-gradients", "expected-gradients", "gradient-shap")):
         raise InputError(f"--baseline-input is for integrated-gradients, expected-gradients and gradient-shap, not "
                          f"{method}" if not wrong else f"inputs= takes 'baselines', not {wrong[0]!r}")
+    if method == "integrated-gradients" and options.get("base", "gradient") != "gradient":
+        raise InputError(f"rewrite --method integrated-gradients writes the true gradient into the graph; over "
+                         f"composite {options['base']!r} it runs through `onnx-lrp explain --method`")
     if "baselines" in inputs and options.get("baselines") is not None:
         raise InputError("baselines are the input lrp/baselines here (--baseline-input); do not give them too")
     if "baselines" in inputs and method in ("expected-gradients", "gradient-shap"):

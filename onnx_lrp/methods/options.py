@@ -85,14 +85,28 @@ class InputXGradientOptions:
 @dataclass(frozen=True, eq=False)
 class IntegratedGradientsOptions:
     """``integrated-gradients``: ``baselines`` (a number or an array broadcast to the input; None: 0 for a float
-    input), ``n_steps`` points on the path, ``integration`` the rule (captum's ``method``)."""
+    input), ``n_steps`` points on the path, ``integration`` the rule (captum's ``method``). ``base``: ``"gradient"``
+    (the true gradient, captum's IntegratedGradients), or an LRP composite's name whose modified gradient is
+    integrated instead (zennit's ``IntegratedGradients(model, composite=...)``: the composite's relevance started
+    from 1 at the target, ``base_options`` its rule parameters and ``start``)."""
 
     baselines: object = None
     n_steps: int = 50
     integration: str = "gausslegendre"
+    base: str = "gradient"
+    base_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         _int("n_steps", self.n_steps)
+        if not isinstance(self.base, str) or not self.base:
+            raise InputError(f"base must be 'gradient' or an LRP composite name, not {self.base!r}")
+        if self.base in OPTIONS and self.base != "gradient":
+            raise InputError(f"integrated-gradients integrates the gradient or a composite's modified gradient: "
+                             f"give base='gradient' or an LRP composite name, not the method {self.base!r}")
+        if not isinstance(self.base_options, dict):
+            raise InputError(f"base_options must be a dict of the composite's parameters, not {self.base_options!r}")
+        if self.base_options and self.base == "gradient":
+            raise InputError("base_options are a composite's parameters: give base= an LRP composite name")
         if self.integration not in RULES:
             raise InputError(f"integration must be one of {', '.join(RULES)}, not {self.integration!r}")
         if self.integration != "gausslegendre" and self.n_steps < 2:
