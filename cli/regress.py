@@ -32,7 +32,7 @@ from .io import AtomicOutputs, Progress, check_writable, guard
 from .options import (BINDING_ROWS, INPUT_ROWS, RULE_ROWS, Setup, build_explainer, common, explainer_setup,
                       input_options)
 from .methods import (METHOD_KEYS, method_explainer, method_keywords, method_options, snapshot_keywords, snapshot_method,
-                      with_lrp_method)
+                      with_base_params, with_lrp_method)
 from .regress_options import Asked, Engine, Faith, Reports, packed
 
 
@@ -344,6 +344,8 @@ def snapshot(model, inputs_path, out, asked: Asked, faith: Faith, composite, **r
     setup = _setup(model, composite, rule_kw, inputs_path)
     t0 = time.perf_counter()
     method, method_kw = method_keywords(rule_kw)
+    if method is not None:  # --base COMPOSITE: its rule parameters (--epsilon, --low/--high, ...)
+        method_kw = with_base_params(method, method_kw, setup.params)
     ex = _explainer(model, setup.composite, output_name, start, **setup.bindings()) if method is None else \
         method_explainer(model, method, method_kw, output=output_name)
     comp_name, comp_toml = (method, "") if method else \
