@@ -100,3 +100,16 @@ def test_first_explanation_peak_below_the_float_weights(x):
     extra = _status("VmHWM:") - before
     # shared DequantizeLinears hold all LAYERS float weights (8 MiB) at once; transient ones one or two
     assert extra < float_bytes / 2, f"{extra / 2**20:.1f} MiB above the build, float weights {float_bytes / 2**20} MiB"
+
+
+def test_a_large_model_keeps_its_4bit_weights_in_the_graph(transient, x, monkeypatch):
+    """A model handled as large (over external.LARGE bytes: in-memory tensors handed to onnxruntime as arrays) keeps
+    its 4-bit weights packed in the graph (onnxruntime takes no 4-bit arrays from numpy) and explains alike."""
+    from onnx_lrp.load import external
+
+    monkeypatch.setattr(external, "LARGE", 1)
+    monkeypatch.setattr(external, "IN_MEMORY_MIN", 4096)
+    large = onnx_lrp.Explainer(_stack()[0], composite="epsilon")
+    assert large.relevance_model.model_arrays  # the float constants (scales) handed over from memory
+    assert not any(a.dtype.itemsize == 1 and a.dtype.kind == "V" for a in large.relevance_model.model_arrays.values())
+    assert_close(large.explain(x, target=3).relevance, transient.explain(x, target=3).relevance, rtol=1e-6)
