@@ -139,7 +139,14 @@ def main(argv=None):
                     help="rows of the deployed forms in DIR (scripts/make_llm_models.py --out DIR) instead")
     ap.add_argument("--arch", default="llama", help="with --forms: the files' prefix (llama, qwen2)")
     ap.add_argument("--form-row", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--make-genai", default=None, metavar="DIR",
+                    help="write LLaMA-3.2-1B-shaped genai folders (random weights) into DIR for --forms, and stop")
+    ap.add_argument("--precisions", nargs="+", default=["int4"], help="with --make-genai: the builder's -p values")
+    ap.add_argument("--builder-python", default=sys.executable,
+                    help="with --make-genai: a Python with torch, transformers and onnxruntime-genai's builder")
     args = ap.parse_args(argv)
+    if args.make_genai:
+        return make_genai(Path(args.make_genai), args.precisions, args.builder_python)
     if args.form_row:
         return print(json.dumps(form_row(Path(args.form_row), args.seq, args.repeat, args.threads)))
     if args.forms:
@@ -298,6 +305,38 @@ def report(args, built: dict, res: dict, relevance: np.ndarray) -> None:
                      f"{res['top10_tokens_same_as_float32']} (goal <= 1e-2, same: {'ok' if ok else 'MISSED'}"
                      + (", trivially: computed in float32)" if res["model_precision"] == "float32" else ")"))
     print(f"goals ({args.size}, {args.dtype}, {args.device}): " + " | ".join(goals))
+
+
+#: LLaMA-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary 128256, tied embeddings)
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048,
+                rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+_MAKE_HF = """import sys, json, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)  # half the memory of float32 while writing; the builder reads it
+m = LlamaForCausalLM(LlamaConfig(**json.loads(sys.argv[2]))).eval()
+m.save_pretrained(sys.argv[1], safe_serialization=True)
+m.generation_config.save_pretrained(sys.argv[1])
+"""
+
+
+def make_genai(out: Path, precisions: list, python: str) -> None:
+    """``out/llama_genai_<p>`` for each precision: a random-weight LLaMA-3.2-1B-shaped model (bfloat16, the
+    tokenizer of tests/goldens/llm) saved with ``save_pretrained`` to ``out/hf``, converted by onnxruntime-genai's
+    model builder (``-p <p> -e cpu``). About 2.5 GB of disk for the model, 0.8 GB per int4 folder, 5 GB for fp32."""
+    hf = out / "hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    tok = Path(__file__).resolve().parent.parent / "tests" / "goldens" / "llm" / "llama_genai_int4"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, hf / name)
+    if not (hf / "config.json").exists():
+        subprocess.run([python, "-c", _MAKE_HF, str(hf), json.dumps(LLAMA_1B)], check=True)
+    for p in precisions:
+        subprocess.run([python, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
+                        str(out / f"llama_genai_{p}"), "-p", p, "-e", "cpu", "-c", str(out / "cache")], check=True)
+        print(f"{out / f'llama_genai_{p}'}: {sum(f.stat().st_size for f in (out / f'llama_genai_{p}').iterdir()) / 1e9:.2f}"
+              " GB", flush=True)
 
 
 FORMS = ("optimum_nopast.onnx", "genai_fp32", "genai_int4")  # the float export first: the others beside it
