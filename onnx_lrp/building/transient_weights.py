@@ -7,10 +7,11 @@ forward's MatMul and the relevance graph's products both read that float weight;
 float weight would be alive at once (the peak: the float model, 8x the 4-bit weights).
 
 This pass gives every consumer of a packed weight its own copy of the nodes that dequantize it, placed right before
-that consumer, so a float weight lives only across the one product that reads it. onnxruntime runs such a model in
-the order of its nodes (:func:`onnx_lrp.run.runtime` sets ``ExecutionOrder.PRIORITY_BASED`` and keeps common
-subexpression elimination from merging the copies again, for models with ``block_size``). Each copy dequantizes the
-same packed constants: the values are bit for bit the shared ones.
+that consumer and made to wait for the consumer's activation (its scale plus a zero computed from that activation's
+size), so a float weight lives only across the one product that reads it. onnxruntime keeps the copies apart and runs
+such a model in the order of its nodes where it can (:mod:`onnx_lrp.run.runtime`: no common subexpression
+elimination, ``ExecutionOrder.PRIORITY_BASED``, no CPU memory arena, for models with ``block_size``). Each copy
+dequantizes the same packed constants: the values are bit for bit the shared ones.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def make_transient(model: ir.Model) -> int:
             if v is None or not _packed(v.producer()) or id(v) in outputs:
                 continue
             copies: list[ir.Node] = []
-            node.replace_input_with(i, _copy(v, f"{node.name or node.op_type}_{i}", copies))
-            graph.insert_before(node, copies)
+            tag = f"{node.name or node.op_type}_{i}"
+            node.replace_input_with(i, _copy(v, tag, copies))
+            graph.insert_before(node, _tied(copies, _activation(node), tag) + copies)
             served += 1
     if served:
         _drop_unused(graph, outputs)
@@ -61,6 +63,41 @@ def _copy(v: ir.Value, tag: str, copies: list) -> ir.Value:
     meta.KEEP_PACKED.set(new, True)
     copies.append(new)
     return new.outputs[v.index()]
+
+
+def _activation(node: ir.Node) -> ir.Value | None:
+    """An input of ``node`` computed at run time (not a constant, not a packed weight): what its copy waits for."""
+    for v in node.inputs:
+        if v is not None and v.const_value is None and not _packed(v.producer()) and v.producer() is not None:
+            return v
+    return None
+
+
+def _tied(copies: list, act: ir.Value | None, tag: str) -> list:
+    """Make the copies wait for ``act``: the scale of each DequantizeLinear plus a zero computed from ``act``'s size
+    (``Size(act) - Size(act)``, exact whatever ``act`` holds). onnxruntime's order otherwise runs a node as soon as its
+    inputs exist: every copy, reading constants only, would run at the start (its float weight alive until its
+    consumer runs, the peak of a shared one). Returns the nodes to insert before the copies."""
+    if act is None:
+        return []
+    made: list[ir.Node] = []
+    for dq in copies:
+        if dq.op_type != "DequantizeLinear" or len(dq.inputs) < 2 or dq.inputs[1] is None or dq.inputs[1].dtype is None:
+            continue
+        scale = dq.inputs[1]
+        size = ir.Node("", "Size", [act], name=f"{dq.name}/wait/size")
+        zero = ir.Node("", "Sub", [size.outputs[0], size.outputs[0]], name=f"{dq.name}/wait/zero")
+        cast = ir.Node("", "Cast", [zero.outputs[0]], attributes=[ir.AttrInt64("to", scale.dtype.value)],
+                       name=f"{dq.name}/wait/cast")
+        add = ir.Node("", "Add", [scale, cast.outputs[0]], name=f"{dq.name}/wait/scale")
+        for n, dtype, shape in ((size, ir.DataType.INT64, []), (zero, ir.DataType.INT64, []),
+                                (cast, scale.dtype, []), (add, scale.dtype, scale.shape)):
+            n.outputs[0].name = n.name
+            n.outputs[0].type = ir.TensorType(dtype)
+            n.outputs[0].shape = ir.Shape(shape) if isinstance(shape, list) else shape
+        dq.replace_input_with(1, add.outputs[0])
+        made += [size, zero, cast, add]
+    return made
 
 
 def _drop_unused(graph: ir.Graph, outputs: set) -> None:

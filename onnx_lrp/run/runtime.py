@@ -152,11 +152,13 @@ def _keep_packed(model_bytes, deployed: bool, opts=None) -> dict:
     """A relevance model with block-quantized weights (DequantizeLinear with ``block_size``: int4 LLMs) runs without
     onnxruntime's constant folding, which would dequantize them to float32 copies when Q/DQ handling is off, nor its
     common subexpression elimination, which would merge the per-consumer copies of a dequantized weight again
-    (building.transient_weights), and in the order of its nodes (each copy right before its consumer)."""
+    (building.transient_weights), in the order of its nodes (each copy right before its consumer), and without the
+    CPU memory arena, which would keep the blocks of the transient float weights."""
     if deployed or not isinstance(model_bytes, (bytes, bytearray)) or b"block_size" not in model_bytes:
         return {}
-    if opts is not None:
+    if opts is not None:  # the arena would keep every transient float weight's block (and grow run after run)
         opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        opts.enable_cpu_mem_arena = False
     return {"disabled_optimizers": ["ConstantFolding", "CommonSubexpressionElimination"]}
 
 

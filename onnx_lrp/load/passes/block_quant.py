@@ -273,7 +273,7 @@ def _matmul_nbits(b, node, ctx: _Context) -> ir.Value:
         w = b.op("Transpose", [table], perm=[1, 0], tag="tied_w")
         w.type, w.shape = table.type, ir.Shape([k, n])
         meta.KEEP_PACKED.set(w.producer(), True)
-        meta.PACKED_WEIGHT.set(w, _Shared(lambda: np.ascontiguousarray(meta.PACKED_WEIGHT.get(table)().T)))
+        meta.PACKED_WEIGHT.set(w, _Shared(lambda: meta.PACKED_WEIGHT.get(table)().T))  # a view: no 1 GB copy per read
     else:
         w = _weight(b, np.ascontiguousarray(q.T), np.ascontiguousarray(s.T),
                     None if z is None else np.ascontiguousarray(z.T), _Blocks(bits, 0, block), ctx.packed, "w")
