@@ -347,6 +347,7 @@ def form_row(path: Path, seq: int, repeat: int, threads: int) -> dict:
     import onnx_lrp
     from onnx_lrp.run.generation import Decoder, sequence_feeds
 
+    before = vm_rss()
     dec = Decoder(path, threads=threads or None)
     files = [f for f in dec.path.parent.iterdir() if f.is_file() and f.name.startswith(dec.path.name)] \
         if dec.folder is not None else [dec.path]
@@ -354,7 +355,8 @@ def form_row(path: Path, seq: int, repeat: int, threads: int) -> dict:
     ids = [int(i) for i in np.random.default_rng(0).integers(3, 256, seq)]
     feeds = dec.prompt_feeds(ids)
     row["forward_s"] = best(lambda: dec.session.run(feeds, [dec.logits]), repeat)
-    del dec
+    row["forward_session_rss_bytes"] = vm_rss() - before  # what a plain session of the form holds (the deployed
+    del dec  # model an int4 explainer runs beside its relevance model costs as much)
     reset_peak()
     row["base_rss_bytes"] = vm_rss()  # Python, numpy, onnxruntime and the decoder's session: not the explainer's
     t0 = time.perf_counter()
@@ -402,7 +404,9 @@ def forms(args) -> list:
         rows.append(json.loads(lines[-1]) if done.returncode == 0 and lines else
                     dict(form=path.name, refused=(done.stderr.strip().splitlines() or ["failed"])[-1][:300]))
     print(f"{'form':<24} {'weights':>10} {'build s':>8} {'explain ms':>11} {'forward ms':>11} {'x fwd':>6} "
-          f"{'peak RSS':>10} {'x weights':>9}  (peak RSS: above the process before the build)")
+          f"{'peak RSS':>10} {'x weights':>9} {'built':>8} {'explain':>8} {'session':>8}  (peak RSS: above the "
+          "process before the build; built: held after the build; explain: the explanations' peak above that; "
+          "session: a plain onnxruntime session of the form)")
     for r in rows:
         if "refused" in r:
             print(f"{r['form']:<24} refused: {r['refused']}")
@@ -410,7 +414,10 @@ def forms(args) -> list:
         extra = r["peak_rss_bytes"] - r["base_rss_bytes"]
         print(f"{r['form']:<24} {r['weights_bytes'] / 1e6:>8.1f}MB {r['build_s']:>8.2f} {r['explain_s'] * 1e3:>11.1f} "
               f"{r['forward_s'] * 1e3:>11.1f} {r['explain_s'] / r['forward_s']:>6.2f} "
-              f"{extra / 1e6:>8.0f}MB {extra / r['weights_bytes']:>9.2f}")
+              f"{extra / 1e6:>8.0f}MB {extra / r['weights_bytes']:>9.2f} "
+              f"{(r['built_rss_bytes'] - r['base_rss_bytes']) / 1e6:>6.0f}MB "
+              f"{(r['explain_peak_rss_bytes'] - r['built_rss_bytes']) / 1e6:>6.0f}MB "
+              f"{r['forward_session_rss_bytes'] / 1e6:>6.0f}MB")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return rows
