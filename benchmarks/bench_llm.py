@@ -37,9 +37,18 @@ and as onnxruntime-genai builder folders, fp32 and int4)::
         --builder-python /work/llmenv-genai/bin/python
     python benchmarks/bench_llm.py --forms /tmp/llm1b [--arch llama] [--seq 32]
 
+The LLaMA-3.2-1B shape with its tied embeddings (the int4 folder as the builder writes it: the embedding a
+``GatherBlockQuantized`` of the head's 4-bit weights), without the optimum export::
+
+    python benchmarks/bench_llm.py --make-genai /tmp/genai1b --builder-python /work/llmenv-genai/bin/python \
+        [--precisions int4 fp32]
+    python benchmarks/bench_llm.py --forms /tmp/genai1b --seq 32
+
 Each row runs in its own process (its peak RSS its own): build (the relevance model), explain (the last position's
 arg-max token, best of ``--repeat``), forward (onnxruntime's plain run of the same file, the KV cache fed at length
-0), peak RSS over the form's weight bytes; a form onnx-lrp refuses is a row with its one-line reason.
+0), peak RSS over the form's weight bytes, what the explainer holds after the build, the explanations' own peak above
+that, and what a plain onnxruntime session of the form holds (an int4 explainer runs one beside its relevance model:
+the deployed outputs); a form onnx-lrp refuses is a row with its one-line reason.
 """
 from __future__ import annotations
 
