@@ -37,9 +37,18 @@ and as onnxruntime-genai builder folders, fp32 and int4)::
         --builder-python /work/llmenv-genai/bin/python
     python benchmarks/bench_llm.py --forms /tmp/llm1b [--arch llama] [--seq 32]
 
+The LLaMA-3.2-1B shape with its tied embeddings (the int4 folder as the builder writes it: the embedding a
+``GatherBlockQuantized`` of the head's 4-bit weights), without the optimum export::
+
+    python benchmarks/bench_llm.py --make-genai /tmp/genai1b --builder-python /work/llmenv-genai/bin/python \
+        [--precisions int4 fp32]
+    python benchmarks/bench_llm.py --forms /tmp/genai1b --seq 32
+
 Each row runs in its own process (its peak RSS its own): build (the relevance model), explain (the last position's
 arg-max token, best of ``--repeat``), forward (onnxruntime's plain run of the same file, the KV cache fed at length
-0), peak RSS over the form's weight bytes; a form onnx-lrp refuses is a row with its one-line reason.
+0), peak RSS over the form's weight bytes, what the explainer holds after the build, the explanations' own peak above
+that, and what a plain onnxruntime session of the form holds (an int4 explainer runs one beside its relevance model:
+the deployed outputs); a form onnx-lrp refuses is a row with its one-line reason.
 """
 from __future__ import annotations
 
@@ -139,7 +148,14 @@ def main(argv=None):
                     help="rows of the deployed forms in DIR (scripts/make_llm_models.py --out DIR) instead")
     ap.add_argument("--arch", default="llama", help="with --forms: the files' prefix (llama, qwen2)")
     ap.add_argument("--form-row", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--make-genai", default=None, metavar="DIR",
+                    help="write LLaMA-3.2-1B-shaped genai folders (random weights) into DIR for --forms, and stop")
+    ap.add_argument("--precisions", nargs="+", default=["int4"], help="with --make-genai: the builder's -p values")
+    ap.add_argument("--builder-python", default=sys.executable,
+                    help="with --make-genai: a Python with torch, transformers and onnxruntime-genai's builder")
     args = ap.parse_args(argv)
+    if args.make_genai:
+        return make_genai(Path(args.make_genai), args.precisions, args.builder_python)
     if args.form_row:
         return print(json.dumps(form_row(Path(args.form_row), args.seq, args.repeat, args.threads)))
     if args.forms:
@@ -300,6 +316,38 @@ def report(args, built: dict, res: dict, relevance: np.ndarray) -> None:
     print(f"goals ({args.size}, {args.dtype}, {args.device}): " + " | ".join(goals))
 
 
+#: LLaMA-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary 128256, tied embeddings)
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048,
+                rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+_MAKE_HF = """import sys, json, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)  # half the memory of float32 while writing; the builder reads it
+m = LlamaForCausalLM(LlamaConfig(**json.loads(sys.argv[2]))).eval()
+m.save_pretrained(sys.argv[1], safe_serialization=True)
+m.generation_config.save_pretrained(sys.argv[1])
+"""
+
+
+def make_genai(out: Path, precisions: list, python: str) -> None:
+    """``out/llama_genai_<p>`` for each precision: a random-weight LLaMA-3.2-1B-shaped model (bfloat16, the
+    tokenizer of tests/goldens/llm) saved with ``save_pretrained`` to ``out/hf``, converted by onnxruntime-genai's
+    model builder (``-p <p> -e cpu``). About 2.5 GB of disk for the model, 0.8 GB per int4 folder, 5 GB for fp32."""
+    hf = out / "hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    tok = Path(__file__).resolve().parent.parent / "tests" / "goldens" / "llm" / "llama_genai_int4"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / name, hf / name)
+    if not (hf / "config.json").exists():
+        subprocess.run([python, "-c", _MAKE_HF, str(hf), json.dumps(LLAMA_1B)], check=True)
+    for p in precisions:
+        subprocess.run([python, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
+                        str(out / f"llama_genai_{p}"), "-p", p, "-e", "cpu", "-c", str(out / "cache")], check=True)
+        print(f"{out / f'llama_genai_{p}'}: {sum(f.stat().st_size for f in (out / f'llama_genai_{p}').iterdir()) / 1e9:.2f}"
+              " GB", flush=True)
+
+
 FORMS = ("optimum_nopast.onnx", "genai_fp32", "genai_int4")  # the float export first: the others beside it
 
 
@@ -308,6 +356,7 @@ def form_row(path: Path, seq: int, repeat: int, threads: int) -> dict:
     import onnx_lrp
     from onnx_lrp.run.generation import Decoder, sequence_feeds
 
+    before = vm_rss()
     dec = Decoder(path, threads=threads or None)
     files = [f for f in dec.path.parent.iterdir() if f.is_file() and f.name.startswith(dec.path.name)] \
         if dec.folder is not None else [dec.path]
@@ -315,7 +364,8 @@ def form_row(path: Path, seq: int, repeat: int, threads: int) -> dict:
     ids = [int(i) for i in np.random.default_rng(0).integers(3, 256, seq)]
     feeds = dec.prompt_feeds(ids)
     row["forward_s"] = best(lambda: dec.session.run(feeds, [dec.logits]), repeat)
-    del dec
+    row["forward_session_rss_bytes"] = vm_rss() - before  # what a plain session of the form holds (the deployed
+    del dec  # model an int4 explainer runs beside its relevance model costs as much)
     reset_peak()
     row["base_rss_bytes"] = vm_rss()  # Python, numpy, onnxruntime and the decoder's session: not the explainer's
     t0 = time.perf_counter()
@@ -325,9 +375,12 @@ def form_row(path: Path, seq: int, repeat: int, threads: int) -> dict:
     except onnx_lrp.LrpError as exc:
         return dict(row, refused=str(exc).splitlines()[0][:300])
     row["build_s"] = time.perf_counter() - t0
+    row["build_peak_rss_bytes"], row["built_rss_bytes"] = vm_hwm(), vm_rss()
     x, _ = sequence_feeds(ex, ids, 1)
+    reset_peak()
     row["explain_s"] = best(lambda: ex.explain(x, position=-1), repeat)
-    row["peak_rss_bytes"] = vm_hwm()
+    row["explain_peak_rss_bytes"] = vm_hwm()  # the explanations alone: from the built explainer's RSS
+    row["peak_rss_bytes"] = max(row["build_peak_rss_bytes"], row["explain_peak_rss_bytes"])
     return row
 
 
@@ -360,7 +413,9 @@ def forms(args) -> list:
         rows.append(json.loads(lines[-1]) if done.returncode == 0 and lines else
                     dict(form=path.name, refused=(done.stderr.strip().splitlines() or ["failed"])[-1][:300]))
     print(f"{'form':<24} {'weights':>10} {'build s':>8} {'explain ms':>11} {'forward ms':>11} {'x fwd':>6} "
-          f"{'peak RSS':>10} {'x weights':>9}  (peak RSS: above the process before the build)")
+          f"{'peak RSS':>10} {'x weights':>9} {'built':>8} {'explain':>8} {'session':>8}  (peak RSS: above the "
+          "process before the build; built: held after the build; explain: the explanations' peak above that; "
+          "session: a plain onnxruntime session of the form)")
     for r in rows:
         if "refused" in r:
             print(f"{r['form']:<24} refused: {r['refused']}")
@@ -368,7 +423,10 @@ def forms(args) -> list:
         extra = r["peak_rss_bytes"] - r["base_rss_bytes"]
         print(f"{r['form']:<24} {r['weights_bytes'] / 1e6:>8.1f}MB {r['build_s']:>8.2f} {r['explain_s'] * 1e3:>11.1f} "
               f"{r['forward_s'] * 1e3:>11.1f} {r['explain_s'] / r['forward_s']:>6.2f} "
-              f"{extra / 1e6:>8.0f}MB {extra / r['weights_bytes']:>9.2f}")
+              f"{extra / 1e6:>8.0f}MB {extra / r['weights_bytes']:>9.2f} "
+              f"{(r['built_rss_bytes'] - r['base_rss_bytes']) / 1e6:>6.0f}MB "
+              f"{(r['explain_peak_rss_bytes'] - r['built_rss_bytes']) / 1e6:>6.0f}MB "
+              f"{r['forward_session_rss_bytes'] / 1e6:>6.0f}MB")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return rows

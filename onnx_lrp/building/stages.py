@@ -22,6 +22,7 @@ from ..lrp import rewriter
 from ..rules.composite import Composite, builtin_names, load_composite
 from . import auto_composite as choice
 from . import precision as precision_pass
+from .transient_weights import make_transient
 
 
 #: bytes of float16 / bfloat16 weights above which the deployed model does not run beside the relevance model on
@@ -241,7 +242,9 @@ def precision(relevance: ir.Model, options: BuildOptions) -> tuple[str, int]:
 
 
 def serialise(relevance: ir.Model) -> external.Parts:
-    """The relevance model as onnxruntime receives it (a large model: its weights stay in their files)."""
+    """The relevance model as onnxruntime receives it (a large model: its weights stay in their files); packed
+    weights dequantized once per consumer (:mod:`.transient_weights`)."""
+    make_transient(relevance)
     return loader.serialize_parts(relevance)
 
 

@@ -239,7 +239,7 @@ def split(model: ir.Model, serialize) -> Parts:
         total += t.nbytes
         if isinstance(t, ir.ExternalTensor):
             folders.add(str(t.base_dir))
-        elif t.nbytes >= IN_MEMORY_MIN:
+        elif t.nbytes >= IN_MEMORY_MIN and t.dtype.bitwidth >= 8:  # 4-bit weights stay packed in the protobuf
             arrays[v.name] = np.ascontiguousarray(t.numpy())
             swapped.append((v, t))
             v.const_value = _placeholder(t)

@@ -148,12 +148,18 @@ def cuda_options(tf32: bool = False) -> dict:
     return {"use_tf32": "1" if tf32 else "0"}
 
 
-def _keep_packed(model_bytes, deployed: bool) -> dict:
+def _keep_packed(model_bytes, deployed: bool, opts=None) -> dict:
     """A relevance model with block-quantized weights (DequantizeLinear with ``block_size``: int4 LLMs) runs without
-    onnxruntime's constant folding, which would dequantize them to float32 copies when Q/DQ handling is off."""
+    onnxruntime's constant folding, which would dequantize them to float32 copies when Q/DQ handling is off, nor its
+    common subexpression elimination, which would merge the per-consumer copies of a dequantized weight again
+    (building.transient_weights), in the order of its nodes (each copy right before its consumer), and without the
+    CPU memory arena, which would keep the blocks of the transient float weights."""
     if deployed or not isinstance(model_bytes, (bytes, bytearray)) or b"block_size" not in model_bytes:
         return {}
-    return {"disabled_optimizers": ["ConstantFolding"]}
+    if opts is not None:  # the arena would keep every transient float weight's block (and grow run after run)
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        opts.enable_cpu_mem_arena = False
+    return {"disabled_optimizers": ["ConstantFolding", "CommonSubexpressionElimination"]}
 
 
 def basic_optimized(model_bytes: bytes, folder=None) -> bytes:
@@ -337,7 +343,7 @@ class Session:
             with warnings.catch_warnings(), quiet_while(cuda), captured_stderr(cuda) as said:
                 warnings.simplefilter("ignore")
                 self.session = ort.InferenceSession(model_bytes, sess_options=opts, providers=providers,
-                                                    **_keep_packed(model_bytes, self.deployed))
+                                                    **_keep_packed(model_bytes, self.deployed, opts))
         except Exception as exc:  # onnxruntime raises its own exception types
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if cuda:

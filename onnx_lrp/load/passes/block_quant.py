@@ -62,7 +62,9 @@ class BlockQuantized(LoadPass):
                 refused.append((node, f"{node.op_type} with {why}"))
                 continue
             take_over(node.outputs[0], y)
-            graph.remove(node, safe=False)
+            feeds = [v.producer() for v in node.inputs if v is not None and v.producer() is not None]
+            graph.remove(node, safe=True)  # its inputs no longer read by it
+            _drop_dead(graph, feeds)
             done += 1
             accurate += node.op_type == "MatMulNBits" and int(attr(node, "accuracy_level", 0) or 0) == 4
         report.refuse(refused)
@@ -72,6 +74,14 @@ class BlockQuantized(LoadPass):
         report.note(accurate, "{n} MatMulNBits with " + ACCURACY_NOTE + ": onnxruntime quantizes their activations "
                               "to 8 bits, the explained forward computes in float")
         return done
+
+
+def _drop_dead(graph: ir.Graph, nodes) -> None:
+    """Remove the Reshapes (of a tied table) that fed a converted node and feed nothing now."""
+    outputs = {id(v) for v in graph.outputs}
+    for n in nodes:
+        if n.op_type == "Reshape" and n.graph is graph and not any(o.uses() or id(o) in outputs for o in n.outputs):
+            graph.remove(n, safe=True)
 
 
 def _raise_opset(model: ir.Model) -> bool:
@@ -223,11 +233,25 @@ def _constants(node, idx) -> list:
     out = []
     for i in idx:
         v = vals[i]
-        c = const(v) if v is not None else None
+        c = _reshaped_const(v) if v is not None else None
         if v is not None and c is None:
             raise Refused(f"input {i} ({v.name}) that is not a constant")
         out.append(c)
     return out
+
+
+def _reshaped_const(v: ir.Value):
+    """The constant value of ``v``, also through a Reshape of a constant (onnxruntime-genai's tied int4 embedding
+    reads the head's packed weights reshaped, a table too large for constant folding)."""
+    c = const(v)
+    node = v.producer()
+    if c is None and node is not None and node.op_type == "Reshape" and node.domain in ("", "ai.onnx") \
+            and len(node.inputs) >= 2 and node.inputs[0] is not None and node.inputs[1] is not None:
+        data, shape = const(node.inputs[0]), const(node.inputs[1])
+        if data is not None and shape is not None and not node.attributes.get_int("allowzero", 0):
+            shape = [data.shape[j] if d == 0 else int(d) for j, d in enumerate(np.asarray(shape).reshape(-1))]
+            return np.reshape(np.asarray(data), shape)
+    return c
 
 
 def _matmul_nbits(b, node, ctx: _Context) -> ir.Value:
@@ -249,7 +273,7 @@ def _matmul_nbits(b, node, ctx: _Context) -> ir.Value:
         w = b.op("Transpose", [table], perm=[1, 0], tag="tied_w")
         w.type, w.shape = table.type, ir.Shape([k, n])
         meta.KEEP_PACKED.set(w.producer(), True)
-        meta.PACKED_WEIGHT.set(w, _Shared(lambda: np.ascontiguousarray(meta.PACKED_WEIGHT.get(table)().T)))
+        meta.PACKED_WEIGHT.set(w, _Shared(lambda: meta.PACKED_WEIGHT.get(table)().T))  # a view: no 1 GB copy per read
     else:
         w = _weight(b, np.ascontiguousarray(q.T), np.ascontiguousarray(s.T),
                     None if z is None else np.ascontiguousarray(z.T), _Blocks(bits, 0, block), ctx.packed, "w")
