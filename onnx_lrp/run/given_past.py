@@ -35,13 +35,15 @@ def fillable(name: str) -> bool:
 def npz_names(path) -> list:
     """The names of the arrays in an .npz INPUT when they hold a decoder's past (else []): read from the archive's
     listing, nothing inflated (the reader checks the file itself)."""
+    from ..io.kinds import Kind, is_kind
+
     p = Path(path)
-    if p.suffix.lower() != ".npz" or not p.is_file():
+    if not is_kind(p, Kind.NPZ) or not p.is_file():
         return []
     try:
-        with zipfile.ZipFile(p) as z:
-            names = [n[:-4] if n.endswith(".npy") else n for n in z.namelist()]
-    except (OSError, zipfile.BadZipFile):
+        with np.load(p, allow_pickle=False) as z:  # the archive's listing only
+            names = list(z.files)
+    except (OSError, ValueError, zipfile.BadZipFile):
         return []
     return names if past_names(names) else []
 

@@ -12,7 +12,7 @@ Past state given by the caller (bound with ``constants=``) is a constant of the 
 and gets no relevance (said in the load notes). :class:`KeptPast` (``BuildOptions(past_inputs=True)``, what the
 Explainer builds when a past is given with the inputs) keeps the past inputs as inputs: the relevance model then
 takes a past of any length and returns the relevance that reaches it (the part of the explained logit the past
-holds); only the ``present.*`` outputs are dropped.
+holds); the ``present.*`` outputs stay.
 """
 from __future__ import annotations
 
@@ -66,20 +66,16 @@ class EmptyPast(LoadPass):
 
 
 class KeptPast(LoadPass):
-    """Past key/value inputs kept as inputs (a past given at run time), ``present.*`` outputs dropped."""
+    """Past key/value inputs kept as inputs (a past given at run time); the ``present.*`` outputs stay outputs (the
+    forward's, as onnxruntime gives them)."""
 
     def apply(self, model: ir.Model, report: Report) -> int:
         graph = model.graph
         named = [v for v in graph.inputs if v.name and PAST.match(v.name)]
-        presents = [v for v in graph.outputs if v.name and PRESENT.match(v.name)]
         if not named or len(named) == len(graph.inputs):
             return 0
-        for v in presents:
-            graph.outputs.remove(v)
-        removed = _drop_dead(graph)
         report.note(len(named), "kept {n} past key/value input(s) as inputs (a past given with the inputs)")
-        report.note(len(presents), "dropped {n} present key/value output(s)")
-        return len(presents) + removed
+        return 0  # nothing rewritten
 
 
 def _axes(graph: ir.Graph, past: ir.Value) -> tuple | None:
