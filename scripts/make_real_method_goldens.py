@@ -119,6 +119,24 @@ def export(module, xs: tuple, names: tuple, dynamic: dict) -> onnx.ModelProto:
     return onnx.load_from_string(f.getvalue())
 
 
+def export_dynamo(module, x) -> tuple[onnx.ModelProto, dict]:
+    """torch.onnx's default exporter (dynamo, opset 18; it folds each BatchNorm too), without the nodes' metadata
+    (source stack traces); and each top-level module's last Relu output (by the nodes' name scopes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, (torch.as_tensor(x),), dynamo=True, input_names=["x"],
+                                    output_names=["logits"], dynamic_shapes=({0: torch.export.Dim("N")},),
+                                    verbose=False)
+    model, stages = program.model_proto, {}
+    for node in model.graph.node:
+        scopes = [p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"]
+        if node.op_type == "Relu" and scopes:
+            stages[ast.literal_eval(scopes[0])[1]] = node.output[0]
+        del node.metadata_props[:]
+        node.doc_string = ""
+    return model, stages
+
+
 def strip_drawn(model: onnx.ModelProto, module: nn.Module, seeds: dict) -> dict:
     """Take out of ``model`` every initializer a ``unit`` draw times a scale per output channel gives (the folded
     convolutions, the head): {name: (seed, shape, scale)}; the test rebuilds them from these."""
@@ -305,7 +323,7 @@ def main() -> None:
             key = f"{net}/{key}"
             stored = {k: stored_array(f"{key}/{k}", v) for k, v in options.items() if isinstance(v, np.ndarray)}
             arrays[f"{key}/ref"] = ref.astype(np.float32)
-            index[key] = {"method": method, "f64_distance": dist, "ulp_distance": dulp,
+            index[key] = {"method": method, "f64_distance": dist, "ulp_distance": dulp, "ref": f"{key}/ref",
                           "ref64": bool(options.pop("ref64", False)),
                           "options": {k: v for k, v in options.items() if not isinstance(v, np.ndarray)},
                           "arrays": stored}
@@ -322,6 +340,21 @@ def main() -> None:
     cases = [*gradient_cases(case, background, 2, 2), *grad_cam_cases(case, model),
              *occlusion_cases(case, [((3, 16, 16), (3, 16, 16))])]
     store("resnet18", model, case, cases, drawn)
+    # the same network through the dynamo exporter: the same references, Grad-CAM at its names of the same tensors
+    model, stages = export_dynamo(net, x)
+    drawn = strip_drawn(model, net, seeds)
+    onnx.save(model, OUT / "real_resnet18_dynamo.onnx")
+    index["resnet18_dynamo"] = {**index["resnet18"], "same_as": "resnet18", "drawn": {}}
+    for name, (seed, shape, scale) in drawn.items():
+        arrays[f"resnet18_dynamo/drawn/{name}"] = scale
+        index["resnet18_dynamo"]["drawn"][name] = {"seed": seed, "shape": shape}
+    for case_name in ("saliency", "ig_gausslegendre", "gradient_shap", "vargrad", "grad_cam_0", "grad_cam_1",
+                      "occlusion_0"):
+        entry = json.loads(json.dumps(index[f"resnet18/{case_name}"]))
+        if entry["method"] == "grad-cam":
+            stage = {"grad_cam_0": "layer3", "grad_cam_1": "layer4"}[case_name]
+            entry["options"]["layer"] = stages[stage]
+        index[f"resnet18_dynamo/{case_name}"] = entry
 
     # BERT: 2 sequences of 8 tokens, the second padded after 5
     wrapper, hf = bert()

@@ -1,11 +1,12 @@
-"""onnx_lrp.methods on the real torch classes of issue 36, exported by torch.onnx (TorchScript exporter, opset 17),
-against captum 0.9 from the stored goldens (tests/goldens/methods/real_*, written by
-scripts/make_real_method_goldens.py): torchvision's resnet18 with BatchNorm (3 x 64 x 64), transformers'
-BertForSequenceClassification attributed at ``inputs_embeds`` with a padding attention mask, an nn.LSTM classifier.
-Every gradient method within 1e-5 relative L2 of captum's float32 result (or 3x captum's own float32-to-float64
-distance; vargrad against captum in float64), occlusion equal up to float32 rounding of the output differences;
-through the Attributor and through ``Explainer(model, method=...)``. ResNet18's big weights are not stored: each is
-a :func:`unit` draw times a stored scale per output channel, put back here."""
+"""onnx_lrp.methods on the real torch classes of issue 36 against captum 0.9, from the stored goldens
+(tests/goldens/methods/real_*, written by scripts/make_real_method_goldens.py): torchvision's resnet18 with BatchNorm
+(3 x 64 x 64; exported by torch.onnx's TorchScript exporter, opset 17, and by its dynamo exporter, opset 18),
+transformers' BertForSequenceClassification attributed at ``inputs_embeds`` with a padding attention mask and an
+nn.LSTM classifier (TorchScript exporter). Every gradient method within 1e-5 relative L2 of captum's float32 result,
+or 3x captum's own float32 error where that is larger (to float64; to captum on inputs a few float32 steps away);
+vargrad against captum in float64; occlusion equal up to the float32 rounding of the outputs; through the Attributor
+and through ``Explainer(model, method=...)``. ResNet18's big weights are not stored: each is a :func:`unit` draw
+times a stored scale per output channel, put back here."""
 from __future__ import annotations
 
 import json
@@ -79,9 +80,10 @@ def model_bytes(net: str) -> bytes:
 def _case(key):
     data, index = _data()
     net, case = key.split("/")[0], index[key]
+    src = index[net].get("same_as", net)  # the dynamo export: the TorchScript export's inputs and references
     options = {**case["options"], **{name: _f32(data[stored]) for name, stored in case["arrays"].items()}}
-    x = _f32(data[f"{net}/x"])
-    feeds = {name: data[f"{net}/feed/{name}"] for name in index[net]["feeds"]}
+    x = _f32(data[f"{src}/x"])
+    feeds = {name: data[f"{src}/feed/{name}"] for name in index[net]["feeds"]}
     inputs = {index[net]["inputs"][0]: x, **feeds} if feeds else x
     if case["method"] == "occlusion" and feeds:
         # onnx-lrp occludes every input, the attention mask too (captum held it as an additional forward argument):
@@ -94,8 +96,8 @@ def _case(key):
     # kernels); vargrad (E[g^2] - E[g]^2 cancels in float32) against captum in float64
     tol = TOL if case["ref64"] else max(TOL, 3 * case["ulp_distance"], 3 * case["f64_distance"])
     if case["method"] == "occlusion":  # the float32 rounding of the outputs whose differences it sums
-        tol = np.abs(data[f"{key}/ref"]).max() * 4e-6 + f32_tol(data[f"{net}/logits"], 8)
-    return net, case["method"], options, inputs, data[f"{net}/target"], data[f"{key}/ref"], tol
+        tol = np.abs(data[case["ref"]]).max() * 4e-6 + f32_tol(data[f"{src}/logits"], 8)
+    return net, case["method"], options, inputs, data[f"{src}/target"], data[case["ref"]], tol
 
 
 def _check(method, got, ref, tol):
@@ -138,7 +140,10 @@ def test_goldens_cover_the_models_and_methods():
         methods = {c["method"] for k, c in index.items() if k.startswith(f"{net}/")}
         assert methods == gradient | ({"grad-cam"} if net == "resnet18" else set()), net
     assert sum(k.startswith("resnet18/grad_cam") for k in index) == 2
-    assert len(index["resnet18"]["drawn"]) == 21  # 20 convolutions (their BatchNorms folded in) and the head
+    assert {c["method"] for k, c in index.items() if k.startswith("resnet18_dynamo/")} == {
+        "gradient", "integrated-gradients", "gradient-shap", "vargrad", "grad-cam", "occlusion"}
+    for net in ("resnet18", "resnet18_dynamo"):  # 20 convolutions (their BatchNorms folded in) and the head
+        assert len(index[net]["drawn"]) == 21
 
 
 def test_one_window_for_a_model_with_a_mask_refused_in_one_line():
