@@ -39,6 +39,7 @@ ROW_FACTOR = 64  # a stacked row's working memory in the relevance graph, in uni
 #: ops whose output is piecewise constant in their input (or an integer): no gradient passes them
 STOPS = {"ArgMax", "ArgMin", "Round", "Floor", "Ceil", "Sign", "Equal", "Less", "Greater", "LessOrEqual",
          "GreaterOrEqual", "NonZero", "IsNaN", "IsInf"}
+SHAPE_ONLY = {"Shape", "Size"}  # their outputs do not depend on the input's values
 
 
 def _upstream(value) -> set:
@@ -71,7 +72,8 @@ def non_differentiable(model, output: str | None = None) -> list[dict]:
                           "opset": forward.opset_imports.get(node.domain or "", 0),
                           "reason": "no gradient (piecewise constant or integer output) on the path from the input"})
             continue
-        reached.update(o.name for o in node.outputs)
+        if node.op_type not in SHAPE_ONLY:  # a tensor's shape carries no gradient (HF exports compare shapes)
+            reached.update(o.name for o in node.outputs)
     return found
 
 

@@ -100,12 +100,12 @@ class Forward:
         return y[np.arange(len(y)), targets]
 
 
-def _per_input(value, names: list, several: bool) -> dict:
+def _per_input(value, names: list, several: bool, loose: bool = True) -> dict:
     """An option given per input (a tuple in the model's order, or a dict) as a dict; else the one value for
-    every input."""
+    every input (``loose``: a tuple as long as the inputs is one per input; not for one window of as many axes)."""
     if isinstance(value, dict):
         return {k: value.get(k, 0.0) for k in names}
-    if several or (isinstance(value, tuple) and len(value) == len(names)):
+    if several or (loose and isinstance(value, tuple) and len(value) == len(names)):
         if not isinstance(value, tuple) or len(value) != len(names):
             raise InputError(f"occlusion: give one window (and strides, baselines) per input ({', '.join(names)})")
         return dict(zip(names, value))
@@ -126,8 +126,8 @@ def occlusion(fwd: Forward, x, targets, options):
         return _occlude(fwd, feeds, fwd.input, (options.sliding_window_shapes, options.strides, options.baselines),
                         targets, whole)
     several = isinstance(options.sliding_window_shapes[0], tuple)
-    shapes = _per_input(options.sliding_window_shapes, fwd.names, several)
-    strides = _per_input(options.strides, fwd.names, several)
+    shapes = _per_input(options.sliding_window_shapes, fwd.names, several, loose=False)
+    strides = _per_input(options.strides, fwd.names, several, loose=False)
     bases = _per_input(options.baselines, fwd.names, False)
     return {k: _occlude(fwd, feeds, k, (shapes[k], strides[k], bases[k]), targets, whole) for k in fwd.names}
 
