@@ -255,6 +255,11 @@ class ExternalData:
 
 NO_EXTERNAL_DATA = ExternalData()
 
+#: a ``config`` entry of :class:`Session` that is no onnxruntime config entry: "0" turns onnxruntime's memory
+#: pattern off (the methods' stacked runs: with it, a run of a shape seen before takes one new block the size of all
+#: its tensors beside the arena's chunks from the first run, twice the memory; without it the chunks are reused)
+MEM_PATTERN = "onnx_lrp.mem_pattern"
+
 
 class Session:
     """An onnxruntime session built once and reused.
@@ -309,6 +314,9 @@ class Session:
             # fusions would regroup them around the float weights the qdq loading pass folds
             opts.add_session_config_entry("session.disable_quant_qdq", "1")
         for key, value in self.config.items():
+            if key == MEM_PATTERN:
+                opts.enable_mem_pattern = value != "0"
+                continue
             opts.add_session_config_entry(key, value)
         threads = _threads(threads)
         if threads:
