@@ -2,16 +2,16 @@
 process's memory for the method, the built model included. The gradient methods' relevance model keeps the
 forward's activations until the backward reads them, so a row costs at most the sum of the forward's float
 activations per item (from the shapes the loader infers); what the built model itself holds (its weights as
-onnxruntime keeps them, the serialised graph) is measured as the rise of the resident set while it is built
-(elsewhere than Linux: estimated from the graph's bytes)."""
+onnxruntime keeps them, the serialised graph) is the larger of the rise of the resident set while it is built
+(Linux; it misses memory the process had freed before and reused) and an estimate from the graph's bytes."""
 from __future__ import annotations
 
 import numpy as np
 
 #: a stacked row's memory when the forward's shapes are unknown, in units of the input row's bytes (rough)
 ROW_FACTOR = 64
-#: what a built model holds, in units of its serialised graph's bytes where the resident set cannot be read
-#: (ResNet50's true-gradient model: 195 MiB of graph, 926 MiB resident once built)
+#: what a built model holds at least, in units of its serialised graph's bytes (ResNet50's true-gradient model:
+#: 195 MiB of graph, 926 MiB resident once built in a fresh process)
 HELD_FACTOR = 5
 
 
@@ -42,11 +42,11 @@ def activation_bytes(graph) -> int:
 
 
 def held_bytes(before: int | None, graph_bytes: int) -> int:
-    """What a model built since the resident set was ``before`` holds: the rise (Linux), else an estimate."""
+    """What a model built since the resident set was ``before`` holds: the rise (Linux), at least the estimate
+    from its graph's bytes (weights in external files are in the rise only)."""
     now = resident()
-    if before is not None and now is not None:
-        return max(0, now - before)
-    return HELD_FACTOR * graph_bytes
+    rise = now - before if before is not None and now is not None else 0
+    return max(rise, HELD_FACTOR * graph_bytes)
 
 
 def rows_within(budget: int, held: int, row: int) -> int:
