@@ -8,7 +8,8 @@ On a torchvision ResNet50 (random weights, BatchNorm statistics drawn), batch 1,
   occlusion     windows 3 x 16 x 16, stride 8 (729 windows) as batched forwards, against captum's Occlusion
                 (target: ours >= 2x faster)
 and the peak memory of building an Attributor and its first IG call (the rise of the resident set's high-water mark,
-reset just before) against --memory-budget (default 2 GB: what one stacked run may take).
+reset just before) against --memory-budget (default 2 GB: what the built model and one stacked run may take), with
+the rows per run the budget gave.
 
     python benchmarks/bench_methods.py                       # ResNet50, batch 1
     python benchmarks/bench_methods.py --small               # ResNet18 at 64 x 64, windows 3 x 8 x 8 stride 4
@@ -83,6 +84,7 @@ def main() -> int:
         grad = Attributor(path, "gradient", **settings)
         sg = Attributor(path, "smoothgrad", nt_samples=16, stdevs=0.1, seed=0, **settings)
         occ = Attributor(path, "occlusion", sliding_window_shapes=(3, window, window), strides=stride, **settings)
+        rows = ig.engine.rows_per_run(x)
         r = args.repeat
         t_ig = best(lambda: ig.attribute(x, t), r)
         t_grad = best(lambda: grad.attribute(x, t), r)
@@ -102,7 +104,7 @@ def main() -> int:
     print(row("smoothgrad16", t_sg, t_captum_sg, "captum nt", "goal <= 0.33"))
     print(row("occlusion", t_occ, t_captum_occ, "captum occ", f"goal <= 0.5 ({windows} windows)"))
     print(f"  peak memory, IG built and run once: {peak:.0f} MiB (budget {args.memory_budget} MiB: "
-          f"{'within' if peak <= args.memory_budget else 'OVER'})")
+          f"{'within' if peak <= args.memory_budget else 'OVER'}; {rows} rows per run)")
     return 0
 
 

@@ -57,7 +57,7 @@ def method_options(f):
         click.option("--seed", type=click.IntRange(min=0), default=None, metavar="N",
                      help="smoothgrad, vargrad, expected-gradients, gradient-shap, rise: the draws' seed."),
         click.option("--memory-budget", "memory_budget", type=click.IntRange(min=1), default=None, metavar="MB",
-                     help="Methods: megabytes one stacked run may take (default 2048)."),
+                     help="Methods: megabytes the built model and one stacked run may take (default 2048)."),
         click.option("--stdevs", type=click.FloatRange(min=0), default=None, metavar="F",
                      help="smoothgrad, vargrad, gradient-shap: noise standard deviation (default 1; 0)."),
         click.option("--probability", type=click.FloatRange(min=0, max=1, min_open=True), default=None, metavar="F",

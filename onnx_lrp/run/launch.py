@@ -72,26 +72,26 @@ def _part(kind, given, keywords: dict, device, name: str):
     return given
 
 
-def build_and_start(model, composite, build_options: BuildOptions, run_options: RunOptions):
+def build_and_start(model, composite, build_options: BuildOptions, run_options: RunOptions, config=None):
     """(relevance model, its session): built and started. Where onnxruntime cannot start a float16 / bfloat16
     relevance model: precision="auto" builds it again in float32 (one warning), precision="model" is refused."""
     relevance_model = build(model, composite, build_options)  # only LrpError escapes it
     try:
-        return relevance_model, _started(relevance_model, run_options)
+        return relevance_model, _started(relevance_model, run_options, config)
     except LrpError as exc:
         if relevance_model.model_precision == "float32":
             raise
         _float32_instead(exc, relevance_model.model_precision, build_options)
     del relevance_model
     relevance_model = build(model, composite, dataclasses.replace(build_options, precision="float32"))
-    return relevance_model, _started(relevance_model, run_options)
+    return relevance_model, _started(relevance_model, run_options, config)
 
 
-def _started(relevance_model, run_options: RunOptions):
+def _started(relevance_model, run_options: RunOptions, config=None):
     """The relevance model's session; as the build, only :class:`onnx_lrp.LrpError` escapes."""
     with only_lrp_errors("building the relevance model",
                          hint="; the model (or a dimension of it) is too large for this machine"):
-        return open_session(relevance_model, run_options)
+        return open_session(relevance_model, run_options, config)
 
 
 def _float32_instead(exc: LrpError, model_precision: str, options: BuildOptions) -> None:
@@ -107,9 +107,10 @@ def _float32_instead(exc: LrpError, model_precision: str, options: BuildOptions)
                   "it is computed in float32 (precision='float32' skips the attempt)", LrpWarning, stacklevel=4)
 
 
-def runner(model, options: ExplainOptions) -> Runner:
-    """A :class:`onnx_lrp.run.runner.Runner` of ``model`` built and started with ``options``."""
-    relevance_model, session = build_and_start(model, options.composite, options.build, options.run)
+def runner(model, options: ExplainOptions, config: dict | None = None) -> Runner:
+    """A :class:`onnx_lrp.run.runner.Runner` of ``model`` built and started with ``options`` (``config``: its
+    session's, :class:`onnx_lrp.run.runtime.Session`)."""
+    relevance_model, session = build_and_start(model, options.composite, options.build, options.run, config)
     return Runner(relevance_model, options.run, session)
 
 

@@ -32,11 +32,11 @@ from .explanation import Explanation, given_without_batch_axis
 from .options import RunOptions
 
 
-def open_session(model: RelevanceModel, options: RunOptions) -> runtime.Session:
-    """The onnxruntime session of ``model`` with ``options``."""
+def open_session(model: RelevanceModel, options: RunOptions, config: dict | None = None) -> runtime.Session:
+    """The onnxruntime session of ``model`` with ``options`` (``config``: :class:`runtime.Session`'s)."""
     external = runtime.ExternalData(model.model_folder, model.model_arrays, model.model_prepack)
     return runtime.Session(model.model_bytes, options.device, options.threads, external=external,
-                           precise=options.precise, **options.session_settings())
+                           precise=options.precise, config=config, **options.session_settings())
 
 
 def _field(name: str, doc: str) -> property:

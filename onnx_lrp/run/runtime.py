@@ -267,12 +267,19 @@ NO_MEMORY_REUSE = "onnx_lrp.no_memory_reuse"
 
 
 def _configure(opts, config: dict) -> None:
-    """Session config entries (NO_MEMORY_REUSE: a session option) on ``opts``."""
+    """Session config entries on ``opts`` (NO_MEMORY_REUSE and MEM_PATTERN: session options, not config entries)."""
     for key, value in config.items():
         if key == NO_MEMORY_REUSE:
             opts.enable_mem_reuse = str(value) != "1"
+        elif key == MEM_PATTERN:
+            opts.enable_mem_pattern = str(value) != "0"
         else:
             opts.add_session_config_entry(key, value)
+
+#: a ``config`` entry of :class:`Session` that is no onnxruntime config entry: "0" turns onnxruntime's memory
+#: pattern off (the methods' stacked runs: with it, a run of a shape seen before takes one new block the size of all
+#: its tensors beside the arena's chunks from the first run, twice the memory; without it the chunks are reused)
+MEM_PATTERN = "onnx_lrp.mem_pattern"
 
 
 class Session:
