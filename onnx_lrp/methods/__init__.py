@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.errors import InputError, LrpWarning
 from ..run import launch
-from . import expected, gradcam, gradients, integration, noise, occlusion, rise
+from . import budget, expected, gradcam, gradients, integration, noise, occlusion, rise
 from .options import (OPTIONS, ExpectedGradientsOptions, GradCamOptions, GradientOptions, InputXGradientOptions,
                       IntegratedGradientsOptions, NoiseTunnelOptions, OcclusionOptions, RiseOptions, RunSettings,
                       make_options)
@@ -126,7 +126,7 @@ class Attributor:
         """Stacked rows per run of the LRP base: ``internal_batch_size``, else as many as the memory budget allows."""
         if self.settings.internal_batch_size is not None:
             return self.settings.internal_batch_size
-        return max(1, self.settings.memory_budget // (max(1, x[:1].nbytes) * gradients.ROW_FACTOR))
+        return max(1, self.settings.memory_budget // (max(1, x[:1].nbytes) * budget.ROW_FACTOR))
 
     def _noise_targets(self, xb, target):
         if isinstance(self.engine, gradients.GradientRunner):
