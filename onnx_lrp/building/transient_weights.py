@@ -187,7 +187,7 @@ def _head_plan(dq: ir.Node, outputs: set):
             and u.node.attributes.get_int("transB", 0) == 1 and u.node.attributes.get_int("transA", 0) == 0
             and u.node.attributes.get_float("alpha", 1.0) == 1.0 and len(u.node.inputs) == 2]
     if not fwd or not back or len(fwd) + len(back) != len(w.uses()) or any(
-            n.outputs[0].dtype != ir.DataType.FLOAT for n in fwd + back + lookups):
+            n.outputs[0].dtype not in (None, ir.DataType.FLOAT) for n in fwd + back + lookups):
         return None
     vals = q.numpy().astype(np.int16) + (8 if signed else 0)  # unsigned, zero point 8 (MatMulNBits' default) or given
     s, z = scale.numpy(), None if signed else zero.numpy().astype(np.uint8)
