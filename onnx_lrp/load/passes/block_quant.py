@@ -63,8 +63,10 @@ class BlockQuantized(LoadPass):
                 continue
             take_over(node.outputs[0], y)
             feeds = [v.producer() for v in node.inputs if v is not None and v.producer() is not None]
+            read = [v for v in node.inputs if v is not None] + [v for n in feeds for v in n.inputs if v is not None]
             graph.remove(node, safe=True)  # its inputs no longer read by it
             _drop_dead(graph, feeds)
+            _release_unread(graph, read)
             done += 1
             accurate += node.op_type == "MatMulNBits" and int(attr(node, "accuracy_level", 0) or 0) == 4
         report.refuse(refused)
@@ -82,6 +84,23 @@ def _drop_dead(graph: ir.Graph, nodes) -> None:
     for n in nodes:
         if n.op_type == "Reshape" and n.graph is graph and not any(o.uses() or id(o) in outputs for o in n.outputs):
             graph.remove(n, safe=True)
+
+
+def _release_unread(graph: ir.Graph, values) -> None:
+    """Remove the initializers among ``values`` nothing reads any more (the packed weights as the folder stored them,
+    now converted), closing their files' memory maps: their pages would otherwise stay resident for the whole build
+    (the folder's weight bytes again)."""
+    for v in values:
+        if v.name not in graph.initializers or graph.initializers[v.name] is not v or v.is_graph_output() or \
+                any(node.graph is not None for node, _ in v.uses()):
+            continue
+        graph.initializers.pop(v.name)
+        t = v.const_value
+        if isinstance(t, ir.ExternalTensor):
+            try:
+                t.release()
+            except BufferError:  # a converted constant still views it (scales taken as they are): closed when freed
+                pass
 
 
 def _raise_opset(model: ir.Model) -> bool:
