@@ -15,6 +15,7 @@ dequantizes the same packed constants: the values are bit for bit the shared one
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from ..core import meta
@@ -28,6 +29,7 @@ def make_transient(model: ir.Model) -> int:
     """Give every consumer of a packed weight its own dequantizing nodes, right before it (in place); the shared
     originals left without consumers are removed. Returns the number of consumers served."""
     graph = model.graph
+    head_in_rows(model)
     outputs = {id(v) for v in graph.outputs}
     served = 0
     for node in list(graph):
@@ -107,4 +109,204 @@ def _drop_unused(graph: ir.Graph, outputs: set) -> None:
             graph.remove(node, safe=True)
 
 
-__all__ = ["make_transient"]
+
+
+# -- the head: its 4-bit rows, never a float copy ------------------------------------------------------------------
+# The output layer of an LLM (the vocabulary head, V x K) is the largest weight, and the relevance starts at one
+# logit: its backward product s W^T reads only the rows of W whose column of s is not zero (one per explained
+# item). A packed head (signed 4-bit, no zero points) is kept once, as onnxruntime's MatMulNBits stores it (N, blocks,
+# block / 2 bytes, two values per byte, low nibble first): the forward is MatMulNBits (accuracy_level 0: float
+# compute, no float copy of W), the backward gathers the rows named by the nonzero columns of s and dequantizes only
+# those. Exact: the columns of s left out are zeros, so the product is the same sum up to its order.
+
+MS = "com.microsoft"
+
+
+def head_in_rows(model: ir.Model) -> int:
+    """Rewrite the products of every packed head (a packed weight whose forward MatMul gives a graph output) as above
+    (in place). Returns the number of heads rewritten."""
+    graph = model.graph
+    outputs = {id(v) for v in graph.outputs}
+    done, stale = 0, []
+    for node in list(graph):
+        if node.op_type != "DequantizeLinear" or not _packed(node) or node.graph is not graph:
+            continue
+        plan = _head_plan(node, outputs)
+        if plan is None:
+            continue
+        w, rows, fwd, back, lookups = plan
+        rows["b"] = _init(graph, f"{node.name}/rows", rows["b"])
+        rows["s"] = _init(graph, f"{node.name}/row_scales", rows["s"])
+        zp = None if rows["z"] is None else _init(graph, f"{node.name}/zero_points", _packed_zero(rows["z"]))
+        if rows["z"] is not None:
+            rows["z"] = _init(graph, f"{node.name}/row_zero_points", rows["z"])
+        for mm in fwd:
+            flat = _init(graph, f"{node.name}/scales_flat", rows["s"].const_value.numpy().reshape(-1))
+            y = _node(graph, mm, MS, "MatMulNBits", [mm.inputs[0], rows["b"], flat] + ([zp] if zp is not None else []),
+                      mm.outputs[0], K=rows["k"], N=rows["n"], bits=4, block_size=rows["block"], accuracy_level=0)
+            model.opset_imports.setdefault(MS, 1)
+            graph.opset_imports.setdefault(MS, 1)
+            _take_over(mm, y)
+        for gemm in back:
+            _take_over(gemm, _rows_product(graph, gemm, rows))
+        for gather in lookups:
+            _take_over(gather, _lookup(graph, gather, rows))
+        done += 1
+        stale.extend(v for v in node.inputs if v is not None)
+    if done:
+        _drop_unused(graph, outputs)
+        for v in stale:  # the 4-bit constants the rows replace (a tied table still looked up elsewhere keeps them)
+            if v.is_initializer() and not v.uses() and not v.is_graph_input() and not v.is_graph_output():
+                graph.initializers.pop(v.name, None)
+    return done
+
+
+def _head_plan(dq: ir.Node, outputs: set):
+    """(W, its rows as MatMulNBits keeps them, the forward MatMuls, the backward Gemms, the table lookups) of a packed
+    head read by DequantizeLinear ``dq`` (directly: (K, N) blocks along axis 0; or transposed: a tied (V, K) table,
+    blocks along axis 1, also looked up by Gathers), or None where it is not one."""
+    axis, block = dq.attributes.get_int("axis", 1), dq.attributes.get_int("block_size", 0)
+    consts = [None if v is None else v.const_value for v in dq.inputs]
+    if any(v is not None and c is None for v, c in zip(dq.inputs, consts)) or block <= 0 or axis not in (0, 1):
+        return None
+    q, scale, zero = (consts + [None])[:3]
+    signed = q.dtype == ir.DataType.INT4 and zero is None
+    if not (signed or q.dtype == ir.DataType.UINT4 and zero is not None) or scale.dtype != ir.DataType.FLOAT \
+            or len(q.shape) != 2:
+        return None
+    w, lookups = dq.outputs[0], []
+    if axis == 1:  # a tied table (V, K): the head reads it transposed, the embedding gathers its rows
+        tr = [u.node for u in w.uses() if u.node.op_type == "Transpose" and _packed(u.node)]
+        lookups = [u.node for u in w.uses() if u.node.op_type == "Gather" and u.idx == 0
+                   and u.node.attributes.get_int("axis", 0) == 0]
+        if len(tr) != 1:
+            return None
+        w = tr[0].outputs[0]
+    fwd = [u.node for u in w.uses() if u.node.op_type == "MatMul" and u.idx == 1 and _gives_output(u.node, outputs)]
+    back = [u.node for u in w.uses() if u.node.op_type == "Gemm" and u.idx == 1
+            and u.node.attributes.get_int("transB", 0) == 1 and u.node.attributes.get_int("transA", 0) == 0
+            and u.node.attributes.get_float("alpha", 1.0) == 1.0 and len(u.node.inputs) == 2]
+    if not fwd or not back or len(fwd) + len(back) != len(w.uses()) or any(
+            n.outputs[0].dtype not in (None, ir.DataType.FLOAT) for n in fwd + back + lookups):
+        return None
+    vals = q.numpy().astype(np.int16) + (8 if signed else 0)  # unsigned, zero point 8 (MatMulNBits' default) or given
+    s, z = scale.numpy(), None if signed else zero.numpy().astype(np.uint8)
+    if axis == 0:
+        vals, s, z = vals.T, s.T, None if z is None else z.T
+    n, k = vals.shape
+    if k % block or block % 2 or s.shape != (n, k // block):
+        return None
+    u = vals.astype(np.uint8).reshape(n, k // block, block)
+    rows = {"b": (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8), "s": np.ascontiguousarray(s), "n": n, "k": k,
+            "block": block, "z": None if z is None else np.ascontiguousarray(z)}
+    return w, rows, fwd, back, lookups
+
+
+def _packed_zero(z: np.ndarray) -> np.ndarray:
+    """(N, blocks) zero points as MatMulNBits reads them: two per byte, low nibble first."""
+    if z.shape[1] % 2:
+        z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
+    return (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+
+
+_PASS_THROUGH = ("Reshape", "Identity", "Add", "Squeeze", "Unsqueeze")
+
+
+def _gives_output(node: ir.Node, outputs: set) -> bool:
+    """Whether ``node``'s output is a graph output, directly or through at most two reshapes or a bias."""
+    v = node.outputs[0]
+    for _ in range(3):
+        if id(v) in outputs:
+            return True
+        nxt = [u.node for u in v.uses() if u.node.op_type in _PASS_THROUGH]
+        if len(nxt) != 1:
+            return False
+        v = nxt[0].outputs[0]
+    return id(v) in outputs
+
+
+class _Ops:
+    """Nodes made before ``at`` (default domain), named after it."""
+
+    def __init__(self, graph: ir.Graph, at: ir.Node):
+        self.graph, self.at, self.made = graph, at, []
+
+    def __call__(self, op_type, *inputs, **attrs) -> ir.Value:
+        n = ir.Node("", op_type, list(inputs), attributes=[_attr(k, v) for k, v in attrs.items()],
+                    name=f"{self.at.name}/rows/{len(self.made)}_{op_type}")
+        n.outputs[0].name = n.name
+        self.made.append(n)
+        return n.outputs[0]
+
+    def c(self, arr, tag: str) -> ir.Value:
+        return _init(self.graph, f"{self.at.name}/rows/{tag}", np.asarray(arr))
+
+    def done(self, y: ir.Value, like: ir.Value) -> ir.Value:
+        self.graph.insert_before(self.at, self.made)
+        y.type, y.shape = like.type, like.shape
+        return y
+
+
+def _rows(op: _Ops, rows: dict, ids: ir.Value) -> ir.Value:
+    """The float rows ``ids`` (n,) of the packed weight: (n, K)."""
+    k, block = rows["k"], rows["block"]
+    q = op("Gather", rows["b"], ids, axis=0)  # (n, blocks, block / 2) bytes
+    lo = op("Unsqueeze", op("BitwiseAnd", q, op.c(np.uint8(15), "low")), op.c([-1], "last"))
+    hi = op("Unsqueeze", op("BitShift", q, op.c(np.uint8(4), "four"), direction="RIGHT"), op.c([-1], "last_hi"))
+    vals = op("Cast", op("Reshape", op("Concat", lo, hi, axis=-1), op.c([-1, k // block, block], "blocks")),
+              to=ir.DataType.FLOAT.value)
+    zero = op.c(np.float32(8), "eight") if rows["z"] is None else op("Unsqueeze", op(
+        "Cast", op("Gather", rows["z"], ids, axis=0), to=ir.DataType.FLOAT.value), op.c([-1], "last_z"))
+    scales = op("Unsqueeze", op("Gather", rows["s"], ids, axis=0), op.c([-1], "last_s"))
+    return op("Reshape", op("Mul", op("Sub", vals, zero), scales), op.c([-1, k], "rows"))
+
+
+def _rows_product(graph: ir.Graph, gemm: ir.Node, rows: dict) -> ir.Value:
+    """``s W^T`` (Gemm(s, W, transB=1)) from the rows of W at the nonzero columns of ``s`` (M, N): (M, K)."""
+    op, s = _Ops(graph, gemm), gemm.inputs[0]
+    hot = op("Not", op("Equal", op("ReduceMax", op("Abs", s), op.c([0], "axes0"), keepdims=0),
+                       op.c(np.float32(0), "zero")))
+    cols = op("Reshape", op("NonZero", hot), op.c([-1], "flat"))
+    return op.done(op("MatMul", op("Gather", s, cols, axis=1), _rows(op, rows, cols)), gemm.outputs[0])
+
+
+def _lookup(graph: ir.Graph, gather: ir.Node, rows: dict) -> ir.Value:
+    """Gather(table, ids) from the packed rows: only the looked-up rows dequantized."""
+    op, ids = _Ops(graph, gather), gather.inputs[1]
+    flat = _rows(op, rows, op("Reshape", ids, op.c([-1], "ids_flat")))
+    shape = op("Concat", op("Shape", ids), op.c([rows["k"]], "hidden"), axis=0)
+    return op.done(op("Reshape", flat, shape), gather.outputs[0])
+
+
+def _attr(name: str, value) -> ir.Attr:
+    if isinstance(value, str):
+        return ir.AttrString(name, value)
+    return ir.AttrInt64(name, int(value))
+
+
+def _init(graph: ir.Graph, name: str, arr: np.ndarray) -> ir.Value:
+    v = ir.Value(name=name, shape=ir.Shape(list(arr.shape)), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
+                 const_value=ir.tensor(arr, name=name))
+    graph.register_initializer(v)
+    return v
+
+
+def _node(graph: ir.Graph, at: ir.Node, domain: str, op_type: str, inputs: list, like: ir.Value, **attrs) -> ir.Value:
+    n = ir.Node(domain, op_type, inputs, attributes=[_attr(k, v) for k, v in attrs.items()],
+                name=f"{at.name}/{op_type}", version=1 if domain else None)
+    graph.insert_before(at, n)
+    y = n.outputs[0]
+    y.name, y.type, y.shape = f"{like.name}/{op_type}", like.type, like.shape
+    return y
+
+
+def _take_over(old: ir.Node, y: ir.Value) -> None:
+    """``y`` in place of ``old``'s output (also as a graph output, under its name); ``old`` removed."""
+    v = old.outputs[0]
+    name = v.name
+    v.replace_all_uses_with(y, replace_graph_outputs=True)
+    v.name, y.name = f"{name}/replaced", name
+    old.graph.remove(old, safe=True)
+
+
+__all__ = ["make_transient", "head_in_rows"]

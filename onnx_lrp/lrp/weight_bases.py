@@ -25,8 +25,12 @@ def any_negative(arr: np.ndarray) -> bool:
 
 
 def all_chunks(arr: np.ndarray, test, chunk: int = 1 << 22) -> bool:
-    """``test(part)`` for every part of the flattened ``arr`` (a large weight is never copied whole)."""
-    flat = np.asarray(arr).reshape(-1)
+    """``test(part)`` for every part of the flattened ``arr`` (a large weight is never copied whole; ``test`` reads
+    its entries in any order)."""
+    a = np.asarray(arr)
+    if not a.flags.c_contiguous and a.T.flags.c_contiguous:
+        a = a.T  # a transposed view (a tied int4 head): flattened in memory order, not copied
+    flat = a.reshape(-1)
     return all(bool(test(flat[i:i + chunk])) for i in range(0, flat.size, chunk))
 
 

@@ -63,8 +63,10 @@ class BlockQuantized(LoadPass):
                 continue
             take_over(node.outputs[0], y)
             feeds = [v.producer() for v in node.inputs if v is not None and v.producer() is not None]
+            read = [v for v in node.inputs if v is not None] + [v for n in feeds for v in n.inputs if v is not None]
             graph.remove(node, safe=True)  # its inputs no longer read by it
             _drop_dead(graph, feeds)
+            _release_unread(graph, read)
             done += 1
             accurate += node.op_type == "MatMulNBits" and int(attr(node, "accuracy_level", 0) or 0) == 4
         report.refuse(refused)
@@ -82,6 +84,23 @@ def _drop_dead(graph: ir.Graph, nodes) -> None:
     for n in nodes:
         if n.op_type == "Reshape" and n.graph is graph and not any(o.uses() or id(o) in outputs for o in n.outputs):
             graph.remove(n, safe=True)
+
+
+def _release_unread(graph: ir.Graph, values) -> None:
+    """Remove the initializers among ``values`` nothing reads any more (the packed weights as the folder stored them,
+    now converted), closing their files' memory maps: their pages would otherwise stay resident for the whole build
+    (the folder's weight bytes again)."""
+    for v in values:
+        if v.name not in graph.initializers or graph.initializers[v.name] is not v or v.is_graph_output() or \
+                any(node.graph is not None for node, _ in v.uses()):
+            continue
+        graph.initializers.pop(v.name)
+        t = v.const_value
+        if isinstance(t, ir.ExternalTensor):
+            try:
+                t.release()
+            except BufferError:  # a converted constant still views it (scales taken as they are): closed when freed
+                pass
 
 
 def _raise_opset(model: ir.Model) -> bool:
@@ -187,19 +206,51 @@ class _Shared:
 
 def _value(vals, zf, bits: int, axis: int, block: int) -> np.ndarray:
     """The float value of a packed weight (what its DequantizeLinear computes, then minus ``zf * scale`` for float
-    zero points), from its constants, one block at a time (no full-size temporaries)."""
+    zero points), from its constants, a few rows of blocks at a time (temporaries of about _CHUNK bytes)."""
     x, s = vals[0].const_value.numpy(), vals[1].const_value.numpy()
     z = vals[2].const_value.numpy() if len(vals) > 2 else zf
+    if axis == 1:  # (V, K), blocks along each row
+        return _value_rows(x, s, z, block)
     out = np.empty(x.shape, s.dtype)
-    for i in range(s.shape[axis]):
-        at = (slice(i * block, (i + 1) * block), slice(None)) if axis == 0 else (slice(None), slice(i * block,
-                                                                                                    (i + 1) * block))
-        one = (slice(i, i + 1), slice(None)) if axis == 0 else (slice(None), slice(i, i + 1))
-        q = x[at].astype(np.float32)
+    k, n = x.shape
+    nb = s.shape[0]
+    step = max(1, _CHUNK // max(1, block * n * 4))
+    for i in range(0, nb, step):
+        j = min(nb, i + step)
+        rows = slice(i * block, min(k, j * block))
+        q = x[rows].astype(np.float32)
+        m = q.shape[0]
+        pad = (j - i) * block - m  # a last block shorter than block_size
+        if pad:
+            q = np.concatenate([q, np.zeros((pad, n), np.float32)])
+        q = q.reshape(j - i, block, n)
         if z is not None:
-            q -= z[one].astype(np.float32)
-        out[at] = q * s[one]
+            q -= np.asarray(z[i:j], np.float32)[:, None, :]
+        q *= s[i:j].astype(np.float32)[:, None, :]
+        out[rows] = q.reshape(-1, n)[:m]
     return out
+
+
+def _value_rows(x: np.ndarray, s: np.ndarray, z, block: int) -> np.ndarray:
+    """_value of a (V, K) weight with blocks along its rows (an embedding table), a few thousand rows at a time."""
+    v, k = x.shape
+    nb = s.shape[1]
+    out = np.empty(x.shape, s.dtype)
+    step = max(1, _CHUNK // max(1, nb * block * 4))
+    for i in range(0, v, step):
+        j = min(v, i + step)
+        q = x[i:j].astype(np.float32)
+        if nb * block != k:  # a last block shorter than block_size
+            q = np.concatenate([q, np.zeros((j - i, nb * block - k), np.float32)], axis=1)
+        q = q.reshape(j - i, nb, block)
+        if z is not None:
+            q -= np.asarray(z[i:j], np.float32)[:, :, None]
+        q *= s[i:j].astype(np.float32)[:, :, None]
+        out[i:j] = q.reshape(j - i, -1)[:, :k]
+    return out
+
+
+_CHUNK = 64 << 20  # bytes of float temporaries per step of _value
 
 
 def _minus_zero_times_scale(b, w, zs: np.ndarray, shape, axis: int, block: int):

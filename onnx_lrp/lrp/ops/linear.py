@@ -29,6 +29,22 @@ def _bias_of(node: ir.Node, idx: int) -> np.ndarray | None:
     return b
 
 
+def _param_shape(v: ir.Value) -> tuple:
+    """A weight's shape; a packed weight's (meta.PACKED_WEIGHT: an int4 LLM's) from its static shape, without
+    computing its float value (the vocabulary head's is 1 GB)."""
+    if v.const_value is None and meta.PACKED_WEIGHT.has(v) and v.shape is not None and \
+            all(isinstance(d, int) for d in v.shape):
+        return tuple(v.shape)
+    return const(v).shape
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the same memory read alike (a packed weight's value, read twice): equal without
+    comparing their elements."""
+    return a is b or (a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides
+                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 def _wconst(em: Emitter, node: ir.Node, p: Params, arr: np.ndarray, tag: str) -> ir.Value:
     return em.const(arr, tag=tag, key=(node.name, tag, p.key))
 
@@ -309,12 +325,12 @@ class MatMul(LinearOp):
     def check(self, node):
         if not (is_param(node.inputs[0]) or is_param(node.inputs[1])):
             return "a product of two activations (bilinear; use the attnlrp composite)"
-        w = const(node.inputs[self._side(node)])
-        if w.ndim < 2:
+        w = _param_shape(node.inputs[self._side(node)])
+        if len(w) < 2:
             return "1-D weight"
         x = static_dims(node.inputs[1 - self._side(node)])
         if x is not None and len(x) >= 2:
-            inner_x, inner_w = (x[-1], w.shape[-2]) if self._side(node) == 1 else (x[-2], w.shape[-1])
+            inner_x, inner_w = (x[-1], w[-2]) if self._side(node) == 1 else (x[-2], w[-1])
             if inner_x is not None and inner_x != inner_w:
                 return f"malformed: inner dimensions {inner_x} and {inner_w} differ"
         return None
@@ -336,7 +352,8 @@ class MatMul(LinearOp):
             # s W^T as Gemm(s, W, transB=1) on the rows of s: no transposed copy of the weight (the forward's own
             # initializer when unmodified), and onnxruntime's Gemm with transB beats MatMul with W^T on long rows
             own = node.inputs[1]
-            wc = own if np.array_equal(p.w, const(own)) else _wconst(em, node, p, p.w, "w")
+            c = const(own)
+            wc = own if _same_array(p.w, c) or np.array_equal(p.w, c) else _wconst(em, node, p, p.w, "w")
             if len(x.shape) == 2:
                 return [em.op("Gemm", s, wc, transB=1, tag="JTs")]
             rows = em.op("Reshape", s, em.ints([-1, p.w.shape[1]]), tag="s_rows")
