@@ -75,8 +75,7 @@ class Explainer(Runner):
         - `ledger` (False): also return the relevance entering and leaving every node (`Explanation.ledger`).
         - `constants` (None): `{input name: value}`, inputs bound to fixed values (no longer fed).
         - `input_shapes` (None): `{input name: shape}`, dynamic input dimensions fixed.
-        - `past_inputs` (False): a decoder's past key/value inputs stay inputs (their relevance returned) instead of
-          fed empty; `explain` builds such a model by itself when given a past.
+        - `past_inputs` (False): a decoder's past key/value inputs kept (fed empty else); `explain` sets it for a past.
         - `precision` (`"auto"`): a float16 / bfloat16 model's relevance in `"model"` (its type, float32 where
           stability needs it) or `"float32"`; `"auto"`: the first on CUDA, the second on the CPU.
 

@@ -175,6 +175,18 @@ def mha(b, node) -> ir.Value:
     return _attend(b, node, (q, k, v), _Heads(n, dq // n, dv // n, scale), mb, attn_bias)
 
 
+def _gqa_split(b, qkv: tuple, n: int, nkv: int, d: int) -> tuple:
+    """(q, k, v, head size): as given, or sliced from a packed query (B, S, (N + 2 N_kv) H) when k is absent."""
+    q, k, v = qkv
+    if k is not None:
+        return q, k, v, d // n
+    h = d // (n + 2 * nkv)
+    cuts = np.cumsum([0, n * h, nkv * h, nkv * h])
+    q, k, v = (b.op("Slice", [q, i64(b, [cuts[i]], "start"), i64(b, [cuts[i + 1]], "end"), i64(b, [-1], "axis")],
+                    tag=tag) for i, tag in enumerate("qkv"))
+    return q, k, v, h
+
+
 def gqa(b, node) -> ir.Value:
     """GroupQueryAttention: causal (within ``local_window_size``), keys after ``seqlens_k[b]`` (the last valid index)
     masked, ``do_rotary`` (the cos/sin caches at ``position_ids`` or, as onnxruntime derives them, past..past+S-1),
@@ -195,13 +207,7 @@ def gqa(b, node) -> ir.Value:
     d = q.shape[-1] if rank(q) == 3 else None
     if not isinstance(d, int):
         raise Refuse("a query of unknown hidden size")
-    if k is None:  # packed (B, S, (N + 2 N_kv) H)
-        h = d // (n + 2 * nkv)
-        cuts = np.cumsum([0, n * h, nkv * h, nkv * h])
-        q, k, v = (b.op("Slice", [q, i64(b, [cuts[i]], "start"), i64(b, [cuts[i + 1]], "end"),
-                                  i64(b, [-1], "axis")], tag=tag) for i, tag in enumerate("qkv"))
-    else:
-        h = d // n
+    q, k, v, h = _gqa_split(b, (q, k, v), n, nkv, d)
     dt = fdtype(node.inputs[0])
     qh = _heads(b, q, n, h, (0, 2, 1, 3), "q")
     kh = _heads(b, k, nkv, h, (0, 2, 1, 3), "k")  # (B, N_kv, S, H): present_key
