@@ -281,3 +281,17 @@ def ok_json(result) -> dict:
 
     assert result.exit_code in (0, 1), (result.exit_code, result.output, result.stderr)
     return json.loads(result.stdout)
+
+
+def stored_options(npz, case: str) -> dict:
+    """A case's method options stored in a goldens .npz as ``<case>/<option>`` (an array, or a 0-d value) or
+    ``<case>/<option>/<input>`` (one per input, in order: a tuple); float16-stored arrays as float32."""
+    options = {}
+    for key in npz.files:
+        parts = key.split("/")
+        if parts[0] != case or parts[1] == "ref":
+            continue
+        a = npz[key]
+        value = (a.astype(np.float32) if a.dtype == np.float16 else a) if a.ndim else a.item()
+        options[parts[1]] = options.get(parts[1], ()) + (value,) if len(parts) == 3 else value
+    return options

@@ -11,7 +11,7 @@ import pytest
 import onnx_lrp
 from onnx_lrp import InputError
 from onnx_lrp.methods import Attributor
-from util import GOLDENS, cli, make_model, node, rel_l2
+from util import GOLDENS, cli, make_model, node, rel_l2, stored_options
 
 MODEL = GOLDENS / "methods" / "two_inputs.onnx"
 TWO = np.load(GOLDENS / "methods" / "two_inputs.npz")
@@ -33,14 +33,7 @@ def _options(case) -> dict:
     """The case's options from two_inputs.npz: ``<case>/<option>/<input>`` as a tuple (u, v), else the value."""
     if case == "occlusion":
         return OCCLUSION
-    options = {}
-    for key in TWO.files:
-        parts = key.split("/")
-        if parts[0] != case or parts[1] == "ref":
-            continue
-        value = _f32(TWO[key]) if TWO[key].ndim else TWO[key].item()
-        options[parts[1]] = options.get(parts[1], ()) + (value,) if len(parts) == 3 else value
-    return options
+    return stored_options(TWO, case)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -16,7 +16,7 @@ import pytest
 
 from onnx_lrp import UnsupportedError
 from onnx_lrp.methods import Attributor, attribute
-from util import GOLDENS as ALL_GOLDENS
+from util import GOLDENS as ALL_GOLDENS, stored_options
 
 GOLDENS = ALL_GOLDENS / "methods"
 DATA = np.load(GOLDENS / "parity_models.npz")
@@ -103,24 +103,12 @@ TWO_CASES = {"saliency": "gradient", "ig": "integrated-gradients", "smoothgrad":
 TWO_OCCLUSION = {"sliding_window_shapes": ((2,), (1, 3)), "strides": ((1,), (1, 2)), "baselines": (0.1, -0.2)}
 
 
-def _two_options(case):
-    """The case's options from two_inputs.npz: ``<case>/<option>/<input>`` as a tuple (u, v), else the array."""
-    options = {}
-    for key in TWO.files:
-        parts = key.split("/")
-        if parts[0] != case or parts[1] == "ref":
-            continue
-        value = _f32(TWO[key]) if TWO[key].ndim else TWO[key].item()
-        options[parts[1]] = options.get(parts[1], ()) + (value,) if len(parts) == 3 else value
-    return options
-
-
 @pytest.mark.parametrize("case", sorted(TWO_CASES))
 def test_two_inputs_attributed_as_captum(case):
     """A model with two float inputs: every input attributed at once, a tuple in and out (a dict in, a dict out),
     per-input baselines and noise (occlusion: windows, strides and baselines per input), as captum's."""
     u, v, t = _f32(TWO["u"]), _f32(TWO["v"]), TWO["target"]
-    options = TWO_OCCLUSION if case == "occlusion" else _two_options(case)
+    options = TWO_OCCLUSION if case == "occlusion" else stored_options(TWO, case)
     attr = Attributor(str(GOLDENS / "two_inputs.onnx"), TWO_CASES[case], **options)
     got = attr.attribute((u, v), t)
     assert isinstance(got, tuple) and [g.shape for g in got] == [u.shape, v.shape]
