@@ -138,10 +138,9 @@ class Attributor:
         a, bare = self.engine.prepared(x)
         if target is not None and np.any(np.asarray(target) < 0):
             raise InputError(f"target must be >= 0, not {target!r}")
-        if self.method == "rise" and (isinstance(a, dict) or a.dtype.kind != "f"):
-            raise InputError(f"rise multiplies the input by masks: it takes a model with one float input, not "
-                             f"{', '.join(self.engine.names)} (token ids: use occlusion with a baseline token, or LRP)")
         out = FORWARD_METHODS[self.method](self.engine, a, target, self.options)
+        if isinstance(a, dict) and not isinstance(out, dict):  # rise: the one float input's map, the others held
+            out = {occlusion.occluded(a)[0]: out}
         if isinstance(out, dict):
             return occlusion.in_form({k: v[0] if bare else v for k, v in out.items()}, x, self.engine.names)
         return out[0] if bare else out

@@ -9,7 +9,8 @@ axes) and ``rise`` give their maps N x 1 x the input's spatial axes (as captum's
 attribution in the input's shape; ``expected-gradients`` / ``gradient-shap`` take their background set as
 ``baselines=``. A model with several inputs takes a dict by input name (or a tuple in the model's order) and gives a
 relevance per attributed input by name (one attributed input: its array), as LRP's Explanation: the float inputs
-(occlusion: every input); integer inputs (token ids, masks) are fed as given (:attr:`MethodExplainer.held_inputs`).
+(occlusion with no float input: every input); integer inputs (token ids, masks) are fed as given
+(:attr:`MethodExplainer.held_inputs`), as captum's ``additional_forward_args``.
 """
 from __future__ import annotations
 
@@ -108,17 +109,20 @@ class MethodExplainer:
     @property
     def relevance_inputs(self) -> list:
         """The inputs the method attributes: the float inputs (gradient methods; integer ones, token ids and masks,
-        are fed as given: :attr:`held_inputs`), every input for occlusion, the one input otherwise."""
+        are fed as given: :attr:`held_inputs`; occlusion and rise alike), the one input otherwise."""
         engine = self.attributor.engine
         if isinstance(engine, gradients.GradientRunner):
             return list(engine.packing.names) if engine.packing is not None else [engine.spec.name]
         if isinstance(engine, Runner):
             return [self.inputs[0].name]
-        return list(engine.names) if self.method == "occlusion" else [engine.input]
+        floats = [s.name for s in self.inputs if np.dtype(s.dtype).kind == "f"]
+        if self.method == "occlusion":  # the float inputs (none: every input, token ids occluded with a baseline)
+            return floats or list(engine.names)
+        return floats[:1] if self.method == "rise" and len(self.inputs) > 1 else [engine.input]
 
     @property
     def held_inputs(self) -> list:
-        """The model's inputs fed as given and not attributed (integer inputs of the gradient methods)."""
+        """The model's inputs fed as given and not attributed (integer inputs: attention masks, positions)."""
         return [s.name for s in self.inputs if s.name not in self.relevance_inputs]
 
     @property

@@ -111,15 +111,16 @@ def _per_input(value, names: list, several: bool, loose: bool = True) -> dict:
         return {k: value.get(k, 0.0) for k in names}
     if several or (loose and isinstance(value, tuple) and len(value) == len(names)):
         if not isinstance(value, tuple) or len(value) != len(names):
-            raise InputError(f"occlusion: give one window (and strides, baselines) per input ({', '.join(names)})")
+            raise InputError(f"occlusion: give one window (and strides, baselines) per occluded input "
+                             f"({', '.join(names)}: the float inputs; integer ones are held as given)")
         return dict(zip(names, value))
     return {k: value for k in names}
 
 
 def occlusion(fwd: Forward, x, targets, options):
     """captum's Occlusion: sum over windows of (f(x) - f(x occluded)) on the window, divided by the coverage; the
-    occluded copies made and run a chunk of windows at a time. Several inputs (``x`` a dict): each input occluded in
-    turn, the others as given; a dict of attributions."""
+    occluded copies made and run a chunk of windows at a time. Several inputs (``x`` a dict): each float input
+    occluded in turn, the others as given (integer ones held: :func:`occluded`); a dict of attributions of those."""
     feeds = fwd.feeds(x)
     batch = len(feeds[fwd.input])
     if targets is None:
@@ -129,11 +130,20 @@ def occlusion(fwd: Forward, x, targets, options):
     if not isinstance(x, dict):
         return _occlude(fwd, feeds, fwd.input, (options.sliding_window_shapes, options.strides, options.baselines),
                         targets, whole)
+    names = occluded(feeds)
     several = isinstance(options.sliding_window_shapes[0], tuple)
-    shapes = _per_input(options.sliding_window_shapes, fwd.names, several, loose=False)
-    strides = _per_input(options.strides, fwd.names, several, loose=False)
-    bases = _per_input(options.baselines, fwd.names, False)
-    return {k: _occlude(fwd, feeds, k, (shapes[k], strides[k], bases[k]), targets, whole) for k in fwd.names}
+    shapes = _per_input(options.sliding_window_shapes, names, several, loose=False)
+    strides = _per_input(options.strides, names, several, loose=False)
+    bases = _per_input(options.baselines, names, False)
+    return {k: _occlude(fwd, feeds, k, (shapes[k], strides[k], bases[k]), targets, whole) for k in names}
+
+
+def occluded(feeds: dict) -> list:
+    """The inputs occlusion occludes and attributes: the float ones, the integer and bool ones (attention masks,
+    positions) held as given in every copy, as captum's ``additional_forward_args``; a model with no float input
+    (token ids and a mask): every input, each occluded in turn with the others as given."""
+    floats = [k for k, a in feeds.items() if np.asarray(a).dtype.kind == "f"]
+    return floats or list(feeds)
 
 
 def _occlude(fwd: Forward, feeds: dict, name: str, window: tuple, targets, whole) -> np.ndarray:
@@ -164,7 +174,7 @@ def _occlude(fwd: Forward, feeds: dict, name: str, window: tuple, targets, whole
 
 def in_form(out: dict, given, names: list):
     """Attributions by input name in the form the inputs came in: a dict, or a tuple in the model's order."""
-    return out if isinstance(given, dict) else tuple(out[k] for k in names)
+    return out if isinstance(given, dict) else tuple(out[k] for k in names if k in out)
 
 
-__all__ = ["windows", "Forward", "occlusion", "in_form"]
+__all__ = ["windows", "Forward", "occlusion", "occluded", "in_form"]

@@ -60,26 +60,45 @@ def masks_for(x: np.ndarray, options) -> np.ndarray:
     return masks.reshape((masks.shape[0],) + (1,) * lead + masks.shape[1:])
 
 
-def rise(fwd: Forward, x: np.ndarray, targets, options) -> np.ndarray:
+def rise(fwd: Forward, x, targets, options) -> np.ndarray:
     """The RISE saliency of each item's target, N x (1, ...) x the masked axes (float32 for a float32 input); the
-    masked copies run a chunk of masks at a time."""
+    masked copies run a chunk of masks at a time. ``x`` an array, or a dict by input name with one float input (the
+    one masked) and integer ones (attention masks, positions) held as given in every copy."""
+    name, held = _split(fwd, x)
+    x = x[name] if isinstance(x, dict) else x
     masks = masks_for(x, options)
     base = np.broadcast_to(np.asarray(options.baselines, np.float64), x.shape[1:])
     batch, n = x.shape[0], masks.shape[0]
     if targets is None:
-        y = np.asarray(fwd.session.run({fwd.input: x}, [fwd.output])[fwd.output]).reshape(batch, -1)
-        targets = np.argmax(y, axis=1)
+        targets = np.argmax(fwd.scores({name: x, **held}), axis=1)
     targets = np.broadcast_to(np.asarray(targets, np.int64).reshape(-1), (batch,))
     total = np.zeros((batch,) + masks.shape[1:], np.float64)
-    per_run = max(1, fwd.rows_per_run(x) // batch)
+    per_run = max(1, fwd.rows_per_run({name: x, **held}) // batch)
     xf = x.astype(np.float64)
     for start in range(0, n, per_run):
         m = masks[start:start + per_run]
         rows = (xf[None] * m[:, None] + base * (1 - m[:, None])).astype(x.dtype)
-        scores = fwd.entries(rows.reshape((-1,) + x.shape[1:]), np.tile(targets, len(m))).reshape(len(m), batch)
+        feeds = {name: rows.reshape((-1,) + x.shape[1:]), **{k: np.tile(a, (len(m),) + (1,) * (a.ndim - 1))
+                                                            for k, a in held.items()}}
+        scores = fwd.entries(feeds, np.tile(targets, len(m))).reshape(len(m), batch)
         total += np.tensordot(scores, m, axes=(0, 0))
     out = total / (n * options.probability)
     return out.astype(x.dtype if x.dtype.kind == "f" else np.float32)
+
+
+def _split(fwd: Forward, x) -> tuple:
+    """The masked input's name and the held inputs (a dict by name) of ``x``: an array (the model's one input), or
+    a dict with one float input; else refused in one line."""
+    if not isinstance(x, dict):
+        if x.dtype.kind != "f":
+            raise InputError(f"rise multiplies the input by masks: input {fwd.input!r} must be float, not {x.dtype} "
+                             "(token ids: use occlusion with a baseline token, or LRP)")
+        return fwd.input, {}
+    floats = [k for k, a in x.items() if a.dtype.kind == "f"]
+    if len(floats) != 1:
+        raise InputError(f"rise masks one float input; the model has {len(floats)} ({', '.join(floats) or 'none'} "
+                         f"of {', '.join(x)}): use occlusion or a gradient method")
+    return floats[0], {k: a for k, a in x.items() if k != floats[0]}
 
 
 __all__ = ["rise", "upsample_linear", "draw_masks", "masks_for", "masked_axes"]

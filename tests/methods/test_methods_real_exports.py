@@ -85,12 +85,6 @@ def _case(key):
     x = _f32(data[f"{src}/x"])
     feeds = {name: data[f"{src}/feed/{name}"] for name in index[net]["feeds"]}
     inputs = {index[net]["inputs"][0]: x, **feeds} if feeds else x
-    if case["method"] == "occlusion" and feeds:
-        # onnx-lrp occludes every input, the attention mask too (captum held it as an additional forward argument):
-        # the mask gets its own window (its attribution is not compared), the embeddings captum's
-        held = tuple((1,) * (a.ndim - 1) for a in feeds.values())
-        options["sliding_window_shapes"] = (tuple(options["sliding_window_shapes"]),) + held
-        options["strides"] = (tuple(options["strides"]),) + held
     # 3x captum's own float32 error: to float64, and to captum on inputs a few float32 steps away (a ReLU whose input
     # is 0 within float32 rounding at a point of the path flips there, in captum as between torch's and onnxruntime's
     # kernels); vargrad (E[g^2] - E[g]^2 cancels in float32) against captum in float64
@@ -146,14 +140,14 @@ def test_goldens_cover_the_models_and_methods():
         assert len(index[net]["drawn"]) == 21
 
 
-def test_one_window_for_a_model_with_a_mask_refused_in_one_line():
-    """BERT with its attention mask: occlusion occludes every input, so one window of the embeddings' two axes does
-    not fit the mask's one axis: refused in one line (a window per input is what it takes)."""
+def test_a_window_per_input_for_a_model_with_a_mask_refused_in_one_line():
+    """BERT with its attention mask: occlusion holds the integer mask as given (captum's additional forward
+    argument), so a window for the mask as well is one too many: refused in one line naming the occluded input."""
     from onnx_lrp import InputError
     from onnx_lrp.methods import Attributor
 
     net, _, options, inputs, target, _, _ = _case("bert/occlusion_0")
-    attr = Attributor(model_bytes(net), "occlusion", sliding_window_shapes=(1, 32), strides=(1, 32))
+    attr = Attributor(model_bytes(net), "occlusion", sliding_window_shapes=((1, 32), (1,)), strides=((1, 32), (1,)))
     with pytest.raises(InputError) as exc:
         attr.attribute(inputs, target)
-    assert "sliding_window_shapes has 2 axes" in str(exc.value) and "\n" not in str(exc.value)
+    assert "per occluded input (inputs_embeds: the float inputs" in str(exc.value) and "\n" not in str(exc.value)
