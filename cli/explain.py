@@ -397,6 +397,8 @@ def _result(o: ExplainOptions, dest: _Destinations, ex, batch, m: Explanation, t
         summary["logits"] = ex.explained_tensor
     if m.notes:
         summary["notes"] = m.notes  # a given past's part of the relevance
+    if _method(ex):
+        summary["held_inputs"] = list(ex.held_inputs)  # fed as given to every run, not attributed
     gap = m.deployed_gap
     if gap is not None:
         summary["deployed_gap"] = gap.as_dict()
@@ -485,7 +487,7 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
     if behind:
         click.echo(f"relevance starts from the logit ({ex.explained_tensor}, before the softmax of "
                    f"{ex.explained_output})" + (" times one (--start one-hot)" if o.start == "one-hot" else ""))
-    for line in res.explanation.notes:
+    for line in res.explanation.notes + held_line(ex):
         click.echo(line)
     chosen = f" ({ex.composite_reason}; --composite overrides)" if ex.composite_reason else ""
     resized = res.batch.resize_note()
@@ -505,6 +507,15 @@ def _report(o: ExplainOptions, dest: _Destinations, res: _Result, heat_files: li
         heat_text = f"; heatmap -> {heat_files[0]}" if len(heat_files) == 1 else \
             f"; heatmaps -> {heat_files[0]} ... {heat_files[-1]} ({len(heat_files)} files, 48 items each)"
     click.echo(f"relevance -> {dest.out_path}" + heat_text + (f"; tokens -> {dest.html_out}" if dest.html_out else ""))
+
+
+def held_line(ex) -> list:
+    """A method's inputs fed as given and not attributed (attention masks, positions), as one line (or none)."""
+    held = list(getattr(ex, "held_inputs", None) or []) if _method(ex) else []
+    if not held:
+        return []
+    return [f"held: {', '.join(held)} fed as given to every run of {ex.method}, not attributed (relevance of "
+            f"{', '.join(ex.relevance_inputs)})"]
 
 
 def _class_names(o: ExplainOptions, ex, dest: _Destinations):
