@@ -72,7 +72,8 @@ class Forward:
         a = np.asarray(x)
         want = self.session.input_types.get(spec.name)
         kind = None if want is None else np.dtype(want).kind
-        if a.dtype.kind not in "fiu" or kind is None or (kind in "iu" and a.dtype.kind == "f"):
+        if a.dtype.kind not in "fiub" or kind is None or (kind in "iub" and a.dtype.kind == "f") or \
+                (a.dtype.kind == "b" and kind != "b"):
             raise InputError(f"input {spec.name!r} wants {spec.type}, not an array of {a.dtype}")
         bare = a.ndim == len(spec.shape) - 1
         return (a[None] if bare else a).astype(want, copy=False), bare

@@ -18,14 +18,18 @@ MASK = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int64)  # the second item
 X = np.random.default_rng(1).standard_normal((N, T, D)).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def model() -> bytes:
+def masked(mask_type=np.int64) -> bytes:
     """y = tanh(sum_t (x * mask)[:, t] @ W); the mask the model's FIRST input (the float input need not be)."""
     nodes = [node("Cast", ["mask"], "m", to=1), node("Unsqueeze", ["m", "two"], "mu"), node("Mul", ["x", "mu"], "h"),
              node("ReduceSum", ["h", "one"], "s", keepdims=0), node("MatMul", ["s", "W"], "z"),
              node("Tanh", ["z"], "y")]
-    return to_bytes(make_model(nodes, {"mask": (["N", T], np.int64), "x": ["N", T, D]}, ["y"],
+    return to_bytes(make_model(nodes, {"mask": (["N", T], mask_type), "x": ["N", T, D]}, ["y"],
                                {"W": W, "one": np.array([1], np.int64), "two": np.array([2], np.int64)}))
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    return masked()
 
 
 def f(x, mask=MASK) -> np.ndarray:
@@ -62,6 +66,15 @@ def test_occlusion_holds_the_mask(model):
     (alone,) = Attributor(model, "occlusion", sliding_window_shapes=((2, D),), strides=((1, D),),
                           baselines=0.5).attribute((MASK, X), targets)
     np.testing.assert_array_equal(alone, got["x"])
+
+
+def test_a_bool_mask_is_held_too():
+    from onnx_lrp import Explainer
+
+    ex = Explainer(masked(np.bool_), method="occlusion", sliding_window_shapes=(1, D), strides=(1, D))
+    assert ex.held_inputs == ["mask"]
+    got = ex.explain({"x": X, "mask": MASK.astype(bool)}, target=1).relevance
+    assert_close(got, occlusion_oracle(X, np.array([1, 1]), 1, 0.0), atol=1e-6)
 
 
 def test_occlusion_is_captums_with_the_mask_as_an_additional_forward_arg(model):
