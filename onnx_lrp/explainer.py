@@ -96,8 +96,7 @@ class Explainer(Runner):
         from .io import labels as names
         from .io.preprocess import shaped_bounds
 
-        # an export folder (optimum, save_pretrained, onnxruntime-genai) is its model file; the tokenizer.json and
-        # config.json are read there
+        # an export folder (optimum, save_pretrained, onnxruntime-genai): its model file, tokenizer and config.json
         model, self.folder = resolve_model_folder(model)
         composite = _lrp_composite(method, composite)
         given = launch.ExplainOptions.from_keywords(composite, device, build=build, run=run,
