@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 
+from .. import load as loader
 from ..core.errors import InputError
 from ..core.relevance_model import carried_model
 from ..run import runtime
@@ -45,6 +46,7 @@ class Forward:
         source = carried_model(model)
         if source is None:
             raise InputError("occlusion runs the model as a file or bytes; save it (onnx.save) and give the path")
+        loader.read_proto(source)  # the loader's checks first: a valid ONNX file, external data inside its folder
         self.session = runtime.Session(source, settings.device, settings.threads, deployed=True)
         self.names = list(self.session.input_names)
         self.input = self.names[0]
