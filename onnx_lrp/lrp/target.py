@@ -168,7 +168,7 @@ def start_relevance(em: Emitter, graph: ir.Graph, y: ir.Value) -> tuple[ir.Value
         width_v = em.ints([dims[1] * chunk]) if dims[1] is not None and static_chunk else em.op(
             "Shape", flat, start=1, end=2, tag="width")
         use_argmax = em.op("Less", target, em.scalar(0, np.int64), tag="use_argmax")
-        if len(dims) < 3:
+        if len(dims) < 3 or (len(dims) > 3 and all(d == 1 for d in dims[2:])):  # (N, C), or (N, C, 1, 1): classes
             argmax = em.op("ArgMax", flat, axis=1, keepdims=0, tag="argmax")
             chosen = em.op("Where", use_argmax, argmax, target, tag="target")
         else:
