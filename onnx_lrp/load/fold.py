@@ -22,6 +22,9 @@ from .proto.shapes import inferred_dims
 NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 _FOLD_LIMIT = 1 << 26  # elements; larger constant results stay in the graph
 _FILL_LIMIT = 1 << 28  # ConstantOfShape: how IR <= 3 zoo models store weights (VGG19's fc6 has 103 M elements)
+# a float weight's new layout: as many elements as the weight itself, folded at any size (onnxruntime-genai's tied
+# float32 head: the embedding Gather reads Transpose(lm_head weight), 128256 x 2048 at LLaMA-3.2-1B's size)
+_LAYOUT = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 def fold_constants(model: ir.Model) -> int:
@@ -61,6 +64,8 @@ def fold_constants(model: ir.Model) -> int:
                                                         for v in node.inputs[1:]):
             results = _static_part_of_shape(node, opset)
         limit = _FILL_LIMIT if node.op_type == "ConstantOfShape" else _FOLD_LIMIT
+        if results is not None and _relaid_weight(node, results):
+            limit = max(r.size for r in results)
         if results is None or any(r.size > limit or r.dtype == object for r in results):
             continue
         for out, arr in zip(node.outputs, results):
@@ -68,6 +73,13 @@ def fold_constants(model: ir.Model) -> int:
         graph.remove(node)
         folded += 1
     return folded
+
+
+def _relaid_weight(node: ir.Node, results: list) -> bool:
+    """A layout op on a float constant whose one result has the constant's elements (no growth)."""
+    x = node.inputs[0] if node.op_type in _LAYOUT and node.inputs else None
+    return x is not None and x.const_value is not None and len(results) == 1 and results[0].dtype.kind == "f" and \
+        results[0].size == x.const_value.size
 
 
 def _packed_dequantize(node: ir.Node) -> bool:
