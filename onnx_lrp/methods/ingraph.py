@@ -63,13 +63,12 @@ def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
         return ingraph_forward.forward_model(model, engine, method, opts)
     if attributor.base is not None and opts.base not in ingraph_sampled.BASES:  # an LRP composite's SmoothGrad
         return ingraph_sampled.noise_tunnel_model(engine, opts)
-    if getattr(engine, "packing", None) is not None or getattr(engine, "held_names", None):
-        raise InputError("rewrite --method takes a model with one (float) input for now; this one has "
-                         f"{len(engine.runner.inputs)}: use the Python API's Attributor")
     if method == "grad-cam":
         return ingraph_cam.grad_cam_model(engine, opts)
     if method not in ("gradient", "gradient-x-input"):
-        batch_axis_free(engine.spec.name, engine.spec.dims)
+        for spec in engine.runner.inputs:
+            if spec.name in engine.runner.relevance_inputs:
+                batch_axis_free(spec.name, spec.dims)
     if method in ("smoothgrad", "vargrad"):
         return ingraph_sampled.noise_tunnel_model(engine, opts)
     if method in ("expected-gradients", "gradient-shap"):

@@ -22,15 +22,18 @@ MASKS_INPUT = "lrp/masks"
 
 
 def _opened(model, fwd) -> MethodGraph:
-    if len(fwd.names) != 1:
-        raise InputError(f"rewrite --method occlusion / rise takes a model with one input; this one has "
-                         f"{len(fwd.names)} ({', '.join(fwd.names)}): use the Python API's Attributor")
+    """The original model opened for occlusion / RISE: its one float input perturbed, integer and bool inputs
+    (attention masks) held, fed as given to every perturbed copy."""
     ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
-    w = MethodGraph(ir_model, fwd.input, [v.name for v in ir_model.graph.outputs], fwd.output)
+    kinds = {v.name: v.dtype for v in ir_model.graph.inputs}
+    floats = [n for n in fwd.names if kinds[n] in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)]
+    if len(floats) != 1:
+        raise InputError(f"rewrite --method occlusion / rise perturbs one float input; the model has {len(floats)} "
+                         f"({', '.join(floats) or 'none'} of {', '.join(fwd.names)}): use the Python API's Attributor"
+                         + (" (one window per input)" if floats else " (token ids)"))
+    held = [n for n in fwd.names if n not in floats]
+    w = MethodGraph(ir_model, floats[0], [v.name for v in ir_model.graph.outputs], fwd.output, held)
     batch_axis_free(w.name, list(w.old_x.shape))
-    if w.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16):
-        raise InputError(f"rewrite --method occlusion / rise perturbs a float input; {w.name!r} is {w.dtype.name} "
-                         "(token ids: use the Python API's Attributor)")
     w.forget_shapes()
     return w
 
@@ -43,7 +46,7 @@ def _entries(w: MethodGraph, perturbed: ir.Value, lead: int) -> tuple[ir.Value, 
     n = em.op("Slice", shape, em.ints([0]), em.ints([1]), tag="n")
     tail = em.op("Slice", shape, em.ints([1]), em.ints([END]), tag="tail")
     flat = em.op("Reshape", perturbed, em.op("Concat", em.ints([-1]), tail, axis=0), tag="perturbed_rows")
-    w.old_x.replace_all_uses_with(em.op("Concat", w.x, flat, axis=0, tag="rows"))
+    w.feed_rows(em.op("Concat", w.x, flat, axis=0, tag="rows"), n)
     target = argmax_targets(em, w.explained, w.t, n)
     pshape = em.op("Shape", perturbed, tag="perturbed_shape")
     k = em.op("ReduceProd", em.op("Slice", pshape, em.ints([0]), em.ints([lead])), keepdims=1, tag="per_item")
