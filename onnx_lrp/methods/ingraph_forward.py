@@ -30,9 +30,10 @@ def _opened(model, fwd) -> MethodGraph:
     kinds = {v.name: v.dtype for v in ir_model.graph.inputs}
     floats = [n for n in fwd.names if kinds[n] in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)]
     if len(floats) != 1:
-        raise InputError(f"rewrite --method occlusion / rise perturbs one float input; the model has {len(floats)} "
-                         f"({', '.join(floats) or 'none'} of {', '.join(fwd.names)}): use the Python API's Attributor"
-                         + (" (one window per input)" if floats else " (token ids)"))
+        has = f"{len(floats)} ({', '.join(floats)}), each with its own window" if floats else \
+            f"none ({', '.join(fwd.names)}: token ids)"
+        raise InputError(f"rewrite --method occlusion / rise perturbs one float input, the integer ones held; the "
+                         f"model has {has}: use `onnx-lrp explain --method` or the Python API's Attributor")
     held = [n for n in fwd.names if n not in floats]
     w = MethodGraph(ir_model, floats[0], [v.name for v in ir_model.graph.outputs], fwd.output, held)
     batch_axis_free(w.name, list(w.old_x.shape))
