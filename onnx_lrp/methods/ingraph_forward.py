@@ -3,7 +3,9 @@ and then its perturbed copies along the batch axis, and the attribution from the
 
 ``occlusion``: the windows' masks a constant (captum's windows, :func:`onnx_lrp.methods.occlusion.windows`), each
 window filled with the baseline, and each entry's attribution the sum of the drops of the windows that cover it over
-their count, as captum. The batch (windows per item) is refused when it would take more than ``memory_budget``.
+their count, as captum; over a symbolic axis (a sequence) the windows are made in the graph from the input's
+run-time shape; several float inputs are occluded each in turn with its own window, the others as given (captum),
+all the windows in one batch. The batch (windows per item) is refused when it would take more than ``memory_budget``.
 ``rise``: the masks a constant (``masks=``, or drawn with ``seed=`` as :func:`onnx_lrp.methods.rise.draw_masks`
 draws them) or the input ``lrp/masks`` (n_masks x the masked axes); the saliency
 ``sum_i f(x * M_i + b (1 - M_i)) M_i / (n_masks * probability)``, N x (1, ...) x the masked axes."""
@@ -18,25 +20,27 @@ from .. import load
 from ..core.errors import InputError
 from .ingraph_base import END, MethodGraph, argmax_targets, batch_axis_free
 from .occlusion import ROW_FACTOR, windows
+from .occlusion import per_input as occlusion_per_input
 from .rise import draw_masks
 
 MASKS_INPUT = "lrp/masks"
 
 
-def _opened(model, fwd) -> MethodGraph:
-    """The original model opened for occlusion / RISE: its one float input perturbed, integer and bool inputs
-    (attention masks) held, fed as given to every perturbed copy."""
+def _opened(model, fwd, several: bool = False) -> MethodGraph:
+    """The original model opened for occlusion / RISE: its float input perturbed (``several``: its float inputs,
+    packed), integer and bool inputs (attention masks) held, fed as given to every perturbed copy."""
     ir_model = load.to_ir(load.read_proto(model), load.data_folder(model))
     kinds = {v.name: v.dtype for v in ir_model.graph.inputs}
     floats = [n for n in fwd.names if kinds[n] in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)]
-    if len(floats) != 1:
-        has = f"{len(floats)} ({', '.join(floats)}), each with its own window" if floats else \
-            f"none ({', '.join(fwd.names)}: token ids)"
-        raise InputError(f"rewrite --method occlusion / rise perturbs one float input, the integer ones held; the "
-                         f"model has {has}: use `onnx-lrp explain --method` or the Python API's Attributor")
+    if not floats or (len(floats) > 1 and not several):
+        has = f"{len(floats)} ({', '.join(floats)})" if floats else f"none ({', '.join(fwd.names)}: token ids)"
+        raise InputError(f"rewrite --method {'occlusion' if several else 'rise'} perturbs "
+                         f"{'float inputs' if several else 'one float input'}, the integer ones held; the model has "
+                         f"{has}: use `onnx-lrp explain --method` or the Python API's Attributor")
     held = [n for n in fwd.names if n not in floats]
-    w = MethodGraph(ir_model, floats[0], [v.name for v in ir_model.graph.outputs], fwd.output, held)
-    batch_axis_free(w.name, list(w.old_x.shape))
+    w = MethodGraph(ir_model, floats, [v.name for v in ir_model.graph.outputs], fwd.output, held)
+    for name in floats:
+        batch_axis_free(name, list(w.io.old[name].shape))
     w.forget_shapes()
     return w
 
@@ -120,9 +124,44 @@ def _dynamic_windows(w: MethodGraph, dims: list, options) -> tuple[ir.Value, ir.
     return flat, cover
 
 
-def occlusion_model(model, fwd, options) -> ir.Model:
-    """captum's Occlusion (``options``: :class:`onnx_lrp.methods.options.OcclusionOptions`) in one graph."""
-    w = _opened(model, fwd)
+def _packed_windows(w: MethodGraph, options, budget: int) -> tuple[ir.Value, ir.Value, np.ndarray]:
+    """Several float inputs, each occluded in turn with its own window, the others as given (captum): (the
+    windows' masks over the packed entries, K x entries; their count per entry; the packed baseline)."""
+    io = w.io
+    several = isinstance(options.sliding_window_shapes[0], tuple)
+    shapes = occlusion_per_input(options.sliding_window_shapes, io.floats, several, loose=False)
+    strides = occlusion_per_input(options.strides, io.floats, several, loose=False)
+    bases = occlusion_per_input(options.baselines, io.floats, False)
+    blocks, base = [], []
+    for name in io.floats:
+        dims = io.item_dims(name)
+        if None in dims:
+            raise InputError(f"rewrite --method occlusion over several float inputs needs their shapes after the "
+                             f"batch axis fixed; {name!r} is {' x '.join(str(d) for d in ['N'] + dims)}")
+        spots = windows(tuple(dims), shapes[name], strides[name])
+        block = np.zeros((len(spots),) + tuple(dims), bool)
+        for k, spot in enumerate(spots):
+            block[(k,) + spot] = True
+        blocks.append(block.reshape(len(spots), -1))
+        base.append(np.broadcast_to(np.asarray(bases[name], np.float64), tuple(dims)).reshape(-1))
+    sizes = [b.shape[1] for b in blocks]
+    masks = np.zeros((sum(len(b) for b in blocks), sum(sizes)), bool)
+    row = col = 0
+    for b in blocks:
+        masks[row:row + len(b), col:col + b.shape[1]] = b
+        row, col = row + len(b), col + b.shape[1]
+    if len(masks) * sum(sizes) * w.dtype.itemsize * ROW_FACTOR > budget:
+        raise InputError(f"occlusion: {len(masks)} windows of one item exceed the memory budget ({budget / 2**20:.0f} "
+                         "MiB, memory_budget / --memory-budget); give larger strides or windows, or a larger budget")
+    cover = masks.sum(axis=0).reshape(1, -1).astype(np.float64)
+    return (w.em.const(masks, tag="windows"), w.em.const(cover, tag="cover", dtype=np.float64),
+            np.concatenate(base))
+
+
+def _windows(w: MethodGraph, options, budget: int) -> tuple[ir.Value, ir.Value, np.ndarray]:
+    """(the windows' masks, K x the item's entries (bool); their count per entry (float64); the baseline)."""
+    if w.io.packed:
+        return _packed_windows(w, options, budget)
     dims = w.item_dims()
     if isinstance(options.sliding_window_shapes[0], tuple):
         if len(options.sliding_window_shapes) != 1:
@@ -130,16 +169,20 @@ def occlusion_model(model, fwd, options) -> ir.Model:
                              f"({w.name!r}; integer inputs are held as given), not one per input")
         options = dataclasses.replace(options, sliding_window_shapes=options.sliding_window_shapes[0],
                                       strides=options.strides[0])
+    base = np.asarray(options.baselines, np.float64)
+    if None in dims:
+        return (*_dynamic_windows(w, dims, options), base)
+    return (*_static_windows(w, dims, options, budget), np.broadcast_to(base, tuple(dims)))
+
+
+def occlusion_model(model, fwd, options) -> ir.Model:
+    """captum's Occlusion (``options``: :class:`onnx_lrp.methods.options.OcclusionOptions`) in one graph."""
+    w = _opened(model, fwd, several=True)
     em = w.em
     with em.scope("method/occlusion"):
-        if None in dims:
-            flat_masks, cover = _dynamic_windows(w, dims, options)
-        else:
-            flat_masks, cover = _static_windows(w, dims, options, fwd.settings.memory_budget)
+        flat_masks, cover, base = _windows(w, options, fwd.settings.memory_budget)
         m = em.op("Reshape", flat_masks, em.op("Concat", em.ints([-1, 1]), em.op("Slice", em.op("Shape", w.x), em.ints(
             [1]), em.ints([END])), axis=0), tag="window_masks")
-        base = np.asarray(options.baselines, np.float64)
-        base = base if None in dims else np.broadcast_to(base, tuple(dims))
         perturbed = em.op("Where", m, em.const(base.astype(w.dtype.numpy()), tag="baseline"),
                           em.op("Unsqueeze", w.x, em.ints([0])), tag="occluded")
         whole, parts, target, n = _entries(w, perturbed, 1)

@@ -153,11 +153,27 @@ def test_smoothgrad_over_a_composite_holds_the_mask():
     assert np.all(got["lrp/relevance/x"][1, 3:] == 0)  # the padded steps: the mask reached every noisy copy
 
 
-def test_occlusion_over_two_float_inputs_refused_in_one_line(tmp_path):
-    out = tmp_path / "o.onnx"
-    assert_cli_refuses(["rewrite", TWO_MODEL, "--method", "occlusion", "--sliding-window-shapes", "2;1,3",
-                        "-o", out], tmp_path, "perturbs one float input, the integer ones held; the model has 2 (u, v)")
-    assert not out.exists()
+def test_occlusion_over_two_float_inputs_is_captums(tmp_path):
+    """Each float input occluded in turn with its own window, the other as given (captum's semantics), all the
+    windows in one batched forward: captum's stored result to float rounding, the Explainer's exactly; the command
+    line writes it and names the per-input parts of SmoothGrad; RISE over two float inputs is refused in one line."""
+    options = {"sliding_window_shapes": ((2,), (1, 3)), "strides": ((1,), (1, 2)), "baselines": (0.1, -0.2)}
+    got = _run(method_model(TWO_MODEL, "occlusion", **options), {"u": U, "v": V, "lrp/target": T2})
+    ex = onnx_lrp.Explainer(TWO_MODEL, method="occlusion", **options).explain((U, V), target=T2).relevance
+    for k in "uv":
+        ref = TWO[f"occlusion/ref/{k}"]
+        np.testing.assert_allclose(got[f"lrp/relevance/{k}"], ref, rtol=0, atol=np.abs(ref).max() * 4e-6)
+        np.testing.assert_allclose(got[f"lrp/relevance/{k}"], ex[k], rtol=1e-6, atol=np.abs(ref).max() * 1e-7)
+    out = tmp_path / "r.onnx"
+    assert_cli_refuses(["rewrite", TWO_MODEL, "--method", "rise", "--n-masks", "4", "-o", out], tmp_path,
+                       "rewrite --method rise perturbs one float input, the integer ones held; the model has 2 (u, v)")
     r = cli("rewrite", TWO_MODEL, "--method", "smoothgrad", "--nt-samples", "2", "-o", tmp_path / "s.onnx")
     assert r.exit_code == 0, r.output
     assert "lrp/noise/u (samples x N x an item's shape), lrp/noise/v" in r.stdout
+    r = cli("rewrite", TWO_MODEL, "--method", "occlusion", "--sliding-window-shapes", "2;1,3", "--strides", "1;1,2",
+            "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    cli_got = _run((tmp_path / "o.onnx").read_bytes(), {"u": U, "v": V, "lrp/target": T2})
+    ref = onnx_lrp.Explainer(TWO_MODEL, method="occlusion", sliding_window_shapes=((2,), (1, 3)),
+                             strides=((1,), (1, 2))).explain((U, V), target=T2).relevance
+    np.testing.assert_allclose(cli_got["lrp/relevance/v"], ref["v"], rtol=1e-6, atol=np.abs(ref["v"]).max() * 1e-7)
