@@ -177,3 +177,54 @@ def test_occlusion_over_two_float_inputs_is_captums(tmp_path):
     ref = onnx_lrp.Explainer(TWO_MODEL, method="occlusion", sliding_window_shapes=((2,), (1, 3)),
                              strides=((1,), (1, 2))).explain((U, V), target=T2).relevance
     np.testing.assert_allclose(cli_got["lrp/relevance/v"], ref["v"], rtol=1e-6, atol=np.abs(ref["v"]).max() * 1e-7)
+
+
+def test_seeded_noise_and_background_inputs_on_two_inputs():
+    """SmoothGrad drawn in the graph (seed=) with stdevs 1e-30 or 0 is the gradient of each input; Expected Gradients with
+    the background set as inputs lrp/baselines/<input> is the Explainer's given the same set and draws."""
+    grad = onnx_lrp.Explainer(TWO_MODEL, method="gradient").explain((U, V), target=T2).relevance
+    for stdevs in (1e-30, 0.0):  # a normal drawn over the packed inputs (1e-30: each sample is the input), none
+        got = _run(method_model(TWO_MODEL, "smoothgrad", seed=3, stdevs=stdevs, nt_samples=2),
+                   {"u": U, "v": V, "lrp/target": T2})
+        for k in "uv":
+            assert rel_l2(got[f"lrp/relevance/{k}"], grad[k]) <= 1e-6
+    rng = np.random.default_rng(7)
+    background = (rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 2, 5)).astype(np.float32))
+    index, alphas = rng.integers(0, 3, (4, 2)), rng.random((4, 2))
+    written = method_model(TWO_MODEL, "expected-gradients", True, n_samples=4)
+    assert _inputs(written)[3:] == ["lrp/baselines/u", "lrp/baselines/v", "lrp/baseline_indices", "lrp/alphas"]
+    got = _run(written, {"u": U, "v": V, "lrp/target": T2, "lrp/baselines/u": background[0],
+                         "lrp/baselines/v": background[1], "lrp/baseline_indices": index,
+                         "lrp/alphas": alphas.astype(np.float32)})
+    ref = onnx_lrp.Explainer(TWO_MODEL, method="expected-gradients", baselines=background, n_samples=4,
+                             baseline_indices=index, alphas=alphas.astype(np.float32)).explain((U, V), target=T2)
+    for k in "uv":
+        assert rel_l2(got[f"lrp/relevance/{k}"], ref.relevance[k]) <= 1e-5
+
+
+def conv_with_mask() -> bytes:
+    """act = relu(conv(x)) (N x 3 x 4 x 4), its columns masked by an integer mask (N x 4), averaged, then a linear
+    head: Grad-CAM at act depends on the mask."""
+    rng = np.random.default_rng(4)
+    nodes = [node("Conv", ["x", "Wc"], "c", pads=[1, 1, 1, 1]), node("Relu", ["c"], "act"),
+             node("Cast", ["mask"], "m", to=1), node("Unsqueeze", ["m", "axes"], "mu"),
+             node("Mul", ["act", "mu"], "h"), node("GlobalAveragePool", ["h"], "p"), node("Flatten", ["p"], "f"),
+             node("MatMul", ["f", "Wl"], "y")]
+    return to_bytes(make_model(nodes, {"x": ["N", 2, 4, 4], "mask": (["N", 4], np.int64)}, ["y"],
+                               {"Wc": rng.standard_normal((3, 2, 3, 3)).astype(np.float32),
+                                "Wl": rng.standard_normal((3, 3)).astype(np.float32),
+                                "axes": np.array([1, 2], np.int64)}))
+
+
+def test_grad_cam_with_a_held_mask_is_the_explainers():
+    model = conv_with_mask()
+    x = np.random.default_rng(5).standard_normal((2, 2, 4, 4)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1], [1, 0, 1, 0]], np.int64)
+    written = method_model(model, "grad-cam", layer="act")
+    assert _inputs(written) == ["x", "mask", "lrp/target"]
+    got = _run(written, {"x": x, "mask": mask, "lrp/target": np.array([0, 2])})["lrp/relevance/x"]
+    ref = onnx_lrp.Explainer(model, method="grad-cam", layer="act").explain({"x": x, "mask": mask}, target=[0, 2])
+    assert got.shape == (2, 1, 4, 4)
+    np.testing.assert_allclose(got, ref.relevance, rtol=1e-5, atol=np.abs(ref.relevance).max() * 1e-6)
+    assert rel_l2(got[1], _run(written, {"x": x, "mask": np.ones_like(mask),
+                                         "lrp/target": np.array([0, 2])})["lrp/relevance/x"][1]) > 1e-2
