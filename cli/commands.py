@@ -113,7 +113,8 @@ def _rewrite_method(model, out_path: Path, method, keywords: dict, options: dict
                f"{method}" + (f", {keywords['n_steps']} steps" if "n_steps" in keywords else ""))
     what = {**_FEEDS, "lrp/baselines": "the background set, rows x an item's shape"} if method in (
         "expected-gradients", "gradient-shap") else _FEEDS
-    feeds = ["lrp/target (int64 [N], -1 = argmax)"] + [f"{n} ({what[n]})" for n in inputs if n in what]
+    kind = {n: n if n in what else n.rsplit("/", 1)[0] for n in inputs}  # lrp/noise/<input>: several float inputs
+    feeds = ["lrp/target (int64 [N], -1 = argmax)"] + [f"{n} ({what[kind[n]]})" for n in inputs if kind[n] in what]
     click.echo(f"  outputs: the model's, lrp/relevance/<input> (the attribution), lrp/target_used; inputs to feed "
                f"besides the model's: {', '.join(feeds)}")
 

@@ -87,40 +87,47 @@ class Attributor:
         shape."""
         if self.method in FORWARD_METHODS:
             return self._occlusion(x, target)
+        if self.base is not None and not isinstance(self.engine, gradients.GradientRunner):
+            return self._over_composite(x, target)
         runner = self.engine if self.base is None else None
-        if runner is None and self.method == "integrated-gradients":
-            xb, bare = self.noise_input(x)
-            out = integration.integrated_relevance(lambda rows, tt: self.base(self.engine, rows, tt), xb,
-                                                   self._noise_targets(xb, target), self.options, self._rows(xb))
-        elif runner is None:
+        if runner is None:
             xb, bare = self.noise_input(x)
             t = self._noise_targets(xb, target)
-            gradient_base = isinstance(self.engine, gradients.GradientRunner)
-            options = self.engine.packed_options(self.method, self.options, xb) if gradient_base else self.options
+            options = self.engine.packed_options(self.method, self.options, xb)
             out = noise.smooth(lambda rows, tt: self.base(self.engine, rows, tt), xb, t, options)
-            if gradient_base:
-                return self.engine.result(out, x, bare)
+            return self.engine.result(out, x, bare)
+        xb, bare = runner.batch(x)
+        t = runner.targets(xb, target)
+        out = RUNNER_METHODS[self.method](runner, xb, t, runner.packed_options(self.method, self.options, xb))
+        return runner.result(out, x, bare)
+
+    def _over_composite(self, x, target):
+        """SmoothGrad / VarGrad or Integrated Gradients over an LRP composite: its relevance at the noisy samples
+        or the path's points, the attributed inputs moved (packed when several), the others held as given."""
+        moved = self._moved(x)
+        xb = moved.x
+        t = self._noise_targets(xb, target, moved)
+        options = moved.options(self.method, self.options, xb)
+
+        def base(rows, tt):
+            return moved.relevance(lambda feeds, t2: self.base(self.engine, feeds, t2), rows, tt)
+
+        if self.method == "integrated-gradients":
+            out = integration.integrated_relevance(base, xb, t, options, self._rows(xb))
         else:
-            xb, bare = runner.batch(x)
-            t = runner.targets(xb, target)
-            out = RUNNER_METHODS[self.method](runner, xb, t, runner.packed_options(self.method, self.options, xb))
-            return runner.result(out, x, bare)
-        return out[0] if bare else out
+            out = noise.smooth(base, xb, t, options)
+        return moved.result(out, x)
+
+    def _moved(self, x) -> noise.Moved:
+        return noise.Moved(self.engine, x, f"{self.method} over composite {self.options.base!r}")
 
     def noise_input(self, x):
         """``x`` as the noise tunnel's base (or the composite of integrated-gradients) takes it (with its batch
-        axis) and whether it came without one."""
+        axis; several float inputs: packed) and whether it came without one."""
         if isinstance(self.engine, gradients.GradientRunner):
             return self.engine.batch(x)
-        feeds = self.engine.checked_feeds(x)
-        over = f"{self.method} over composite {self.options.base!r}"
-        if len(feeds) != 1:
-            raise InputError(f"{over} takes a model with one input; this one has {len(feeds)} "
-                             f"({', '.join(feeds)}): use base='gradient' for several inputs")
-        a = next(iter(feeds.values()))
-        if a.dtype.kind != "f":
-            raise InputError(f"{over} moves the input (noise, a path): it must be float, not {a.dtype}")
-        return a, a.ndim != np.ndim(x)
+        moved = self._moved(x)
+        return moved.x, moved.bare
 
     def _rows(self, x: np.ndarray) -> int:
         """Stacked rows per run of the LRP base: ``internal_batch_size``, else as many as the memory budget allows."""
@@ -128,11 +135,12 @@ class Attributor:
             return self.settings.internal_batch_size
         return max(1, self.settings.memory_budget // (max(1, x[:1].nbytes) * budget.ROW_FACTOR))
 
-    def _noise_targets(self, xb, target):
+    def _noise_targets(self, xb, target, moved: noise.Moved | None = None):
         if isinstance(self.engine, gradients.GradientRunner):
             return self.engine.targets(xb, target)
         t = self.engine.checked_targets(target, xb.shape[0])
-        return t if np.all(t >= 0) else np.asarray(self.engine.explain(xb).target, np.int64).reshape(-1)
+        feeds = xb if moved is None else moved.feeds(xb)
+        return t if np.all(t >= 0) else np.asarray(self.engine.explain(feeds).target, np.int64).reshape(-1)
 
     def _occlusion(self, x, target):
         a, bare = self.engine.prepared(x)

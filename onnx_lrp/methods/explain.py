@@ -114,7 +114,7 @@ class MethodExplainer:
         if isinstance(engine, gradients.GradientRunner):
             return list(engine.packing.names) if engine.packing is not None else [engine.spec.name]
         if isinstance(engine, Runner):
-            return [self.inputs[0].name]
+            return [s.name for s in engine.inputs if s.name in engine.relevance_inputs]
         floats = [s.name for s in self.inputs if np.dtype(s.dtype).kind == "f"]
         if self.method == "occlusion":  # the float inputs (none: every input, token ids occluded with a baseline)
             return floats or list(engine.names)
@@ -185,10 +185,11 @@ class MethodExplainer:
             relevance = self._from_gradient(g, xb, targets, feeds)
         elif isinstance(engine, Runner):
             xb, bare = self.attributor.noise_input(x)
-            feeds = {self.inputs[0].name: xb}
-            lrp = engine.explain(xb, target=target)
+            several = isinstance(x, dict)  # several inputs: every one fed, the float ones moved, a dict back
+            feeds = engine.checked_feeds(x) if several else {self.inputs[0].name: xb}
+            lrp = engine.explain(feeds if several else xb, target=target)
             outputs, targets = lrp.forward or lrp.outputs, np.asarray(lrp.target, np.int64).reshape(-1)
-            relevance = self.attributor.attribute(xb, targets)
+            relevance = self.attributor.attribute(feeds if several else xb, targets)
         else:
             xb, bare = engine.prepared(x)
             feeds = engine.feeds(xb)

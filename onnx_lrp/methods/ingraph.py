@@ -7,9 +7,11 @@ float64) an output. ``grad-cam`` reads the gradient at a named tensor (:mod:`.in
 ``rise`` are one batched forward of the original model (:mod:`.ingraph_forward`); the sampled methods are in
 :mod:`.ingraph_sampled`.
 
-Inputs: the model's input, ``lrp/target`` (int64 [N], -1: the arg-max) and the method's (``lrp/baselines``,
-``lrp/noise``, ``lrp/baseline_indices``, ``lrp/alphas``, ``lrp/masks``: :data:`METHOD_INPUTS`). Outputs: the
-model's outputs at the input, ``lrp/relevance/<input>`` (the attribution) and ``lrp/target_used``. A model with
+Inputs: the model's inputs, ``lrp/target`` (int64 [N], -1: the arg-max) and the method's (``lrp/baselines``,
+``lrp/noise``, ``lrp/baseline_indices``, ``lrp/alphas``, ``lrp/masks``: :data:`METHOD_INPUTS`; with several float
+inputs the per-input ones as ``lrp/noise/<input>``, ``lrp/baselines/<input>``). Integer and bool inputs (attention
+masks) are held: fed as given to every stacked copy (:mod:`.ingraph_inputs`). Outputs: the model's outputs at the
+input, ``lrp/relevance/<input>`` per float input (the attribution) and ``lrp/target_used``. A model with
 external data (or over 1 GiB of weights) is written as ``OUT`` + ``OUT.data`` (:func:`save_method_model`)."""
 from __future__ import annotations
 
@@ -63,13 +65,12 @@ def method_ir(model, method: str, inputs: tuple = (), **options) -> ir.Model:
         return ingraph_forward.forward_model(model, engine, method, opts)
     if attributor.base is not None and opts.base not in ingraph_sampled.BASES:  # an LRP composite's SmoothGrad
         return ingraph_sampled.noise_tunnel_model(engine, opts)
-    if getattr(engine, "packing", None) is not None or getattr(engine, "held_names", None):
-        raise InputError("rewrite --method takes a model with one (float) input for now; this one has "
-                         f"{len(engine.runner.inputs)}: use the Python API's Attributor")
     if method == "grad-cam":
         return ingraph_cam.grad_cam_model(engine, opts)
     if method not in ("gradient", "gradient-x-input"):
-        batch_axis_free(engine.spec.name, engine.spec.dims)
+        for spec in engine.runner.inputs:
+            if spec.name in engine.runner.relevance_inputs:
+                batch_axis_free(spec.name, spec.dims)
     if method in ("smoothgrad", "vargrad"):
         return ingraph_sampled.noise_tunnel_model(engine, opts)
     if method in ("expected-gradients", "gradient-shap"):

@@ -13,6 +13,7 @@ from ..core.errors import InputError
 from ..core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT, TARGET_OUTPUT
 from ..load import external
 from .gradients import GradientRunner
+from .ingraph_inputs import Inputs
 from .integration import alphas_and_steps
 
 BASELINES_INPUT = "lrp/baselines"
@@ -32,29 +33,40 @@ def open_model(model_bytes: bytes, folder, arrays: dict) -> ir.Model:
 
 
 class MethodGraph:
-    """A model's graph opened for a method: its input and outputs renamed out of the way, the new input made."""
+    """A model's graph opened for a method: its inputs and outputs renamed out of the way, the new inputs made (the
+    float ones ``floats`` moved, packed when several: :mod:`.ingraph_inputs`; the ``held`` ones fed as given)."""
 
-    def __init__(self, model: ir.Model, name: str, output_names, explained: str):
-        self.model, self.graph, self.name = model, model.graph, name
+    def __init__(self, model: ir.Model, floats, output_names, explained: str, held=()):
+        self.model, self.graph = model, model.graph
         g = self.graph
-        self.old_x = next(v for v in g.inputs if v.name == name)
+        self.io = Inputs(g, [floats] if isinstance(floats, str) else list(floats), list(held))
+        self.name = self.io.floats[0] if not self.io.packed else None
+        self.old_x = self.io.old[self.io.floats[0]]
         self.forward = {v.name: v for v in g.outputs if v.name in output_names}
         self.explained = self.forward[explained]
-        for v in (self.old_x, *self.forward.values()):
+        for v in self.forward.values():
             v.name = "lrp/method/was/" + v.name
-        self.x = ir.Value(name=name, type=self.old_x.type, shape=self.old_x.shape)
         self.t = ir.Value(name=TARGET_INPUT, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape(["N"]))
-        self.rank = len(self.old_x.shape)
         self.dtype = self.old_x.dtype
         self.em = Emitter(g, model.opset_imports.get("", 17), self.dtype)
-        self.removed = [self.old_x]
+        self.io.em = self.em
+        self.x = self.io.x()
+        self.rank = 2 if self.io.packed else len(self.old_x.shape)
+        self.removed = list(self.io.old.values())
+
+    @property
+    def label(self) -> str:
+        """The moved input(s), for messages."""
+        return " and ".join(repr(n) for n in self.io.floats)
 
     def input(self, name: str, dtype: ir.DataType, dims: list) -> ir.Value:
         """A new graph input (``dims``: ints or symbolic names)."""
         return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
 
     def item_dims(self) -> list:
-        """The input's dims after its batch axis (ints, or None where symbolic)."""
+        """The moved input's dims after its batch axis (ints, or None where symbolic; packed: one axis)."""
+        if self.io.packed:
+            return self.io.packed_dims()
         return [d if isinstance(d, int) else None for d in self.old_x.shape[1:]]
 
     def forget_shapes(self) -> None:
@@ -63,9 +75,13 @@ class MethodGraph:
             for v in node.outputs:
                 v.shape = None
 
+    def feed_rows(self, rows: ir.Value, n: ir.Value) -> None:
+        """The model run at stacked rows of the moved input, the held inputs copied along (:mod:`.ingraph_inputs`)."""
+        self.io.feed_rows(rows, n)
+
     def finish(self, relevance: ir.Value, target: ir.Value, rows: ir.Value | None, extra_inputs=()) -> ir.Model:
-        """The graph's inputs and outputs set (the model's outputs: their first ``rows`` rows), dead nodes dropped,
-        sorted."""
+        """The graph's inputs and outputs set (the model's outputs: their first ``rows`` rows; the attribution one
+        output per float input), dead nodes dropped, sorted."""
         em, g = self.em, self.graph
         outputs = []
         for name, v in self.forward.items():
@@ -75,12 +91,15 @@ class MethodGraph:
                 out = em.op("Slice", v, em.ints([0]), rows, em.ints([0]), tag="item_output")
             out.name = name
             outputs.append(out)
-        relevance.name, target.name = RELEVANCE_PREFIX + self.name, TARGET_OUTPUT
+        attributions = self.io.unpack(relevance, 1, "attribution") if self.io.packed else {self.name: relevance}
+        for name, v in attributions.items():
+            v.name = RELEVANCE_PREFIX + name
+        target.name = TARGET_OUTPUT
         g.outputs.clear()
-        g.outputs.extend([*outputs, relevance, target])
+        g.outputs.extend([*outputs, *attributions.values(), target])
         for old in self.removed:
             g.inputs.remove(old)
-        g.inputs.extend([self.x, self.t, *extra_inputs])
+        g.inputs.extend([*self.io.new.values(), self.t, *extra_inputs])
         RemoveUnusedNodesPass()(self.model)
         g.sort()
         return self.model
@@ -88,26 +107,30 @@ class MethodGraph:
 
 class GradientGraph(MethodGraph):
     """A relevance model's graph opened for the method (the true-gradient one, or an LRP composite's started at
-    ``one_hot`` or the logit): also its target and one-hot inputs and its relevance output out of the way."""
+    ``one_hot`` or the logit): also its target and one-hot inputs and its relevance outputs out of the way; the
+    inputs it attributes moved, the others (integer masks) held."""
 
-    def __init__(self, runner, name: str, one_hot: bool = True):
+    def __init__(self, runner, one_hot: bool = True):
         rm = runner.relevance_model
         model = open_model(rm.model_bytes, rm.model_folder, rm.model_arrays)
-        super().__init__(model, name, runner.output_names, runner.explained_output)
+        floats = [s.name for s in runner.inputs if s.name in runner.relevance_inputs]
+        held = [s.name for s in runner.inputs if s.name not in floats]
+        super().__init__(model, floats, runner.output_names, runner.explained_output, held)
         inputs = {v.name: v for v in self.graph.inputs}
         self.old_t, self.old_one = inputs[TARGET_INPUT], inputs[ONE_HOT_INPUT]
         outputs = {v.name: v for v in self.graph.outputs}
-        self.gradient = outputs[RELEVANCE_PREFIX + self.name]
+        gradients = {n: outputs[RELEVANCE_PREFIX + n] for n in self.io.floats}
         self.target_used = outputs[TARGET_OUTPUT]
         self.outputs = outputs
-        for v in (self.old_t, self.old_one, self.gradient, self.target_used):
+        for v in (self.old_t, self.old_one, *gradients.values(), self.target_used):
             v.name = "lrp/method/was/" + v.name
+        self.gradient = self.io.pack(gradients, 1, "gradient") if self.io.packed else gradients[self.name]
         self.removed += [self.old_t, self.old_one]
         self.old_one.replace_all_uses_with(self.em.const(np.array(one_hot), tag="one_hot"))
 
     def plain(self) -> ir.Value:
-        """The graph run at the input alone: the target as given (-1: the arg-max), resolved."""
-        self.old_x.replace_all_uses_with(self.x)
+        """The graph run at the inputs alone: the target as given (-1: the arg-max), resolved."""
+        self.io.feed_plain()
         self.old_t.replace_all_uses_with(self.t)
         return self.em.op("Identity", self.target_used, tag="target")
 
@@ -121,7 +144,7 @@ class GradientGraph(MethodGraph):
         n = em.op("Slice", shape, em.ints([0]), em.ints([1]), tag="n")
         tail = em.op("Slice", shape, em.ints([1]), em.ints([END]), tag="tail")
         flat = em.op("Reshape", points, em.op("Concat", em.ints([-1]), tail, axis=0, tag="flat_shape"), tag="points")
-        self.old_x.replace_all_uses_with(em.op("Concat", self.x, flat, axis=0, tag="rows"))
+        self.feed_rows(em.op("Concat", self.x, flat, axis=0, tag="rows"), n)
         target = self.targets(n)
         pshape = em.op("Shape", points, tag="points_shape")
         k = em.op("ReduceProd", em.op("Slice", pshape, em.ints([0]), em.ints([lead]), tag="lead"), keepdims=1,
@@ -150,19 +173,46 @@ def argmax_targets(em: Emitter, explained: ir.Value, t: ir.Value, n: ir.Value) -
     return em.op("Where", em.op("Less", t, em.scalar(0, np.int64), tag="is_argmax"), best, t, tag="target")
 
 
-def constant_baseline(w: MethodGraph, baselines) -> ir.Value:
-    """A baseline constant that broadcasts to one item (None: 0)."""
-    b = np.zeros(()) if baselines is None else np.asarray(baselines, np.float64)
-    dims = [None] + w.item_dims()
-    if b.ndim > w.rank or (b.ndim == w.rank and b.shape[0] != 1) or any(
+def _item_constant(w: MethodGraph, b, name: str, dims: list) -> ir.Value:
+    """A baseline constant checked to broadcast to one item of input ``name`` (``dims``: N and its item dims)."""
+    b = np.asarray(b, np.float64)
+    if b.ndim > len(dims) or (b.ndim == len(dims) and b.shape[0] != 1) or any(
             s != 1 and s != d for s, d in zip(b.shape[::-1], dims[::-1])):
-        raise InputError(f"baselines of shape {b.shape} do not broadcast to one item of {w.name!r} "
+        raise InputError(f"baselines of shape {b.shape} do not broadcast to one item of {name!r} "
                          f"({' x '.join(str(d) for d in dims)}); give a number, an array of one item, or "
                          "--baseline-input")
     return w.em.const(b.astype(w.dtype.numpy()), tag="baselines")
 
 
+def constant_baseline(w: MethodGraph, baselines) -> ir.Value:
+    """A baseline constant that broadcasts to one item (None: 0); several float inputs: a number for all, or one
+    baseline per input (a tuple or dict), each broadcast to its input's item and packed."""
+    io, em = w.io, w.em
+    if baselines is None:
+        baselines = 0.0
+    if not io.packed:
+        if isinstance(baselines, (tuple, dict)):
+            baselines = io.per_input(baselines, "baselines")[w.name]
+        return _item_constant(w, baselines, w.name, [None] + w.item_dims())
+    if not isinstance(baselines, (tuple, list, dict)):
+        if np.ndim(baselines) != 0:
+            raise InputError(f"baselines: the model has {len(io.floats)} float inputs ({', '.join(io.floats)}); give "
+                             "one number, or a tuple with one baseline per input")
+        return em.const(np.asarray(baselines, w.dtype.numpy()), tag="baselines")
+    items = {}
+    for k, b in io.per_input(baselines, "baselines").items():
+        c = _item_constant(w, b, k, [None] + io.item_dims(k))
+        one = em.op("Concat", em.ints([1]), em.op("Slice", em.op("Shape", io.new[k]), em.ints([1]), em.ints([END])),
+                    axis=0, tag="item_shape")
+        items[k] = em.op("Expand", c, one, tag="baseline_item")
+    return io.pack(items, 1, "baselines")
+
+
 def _baseline(w: GradientGraph, baselines, baseline_input: bool) -> tuple[ir.Value, list]:
+    if baseline_input and w.io.packed:
+        given = {k: ir.Value(name=f"{BASELINES_INPUT}/{k}", type=v.type, shape=v.shape)
+                 for k, v in w.io.old.items() if k in w.io.floats}
+        return w.io.pack(given, 1, "baselines"), list(given.values())
     if baseline_input:
         b = ir.Value(name=BASELINES_INPUT, type=w.old_x.type, shape=w.old_x.shape)
         return b, [b]
@@ -188,7 +238,7 @@ def ig_sum(w: GradientGraph, xs: ir.Value, lead: int, b: ir.Value, options) -> t
 def integrated_gradients_model(gr: GradientRunner, options, baseline_input: bool = False) -> ir.Model:
     """The model of the prediction and captum's IntegratedGradients (``options``:
     :class:`onnx_lrp.methods.options.IntegratedGradientsOptions`) in one run; see the module."""
-    w = GradientGraph(gr.runner, gr.spec.name)
+    w = GradientGraph(gr.runner)
     with w.em.scope("method/ig"):
         b, extra = _baseline(w, options.baselines, baseline_input)
         attribution, target, n = ig_sum(w, w.x, 0, b, options)
@@ -198,7 +248,7 @@ def integrated_gradients_model(gr: GradientRunner, options, baseline_input: bool
 
 def gradient_model(gr: GradientRunner, method: str, options) -> ir.Model:
     """The model of the prediction and ``gradient`` (signed, or ``abs``) or ``gradient-x-input``."""
-    w = GradientGraph(gr.runner, gr.spec.name)
+    w = GradientGraph(gr.runner)
     em = w.em
     with em.scope("method/" + method):
         target = w.plain()

@@ -21,7 +21,14 @@ def _layer_shape(gr: LayerRunner) -> tuple:
         raise InputError(f"rewrite --method grad-cam needs the input's shape after its batch axis fixed; "
                          f"{gr.spec.name!r} has {gr.spec.dims}: export the model with those sizes fixed")
     x = np.zeros((1,) + tuple(dims), gr.spec.dtype)
-    shape = gr.forward.run(gr.feeds(x), [gr.layer])[gr.layer].shape
+    held = {}
+    for s in gr.runner.inputs:
+        if s.name in gr.held_names:  # a mask of ones: the layer's shape does not depend on its values
+            if not s.dims or any(not isinstance(d, int) or d < 1 for d in s.dims[1:]):
+                raise InputError(f"rewrite --method grad-cam needs the held input {s.name!r}'s shape after its "
+                                 f"batch axis fixed; it has {s.dims}: export the model with those sizes fixed")
+            held[s.name] = np.ones((1,) + tuple(s.dims[1:]), s.dtype)
+    shape = gr.forward.run({**gr.feeds(x), **held}, [gr.layer])[gr.layer].shape
     if len(shape) < 3:
         raise InputError(f"grad-cam: tensor {gr.layer!r} has shape {' x '.join(map(str, shape))}, not N x C x "
                          "spatial axes; name a convolution's (spatial) output")
@@ -69,7 +76,7 @@ def grad_cam_model(gr: LayerRunner, options) -> ir.Model:
     """captum's LayerGradCam + LayerAttribution.interpolate (``options``:
     :class:`onnx_lrp.methods.options.GradCamOptions`) in one graph."""
     item, layer = _layer_shape(gr)
-    w = GradientGraph(gr.runner, gr.spec.name)
+    w = GradientGraph(gr.runner)
     em = w.em
     values = {o.name: o for node in w.graph for o in node.outputs}
     act, grad = values.get(gr.layer), w.outputs.get(RELEVANCE_PREFIX + gr.layer)

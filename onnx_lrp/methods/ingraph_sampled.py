@@ -30,14 +30,19 @@ def _samples_like(w: GradientGraph, samples: int) -> ir.Value:
 
 def _noise(w: GradientGraph, noise, samples: int, stdevs: float, seed) -> tuple[ir.Value, list]:
     """(the noise, samples x (N or 1) x the item's shape; the new inputs): a constant when given, drawn in the
-    graph with ``seed``, else the input lrp/noise."""
+    graph with ``seed``, else the input lrp/noise (several float inputs: one per input, lrp/noise/<input>, packed)."""
     em = w.em
+    if noise is not None and w.io.packed:
+        arrays = w.io.per_input(noise, "noise")
+        arrays = {k: (a[:, None] if np.ndim(a) == len(w.io.item_dims(k)) + 1 else a)
+                  for k, a in ((k, np.asarray(a)) for k, a in arrays.items())}
+        return w.io.packed_constant(arrays, 2, w.dtype.numpy(), "noise"), []
     if noise is not None:
-        a = np.asarray(noise)
+        a = np.asarray(w.io.per_input(noise, "noise")[w.name] if isinstance(noise, (tuple, dict)) else noise)
         if a.ndim == w.rank:  # samples x the item's shape: the same noise for every item
             a = a[:, None]
         if a.ndim != w.rank + 1 or any(d is not None and s != d for s, d in zip(a.shape[2:], w.item_dims())):
-            raise InputError(f"noise has shape {np.shape(noise)}; give samples x the input's shape "
+            raise InputError(f"noise has shape {np.shape(a)}; give samples x the input's shape "
                              f"({' x '.join(str(d) for d in [None] + w.item_dims())} after the samples)")
         return em.const(a.astype(w.dtype.numpy()), tag="noise"), []
     if seed is not None and stdevs == 0:  # onnxruntime aborts on a normal of scale 0
@@ -45,6 +50,9 @@ def _noise(w: GradientGraph, noise, samples: int, stdevs: float, seed) -> tuple[
     if seed is not None:
         return em.op("RandomNormalLike", _samples_like(w, samples), mean=0.0, scale=float(stdevs), seed=float(seed),
                      dtype=w.dtype, tag="noise"), []
+    if w.io.packed:
+        given = w.io.inputs_per_float(NOISE_INPUT, ["samples", "N"])
+        return w.io.pack(given, 2, "noise"), list(given.values())
     v = w.input(NOISE_INPUT, w.dtype, ["samples", "N", *[d if d is not None else f"d{i}" for i, d in
                                                          enumerate(w.item_dims(), 1)]])
     return v, [v]
@@ -58,17 +66,19 @@ def _mean0(w: GradientGraph, v: ir.Value) -> ir.Value:
 
 
 def _lrp_graph(runner) -> GradientGraph:
-    """An LRP composite's relevance model opened for SmoothGrad: one float input, one explained entry per item."""
+    """An LRP composite's relevance model opened for SmoothGrad: float inputs attributed (the others held), one
+    explained entry per item."""
     rm = runner.relevance_model
-    if len(runner.inputs) != 1 or runner.inputs[0].dtype.kind != "f":
-        raise InputError(f"rewrite --method smoothgrad over a composite takes a model with one float input; this one "
-                         f"has {', '.join(s.name for s in runner.inputs)}")
+    floats = [s for s in runner.inputs if s.name in runner.relevance_inputs]
+    if not floats or any(s.dtype.kind != "f" for s in floats):
+        raise InputError(f"rewrite --method smoothgrad over a composite moves the attributed inputs: they must be "
+                         f"float ({', '.join(f'{s.name}: {np.dtype(s.dtype).name}' for s in floats) or 'none'})")
     if rm.sequence_rows is not None or rm.whole:
         raise InputError(f"smoothgrad explains one entry per item; output {runner.explained_output!r} is a sequence "
                          "or has no batch axis (use LRP)")
-    spec = runner.inputs[0]
-    batch_axis_free(spec.name, spec.dims)
-    return GradientGraph(runner, spec.name, one_hot=runner.options.start == "one-hot")
+    for spec in floats:
+        batch_axis_free(spec.name, spec.dims)
+    return GradientGraph(runner, one_hot=runner.options.start == "one-hot")
 
 
 def noise_tunnel_model(engine, options) -> ir.Model:
@@ -77,7 +87,7 @@ def noise_tunnel_model(engine, options) -> ir.Model:
     of a composite), in one graph."""
     lrp = not isinstance(engine, GradientRunner)
     base = None if lrp else make_options(options.base, dict(options.base_options))
-    w = _lrp_graph(engine) if lrp else GradientGraph(engine.runner, engine.spec.name)
+    w = _lrp_graph(engine) if lrp else GradientGraph(engine.runner)
     em = w.em
     with em.scope("method/noise_tunnel"):
         noise, extra = _noise(w, options.noise, options.nt_samples, options.stdevs, options.seed)
@@ -102,11 +112,19 @@ def noise_tunnel_model(engine, options) -> ir.Model:
 
 
 def _background(w: GradientGraph, options, baseline_input: bool) -> tuple[ir.Value, list]:
+    """(the background set, rows x the item's shape (packed for several float inputs); the new inputs)."""
+    if baseline_input and w.io.packed:
+        given = w.io.inputs_per_float("lrp/baselines", ["background"])
+        return w.io.pack(given, 1, "background"), list(given.values())
     if baseline_input:
         v = w.input("lrp/baselines", w.dtype, ["background", *[d if d is not None else f"d{i}" for i, d in
                                                              enumerate(w.item_dims(), 1)]])
         return v, [v]
-    b = np.asarray(options.baselines)
+    if w.io.packed:
+        return w.io.packed_constant(w.io.per_input(options.baselines, "baselines"), 1, w.dtype.numpy(),
+                                    "background"), []
+    given = options.baselines
+    b = np.asarray(w.io.per_input(given, "baselines")[w.name] if isinstance(given, (tuple, dict)) else given)
     if b.ndim != w.rank or any(d is not None and s != d for s, d in zip(b.shape[1:], w.item_dims())):
         raise InputError(f"baselines have shape {' x '.join(map(str, b.shape))}; give a background set n x "
                          f"{' x '.join(str(d) for d in w.item_dims())} (the input's shape after its batch axis)")
@@ -140,7 +158,7 @@ def expected_gradients_model(gr: GradientRunner, options, baseline_input: bool =
     if given:
         raise InputError(f"rewrite takes {given[0]} as the input lrp/{given[0]} (samples x N), or drawn with seed=; "
                          "do not give it as an option")
-    w = GradientGraph(gr.runner, gr.spec.name)
+    w = GradientGraph(gr.runner)
     em = w.em
     with em.scope("method/expected_gradients"):
         background, extra = _background(w, options, baseline_input)

@@ -3,9 +3,12 @@ LRP composite: the noisy samples stacked along the batch axis (sample-major) of 
 mean of squares or variance taken over the samples in float64."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..core.errors import InputError
+from .packing import Packing
 
 
 def noise_for(x: np.ndarray, options) -> np.ndarray:
@@ -40,4 +43,66 @@ def smooth(base, x: np.ndarray, targets: np.ndarray, options) -> np.ndarray:
     return out.astype(x.dtype)
 
 
-__all__ = ["noise_for", "smooth"]
+class Moved:
+    """A composite's inputs as SmoothGrad and Integrated Gradients over it move them: the inputs it attributes
+    (float) moved, packed side by side when several (:mod:`.packing`), the others (integer masks, positions) held,
+    row r of the stacked rows taking item r mod N's (the samples are stacked item by item)."""
+
+    def __init__(self, runner, x, what: str):
+        if isinstance(x, (tuple, list)) and len(x) == len(runner.inputs):
+            x = dict(zip([s.name for s in runner.inputs], x))
+        feeds = runner.checked_feeds(x)
+        specs = [s for s in runner.inputs if s.name in runner.relevance_inputs]
+        wrong = [s.name for s in specs if feeds[s.name].dtype.kind != "f"]
+        if not specs or wrong:
+            name = wrong[0] if wrong else next(iter(feeds))
+            raise InputError(f"{what} moves the input (noise, a path): {name!r} must be float, not "
+                             f"{feeds[name].dtype}")
+        self.runner, self.names = runner, [s.name for s in specs]
+        self.held = {k: a for k, a in feeds.items() if k not in self.names}
+        self.packing = Packing(specs) if len(specs) > 1 else None
+        first = self.names[0]
+        self.x = self.packing.pack({k: feeds[k] for k in self.names}) if self.packing else feeds[first]
+        self.bare = feeds[first].ndim != np.ndim(x[first] if isinstance(x, dict) else x)
+        self.plain = self.packing is None and not self.held  # the one input alone: fed as an array
+
+    def feeds(self, rows: np.ndarray):
+        """The runner's feeds for stacked (packed) rows."""
+        if self.plain:
+            return rows
+        arrays = self.packing.unpack(rows) if self.packing else {self.names[0]: rows}
+        return {**arrays, **{k: a[np.arange(len(rows)) % len(a)] for k, a in self.held.items()}}
+
+    def relevance(self, explain, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``explain(feeds, targets)`` (the composite's relevance) at stacked rows, packed as the rows."""
+        r = explain(self.feeds(rows), targets)
+        if not isinstance(r, dict):
+            return r
+        return self.packing.pack({k: r[k] for k in self.names}) if self.packing else r[self.names[0]]
+
+    def options(self, method: str, options, x: np.ndarray):
+        """``options`` with the values given per input packed as ``x`` (one input: a 1-tuple is its value)."""
+        if self.packing is not None:
+            return self.packing.options(method, options, x)
+        changes = {}
+        for f in ("baselines", "noise"):
+            v = getattr(options, f, None)
+            if isinstance(v, (tuple, dict)):
+                if len(v) != 1:
+                    raise InputError(f"{f} is given for {len(v)} inputs; the model has one float input "
+                                     f"({self.names[0]!r})")
+                changes[f] = v[0] if isinstance(v, tuple) else next(iter(v.values()))
+        return dataclasses.replace(options, **changes) if changes else options
+
+    def result(self, out: np.ndarray, given):
+        """The attribution in the form the input came in: an array (the one input), else a dict by input name or
+        a tuple in the model's order of the moved inputs."""
+        if self.packing is not None:
+            return self.packing.result(out, given, self.bare)
+        out = out[0] if self.bare else out
+        if self.plain:
+            return out
+        return {self.names[0]: out} if isinstance(given, dict) else (out,)
+
+
+__all__ = ["noise_for", "smooth", "Moved"]

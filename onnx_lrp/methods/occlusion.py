@@ -120,6 +120,9 @@ def _per_input(value, names: list, several: bool, loose: bool = True) -> dict:
     return {k: value for k in names}
 
 
+per_input = _per_input  # the in-graph occlusion reads the options alike (ingraph_forward)
+
+
 def occlusion(fwd: Forward, x, targets, options):
     """captum's Occlusion: sum over windows of (f(x) - f(x occluded)) on the window, divided by the coverage; the
     occluded copies made and run a chunk of windows at a time. Several inputs (``x`` a dict): each float input

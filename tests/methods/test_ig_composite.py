@@ -86,13 +86,6 @@ def test_bad_bases_are_refused_in_one_line(options, words):
         Attributor(str(MODEL), "integrated-gradients", **options)
 
 
-def test_several_inputs_over_a_composite_are_refused_naming_them():
-    attr = Attributor(str(GOLDENS / "methods" / "two_inputs.onnx"), "integrated-gradients", base="epsilon")
-    u, v = np.zeros((1, 4), np.float32), np.zeros((1, 2, 5), np.float32)
-    with pytest.raises(InputError, match=r"one input; this one has 2 \(u, v\): use base='gradient'"):
-        attr.attribute({"u": u, "v": v}, 0)
-
-
 def test_rewrite_refuses_ig_over_a_composite(tmp_path):
     """The in-graph IG is the true gradient's: over a composite it is refused in one line, nothing written."""
     r = cli("rewrite", MODEL, "-o", tmp_path / "ig.onnx", "--method", "integrated-gradients", "--base", "epsilon")
