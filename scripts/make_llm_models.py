@@ -87,9 +87,9 @@ GENAI = {  # folder suffix -> builder arguments per architecture (None: not buil
                        "algo_config=rtn"]},
     # the CUDA folders (written without a GPU): GroupQueryAttention in float16 / bfloat16, MatMulNBits with float16
     # scales; their references in <arch>_cuda.npz (onnxruntime-genai on the CPU, its providers cleared)
-    "fp16_cuda": {"llama": ["-p", "fp16", "-e", "cuda"], "qwen2": None},
-    "bf16_cuda": {"llama": ["-p", "bf16", "-e", "cuda"], "qwen2": None},
-    "int4_cuda": {"llama": ["-p", "int4", "-e", "cuda"], "qwen2": None},
+    "fp16_cuda": {"llama": ["-p", "fp16", "-e", "cuda"], "qwen2": ["-p", "fp16", "-e", "cuda"]},
+    "bf16_cuda": {"llama": ["-p", "bf16", "-e", "cuda"], "qwen2": ["-p", "bf16", "-e", "cuda"]},
+    "int4_cuda": {"llama": ["-p", "int4", "-e", "cuda"], "qwen2": ["-p", "int4", "-e", "cuda"]},
 }
 
 
