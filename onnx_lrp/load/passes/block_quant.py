@@ -168,13 +168,12 @@ def _weight(b, q: np.ndarray, s: np.ndarray, z, how: _Blocks, packed: bool, tag:
         zf = (2 ** (bits - 1)) if z is None else z
         return b.const(dequantize(q, s, np.asarray(zf), axis, block).astype(s.dtype), tag)
     if z is None:
-        x = b.const((q.astype(np.int16) - 2 ** (bits - 1)).astype(_INT[bits, True]), f"{tag}_q")
-        ins = [x, b.const(s, f"{tag}_scale")]
+        ins = [b.const(_stored(q, bits, True), f"{tag}_q"), b.const(s, f"{tag}_scale")]
     elif z.dtype.kind == "f":
-        ins = [b.const(q.astype(_INT[bits, False]), f"{tag}_q"), b.const(s, f"{tag}_scale")]
+        ins = [b.const(_stored(q, bits, False), f"{tag}_q"), b.const(s, f"{tag}_scale")]
     else:
-        ins = [b.const(q.astype(_INT[bits, False]), f"{tag}_q"), b.const(s, f"{tag}_scale"),
-               b.const(z.astype(_INT[bits, False]), f"{tag}_zero_point")]
+        ins = [b.const(_stored(q, bits, False), f"{tag}_q"), b.const(s, f"{tag}_scale"),
+               b.const(_stored(z, bits, False), f"{tag}_zero_point")]
     w = b.op("DequantizeLinear", ins, tag=tag, axis=axis, block_size=block)
     w.type, w.shape = ir.TensorType(ir.DataType.from_numpy(s.dtype)), ir.Shape(q.shape)
     nodes = [w.producer()]
@@ -187,6 +186,34 @@ def _weight(b, q: np.ndarray, s: np.ndarray, z, how: _Blocks, packed: bool, tag:
     zf = None if z is None or z.dtype.kind != "f" else z
     meta.PACKED_WEIGHT.set(w, _Shared(lambda: _value(vals, zf, bits, axis, block)))
     return w
+
+
+def _stored(q: np.ndarray, bits: int, signed: bool):
+    """Unsigned values ``q`` as the DequantizeLinear input stores them: int4 / int8 (``q - 2^(bits-1)``) when
+    ``signed``, else uint4 / uint8; 4-bit ones packed two to a byte (:func:`_packed4`)."""
+    if bits == 4:
+        return _packed4(q, signed)
+    return (q.astype(np.int16) - 128).astype(np.int8) if signed else q.astype(np.uint8)
+
+
+def _packed4(q: np.ndarray, signed: bool) -> ir.PackedTensor:
+    """Values 0..15 (``signed``: stored as ``q - 8``) as a 4-bit tensor packed as ONNX does (two to a byte, low
+    nibble first, in row-major order), a few rows at a time: the build holds half a byte per weight (numpy's int4
+    takes a byte) and no full-size temporary."""
+    rows = q.shape[0] if q.ndim else 1
+    flat = q.reshape(rows, -1)
+    cols = flat.shape[1]
+    out = np.empty((rows * cols + 1) // 2, np.uint8)
+    step = max(2, _CHUNK // 8 // max(1, cols) // 2 * 2)  # an even number of rows: whole bytes per chunk
+    for i in range(0, rows, step):
+        v = flat[i:i + step].reshape(-1).astype(np.uint8)
+        if signed:
+            v = (v - np.uint8(8)) & np.uint8(0x0F)  # two's complement in the low nibble
+        if v.size % 2:
+            v = np.append(v, np.uint8(0)).astype(np.uint8)
+        start = i * cols // 2
+        out[start:start + v.size // 2] = v[0::2] | (v[1::2] << np.uint8(4))
+    return ir.PackedTensor(out, ir.DataType.INT4 if signed else ir.DataType.UINT4, shape=ir.Shape(q.shape))
 
 
 class _Shared:
