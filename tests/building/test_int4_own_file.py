@@ -149,3 +149,28 @@ def test_deployed_false_never_runs_it_and_a_wrong_value_is_refused():
     assert not lines and ex.deployed is None and ex.deployed_session is None
     with pytest.raises(onnx_lrp.InputError, match="deployed must be 'auto', True or False"):
         onnx_lrp.BuildOptions(deployed="yes")
+
+
+def test_a_generation_decodes_through_the_deployed_model_under_the_bounds(monkeypatch):
+    """Not run beside, with its weights in their own file: greedy decoding still runs the deployed folder with its
+    KV cache (onnxruntime-genai's own greedy ids), and each row is that step explained alone."""
+    pytest.importorskip("tokenizers")
+    monkeypatch.setattr(stages, "DEPLOYED_PACKED_MAX", 0)
+    monkeypatch.setattr(external, "PACKED_FILE_MIN", 0)
+    ex = _explainer()
+    assert ex.deployed is None and Path(ex.relevance_model.model_folder).name.startswith("onnx-lrp-weights-")
+    ref = np.load(GOLDENS / "llm" / "llama.npz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen = ex.explain_generation("the cat sat on the mat and the dog", 3)
+    assert gen.prompt_ids == ref["prompt_ids"].tolist()
+    assert gen.generated == ref["genai_int4_generated"].tolist()[:3]
+    ids = gen.prompt_ids + gen.generated[:2]
+    feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = ex.explain(feeds, target=gen.generated[2], position=len(ids) - 1)
+    rel = np.asarray(alone.relevance)[0]
+    rel = rel.sum(axis=-1) if rel.ndim > 1 else rel
+    assert np.abs(rel).max() > 0.01
+    assert_close(gen.relevance[2, :len(ids)], rel, rtol=1e-5, atol=1e-5)
