@@ -145,8 +145,8 @@ def deployed_kept(deployed: Deployed | None, prepack: bool, low_bytes: int, opti
     else:
         return deployed
     warnings.warn(f"the deployed model ({kinds}) is not run beside the relevance model: {why}; outputs are the "
-                  "explained forward's (float32) and no deployed gap is measured; deployed=True runs it anyway",
-                  LrpWarning, stacklevel=3)
+                  "explained forward's (float32) and no deployed gap is measured; deployed=True (--deployed on) "
+                  "runs it anyway", LrpWarning, stacklevel=3)
     return None
 
 
