@@ -62,7 +62,8 @@ SECTIONS = [
                  Row(("device", "tf32"), "cpu (default), cuda or auto; TF32 on CUDA.", left="--device D, --tf32"),
                  "batch_size",
                  Row(("precision", "precise"), "Numerics of float16 and deep models.", left="--precision P, --precise"),
-                 "strict",
+                 Row(("strict", "deployed"), "Exit 1 if not conserved; deployed run.",
+                     left="--strict, --deployed D"),
                  "out_dir", Row(DATASET_KEYS[1:], "Dataset mode's settings.")]),
 ]
 
@@ -85,6 +86,10 @@ SECTIONS = [
 @click.option("--precision", type=click.Choice(["auto", "model", "float32"]), default="auto",
               metavar="auto|model|float32",
               help="What a float16/bfloat16 model's relevance is computed in (docs/deployed.md).")
+@click.option("--deployed", type=click.Choice(["auto", "on", "off"]), default="auto", metavar="auto|on|off",
+              callback=lambda ctx, param, v: {"auto": "auto", "on": True, "off": False}[v],
+              help="Run a quantized/float16 model's deployed form beside, for its outputs and gap (auto: unless "
+                   "too large for memory).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, help="Items per model run (default 32).", metavar="N")
 @click.option("--relevance-at", "relevance_at", multiple=True, metavar="TENSOR",
               help="Also this tensor's relevance (repeatable).")

@@ -8,8 +8,10 @@ Public as ``onnx_lrp.build_relevance_model`` (with ``onnx_lrp.BuildOptions``).
 from __future__ import annotations
 
 import gc
+import weakref
 
 from ..core.relevance_model import BuildOptions, BuildSource, RelevanceModel
+from ..load import external
 from . import stages
 
 
@@ -28,6 +30,7 @@ def build(model, composite="auto", options: BuildOptions = BuildOptions()) -> Re
         names = stages.interface(forward, what)
         model_precision, low_bytes = stages.precision(forward, options)
         parts = stages.serialise(forward)
+        packed_bytes = external.packed_bytes(forward)
         relevance_model = RelevanceModel(
             model_bytes=parts.model_bytes, model_folder=parts.folder, model_arrays=parts.arrays,
             model_prepack=parts.prepack,
@@ -36,10 +39,12 @@ def build(model, composite="auto", options: BuildOptions = BuildOptions()) -> Re
             output_names=names.output_names, whole=what.whole, sequence_rows=names.sequence_rows,
             sequence_rows_from=what.sequence_rows_from, output_step=what.step,
             trace=trace, ledger_rows=ledger_rows,
-            deployed=stages.deployed_kept(deployed, parts.prepack, low_bytes, options.device),
+            deployed=stages.deployed_kept(deployed, parts.prepack, low_bytes, options, packed_bytes),
             composite_name=composite.name, composite_reason=reason, model_precision=model_precision,
             forward_nodes=what.nodes,
             source=BuildSource(model, composite, options, stages.composite_by_name(composite)))
+        if parts.keep is not None:  # its own weights file: removed when the relevance model is collected
+            weakref.finalize(relevance_model, parts.keep.release)
         del forward, what  # nothing of the onnx_ir graph outlives the build
         if parts.folder is not None:
             gc.collect()  # the graph's cycles hold its memory-mapped weights: unmapped before onnxruntime maps them

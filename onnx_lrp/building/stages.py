@@ -28,6 +28,9 @@ from .transient_weights import make_transient
 #: bytes of float16 / bfloat16 weights above which the deployed model does not run beside the relevance model on
 #: the CPU (README, "float16 / bfloat16": it would hold a float32 copy of every weight)
 DEPLOYED_FLOAT16_MAX = 256 << 20
+#: bytes of 4-bit weights above which the deployed model does not run beside the relevance model on the CPU
+#: (docs/llm-precisions.md, "Memory and time": its pre-packed weights would take the memory past 3x the weights)
+DEPLOYED_PACKED_MAX = 256 << 20
 
 
 @contextmanager
@@ -118,26 +121,33 @@ def deployed_source(model):
         return None
 
 
-def deployed_kept(deployed: Deployed | None, prepack: bool, low_bytes: int, device: str) -> Deployed | None:
-    """``deployed``, or None (with one warning) when running it beside the relevance model would cost too much
-    memory: over 1 GiB of weights (a second full-size session), or float16 weights over DEPLOYED_FLOAT16_MAX on the
-    CPU."""
-    if deployed is None:
+def deployed_kept(deployed: Deployed | None, prepack: bool, low_bytes: int, options: BuildOptions,
+                  packed_bytes: int = 0) -> Deployed | None:
+    """``deployed``, or None when ``options.deployed`` is False, or when it is "auto" (with one warning) and running
+    the deployed model beside the relevance model would cost too much memory: over 1 GiB of weights (a second
+    full-size session), float16 weights over DEPLOYED_FLOAT16_MAX on the CPU, or 4-bit weights
+    (``packed_bytes``) over DEPLOYED_PACKED_MAX on the CPU."""
+    if deployed is None or options.deployed is True:
+        return deployed
+    if options.deployed is False:
         return None
     kinds = ", ".join(deployed.kinds)
     if not prepack:  # over 1 GiB of weights: a second full-size session
-        warnings.warn(f"the deployed model ({kinds}) is not run beside the relevance model: it has over 1 GiB of "
-                      "weights and would double the memory; outputs are the explained forward's (float32)",
-                      LrpWarning, stacklevel=3)
-        return None
-    if low_bytes > DEPLOYED_FLOAT16_MAX and device == "cpu":
+        why = "it has over 1 GiB of weights and would double the memory"
+    elif low_bytes > DEPLOYED_FLOAT16_MAX and options.device == "cpu":
         # onnxruntime's CPU provider has no float16 kernels for most ops: it holds a float32 copy of every weight
-        warnings.warn(f"the deployed model ({kinds}) is not run beside the relevance model: onnxruntime's CPU "
-                      f"provider would hold a float32 copy of its {low_bytes / 1e6:.0f} MB of float16/bfloat16 "
-                      "weights (3x the memory); outputs are the explained forward's (float32)", LrpWarning,
-                      stacklevel=3)
-        return None
-    return deployed
+        why = (f"onnxruntime's CPU provider would hold a float32 copy of its {low_bytes / 1e6:.0f} MB of "
+               "float16/bfloat16 weights (3x the memory)")
+    elif packed_bytes > DEPLOYED_PACKED_MAX and options.device == "cpu":
+        # MatMulNBits pre-pack their weights for the CPU's kernels: ~1.4x the 4-bit bytes (1.06 GB for 0.77 GB)
+        why = (f"onnxruntime would hold a pre-packed copy of its {packed_bytes / 1e6:.0f} MB of 4-bit weights "
+               "(about 1.4x their bytes, beyond 3x the weights in all)")
+    else:
+        return deployed
+    warnings.warn(f"the deployed model ({kinds}) is not run beside the relevance model: {why}; outputs are the "
+                  "explained forward's (float32) and no deployed gap is measured; deployed=True (--deployed on) "
+                  "runs it anyway", LrpWarning, stacklevel=3)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ what is explained
@@ -245,9 +255,9 @@ def serialise(relevance: ir.Model) -> external.Parts:
     """The relevance model as onnxruntime receives it (a large model: its weights stay in their files); packed
     weights dequantized once per consumer (:mod:`.transient_weights`)."""
     make_transient(relevance)
-    return loader.serialize_parts(relevance)
+    return loader.serialize_parts(relevance, packed_file=True)
 
 
-__all__ = ["DEPLOYED_FLOAT16_MAX", "Explained", "Interface", "only_lrp_errors", "load", "choose", "composite_by_name",
+__all__ = ["DEPLOYED_FLOAT16_MAX", "DEPLOYED_PACKED_MAX", "Explained", "Interface", "only_lrp_errors", "load", "choose", "composite_by_name",
            "deployed_model", "deployed_kinds", "deployed_source", "deployed_kept", "explained", "quantization_step",
            "sequence_axis_source", "rewrite", "interface", "precision", "serialise"]

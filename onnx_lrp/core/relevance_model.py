@@ -51,6 +51,10 @@ class BuildOptions:
     #: a decoder's past key/value inputs stay inputs (a past given at run time gets the relevance that reaches it)
     #: instead of being fed empty (onnx_lrp.load.passes.past_state)
     past_inputs: bool = False
+    #: whether the deployed model (quantized, float16, int4 with 8-bit activations) runs beside the relevance model,
+    #: so that outputs and the gap are the deployed ones: "auto" unless it would cost too much memory
+    #: (onnx_lrp.building.stages.deployed_kept), True always, False never
+    deployed: object = "auto"
 
     def __post_init__(self):
         """Each value checked once, refused in one line; ``relevance_at`` as a tuple (one name: a str), ``ledger`` a
@@ -59,6 +63,8 @@ class BuildOptions:
             raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.device not in ("cpu", "cuda"):
             raise InputError(f"the build device must be 'cpu' or 'cuda' (resolved), not {self.device!r}")
+        if not (self.deployed == "auto" or isinstance(self.deployed, bool)):
+            raise InputError(f"deployed must be 'auto', True or False, not {self.deployed!r}")
         object.__setattr__(self, "relevance_at", _names(self.relevance_at))
         object.__setattr__(self, "ledger", bool(self.ledger))
 

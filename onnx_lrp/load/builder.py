@@ -80,8 +80,13 @@ class Builder:
         return f"{self.base}/split/{tag}_{self.k}"
 
     def const(self, arr, tag: str = "c") -> ir.Value:
-        arr = np.asarray(arr)
         name = self._name(tag)
+        if isinstance(arr, ir.PackedTensor):  # 4-bit values packed two to a byte (load.passes.block_quant)
+            arr.name = name
+            v = ir.Value(name=name, shape=ir.Shape(list(arr.shape)), type=ir.TensorType(arr.dtype), const_value=arr)
+            self.graph.register_initializer(v)
+            return v
+        arr = np.asarray(arr)
         v = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
                      const_value=ir.tensor(arr, name=name))
         self.graph.register_initializer(v)

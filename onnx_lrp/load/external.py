@@ -14,6 +14,9 @@ writes ``MODEL`` + ``MODEL.data`` for such a model, streaming the weights from f
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +33,11 @@ IN_MEMORY_MIN = 1 << 20  # bytes: in-memory tensors of a large model at least th
 LARGE = 1 << 30  # bytes of initializers held in the protobuf from which a model is handled as large
 TIED_MIN = 1 << 18  # bytes: float16 / bfloat16 weights from this size are cast where used (lower_upcasts) ...
 TIED_MODEL_MIN = 256 << 20  # ... in models with at least this many bytes of them (below: one folded Cast, faster)
+#: bytes of 4-bit weights made in memory (load.passes.block_quant) from which a relevance model's go to a file of
+#: its own (:func:`split` with ``packed_file``) instead of its protobuf: onnxruntime takes no 4-bit arrays from
+#: memory, and in the protobuf they would be held twice (the bytes, then onnxruntime's copy)
+PACKED_FILE_MIN = 64 << 20
+PACKED_FILE = "lrp-packed-weights.bin"  # that file's name in its private temporary folder
 
 
 def attach(model: ir.Model, folder: Path | None) -> ir.Model:
@@ -215,10 +223,19 @@ class Parts:
     folder: str | None = None
     arrays: dict = field(default_factory=dict)
     prepack: bool = True
+    #: the :class:`TempFolder` that ``folder`` is (a relevance model's own 4-bit weights file): keep it as long as a
+    #: session or a reader may open the folder; None: ``folder`` is the model's own
+    keep: object = None
 
     @property
     def large(self) -> bool:
         return self.folder is not None or bool(self.arrays)
+
+
+def packed_bytes(model: ir.Model) -> int:
+    """Bytes of the 4-bit tensors held in memory (not in a file)."""
+    return sum(t.nbytes for _, t in _initializers(model)
+               if not isinstance(t, ir.ExternalTensor) and t.dtype.bitwidth < 8)
 
 
 def is_large(model: ir.Model) -> bool:
@@ -231,26 +248,97 @@ def is_large(model: ir.Model) -> bool:
     return total > LARGE
 
 
-def split(model: ir.Model, serialize) -> Parts:
+def split(model: ir.Model, serialize, packed_file: bool = False) -> Parts:
     """``model`` as :class:`Parts`: ``serialize(model) -> bytes`` writes the graph, external tensors stay
-    references to their files, in-memory tensors of IN_MEMORY_MIN bytes or more become arrays."""
-    folders, arrays, swapped, total = set(), {}, [], 0
+    references to their files, in-memory tensors of IN_MEMORY_MIN bytes or more become arrays. 4-bit tensors in
+    memory stay packed in the protobuf; with ``packed_file``, when they hold over PACKED_FILE_MIN bytes, they go to a
+    file in a private temporary folder instead (:func:`_to_own_file`; ``Parts.keep`` owns it)."""
+    folders, arrays, swapped, total, packed, on_disk = set(), {}, [], 0, [], []
     for v, t in list(_initializers(model)):
         total += t.nbytes
         if isinstance(t, ir.ExternalTensor):
             folders.add(str(t.base_dir))
-        elif t.nbytes >= IN_MEMORY_MIN and t.dtype.bitwidth >= 8:  # 4-bit weights stay packed in the protobuf
+            on_disk.append((v, t))
+        elif t.nbytes >= IN_MEMORY_MIN and t.dtype.bitwidth >= 8:
             arrays[v.name] = np.ascontiguousarray(t.numpy())
             swapped.append((v, t))
             v.const_value = _placeholder(t)
+        elif t.dtype.bitwidth < 8:
+            packed.append((v, t))
     if len(folders) > 1:
         raise ModelError(f"the model's external data lies in several folders ({', '.join(sorted(folders))}); "
                          "keep the data files beside the model")
+    folder, keep = folders.pop() if folders else None, None
+    if packed_file and packed_bytes(model) > PACKED_FILE_MIN:
+        keep = TempFolder()
+        folder = keep.path
+        swapped += _to_own_file(packed, on_disk, arrays, folder)
     try:
         data = serialize(model)
     finally:
         for v, t in swapped:
             v.const_value = t
-    return Parts(data, folders.pop() if folders else None, arrays, prepack=total <= LARGE)
+    return Parts(data, folder, arrays, prepack=total <= LARGE, keep=keep)
 
 
+def _to_own_file(packed: list, on_disk: list, arrays: dict, path: str) -> list:
+    """onnxruntime reads external data from one folder, ``path``: the ``packed`` (value, tensor) pairs' bytes go to
+    ``path``/PACKED_FILE at page-aligned offsets (onnxruntime maps them), and so do the model's own external tensors
+    (``on_disk``) that numpy cannot hold (4-bit, bfloat16); the others become ``arrays`` mapped from their files (no
+    copy). The values point at their new places; returns the (value, tensor) pairs swapped."""
+    swapped, written = [], []
+    for v, t in on_disk:
+        if t.dtype.bitwidth >= 8 and np.dtype(t.dtype.numpy()).kind in "biuf":
+            arrays[v.name] = t.numpy()  # memory-mapped from the model's own file
+            swapped.append((v, t))
+            v.const_value = _placeholder(t)
+        else:
+            written.append((v, t))
+    with open(Path(path, PACKED_FILE), "wb") as out:
+        for v, t in packed + written:
+            out.write(b"\0" * ((-out.tell()) % 4096))
+            offset = out.tell()
+            out.write(t.tobytes())
+            swapped.append((v, t))
+            v.const_value = ir.ExternalTensor(PACKED_FILE, offset, out.tell() - offset, t.dtype, shape=t.shape,
+                                              name=t.name or v.name or "", base_dir=path)
+    return swapped
+
+
+class TempFolder:
+    """A private temporary folder (``path``), removed with everything in it when this object is collected, by
+    :meth:`release`, or at exit. ``weakref.finalize(owner, folder.release)`` keeps it as long as ``owner``."""
+
+    def __init__(self):
+        self.path = tempfile.mkdtemp(prefix="onnx-lrp-weights-")
+        self._remove = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+
+    def release(self) -> None:
+        self._remove()
+
+    def __reduce__(self):  # a copy in another process (Ray) reads the folder; the process that made it removes it
+        return (str, (self.path,))
+
+
+def _packed_to_file(model: ir.Model, packed: list, path: str, folder: str | None) -> list:
+    """Write the ``packed`` (value, tensor) pairs' bytes to ``path``/PACKED_FILE at page-aligned offsets (onnxruntime
+    maps them) and point the values at it; the model's own data files (in ``folder``) are linked into ``path``
+    (onnxruntime reads external data from one folder). Returns the (value, in-memory tensor) pairs swapped."""
+    if folder is not None:
+        for location in {t.location for _, t in _initializers(model) if isinstance(t, ir.ExternalTensor)}:
+            link = Path(path, location)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(Path(folder, location).absolute(), link)
+    name = PACKED_FILE
+    while Path(path, name).exists():  # a data file of the model's own has that name
+        name = "lrp-" + name
+    swapped = []
+    with open(Path(path, name), "wb") as out:
+        for v, t in packed:
+            out.write(b"\0" * ((-out.tell()) % 4096))
+            offset = out.tell()
+            out.write(t.tobytes())
+            swapped.append((v, t))
+            v.const_value = ir.ExternalTensor(name, offset, out.tell() - offset, t.dtype, shape=t.shape,
+                                              name=t.name or v.name or "", base_dir=path)
+    return swapped

@@ -146,7 +146,7 @@ def _key(q: np.ndarray, s: np.ndarray, z, bits: int, block: int) -> str:
     z = np.full(s.shape, 2 ** (bits - 1), np.uint8) if z is None else z
     h = hashlib.sha256(repr((q.shape, s.shape, bits, block, str(z.dtype))).encode())
     for a in (q, s, z):
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(memoryview(np.ascontiguousarray(a)).cast("B"))  # no bytes copy of a 1 GB table
     return h.hexdigest()
 
 
@@ -168,13 +168,12 @@ def _weight(b, q: np.ndarray, s: np.ndarray, z, how: _Blocks, packed: bool, tag:
         zf = (2 ** (bits - 1)) if z is None else z
         return b.const(dequantize(q, s, np.asarray(zf), axis, block).astype(s.dtype), tag)
     if z is None:
-        x = b.const((q.astype(np.int16) - 2 ** (bits - 1)).astype(_INT[bits, True]), f"{tag}_q")
-        ins = [x, b.const(s, f"{tag}_scale")]
+        ins = [b.const(_stored(q, bits, True), f"{tag}_q"), b.const(s, f"{tag}_scale")]
     elif z.dtype.kind == "f":
-        ins = [b.const(q.astype(_INT[bits, False]), f"{tag}_q"), b.const(s, f"{tag}_scale")]
+        ins = [b.const(_stored(q, bits, False), f"{tag}_q"), b.const(s, f"{tag}_scale")]
     else:
-        ins = [b.const(q.astype(_INT[bits, False]), f"{tag}_q"), b.const(s, f"{tag}_scale"),
-               b.const(z.astype(_INT[bits, False]), f"{tag}_zero_point")]
+        ins = [b.const(_stored(q, bits, False), f"{tag}_q"), b.const(s, f"{tag}_scale"),
+               b.const(_stored(z, bits, False), f"{tag}_zero_point")]
     w = b.op("DequantizeLinear", ins, tag=tag, axis=axis, block_size=block)
     w.type, w.shape = ir.TensorType(ir.DataType.from_numpy(s.dtype)), ir.Shape(q.shape)
     nodes = [w.producer()]
@@ -187,6 +186,34 @@ def _weight(b, q: np.ndarray, s: np.ndarray, z, how: _Blocks, packed: bool, tag:
     zf = None if z is None or z.dtype.kind != "f" else z
     meta.PACKED_WEIGHT.set(w, _Shared(lambda: _value(vals, zf, bits, axis, block)))
     return w
+
+
+def _stored(q: np.ndarray, bits: int, signed: bool):
+    """Unsigned values ``q`` as the DequantizeLinear input stores them: int4 / int8 (``q - 2^(bits-1)``) when
+    ``signed``, else uint4 / uint8; 4-bit ones packed two to a byte (:func:`_packed4`)."""
+    if bits == 4:
+        return _packed4(q, signed)
+    return np.ascontiguousarray((q.astype(np.int16) - 128).astype(np.int8) if signed else q.astype(np.uint8))
+
+
+def _packed4(q: np.ndarray, signed: bool) -> ir.PackedTensor:
+    """Values 0..15 (``signed``: stored as ``q - 8``) as a 4-bit tensor packed as ONNX does (two to a byte, low
+    nibble first, in row-major order), a few rows at a time: the build holds half a byte per weight (numpy's int4
+    takes a byte) and no full-size temporary."""
+    rows = q.shape[0] if q.ndim else 1
+    flat = q.reshape(rows, -1)
+    cols = flat.shape[1]
+    out = np.empty((rows * cols + 1) // 2, np.uint8)
+    step = max(2, _CHUNK // 8 // max(1, cols) // 2 * 2)  # an even number of rows: whole bytes per chunk
+    for i in range(0, rows, step):
+        v = flat[i:i + step].reshape(-1).astype(np.uint8)
+        if signed:
+            v = (v - np.uint8(8)) & np.uint8(0x0F)  # two's complement in the low nibble
+        if v.size % 2:
+            v = np.append(v, np.uint8(0)).astype(np.uint8)
+        start = i * cols // 2
+        out[start:start + v.size // 2] = v[0::2] | (v[1::2] << np.uint8(4))
+    return ir.PackedTensor(out, ir.DataType.INT4 if signed else ir.DataType.UINT4, shape=ir.Shape(q.shape))
 
 
 class _Shared:
@@ -207,18 +234,18 @@ class _Shared:
 def _value(vals, zf, bits: int, axis: int, block: int) -> np.ndarray:
     """The float value of a packed weight (what its DequantizeLinear computes, then minus ``zf * scale`` for float
     zero points), from its constants, a few rows of blocks at a time (temporaries of about _CHUNK bytes)."""
-    x, s = vals[0].const_value.numpy(), vals[1].const_value.numpy()
+    x, s = vals[0].const_value, vals[1].const_value.numpy()
     z = vals[2].const_value.numpy() if len(vals) > 2 else zf
     if axis == 1:  # (V, K), blocks along each row
         return _value_rows(x, s, z, block)
-    out = np.empty(x.shape, s.dtype)
-    k, n = x.shape
+    k, n = (int(d) for d in x.shape)
+    out = np.empty((k, n), s.dtype)
     nb = s.shape[0]
     step = max(1, _CHUNK // max(1, block * n * 4))
     for i in range(0, nb, step):
         j = min(nb, i + step)
         rows = slice(i * block, min(k, j * block))
-        q = x[rows].astype(np.float32)
+        q = _rows(x, rows.start, rows.stop).astype(np.float32)
         m = q.shape[0]
         pad = (j - i) * block - m  # a last block shorter than block_size
         if pad:
@@ -233,13 +260,13 @@ def _value(vals, zf, bits: int, axis: int, block: int) -> np.ndarray:
 
 def _value_rows(x: np.ndarray, s: np.ndarray, z, block: int) -> np.ndarray:
     """_value of a (V, K) weight with blocks along its rows (an embedding table), a few thousand rows at a time."""
-    v, k = x.shape
+    v, k = (int(d) for d in x.shape)
     nb = s.shape[1]
-    out = np.empty(x.shape, s.dtype)
+    out = np.empty((v, k), s.dtype)
     step = max(1, _CHUNK // max(1, nb * block * 4))
     for i in range(0, v, step):
         j = min(v, i + step)
-        q = x[i:j].astype(np.float32)
+        q = _rows(x, i, j).astype(np.float32)
         if nb * block != k:  # a last block shorter than block_size
             q = np.concatenate([q, np.zeros((j - i, nb * block - k), np.float32)], axis=1)
         q = q.reshape(j - i, nb, block)
@@ -251,6 +278,22 @@ def _value_rows(x: np.ndarray, s: np.ndarray, z, block: int) -> np.ndarray:
 
 
 _CHUNK = 64 << 20  # bytes of float temporaries per step of _value
+
+
+def _rows(t, i: int, j: int) -> np.ndarray:
+    """Rows ``i:j`` of the 2-D constant ``t`` as numbers; of a 4-bit :class:`ir.PackedTensor` unpacked from its
+    bytes for these rows only (no unpacked copy of the whole weight)."""
+    if not isinstance(t, ir.PackedTensor):
+        return t.numpy()[i:j]
+    cols = int(t.shape[1])
+    a, e = i * cols, j * cols
+    data = np.asarray(t.numpy_packed()).reshape(-1)[a // 2:(e + 1) // 2]
+    nib = np.empty(data.size * 2, np.uint8)
+    nib[0::2], nib[1::2] = data & 0x0F, data >> 4
+    nib = nib[a % 2:a % 2 + e - a]
+    if t.dtype == ir.DataType.INT4:  # two's complement nibbles
+        return ((nib ^ np.uint8(8)).astype(np.int8) - np.int8(8)).reshape(j - i, cols)
+    return nib.reshape(j - i, cols)
 
 
 def _minus_zero_times_scale(b, w, zs: np.ndarray, shape, axis: int, block: int):
@@ -326,7 +369,7 @@ def _matmul_nbits(b, node, ctx: _Context) -> ir.Value:
         meta.KEEP_PACKED.set(w.producer(), True)
         meta.PACKED_WEIGHT.set(w, _Shared(lambda: meta.PACKED_WEIGHT.get(table)().T))  # a view: no 1 GB copy per read
     else:
-        w = _weight(b, np.ascontiguousarray(q.T), np.ascontiguousarray(s.T),
+        w = _weight(b, q.T, np.ascontiguousarray(s.T),  # q.T packed a few rows at a time (no transposed copy)
                     None if z is None else np.ascontiguousarray(z.T), _Blocks(bits, 0, block), ctx.packed, "w")
     y = b.op("MatMul", [node.inputs[0], w], like=node.outputs[0], tag="matmul")
     bias = padded_inputs(node, 6)[5]
@@ -358,7 +401,7 @@ def _gather_block(b, node, ctx: _Context) -> ir.Value:
         z = _unpack(z.reshape(q.shape[0], -1), 4, s.shape[1])
     else:
         z = z.astype(np.int16).reshape(s.shape) + (2 ** (bits - 1) if signed else 0)
-    q = q.astype(np.uint8)
+    q = np.asarray(q, np.uint8)
     table = _weight(b, q, s, z, _Blocks(bits, 1, block), ctx.packed, "table")
     if table.shape is not None and list(table.shape) != [q.shape[0], hidden]:
         raise Refused("a table whose hidden size does not fit its blocks")

@@ -35,10 +35,13 @@ def serialize_proto(proto: onnx.ModelProto) -> bytes:
     return proto.SerializeToString()
 
 
-def serialize_parts(model: ir.Model) -> external.Parts:
+def serialize_parts(model: ir.Model, packed_file: bool = False) -> external.Parts:
     """The model as onnxruntime receives it: bytes alone for a small model; for one with external data or over
     1 GiB of weights, the graph, the folder of its data files and its large in-memory tensors (never one protobuf
-    of every weight)."""
+    of every weight). ``packed_file``: large 4-bit weights made in memory go to a temporary file
+    (:func:`external.split`)."""
     external.drop_unused(model)
     external.lower_upcasts(model)  # float16 / bfloat16 weights handed over in their type
-    return external.split(model, serialize) if external.is_large(model) else external.Parts(serialize(model))
+    if external.is_large(model) or packed_file and external.packed_bytes(model) > external.PACKED_FILE_MIN:
+        return external.split(model, serialize, packed_file)
+    return external.Parts(serialize(model))
