@@ -76,10 +76,8 @@ class Explainer(Runner):
         - `constants` (None): `{input name: value}`, inputs bound to fixed values (no longer fed).
         - `input_shapes` (None): `{input name: shape}`, dynamic input dimensions fixed.
         - `past_inputs` (False): a decoder's past key/value inputs kept (fed empty else); `explain` sets it for a past.
-        - `deployed` (`"auto"`): whether a quantized / float16 model's deployed form runs beside for the outputs and
-          the gap: `"auto"` unless too large for memory (e.g. over 256 MiB of 4-bit weights on the CPU), True, False.
-        - `precision` (`"auto"`): a float16 / bfloat16 model's relevance in `"model"` (its type, float32 where
-          stability needs it) or `"float32"`; `"auto"`: the first on CUDA, the second on the CPU.
+        - `deployed` (`"auto"`: unless too large, e.g. 4-bit weights over 256 MiB on a CPU): run the deployed form too.
+        - `precision` (`"auto"`: `"model"` on CUDA, `"float32"` on a CPU): a float16 / bfloat16 model's relevance type.
 
         Keywords of the run (`onnx_lrp.RunOptions`):
 
