@@ -7,7 +7,10 @@ On a torchvision ResNet50 (random weights, BatchNorm statistics drawn), batch 1,
   smoothgrad    16 noisy samples of the gradient, against 16 gradient calls and captum's NoiseTunnel(Saliency)
   occlusion     windows 3 x 16 x 16, stride 8 (729 windows) as batched forwards, against captum's Occlusion
                 (target: ours >= 2x faster)
-and the peak memory of building an Attributor and its first IG call (the rise of the resident set's high-water mark,
+and the floor of each ratio against captum: onnxruntime's plain forward of the same model per row, at the rows per
+run the method stacks, times the forwards the method cannot do without (a gradient is a forward and a backward of
+the same products: 2 forwards; occlusion 1 per window): the ratio a method with no overhead at all would reach.
+Then the peak memory of building an Attributor and its first IG call (the rise of the resident set's high-water mark,
 reset just before) against --memory-budget (default 2 GB: what the built model and one stacked run may take), with
 the rows per run the budget gave.
 
@@ -56,6 +59,25 @@ def row(name: str, ours: float, ref: float, ref_name: str, goal: str) -> str:
     return f"  {name:<12} {ours:>9.3f} s   {ref_name:<14} {ref:>9.3f} s   ratio {ours / ref:>6.2f}   {goal}"
 
 
+def windows(size: int, window: int, stride: int) -> int:
+    return ((size - window) // stride + 1) ** 2
+
+
+def forward_per_row(path: str, x: np.ndarray, rows: int, threads: int, repeat: int) -> float:
+    """Seconds per row of a plain onnxruntime session of the model (its default optimisations) at ``rows`` rows."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feed = {sess.get_inputs()[0].name: np.repeat(x, rows, axis=0)}
+    return best(lambda: sess.run(None, feed), repeat) / rows
+
+
+def floor(floor_s: float, ref: float) -> str:
+    return f"   floor {floor_s / ref:.2f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="ResNet18 at 64 x 64: a quick run")
@@ -93,16 +115,22 @@ def main() -> int:
         t_captum_sg = best(lambda: C.NoiseTunnel(C.Saliency(module)).attribute(
             X, nt_type="smoothgrad", nt_samples=16, stdevs=0.1, target=t, abs=False), r)
         t_occ = best(lambda: occ.attribute(x, t), max(1, r - 1))
+        fwd_row = forward_per_row(path, x, rows, args.threads, r)  # the floor: onnxruntime's forward alone
+        fwd_occ = forward_per_row(path, x, min(16, windows(size, window, stride)), args.threads, r)
         with torch.no_grad():  # captum's forwards one window at a time: slow, timed once without a warm-up
             t_captum_occ = best(lambda: C.Occlusion(module).attribute(
                 X, sliding_window_shapes=(3, window, window), strides=stride, target=t), 1, warmup=0)
-    windows = ((size - window) // stride + 1) ** 2
+    n_win = windows(size, window, stride)
     print(f"{arch}, batch 1, {size} x {size}, {args.threads} threads, best of {r} (onnx_lrp vs the reference):")
     print(row("ig 32", t_ig, 32 * t_grad, "32 gradients", "goal <= 1.2"))
-    print(row("ig 32", t_ig, t_captum_ig, "captum ig", "goal <= 0.33 (>= 3x faster)"))
+    print(row("ig 32", t_ig, t_captum_ig, "captum ig", "goal <= 0.33 (>= 3x faster)")
+          + floor(64 * fwd_row, t_captum_ig))
     print(row("smoothgrad16", t_sg, 16 * t_grad, "16 gradients", "goal <= 1.2"))
-    print(row("smoothgrad16", t_sg, t_captum_sg, "captum nt", "goal <= 0.33"))
-    print(row("occlusion", t_occ, t_captum_occ, "captum occ", f"goal <= 0.5 ({windows} windows)"))
+    print(row("smoothgrad16", t_sg, t_captum_sg, "captum nt", "goal <= 0.33") + floor(32 * fwd_row, t_captum_sg))
+    print(row("occlusion", t_occ, t_captum_occ, "captum occ", f"goal <= 0.5 ({n_win} windows)")
+          + floor(n_win * fwd_occ, t_captum_occ))
+    print(f"  onnxruntime's forward alone: {fwd_row * 1e3:.1f} ms per row at {rows} rows, {fwd_occ * 1e3:.1f} ms at "
+          f"{min(16, n_win)} (floor: a gradient >= 2 forwards, an occluded window >= 1)")
     print(f"  peak memory, IG built and run once: {peak:.0f} MiB (budget {args.memory_budget} MiB: "
           f"{'within' if peak <= args.memory_budget else 'OVER'}; {rows} rows per run)")
     return 0
