@@ -130,9 +130,10 @@ class TrueGradient(FunctionGradient, Gradient):
 # The ReLU's mask in onnxruntime's blocked (NCHWc) layout. Its CPU convolutions run in that layout, and so do the
 # Add and Mul of two blocked tensors of one proven shape, and Relu fused into a Conv; Greater and Cast do not: the
 # mask [y > 0] written with them took a reorder of y and of the upstream gradient to NCHW and one of the product back
-# at every ReLU (ResNet50: ~0.2 of a forward). [y > 0] written with per-channel 1x1 convolutions (scale, bias) and
-# Relu is the same 0/1 mask exactly for every y >= 0 (a ReLU's output): 1 - relu(1 - 2^100 (2^100 y)) is 1 for every
-# y >= 2^-149 (the least float32; 2^100 twice: no float32 factor reaches 2^149) and 0 at y = 0; y = +inf gives 1.
+# at every ReLU (ResNet50: ~0.2 of a forward). Here it is two per-channel 1x1 convolutions (scale and bias), the first
+# with its Relu fused: u = relu(2^-126 - 2^23 y) is 2^-126 at y = 0 (and -0) and exactly 0 for every y >= 2^-149, the
+# least float32 (2^23 y is exact there and at least 2^-126; beyond 2^105 it is inf); 1 - 2^126 u is then 0 or 1: the
+# same 0/1 mask as [y > 0] at every y >= 0, a ReLU's output, with no rounding anywhere.
 _BLOCK = 16  # onnxruntime's NCHWc block (8 with AVX2, 16 with AVX-512): other channel counts stay in NCHW
 
 def _blocked(v: ir.Value, depth: int = 0) -> bool:
@@ -169,9 +170,8 @@ def _blocked_mask(em, y: ir.Value) -> ir.Value | None:
     if em.dtype != ir.DataType.FLOAT or shape is None or len(shape) != 4 or not isinstance(shape[1], int) \
             or shape[1] % _BLOCK:
         return None
-    up = _channelwise(em, y, y, 2.0 ** 100, None, "y_up")
-    zero = _channelwise(em, up, y, -(2.0 ** 100), 1.0, "y_zero", relu=True)  # 1 at y = 0, else 0
-    return _channelwise(em, zero, y, -1.0, 1.0, "dfdx")
+    zero = _channelwise(em, y, y, -(2.0 ** 23), 2.0 ** -126, "y_zero", relu=True)  # 2^-126 at y = 0, else 0
+    return _channelwise(em, zero, y, -(2.0 ** 126), 1.0, "dfdx")
 
 
 def gradient_composite() -> Composite:
