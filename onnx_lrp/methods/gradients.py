@@ -121,19 +121,18 @@ class TrueGradient(FunctionGradient, Gradient):
         mask = _blocked_mask(em, y)
         if mask is not None:
             if not _blocked(r_out):  # e.g. the average pool's Expand: into the blocked layout once, here
-                r_out = _channelwise(em, r_out, y, 1.0, None, "s_blocked")
+                r_out = _channelwise(em, r_out, y, 1.0, "s_blocked")
             return [_shaped(em.mul(r_out, mask, tag="r_in"), y)]
         pos = em.op("Greater", y, em.scalar(0.0), tag="y_pos")
         return [em.mul(r_out, em.op("Cast", pos, to=em.dtype.value, tag="dfdx"), tag="r_in")]
 
 
-# The ReLU's mask in onnxruntime's blocked (NCHWc) layout. Its CPU convolutions run in that layout, and so do the
-# Add and Mul of two blocked tensors of one proven shape, and Relu fused into a Conv; Greater and Cast do not: the
-# mask [y > 0] written with them took a reorder of y and of the upstream gradient to NCHW and one of the product back
-# at every ReLU (ResNet50: ~0.2 of a forward). Here it is two per-channel 1x1 convolutions (scale and bias), the first
-# with its Relu fused: u = relu(2^-126 - 2^23 y) is 2^-126 at y = 0 (and -0) and exactly 0 for every y >= 2^-149, the
-# least float32 (2^23 y is exact there and at least 2^-126; beyond 2^105 it is inf); 1 - 2^126 u is then 0 or 1: the
-# same 0/1 mask as [y > 0] at every y >= 0, a ReLU's output, with no rounding anywhere.
+# The ReLU's mask in onnxruntime's blocked (NCHWc) layout. Its CPU convolutions run in that layout, with an activation
+# fused, and so do the Add and Mul of two blocked tensors of one proven shape; Greater and Cast do not: the mask
+# [y > 0] written with them took a reorder of y and of the upstream gradient to NCHW and one of the product back at
+# every ReLU. Here it is one per-channel 1x1 convolution, 2^127 y, with HardSigmoid fused, max(0, min(1, 2^127 v)):
+# 2^254 y reaches 1 from y = 2^-149, the least float32, on (2^127 y is exact or inf, 2^127 times that at least 2^105),
+# and is 0 at y = 0: the same 0/1 mask as [y > 0] at every y >= 0 (a ReLU's output), with no rounding anywhere.
 _BLOCK = 16  # onnxruntime's NCHWc block (8 with AVX2, 16 with AVX-512): other channel counts stay in NCHW
 
 def _blocked(v: ir.Value, depth: int = 0) -> bool:
@@ -153,14 +152,11 @@ def _shaped(v: ir.Value, like: ir.Value) -> ir.Value:
     return v
 
 
-def _channelwise(em, v: ir.Value, like: ir.Value, w: float, b: float | None, tag: str, relu: bool = False):
-    """``w * v + b`` (then relu) as a per-channel 1x1 Conv, which onnxruntime runs in the blocked layout."""
+def _channelwise(em, v: ir.Value, like: ir.Value, w: float, tag: str) -> ir.Value:
+    """``w * v`` as a per-channel 1x1 Conv (no bias: an empty bias input would keep it out of the blocked layout)."""
     c = like.shape[1]
     weight = em.const(np.full((c, 1, 1, 1), w, np.float32), tag=f"{tag}_w", key=("channelwise", c, w))
-    inputs = [v, weight] if b is None else [v, weight, em.const(np.full((c,), b, np.float32), tag=f"{tag}_b",
-                                                                  key=("channelwise_b", c, b))]
-    out = _shaped(em.op("Conv", *inputs, group=c, kernel_shape=[1, 1], tag=tag), like)
-    return _shaped(em.op("Relu", out, tag=f"{tag}_relu"), like) if relu else out
+    return _shaped(em.op("Conv", v, weight, group=c, kernel_shape=[1, 1], tag=tag), like)
 
 
 def _blocked_mask(em, y: ir.Value) -> ir.Value | None:
@@ -170,8 +166,8 @@ def _blocked_mask(em, y: ir.Value) -> ir.Value | None:
     if em.dtype != ir.DataType.FLOAT or shape is None or len(shape) != 4 or not isinstance(shape[1], int) \
             or shape[1] % _BLOCK:
         return None
-    zero = _channelwise(em, y, y, -(2.0 ** 23), 2.0 ** -126, "y_zero", relu=True)  # 2^-126 at y = 0, else 0
-    return _channelwise(em, zero, y, -(2.0 ** 126), 1.0, "dfdx")
+    up = _channelwise(em, y, y, 2.0 ** 127, "y_up")
+    return _shaped(em.op("HardSigmoid", up, alpha=2.0 ** 127, beta=0.0, tag="dfdx"), y)
 
 
 def gradient_composite() -> Composite:

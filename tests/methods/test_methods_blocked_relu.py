@@ -1,5 +1,5 @@
 """The gradient methods' ReLU derivative in onnxruntime's blocked layout (onnx_lrp.methods.gradients): for float32
-(N, C, H, W) tensors with C a multiple of 16 the mask [y > 0] is written as per-channel 1x1 Convs and a Relu. It must
+(N, C, H, W) tensors with C a multiple of 16 the mask [y > 0] is a per-channel 1x1 Conv and a HardSigmoid. It must
 be the same 0/1 mask as torch's ReLU backward at every float32 y >= 0: 0 at +0 and -0, 1 at the least denormal, at
 denormals, at the least normal and at values whose scaled copies overflow to inf. Checked against captum's Saliency
 (torch autograd) on a residual CNN whose first ReLU reads the input itself (so the mask sees the chosen values), and
@@ -97,6 +97,27 @@ def test_integrated_gradients_through_the_blocked_mask(net16):
 def test_blocked_mask_written_only_for_channels_of_the_block(net16):
     ops = _relevance_ops(net16[1])
     assert "Greater" not in ops and "Cast" not in ops
-    assert ops.count("Conv") >= 2 * 4 and ops.count("Relu") == 4  # two per-channel Convs (one with Relu) per ReLU
+    assert ops.count("HardSigmoid") == 4 and ops.count("Conv") >= 4  # per ReLU: a per-channel Conv, HardSigmoid
     ops12 = _relevance_ops(_net(12)[1])  # 12, 24 channels: not a multiple of the block, Greater and Cast
     assert ops12.count("Greater") == 4 and ops12.count("Cast") == 4 and "Conv" not in ops12
+
+
+def test_mask_without_onnxruntime_fusions(net16):
+    """Run as written (onnxruntime's basic optimisations: no layout change, the Conv and HardSigmoid not fused,
+    HardSigmoid's own kernel, as on other providers): the same gradient."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx_lrp.core.interface import ONE_HOT_INPUT, RELEVANCE_PREFIX, TARGET_INPUT
+
+    module, onnx_bytes, x = net16
+    t = np.array([2, 0, 4])
+    a = Attributor(onnx_bytes, "gradient")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    sess = ort.InferenceSession(a.engine.runner.relevance_model.model_bytes, opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    feeds = {k: v for k, v in {"x": x, TARGET_INPUT: t, ONE_HOT_INPUT: np.array(True)}.items() if k in names}
+    got = sess.run([RELEVANCE_PREFIX + "x"], feeds)[0]
+    ref = captum_attr.Saliency(module).attribute(torch.tensor(x), target=torch.tensor(t), abs=False).numpy()
+    assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) <= TOL
+    special = slice(0, 4 * len(SPECIAL))
+    assert np.array_equal(got.reshape(-1)[special] == 0, ref.reshape(-1)[special] == 0)
