@@ -142,6 +142,8 @@ def _blocked(v: ir.Value, depth: int = 0) -> bool:
         return False
     if node.op_type == "Conv":
         return True
+    if node.op_type in ("Relu", "HardSigmoid"):  # fused into the Conv before them
+        return _blocked(node.inputs[0], depth + 1)
     return node.op_type in ("Add", "Mul", "Sum") and all(i is not None and _blocked(i, depth + 1)
                                                           for i in node.inputs)
 
