@@ -117,8 +117,59 @@ class TrueGradient(FunctionGradient, Gradient):
             return super().propagate_one(em, layer, r_out)
         # f'(x) = [x > 0] read as [relu(x) > 0], the same mask: the pre-activation is then read by the Relu alone,
         # which onnxruntime fuses into the Conv before it (never written out: ~20 % less memory per stacked row)
-        pos = em.op("Greater", node.outputs[0], em.scalar(0.0), tag="y_pos")
+        y = node.outputs[0]
+        mask = _blocked_mask(em, y)
+        if mask is not None:
+            if not _blocked(r_out):  # e.g. the average pool's Expand: into the blocked layout once, here
+                r_out = _channelwise(em, r_out, y, 1.0, "s_blocked")
+            return [_shaped(em.mul(r_out, mask, tag="r_in"), y)]
+        pos = em.op("Greater", y, em.scalar(0.0), tag="y_pos")
         return [em.mul(r_out, em.op("Cast", pos, to=em.dtype.value, tag="dfdx"), tag="r_in")]
+
+
+# The ReLU's mask in onnxruntime's blocked (NCHWc) layout. Its CPU convolutions run in that layout, with an activation
+# fused, and so do the Add and Mul of two blocked tensors of one proven shape; Greater and Cast do not: the mask
+# [y > 0] written with them took a reorder of y and of the upstream gradient to NCHW and one of the product back at
+# every ReLU. Here it is one per-channel 1x1 convolution, 2^127 y, with HardSigmoid fused, max(0, min(1, 2^127 v)):
+# 2^254 y reaches 1 from y = 2^-149, the least float32, on (2^127 y is exact or inf, 2^127 times that at least 2^105),
+# and is 0 at y = 0: the same 0/1 mask as [y > 0] at every y >= 0 (a ReLU's output), with no rounding anywhere.
+_BLOCK = 16  # onnxruntime's NCHWc block (8 with AVX2, 16 with AVX-512): other channel counts stay in NCHW
+
+def _blocked(v: ir.Value, depth: int = 0) -> bool:
+    """Whether onnxruntime computes ``v`` in the blocked layout (a Conv's output, or sums and products of such)."""
+    node = v.producer()
+    if node is None or depth > 64:
+        return False
+    if node.op_type == "Conv":
+        return True
+    if node.op_type in ("Relu", "HardSigmoid"):  # fused into the Conv before them
+        return _blocked(node.inputs[0], depth + 1)
+    return node.op_type in ("Add", "Mul", "Sum") and all(i is not None and _blocked(i, depth + 1)
+                                                          for i in node.inputs)
+
+
+def _shaped(v: ir.Value, like: ir.Value) -> ir.Value:
+    """``v`` declared of ``like``'s type and shape (the blocked Mul/Add needs its operands' shapes proven equal)."""
+    v.shape, v.type = like.shape, like.type
+    return v
+
+
+def _channelwise(em, v: ir.Value, like: ir.Value, w: float, tag: str) -> ir.Value:
+    """``w * v`` as a per-channel 1x1 Conv (no bias: an empty bias input would keep it out of the blocked layout)."""
+    c = like.shape[1]
+    weight = em.const(np.full((c, 1, 1, 1), w, np.float32), tag=f"{tag}_w", key=("channelwise", c, w))
+    return _shaped(em.op("Conv", v, weight, group=c, kernel_shape=[1, 1], tag=tag), like)
+
+
+def _blocked_mask(em, y: ir.Value) -> ir.Value | None:
+    """[y > 0] for a ReLU's output ``y`` (float32, (N, C, H, W), C a multiple of the block), computed in the blocked
+    layout; None: not such a tensor (the mask is then Greater and Cast)."""
+    shape = y.shape
+    if em.dtype != ir.DataType.FLOAT or shape is None or len(shape) != 4 or not isinstance(shape[1], int) \
+            or shape[1] % _BLOCK:
+        return None
+    up = _channelwise(em, y, y, 2.0 ** 127, "y_up")
+    return _shaped(em.op("HardSigmoid", up, alpha=2.0 ** 127, beta=0.0, tag="dfdx"), y)
 
 
 def gradient_composite() -> Composite:
