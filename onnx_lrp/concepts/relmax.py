@@ -120,9 +120,12 @@ def relmax_build(explainer, source, out_dir, layer: str, targets=None, log=None,
     samples, shard_size, batch_size = scan.samples, scan.shard_size, scan.batch_size
     out = Path(out_dir)
     (out / "relmax-shards").mkdir(parents=True, exist_ok=True)
+    rmodel = explainer.relevance_model
+    from ..load import parts_sha256  # the loader (onnx): only when a scan starts
+
     setup = dict(layer=layer, samples=samples, shard_size=shard_size, items=len(source),
                  source=source.fingerprint(), composite=explainer.composite_name,
-                 model=hashlib.sha256(explainer.relevance_model.model_bytes).hexdigest())
+                 model=parts_sha256(rmodel.model_bytes, rmodel.model_folder, rmodel.model_arrays))
     manifest = _manifest(out / "relmax.json", setup, scan.overwrite)
     labels = None if targets is None else np.asarray(targets)
     if labels is not None and labels.shape != (len(source),):

@@ -19,7 +19,7 @@ from .fold import check_sizes, fold_constants, mark_shape_only, name_everything,
 from .passes import (block_quant, canonize, control_flow, dynamic_quant, float16, ort_fused, past_state, qdq,
                      qoperator)
 from .proto.check import check
-from .proto.digest import data_files, model_sha256
+from .proto.digest import data_files, model_sha256, parts_sha256
 from .proto.external_data import data_folder
 from .proto.evaluate import condition_evaluator
 from .proto.inputs import bind_constants, fix_input_shapes
@@ -147,4 +147,4 @@ class UnrollRound(ir.passes.InPlacePass):
 __all__ = ["load", "deployed_forms", "unroll_control_flow", "read_proto", "prepare_proto", "to_ir", "serialize",
            "deserialize", "check", "save_bytes", "bind_constants", "fix_input_shapes", "fold_constants",
            "refresh_shapes", "mark_shape_only", "opset_of", "MIN_OPSET", "MAX_OPSET", "serialize_parts", "save_parts",
-           "data_files", "model_sha256", "data_folder", "fixpoint"]
+           "data_files", "model_sha256", "parts_sha256", "data_folder", "fixpoint"]

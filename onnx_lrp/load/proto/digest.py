@@ -4,6 +4,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+import onnx
+
 from .external_data import data_folder, external_tensors
 from .read import read_proto
 
@@ -30,4 +33,24 @@ def model_sha256(path) -> str:
         with open(f, "rb") as stream:
             for chunk in iter(lambda: stream.read(1 << 22), b""):
                 h.update(chunk)
+    return h.hexdigest()
+
+
+def parts_sha256(model_bytes: bytes, folder=None, arrays: dict | None = None) -> str:
+    """SHA-256 of a model held as parts (a relevance model: its graph's bytes, the external data files it names in
+    ``folder``, the tensors handed over from memory): a changed weight anywhere changes the digest, not only a
+    changed graph (an int4 model's 4-bit weights, a large model's float ones live outside the graph's bytes)."""
+    h = hashlib.sha256(model_bytes)
+    if folder is not None:
+        proto = onnx.ModelProto.FromString(model_bytes)  # the graph only: external data stays in its files
+        names = sorted({e.value for t in external_tensors(proto) for e in t.external_data if e.key == "location"})
+        for name in names:
+            h.update(b"\0file\0" + name.encode() + b"\0")
+            with open(Path(folder) / name, "rb") as stream:
+                for chunk in iter(lambda: stream.read(1 << 22), b""):
+                    h.update(chunk)
+    for name in sorted(arrays or {}):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(b"\0array\0" + name.encode() + b"\0" + str(a.dtype).encode() + str(a.shape).encode())
+        h.update(memoryview(a).cast("B"))
     return h.hexdigest()
