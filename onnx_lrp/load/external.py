@@ -318,27 +318,3 @@ class TempFolder:
 
     def __reduce__(self):  # a copy in another process (Ray) reads the folder; the process that made it removes it
         return (str, (self.path,))
-
-
-def _packed_to_file(model: ir.Model, packed: list, path: str, folder: str | None) -> list:
-    """Write the ``packed`` (value, tensor) pairs' bytes to ``path``/PACKED_FILE at page-aligned offsets (onnxruntime
-    maps them) and point the values at it; the model's own data files (in ``folder``) are linked into ``path``
-    (onnxruntime reads external data from one folder). Returns the (value, in-memory tensor) pairs swapped."""
-    if folder is not None:
-        for location in {t.location for _, t in _initializers(model) if isinstance(t, ir.ExternalTensor)}:
-            link = Path(path, location)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(Path(folder, location).absolute(), link)
-    name = PACKED_FILE
-    while Path(path, name).exists():  # a data file of the model's own has that name
-        name = "lrp-" + name
-    swapped = []
-    with open(Path(path, name), "wb") as out:
-        for v, t in packed:
-            out.write(b"\0" * ((-out.tell()) % 4096))
-            offset = out.tell()
-            out.write(t.tobytes())
-            swapped.append((v, t))
-            v.const_value = ir.ExternalTensor(name, offset, out.tell() - offset, t.dtype, shape=t.shape,
-                                              name=t.name or v.name or "", base_dir=path)
-    return swapped

@@ -12,7 +12,6 @@ ops on the path that pass no gradient (ArgMax, casts to integers, ...), are refu
 node."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
@@ -32,7 +31,7 @@ from .integration import alphas_and_steps
 from .lstmgrad import TrueLSTMGradient  # the LSTM op's true gradient
 from .normgrad import NORM_OPS, FunctionGradient, TrueNormGradient  # LayerNorm's, GELU's true gradients
 from .options import RunSettings
-from .packing import Packing
+from .packing import Packing, per_input_options
 
 
 #: ops whose output is piecewise constant in their input (or an integer): no gradient passes them
@@ -240,16 +239,7 @@ class GradientRunner:
 
     def packed_options(self, method: str, options, x: np.ndarray):
         """``options`` with the values given per input packed as ``x`` (one input: a 1-tuple is its value)."""
-        if self.packing is not None:
-            return self.packing.options(method, options, x)
-        changes = {}
-        for f in ("baselines", "noise"):
-            v = getattr(options, f, None)
-            if isinstance(v, (tuple, dict)):
-                if len(v) != 1:
-                    raise InputError(f"{f} is given for {len(v)} inputs; the model has one ({self.spec.name!r})")
-                changes[f] = v[0] if isinstance(v, tuple) else next(iter(v.values()))
-        return dataclasses.replace(options, **changes) if changes else options
+        return per_input_options(self.packing, self.spec.name, method, options, x)
 
     def result(self, out: np.ndarray, x, bare: bool):
         """The attribution in the form ``x`` came in (several inputs: a tuple or a dict, as given)."""

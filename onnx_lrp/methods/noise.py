@@ -3,12 +3,11 @@ LRP composite: the noisy samples stacked along the batch axis (sample-major) of 
 mean of squares or variance taken over the samples in float64."""
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
 from ..core.errors import InputError
-from .packing import Packing
+from .packing import Packing, per_input_options
 
 
 def noise_for(x: np.ndarray, options) -> np.ndarray:
@@ -82,17 +81,7 @@ class Moved:
 
     def options(self, method: str, options, x: np.ndarray):
         """``options`` with the values given per input packed as ``x`` (one input: a 1-tuple is its value)."""
-        if self.packing is not None:
-            return self.packing.options(method, options, x)
-        changes = {}
-        for f in ("baselines", "noise"):
-            v = getattr(options, f, None)
-            if isinstance(v, (tuple, dict)):
-                if len(v) != 1:
-                    raise InputError(f"{f} is given for {len(v)} inputs; the model has one float input "
-                                     f"({self.names[0]!r})")
-                changes[f] = v[0] if isinstance(v, tuple) else next(iter(v.values()))
-        return dataclasses.replace(options, **changes) if changes else options
+        return per_input_options(self.packing, self.names[0], method, options, x)
 
     def result(self, out: np.ndarray, given):
         """The attribution in the form the input came in: an array (the one input), else a dict by input name or

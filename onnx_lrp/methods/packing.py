@@ -91,3 +91,18 @@ class Packing:
 
 
 __all__ = ["Packing", "PER_INPUT"]
+
+
+def per_input_options(packing: "Packing | None", name: str, method: str, options, x: np.ndarray):
+    """``options`` with the values given per input packed as ``x`` (several float inputs: ``packing``'s; one input
+    ``name``: a 1-tuple or a one-entry dict is its value)."""
+    if packing is not None:
+        return packing.options(method, options, x)
+    changes = {}
+    for f in ("baselines", "noise"):
+        v = getattr(options, f, None)
+        if isinstance(v, (tuple, dict)):
+            if len(v) != 1:
+                raise InputError(f"{f} is given for {len(v)} inputs; the model has one float input ({name!r})")
+            changes[f] = v[0] if isinstance(v, tuple) else next(iter(v.values()))
+    return dataclasses.replace(options, **changes) if changes else options
